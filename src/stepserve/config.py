@@ -1,0 +1,212 @@
+"""Configuration: one frozen dataclass per subsystem.
+
+Every field carries its help text, its type and its allowed range in `metadata`, so the
+CLI flags, the YAML loader and validation all come from the same place. A bad value
+raises `ConfigError` naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type, or out of range."""
+
+
+def knob(default: Any, help: str, kind: type, *, lo: float | None = None,
+         hi: float | None = None, choices: tuple[str, ...] | None = None,
+         optional: bool = False) -> Any:
+    """A config field: default, help text, type and bounds (inclusive)."""
+    meta = {"help": help, "kind": kind, "lo": lo, "hi": hi, "choices": choices,
+            "optional": optional}
+    return field(default=default, metadata=meta)
+
+
+def _allowed(meta: dict[str, Any]) -> str:
+    kind = meta["kind"]
+    if meta["choices"]:
+        text = "one of " + ", ".join(meta["choices"])
+    else:
+        text = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
+        lo, hi = meta["lo"], meta["hi"]
+        if lo is not None and hi is not None:
+            text += f" in [{lo}, {hi}]"
+        elif lo is not None:
+            text += f" >= {lo}"
+        elif hi is not None:
+            text += f" <= {hi}"
+    if meta["optional"]:
+        text += " (or null)"
+    return text
+
+
+def check_value(section: str, name: str, value: Any, meta: dict[str, Any]) -> Any:
+    """Validate (and for floats, normalise) one value; raise ConfigError if bad."""
+    key = f"{section}.{name}" if section else name
+    if value is None and meta["optional"]:
+        return None
+    kind = meta["kind"]
+    ok_type = (
+        (kind is bool and isinstance(value, bool))
+        or (kind is int and isinstance(value, int) and not isinstance(value, bool))
+        or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (kind is str and isinstance(value, str))
+    )
+    if not ok_type:
+        raise ConfigError(f"{key} = {value!r}: wrong type, must be {_allowed(meta)}")
+    if kind is float:
+        value = float(value)
+        if math.isnan(value) or math.isinf(value):
+            raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+    if meta["choices"] and value not in meta["choices"]:
+        raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+    if meta["lo"] is not None and value < meta["lo"]:
+        raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+    if meta["hi"] is not None and value > meta["hi"]:
+        raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+    return value
+
+
+class _Section:
+    """Base for config sections: validates every field after construction."""
+
+    SECTION = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = check_value(self.SECTION, f.name, getattr(self, f.name), f.metadata)
+            object.__setattr__(self, f.name, value)
+        self._check_relations()
+
+    def _check_relations(self) -> None:
+        """Cross-field rules; sections override."""
+
+
+BATCHING_MODES = ("continuous", "static", "dynamic")
+POLICIES = ("fcfs", "priority", "srpt", "fair")
+PREEMPTION_MODES = ("recompute", "swap", "none")
+BUDGET_ORDERS = ("decode_first", "prefill_first")
+ROUTERS = ("round_robin", "least_outstanding")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig(_Section):
+    """How each step's batch is formed."""
+
+    SECTION = "scheduler"
+
+    batching: str = knob("continuous", "continuous: re-form the batch every step; static: a batch "
+                         "runs until its last member ends; dynamic: a batch closes at max_num_seqs "
+                         "requests or after batch_window_s, then runs to completion",
+                         str, choices=BATCHING_MODES)
+    max_num_seqs: int = knob(256, "most sequences running at once (batch slots)", int, lo=1)
+    max_num_batched_tokens: int = knob(8192, "token budget of one step (prefill + decode)",
+                                       int, lo=1)
+    enable_chunked_prefill: bool = knob(True, "split long prompts across steps", bool)
+    long_prefill_token_threshold: int = knob(
+        0, "prompts longer than this are 'long' and get at most this many tokens per step "
+        "(0: no per-request cap)", int, lo=0)
+    max_num_partial_prefills: int = knob(1, "most prompts mid-prefill at once (chunked prefill)",
+                                         int, lo=1)
+    max_long_partial_prefills: int = knob(
+        1, "most long prompts (over long_prefill_token_threshold) mid-prefill at once", int, lo=1)
+    max_model_len: int = knob(4096, "longest prompt + max_tokens a request may ask for", int, lo=1)
+    budget_order: str = knob("decode_first", "who gets the step budget first: decode_first "
+                             "(running sequences, then new prompts) or prefill_first (legacy: "
+                             "prompts first, decode gets what is left)", str,
+                             choices=BUDGET_ORDERS)
+    policy: str = knob("fcfs", "queue order and victim choice", str, choices=POLICIES)
+    preemption_mode: str = knob("recompute", "when KV blocks run out: recompute (drop KV, "
+                                "re-prefill later), swap (copy KV to the CPU pool), none (reserve "
+                                "prompt + max_tokens at admission, never evict)", str,
+                                choices=PREEMPTION_MODES)
+    batch_window_s: float = knob(0.05, "dynamic batching: close a batch this long after its "
+                                 "first request arrived", float, lo=0.0)
+
+    def _check_relations(self) -> None:
+        t = self.long_prefill_token_threshold
+        if t > self.max_num_batched_tokens:
+            raise ConfigError(
+                f"scheduler.long_prefill_token_threshold = {t}: a chunk cannot exceed the step "
+                f"budget max_num_batched_tokens = {self.max_num_batched_tokens}; allowed: "
+                f"0..{self.max_num_batched_tokens}")
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ConfigError(
+                f"scheduler.max_long_partial_prefills = {self.max_long_partial_prefills}: must "
+                f"be <= max_num_partial_prefills = {self.max_num_partial_prefills}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"scheduler.max_num_batched_tokens = {self.max_num_batched_tokens}: without "
+                f"chunked prefill it must be >= max_model_len = {self.max_model_len}, or a long "
+                f"prompt could never be scheduled; raise it or enable_chunked_prefill")
+
+    @property
+    def chunk_cap(self) -> int:
+        """Most prefill tokens one request may take in a step."""
+        t = self.long_prefill_token_threshold
+        return t if t > 0 else self.max_num_batched_tokens
+
+
+@dataclass(frozen=True)
+class QueueConfig(_Section):
+    """Admission control and anti-starvation."""
+
+    SECTION = "queue"
+
+    max_waiting: int = knob(0, "most requests waiting; more are rejected (HTTP 429). 0: no cap",
+                            int, lo=0)
+    max_queue_time_s: float = knob(0.0, "a request waiting longer than this before it first runs "
+                                   "ends as timed_out. 0: wait forever", float, lo=0.0)
+    aging_after_s: float = knob(0.0, "priority policy: every this many seconds of waiting raise a "
+                                "request one priority level. 0: no aging", float, lo=0.0)
+
+
+@dataclass(frozen=True)
+class CacheConfig(_Section):
+    """The paged KV cache."""
+
+    SECTION = "cache"
+
+    block_size: int = knob(16, "tokens per KV block", int, lo=1, hi=1024)
+    num_gpu_blocks: int = knob(None, "device KV blocks; null: derive from kv_cache_memory",
+                               int, lo=1, optional=True)
+    num_cpu_blocks: int = knob(0, "CPU swap pool blocks (swap preemption)", int, lo=0)
+    watermark: float = knob(0.01, "share of device blocks kept free when admitting new "
+                            "requests, so running ones can grow", float, lo=0.0, hi=0.5)
+    kv_cache_memory: int = knob(None, "bytes of KV cache; null: a share of free memory "
+                                "(real engine) or the hardware preset (simulator)", int, lo=1,
+                                optional=True)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one deployment needs: scheduler, queue, cache, and replicas."""
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    replicas: int = knob(1, "engine replicas behind the router", int, lo=1)
+    router: str = knob("round_robin", "how requests are spread over replicas", str,
+                       choices=ROUTERS)
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "router"):
+            f = next(x for x in dataclasses.fields(self) if x.name == name)
+            check_value("", name, getattr(self, name), f.metadata)
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with flat changes, e.g. replace(max_num_seqs=40, max_waiting=24)."""
+        from stepserve.config_load import apply_flat
+
+        return apply_flat(self, changes)
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "scheduler": SchedulerConfig,
+    "queue": QueueConfig,
+    "cache": CacheConfig,
+}

@@ -1,0 +1,181 @@
+"""What every scheduler shares, whatever its batching: admission checks, the request
+lifecycle (every request ends exactly once, with a reason), applying a runner's output,
+and one StepRecord per executed step. Subclasses decide only `schedule()`."""
+
+from __future__ import annotations
+
+from stepserve.clock import Clock
+from stepserve.config import ConfigError, EngineConfig
+from stepserve.core.kv_cache import KVCacheManager, blocks_for
+from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
+from stepserve.core.policies import make_policy
+from stepserve.request import FINISH_REASON_OF, Request, RequestStatus
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class SchedulerBase:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, clock: Clock) -> None:
+        self.config = config
+        self.sc = config.scheduler
+        self.qc = config.queue
+        self.kv = kv
+        self.clock = clock
+        self.policy = make_policy(self.sc.policy, self.qc.aging_after_s)
+        usable = kv.num_gpu_blocks - kv.watermark_blocks
+        need = blocks_for(self.sc.max_model_len, kv.block_size)
+        if usable < need:
+            raise ConfigError(
+                f"cache.num_gpu_blocks = {kv.num_gpu_blocks} (block_size {kv.block_size}, "
+                f"{kv.watermark_blocks} kept free by the watermark) cannot hold one sequence of "
+                f"max_model_len = {self.sc.max_model_len} tokens ({need} blocks); add blocks "
+                f"or lower max_model_len")
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # admission order
+        self.swapped: list[Request] = []
+        self.requests: dict[str, Request] = {}  # live requests by id
+        self.finished: list[Request] = []  # every ended request, in the order it ended
+        self.step_records: list[StepRecord] = []
+        self.num_preemptions_total = 0
+        self._step_index = 0
+        self._admit_seq = 0
+        self._freed_ids: list[str] = []  # ended outside a step; told to the runner next step
+
+    # ---- admission ----
+    def add_request(self, request: Request) -> bool:
+        """Queue `request`, or end it at once as rejected (with a reason) and return False."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        limit = self.sc.max_model_len
+        reason = ""
+        if request.num_prompt_tokens == 0:
+            reason = "the prompt is empty; at least one token is required"
+        elif request.max_total_tokens > limit:
+            reason = (f"prompt ({request.num_prompt_tokens} tokens) + max_tokens "
+                      f"({request.max_tokens}) = {request.max_total_tokens} exceeds "
+                      f"max_model_len = {limit}")
+        elif self.qc.max_waiting and len(self.waiting) >= self.qc.max_waiting:
+            reason = (f"queue full: {len(self.waiting)} requests waiting, max_waiting = "
+                      f"{self.qc.max_waiting}; retry later")
+        if reason:
+            request.status = RequestStatus.FINISHED_REJECTED
+            request.finish_reason = FINISH_REASON_OF[request.status]
+            request.finish_message = reason
+            request.finish_time = self.clock.now()
+            self.finished.append(request)
+            return False
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        self.policy.on_add(request)
+        return True
+
+    # ---- ending requests ----
+    def finish_request(self, request_id: str, status: RequestStatus, message: str = "") -> bool:
+        """End a live request from outside a step (abort, stop string); False if unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        for queue in (self.waiting, self.running, self.swapped):
+            if request in queue:
+                queue.remove(request)
+                break
+        self._end(request, status, message)
+        self._freed_ids.append(request_id)
+        return True
+
+    def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, message)
+
+    def _end(self, request: Request, status: RequestStatus, message: str = "") -> None:
+        if request.is_finished:
+            raise RuntimeError(f"request {request.request_id} ended twice")
+        request.status = status
+        request.finish_reason = FINISH_REASON_OF[status]
+        request.finish_message = message
+        request.finish_time = self.clock.now()
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self.finished.append(request)
+        self.policy.on_finish(request)
+
+    def _expire_waiting(self, now: float) -> None:
+        """End requests that waited longer than max_queue_time_s before first running."""
+        limit = self.qc.max_queue_time_s
+        expired = [r for r in self.waiting
+                   if r.first_scheduled_time is None and now - r.arrival_time > limit]
+        if not expired:
+            return
+        gone = set(map(id, expired))
+        self.waiting = [r for r in self.waiting if id(r) not in gone]
+        for r in expired:
+            self._end(r, RequestStatus.FINISHED_TIMED_OUT,
+                      f"waited {now - r.arrival_time:.3f} s in the queue, over "
+                      f"max_queue_time_s = {limit}")
+            self._freed_ids.append(r.request_id)
+
+    # ---- state ----
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def next_wakeup_time(self) -> float | None:
+        """When schedule() may have work again without a new arrival (None: not by itself)."""
+        return None
+
+    def _new_output(self) -> SchedulerOutput:
+        out = SchedulerOutput(step_index=self._step_index)
+        self._step_index += 1
+        if self._freed_ids:
+            out.finished_request_ids = self._freed_ids
+            self._freed_ids = []
+        return out
+
+    # ---- applying a step ----
+    def update_from_output(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
+        """Advance each scheduled request, append sampled tokens, end the ones that hit a
+        stop condition, and record the step. Returns the requests that got a token."""
+        now = self.clock.now()
+        sampled = result.sampled_token_ids
+        max_len = self.sc.max_model_len
+        on_tokens = self.policy.on_tokens
+        emitted: list[Request] = []
+        ended = False
+        for i, req in enumerate(out.requests):
+            if req.status is not _RUNNING:
+                continue  # ended (aborted) while the step ran
+            n = out.num_scheduled_tokens[i]
+            req.num_computed_tokens += n
+            on_tokens(req, n)
+            tok = sampled[i]
+            if tok is None:
+                continue
+            output = req.output_token_ids
+            output.append(tok)
+            req.token_times.append(now)
+            emitted.append(req)
+            params = req.sampling_params
+            if len(output) >= req.max_tokens or req.num_tokens >= max_len:
+                self._end(req, RequestStatus.FINISHED_LENGTH)
+                ended = True
+            elif (tok == req.eos_token_id and not params.ignore_eos) or \
+                    tok in params.stop_token_ids:
+                self._end(req, RequestStatus.FINISHED_STOPPED)
+                ended = True
+        if ended:
+            self.running = [r for r in self.running if r.status is _RUNNING]
+        self.step_records.append(StepRecord(
+            index=out.step_index, start_s=now - result.elapsed_s, duration_s=result.elapsed_s,
+            num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+            num_scheduled_seqs=len(out.requests), num_decode_ready=out.num_decode_ready,
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped), num_preempted=len(out.preempted),
+            kv_usage=self.kv.usage, slots_held=out.slots_held, num_active=len(emitted)))
+        return emitted
+
+    def _admit(self, request: Request, now: float) -> None:
+        request.status = _RUNNING
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+        request.admitted_seq = self._admit_seq
+        self._admit_seq += 1
+        self.running.append(request)

@@ -1,0 +1,101 @@
+"""Baselines to compare continuous batching against, behind the same interface.
+
+* Static batching: when no batch is running, take up to max_num_seqs waiting requests
+  as one batch and run it until its last member ends. Members that finish early leave
+  the computation, but their slots are not refilled: a new batch starts only when the
+  whole batch is done. This is the seed's "wait for the slowest request".
+* Dynamic batching: the same, except a batch closes only when max_num_seqs requests are
+  waiting or the oldest has waited batch_window_s (the seed's 64 / 50 ms).
+
+A batch reserves prompt + max_tokens of KV for every member when it forms (as static
+engines preallocate), so nothing is ever preempted. The batch prefills first (chunked by
+the token budget when prompts do not fit one step), then decodes in lock-step.
+"""
+
+from __future__ import annotations
+
+from stepserve.core.base import SchedulerBase
+from stepserve.core.output import SchedulerOutput
+from stepserve.request import RequestStatus
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class StaticBatchScheduler(SchedulerBase):
+    batch_size = 0  # members of the current batch, finished ones included
+
+    def _batch_ready(self, now: float) -> bool:
+        return bool(self.waiting)
+
+    def _form_batch(self, now: float) -> None:
+        if self.policy.sorts_waiting:
+            self.policy.order_waiting(self.waiting, now)
+        taken = 0
+        for req in self.waiting:
+            if taken >= self.sc.max_num_seqs:
+                break
+            if not self.kv.allocate_slots(req, 0, reserve_total=req.max_total_tokens):
+                break
+            self._admit(req, now)
+            taken += 1
+        del self.waiting[:taken]
+        self.batch_size = taken
+
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock.now()
+        out = self._new_output()
+        if self.qc.max_queue_time_s and self.waiting:
+            self._expire_waiting(now)
+        if not self.running:
+            self.batch_size = 0
+            if self._batch_ready(now):
+                self._form_batch(now)
+        out.slots_held = self.batch_size
+        budget = self.sc.max_num_batched_tokens
+        prefilling = [r for r in self.running
+                      if not (r.num_tokens - r.num_computed_tokens == 1 and r.output_token_ids)]
+        if prefilling:
+            cap = self.sc.chunk_cap if self.sc.enable_chunked_prefill else None
+            for req in prefilling:
+                n = req.num_tokens - req.num_computed_tokens
+                if cap is not None:
+                    n = min(n, cap, budget)
+                elif n > budget:
+                    break
+                if n <= 0:
+                    break
+                self._take(out, req, n, decoding=False)
+                budget -= n
+        else:
+            out.num_decode_ready = len(self.running)
+            for req in self.running[:budget]:
+                self._take(out, req, 1, decoding=True)
+        return out
+
+    def _take(self, out: SchedulerOutput, req, n: int, decoding: bool) -> None:
+        if not self.kv.allocate_slots(req, n):
+            raise RuntimeError(f"request {req.request_id} outgrew the KV reserved for its batch")
+        req.sched_step = out.step_index
+        req.sched_tokens = n
+        out.requests.append(req)
+        out.num_scheduled_tokens.append(n)
+        if decoding:
+            out.num_decode_tokens += 1
+        else:
+            out.num_prefill_tokens += n
+
+
+class DynamicBatchScheduler(StaticBatchScheduler):
+    def _batch_ready(self, now: float) -> bool:
+        if len(self.waiting) >= self.sc.max_num_seqs:
+            return True
+        return bool(self.waiting) and \
+            now - self._oldest_arrival() >= self.sc.batch_window_s
+
+    def _oldest_arrival(self) -> float:
+        return min(r.arrival_time for r in self.waiting)
+
+    def next_wakeup_time(self) -> float | None:
+        if self.running or not self.waiting:
+            return None
+        return self._oldest_arrival() + self.sc.batch_window_s

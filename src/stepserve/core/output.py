@@ -1,0 +1,68 @@
+"""What crosses the seam between the scheduler and a runner, and what one step leaves
+behind for the metrics. Plain dataclasses; no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stepserve.request import Request
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's batch.
+
+    `requests[i]` computes `num_scheduled_tokens[i]` tokens starting at its current
+    `num_computed_tokens`; it samples a token iff that reaches `num_tokens`. The block
+    copies must be done before the forward pass: swap_out (device -> CPU) first, since
+    the freed device blocks may already be handed to a swap_in (CPU -> device).
+    """
+
+    step_index: int
+    requests: list[Request] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
+    preempted: list[Request] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # freed outside a step
+    num_decode_ready: int = 0  # running requests that wanted a decode token this step
+    slots_held: int = 0  # batch slots occupied or reserved (for slot utilisation)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests and not self.swap_out and not self.swap_in
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """What the runner did: a sampled token per scheduled request (None where the chunk
+    did not reach the end of the sequence), and how long the step took."""
+
+    sampled_token_ids: list[int | None]
+    elapsed_s: float
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One executed step, as the metrics see it."""
+
+    index: int
+    start_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_scheduled_seqs: int
+    num_decode_ready: int
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_preempted: int
+    kv_usage: float
+    slots_held: int
+    num_active: int  # sequences that produced an output token this step

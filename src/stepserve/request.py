@@ -1,0 +1,158 @@
+"""Requests: what was asked (SamplingParams), where it stands (RequestStatus), and
+when each thing happened (timestamps), plus the per-request preemption accounting.
+
+One token rule for every request: `num_computed_tokens` chases `num_tokens`.
+Prefill, chunked prefill, recompute after preemption and decode are the same rule.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: every finished state compares greater than every live one."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # KV dropped (recompute); waiting to be re-prefilled
+    SWAPPED = 3  # KV in the CPU pool; waiting to be swapped back in
+    FINISHED_STOPPED = 10
+    FINISHED_LENGTH = 11
+    FINISHED_ABORTED = 12
+    FINISHED_REJECTED = 13
+    FINISHED_TIMED_OUT = 14
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    REJECTED = "rejected"
+    TIMED_OUT = "timed_out"
+
+
+FINISH_REASON_OF = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_REJECTED: FinishReason.REJECTED,
+    RequestStatus.FINISHED_TIMED_OUT: FinishReason.TIMED_OUT,
+}
+
+
+@dataclass
+class SamplingParams:
+    """What the client asked for. Scheduling hints (priority, tenant) ride along,
+    as in vLLM's `priority` argument and OpenAI's `user` field."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    priority: int = 0  # lower runs first, as in vLLM
+    tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        problems = []
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
+                or self.max_tokens < 1:
+            problems.append(f"max_tokens = {self.max_tokens!r}: must be an integer >= 1")
+        if not 0.0 <= self.temperature <= 2.0:
+            problems.append(f"temperature = {self.temperature!r}: must be in [0, 2]")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p = {self.top_p!r}: must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            problems.append(f"top_k = {self.top_k!r}: must be an integer >= 0 (0: off)")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            problems.append(f"priority = {self.priority!r}: must be an integer")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(eq=False)
+class Request:
+    """One request inside the engine. The scheduler owns its status and counters."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    eos_token_id: int | None = None
+    request_class: str = ""  # workload class name, for per-class metrics
+    length_estimate: int | None = None  # expected output length (srpt); None: max_tokens
+
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    finish_message: str = ""
+
+    # timestamps (clock seconds)
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # one per output token
+    finish_time: float | None = None
+
+    # preemption accounting
+    num_preemptions: int = 0
+    num_swapped_out_blocks: int = 0
+    num_recomputed_tokens: int = 0
+    admitted_seq: int = -1  # admission order; FCFS victims are the most recently admitted
+    sched_step: int = -1  # scheduler's mark: the step this request was last scheduled in
+    sched_tokens: int = 0  # and how many tokens it got in that step
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.max_tokens = self.sampling_params.max_tokens
+        self.priority = self.sampling_params.priority
+        self.tenant = self.sampling_params.tenant
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def remaining_output_estimate(self) -> int:
+        """Output tokens still expected: from the length estimate if given, else max_tokens."""
+        expected = self.length_estimate if self.length_estimate is not None else self.max_tokens
+        return max(expected - len(self.output_token_ids), 0)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Most tokens this request can ever hold in KV: prompt + max_tokens."""
+        return self.num_prompt_tokens + self.max_tokens
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival_time if self.token_times else None
+
+    @property
+    def queue_time(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time

@@ -1,0 +1,68 @@
+"""Test factories shared by every test folder (STYLE.md habit 8)."""
+
+from __future__ import annotations
+
+from stepserve.clock import VirtualClock
+from stepserve.config import EngineConfig
+from stepserve.core import make_scheduler as _make_scheduler
+from stepserve.core.base import SchedulerBase
+from stepserve.core.output import RunnerOutput, SchedulerOutput
+from stepserve.request import Request, SamplingParams
+
+SETTINGS_DEFAULTS = dict(max_model_len=2048)
+
+
+def make_config(**overrides) -> EngineConfig:
+    settings = {**SETTINGS_DEFAULTS, **overrides}
+    return EngineConfig().replace(**settings)
+
+
+def make_scheduler(num_gpu_blocks: int = 1024, clock: VirtualClock | None = None,
+                   **overrides) -> SchedulerBase:
+    """A scheduler on a virtual clock; any config setting can be overridden by name."""
+    overrides.setdefault("watermark", 0.0)
+    return _make_scheduler(make_config(**overrides), clock or VirtualClock(), num_gpu_blocks)
+
+
+def make_requests(n: int, prompt_len: int = 8, max_tokens: int = 4, *, arrival: float = 0.0,
+                  prefix: str = "r", priority: int = 0, tenant: str = "default",
+                  ignore_eos: bool = True, eos_token_id: int | None = None) -> list[Request]:
+    return [Request(request_id=f"{prefix}{i}", prompt_token_ids=[1] * prompt_len,
+                    sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                   ignore_eos=ignore_eos, priority=priority,
+                                                   tenant=tenant),
+                    arrival_time=arrival, eos_token_id=eos_token_id)
+            for i in range(n)]
+
+
+class FakeRunner:
+    """Samples token 7 wherever a chunk reaches the end of its sequence; fixed step time."""
+
+    def __init__(self, step_s: float = 0.01, token: int = 7) -> None:
+        self.step_s = step_s
+        self.token = token
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        sampled = [self.token if r.num_computed_tokens + n == r.num_tokens else None
+                   for r, n in zip(out.requests, out.num_scheduled_tokens)]
+        return RunnerOutput(sampled, self.step_s)
+
+
+def step(sched: SchedulerBase, runner: FakeRunner | None = None) -> SchedulerOutput:
+    """One full step on a virtual clock: schedule, execute, advance time, update."""
+    runner = runner or FakeRunner()
+    out = sched.schedule()
+    result = runner.execute(out)
+    sched.clock.advance(result.elapsed_s)
+    sched.update_from_output(out, result)
+    return out
+
+
+def run_until_done(sched: SchedulerBase, runner: FakeRunner | None = None,
+                   max_steps: int = 100_000) -> list[SchedulerOutput]:
+    outs = []
+    for _ in range(max_steps):
+        if not sched.has_unfinished():
+            return outs
+        outs.append(step(sched, runner))
+    raise AssertionError(f"not done after {max_steps} steps")
