@@ -1,0 +1,78 @@
+"""Byte sizes as people write them: "38GB", "192 KiB", "1.5GiB", "4096".
+
+KB/MB/GB/TB are powers of 1000 and KiB/MiB/GiB/TiB powers of 1024, as in the SI and IEC
+standards; GPU vendors quote memory in GB (the seed's "38 GB"), model configs give KV
+sizes in KiB. There are no one-letter units ("G", "K"): they would have to pick one of
+the two families silently.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+DECIMAL_UNITS: dict[str, int] = {"kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+BINARY_UNITS: dict[str, int] = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+UNITS: dict[str, int] = {"": 1, "b": 1, **DECIMAL_UNITS, **BINARY_UNITS}
+
+ACCEPTED_FORMS = (
+    "a whole number of bytes (4096, 4096B) or a number with a unit: "
+    "KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), "
+    "e.g. 38GB, 192KiB, 1.5GiB"
+)
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+# Spelling used by format_size, in order of preference (largest unit first).
+_DISPLAY = [
+    ("TiB", 1024**4),
+    ("TB", 1000**4),
+    ("GiB", 1024**3),
+    ("GB", 1000**3),
+    ("MiB", 1024**2),
+    ("MB", 1000**2),
+    ("KiB", 1024),
+    ("KB", 1000),
+]
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in `text`. Fractions of a byte after scaling are dropped ("1.3GiB")."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"size {text!r} is negative; expected {ACCEPTED_FORMS}")
+        return text
+    if not isinstance(text, str):
+        raise ValueError(f"size {text!r} is not text; expected {ACCEPTED_FORMS}")
+    match = _SIZE_RE.match(text)
+    if match is None or match.group(2).lower() not in UNITS:
+        raise ValueError(f"cannot read size {text!r}: expected {ACCEPTED_FORMS}")
+    number, unit = match.group(1), match.group(2).lower()
+    try:
+        value = Decimal(number)
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
+        raise ValueError(f"cannot read size {text!r}: expected {ACCEPTED_FORMS}") from None
+    scale = UNITS[unit]
+    if scale == 1 and value != value.to_integral_value():
+        raise ValueError(f"size {text!r} is not a whole number of bytes; expected {ACCEPTED_FORMS}")
+    return int(value * scale)
+
+
+def format_size(num_bytes: int) -> str:
+    """The shortest exact spelling ("192 KiB", "38 GB"), else an approximate binary one.
+
+    Exact spellings round-trip through `parse_size`; approximate ones carry a "~".
+    """
+    if isinstance(num_bytes, bool) or not isinstance(num_bytes, int) or num_bytes < 0:
+        raise ValueError(f"format_size needs a non-negative integer, got {num_bytes!r}")
+    for name, scale in _DISPLAY:
+        if num_bytes >= scale and num_bytes % scale == 0:
+            return f"{num_bytes // scale} {name}"
+    # Exact multiples with a fraction, like 1.5 GiB, are still exact: try one decimal place.
+    for name, scale in _DISPLAY:
+        if num_bytes >= scale and (num_bytes * 10) % scale == 0:
+            return f"{Decimal(num_bytes) / scale} {name}"
+    for name, scale in _DISPLAY[::2]:  # binary units only
+        if num_bytes >= scale:
+            return f"~{num_bytes / scale:.2f} {name}"
+    return f"{num_bytes} B"
