@@ -24,7 +24,7 @@ from stepserve.sim.runner import SIM_EOS, SimRunner
 from stepserve.workload.spec import RequestSpec
 
 
-@dataclass
+@dataclass(eq=False)
 class Replica:
     index: int
     scheduler: SchedulerBase
@@ -119,38 +119,48 @@ def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: Cos
             rep.runner.forget(r.request_id)
         return len(new)
 
+    def issue(k: int, t: float) -> Replica:
+        spec = specs[k]
+        req = make_request(spec, t)
+        issued.append(req)
+        rep = replicas[router.pick(replicas)]
+        rep.runner.register(req.request_id, spec.output_len)
+        rep.scheduler.add_request(req)
+        return rep
+
     while events:
-        t, _, kind, arg = heapq.heappop(events)
+        t = events[0][0]
         clock.advance_to(t)
-        if kind == _ARRIVAL:
-            spec = specs[arg]
-            req = make_request(spec, t)
-            issued.append(req)
-            rep = replicas[router.pick(replicas)]
-            rep.runner.register(req.request_id, spec.output_len)
-            rep.scheduler.add_request(req)
-            ended = collect_ended(rep, t)
-            kick(rep, t)
-        elif kind == _STEP:
+        touched: list[Replica] = []
+        # Everything that happens at the same instant lands before any batch forms.
+        while events and events[0][0] == t:
+            _, _, kind, arg = heapq.heappop(events)
+            if kind == _ARRIVAL:
+                touched.append(issue(arg, t))
+                continue
             rep = replicas[arg]
-            out, result = rep.pending, rep.pending_result
-            rep.pending = rep.pending_result = None
-            rep.scheduler.update_from_output(out, result)
-            ended = collect_ended(rep, t)
-            kick(rep, t)
-        else:
-            rep = replicas[arg]
-            rep.wakeup_at = None
-            ended = 0
-            kick(rep, t)
-        if ended:
-            if progress is not None:
+            if kind == _STEP:
+                out, result = rep.pending, rep.pending_result
+                rep.pending = rep.pending_result = None
+                rep.scheduler.update_from_output(out, result)
+            else:
+                rep.wakeup_at = None
+            touched.append(rep)
+        # Closed loop: a client sends its next request the instant one ends (even a
+        # rejected one), before any replica forms its next batch.
+        k = 0
+        while k < len(touched):
+            ended = collect_ended(touched[k], t)
+            if ended and progress is not None:
                 progress(ended)
             if closed_loop_concurrency:
                 for _ in range(ended):
                     if next_spec < len(specs):
-                        push(t, _ARRIVAL, next_spec)
+                        touched.append(issue(next_spec, t))
                         next_spec += 1
+            k += 1
+        for rep in dict.fromkeys(touched):
+            kick(rep, t)
     for rep in replicas:
         if rep.scheduler.has_unfinished():
             raise RuntimeError(f"replica {rep.index} stopped with unfinished requests")

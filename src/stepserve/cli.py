@@ -1,0 +1,36 @@
+"""The `stepserve` command: one subcommand per job, each wired from its own module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stepserve.metrics.doctor_cmd import add_doctor_parser
+from stepserve.plan.commands import add_plan_parser
+from stepserve.sim.commands import add_simulate_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stepserve",
+        description="A continuous-batching LLM inference engine and scheduling lab.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_simulate_parser(sub)
+    add_plan_parser(sub)
+    add_doctor_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

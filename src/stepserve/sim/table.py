@@ -1,0 +1,99 @@
+"""Plain-text tables of simulated (or measured) runs, side by side, one row a metric,
+each row with a one-line note on what it means."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v * 1000:,.0f} ms" if v < 10 else f"{v:,.1f} s"
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:,.2f}"
+
+
+Row = tuple[str, Callable[[dict], str], str]
+
+ROWS: list[Row] = [
+    ("requests done/429/timeout", lambda s: f"{s['requests_finished']}/{s['requests_rejected']}"
+     f"/{s['requests_timed_out']}", "finished / rejected (queue full or too long) / timed out"),
+    ("throughput (tok/s)", lambda s: _num(s["throughput_tokens_per_s"]),
+     "output tokens per second of (virtual) time"),
+    ("TTFT P50 / P99", lambda s: f"{_ms(s['ttft_p50_s'])} / {_ms(s['ttft_p99_s'])}",
+     "arrival to first token: queueing + prefill"),
+    ("TPOT P50 / P99", lambda s: f"{_ms(s['tpot_p50_s'])} / {_ms(s['tpot_p99_s'])}",
+     "(E2E - TTFT) / (output - 1): the pace of generation"),
+    ("E2E P50 / P99", lambda s: f"{_ms(s['e2e_p50_s'])} / {_ms(s['e2e_p99_s'])}",
+     "arrival to last token"),
+    ("preemptions (on long)", lambda s: f"{s['preemptions']} ({_pct(s['preemptions_on_long_share'])})",
+     "evictions when KV ran out; share that hit requests over 1,200 output tokens"),
+    ("slot utilisation", lambda s: _pct(s["slot_utilization"]),
+     "useful tokens / (slots held x steps); static batching's idle slots show here"),
+    ("active / concurrency P50", lambda s: _pct(s["active_ratio_p50"]),
+     "sequences producing a token / slots held, median step; seed alert < 30%"),
+    ("prefill-only steps", lambda s: _pct(s["prefill_step_share"]),
+     "steps with prefill and no decode; seed alert > 70%"),
+    ("zero-decode steps", lambda s: _pct(s["zero_decode_step_share"]),
+     "steps where sequences ready to decode got 0 tokens; seed alert > 10%"),
+    ("waiting queue max", lambda s: _num(s["waiting_max"]), "longest waiting queue seen"),
+    ("KV usage max", lambda s: _pct(s["kv_usage_max"]), "share of KV blocks in use, peak"),
+]
+
+
+def format_runs(runs: list[dict], rows: list[Row] = ROWS) -> str:
+    names = [r["name"] for r in runs]
+    cells = [[fmt(r["summary"]) for r in runs] for _, fmt, _ in rows]
+    w0 = max(len(label) for label, _, _ in rows)
+    widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
+    lines = ["  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)])]
+    for (label, _, note), row in zip(rows, cells):
+        lines.append("  ".join([label.ljust(w0)] + [c.rjust(w) for c, w in zip(row, widths)])
+                     + f"   {note}")
+    return "\n".join(lines)
+
+
+def format_by_class(runs: list[dict]) -> str:
+    lines = []
+    for run in runs:
+        for cls, s in (run.get("by_class") or {}).items():
+            lines.append(f"  {run['name']:>10} {cls:>10}: TTFT P50 {_ms(s['ttft_p50_s'])}, "
+                         f"P99 {_ms(s['ttft_p99_s'])}; TPOT P99 {_ms(s['tpot_p99_s'])}; "
+                         f"E2E P99 {_ms(s['e2e_p99_s'])}; preemptions {s['preemptions']}")
+    return "\n".join(lines)
+
+
+def format_findings(findings: list[dict]) -> str:
+    if not findings:
+        return "doctor: no rule fired."
+    lines = ["doctor (the seed's alert rules):"]
+    for f in findings:
+        lines.append(f"  [{f['severity']}] {f['run']}: {f['rule']}: {f['evidence']}")
+        lines.append(f"      -> {f['action']}")
+    return "\n".join(lines)
+
+
+def format_result(result: dict) -> str:
+    parts = [f"scenario: {result['scenario']}", f"  {result['description']}",
+             f"  cost model: {result['cost_model']}",
+             f"  workload: {result['workload']['requests']} requests", "",
+             format_runs(result["runs"])]
+    by_class = format_by_class(result["runs"])
+    if by_class:
+        parts += ["", "by request class:", by_class]
+    comp = result.get("comparison")
+    if comp:
+        parts += ["", f"continuous / static throughput: {comp['speedup']:.2f}x; speedup cap "
+                      f"for the same requests: {comp['speedup_cap']:.2f}x "
+                      f"({comp['share_of_cap'] * 100:.0f}% of the cap reached; the rest is "
+                      f"prefill steps and the drain at the end)"]
+    parts += ["", format_findings(result["findings"])]
+    return "\n".join(parts)

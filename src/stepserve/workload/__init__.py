@@ -1,0 +1,58 @@
+"""Workloads: who sends what, and when.
+
+A `Workload` (request classes x arrival process x count x seed) generates a list of
+`RequestSpec`s, the same list for the same seed. Length distributions live in `lengths`,
+arrival processes in `arrivals`, their YAML shapes in `parse`, JSONL traces in `trace`,
+workload YAML in `loader`, and the seed's scenarios in `scenarios`. Standard library only
+(`random`, `math`) besides pyyaml; no numpy, no torch.
+"""
+
+from stepserve.workload.arrivals import (
+    ArrivalProcess,
+    ClosedLoop,
+    Constant,
+    Gamma,
+    Poisson,
+    TraceReplay,
+    closed_loop,
+    constant,
+    gamma,
+    poisson,
+    trace_replay,
+)
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.lengths import (
+    Empirical,
+    Fixed,
+    LengthDist,
+    LogNormal,
+    Mixture,
+    Uniform,
+    empirical,
+    fixed,
+    lognormal,
+    mixture,
+    uniform,
+)
+from stepserve.workload.loader import (
+    load_workload,
+    save_workload,
+    workload_from_dict,
+    workload_to_dict,
+)
+from stepserve.workload.parse import parse_arrival, parse_length
+from stepserve.workload.scenarios import get_workload, list_workloads
+from stepserve.workload.spec import LENGTH_ESTIMATES, RequestClass, RequestSpec, Workload
+from stepserve.workload.trace import load_trace, save_trace
+
+__all__ = [
+    "ArrivalProcess", "ClosedLoop", "Constant", "Gamma", "Poisson", "TraceReplay",
+    "closed_loop", "constant", "gamma", "parse_arrival", "poisson", "trace_replay",
+    "WorkloadError",
+    "Empirical", "Fixed", "LengthDist", "LogNormal", "Mixture", "Uniform",
+    "empirical", "fixed", "lognormal", "mixture", "parse_length", "uniform",
+    "load_workload", "save_workload", "workload_from_dict", "workload_to_dict",
+    "get_workload", "list_workloads",
+    "LENGTH_ESTIMATES", "RequestClass", "RequestSpec", "Workload",
+    "load_trace", "save_trace",
+]

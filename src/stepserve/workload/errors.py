@@ -1,0 +1,84 @@
+"""`WorkloadError` and the small checks every workload constructor shares.
+
+Every message has the same shape as `ConfigError`'s: `field = value: what is allowed`,
+so a user can fix a YAML file from the message alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+class WorkloadError(ValueError):
+    """A workload, length distribution, arrival process or trace is malformed."""
+
+
+def check_int(field: str, value: Any, lo: int | None = None) -> int:
+    """An integer (bools are not integers here), at least `lo` if given."""
+    allowed = "an integer" + (f" >= {lo}" if lo is not None else "")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+    if lo is not None and value < lo:
+        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+    return value
+
+
+def check_positive(field: str, value: Any, *, allow_zero: bool = False) -> float:
+    """A finite number > 0 (or >= 0), returned as float."""
+    allowed = "a finite number " + (">= 0" if allow_zero else "> 0")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number) or number < 0 or (number == 0 and not allow_zero):
+        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+    return number
+
+
+def check_str(field: str, value: Any) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise WorkloadError(f"{field} = {value!r}: must be a non-empty string")
+    return value
+
+
+def check_mapping(field: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise WorkloadError(f"{field} = {value!r}: must be a mapping (key: value)")
+    return value
+
+
+def check_keys(field: str, data: Mapping[str, Any], allowed: Iterable[str],
+               required: Iterable[str] = ()) -> None:
+    """Reject unknown keys (listing the allowed ones) and missing required keys."""
+    allowed = list(allowed)
+    for key in data:
+        if key not in allowed:
+            raise WorkloadError(f"{field}: unknown key {key!r}; allowed keys: {', '.join(allowed)}")
+    for key in required:
+        if key not in data:
+            raise WorkloadError(f"{field}: missing required key {key!r}")
+
+
+def one_key(field: str, data: Any, choices: Iterable[str]) -> tuple[str, Any]:
+    """A mapping with exactly one key out of `choices`: returns (key, value)."""
+    choices = list(choices)
+    allowed = "a mapping with exactly one of: " + ", ".join(choices)
+    if not isinstance(data, Mapping) or len(data) != 1:
+        raise WorkloadError(f"{field} = {data!r}: must be {allowed}")
+    ((key, value),) = data.items()
+    if key not in choices:
+        raise WorkloadError(f"{field}: unknown key {key!r}; allowed keys: {', '.join(choices)}")
+    return key, value
+
+
+def prefixed(where: str, error: WorkloadError) -> WorkloadError:
+    """The same error with the YAML path in front, e.g. `classes[1].output.lognormal...`.
+    A message that starts with " =" or ":" (from `one_key("")`) is about `where` itself."""
+    text = str(error)
+    if not where:
+        return WorkloadError(text.lstrip(" :"))
+    if text.startswith((" ", ":")):
+        return WorkloadError(where + text)
+    return WorkloadError(f"{where}.{text}")

@@ -1,0 +1,290 @@
+"""Token-length distributions for prompts and outputs.
+
+Every distribution is a small frozen class behind one interface: `sample(rng)` returns an
+integer >= 1, `mean()` its expected value, `describe()` one line for humans and `to_dict()`
+the YAML shape that `parse_length` reads back. Randomness comes only from the `rng` the
+caller passes, so a workload is reproducible from its seed.
+
+Their YAML shapes are read by `parse.parse_length`.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepserve.workload.errors import (
+    WorkloadError,
+    check_int,
+    check_positive,
+)
+
+# z of the 99th percentile of the standard normal: P99 = exp(mu + Z99 * sigma).
+Z99 = 2.3263478740408408
+LOGNORMAL_LIMIT = 1e9  # largest P50/P99 accepted, in tokens
+
+
+class LengthDist(abc.ABC):
+    """A distribution of token counts (>= 1)."""
+
+    @abc.abstractmethod
+    def sample(self, rng: random.Random) -> int: ...
+
+    @abc.abstractmethod
+    def mean(self) -> float: ...
+
+    @abc.abstractmethod
+    def describe(self) -> str: ...
+
+    @abc.abstractmethod
+    def to_dict(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Fixed(LengthDist):
+    n: int
+
+    def __post_init__(self) -> None:
+        check_int("fixed", self.n, lo=1)
+
+    def sample(self, rng: random.Random) -> int:
+        return self.n
+
+    def mean(self) -> float:
+        return float(self.n)
+
+    def describe(self) -> str:
+        return f"fixed {self.n}"
+
+    def to_dict(self) -> Any:
+        return {"fixed": self.n}
+
+
+@dataclass(frozen=True)
+class Uniform(LengthDist):
+    """Integers lo..hi, both included."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        check_int("uniform.lo", self.lo, lo=1)
+        check_int("uniform.hi", self.hi, lo=1)
+        if self.hi < self.lo:
+            raise WorkloadError(f"uniform.hi = {self.hi}: must be >= uniform.lo = {self.lo}")
+
+    def sample(self, rng: random.Random) -> int:
+        return rng.randint(self.lo, self.hi)
+
+    def mean(self) -> float:
+        return (self.lo + self.hi) / 2
+
+    def describe(self) -> str:
+        return f"uniform {self.lo}..{self.hi}"
+
+    def to_dict(self) -> Any:
+        return {"uniform": [self.lo, self.hi]}
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class LogNormal(LengthDist):
+    """Given by its median and 99th percentile, the two numbers people quote for lengths
+    (the seed's night report: output P50 20, P99 2,000). Samples are rounded to integers
+    and clipped to [1, max]."""
+
+    p50: float
+    p99: float
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive("lognormal.p50", self.p50)
+        check_positive("lognormal.p99", self.p99)
+        if self.p50 < 1:
+            raise WorkloadError(f"lognormal.p50 = {self.p50!r}: must be >= 1 (a token count)")
+        if self.p99 > LOGNORMAL_LIMIT:
+            # beyond this exp() of a tail draw could overflow a float
+            raise WorkloadError(f"lognormal.p99 = {self.p99!r}: must be <= {LOGNORMAL_LIMIT:g} "
+                                "tokens")
+        if self.p99 < self.p50:
+            raise WorkloadError(
+                f"lognormal.p99 = {self.p99!r}: must be >= lognormal.p50 = {self.p50!r}")
+        if self.max is not None:
+            check_int("lognormal.max", self.max, lo=1)
+            if self.max < self.p50:
+                raise WorkloadError(
+                    f"lognormal.max = {self.max!r}: must be >= lognormal.p50 = {self.p50!r}, "
+                    "or the median would be clipped away")
+
+    @property
+    def mu(self) -> float:
+        return math.log(self.p50)
+
+    @property
+    def sigma(self) -> float:
+        return (math.log(self.p99) - math.log(self.p50)) / Z99
+
+    def sample(self, rng: random.Random) -> int:
+        value = max(1, round(rng.lognormvariate(self.mu, self.sigma)))
+        return value if self.max is None else min(value, self.max)
+
+    def mean(self) -> float:
+        """E[min(X, max)] of the continuous distribution (rounding and the floor at 1
+        move it by under one token)."""
+        mu, sigma = self.mu, self.sigma
+        unclipped = math.exp(mu + sigma * sigma / 2)
+        if self.max is None:
+            return unclipped
+        if sigma == 0.0:
+            return min(self.p50, self.max)
+        z = (math.log(self.max) - mu) / sigma
+        return unclipped * _normal_cdf(z - sigma) + self.max * (1.0 - _normal_cdf(z))
+
+    def describe(self) -> str:
+        clip = f" max={self.max}" if self.max is not None else ""
+        return f"lognormal p50={self.p50:g} p99={self.p99:g}{clip} (mean {self.mean():.0f})"
+
+    def to_dict(self) -> Any:
+        body: dict[str, Any] = {"p50": self.p50, "p99": self.p99}
+        if self.max is not None:
+            body["max"] = self.max
+        return {"lognormal": body}
+
+
+@dataclass(frozen=True)
+class Mixture(LengthDist):
+    """Pick a component by weight (relative: they need not sum to 1), then sample it."""
+
+    parts: tuple[tuple[float, LengthDist], ...]
+    _cumulative: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parts = self.parts
+        if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or not parts:
+            raise WorkloadError(f"mixture = {parts!r}: must list at least one component "
+                                "(weight, length distribution)")
+        for i, part in enumerate(parts):
+            if not isinstance(part, Sequence) or len(part) != 2 \
+                    or not isinstance(part[1], LengthDist):
+                raise WorkloadError(
+                    f"mixture[{i}] = {part!r}: must be (weight, length distribution)")
+            check_positive(f"mixture[{i}].weight", part[0])
+        # The weights are kept as given (so to_dict round-trips exactly); sampling uses
+        # their normalised running sums.
+        parts = tuple((float(w), dist) for w, dist in parts)
+        total = math.fsum(w for w, _ in parts)
+        cumulative = [math.fsum(w for w, _ in parts[: i + 1]) / total for i in range(len(parts))]
+        cumulative[-1] = 1.0  # so float round-off can never let rng.random() fall off the end
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "_cumulative", tuple(cumulative))
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """The components' weights, normalised to sum to 1."""
+        total = math.fsum(w for w, _ in self.parts)
+        return tuple(w / total for w, _ in self.parts)
+
+    def sample(self, rng: random.Random) -> int:
+        index = bisect.bisect_right(self._cumulative, rng.random())
+        return self.parts[index][1].sample(rng)
+
+    def mean(self) -> float:
+        return sum(w * dist.mean() for w, (_, dist) in zip(self.weights, self.parts, strict=True))
+
+    def describe(self) -> str:
+        inner = ", ".join(f"{w:.1%} {dist.describe()}"
+                          for w, (_, dist) in zip(self.weights, self.parts, strict=True))
+        return f"mixture({inner})"
+
+    def to_dict(self) -> Any:
+        return {"mixture": [{"weight": w, **dist.to_dict()} for w, dist in self.parts]}
+
+
+@dataclass(frozen=True)
+class Empirical(LengthDist):
+    """Sample uniformly from observed lengths (e.g. output lengths from production logs).
+    `source` remembers the file they came from, so `to_dict` writes the path back."""
+
+    values: tuple[int, ...]
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.values, (str, bytes)) or not isinstance(self.values, Sequence) \
+                or not self.values:
+            raise WorkloadError(f"empirical = {self.values!r}: must be a non-empty list of "
+                                "integers >= 1")
+        for i, v in enumerate(self.values):
+            check_int(f"empirical[{i}]", v, lo=1)
+        object.__setattr__(self, "values", tuple(self.values))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Empirical:
+        """One integer per line; blank lines and lines starting with # are skipped."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise WorkloadError(f"empirical.file = {str(p)!r}: cannot be read ({e.strerror})") \
+                from None
+        values = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                value = int(line)
+            except ValueError:
+                raise WorkloadError(f"empirical.file {str(p)!r} line {number} = {line!r}: must "
+                                    "be one integer >= 1") from None
+            check_int(f"empirical.file {str(p)!r} line {number}", value, lo=1)
+            values.append(value)
+        if not values:
+            raise WorkloadError(f"empirical.file = {str(p)!r}: holds no lengths")
+        return cls(tuple(values), source=str(p))
+
+    def sample(self, rng: random.Random) -> int:
+        return rng.choice(self.values)
+
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    def describe(self) -> str:
+        where = f" from {self.source}" if self.source else ""
+        return f"empirical n={len(self.values)}{where} (mean {self.mean():.0f})"
+
+    def to_dict(self) -> Any:
+        return {"empirical": {"file": self.source} if self.source else list(self.values)}
+
+
+# ---- lower-case constructors, the names the docs and scenarios use ----
+
+def fixed(n: int) -> Fixed:
+    return Fixed(n)
+
+
+def uniform(lo: int, hi: int) -> Uniform:
+    return Uniform(lo, hi)
+
+
+def lognormal(p50: float, p99: float, max: int | None = None) -> LogNormal:
+    return LogNormal(p50, p99, max)
+
+
+def mixture(parts: Sequence[tuple[float, LengthDist]]) -> Mixture:
+    return Mixture(tuple(parts))
+
+
+def empirical(values: Sequence[int] | str | Path) -> Empirical:
+    """From a list of lengths, or from a file of integers when given a path."""
+    if isinstance(values, (str, Path)):
+        return Empirical.from_file(values)
+    return Empirical(tuple(values))

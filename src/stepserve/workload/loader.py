@@ -1,0 +1,142 @@
+"""Workloads from YAML (or the equivalent dict) and back, plus JSONL traces.
+
+    name: mixed
+    seed: 1
+    num_requests: 2000
+    duration_s: 600                         # optional: drop open-loop arrivals after this
+    arrival: {poisson: {rate: 5.0}}         # gamma, constant, closed_loop, trace: see arrivals
+    classes:
+      - {name: summary, share: 0.3, prompt: {fixed: 8192}, output: {fixed: 200}}
+      - name: chat
+        share: 0.7
+        prompt: {lognormal: {p50: 300, p99: 900}}
+        output: {uniform: [50, 400]}
+        max_tokens: 1024                    # optional client cap (default: the output length)
+        priority: 0                         # optional, lower is more urgent
+        tenant: a                           # optional
+        length_estimate: none               # optional: none, exact, class_mean
+
+With `arrival: {trace: file.jsonl}` the trace gives every request, so `classes` must be
+left out and `num_requests` defaults to the trace's length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stepserve.workload.arrivals import TraceReplay
+from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed
+from stepserve.workload.parse import parse_arrival, parse_length
+from stepserve.workload.spec import RequestClass, Workload
+from stepserve.workload.trace import load_trace, save_trace
+
+__all__ = ["load_workload", "workload_from_dict", "workload_to_dict", "save_workload",
+           "load_trace", "save_trace"]
+
+TOP_KEYS = ("name", "description", "seed", "num_requests", "duration_s", "arrival", "classes")
+CLASS_KEYS = ("name", "share", "prompt", "output", "max_tokens", "priority", "tenant",
+              "length_estimate")
+
+
+def workload_from_dict(data: Any, base_dir: str | Path | None = None,
+                       default_name: str = "custom") -> Workload:
+    """Build a workload from its YAML shape; `base_dir` resolves relative file paths."""
+    base = Path(base_dir) if base_dir is not None else None
+    check_mapping("workload", data)
+    check_keys("workload", data, TOP_KEYS, required=("arrival",))
+    arrival = parse_arrival(data["arrival"], "arrival", base)
+    raw_classes = data.get("classes", [])
+    default_count: Any = None
+    if isinstance(arrival, TraceReplay):
+        default_count = len(arrival.specs)
+    else:
+        for key in ("num_requests", "classes"):
+            if key not in data:
+                raise WorkloadError(f"workload: missing required key {key!r} (only a trace "
+                                    "arrival may leave it out)")
+    if not isinstance(raw_classes, list):
+        raise WorkloadError(f"classes = {raw_classes!r}: must be a list of request classes")
+    classes = tuple(_parse_class(c, f"classes[{i}]", base) for i, c in enumerate(raw_classes))
+    return Workload(
+        name=data.get("name", default_name),
+        classes=classes,
+        arrival=arrival,
+        num_requests=data.get("num_requests", default_count),
+        seed=data.get("seed", 0),
+        duration_s=data.get("duration_s"),
+        description=data.get("description", ""),
+    )
+
+
+def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
+    check_mapping(where, data)
+    check_keys(where, data, CLASS_KEYS, required=("name", "prompt", "output"))
+    prompt = parse_length(data["prompt"], f"{where}.prompt", base)
+    output = parse_length(data["output"], f"{where}.output", base)
+    try:
+        return RequestClass(
+            name=data["name"],
+            share=data.get("share", 1.0),
+            prompt=prompt,
+            output=output,
+            max_tokens=data.get("max_tokens"),
+            priority=data.get("priority", 0),
+            tenant=data.get("tenant", "default"),
+            length_estimate=data.get("length_estimate", "none"),
+        )
+    except WorkloadError as e:
+        raise prefixed(where, e) from None
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read a workload YAML file; relative trace and empirical paths are resolved against
+    the file's folder, and the name defaults to the file's stem."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise WorkloadError(f"workload file {str(p)!r}: cannot be read ({e.strerror})") \
+            from None
+    except yaml.YAMLError as e:
+        raise WorkloadError(f"workload file {str(p)!r}: not valid YAML ({e})") from None
+    try:
+        return workload_from_dict(data, p.resolve().parent, default_name=p.stem)
+    except WorkloadError as e:
+        raise WorkloadError(f"workload file {str(p)!r}: {e}") from None
+
+
+def workload_to_dict(workload: Workload) -> dict[str, Any]:
+    """The YAML shape `workload_from_dict` reads back into an equal workload."""
+    out: dict[str, Any] = {"name": workload.name}
+    if workload.description:
+        out["description"] = workload.description
+    out["seed"] = workload.seed
+    out["num_requests"] = workload.num_requests
+    if workload.duration_s is not None:
+        out["duration_s"] = workload.duration_s
+    out["arrival"] = workload.arrival.to_dict()
+    if workload.classes:
+        out["classes"] = [_class_to_dict(c) for c in workload.classes]
+    return out
+
+
+def _class_to_dict(c: RequestClass) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": c.name, "share": c.share, "prompt": c.prompt.to_dict(),
+                           "output": c.output.to_dict()}
+    if c.max_tokens is not None:
+        out["max_tokens"] = c.max_tokens
+    out["priority"] = c.priority
+    out["tenant"] = c.tenant
+    if c.length_estimate != "none":
+        out["length_estimate"] = c.length_estimate
+    return out
+
+
+def save_workload(workload: Workload, path: str | Path) -> Path:
+    """Write the workload as YAML (not its requests: use `save_trace` for those)."""
+    p = Path(path)
+    p.write_text(yaml.safe_dump(workload_to_dict(workload), sort_keys=False))
+    return p

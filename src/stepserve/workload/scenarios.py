@@ -1,0 +1,156 @@
+"""Built-in workloads: the seed's three incidents and the quick-start load, by name.
+
+    get_workload("night-report", num_requests=640)   # overrides go to the function
+    list_workloads()                                   # ['night-report', 'mixed-pool', ...]
+
+Every function's docstring ties its numbers to the seed (seed/000_...txt, "实战场景" and
+"最小上手"). The engine configs that reproduce each incident live with the simulator;
+these are only the traffic.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from stepserve.workload.arrivals import ClosedLoop, Poisson
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.lengths import fixed, lognormal, uniform
+from stepserve.workload.spec import RequestClass, Workload
+
+
+def _doc(fn: Callable[..., Workload]) -> str:
+    """The docstring's first paragraph, on one line: the workload's description."""
+    first = (fn.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(first.split())
+
+
+def night_report(num_requests: int = 6400, seed: int = 0, concurrency: int = 64) -> Workload:
+    """Nightly report job: 64 requests in flight, output P50 20 / P99 2,000 tokens.
+
+    Seed, first incident (static batching, 64 slots / 50 ms window, slot utilisation
+    16.5%): 10 of every 64 requests write 2,000 tokens and 54 write 20, so each request
+    is `long` with probability 10/64 (15.6%), which puts P50 at 20 and P99 at 2,000.
+    Prompts are modest (uniform 100..300; the seed gives none). Closed loop: the job keeps
+    `concurrency` requests outstanding. The default 6,400 requests (100 rounds of 64) give
+    a steady state; any count works.
+    """
+    prompt = uniform(100, 300)
+    classes = (
+        RequestClass("short", 54, prompt, fixed(20)),
+        RequestClass("long", 10, prompt, fixed(2000)),
+    )
+    return Workload("night-report", classes, ClosedLoop(concurrency), num_requests, seed,
+                    description=_doc(night_report))
+
+
+def mixed_pool(num_requests: int = 2000, seed: int = 0, rate: float = 1.5) -> Workload:
+    """Mixed pool: 30% 8K-token summaries with 70% ~300-token chats, Poisson arrivals.
+
+    Seed, second incident (chunk cap = step budget = 32,768: chat TTFT P99 1.1 s -> 6.9 s,
+    four 8K summaries fill a step). `summary`: prompt 8,192, output uniform 150..250
+    (~200); `chat`: prompt lognormal P50 300 / P99 900 (max 2,048), output uniform 100..300.
+    Rate 1.5 req/s: the seed's prefill runs ~5,000 tok/s (a 2,048-token step ~0.4 s, a
+    300-token prefill 0.07 s) and a request brings ~2,690 prompt tokens on average, so
+    prefill alone saturates near 1.9 req/s; 1.5 loads it to ~80%, where a bad budget split
+    queues and a good one does not. Calibrate `rate` to your cost model. Needs
+    max_model_len >= 8,442 (8,192 + 250).
+    """
+    classes = (
+        RequestClass("summary", 0.3, fixed(8192), uniform(150, 250), priority=1,
+                     tenant="summary"),
+        RequestClass("chat", 0.7, lognormal(300, 900, max=2048), uniform(100, 300),
+                     priority=0, tenant="chat"),
+    )
+    return Workload("mixed-pool", classes, Poisson(rate), num_requests, seed,
+                    description=_doc(mixed_pool))
+
+
+def _promo_classes() -> tuple[RequestClass, ...]:
+    """Customer service: mean output ~280 tokens, 6% of requests over 1,200 tokens.
+
+    short (94%): output lognormal P50 150 / P99 800 clipped at 1,200 (mean ~194);
+    long (6%): output uniform 1,201..2,000 (mean ~1,600); 0.94*194 + 0.06*1,600 = ~278.
+    Prompts lognormal P50 250 / P99 1,000, max 2,048. Every client asks max_tokens 2,048,
+    so prompt + max_tokens <= 4,096: the 4K length the seed sizes concurrency by.
+    """
+    prompt = lognormal(250, 1000, max=2048)
+    return (
+        RequestClass("short", 0.94, prompt, lognormal(150, 800, max=1200), max_tokens=2048),
+        RequestClass("long", 0.06, prompt, uniform(1201, 2000), max_tokens=2048),
+    )
+
+
+def promo_spike(num_requests: int = 4900, seed: int = 0, rate: float = 980 / 60) -> Workload:
+    """Promotion spike: 980 requests/min (Poisson), mean output ~280 tokens, 6% long.
+
+    Seed, third incident (max_num_seqs 128, concurrency up to 140, preemptions 0 -> 11/min,
+    78% of them on requests over 1,200 output tokens, which are 6% of traffic). Classes
+    `short` (94%, lognormal output P50 150 / P99 800, at most 1,200) and `long` (6%,
+    uniform 1,201..2,000); mean output ~278. Prompts a few hundred tokens (P50 250).
+    max_tokens 2,048 for all. The default 4,900 requests are five minutes at 980/min.
+    """
+    return Workload("promo-spike", _promo_classes(), Poisson(rate), num_requests, seed,
+                    description=_doc(promo_spike))
+
+
+def promo_spike_closed(num_requests: int = 4900, seed: int = 0,
+                       concurrency: int = 140) -> Workload:
+    """Promotion spike as 140 concurrent users (closed loop), same request mix.
+
+    The seed's "并发到 140" against max_num_seqs 128: with 140 always in flight, 12 wait
+    at the very least; the fix (3 replicas, max_num_seqs 40, max_waiting 24) is judged
+    against this load as well as the open-loop one.
+    """
+    return Workload("promo-spike-closed", _promo_classes(), ClosedLoop(concurrency),
+                    num_requests, seed, description=_doc(promo_spike_closed))
+
+
+def quickstart(num_requests: int = 1200, seed: int = 0, rate: float = 4.0) -> Workload:
+    """Quick start: a fixed moderate mixed load for comparing configs A, B and C.
+
+    Seed, "最小上手": run one fixed load against A (small max_num_batched_tokens, moderate
+    max_num_seqs), B (both large) and C (chunked prefill, capped request length), five
+    minutes each, and compare P50/P95/P99, throughput and preemptions. 1,200 requests at
+    4 req/s (Poisson) are those five minutes. 80% `chat` (prompt lognormal P50 300 /
+    P99 1,500, max 2,048; output lognormal P50 150 / P99 800, max 1,024), 20% `document`
+    (prompt uniform 1,500..3,000, output uniform 100..400); everything fits
+    max_model_len 4,096. Sweep `rate` to find the knee.
+    """
+    classes = (
+        RequestClass("chat", 0.8, lognormal(300, 1500, max=2048),
+                     lognormal(150, 800, max=1024)),
+        RequestClass("document", 0.2, uniform(1500, 3000), uniform(100, 400)),
+    )
+    return Workload("quickstart", classes, Poisson(rate), num_requests, seed,
+                    description=_doc(quickstart))
+
+
+SCENARIOS: dict[str, Callable[..., Workload]] = {
+    "night-report": night_report,
+    "mixed-pool": mixed_pool,
+    "promo-spike": promo_spike,
+    "promo-spike-closed": promo_spike_closed,
+    "quickstart": quickstart,
+}
+
+
+def list_workloads() -> list[str]:
+    """Names of the built-in workloads."""
+    return list(SCENARIOS)
+
+
+def get_workload(name: str, **overrides: object) -> Workload:
+    """A built-in workload by name (`night_report` works as well as `night-report`), with
+    keyword overrides such as num_requests, seed, rate or concurrency."""
+    key = name.replace("_", "-") if isinstance(name, str) else name
+    if key not in SCENARIOS:
+        raise WorkloadError(f"workload = {name!r}: unknown; built-in workloads: "
+                            f"{', '.join(SCENARIOS)}")
+    fn = SCENARIOS[key]
+    params = list(inspect.signature(fn).parameters)
+    for option in overrides:
+        if option not in params:
+            raise WorkloadError(f"{key}: unknown option {option!r}; allowed: "
+                                f"{', '.join(params)}")
+    return fn(**overrides)

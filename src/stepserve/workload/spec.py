@@ -1,0 +1,225 @@
+"""What a workload is: request classes, an arrival process, a count and a seed; and what
+it produces: a list of `RequestSpec`s, the same list every time for the same seed.
+
+A `RequestSpec` is engine-neutral: the simulator turns it into a `Request` with
+`prompt_len` dummy tokens, the bench client into an HTTP call. `output_len` is the truth
+the simulated model obeys (it generates that many tokens, then stops); `max_tokens` is only
+what the client asked for, which is all a real scheduler would see.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import random
+from dataclasses import dataclass, field
+
+from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
+from stepserve.workload.errors import (
+    WorkloadError,
+    check_int,
+    check_positive,
+    check_str,
+)
+from stepserve.workload.lengths import LengthDist
+
+# How a class fills `length_estimate`, the output length an SRPT scheduler is told:
+# none (it must fall back on max_tokens), exact (an oracle), class_mean (it knows the
+# class's mean output, as a router that classifies requests would).
+LENGTH_ESTIMATES = ("none", "exact", "class_mean")
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload. Invariant: 1 <= output_len <= max_tokens."""
+
+    index: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    max_tokens: int
+    priority: int = 0  # lower is more urgent, as in vLLM
+    tenant: str = "default"
+    request_class: str = "default"
+    length_estimate: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("index", self.index, lo=0)
+        object.__setattr__(self, "arrival_s",
+                           check_positive("arrival_s", self.arrival_s, allow_zero=True))
+        check_int("prompt_len", self.prompt_len, lo=1)
+        check_int("output_len", self.output_len, lo=1)
+        check_int("max_tokens", self.max_tokens, lo=1)
+        if self.output_len > self.max_tokens:
+            raise WorkloadError(f"output_len = {self.output_len}: must be <= max_tokens = "
+                                f"{self.max_tokens} (a request cannot outrun its cap)")
+        check_int("priority", self.priority)
+        check_str("tenant", self.tenant)
+        check_str("class", self.request_class)
+        if self.length_estimate is not None:
+            check_int("length_estimate", self.length_estimate, lo=1)
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    """A kind of request (e.g. `summary`, `chat`) with its share of the traffic.
+
+    `max_tokens`, when given, is the cap every request of the class asks for; a sampled
+    output longer than the cap is cut to it (the request ends by length). When None, the
+    client asks for exactly what it will get (max_tokens = output_len).
+    """
+
+    name: str
+    share: float
+    prompt: LengthDist
+    output: LengthDist
+    max_tokens: int | None = None
+    priority: int = 0
+    tenant: str = "default"
+    length_estimate: str = "none"
+
+    def __post_init__(self) -> None:
+        check_str("name", self.name)
+        object.__setattr__(self, "share", check_positive("share", self.share))
+        for name in ("prompt", "output"):
+            if not isinstance(getattr(self, name), LengthDist):
+                raise WorkloadError(f"{name} = {getattr(self, name)!r}: must be a length "
+                                    "distribution (fixed, uniform, lognormal, mixture, "
+                                    "empirical)")
+        if self.max_tokens is not None:
+            check_int("max_tokens", self.max_tokens, lo=1)
+        check_int("priority", self.priority)
+        check_str("tenant", self.tenant)
+        if self.length_estimate not in LENGTH_ESTIMATES:
+            raise WorkloadError(f"length_estimate = {self.length_estimate!r}: must be one of "
+                                f"{', '.join(LENGTH_ESTIMATES)}")
+
+    def make(self, index: int, arrival_s: float, rng: random.Random) -> RequestSpec:
+        """One request of this class: prompt first, then output, from `rng`."""
+        prompt_len = self.prompt.sample(rng)
+        output_len = self.output.sample(rng)
+        max_tokens = output_len if self.max_tokens is None else self.max_tokens
+        output_len = min(output_len, max_tokens)
+        estimate = None
+        if self.length_estimate == "exact":
+            estimate = output_len
+        elif self.length_estimate == "class_mean":
+            # clip by the class cap only: clipping by max_tokens = output_len would leak
+            # the true length into what is meant to be a class-level guess
+            estimate = max(1, round(self.output.mean()))
+            if self.max_tokens is not None:
+                estimate = min(estimate, self.max_tokens)
+        return RequestSpec(index, arrival_s, prompt_len, output_len, max_tokens,
+                           self.priority, self.tenant, self.name, estimate)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Classes x arrivals x count x seed. `generate()` is a pure function of these."""
+
+    name: str
+    classes: tuple[RequestClass, ...]
+    arrival: ArrivalProcess
+    num_requests: int
+    seed: int = 0
+    duration_s: float | None = None  # open loop: drop requests arriving later than this
+    description: str = ""
+    _cumulative: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_str("name", self.name)
+        if not isinstance(self.arrival, ArrivalProcess):
+            raise WorkloadError(f"arrival = {self.arrival!r}: must be an arrival process "
+                                "(poisson, gamma, constant, closed_loop, trace)")
+        if not isinstance(self.classes, (list, tuple)):
+            raise WorkloadError(f"classes = {self.classes!r}: must be a list of request classes")
+        classes = tuple(self.classes)
+        object.__setattr__(self, "classes", classes)
+        check_int("num_requests", self.num_requests, lo=1)
+        check_int("seed", self.seed)
+        if self.duration_s is not None:
+            object.__setattr__(self, "duration_s", check_positive("duration_s", self.duration_s))
+        if isinstance(self.arrival, TraceReplay):
+            self._check_trace(classes)
+        else:
+            self._check_classes(classes)
+        total = sum(c.share for c in classes)
+        cumulative = [math.fsum(c.share for c in classes[: i + 1]) / total
+                      for i in range(len(classes))]
+        if cumulative:
+            cumulative[-1] = 1.0  # rng.random() < 1.0 always lands on a class
+        object.__setattr__(self, "_cumulative", tuple(cumulative))
+
+    def _check_trace(self, classes: tuple[RequestClass, ...]) -> None:
+        assert isinstance(self.arrival, TraceReplay)
+        if classes:
+            raise WorkloadError("classes: a trace gives every request's lengths; remove "
+                                "classes or use another arrival process")
+        if self.num_requests > len(self.arrival.specs):
+            raise WorkloadError(f"num_requests = {self.num_requests}: the trace "
+                                f"{self.arrival.path!r} holds only {len(self.arrival.specs)}")
+
+    @staticmethod
+    def _check_classes(classes: tuple[RequestClass, ...]) -> None:
+        if not classes:
+            raise WorkloadError("classes = []: a workload needs at least one request class")
+        seen: set[str] = set()
+        for i, c in enumerate(classes):
+            if not isinstance(c, RequestClass):
+                raise WorkloadError(f"classes[{i}] = {c!r}: must be a RequestClass")
+            if c.name in seen:
+                raise WorkloadError(f"classes[{i}].name = {c.name!r}: names must be unique")
+            seen.add(c.name)
+
+    @property
+    def closed_loop_concurrency(self) -> int | None:
+        """Requests kept in flight for a closed loop; None for open-loop arrivals."""
+        return self.arrival.closed_loop_concurrency
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """Each class's share of requests, normalised to sum to 1."""
+        total = sum(c.share for c in self.classes)
+        return {c.name: c.share / total for c in self.classes}
+
+    def generate(self) -> list[RequestSpec]:
+        """The requests, sorted by arrival, indexed 0..n-1. Same seed, same list."""
+        if isinstance(self.arrival, TraceReplay):
+            return self._replay()
+        # Two streams: arrival times and request contents. So changing only the rate (a
+        # sweep) keeps every request's class and lengths, and the runs stay comparable.
+        times = self.arrival.times(self.num_requests,
+                                   random.Random(f"stepserve:{self.seed}:arrivals"))
+        if self.duration_s is not None and self.closed_loop_concurrency is None:
+            times = [t for t in times if t <= self.duration_s]
+        rng = random.Random(f"stepserve:{self.seed}:requests")
+        specs = []
+        for index, arrival_s in enumerate(times):
+            cls = self.classes[bisect.bisect_right(self._cumulative, rng.random())]
+            specs.append(cls.make(index, arrival_s, rng))
+        return specs
+
+    def _replay(self) -> list[RequestSpec]:
+        assert isinstance(self.arrival, TraceReplay)
+        closed = self.arrival.concurrency is not None
+        specs = []
+        for index, spec in enumerate(self.arrival.specs[: self.num_requests]):
+            arrival_s = 0.0 if closed else spec.arrival_s
+            if not closed and self.duration_s is not None and arrival_s > self.duration_s:
+                break  # the trace is sorted: everything after arrives later still
+            specs.append(dataclasses.replace(spec, index=index, arrival_s=arrival_s))
+        return specs
+
+    def describe(self) -> str:
+        """A few lines for humans: arrivals, then each class with its lengths."""
+        lines = [f"workload {self.name}: {self.num_requests} requests, seed {self.seed}, "
+                 f"{self.arrival.describe()}"]
+        if self.duration_s is not None:
+            lines[0] += f", at most {self.duration_s:g} s"
+        for c in self.classes:
+            cap = f", max_tokens {c.max_tokens}" if c.max_tokens is not None else ""
+            lines.append(f"  {c.name} {self.shares[c.name]:.1%}: prompt {c.prompt.describe()}; "
+                         f"output {c.output.describe()}{cap}; priority {c.priority}, "
+                         f"tenant {c.tenant}")
+        return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""Request traces as JSON Lines: one request per line, so a trace can be streamed, grepped
+and cut with `head`.
+
+    {"arrival_s": 0.0, "prompt_len": 312, "output_len": 87, "max_tokens": 87,
+     "priority": 0, "tenant": "a", "class": "chat"}
+
+`arrival_s`, `prompt_len` and `output_len` are required; `max_tokens` defaults to
+`output_len`, `priority` to 0, `tenant` and `class` to "default", `length_estimate` to none.
+`save_trace` writes every field, and `load_trace` reads back the identical list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.spec import RequestSpec
+
+REQUIRED = ("arrival_s", "prompt_len", "output_len")
+OPTIONAL = ("max_tokens", "priority", "tenant", "class", "length_estimate")
+
+
+def spec_to_record(spec: RequestSpec) -> dict[str, Any]:
+    """One trace line's content (the index is the line's place, not a field)."""
+    record: dict[str, Any] = {
+        "arrival_s": spec.arrival_s,
+        "prompt_len": spec.prompt_len,
+        "output_len": spec.output_len,
+        "max_tokens": spec.max_tokens,
+        "priority": spec.priority,
+        "tenant": spec.tenant,
+        "class": spec.request_class,
+    }
+    if spec.length_estimate is not None:
+        record["length_estimate"] = spec.length_estimate
+    return record
+
+
+def record_to_spec(record: Any, index: int) -> RequestSpec:
+    """A spec from one decoded line; raises WorkloadError naming the bad field."""
+    if not isinstance(record, dict):
+        raise WorkloadError(f"{record!r}: must be a JSON object with keys "
+                            f"{', '.join(REQUIRED + OPTIONAL)}")
+    for key in record:
+        if key not in REQUIRED + OPTIONAL:
+            raise WorkloadError(f"unknown key {key!r}; allowed keys: "
+                                f"{', '.join(REQUIRED + OPTIONAL)}")
+    for key in REQUIRED:
+        if key not in record:
+            raise WorkloadError(f"missing required key {key!r}")
+    output_len = record["output_len"]
+    return RequestSpec(
+        index=index,
+        arrival_s=record["arrival_s"],
+        prompt_len=record["prompt_len"],
+        output_len=output_len,
+        max_tokens=record.get("max_tokens", output_len),
+        priority=record.get("priority", 0),
+        tenant=record.get("tenant", "default"),
+        request_class=record.get("class", "default"),
+        length_estimate=record.get("length_estimate"),
+    )
+
+
+def load_trace(path: str | Path) -> list[RequestSpec]:
+    """Read a JSONL trace. Blank lines are skipped; requests are sorted (stably) by
+    arrival and re-indexed 0..n-1. Errors name the file and the line number."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise WorkloadError(f"trace {str(p)!r}: cannot be read ({e.strerror})") from None
+    records: list[tuple[int, Any]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((number, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise WorkloadError(f"trace {str(p)!r} line {number}: not valid JSON ({e.msg} at "
+                                f"column {e.colno})") from None
+    specs = []
+    for number, record in records:
+        try:
+            specs.append(record_to_spec(record, 0))
+        except WorkloadError as e:
+            raise WorkloadError(f"trace {str(p)!r} line {number}: {e}") from None
+    if not specs:
+        raise WorkloadError(f"trace {str(p)!r}: holds no requests")
+    specs.sort(key=lambda s: s.arrival_s)
+    return [dataclasses.replace(s, index=i) for i, s in enumerate(specs)]
+
+
+def save_trace(specs: Iterable[RequestSpec], path: str | Path) -> Path:
+    """Write specs as JSONL (in the order given; `load_trace` sorts by arrival)."""
+    p = Path(path)
+    lines = [json.dumps(spec_to_record(s)) for s in specs]
+    p.write_text("".join(line + "\n" for line in lines))
+    return p
