@@ -67,7 +67,8 @@ def drive(settings_: dict, reqs: list[Request]):
         if not sched.has_unfinished():
             sched.clock.advance_to(pending[0].arrival_time)
             continue
-        before = {r.request_id: r.num_computed_tokens for r in sched.running}
+        before = {r.request_id: r.num_computed_tokens
+                  for r in sched.running + sched.waiting + sched.swapped}
         out = sched.schedule()
         # budget and batch caps
         assert out.total_num_scheduled_tokens <= sc.max_num_batched_tokens

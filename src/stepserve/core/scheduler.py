@@ -4,7 +4,8 @@ One step (the seed's six steps, 1-4 here, 5-6 in update_from_output):
   1. expire requests that waited past max_queue_time_s;
   2. split the token budget (max_num_batched_tokens) between decode and prefill, in
      `budget_order`: decode_first serves running sequences before new prompts;
-     prefill_first (legacy) serves prompts first and decode gets what is left;
+     prefill_first (legacy) serves prompts first, and a step that prefills leaves decode
+     budget - chunk cap (the seed's "decode 预算 = 总预算 - 本步 prefill chunk");
   3. allocate KV blocks; when they run out, preempt a victim chosen by the policy
      (swap to the CPU pool, or drop and recompute later); new prompts just wait;
   4. hand the batch to the runner as a SchedulerOutput.
@@ -44,6 +45,12 @@ class Scheduler(SchedulerBase):
         else:
             budget = self._schedule_running(out, budget, _PREFILL, now)
             budget = self._schedule_waiting(out, budget, now)
+            if out.num_prefill_tokens:
+                # Legacy split: a step that prefills reserves a whole chunk for it, so
+                # decode budget = budget - chunk cap. A cap equal to the budget leaves
+                # decode nothing until no prompt is left (the seed's second incident).
+                budget = min(budget, self.sc.max_num_batched_tokens
+                             - max(out.num_prefill_tokens, self.sc.chunk_cap))
             budget = self._schedule_running(out, budget, _DECODE, now)
             self._schedule_swapped(out, budget, now)
         return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from stepserve.config import EngineConfig
 from stepserve.core.kv_cache import blocks_for
 from stepserve.plan.model_specs import get_model_spec
-from stepserve.sim.cost import ConstantCost, CostModel, LinearCost
+from stepserve.sim.cost import ConstantCost, CostModel
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
 from stepserve.workload.scenarios import get_workload
@@ -72,10 +72,10 @@ def _night_report() -> Scenario:
     )
 
 
-def _seed_prefill_cost() -> CostModel:
-    # Calibrated to the seed's own figures: a 2,048-token prefill step ~0.4 s and a
-    # decode step ~58 ms, so a 32,768-token step takes ~5.6 s (its 6.8 s TPOT spikes).
-    return LinearCost(base_s=0.05, per_token_s=0.00017)
+def _seed_gpu_cost() -> RooflineCost:
+    # Llama-3-8B on an H100: a 2,048-token prefill chunk ~0.07 s, a 32,768-token step
+    # ~1.3 s, a decode step ~10-20 ms; ~430k tokens of KV.
+    return RooflineCost(get_hardware("h100"), get_model_spec("llama-3-8b"))
 
 
 def _mixed_pool() -> Scenario:
@@ -91,18 +91,22 @@ def _mixed_pool() -> Scenario:
                      "32768 with the chunk cap equal to it and prompts first; after: budget "
                      "8192, chunk cap 2048, one partial prefill, decode first."),
         workload=lambda **kw: get_workload("mixed-pool", **kw),
-        cost_model=_seed_prefill_cost,
+        cost_model=_seed_gpu_cost,
         runs=(RunSpec("before", bad, "chunk cap = budget = 32768, prefill_first"),
               RunSpec("after", fixed, "budget 8192, chunk cap 2048, decode_first")),
+        kv_cache_bytes=_seed_gpu_cost().kv_cache_bytes(),
+        kv_bytes_per_token=get_model_spec("llama-3-8b").kv_bytes_per_token,
+        # ~80% of this engine's prefill capacity: bursts queue prompts, as in the seed.
+        defaults={"rate": 6.0},
     )
 
 
 def _promo_spike() -> Scenario:
     spec = get_model_spec("qwen2.5-14b")  # 192 KiB of KV per token, the seed's figure
     before = cfg(replicas=2, max_num_seqs=128, max_num_batched_tokens=8192,
-                 max_model_len=4096, policy="fcfs", preemption_mode="recompute")
-    after = before.replace(replicas=3, max_num_seqs=40, max_waiting=24, aging_after_s=20.0,
-                           policy="priority")
+                 max_model_len=4096, policy="priority", preemption_mode="recompute",
+                 watermark=0.0)
+    after = before.replace(replicas=3, max_num_seqs=40, max_waiting=24, aging_after_s=20.0)
     return Scenario(
         name="promo-spike",
         description=("Seed incident 3: a promotion spike at ~980 req/min, mean output ~280 "

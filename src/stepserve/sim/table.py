@@ -32,6 +32,8 @@ ROWS: list[Row] = [
      "arrival to first token: queueing + prefill"),
     ("TPOT P50 / P99", lambda s: f"{_ms(s['tpot_p50_s'])} / {_ms(s['tpot_p99_s'])}",
      "(E2E - TTFT) / (output - 1): the pace of generation"),
+    ("ITL P99 / max", lambda s: f"{_ms(s['itl_p99_s'])} / {_ms(s.get('itl_max_s'))}",
+     "gap between two tokens of one request: a prefill-only step shows up here as a spike"),
     ("E2E P50 / P99", lambda s: f"{_ms(s['e2e_p50_s'])} / {_ms(s['e2e_p99_s'])}",
      "arrival to last token"),
     ("preemptions (on long)", lambda s: f"{s['preemptions']} ({_pct(s['preemptions_on_long_share'])})",

@@ -1,0 +1,122 @@
+"""`stepserve doctor RESULT.json [--json]`: which of the seed's alert rules fire.
+
+RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary"}],
+"findings": [...]}` (the stored findings are ignored: the rules are applied afresh),
+or a bare summary dict. A missing or malformed file prints `error: ...` to stderr and
+returns 2; otherwise 0, whatever fires.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepserve.metrics.alerts import Finding, diagnose
+
+EXIT_USAGE = 2
+# A bare summary must carry at least one of these (summary.py's keys).
+_SUMMARY_MARKERS = ("requests_total", "steps", "slot_utilization", "ttft_p50_s", "preemptions")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    summary: Mapping[str, Any]
+    batching: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def diagnose_config(self) -> dict[str, Any]:
+        """The run's config, with its batching mode added where the config lacks one."""
+        config = dict(self.config)
+        if self.batching is not None and "batching" not in config:
+            config["batching"] = self.batching
+        return config
+
+
+def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `doctor` to a parent's `add_subparsers()` object."""
+    p = subparsers.add_parser(
+        "doctor", help="apply the seed's alert rules to a result file",
+        description="Read a result file (or a bare summary) and print, per run, each rule "
+                    "that fires: severity, rule, the evidence with its numbers, and what "
+                    "to do.")
+    p.add_argument("result", metavar="RESULT.json",
+                   help='a result file {"runs": [{"name", "batching", "config", "summary"}]} '
+                        "or one summary dict")
+    p.add_argument("--json", action="store_true",
+                   help='print {"findings": [{"run", "rule", "severity", "evidence", '
+                        '"action"}]} instead of text')
+    p.set_defaults(func=run_doctor)
+    return p
+
+
+def load_runs(path: str) -> list[Run]:
+    """The runs in a result file; ValueError (or OSError) says what is wrong."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if "runs" not in data:
+        if not any(k in data for k in _SUMMARY_MARKERS):
+            raise ValueError(f"{path}: neither a result file (no \"runs\") nor a summary "
+                             f"(none of {', '.join(_SUMMARY_MARKERS)})")
+        return [Run(name=Path(path).stem, summary=data)]
+    raw = data["runs"]
+    if not isinstance(raw, list):
+        raise ValueError(f"{path}: \"runs\" must be a list, got {type(raw).__name__}")
+    runs = []
+    for i, item in enumerate(raw):
+        where = f"{path}: runs[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} must be an object, got {type(item).__name__}")
+        summary = item.get("summary")
+        if not isinstance(summary, dict):
+            raise ValueError(f"{where} has no \"summary\" object")
+        config = item.get("config") or {}
+        if not isinstance(config, dict):
+            raise ValueError(f"{where}.config must be an object, got {type(config).__name__}")
+        batching = item.get("batching")
+        if batching is not None and not isinstance(batching, str):
+            raise ValueError(f"{where}.batching must be a string, got {batching!r}")
+        runs.append(Run(name=str(item.get("name", f"run {i}")), summary=summary,
+                        batching=batching, config=config))
+    return runs
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    try:
+        runs = load_runs(args.result)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    results = [(run, diagnose(run.summary, run.diagnose_config())) for run in runs]
+    if args.json:
+        rows = [{"run": run.name, **f.to_dict()} for run, found in results for f in found]
+        print(json.dumps({"findings": rows}, indent=2))
+    else:
+        print(format_report(results))
+    return 0
+
+
+def format_report(results: list[tuple[Run, list[Finding]]]) -> str:
+    lines: list[str] = []
+    for run, found in results:
+        mode = f" ({run.batching})" if run.batching else ""
+        count = f"{len(found)} finding(s)" if found else "no rule fires"
+        lines.append(f"run {run.name}{mode}: {count}")
+        for f in found:
+            lines.append(f"  [{f.severity}] {f.rule}")
+            lines += _wrapped("evidence", f.evidence)
+            lines += _wrapped("action", f.action)
+    return "\n".join(lines)
+
+
+def _wrapped(label: str, text: str) -> list[str]:
+    return textwrap.wrap(text, width=100, initial_indent=f"    {label + ':':<10}",
+                         subsequent_indent=" " * 14, break_on_hyphens=False)

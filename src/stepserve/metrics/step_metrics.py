@@ -1,0 +1,193 @@
+"""Step-level metrics: how full the batch was, how the budget was split, how the queues
+moved. Computed from the StepRecords the scheduler leaves, one per executed step.
+
+Steps come either as one list (one engine) or as one list per replica
+(`SimResult.steps`). Queue levels (waiting, running, in the engine) are cluster-wide:
+after every step of any replica, the sum of each replica's latest value. Every other
+step metric pools the records of all replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stepserve.core.output import StepRecord
+from stepserve.metrics.percentiles import least_squares_slope, mean, percentile, ratio
+
+Steps = Sequence[StepRecord] | Sequence[Sequence[StepRecord]]
+
+
+def per_replica(steps: Steps) -> list[list[StepRecord]]:
+    """One list of records per replica; a flat list is one replica."""
+    if not steps:
+        return []
+    if isinstance(steps[0], StepRecord):
+        return [list(steps)]  # type: ignore[arg-type]
+    return [list(s) for s in steps]  # type: ignore[arg-type]
+
+
+def _end(s: StepRecord) -> float:
+    return s.start_s + s.duration_s
+
+
+def merged_level(replicas: list[list[StepRecord]],
+                 level: Callable[[StepRecord], float]) -> tuple[list[float], list[float]]:
+    """(times, totals): after each step of any replica, the sum over replicas of each
+    one's latest `level`. One replica: simply the level after each of its steps."""
+    events = sorted((_end(s), r, level(s)) for r, recs in enumerate(replicas) for s in recs)
+    latest: list[float] = [0] * len(replicas)  # ints stay ints in the JSON
+    total: float = 0
+    ts: list[float] = []
+    vs: list[float] = []
+    for t, r, v in events:
+        total += v - latest[r]
+        latest[r] = v
+        ts.append(t)
+        vs.append(total)
+    return ts, vs
+
+
+def longest_monotonic_rise(ts: Sequence[float], vs: Sequence[float]) -> tuple[float, float]:
+    """(seconds, rise) of the longest stretch in which the level never dropped and rose:
+    from the last sample before its first rise to its last rise (flat ends trimmed)."""
+    best_s, best_rise = 0.0, 0  # rise keeps the level's type (ints stay ints)
+    base = 0  # the last sample before the current run's first rise
+    for j in range(1, len(vs)):
+        if vs[j] < vs[j - 1]:
+            base = j
+        elif vs[j] == vs[j - 1]:
+            if vs[j] == vs[base]:
+                base = j  # still on the run's flat start
+        else:
+            span, rise = ts[j] - ts[base], vs[j] - vs[base]
+            if span > best_s or (span == best_s and rise > best_rise):
+                best_s, best_rise = span, rise
+    return best_s, best_rise
+
+
+def _waiting(s: StepRecord) -> float:
+    return s.num_waiting
+
+
+def _running(s: StepRecord) -> float:
+    return s.num_running
+
+
+def _in_engine(s: StepRecord) -> float:
+    return s.num_running + s.num_waiting + s.num_swapped
+
+
+def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
+                 ) -> dict[str, Any]:
+    """Step-level summary keys (see summary.py for their meaning). `offered_window` is
+    (first arrival, last arrival): the queue's growth is fitted inside it only, since
+    after the last arrival a queue can only drain."""
+    replicas = per_replica(steps)
+    recs = [s for r in replicas for s in r]
+    n = len(recs)
+    held = [s for s in recs if s.slots_held > 0]
+    active_ratios = [s.num_active / s.slots_held for s in held]
+    prefill_tok = sum(s.num_prefill_tokens for s in recs)
+    decode_tok = sum(s.num_decode_tokens for s in recs)
+    decode_steps = [s.duration_s for s in recs if s.num_decode_tokens > 0]
+
+    wt, wv = merged_level(replicas, _waiting)
+    _, rv = merged_level(replicas, _running)
+    _, ev = merged_level(replicas, _in_engine)
+    growth = trend_rise = None
+    if offered_window is not None:
+        lo, hi = offered_window
+        inside = [(t, v) for t, v in zip(wt, wv, strict=True) if lo <= t <= hi]
+        growth = least_squares_slope([t for t, _ in inside], [v for _, v in inside])
+        if growth is not None:
+            trend_rise = growth * (inside[-1][0] - inside[0][0])
+    rise_s, rise = longest_monotonic_rise(wt, wv)
+
+    return {
+        "replicas": len(replicas),
+        "steps": n,
+        "mean_step_s": mean([s.duration_s for s in recs]),
+        "decode_step_p50_s": percentile(decode_steps, 50),
+        "slot_utilization": ratio(sum(s.num_active for s in held),
+                                  sum(s.slots_held for s in held)),
+        "active_ratio_p50": percentile(active_ratios, 50),
+        "active_ratio_mean": mean(active_ratios),
+        "prefill_step_share": ratio(
+            sum(1 for s in recs if s.num_prefill_tokens > 0 and s.num_decode_tokens == 0), n),
+        "zero_decode_step_share": ratio(
+            sum(1 for s in recs if s.num_decode_ready > 0 and s.num_decode_tokens == 0), n),
+        "prefill_token_share": ratio(prefill_tok, prefill_tok + decode_tok),
+        "prefill_tokens_computed": prefill_tok,
+        "decode_tokens_computed": decode_tok,
+        "waiting_max": max(wv) if wv else None,
+        "waiting_p50": percentile(wv, 50),
+        "waiting_mean": mean(wv),
+        "waiting_nonzero_share": ratio(sum(1 for v in wv if v > 0), len(wv)),
+        "waiting_growth": growth,
+        "waiting_trend_rise": trend_rise,
+        "waiting_monotonic_rise_s": rise_s if wv else None,
+        "waiting_monotonic_rise": rise if wv else None,
+        "running_max": max(rv) if rv else None,
+        "running_mean": mean(rv),
+        "in_engine_max": max(ev) if ev else None,
+        "kv_usage_max": max((s.kv_usage for s in recs), default=None),
+        "kv_usage_mean": mean([s.kv_usage for s in recs]),
+    }
+
+
+@dataclass(frozen=True)
+class TimeSeries:
+    """Per-bin series for plots. t: bin centres (s). waiting, running: cluster-wide
+    mean level in the bin (the last value carried through empty bins); kv_usage: mean
+    over replicas; prefill_tokens, decode_tokens, preemptions: totals in the bin."""
+
+    t: list[float]
+    waiting: list[float]
+    running: list[float]
+    kv_usage: list[float]
+    prefill_tokens: list[int]
+    decode_tokens: list[int]
+    preemptions: list[int]
+
+    def to_dict(self) -> dict[str, list]:
+        return asdict(self)
+
+
+def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
+    """Downsample the step records to `bins` equal time bins (by each step's end)."""
+    if bins < 1:
+        raise ValueError(f"timeseries bins = {bins!r}: must be >= 1")
+    replicas = [r for r in per_replica(steps) if r]
+    if not replicas:
+        return TimeSeries([], [], [], [], [], [], [])
+    t0 = min(s.start_s for r in replicas for s in r)
+    t1 = max(_end(s) for r in replicas for s in r)
+    width = (t1 - t0) / bins or 1.0
+
+    def slot(s: StepRecord) -> int:
+        return min(int((_end(s) - t0) / width), bins - 1)
+
+    zeros_f = [0.0] * bins
+    waiting, running, kv = list(zeros_f), list(zeros_f), list(zeros_f)
+    prefill, decode, preempt = [0] * bins, [0] * bins, [0] * bins
+    for recs in replicas:
+        levels: list[list[tuple[float, float, float]]] = [[] for _ in range(bins)]
+        for s in recs:
+            b = slot(s)
+            levels[b].append((s.num_waiting, s.num_running, s.kv_usage))
+            prefill[b] += s.num_prefill_tokens
+            decode[b] += s.num_decode_tokens
+            preempt[b] += s.num_preempted
+        last = (0.0, 0.0, 0.0)
+        for b, samples in enumerate(levels):
+            if samples:
+                k = len(samples)
+                last = (sum(x[0] for x in samples) / k, sum(x[1] for x in samples) / k,
+                        sum(x[2] for x in samples) / k)
+            waiting[b] += last[0]
+            running[b] += last[1]
+            kv[b] += last[2] / len(replicas)
+    t = [t0 + (b + 0.5) * width for b in range(bins)]
+    return TimeSeries(t, waiting, running, kv, prefill, decode, preempt)

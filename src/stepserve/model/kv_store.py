@@ -1,0 +1,122 @@
+"""The paged KV cache tensors: device blocks, the CPU swap pool, and how many blocks a
+memory budget buys.
+
+Layout: one tensor `[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`, so
+layer l's K is `kv[l, 0]` (contiguous, `[num_blocks, block_size, kv_heads, head_dim]`)
+and a swap moves a block of every layer with one index operation. Block ids are the
+ones `KVCacheManager` hands out; this class only stores bytes.
+
+Blocks start zeroed: attention pads short sequences with whatever block 0 holds and
+masks it out, and a masked NaN would still poison `probs @ V` (0 * NaN = NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stepserve.model.config import ModelArgs
+
+GiB = 1 << 30
+
+
+class KVStore:
+    def __init__(self, args: ModelArgs, num_blocks: int, block_size: int,
+                 num_cpu_blocks: int = 0, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks = {num_blocks}: must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_cpu_blocks = num_cpu_blocks
+        self.device = torch.device(device)
+        per_block = (block_size, args.num_kv_heads, args.head_dim)
+        self.kv = torch.zeros((args.num_layers, 2, num_blocks, *per_block), dtype=dtype,
+                              device=self.device)
+        # Pinned host memory lets CUDA copies run at full PCIe speed; plain memory on CPU.
+        pin = self.device.type == "cuda"
+        self.cpu_kv = torch.zeros((args.num_layers, 2, num_cpu_blocks, *per_block),
+                                  dtype=dtype, pin_memory=pin)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of layer i, each [num_blocks, block_size, kv_heads, head_dim]."""
+        return self.kv[i, 0], self.kv[i, 1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes one block holds across all layers (what a swap of it moves)."""
+        return self.nbytes // self.num_blocks
+
+    def copy_blocks_to_cpu(self, pairs: list[tuple[int, int]]) -> None:
+        """Swap out: (device block, cpu block) pairs, as in SchedulerOutput.swap_out."""
+        if not pairs:
+            return
+        dev = torch.tensor([d for d, _ in pairs], device=self.device)
+        cpu = torch.tensor([c for _, c in pairs])
+        self.cpu_kv[:, :, cpu] = self.kv[:, :, dev].to("cpu")
+
+    def copy_blocks_from_cpu(self, pairs: list[tuple[int, int]]) -> None:
+        """Swap in: (cpu block, device block) pairs, as in SchedulerOutput.swap_in."""
+        if not pairs:
+            return
+        cpu = torch.tensor([c for c, _ in pairs])
+        dev = torch.tensor([d for _, d in pairs], device=self.device)
+        self.kv[:, :, dev] = self.cpu_kv[:, :, cpu].to(self.device, non_blocking=True)
+
+
+def num_blocks_for_memory(num_bytes: int, args: ModelArgs, block_size: int) -> int:
+    """How many KV blocks of `block_size` tokens fit in `num_bytes`."""
+    return num_bytes // (args.kv_bytes_per_token * block_size)
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """A KV cache size and where it came from, for the startup log."""
+
+    num_bytes: int
+    reason: str
+
+    def describe(self, args: ModelArgs, block_size: int) -> str:
+        blocks = num_blocks_for_memory(self.num_bytes, args, block_size)
+        return (f"KV cache {self.num_bytes / GiB:.2f} GiB = {blocks} blocks x {block_size} "
+                f"tokens ({blocks * block_size} tokens, "
+                f"{args.kv_bytes_per_token / 1024:.1f} KiB/token); {self.reason}")
+
+
+def _mem_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def default_kv_budget(device: str | torch.device = "cpu", cpu_fraction: float = 0.25,
+                      cpu_cap: int = 4 * GiB, cuda_fraction: float = 0.8) -> KVBudget:
+    """A KV budget when the user gave none. Call after the weights are loaded, so free
+    memory already excludes them. CPU: a quarter of MemAvailable, at most 4 GiB (the
+    cache shares RAM with everything else, and CPU decode is too slow to use more).
+    CUDA: 80% of free device memory, leaving room for activations."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return KVBudget(int(free * cuda_fraction),
+                        f"{cuda_fraction:.0%} of {free / GiB:.1f} GiB free on {device}")
+    avail = _mem_available_bytes()
+    if avail is None:  # not Linux: assume a small machine rather than guess high
+        avail = 2 * cpu_cap
+        source = "MemAvailable unknown"
+    else:
+        source = f"MemAvailable {avail / GiB:.1f} GiB"
+    budget = min(int(avail * cpu_fraction), cpu_cap)
+    capped = " (capped)" if budget == cpu_cap else ""
+    return KVBudget(budget, f"{cpu_fraction:.0%} of {source}, at most "
+                            f"{cpu_cap / GiB:.0f} GiB{capped}")

