@@ -119,6 +119,7 @@ class Request:
         self.max_tokens = self.sampling_params.max_tokens
         self.priority = self.sampling_params.priority
         self.tenant = self.sampling_params.tenant
+        self.stop_token_ids = self.sampling_params.stop_token_ids
 
     @property
     def num_tokens(self) -> int:

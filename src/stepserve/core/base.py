@@ -136,16 +136,17 @@ class SchedulerBase:
         stop condition, and record the step. Returns the requests that got a token."""
         now = self.clock.now()
         sampled = result.sampled_token_ids
-        max_len = self.sc.max_model_len
-        on_tokens = self.policy.on_tokens
+        on_tokens = self.policy.on_tokens if self.policy.tracks_tokens else None
         emitted: list[Request] = []
         ended = False
+        # No max_model_len check here: admission guarantees prompt + max_tokens fits it.
         for i, req in enumerate(out.requests):
             if req.status is not _RUNNING:
                 continue  # ended (aborted) while the step ran
             n = out.num_scheduled_tokens[i]
             req.num_computed_tokens += n
-            on_tokens(req, n)
+            if on_tokens is not None:
+                on_tokens(req, n)
             tok = sampled[i]
             if tok is None:
                 continue
@@ -153,12 +154,13 @@ class SchedulerBase:
             output.append(tok)
             req.token_times.append(now)
             emitted.append(req)
-            params = req.sampling_params
-            if len(output) >= req.max_tokens or req.num_tokens >= max_len:
+            if len(output) >= req.max_tokens:
                 self._end(req, RequestStatus.FINISHED_LENGTH)
                 ended = True
-            elif (tok == req.eos_token_id and not params.ignore_eos) or \
-                    tok in params.stop_token_ids:
+            elif tok == req.eos_token_id and not req.sampling_params.ignore_eos:
+                self._end(req, RequestStatus.FINISHED_STOPPED)
+                ended = True
+            elif req.stop_token_ids and tok in req.stop_token_ids:
                 self._end(req, RequestStatus.FINISHED_STOPPED)
                 ended = True
         if ended:

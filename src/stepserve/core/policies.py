@@ -17,6 +17,7 @@ class Policy:
 
     name = ""
     sorts_waiting = False  # FCFS keeps arrival order and never sorts
+    tracks_tokens = False  # whether on_tokens must be called (skipped on the hot path)
 
     def order_waiting(self, waiting: list[Request], now: float) -> None:
         """Sort `waiting` in place into admission order."""
@@ -92,6 +93,7 @@ class FairShare(Policy):
 
     name = "fair"
     sorts_waiting = True
+    tracks_tokens = True
 
     def __init__(self) -> None:
         self.served: dict[str, float] = defaultdict(float)

@@ -72,8 +72,9 @@ class Scheduler(SchedulerBase):
             if req.sched_step == step:
                 continue  # prefill_first: already scheduled in the prefill pass
             computed = req.num_computed_tokens
-            remaining = req.num_prompt_tokens + len(req.output_token_ids) - computed
-            decoding = remaining == 1 and bool(req.output_token_ids)
+            num_output = len(req.output_token_ids)
+            remaining = req.num_prompt_tokens + num_output - computed
+            decoding = remaining == 1 and num_output > 0
             if decoding:
                 if which == _PREFILL:
                     continue

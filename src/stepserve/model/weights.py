@@ -111,4 +111,4 @@ def load_model(model_dir: str | Path, dtype: str = "float32",
     model = model.to_empty(device=device).to(DTYPES[dtype])
     model.inv_freq = inv_frequencies(args).to(device)  # non-persistent: recompute, float32
     load_weights(model, model_dir)
-    return model.eval()
+    return model.requires_grad_(False).eval()
