@@ -45,7 +45,7 @@ TRIGGERS = [
                                   "waiting_max": 14}),
     ("running_below_offered", "warning", {"waiting_nonzero_share": 0.9, "waiting_p50": 12,
                                           "waiting_max": 38, "running_max": 128,
-                                          "max_num_seqs": 128}),
+                                          "in_engine_max": 140, "max_num_seqs": 128}),
     ("tail_ttft_from_prefill", "warning", {"p99_p50_ttft_ratio": 6.3, "ttft_p99_s": 6.9,
                                            "ttft_p50_s": 1.1, "prefill_token_share": 0.9}),
 ]
@@ -87,6 +87,13 @@ def test_rules_stay_silent_without_their_inputs():
     ("tail_ttft_from_prefill", {"p99_p50_ttft_ratio": 8.0, "ttft_p99_s": 8.0,
                                 "ttft_p50_s": 1.0, "prefill_token_share": 0.3}),  # queueing
     ("running_below_offered", {"waiting_nonzero_share": 0.5, "waiting_p50": 2}),
+    # a static batch fed by 64 clients: never more than 64 in the engine, idle slots queue
+    ("running_below_offered", {"waiting_nonzero_share": 0.98, "waiting_p50": 54,
+                               "running_max": 64, "in_engine_max": 64, "max_num_seqs": 64}),
+    # a burst: 61 arrive at once (one step), the fitted line barely climbs
+    ("queue_growing", {"waiting_growth": 1e-4, "waiting_trend_rise": 0.8,
+                       "waiting_monotonic_rise": 61, "waiting_monotonic_rise_s": 0.025,
+                       "mean_step_s": 0.025, "waiting_max": 61, "running_max": 64}),
 ])
 def test_thresholds_are_strict_and_need_all_their_conditions(rule_id, changes):
     assert getattr(alerts, rule_id)(crafted(**changes)) is None
@@ -129,12 +136,13 @@ def test_config_names_the_chunk_cap_and_the_settings():
 
 def test_running_below_offered_uses_max_num_seqs_when_known():
     queued = crafted(waiting_nonzero_share=0.9, waiting_p50=12, waiting_max=38,
-                     running_max=128, replicas=None)  # replicas from the config
+                     running_max=128, in_engine_max=166, replicas=None)  # replicas: config
     assert alerts.running_below_offered(queued) is not None  # from the waiting queue alone
     assert alerts.running_below_offered(queued, {"max_num_seqs": 128}) is not None
     assert alerts.running_below_offered(queued, {"max_num_seqs": 256}) is None
     assert alerts.running_below_offered(queued, {"max_num_seqs": 64, "replicas": 3}) is None
-    two = crafted(waiting_nonzero_share=0.9, waiting_p50=12, running_max=80, replicas=2)
+    two = crafted(waiting_nonzero_share=0.9, waiting_p50=12, running_max=80, in_engine_max=92,
+                  replicas=2)
     f = alerts.running_below_offered(two, {"scheduler": {"max_num_seqs": 40}})
     assert f is not None and "max_num_seqs 40 x 2 replica(s)" in f.evidence
 
@@ -150,7 +158,7 @@ def test_the_three_incidents_in_summary_form():
                     preempted_requests=30, preemptions_on_long_share=0.78,
                     waiting_growth=0.16, waiting_monotonic_rise=38,
                     waiting_monotonic_rise_s=240.0, waiting_max=38, waiting_p50=20,
-                    waiting_nonzero_share=0.8, running_max=128)
+                    waiting_nonzero_share=0.8, running_max=128, in_engine_max=140)
     found = diagnose(promo, {"max_num_seqs": 128})
     assert found[0].rule == "capacity" and found[0].severity == "critical"
     assert {"capacity", "preemption_nonzero", "queue_growing", "running_below_offered"} <= \
@@ -170,3 +178,22 @@ def test_findings_are_frozen_checked_and_serialisable():
 def test_diagnose_lists_critical_first():
     s = crafted(active_ratio_p50=0.1, prefill_step_share=0.95)
     assert [f.severity for f in diagnose(s)] == ["critical", "warning"]
+
+
+def test_running_below_offered_blames_kv_when_slots_were_free():
+    queued = crafted(waiting_nonzero_share=0.9, waiting_p50=12, running_max=200,
+                     in_engine_max=280, max_num_seqs=128, replicas=2)
+    assert alerts.running_below_offered(queued) is None  # budget-bound: neither ran out
+    f = alerts.running_below_offered({**queued, "preemptions": 40})
+    assert f is not None and "KV blocks were the limit (40 preemptions" in f.evidence
+    assert alerts.running_below_offered({**queued, "kv_usage_max": 0.99}) is not None
+
+
+def test_tail_ttft_is_left_to_the_queue_rule_when_requests_waited_for_slots():
+    tail = crafted(p99_p50_ttft_ratio=6.0, ttft_p99_s=6.0, ttft_p50_s=1.0,
+                   prefill_token_share=0.9)
+    assert alerts.tail_ttft_from_prefill(tail) is not None
+    queued = {**tail, "waiting_nonzero_share": 0.9, "waiting_p50": 60, "running_max": 120,
+              "in_engine_max": 192, "max_num_seqs": 40, "replicas": 3}
+    assert alerts.tail_ttft_from_prefill(queued) is None
+    assert "running_below_offered" in [f.rule for f in diagnose(queued)]

@@ -22,9 +22,11 @@ PREFILL_STEP_SHARE_MAX = 0.70  # incident 2: prefill-only steps
 ZERO_DECODE_STEP_SHARE_MAX = 0.10  # incident 2: steps that starved decode-ready sequences
 CAPACITY_TAIL_RATIO = 10.0  # incident 3: P99/P50 over this with preemptions > 0
 QUEUE_ALERT = 10  # incident 3: the queue at 10 was the early signal
+QUEUE_CLIMB_MIN_STEPS = 10  # a climb over fewer steps is a burst of arrivals, not a trend
+KV_FULL = 0.95  # KV usage at which running is limited by blocks rather than slots
 WAITING_MOST_OF_RUN = 0.50  # a queue in more than half the samples
 TTFT_TAIL_RATIO = 5.0  # "mean TTFT normal, P99 high"
-TPOT_NORMAL_STEPS = 1.5  # TPOT P50 within this many median decode steps is "normal"
+TPOT_NORMAL_STEPS = 1.5  # TPOT P50 within this many mean steps is "normal"
 PREFILL_TOKEN_SHARE_MIN = 0.5  # prefill fills the steps: most computed tokens are prefill
 
 
@@ -196,8 +198,10 @@ def queue_growing(s: Summary, config: Config = None) -> Finding | None:
     trend = _num(s, "waiting_trend_rise") or 0
     peak = _num(s, "waiting_max") or 0
     running = _num(s, "running_max") or 0
-    sustained = climb >= QUEUE_ALERT or trend >= QUEUE_ALERT
-    large = peak >= max(QUEUE_ALERT, running)
+    step = _num(s, "mean_step_s")
+    long_climb = climb_s >= QUEUE_CLIMB_MIN_STEPS * step if step else climb_s > 0
+    sustained = trend >= QUEUE_ALERT or (climb >= QUEUE_ALERT and long_climb)
+    large = trend >= 1 and peak >= max(QUEUE_ALERT, running)
     if not (sustained or large):
         return None
     return Finding(
@@ -217,20 +221,30 @@ def running_below_offered(s: Summary, config: Config = None) -> Finding | None:
         return None
     if not _num(s, "waiting_p50"):
         return None
+    offered = _num(s, "in_engine_max")
+    if offered is not None and offered <= running:
+        return None  # never more in the engine than once ran: idle slots (static), not capacity
     seqs = setting(s, config, "max_num_seqs")
     replicas = setting(s, config, "replicas") or 1
     if seqs is not None:
-        if running < seqs * replicas:
-            return None  # the queue is not for want of slots; preemption/capacity cover KV
-        why = f"running peaked at {running:g} = max_num_seqs {seqs} x {replicas} replica(s)"
+        kv = _num(s, "kv_usage_max")
+        preempted = _num(s, "preemptions")
+        if running >= seqs * replicas:
+            why = f"running peaked at {running:g} = max_num_seqs {seqs} x {replicas} replica(s)"
+        elif preempted or (kv is not None and kv >= KV_FULL):
+            kv_text = f", KV usage peaked at {_pct(kv)}" if kv is not None else ""
+            why = (f"running peaked at {running:g}, below max_num_seqs {seqs} x {replicas} "
+                   f"replica(s): KV blocks were the limit ({int(preempted or 0)} "
+                   f"preemptions{kv_text})")
+        else:
+            return None  # neither slots nor KV ran out: the step budget held requests back
     else:
         why = f"running peaked at {running:g}"
-    offered = _num(s, "in_engine_max")
     offered_text = f"; up to {offered:g} requests were in the engine" if offered else ""
     return Finding(
         "running_below_offered", "warning",
         f"requests queued in {_pct(queued)} of the samples (median {s['waiting_p50']:g}, "
-        f"peak {s.get('waiting_max')}); {why}{offered_text}: running capacity is below the "
+        f"peak {_num(s, 'waiting_max')}); {why}{offered_text}: running capacity is below the "
         "offered concurrency",
         "size replicas by peak concurrency over what one replica holds (`stepserve plan "
         "capacity --peak-concurrency N`), and cap max_waiting so the excess gets a 429 "
@@ -239,7 +253,7 @@ def running_below_offered(s: Summary, config: Config = None) -> Finding | None:
 
 def tail_ttft_from_prefill(s: Summary, config: Config = None) -> Finding | None:
     r = _num(s, "p99_p50_ttft_ratio")
-    tpot, step = _num(s, "tpot_p50_s"), _num(s, "decode_step_p50_s")
+    tpot, step = _num(s, "tpot_p50_s"), _num(s, "mean_step_s")
     prefill = _num(s, "prefill_token_share")
     if r is None or r < TTFT_TAIL_RATIO or tpot is None or not step or prefill is None:
         return None
@@ -247,10 +261,14 @@ def tail_ttft_from_prefill(s: Summary, config: Config = None) -> Finding | None:
         return None  # decode is slow too: queueing or saturation, not prefill alone
     if prefill < PREFILL_TOKEN_SHARE_MIN:
         return None  # short prompts cannot squeeze the budget; the tail is queueing
+    if running_below_offered(s, config) is not None:
+        return None  # requests queued for slots or KV: that rule explains the tail
+    p99, p50 = _num(s, "ttft_p99_s"), _num(s, "ttft_p50_s")
+    both = f" (P99 {p99:.3f} s, P50 {p50:.3f} s)" if p99 is not None and p50 is not None else ""
     return Finding(
         "tail_ttft_from_prefill", "warning",
-        f"TTFT P99/P50 = {r:.1f} (P99 {s['ttft_p99_s']:.3f} s, P50 {s['ttft_p50_s']:.3f} s) "
-        f"while TPOT P50 = {tpot:.4f} s stays within {TPOT_NORMAL_STEPS:g}x of a decode "
+        f"TTFT P99/P50 = {r:.1f}{both} "
+        f"while TPOT P50 = {tpot:.4f} s stays within {TPOT_NORMAL_STEPS:g}x of the mean "
         f"step ({step:.4f} s) and prefill is {_pct(prefill)} of the computed tokens: long "
         "prompt prefill is squeezing the budget",
         "chunk long prompts: long_prefill_token_threshold below max_num_batched_tokens, "
