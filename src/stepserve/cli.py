@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stepserve.demo import add_demo_parser
+from stepserve.engine.commands import add_engine_parsers
 from stepserve.metrics.doctor_cmd import add_doctor_parser
 from stepserve.plan.commands import add_plan_parser
 from stepserve.sim.commands import add_simulate_parser
@@ -16,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A continuous-batching LLM inference engine and scheduling lab.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    add_demo_parser(sub)
+    add_engine_parsers(sub)
     add_simulate_parser(sub)
     add_plan_parser(sub)
     add_doctor_parser(sub)

@@ -1,0 +1,190 @@
+"""`stepserve demo`: the seed's nightly-report incident, on a real model and in the
+simulator, side by side.
+
+1. On the default model (SmolLM2-135M, CPU): a closed-loop job with 64 in flight, ~15%
+   of requests 100x longer than the rest, three times as many requests as slots; once
+   with static batching, once with continuous batching.
+2. The same job shape at full scale (P50 20 / P99 2,000 tokens, 6,400 requests) in the
+   simulator on an H100 profile.
+3. One table; the measured speedups against the cap computed for the same requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from stepserve.config import EngineConfig
+from stepserve.metrics.summary import summarize
+from stepserve.plan.model_specs import get_model_spec
+from stepserve.plan.speedup import speedup_for_lengths
+from stepserve.request import SamplingParams
+from stepserve.sim.hardware import get_hardware
+from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.run import run_config
+from stepserve.workload.scenarios import get_workload
+
+TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",
+          "server uptime", "a new coffee machine", "the warehouse inventory", "a team offsite",
+          "customer feedback", "the marketing budget", "a software release", "a data backup"]
+
+
+def demo_jobs(tokenizer, num_requests: int, short: int, long: int, seed: int = 0):
+    """Prompts of real text; output lengths fixed per request (ignore_eos), ~10/64 long."""
+    rng = random.Random(seed)
+    jobs, lengths = [], []
+    for i in range(num_requests):
+        n = long if rng.random() < 10 / 64 else short
+        topic = TOPICS[i % len(TOPICS)]
+        prompt = f"Write entry {i} of tonight's report: a few lines about {topic}."
+        jobs.append((tokenizer.encode(prompt),
+                     SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)))
+        lengths.append(n)
+    return jobs, lengths
+
+
+def run_real(model: str, batching: str, jobs, concurrency: int) -> dict:
+    from stepserve.engine.closed_loop import run_closed_loop
+    from stepserve.engine.llm_engine import LLMEngine
+
+    config = EngineConfig().replace(batching=batching, max_num_seqs=concurrency,
+                                    max_num_batched_tokens=4096, max_model_len=2048)
+    engine = LLMEngine(model, config)
+    t0 = time.perf_counter()
+    res = run_closed_loop(engine, jobs, concurrency,
+                          request_class=lambda i: "long" if jobs[i][1].max_tokens > 10
+                          else "short")
+    wall = time.perf_counter() - t0
+    summary = summarize(res.requests, engine.scheduler.step_records, res.duration_s)
+    engine.scheduler.kv.check_integrity()
+    return {"name": f"cpu-{batching}", "batching": batching, "summary": summary,
+            "wall_s": wall, "describe": engine.runner.describe(), "_engine": engine}
+
+
+def run_sim(batching: str, num_requests: int) -> dict:
+    spec = get_model_spec("smollm2-135m")
+    cost = RooflineCost(get_hardware("h100"), spec)
+    workload = get_workload("night-report", num_requests=num_requests)
+    specs = workload.generate()
+    config = EngineConfig().replace(batching=batching, max_num_seqs=64,
+                                    max_num_batched_tokens=8192, max_model_len=4096)
+    blocks = cost.kv_cache_bytes() // (spec.kv_bytes_per_token * 16)
+    run = run_config(f"h100-sim-{batching}", config, specs, cost, blocks, 64)
+    run["lengths"] = [s.output_len for s in specs]
+    run["describe"] = cost.describe()
+    return run
+
+
+def sample_text(engine) -> str:
+    tok = engine.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user",
+                                       "content": "What is the capital of France?"}])
+    req = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=24))
+    engine.run_until_done()
+    text = engine.text_of(req).strip()
+    engine.release([req])
+    return text
+
+
+def _fmt_s(v) -> str:
+    return "-" if v is None else (f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s")
+
+
+def format_table(cols: list[dict]) -> str:
+    rows = [
+        ("requests (output tokens)", lambda s: f"{s['requests_finished']} "
+                                               f"({s['output_tokens']:,})"),
+        ("duration", lambda s: _fmt_s(s["duration_s"])),
+        ("throughput (useful tok/s)", lambda s: f"{s['throughput_tokens_per_s']:,.1f}"),
+        ("slot utilisation", lambda s: f"{s['slot_utilization'] * 100:.1f}%"),
+        ("TTFT P50 / P99", lambda s: f"{_fmt_s(s['ttft_p50_s'])} / {_fmt_s(s['ttft_p99_s'])}"),
+        ("TPOT P50 / P99", lambda s: f"{_fmt_s(s['tpot_p50_s'])} / {_fmt_s(s['tpot_p99_s'])}"),
+        ("preemptions", lambda s: str(s["preemptions"])),
+        ("mean step", lambda s: _fmt_s(s["mean_step_s"])),
+    ]
+    names = [c["name"] for c in cols]
+    cells = [[fmt(c["summary"]) for c in cols] for _, fmt in rows]
+    w0 = max(len(r[0]) for r in rows)
+    widths = [max(len(n), *(len(row[i]) for row in cells)) for i, n in enumerate(names)]
+    out = ["  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)])]
+    for (label, _), row in zip(rows, cells):
+        out.append("  ".join([label.ljust(w0)] + [c.rjust(w) for c, w in zip(row, widths)]))
+    return "\n".join(out)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from stepserve.engine.llm_engine import LLMEngine
+
+    say = print
+    say("stepserve demo: the seed's nightly report job (64 in flight, ~15% of requests 100x "
+        "longer than the rest), static vs continuous batching.")
+    t_start = time.perf_counter()
+    probe = LLMEngine(args.model, EngineConfig().replace(max_model_len=2048))
+    say(f"model: {probe.runner.describe()}")
+    text = sample_text(probe)
+    jobs, lengths = demo_jobs(probe.tokenizer, args.requests, args.short, args.long)
+    del probe
+    say(f"real engine: {len(jobs)} requests, outputs {args.short} or {args.long} tokens "
+        f"({sum(n == args.long for n in lengths)} long), 64 in flight, CPU ...")
+    real = [run_real(args.model, b, jobs, 64) for b in ("static", "continuous")]
+    say(f"  done in {sum(r['wall_s'] for r in real):.0f} s; simulator at full scale "
+        f"({args.sim_requests} requests, P50 20 / P99 2000 tokens) on H100 ...")
+    sim = [run_sim(b, args.sim_requests) for b in ("static", "continuous")]
+    cols = real + sim
+    cap_real = speedup_for_lengths(lengths, 64)
+    cap_sim = speedup_for_lengths(sim[0]["lengths"], 64)
+
+    def ratio(pair):
+        return (pair[1]["summary"]["throughput_tokens_per_s"]
+                / pair[0]["summary"]["throughput_tokens_per_s"])
+
+    sp_real, sp_sim = ratio(real), ratio(sim)
+    say("")
+    say(format_table(cols))
+    say("")
+    say(f"continuous / static throughput: CPU measured {sp_real:.2f}x against a step-count "
+        f"cap of {cap_real.speedup_cap:.2f}x (static slot utilisation "
+        f"{cap_real.slot_utilization * 100:.1f}%); H100 simulated {sp_sim:.2f}x against "
+        f"a cap of {cap_sim.speedup_cap:.2f}x.")
+    say("why they differ: on a CPU a step's cost grows with the batch, so static batching's "
+        "near-empty tail steps are cheap; on a memory-bound GPU a step costs about the same "
+        "at 10 or 64 sequences, so the gain follows the step count.")
+    say(f"the model's own words (greedy, chat template): \"What is the capital of France?\" "
+        f"-> {text!r}")
+    say(f"total {time.perf_counter() - t_start:.0f} s")
+    if args.json:
+        payload = {
+            "runs": [{k: v for k, v in c.items() if not k.startswith("_") and k != "lengths"}
+                     for c in cols],
+            "comparison": {"cpu_speedup": sp_real, "cpu_speedup_cap": cap_real.speedup_cap,
+                           "sim_speedup": sp_sim, "sim_speedup_cap": cap_sim.speedup_cap},
+            "sample_text": text,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+        say(f"wrote {args.json}")
+    return 0
+
+
+def add_demo_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("demo", help="the seed's night-report job on a real model and "
+                                           "in the simulator")
+    p.add_argument("--model", default="default", help="model preset or HF directory")
+    p.add_argument("--requests", type=int, default=192, help="real-engine requests")
+    p.add_argument("--short", type=int, default=3, help="short output length (tokens)")
+    p.add_argument("--long", type=int, default=300, help="long output length (tokens)")
+    p.add_argument("--sim-requests", type=int, default=6400, help="simulated requests")
+    p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
+    p.set_defaults(func=run_demo)
+    return p
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    add_demo_parser(sub)
+    a = parser.parse_args(["demo", *sys.argv[1:]])
+    sys.exit(a.func(a))
