@@ -1,6 +1,6 @@
 import pytest
-
 from factories import make_requests
+
 from stepserve.core.kv_cache import KVCacheError, KVCacheManager
 
 

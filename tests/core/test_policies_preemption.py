@@ -1,6 +1,7 @@
 """Policies order the queue and choose victims; preemption modes differ as specified."""
 
 from factories import FakeRunner, make_requests, make_scheduler, run_until_done, step
+
 from stepserve.request import RequestStatus
 
 

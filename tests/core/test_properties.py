@@ -1,9 +1,9 @@
 """Property tests: invariants of the scheduler over random workloads and configs."""
 
+from factories import FakeRunner, make_scheduler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from factories import FakeRunner, make_scheduler
 from stepserve.core.kv_cache import blocks_for
 from stepserve.request import Request, RequestStatus, SamplingParams
 

@@ -1,8 +1,8 @@
 """Every scheduler knob changes behaviour; each test shows how."""
 
 import pytest
-
 from factories import FakeRunner, make_requests, make_scheduler, run_until_done, step
+
 from stepserve.config import ConfigError
 from stepserve.request import FinishReason, RequestStatus
 
