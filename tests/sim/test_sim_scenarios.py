@@ -74,3 +74,11 @@ def test_promo_spike_is_a_capacity_problem_and_the_fix_cuts_p99_ttft(promo):
     assert after["ttft_p99_s"] * 3 <= before["ttft_p99_s"]
     assert after["requests_rejected"] > 0  # the 429s max_waiting 24 turns away
     assert after["requests_rejected"] + after["requests_finished"] == after["requests_total"]
+
+
+def test_quickstart_configs_trade_latency_for_throughput():
+    runs = by_name(run_scenario(get_scenario("quickstart")))
+    a, b, c = (runs[k]["summary"] for k in "ABC")
+    assert b["throughput_tokens_per_s"] > a["throughput_tokens_per_s"]  # B: throughput
+    assert a["tpot_p99_s"] < b["tpot_p99_s"]  # A: fastest tokens once running
+    assert c["tpot_p99_s"] < b["tpot_p99_s"] and c["e2e_p99_s"] < b["e2e_p99_s"]  # C: steady

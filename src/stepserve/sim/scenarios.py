@@ -139,6 +139,9 @@ def _quickstart() -> Scenario:
                                long_prefill_token_threshold=1024, max_model_len=4096),
                       "chunked, capped")),
         kv_cache_bytes=cost.kv_cache_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token,
+        # Loaded enough that the three differ: A queues (its budget caps prefill), B has
+        # the best throughput and the worst TPOT, C the steadiest tail.
+        defaults={"rate": 24.0},
     )
 
 
