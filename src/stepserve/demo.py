@@ -47,13 +47,13 @@ def demo_jobs(tokenizer, num_requests: int, short: int, long: int, seed: int = 0
     return jobs, lengths
 
 
-def run_real(model: str, batching: str, jobs, concurrency: int) -> dict:
+def run_real(runner, batching: str, jobs, concurrency: int) -> dict:
     from stepserve.engine.closed_loop import run_closed_loop
     from stepserve.engine.llm_engine import LLMEngine
 
     config = EngineConfig().replace(batching=batching, max_num_seqs=concurrency,
                                     max_num_batched_tokens=4096, max_model_len=2048)
-    engine = LLMEngine(model, config)
+    engine = LLMEngine(config=config, runner=runner)
     t0 = time.perf_counter()
     res = run_closed_loop(engine, jobs, concurrency,
                           request_class=lambda i: "long" if jobs[i][1].max_tokens > 10
@@ -127,10 +127,9 @@ def run_demo(args: argparse.Namespace) -> int:
     say(f"model: {probe.runner.describe()}")
     text = sample_text(probe)
     jobs, lengths = demo_jobs(probe.tokenizer, args.requests, args.short, args.long)
-    del probe
     say(f"real engine: {len(jobs)} requests, outputs {args.short} or {args.long} tokens "
         f"({sum(n == args.long for n in lengths)} long), 64 in flight, CPU ...")
-    real = [run_real(args.model, b, jobs, 64) for b in ("static", "continuous")]
+    real = [run_real(probe.runner, b, jobs, 64) for b in ("static", "continuous")]
     say(f"  done in {sum(r['wall_s'] for r in real):.0f} s; simulator at full scale "
         f"({args.sim_requests} requests, P50 20 / P99 2000 tokens) on H100 ...")
     sim = [run_sim(b, args.sim_requests) for b in ("static", "continuous")]

@@ -21,11 +21,18 @@ from stepserve.request import Request, RequestStatus, SamplingParams
 
 class LLMEngine:
     def __init__(self, model: str | Path = "default", config: EngineConfig | None = None, *,
-                 dtype: str = "float32", device: str = "cpu", clock: Clock | None = None) -> None:
+                 dtype: str = "float32", device: str = "cpu", clock: Clock | None = None,
+                 runner=None) -> None:
+        """`runner`: reuse an already loaded TorchRunner (its weights and KV cache) instead
+        of loading `model` again; its KV blocks must all be free."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
         config = config or EngineConfig()
-        self.runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device)
+        if runner is None:
+            runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device)
+        elif not runner.kv_cache_manager.all_free:
+            raise ValueError("a shared runner must have every KV block free")
+        self.runner = runner
         limit = self.runner.args.max_position_embeddings
         if limit and config.scheduler.max_model_len > limit:
             config = config.replace(max_model_len=limit)  # the model cannot go further
