@@ -26,6 +26,7 @@ from stepserve.request import SamplingParams
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.run import run_config
+from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
 from stepserve.workload.scenarios import get_workload
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",
@@ -90,30 +91,20 @@ def sample_text(engine) -> str:
     return text
 
 
-def _fmt_s(v) -> str:
-    return "-" if v is None else (f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s")
+DEMO_ROWS: list[Row] = [
+    ("requests (output tokens)",
+     lambda s: f"{s['requests_finished']} ({s['output_tokens']:,})", ""),
+    ("duration", lambda s: fmt_s(s["duration_s"]), "first request in to last token out"),
+    ("throughput (useful tok/s)", lambda s: f"{s['throughput_tokens_per_s']:,.1f}", ""),
+    *[row for row in ROWS if row[0] in ("slot utilisation", "TTFT P50 / P99",
+                                        "TPOT P50 / P99")],
+    ("preemptions", lambda s: str(s["preemptions"]), ""),
+    ("mean step", lambda s: fmt_s(s["mean_step_s"]), "engine step, wall or simulated"),
+]
 
 
 def format_table(cols: list[dict]) -> str:
-    rows = [
-        ("requests (output tokens)", lambda s: f"{s['requests_finished']} "
-                                               f"({s['output_tokens']:,})"),
-        ("duration", lambda s: _fmt_s(s["duration_s"])),
-        ("throughput (useful tok/s)", lambda s: f"{s['throughput_tokens_per_s']:,.1f}"),
-        ("slot utilisation", lambda s: f"{s['slot_utilization'] * 100:.1f}%"),
-        ("TTFT P50 / P99", lambda s: f"{_fmt_s(s['ttft_p50_s'])} / {_fmt_s(s['ttft_p99_s'])}"),
-        ("TPOT P50 / P99", lambda s: f"{_fmt_s(s['tpot_p50_s'])} / {_fmt_s(s['tpot_p99_s'])}"),
-        ("preemptions", lambda s: str(s["preemptions"])),
-        ("mean step", lambda s: _fmt_s(s["mean_step_s"])),
-    ]
-    names = [c["name"] for c in cols]
-    cells = [[fmt(c["summary"]) for c in cols] for _, fmt in rows]
-    w0 = max(len(r[0]) for r in rows)
-    widths = [max(len(n), *(len(row[i]) for row in cells)) for i, n in enumerate(names)]
-    out = ["  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)])]
-    for (label, _), row in zip(rows, cells):
-        out.append("  ".join([label.ljust(w0)] + [c.rjust(w) for c, w in zip(row, widths)]))
-    return "\n".join(out)
+    return format_runs(cols, DEMO_ROWS)
 
 
 def run_demo(args: argparse.Namespace) -> int:

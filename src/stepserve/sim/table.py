@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _ms(v: Any) -> str:
+def fmt_s(v: Any) -> str:
     return "-" if v is None else f"{v * 1000:,.0f} ms" if v < 10 else f"{v:,.1f} s"
+
 
 
 def _pct(v: Any) -> str:
@@ -28,13 +29,13 @@ ROWS: list[Row] = [
      f"/{s['requests_timed_out']}", "finished / rejected (queue full or too long) / timed out"),
     ("throughput (tok/s)", lambda s: _num(s["throughput_tokens_per_s"]),
      "output tokens per second of (virtual) time"),
-    ("TTFT P50 / P99", lambda s: f"{_ms(s['ttft_p50_s'])} / {_ms(s['ttft_p99_s'])}",
+    ("TTFT P50 / P99", lambda s: f"{fmt_s(s['ttft_p50_s'])} / {fmt_s(s['ttft_p99_s'])}",
      "arrival to first token: queueing + prefill"),
-    ("TPOT P50 / P99", lambda s: f"{_ms(s['tpot_p50_s'])} / {_ms(s['tpot_p99_s'])}",
+    ("TPOT P50 / P99", lambda s: f"{fmt_s(s['tpot_p50_s'])} / {fmt_s(s['tpot_p99_s'])}",
      "(E2E - TTFT) / (output - 1): the pace of generation"),
-    ("ITL P99 / max", lambda s: f"{_ms(s['itl_p99_s'])} / {_ms(s.get('itl_max_s'))}",
+    ("ITL P99 / max", lambda s: f"{fmt_s(s['itl_p99_s'])} / {fmt_s(s.get('itl_max_s'))}",
      "gap between two tokens of one request: a prefill-only step shows up here as a spike"),
-    ("E2E P50 / P99", lambda s: f"{_ms(s['e2e_p50_s'])} / {_ms(s['e2e_p99_s'])}",
+    ("E2E P50 / P99", lambda s: f"{fmt_s(s['e2e_p50_s'])} / {fmt_s(s['e2e_p99_s'])}",
      "arrival to last token"),
     ("preemptions (on long)", lambda s: f"{s['preemptions']} ({_pct(s['preemptions_on_long_share'])})",
      "evictions when KV ran out; share that hit requests over 1,200 output tokens"),
@@ -67,9 +68,9 @@ def format_by_class(runs: list[dict]) -> str:
     lines = []
     for run in runs:
         for cls, s in (run.get("by_class") or {}).items():
-            lines.append(f"  {run['name']:>10} {cls:>10}: TTFT P50 {_ms(s['ttft_p50_s'])}, "
-                         f"P99 {_ms(s['ttft_p99_s'])}; TPOT P99 {_ms(s['tpot_p99_s'])}; "
-                         f"E2E P99 {_ms(s['e2e_p99_s'])}; preemptions {s['preemptions']}")
+            lines.append(f"  {run['name']:>10} {cls:>10}: TTFT P50 {fmt_s(s['ttft_p50_s'])}, "
+                         f"P99 {fmt_s(s['ttft_p99_s'])}; TPOT P99 {fmt_s(s['tpot_p99_s'])}; "
+                         f"E2E P99 {fmt_s(s['e2e_p99_s'])}; preemptions {s['preemptions']}")
     return "\n".join(lines)
 
 
