@@ -9,6 +9,7 @@ from stepserve.demo import add_demo_parser
 from stepserve.engine.commands import add_engine_parsers
 from stepserve.metrics.doctor_cmd import add_doctor_parser
 from stepserve.plan.commands import add_plan_parser
+from stepserve.server.commands import add_serve_parser
 from stepserve.sim.commands import add_simulate_parser
 
 
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     add_demo_parser(sub)
     add_engine_parsers(sub)
+    add_serve_parser(sub)
     add_simulate_parser(sub)
     add_plan_parser(sub)
     add_doctor_parser(sub)

@@ -1,0 +1,158 @@
+"""The FastAPI app: OpenAI-compatible routes, /health, /metrics, and error handlers
+that answer every failure in OpenAI's error shape.
+
+    app = create_app(LLMEngine("tiny", config), model_name="tiny")
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+`create_app` also takes a zero-argument factory that builds the engine at startup.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from stepserve.server.async_engine import AsyncEngine
+from stepserve.server.errors import (
+    INVALID_REQUEST,
+    NOT_FOUND,
+    SERVER_ERROR,
+    UNAVAILABLE,
+    APIError,
+    bad_request,
+)
+from stepserve.server.metrics import ServerMetrics
+from stepserve.server.protocol import ModelCard, ModelList
+from stepserve.server.serving import ServingContext, create_chat_completion, create_completion
+
+log = logging.getLogger("stepserve.server")
+
+# What an APIError's code means for the rejection counter (4xx not listed: "invalid").
+REJECTION_OF_CODE = {"queue_full": "queue_full", "context_length_exceeded": "too_long",
+                     "empty_prompt": "empty_prompt", "model_not_found": "unknown_model",
+                     "shutting_down": "shutting_down"}
+
+
+def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
+               shutdown_timeout_s: float = 30.0) -> FastAPI:
+    """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
+    app starts). `model_name`: the name clients pass as `model` (default: the model
+    directory's name). `retry_after_s`: the Retry-After of a 429.
+    `shutdown_timeout_s`: how long a graceful shutdown lets in-flight requests finish."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        llm_engine = engine() if callable(engine) and not hasattr(engine, "step") else engine
+        name = model_name or llm_engine.runner.model_path.name
+        metrics = ServerMetrics(name)
+        async_engine = AsyncEngine(llm_engine, metrics)
+        async_engine.start()
+        app.state.metrics = metrics
+        app.state.async_engine = async_engine
+        app.state.ctx = ServingContext(
+            async_engine, name, llm_engine.config.scheduler.max_model_len,
+            llm_engine.runner.args.vocab_size, retry_after_s)
+        app.state.shutdown_timeout_s = shutdown_timeout_s
+        log.info("serving %s (max_model_len %d)", name, app.state.ctx.max_model_len)
+        try:
+            yield
+        finally:
+            finished, aborted = await async_engine.drain(shutdown_timeout_s)
+            if finished or aborted:
+                log.info("shutdown: %d in-flight requests finished, %d aborted", finished,
+                         aborted)
+            await async_engine.stop()
+
+    app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
+    _add_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        """OpenAI completions (body: protocol.CompletionRequest)."""
+        return await create_completion(request.app.state.ctx, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI chat completions (body: protocol.ChatCompletionRequest)."""
+        return await create_chat_completion(request.app.state.ctx, request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        ctx: ServingContext = request.app.state.ctx
+        return ModelList(data=[ModelCard(id=ctx.model_name,
+                                         max_model_len=ctx.max_model_len)]).model_dump()
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        eng: AsyncEngine = request.app.state.async_engine
+        if not eng.is_running:
+            return APIError(503, eng.fault or "the engine is not running", UNAVAILABLE,
+                            code="engine_down").response()
+        if not eng.accepting:
+            return APIError(503, "the server is shutting down", UNAVAILABLE,
+                            code="shutting_down").response()
+        s = eng.state
+        return JSONResponse({"status": "ok", "num_requests_running": s.num_running,
+                             "num_requests_waiting": s.num_waiting, "steps": s.steps})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _count_rejection(request: Request, err: APIError) -> None:
+    reason = REJECTION_OF_CODE.get(err.code or "")
+    if reason is None and 400 <= err.status < 500 and err.status != 404:
+        reason = "invalid"
+    metrics = getattr(request.app.state, "metrics", None)
+    if reason is not None and metrics is not None:
+        metrics.on_rejected(reason)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        _count_rejection(request, exc)
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = NOT_FOUND if exc.status_code == 404 else \
+            INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
+        err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                       kind, code=str(exc.detail).lower().replace(" ", "_"),
+                       headers=dict(exc.headers or {}))
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        err = bad_request(str(first.get("msg", "invalid request")),
+                          ".".join(str(p) for p in first.get("loc", ())[1:]) or None)
+        _count_rejection(request, err)
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
+                        SERVER_ERROR, code="internal_error").response()
+
+
+def engine_factory(model: str, config, **kwargs) -> Callable[[], object]:
+    """A factory for create_app that loads `model` when the app starts."""
+    def build():
+        from stepserve.engine.llm_engine import LLMEngine
+
+        return LLMEngine(model, config, **kwargs)
+    return build

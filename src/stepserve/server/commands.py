@@ -1,0 +1,65 @@
+"""`stepserve serve`: the OpenAI-compatible server on a real model.
+
+    stepserve serve --model default --config pool.yaml --max-num-seqs 40 --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from stepserve.config import ConfigError
+from stepserve.config_load import add_config_arguments, config_from_args
+
+
+def add_serve_parser(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name clients pass as `model` (default: --model)")
+    p.add_argument("--config", help="engine config YAML")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--retry-after", type=int, default=1, metavar="S",
+                   help="Retry-After seconds of a 429 (queue full)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGINT/SIGTERM, how long in-flight requests may finish before "
+                        "they are aborted")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    add_config_arguments(p)
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        from stepserve.engine.llm_engine import LLMEngine
+        from stepserve.server.api import create_app
+        from stepserve.server.http_server import make_server
+    except ImportError as e:
+        print(f"error: `stepserve serve` needs the server packages (fastapi, uvicorn, "
+              f"prometheus-client): {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: "
+                        "%(message)s")
+    try:
+        config = config_from_args(args)
+        engine = LLMEngine(args.model, config, dtype=args.dtype, device=args.device)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or str(args.model)
+    app = create_app(engine, model_name=name, retry_after_s=args.retry_after,
+                     shutdown_timeout_s=args.shutdown_timeout)
+    print(f"stepserve: serving {name!r} on http://{args.host}:{args.port}/v1 "
+          f"({engine.runner.describe()})", file=sys.stderr)
+    server = make_server(app, args.host, args.port, log_level=args.log_level)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled gracefully
+        pass
+    print("stepserve: server stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,91 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every failure the server reports, a client's mistake or its own, leaves through `APIError`
+so the status, the type and the body always agree. A client's mistake is a 4xx naming the
+field; only a fault of the server itself is a 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+INVALID_REQUEST = "invalid_request_error"
+NOT_FOUND = "not_found_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER_ERROR = "server_error"
+UNAVAILABLE = "service_unavailable_error"
+
+
+class APIError(Exception):
+    """An error answer: HTTP status, OpenAI error type, the offending parameter, a code."""
+
+    def __init__(self, status: int, message: str, type: str = INVALID_REQUEST,
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def sse_event(self) -> str:
+        """The error as a server-sent event, for failures after the stream began."""
+        return f"data: {json.dumps(self.body())}\n\n"
+
+
+def bad_request(message: str, param: str | None = None,
+                code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, INVALID_REQUEST, param, code)
+
+
+def _loc(loc: tuple[Any, ...]) -> str | None:
+    """pydantic's location as OpenAI's dotted param ("messages.0.role"); union branch
+    names (the type pydantic tried, e.g. "str" or "list[int]") are dropped."""
+    parts = [str(p) for p in loc if isinstance(p, int) or not _is_branch(str(p))]
+    return ".".join(parts) or None
+
+
+def _is_branch(part: str) -> bool:
+    return any(c in part for c in "[]()-") or part in ("str", "int", "float", "bool",
+                                                        "function-after", "literal")
+
+
+def from_validation_error(err: ValidationError) -> APIError:
+    """The first problem pydantic found, as a 400 naming the field and the value."""
+    first = err.errors(include_url=False)[0]
+    param = _loc(first.get("loc", ()))
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        return bad_request(f"unknown field {param!r}: this server does not accept it",
+                           param, "unknown_field")
+    if kind == "missing":
+        return bad_request(f"missing required field {param!r}", param, "missing_field")
+    if kind == "json_invalid":
+        return bad_request(f"the body is not valid JSON: {first.get('msg')}", None,
+                           "invalid_json")
+    value = first.get("input")
+    shown = json.dumps(value)[:80] if _jsonable(value) else repr(value)[:80]
+    where = f"{param} = {shown}: " if param else "the request body: "
+    return bad_request(f"{where}{first.get('msg', 'invalid value')}", param,
+                       "invalid_type" if kind.endswith("_type") else "invalid_value")
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,179 @@
+"""Prometheus metrics in vLLM's names under a `stepserve:` prefix, plus the seed's own
+signals (active/concurrency, prefill-only and zero-decode step shares).
+
+Levels (running, waiting, swapped, KV) are set from the engine thread's snapshot after
+every iteration; counters and histograms are fed per step (from the scheduler's
+StepRecords) and per request (when it ends). Latency histograms take completed requests
+only (stop or length), as the offline summary does (metrics/request_metrics.py).
+
+Each app gets its own CollectorRegistry, so several servers can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from stepserve.core.output import StepRecord
+from stepserve.metrics.request_metrics import request_metrics
+from stepserve.request import Request
+
+P = "stepserve:"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                   30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FINISH_REASONS = ("stop", "length", "abort", "timed_out")
+
+
+def rejection_reason(message: str) -> str:
+    """The label for an admission refusal, from the scheduler's message."""
+    if message.startswith("queue full"):
+        return "queue_full"
+    if "exceeds max_model_len" in message:
+        return "too_long"
+    if "empty" in message:
+        return "empty_prompt"
+    return "invalid"
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        disable_created_metrics()  # no *_created series (process-wide; vLLM does the same)
+        self.registry = r = CollectorRegistry()
+        label = {"labelnames": ["model_name"]}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(P + name, doc, registry=r, **label).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(P + name, doc, registry=r, **label).labels(model_name)
+
+        def hist(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(P + name, doc, registry=r, buckets=buckets,
+                             **label).labels(model_name)
+
+        self.running = gauge("num_requests_running", "requests in the running batch")
+        self.waiting = gauge("num_requests_waiting", "requests waiting to be scheduled")
+        self.swapped = gauge("num_requests_swapped", "requests swapped out to the CPU pool")
+        self.kv_usage = gauge("kv_cache_usage_perc", "share of KV blocks in use (0..1)")
+        self.blocks_used = gauge("num_gpu_blocks_used", "KV blocks in use")
+        self.blocks_total = gauge("num_gpu_blocks", "KV blocks in the device pool")
+        self.preemptions = counter("num_preemptions", "preemptions (swap or recompute)")
+        self.prompt_tokens = counter("prompt_tokens", "prompt tokens of requests that "
+                                     "produced their first token")
+        self.generation_tokens = counter("generation_tokens", "generated tokens")
+        self.success = Counter(P + "request_success", "requests ended, by finish reason",
+                               ["model_name", "finished_reason"], registry=r)
+        self.rejected = Counter(P + "request_rejected", "requests refused, by reason "
+                                "(queue_full, too_long, empty_prompt, invalid, "
+                                "unknown_model, shutting_down)",
+                                ["model_name", "reason"], registry=r)
+        self.ttft = hist("time_to_first_token_seconds", "time to first token", TTFT_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "gap between consecutive tokens",
+                        TOKEN_BUCKETS)
+        self.tpot = hist("request_time_per_output_token_seconds",
+                         "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "arrival to last token",
+                        REQUEST_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "arrival to first scheduled",
+                          REQUEST_BUCKETS)
+        self.prefill = hist("request_prefill_time_seconds", "first scheduled to first token",
+                            REQUEST_BUCKETS)
+        self.decode = hist("request_decode_time_seconds", "first token to last token",
+                           REQUEST_BUCKETS)
+        self.iteration_tokens = hist("iteration_tokens_total", "tokens computed per step",
+                                     ITERATION_BUCKETS)
+        # the seed's signals
+        self.steps = counter("steps", "engine steps executed")
+        self.prefill_only_steps = counter("prefill_only_steps", "steps with prefill tokens "
+                                          "and no decode token")
+        self.zero_decode_steps = counter("zero_decode_steps", "steps where sequences were "
+                                         "ready to decode but got no decode token")
+        self.prefill_share = gauge("prefill_step_share", "prefill-only steps / steps "
+                                   "(seed alert: > 0.7)")
+        self.zero_decode_share = gauge("zero_decode_step_share", "zero-decode steps / steps "
+                                       "(seed alert: > 0.1)")
+        self.active = gauge("num_sequences_active", "sequences that produced a token in "
+                            "the last step")
+        self.slots_held = gauge("num_slots_held", "batch slots held in the last step")
+        self.active_ratio = gauge("active_concurrency_ratio", "sum of active sequences / sum "
+                                  "of slots held over all steps (seed alert: < 0.3)")
+        self.model_name = model_name
+        for reason in FINISH_REASONS:
+            self.success.labels(model_name, reason)
+        self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
+        self._sum_active = self._sum_slots = 0
+        self._preemptions_seen = 0
+
+    # ---- fed by the engine thread ----
+    def on_state(self, state) -> None:
+        self.running.set(state.num_running)
+        self.waiting.set(state.num_waiting)
+        self.swapped.set(state.num_swapped)
+        self.kv_usage.set(state.kv_usage)
+        self.blocks_used.set(state.num_gpu_blocks_used)
+        self.blocks_total.set(state.num_gpu_blocks)
+        if state.num_preemptions_total > self._preemptions_seen:
+            self.preemptions.inc(state.num_preemptions_total - self._preemptions_seen)
+            self._preemptions_seen = state.num_preemptions_total
+
+    def on_steps(self, records: Sequence[StepRecord]) -> None:
+        for s in records:
+            self._n_steps += 1
+            self.steps.inc()
+            self.iteration_tokens.observe(s.num_prefill_tokens + s.num_decode_tokens)
+            self.generation_tokens.inc(s.num_active)
+            if s.num_prefill_tokens > 0 and s.num_decode_tokens == 0:
+                self._n_prefill_only += 1
+                self.prefill_only_steps.inc()
+            if s.num_decode_ready > 0 and s.num_decode_tokens == 0:
+                self._n_zero_decode += 1
+                self.zero_decode_steps.inc()
+            self.active.set(s.num_active)
+            self.slots_held.set(s.slots_held)
+            self._sum_active += s.num_active
+            self._sum_slots += s.slots_held
+        if self._n_steps:
+            self.prefill_share.set(self._n_prefill_only / self._n_steps)
+            self.zero_decode_share.set(self._n_zero_decode / self._n_steps)
+        if self._sum_slots:
+            self.active_ratio.set(self._sum_active / self._sum_slots)
+
+    def on_first_token(self, req: Request) -> None:
+        self.prompt_tokens.inc(req.num_prompt_tokens)
+
+    def on_finished(self, req: Request) -> None:
+        reason = req.finish_reason.value if req.finish_reason else "error"
+        self.success.labels(self.model_name, reason).inc()
+        m = request_metrics(req)
+        if not m.completed:
+            return
+        for hist, value in ((self.ttft, m.ttft_s), (self.tpot, m.tpot_s), (self.e2e, m.e2e_s),
+                            (self.queue, m.queue_time_s)):
+            if value is not None:
+                hist.observe(value)
+        for gap in m.itl_s:
+            self.itl.observe(gap)
+        times = req.token_times
+        if times and req.first_scheduled_time is not None:
+            self.prefill.observe(times[0] - req.first_scheduled_time)
+            self.decode.observe(times[-1] - times[0])
+
+    # ---- fed by the event loop ----
+    def on_rejected(self, reason: str) -> None:
+        self.rejected.labels(self.model_name, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,133 @@
+"""Helpers for the server tests: a real uvicorn server on 127.0.0.1 in a thread, over
+the tiny model, the official openai client pointed at it, and /metrics parsing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+from stepserve.config import EngineConfig
+from stepserve.server.http_server import StepServeServer, make_server
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MODEL = "tiny"
+# Small KV pool: startup in seconds, and "every block free" is cheap to check.
+BASE_SETTINGS = dict(num_gpu_blocks=512, max_model_len=256, max_num_seqs=64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    url: str
+    app: object
+    server: StepServeServer
+    thread: threading.Thread
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def engine(self):
+        return self.app.state.async_engine.engine
+
+    def client(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0, **kwargs)
+
+    def async_client(self, **kwargs):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key="none", max_retries=0,
+                                  **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {name: value}, summed over label sets."""
+        out: dict[str, float] = {}
+        for (name, _labels), value in self.samples().items():
+            out[name] = out.get(name, 0.0) + value
+        return out
+
+    def samples(self) -> dict[tuple[str, frozenset], float]:
+        """/metrics as {(name, frozenset of (label, value)): value}."""
+        text = httpx.get(self.url + "/metrics").text
+        out: dict[tuple[str, frozenset], float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.rsplit(" ", 1)
+            name, _, rest = key.partition("{")
+            labels = frozenset(tuple(part.split("=", 1)) for part in
+                               rest.rstrip("}").replace('"', "").split(",") if part)
+            out[(name, labels)] = float(value)
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of `name` over the series that carry these labels."""
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.samples().items() if n == name and want <= ls)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until the engine holds no request and /metrics shows no KV block in use."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.metrics()
+            if (m["stepserve:num_gpu_blocks_used"] == 0 and m["stepserve:num_requests_running"]
+                    == 0 and m["stepserve:num_requests_waiting"] == 0):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"server not idle after {timeout} s: {self.metrics()}")
+
+
+@contextmanager
+def serve(engine=None, *, model_name: str = MODEL, **app_kwargs) -> Iterator[Served]:
+    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.server.api import create_app
+
+    if engine is None:
+        engine = LLMEngine(MODEL, EngineConfig().replace(**BASE_SETTINGS))
+    app = create_app(engine, model_name=model_name, **app_kwargs)
+    port = free_port()
+    server = make_server(app, "127.0.0.1", port, log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.05)
+    served = Served(url, app, server, thread)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def make_engine(**settings):
+    from stepserve.engine.llm_engine import LLMEngine
+
+    return LLMEngine(MODEL, EngineConfig().replace(**{**BASE_SETTINGS, **settings}))

@@ -1,0 +1,117 @@
+"""A table of bad inputs: each gets its 4xx in OpenAI's error shape, naming the field
+where there is one; afterwards the server is healthy and holds no KV block."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from server_harness import MODEL
+
+OK_PROMPT = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
+OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+JSON = {"content-type": "application/json"}
+
+
+def body(base: dict, **changes) -> bytes:
+    data = {**base, **changes}
+    return json.dumps({k: v for k, v in data.items() if v is not ...}).encode()
+
+
+# (name, path, raw body, headers, status, param (None: no field to name), words in message)
+CASES = [
+    ("malformed JSON", COMPLETIONS, b'{"model": "tiny", "prompt": ', JSON, 400, None,
+     "JSON"),
+    ("JSON array, not object", COMPLETIONS, b"[1, 2]", JSON, 400, None, "object"),
+    ("max_tokens as string", COMPLETIONS, body(OK_PROMPT, max_tokens="10"), JSON, 400,
+     "max_tokens", "integer"),
+    ("negative max_tokens", COMPLETIONS, body(OK_PROMPT, max_tokens=-3), JSON, 400,
+     "max_tokens", "greater than or equal to 1"),
+    ("zero max_tokens", COMPLETIONS, body(OK_PROMPT, max_tokens=0), JSON, 400, "max_tokens",
+     "1"),
+    ("temperature too high", COMPLETIONS, body(OK_PROMPT, temperature=3.5), JSON, 400,
+     "temperature", "less than or equal to 2"),
+    ("negative temperature", CHAT, body(OK_CHAT, temperature=-0.1), JSON, 400, "temperature",
+     "0"),
+    ("top_p zero", COMPLETIONS, body(OK_PROMPT, top_p=0.0), JSON, 400, "top_p", "greater"),
+    ("top_k below -1", COMPLETIONS, body(OK_PROMPT, top_k=-5), JSON, 400, "top_k", "-1"),
+    ("unknown model", COMPLETIONS, body(OK_PROMPT, model="gpt-9"), JSON, 404, "model",
+     "gpt-9"),
+    ("missing model", COMPLETIONS, body(OK_PROMPT, model=...), JSON, 400, "model",
+     "missing"),
+    ("empty prompt", COMPLETIONS, body(OK_PROMPT, prompt=""), JSON, 400, "prompt", "empty"),
+    ("empty token list", COMPLETIONS, body(OK_PROMPT, prompt=[]), JSON, 400, "prompt",
+     "empty"),
+    ("prompt over max_model_len", COMPLETIONS, body(OK_PROMPT, prompt=[5] * 300), JSON, 400,
+     "prompt", "300 tokens"),
+    ("huge max_tokens", COMPLETIONS, body(OK_PROMPT, max_tokens=10**6), JSON, 400,
+     "max_tokens", "max_model_len = 256"),
+    ("token id out of vocab", COMPLETIONS, body(OK_PROMPT, prompt=[1, 99999]), JSON, 400,
+     "prompt", "99999"),
+    ("two prompts", COMPLETIONS, body(OK_PROMPT, prompt=["a", "b"]), JSON, 400, "prompt",
+     "one prompt"),
+    ("n=5", COMPLETIONS, body(OK_PROMPT, n=5), JSON, 400, "n", "n = 1"),
+    ("unknown field", COMPLETIONS, body(OK_PROMPT, frobnicate=1), JSON, 400, "frobnicate",
+     "unknown field"),
+    ("unsupported logprobs", COMPLETIONS, body(OK_PROMPT, logprobs=5), JSON, 400, "logprobs",
+     "not supported"),
+    ("unsupported penalty", CHAT, body(OK_CHAT, frequency_penalty=0.5), JSON, 400,
+     "frequency_penalty", "not supported"),
+    ("non-UTF-8 bytes", COMPLETIONS, b'{"model": "tiny", "prompt": "\xff\xfe"}', JSON, 400,
+     None, "UTF-8"),
+    ("wrong content type", COMPLETIONS, body(OK_PROMPT), {"content-type": "text/plain"}, 415,
+     None, "application/json"),
+    ("no content type", CHAT, body(OK_CHAT), {}, 415, None, "application/json"),
+    ("missing messages", CHAT, body(OK_CHAT, messages=...), JSON, 400, "messages",
+     "missing"),
+    ("empty messages", CHAT, body(OK_CHAT, messages=[]), JSON, 400, "messages", "at least"),
+    ("bad role", CHAT, body(OK_CHAT, messages=[{"role": "wizard", "content": "x"}]), JSON,
+     400, "messages.0.role", "wizard"),
+    ("message content of wrong type", CHAT,
+     body(OK_CHAT, messages=[{"role": "user", "content": 5}]), JSON, 400,
+     "messages.0.content", "5"),
+    ("stream flag as string", COMPLETIONS, body(OK_PROMPT, stream="yes"), JSON, 400,
+     "stream", "boolean"),
+    ("stream_options without stream", CHAT,
+     body(OK_CHAT, stream_options={"include_usage": True}), JSON, 400, "stream_options",
+     "stream"),
+    ("stop of wrong type", COMPLETIONS, body(OK_PROMPT, stop=5), JSON, 400, "stop", "5"),
+    ("priority as string", COMPLETIONS, body(OK_PROMPT, priority="high"), JSON, 400,
+     "priority", "integer"),
+    ("max_completion_tokens too big", CHAT, body(OK_CHAT, max_completion_tokens=5000), JSON,
+     400, "max_completion_tokens", "5000"),
+]
+
+
+@pytest.mark.parametrize("name,path,raw,headers,status,param,words", CASES,
+                         ids=[c[0] for c in CASES])
+def test_bad_input(served, name, path, raw, headers, status, param, words):
+    r = httpx.post(served.url + path, content=raw, headers=headers)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param
+    assert words.lower() in err["message"].lower(), err["message"]
+    assert err["type"] in ("invalid_request_error", "not_found_error")
+
+
+def test_wrong_method_and_unknown_route_use_the_error_shape(served):
+    for r, status in ((httpx.get(served.url + COMPLETIONS), 405),
+                      (httpx.post(served.url + "/v1/nothing", json={}), 404)):
+        assert r.status_code == status
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_server_healthy_and_empty_after_bad_inputs(served):
+    for _name, path, raw, headers, *_ in CASES:
+        httpx.post(served.url + path, content=raw, headers=headers)
+    assert httpx.get(served.url + "/health").status_code == 200
+    served.wait_idle()
+    m = served.metrics()
+    assert m["stepserve:num_gpu_blocks_used"] == 0
+    for reason in ("invalid", "too_long", "empty_prompt", "unknown_model"):
+        assert served.metric("stepserve:request_rejected_total", reason=reason) > 0, reason
+    ok = httpx.post(served.url + COMPLETIONS, content=body(OK_PROMPT), headers=JSON)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1

@@ -1,0 +1,134 @@
+"""Admission and overload: 429 with Retry-After over max_waiting, 503 on queue timeout,
+client disconnects free their blocks, graceful shutdown finishes or aborts in-flight
+requests and says so. Blocks are checked through /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from server_harness import MODEL, make_engine, serve
+
+LONG = {"model": MODEL, "prompt": "Continuous batching", "max_tokens": 200,
+        "ignore_eos": True, "temperature": 0.0}
+
+
+def rejected(s, reason: str) -> float:
+    return s.metric("stepserve:request_rejected_total", reason=reason)
+
+
+def ended(s, reason: str) -> float:
+    return s.metric("stepserve:request_success_total", finished_reason=reason)
+
+
+@pytest.mark.slow
+def test_burst_over_max_waiting_gets_429_and_accepted_ones_complete():
+    with serve(make_engine(max_num_seqs=2, max_waiting=2), retry_after_s=3) as s:
+        async def burst():
+            async with httpx.AsyncClient(timeout=120) as client:
+                body = {**LONG, "max_tokens": 48}
+                return await asyncio.gather(*(client.post(s.url + "/v1/completions",
+                                                          json=body) for _ in range(16)))
+
+        responses = asyncio.run(burst())
+        ok = [r for r in responses if r.status_code == 200]
+        limited = [r for r in responses if r.status_code == 429]
+        assert len(ok) + len(limited) == 16 and ok and limited
+        for r in limited:
+            assert r.headers["Retry-After"] == "3"
+            err = r.json()["error"]
+            assert err["code"] == "queue_full" and err["type"] == "rate_limit_error"
+            assert "max_waiting = 2" in err["message"]
+        assert all(r.json()["usage"]["completion_tokens"] == 48 for r in ok)
+        s.wait_idle()
+        m = s.metrics()
+        assert rejected(s, "queue_full") == len(limited)
+        assert ended(s, "length") == len(ok)
+        assert m["stepserve:num_gpu_blocks_used"] == 0
+
+
+@pytest.mark.slow
+def test_queue_timeout_is_503():
+    with serve(make_engine(max_num_seqs=1, max_queue_time_s=0.05)) as s:
+        async def go():
+            async with httpx.AsyncClient(timeout=120) as client:
+                first = asyncio.ensure_future(client.post(s.url + "/v1/completions",
+                                                          json=LONG))
+                await asyncio.sleep(0.2)  # the first one now holds the only slot
+                rest = await asyncio.gather(*(client.post(
+                    s.url + "/v1/completions", json={**LONG, "max_tokens": 4,
+                                                     "stream": stream})
+                    for stream in (False, True)))
+                return await first, rest
+
+        first, rest = asyncio.run(go())
+        assert first.status_code == 200
+        for r in rest:
+            assert r.status_code == 503
+            err = r.json()["error"]
+            assert err["code"] == "queue_timeout" and "max_queue_time_s = 0.05" in err["message"]
+        s.wait_idle()
+        assert ended(s, "timed_out") == 2
+
+
+def _blocks_used(s) -> float:
+    return s.metrics()["stepserve:num_gpu_blocks_used"]
+
+
+def test_stream_disconnect_frees_blocks(served):
+    before = ended(served, "abort")
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", served.url + "/v1/completions",
+                           json={**LONG, "max_tokens": 240, "stream": True}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            got = [line for _, line in zip(range(6), lines)]
+            assert any(line.startswith("data: {") for line in got)
+            assert _blocks_used(served) > 0  # mid-stream: the request holds blocks
+        # leaving the block closes the connection mid-stream
+    served.wait_idle(timeout=10)
+    m = served.metrics()
+    assert m["stepserve:num_gpu_blocks_used"] == 0
+    assert ended(served, "abort") == before + 1
+
+
+def test_unstreamed_client_timeout_frees_blocks(served):
+    before = ended(served, "abort")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(served.url + "/v1/completions", json={**LONG, "max_tokens": 240},
+                   timeout=httpx.Timeout(60, read=0.3))
+    served.wait_idle(timeout=10)
+    assert ended(served, "abort") == before + 1
+
+
+def _read_stream(url: str, body: dict, out: list) -> None:
+    with httpx.stream("POST", url, json=body, timeout=60) as r:
+        out.append(r.status_code)
+        out.extend(line for line in r.iter_lines() if line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("timeout_s,finishes", [(30.0, True), (0.0, False)])
+def test_graceful_shutdown(timeout_s, finishes):
+    with serve(make_engine(), shutdown_timeout_s=timeout_s) as s:
+        got: list = []
+        t = threading.Thread(target=_read_stream, args=(
+            s.url + "/v1/completions", {**LONG, "max_tokens": 240, "stream": True}, got))
+        t.start()
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.stop()
+        t.join(30)
+        assert got[0] == 200 and got[-1] == "data: [DONE]"
+        events = [json.loads(line[6:]) for line in got[1:-1]]
+        if finishes:
+            assert events[-1]["choices"][0]["finish_reason"] == "length"
+            assert s.server.drain_result == (1, 0)
+        else:
+            assert "shutting down" in events[-1]["error"]["message"]
+            assert s.server.drain_result == (0, 1)
