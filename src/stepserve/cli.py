@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stepserve.bench.commands import add_bench_parser
 from stepserve.demo import add_demo_parser
 from stepserve.engine.commands import add_engine_parsers
 from stepserve.metrics.doctor_cmd import add_doctor_parser
 from stepserve.plan.commands import add_plan_parser
 from stepserve.server.commands import add_serve_parser
 from stepserve.sim.commands import add_simulate_parser
+from stepserve.sweep.commands import add_sweep_parser
+from stepserve.sweep.report_cmd import add_report_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_parsers(sub)
     add_serve_parser(sub)
     add_simulate_parser(sub)
+    add_bench_parser(sub)
     add_plan_parser(sub)
     add_doctor_parser(sub)
+    add_sweep_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

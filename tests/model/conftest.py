@@ -55,12 +55,12 @@ def drive(runner, prompts: list[list[int]], max_new_tokens: int, chunk: int = 7,
         running += waiting[:admit_per_step]
         del waiting[:admit_per_step]
         counts = [min(chunk, r.num_tokens - r.num_computed_tokens) for r in running]
-        for r, n in zip(running, counts):
+        for r, n in zip(running, counts, strict=True):
             assert mgr.allocate_slots(r, n), "test KV cache too small"
         out = runner.execute(SchedulerOutput(step, list(running), counts))
         if on_step is not None:
             on_step(step, running, counts, out)
-        for r, n, tok in zip(list(running), counts, out.sampled_token_ids):
+        for r, n, tok in zip(list(running), counts, out.sampled_token_ids, strict=True):
             assert (tok is None) == (r.num_computed_tokens + n < r.num_tokens)
             r.num_computed_tokens += n
             if tok is not None:

@@ -44,7 +44,7 @@ def run_case(seqs, block_size, window=None, seed=0):
         tables.append([perm.pop() for _ in range(nb)])
         data.append(tuple(torch.randn(total, h, D, generator=g) for h in (H, KVH, KVH)))
     # earlier steps: write the KV of positions [0, start)
-    for (total, start, _), table, (_, k, v) in zip(seqs, tables, data):
+    for (_, start, _), table, (_, k, v) in zip(seqs, tables, data, strict=True):
         for p in range(start):
             k_cache[table[p // block_size], p % block_size] = k[p]
             v_cache[table[p // block_size], p % block_size] = v[p]

@@ -22,9 +22,12 @@ def hf_tiny(tiny_dir, reference):
     return reference(tiny_dir, tiny_prompts(), 20)
 
 
-@pytest.mark.parametrize("block_size,chunk,admit", [(16, 7, 2), (4, 5, 3), (32, 1000, 16)])
-def test_tiny_matches_transformers(tiny_dir, driver, hf_tiny, block_size, chunk, admit):
-    runner = TorchRunner(tiny_dir, block_size=block_size, num_gpu_blocks=512)
+@pytest.mark.parametrize("block_size,chunk,admit,backend", [
+    (16, 7, 2, "torch"), (4, 5, 3, "torch"), (32, 1000, 16, "torch"), (16, 7, 2, "onednn")])
+def test_tiny_matches_transformers(tiny_dir, driver, hf_tiny, block_size, chunk, admit,
+                                   backend):
+    runner = TorchRunner(tiny_dir, block_size=block_size, num_gpu_blocks=512,
+                         linear_backend=backend)
     got = driver(runner, tiny_prompts(), 20, chunk=chunk, admit_per_step=admit)
     assert got == hf_tiny
 
@@ -34,7 +37,7 @@ def test_batches_really_mix_chunks_and_decodes(tiny_dir, driver):
     kinds = []
 
     def record(step, reqs, counts, out):
-        chunk_mid = any(r.num_computed_tokens > 0 and n > 1 for r, n in zip(reqs, counts))
+        chunk_mid = any(r.num_computed_tokens > 0 and n > 1 for r, n in zip(reqs, counts, strict=True))
         kinds.append((1 in counts, chunk_mid))
 
     driver(runner, tiny_prompts(), 4, chunk=7, admit_per_step=2, on_step=record)
@@ -49,7 +52,7 @@ def test_runner_does_not_mutate_requests(tiny_dir):
     runner = TorchRunner(tiny_dir, block_size=4, num_gpu_blocks=64)
     reqs = [Request("a", [5, 6, 7, 8, 9], greedy(3), 0.0),
             Request("b", [10, 11], greedy(3), 0.0)]
-    for r, n in zip(reqs, (3, 2)):
+    for r, n in zip(reqs, (3, 2), strict=True):
         assert runner.kv_cache_manager.allocate_slots(r, n)
     before = [snapshot(r) for r in reqs]
     out = runner.execute(SchedulerOutput(0, reqs, [3, 2]))
@@ -74,12 +77,12 @@ class Loop:
     def run(self, reqs: list[Request], swap_out=(), swap_in=()) -> None:
         mgr = self.runner.kv_cache_manager
         counts = [r.num_tokens - r.num_computed_tokens for r in reqs]
-        for r, n in zip(reqs, counts):
+        for r, n in zip(reqs, counts, strict=True):
             assert mgr.allocate_slots(r, n)
         out = self.runner.execute(SchedulerOutput(self.step, list(reqs), counts,
                                                   swap_out=list(swap_out),
                                                   swap_in=list(swap_in)))
-        for r, n, tok in zip(reqs, counts, out.sampled_token_ids):
+        for r, n, tok in zip(reqs, counts, out.sampled_token_ids, strict=True):
             r.num_computed_tokens += n
             r.output_token_ids.append(tok)
         self.step += 1

@@ -69,16 +69,22 @@ def test_converted_model_answers_paris_in_transformers(default_dir):
     assert "Paris" in tok.decode(out[0, ids.input_ids.shape[1]:])
 
 
-def test_default_matches_transformers_token_for_token(default_dir, prompts, driver,
-                                                      reference):
-    runner = TorchRunner("default", block_size=16, num_gpu_blocks=256)
+@pytest.fixture(scope="module")
+def want(default_dir, prompts, reference) -> list[list[int]]:
+    return reference(default_dir, prompts, 20)
+
+
+@pytest.mark.parametrize("linear_backend", ["torch", "onednn"])
+def test_default_matches_transformers_token_for_token(default_dir, prompts, driver, want,
+                                                      linear_backend):
+    runner = TorchRunner("default", block_size=16, num_gpu_blocks=256,
+                         linear_backend=linear_backend)
     assert runner.model_path == default_dir
     steps = []
     got = driver(runner, prompts, 20, chunk=7, admit_per_step=2,
                  on_step=lambda s, reqs, counts, out: steps.append(counts))
     assert any(1 in c and max(c) > 1 for c in steps)  # decodes mixed with prefill chunks
-    want = reference(default_dir, prompts, 20)
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"prompt {i}: {runner.tokenizer.decode(g)!r} != " \
                        f"{runner.tokenizer.decode(w)!r}"
     assert "Paris" in runner.tokenizer.decode(got[0])

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stepserve.model.config import ModelArgs
+from stepserve.model.cpu_linear import PackedLinear, pack_linears
 from stepserve.model.kv_store import KVStore
 from stepserve.model.paged_attention import AttentionMetadata, paged_attention
 from stepserve.model.rope import apply_rope, inv_frequencies, rope_cos_sin
@@ -102,6 +103,15 @@ class LlamaModel(nn.Module):
         self.lm_head = (None if args.tie_word_embeddings
                         else nn.Linear(args.hidden_size, args.vocab_size, bias=False))
         self.register_buffer("inv_freq", inv_frequencies(args), persistent=False)
+        self.packed_head: PackedLinear | None = None
+
+    def pack_for_cpu(self) -> None:
+        """Prepack every projection and the lm_head for oneDNN (see cpu_linear.py). A tied
+        lm_head gets its own packed copy: the embedding lookup still needs the plain one."""
+        pack_linears(self.layers)
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.packed_head = PackedLinear(head, None)
+        self.lm_head = None  # packed_head replaces it; drop the unpacked copy
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,
                       meta: AttentionMetadata, kv: KVStore) -> torch.Tensor:
@@ -115,6 +125,8 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] in float32 (sampling wants full precision whatever the dtype)."""
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 

@@ -78,8 +78,8 @@ def build_attention_metadata(starts: list[int], num_tokens: list[int],
         num_decode += 1
     if any(n == 1 for n in num_tokens[num_decode:]):
         raise ValueError("sequences must be ordered decode-first (n == 1 before n > 1)")
-    ends = [s + n for s, n in zip(starts, num_tokens)]
-    for b, (end, table) in enumerate(zip(ends, block_tables)):
+    ends = [s + n for s, n in zip(starts, num_tokens, strict=True)]
+    for b, (end, table) in enumerate(zip(ends, block_tables, strict=True)):
         if len(table) * block_size < end:
             raise ValueError(f"sequence {b}: {len(table)} blocks cannot hold {end} tokens")
 

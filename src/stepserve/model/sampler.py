@@ -27,7 +27,7 @@ TOP_P_CANDIDATES = 256
 def _row_uniforms(seeds: Sequence[int | None], indices: Sequence[int]) -> torch.Tensor:
     """One U[0, 1) per row: from a (seed, index) generator when seeded, else torch's RNG."""
     u = torch.rand(len(seeds), dtype=torch.float64)
-    for r, (seed, index) in enumerate(zip(seeds, indices)):
+    for r, (seed, index) in enumerate(zip(seeds, indices, strict=True)):
         if seed is not None:
             g = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + index) % (1 << 63))
             u[r] = torch.rand(1, generator=g, dtype=torch.float64)[0]

@@ -14,6 +14,7 @@ from typing import Any
 from stepserve.config import EngineConfig
 from stepserve.config_load import to_dict
 from stepserve.metrics.alerts import diagnose
+from stepserve.metrics.run_data import run_extras
 from stepserve.metrics.summary import summarize, summarize_by_class
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.sim.cost import CostModel
@@ -42,6 +43,7 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "") 
     classes = {r.request_class for r in sim.requests}
     if len(classes) > 1:
         run["by_class"] = summarize_by_class(sim.requests, sim.steps, sim.duration_s)
+    run.update(run_extras(sim))  # time series and latency samples for `stepserve report`
     run["_sim"] = sim  # dropped before JSON; kept for reports and tests
     return run
 

@@ -1,0 +1,284 @@
+"""`stepserve bench`: load a target with a workload and report TTFT, TPOT, ITL, E2EL,
+throughput and goodput (vLLM's definitions), plus the target's own /metrics.
+
+    stepserve bench --target http://127.0.0.1:8000 --random-input-len 64 \\
+        --random-output-len 32 --num-prompts 50 --request-rate 4 --goodput ttft:500
+    stepserve bench --sim --scenario mixed-pool --num-prompts 200 --json out.json
+
+Exit status: 0 done (server errors are counted, not fatal); 2 bad input or an
+unreachable target; 130 interrupted (the partial result is still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from stepserve.bench.client import RequestRecord
+from stepserve.bench.loadgen import HttpTarget, LoadPlan, make_records, run_http
+from stepserve.bench.plan import BenchError, build_workload, make_specs
+from stepserve.bench.results import (
+    format_table,
+    summarize_records,
+    write_csv,
+    write_json,
+    write_markdown,
+)
+from stepserve.bench.scrape import Scraper, scrape_summary
+from stepserve.bench.slo import SLO, SLOError, parse_slo
+from stepserve.config import ConfigError
+from stepserve.metrics.alerts import diagnose
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.scenarios import list_workloads
+from stepserve.workload.spec import Workload
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help="load an OpenAI-compatible server (or the engine, or the simulator)",
+        description="Send a workload to --target URL (streaming /v1/completions), to the "
+                    "in-process engine (--engine) or to the simulator (--sim), and report "
+                    "TTFT, TPOT, ITL, E2EL, throughput and goodput with vLLM's definitions.")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--target", metavar="URL", help="base URL, e.g. http://127.0.0.1:8000")
+    where.add_argument("--engine", action="store_true", help="the real engine, in process")
+    where.add_argument("--sim", action="store_true", help="the simulator (virtual clock)")
+    p.add_argument("--model", help="model name sent to the target (default: the first of "
+                   "/v1/models); with --engine the model to load (default: tiny)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--scenario", choices=list_workloads(), help="a built-in workload")
+    w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
+    w.add_argument("--random-input-len", type=int, metavar="N", help="fixed prompt length")
+    w.add_argument("--random-output-len", type=int, metavar="M", help="fixed output length")
+    w.add_argument("--num-prompts", type=int, metavar="K",
+                   help="requests to send (warm-up included)")
+    w.add_argument("--seed", type=int, help="workload seed")
+    w.add_argument("--request-rate", type=float, metavar="R",
+                   help="open loop, req/s (Poisson; inf: all at once)")
+    w.add_argument("--burstiness", type=float, metavar="B",
+                   help="gamma arrivals with this shape (1 = Poisson)")
+    w.add_argument("--max-concurrency", type=int, metavar="N",
+                   help="closed loop: N requests in flight")
+    w.add_argument("--duration-s", type=float, help="stop sending after this many seconds")
+    w.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="the first N requests are sent but excluded from the metrics")
+    w.add_argument("--text-prompts", action="store_true",
+                   help="send text prompts instead of token-id lists")
+    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="let the model stop at EOS (default: ignore_eos, lengths honoured)")
+    o = p.add_argument_group("output")
+    o.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:3000")
+    o.add_argument("--metrics-interval-s", type=float, default=0.5,
+                   help="how often to scrape the target's /metrics (0: never)")
+    o.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
+    o.add_argument("--json", metavar="OUT", help="write the result as JSON")
+    o.add_argument("--csv", metavar="OUT", help="write one row per request")
+    o.add_argument("--markdown", metavar="OUT", help="write the summary table as Markdown")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s = p.add_argument_group("--engine / --sim")
+    s.add_argument("--config", help="engine config YAML")
+    s.add_argument("--cost", choices=["constant", "roofline"], default="roofline",
+                   help="--sim cost model")
+    s.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
+    s.add_argument("--hardware", default="h100", help="roofline: hardware preset")
+    s.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
+    from stepserve.config_load import add_config_arguments
+
+    add_config_arguments(p)
+    p.set_defaults(func=run_bench)
+    return p
+
+
+# ---- targets ----
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="req", file=sys.stderr, mininterval=0.5,
+                disable=not enabled, leave=False)
+
+
+async def _discover_model(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+    try:
+        resp = await client.get(url.rstrip("/") + "/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise BenchError(f"cannot reach target {url}: {type(e).__name__}: {e}") from None
+    if model:
+        return model
+    try:
+        return resp.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(f"target {url}: GET /v1/models gave HTTP {resp.status_code} "
+                         "without a model list; pass --model NAME") from None
+
+
+async def _bench_http(args, plan: LoadPlan, records: list[RequestRecord], bar,
+                      scrape_out: dict) -> None:
+    url = args.target
+    if not url.startswith(("http://", "https://")):
+        raise BenchError(f"--target {url!r}: must be an http:// or https:// URL")
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(args.timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        model = await _discover_model(client, url, args.model)
+        target = HttpTarget(url, model, args.timeout_s)
+        scraper = Scraper(url.rstrip("/") + "/metrics", args.metrics_interval_s)
+        scraping = args.metrics_interval_s > 0 and \
+            await scraper.scrape_once(client) is not None
+        stop = asyncio.Event()
+        poll = asyncio.create_task(scraper.run(client, stop)) if scraping else None
+        try:
+            await run_http(target, plan, records, client, on_done=lambda r: bar.update())
+        finally:
+            stop.set()
+            if poll is not None:
+                await asyncio.gather(poll, return_exceptions=True)
+            scrape_out["model"] = model
+            if scraping:
+                await _settle(scraper, client)
+            scrape_out.update(scrape_summary(scraper.snapshots))
+
+
+async def _settle(scraper: Scraper, client: httpx.AsyncClient) -> None:
+    """A last scrape once the target looks idle (counters are fed when requests end)."""
+    for _ in range(10):
+        snap = await scraper.scrape_once(client)
+        if snap is None:
+            return
+        prefix = snap.prefix() or ""
+        busy = [snap.value(prefix, n) for n in ("num_requests_running",
+                                                "num_requests_waiting")]
+        if not any(busy):
+            return
+        await asyncio.sleep(0.1)
+
+
+def _engine_config(args):
+    from stepserve.config_load import config_from_args
+
+    return config_from_args(args)
+
+
+def _sim_cost(args, config):
+    from stepserve.sim.commands import _cost_model
+    from stepserve.sim.scenarios import RunSpec, Scenario
+
+    cost, bpt = _cost_model(args)
+    scenario = Scenario("bench", "bench", lambda **kw: None, lambda: cost,
+                        (RunSpec(config.scheduler.batching, config),),
+                        kv_cache_bytes=getattr(cost, "kv_cache_bytes", lambda: None)(),
+                        kv_bytes_per_token=bpt)
+    return cost, scenario.num_gpu_blocks(config)
+
+
+# ---- the command ----
+
+def run_bench(args: argparse.Namespace) -> int:
+    try:
+        slo = parse_slo(args.goodput)
+        workload = build_workload(args)
+        specs = make_specs(args, workload)
+        for flag in ("max_concurrency", "duration_s", "timeout_s"):
+            v = getattr(args, flag)
+            if v is not None and v <= 0:
+                raise BenchError(f"--{flag.replace('_', '-')} = {v:g}: must be > 0")
+    except (BenchError, SLOError, WorkloadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    plan = LoadPlan(specs, workload.closed_loop_concurrency, args.warmup, args.duration_s,
+                    args.text_prompts, args.ignore_eos)
+    how = workload.describe()
+    if args.request_rate is not None and math.isinf(args.request_rate):
+        how = how.replace(workload.arrival.describe(), "all sent at once (rate inf)")
+    print(f"{how}\n{len(specs)} requests ({args.warmup} warm-up)", file=sys.stderr)
+    try:
+        return _run(args, plan, slo, workload)
+    except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args, plan: LoadPlan, slo: SLO, workload: Workload) -> int:
+    run: dict[str, Any] = {"name": workload.name}
+    interrupted = [False]
+    bar = _progress(len(plan.specs), not args.no_progress)
+    extra: dict = {}
+    started = time.time()
+    try:
+        if args.target:
+            run["target"] = args.target
+            records = make_records(plan)
+            try:
+                asyncio.run(_bench_http(args, plan, records, bar, extra))
+            except KeyboardInterrupt:
+                interrupted[0] = True
+            run["model"] = extra.pop("model", args.model)
+        elif args.sim:
+            from stepserve.bench.inprocess import run_sim
+
+            config = _engine_config(args)
+            cost, blocks = _sim_cost(args, config)
+            records, extra, sim_run = run_sim(plan, config, cost, blocks)
+            run.update(target="sim", batching=sim_run["batching"], config=sim_run["config"],
+                       cost_model=cost.describe())
+            bar.update(len(records))
+        else:
+            from stepserve.bench.inprocess import run_engine
+            from stepserve.engine.llm_engine import LLMEngine
+
+            config = _engine_config(args)
+            engine = LLMEngine(args.model or "tiny", config)
+            run.update(target="engine", model=args.model or "tiny",
+                       batching=config.scheduler.batching)
+            records, extra = run_engine(plan, engine, lambda r: bar.update(), interrupted)
+    finally:
+        bar.close()
+    return _report(args, run, records, slo, extra, interrupted[0], started)
+
+
+def _report(args, run: dict, records: list[RequestRecord], slo: SLO, extra: dict,
+            interrupted: bool, started: float) -> int:
+    summary = summarize_records(records, slo, None, interrupted)
+    summary.update(extra)
+    run["started_at"] = started
+    run["summary"] = summary
+    result = {"runs": [run],
+              "findings": [{"run": run["name"], **f.to_dict()}
+                           for f in diagnose(summary, run.get("config"))]}
+    print(format_table(run["name"], summary))
+    for f in result["findings"]:
+        print(f"[{f['severity']}] {f['rule']}: {f['evidence']}")
+    for flag, write, what in ((args.json, write_json, result), (args.csv, write_csv, records),
+                              (args.markdown, write_markdown, result)):
+        if flag:
+            write(flag, what)
+            print(f"wrote {flag}")
+    if summary["requests_total"] and not summary["requests_finished"] and args.target:
+        print("warning: no request completed; see errors above", file=sys.stderr)
+    if interrupted:
+        print("interrupted: the result above and any files written are partial",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """For tests and `python -m stepserve.bench.commands` until cli.py wires it."""
+    parser = argparse.ArgumentParser(prog="stepserve")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

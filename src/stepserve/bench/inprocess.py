@@ -1,0 +1,146 @@
+"""The same workload without HTTP: through the real engine in this process (`--engine`)
+or through the simulator on a virtual clock (`--sim`). Both hand back RequestRecords,
+so the bench summary has the same keys whatever the target; the engine's own step keys
+(waiting, running, KV, preemptions ...) stand in for the /metrics scrape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stepserve.bench.client import RequestRecord
+from stepserve.bench.loadgen import LoadPlan, token_prompt
+from stepserve.bench.scrape import SCRAPE_KEYS
+from stepserve.config import EngineConfig
+from stepserve.metrics.summary import summarize
+from stepserve.request import Request, SamplingParams
+
+# engine summary keys that mean what the scrape keys mean
+_FROM_ENGINE = ("waiting_max", "running_max", "kv_usage_max", "preemptions")
+
+
+def record_of(req: Request, index: int, warmup: bool, scheduled_s: float, t0: float,
+              request_class: str = "default") -> RequestRecord:
+    """A request the engine ran, as the client would have seen it (times from t0)."""
+    reason = req.finish_reason.value if req.finish_reason else None
+    times = [t - t0 for t in req.token_times]
+    end = req.finish_time if req.finish_time is not None else \
+        (req.token_times[-1] if req.token_times else None)
+    ok = reason in ("stop", "length")
+    return RequestRecord(
+        index=index, request_class=request_class, prompt_len=req.num_prompt_tokens,
+        max_tokens=req.sampling_params.max_tokens, warmup=warmup, scheduled_s=scheduled_s,
+        send_s=req.arrival_time - t0, end_s=None if end is None else end - t0,
+        chunk_times_s=times, output_tokens=len(req.output_token_ids),
+        prompt_tokens=req.num_prompt_tokens, finish_reason=reason,
+        status=200 if ok else None,
+        error=None if ok else f"{reason or 'unfinished'}: {req.finish_message}".strip())
+
+
+def engine_keys(requests: Sequence[Request], steps: Any, duration_s: float) -> dict:
+    """The scrape keys (and the step keys) from the engine's own records."""
+    full = summarize(requests, steps, duration_s)
+    # the bench computes its own request keys from the records; keep the rest
+    own = ("output_tokens", "prompt_tokens", "duration_s")
+    out = {k: v for k, v in full.items() if k not in own
+           and not k.startswith(("requests_", "throughput_"))
+           and k.split("_")[0] not in ("ttft", "tpot", "itl", "e2e", "p99")}
+    out.update({k: full.get(k) for k in _FROM_ENGINE})
+    out["server_requests_finished"] = full["requests_finished"]
+    out["server_generation_tokens"] = full["output_tokens"]
+    out["server_prompt_tokens"] = full["prompt_tokens"]
+    out["scrape_samples"] = 0
+    out["metrics_source"] = "engine"
+    assert all(k in out for k in SCRAPE_KEYS)
+    return out
+
+
+def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: int
+            ) -> tuple[list[RequestRecord], dict, dict]:
+    """(records, engine keys, the simulator's run dict without its in-memory result)."""
+    from stepserve.sim.run import run_config
+
+    run = run_config("sim", config, plan.specs, cost_model, num_gpu_blocks, plan.concurrency)
+    sim = run.pop("_sim")
+    by_id = {r.request_id: r for r in sim.requests}
+    records = [record_of(by_id[str(s.index)], s.index, i < plan.warmup, s.arrival_s, 0.0,
+                         s.request_class)
+               for i, s in enumerate(plan.specs) if str(s.index) in by_id]
+    return records, engine_keys(sim.requests, sim.steps, sim.duration_s), run
+
+
+def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] | None = None,
+               interrupted: list[bool] | None = None
+               ) -> tuple[list[RequestRecord], dict]:
+    """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. A
+    KeyboardInterrupt stops the run; what ended so far is returned and
+    `interrupted[0]` is set."""
+    clock = engine.clock
+    t0 = clock.now()
+    issued: list[tuple[int, Request]] = []
+    next_i = 0
+    seen_done = 0
+    n = len(plan.specs)
+    start_measure: float | None = None
+
+    def issue(i: int, arrival: float) -> None:
+        spec = plan.specs[i]
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
+                                ignore_eos=plan.ignore_eos, priority=spec.priority,
+                                tenant=spec.tenant)
+        req = engine.add_request(token_prompt(spec, engine.runner.args.vocab_size), params,
+                                 request_id=f"bench-{spec.index}", arrival_time=arrival)
+        issued.append((i, req))
+
+    def may_issue(i: int) -> bool:
+        nonlocal start_measure
+        if plan.duration_s is None or i < plan.warmup:
+            return True
+        start_measure = start_measure if start_measure is not None else clock.now()
+        return clock.now() - start_measure <= plan.duration_s
+
+    try:
+        while True:
+            now = clock.now()
+            if plan.concurrency is None:
+                while next_i < n and t0 + plan.specs[next_i].arrival_s <= now:
+                    if not may_issue(next_i):
+                        n = next_i
+                        break
+                    issue(next_i, t0 + plan.specs[next_i].arrival_s)
+                    next_i += 1
+            else:
+                live = sum(1 for _, r in issued if not r.is_finished)
+                while next_i < n and live < plan.concurrency:
+                    if not may_issue(next_i):
+                        n = next_i
+                        break
+                    issue(next_i, now)
+                    next_i += 1
+                    live += 1
+            if engine.has_unfinished():
+                engine.step()
+            elif next_i < n:
+                time.sleep(max(0.0, min(0.05, t0 + plan.specs[next_i].arrival_s - now)))
+            else:
+                break
+            done = sum(1 for _, r in issued if r.is_finished)
+            if on_done is not None:
+                for _ in range(done - seen_done):
+                    on_done(RequestRecord(index=-1))
+            seen_done = done
+    except KeyboardInterrupt:
+        if interrupted is not None:
+            interrupted[0] = True
+    records = []
+    for i, req in issued:
+        spec = plan.specs[i]
+        rec = record_of(req, spec.index, i < plan.warmup, spec.arrival_s, t0,
+                        spec.request_class)
+        if not req.is_finished:
+            rec.error, rec.status = "interrupted before the response ended", 200
+        records.append(rec)
+    steps = list(engine.scheduler.step_records)
+    return records, engine_keys([r for _, r in issued], steps, clock.now() - t0)

@@ -1,0 +1,203 @@
+"""Metrics from request records, with vLLM's definitions, and the result writers.
+
+Per request (sent at `send_s`, chunk times t_1..t_k, n output tokens):
+    TTFT = t_1 - send;  E2EL = t_k - send (end of the response when no chunk came)
+    TPOT = (E2EL - TTFT) / (n - 1) for n >= 2;  ITL = every gap t_{i+1} - t_i
+Latencies come from completed requests (finish reason stop or length) only; warm-up
+requests are left out of everything. Duration is from the first measured send to the
+last measured end. Goodput = completed requests meeting every SLO / duration.
+
+Summary keys: requests_total (measured requests sent), requests_not_sent (cut off by
+--duration-s or an interrupt), requests_finished, requests_failed, errors (outcome ->
+count, e.g. http_500), error_examples (outcome -> its first message), output_tokens (completed requests), prompt_tokens, duration_s,
+throughput_tokens_per_s, throughput_requests_per_s, goodput_requests_per_s, goodput_slo,
+{ttft,tpot,itl,e2e}_{mean,p50,p95,p99}_s, p99_p50_{e2e,ttft,tpot}_ratio,
+peak_concurrency, warmup_requests, interrupted, and the scrape keys (scrape.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stepserve.bench.client import RequestRecord
+from stepserve.bench.scrape import SCRAPE_KEYS
+from stepserve.bench.slo import SLO
+from stepserve.metrics.percentiles import mean, percentile, ratio
+
+LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
+SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
+                      "output_tokens", "duration_s", "throughput_tokens_per_s",
+                      "throughput_requests_per_s", "goodput_requests_per_s",
+                      "peak_concurrency")
+
+
+def ttft_s(r: RequestRecord) -> float | None:
+    if r.send_s is None or not r.chunk_times_s:
+        return None
+    return r.chunk_times_s[0] - r.send_s
+
+
+def e2e_s(r: RequestRecord) -> float | None:
+    if r.send_s is None:
+        return None
+    end = r.chunk_times_s[-1] if r.chunk_times_s else r.end_s
+    return None if end is None else end - r.send_s
+
+
+def tpot_s(r: RequestRecord) -> float | None:
+    n = r.num_output_tokens
+    first, whole = ttft_s(r), e2e_s(r)
+    if n < 2 or first is None or whole is None:
+        return None
+    return (whole - first) / (n - 1)
+
+
+def itl_s(r: RequestRecord) -> list[float]:
+    t = r.chunk_times_s
+    return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
+def peak_concurrency(records: Sequence[RequestRecord]) -> int:
+    """Most requests in flight at once ([send, end) intervals; an end at the same instant
+    as a send frees its slot first)."""
+    events = []
+    for r in records:
+        if r.send_s is not None and r.end_s is not None:
+            events += [(r.send_s, 1), (r.end_s, -1)]
+    peak = live = 0
+    for _, delta in sorted(events):
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def summarize_records(records: Sequence[RequestRecord], slo: SLO | None = None,
+                      scrape: dict | None = None, interrupted: bool = False
+                      ) -> dict[str, Any]:
+    slo = slo or SLO()
+    measured = [r for r in records if not r.warmup]
+    sent = [r for r in measured if r.send_s is not None]
+    done = [r for r in sent if r.ok]
+    starts = [r.send_s for r in sent if r.send_s is not None]
+    ends = [r.end_s for r in sent if r.end_s is not None]
+    duration = max(ends) - min(starts) if starts and ends else 0.0
+    errors = Counter(r.outcome for r in sent if not r.ok)
+    out: dict[str, Any] = {
+        "requests_total": len(sent),
+        "requests_not_sent": len(measured) - len(sent),
+        "requests_finished": len(done),
+        "requests_failed": sum(errors.values()),
+        "errors": dict(sorted(errors.items())),
+        "error_examples": {k: next(r.error for r in sent if r.outcome == k)
+                           for k in sorted(errors)},
+        "output_tokens": sum(r.num_output_tokens for r in done),
+        "prompt_tokens": sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
+                             for r in done),
+        "duration_s": duration,
+    }
+    out["throughput_tokens_per_s"] = ratio(out["output_tokens"], duration)
+    out["throughput_requests_per_s"] = ratio(len(done), duration)
+    good = [r for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r))]
+    out["goodput_requests_per_s"] = ratio(len(good), duration) if not slo.empty else None
+    out["goodput_requests"] = len(good) if not slo.empty else None
+    out["goodput_slo"] = slo.describe()
+    values = {
+        "ttft": [v for r in done if (v := ttft_s(r)) is not None],
+        "tpot": [v for r in done if (v := tpot_s(r)) is not None],
+        "itl": [g for r in done for g in itl_s(r)],
+        "e2e": [v for r in done if (v := e2e_s(r)) is not None],
+    }
+    for name, vals in values.items():
+        out[f"{name}_mean_s"] = mean(vals)
+        for p in (50, 95, 99):
+            out[f"{name}_p{p}_s"] = percentile(vals, p)
+    for name in ("e2e", "ttft", "tpot"):
+        out[f"p99_p50_{name}_ratio"] = ratio(out[f"{name}_p99_s"], out[f"{name}_p50_s"])
+    out["peak_concurrency"] = peak_concurrency(sent)
+    out["warmup_requests"] = len(records) - len(measured)
+    out["interrupted"] = interrupted
+    base = {k: None for k in SCRAPE_KEYS}
+    base["scrape_samples"] = 0
+    out.update({**base, **(scrape or {})})
+    return out
+
+
+# ---- writers ----
+
+def write_json(path: str | Path, result: dict) -> None:
+    Path(path).write_text(json.dumps(result, indent=2, default=str))
+
+
+CSV_FIELDS = ("index", "request_class", "warmup", "outcome", "status", "finish_reason",
+              "prompt_len", "max_tokens", "output_tokens", "scheduled_s", "send_s", "end_s",
+              "ttft_s", "tpot_s", "e2e_s", "itl_mean_s", "num_chunks", "error")
+
+
+def write_csv(path: str | Path, records: Sequence[RequestRecord]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_FIELDS)
+        for r in sorted(records, key=lambda r: r.index):
+            gaps = itl_s(r)
+            w.writerow([r.index, r.request_class, r.warmup, r.outcome, r.status,
+                        r.finish_reason, r.prompt_len, r.max_tokens, r.num_output_tokens,
+                        r.scheduled_s, r.send_s, r.end_s, ttft_s(r), tpot_s(r), e2e_s(r),
+                        mean(gaps), len(r.chunk_times_s), r.error or ""])
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.0f}" if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def table_rows(summary: dict) -> list[tuple[str, str]]:
+    rows = [(k, _fmt(summary.get(k))) for k in SUMMARY_KEYS_ORDER]
+    if summary.get("errors"):
+        rows.append(("errors", _fmt(summary["errors"])))
+        for k, msg in (summary.get("error_examples") or {}).items():
+            rows.append((f"  first {k}", (msg or "")[:120]))
+    if summary.get("goodput_requests_per_s") is not None:
+        rows.append(("goodput_slo", summary["goodput_slo"]))
+    for name in LATENCY_NAMES:
+        ms = [summary.get(f"{name}_{s}_s") for s in ("mean", "p50", "p95", "p99")]
+        rows.append((f"{name} ms mean/p50/p95/p99",
+                     " / ".join("-" if v is None else f"{v * 1000:.2f}" for v in ms)))
+    for k in SCRAPE_KEYS[:-2]:
+        if summary.get(k) is not None:
+            rows.append((k, _fmt(summary[k])))
+    return rows
+
+
+def format_table(name: str, summary: dict) -> str:
+    rows = table_rows(summary)
+    width = max(len(k) for k, _ in rows)
+    title = f"bench {name}" + (" (interrupted: partial result)" if summary.get("interrupted")
+                               else "")
+    return "\n".join([title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def format_markdown(result: dict) -> str:
+    lines = []
+    for run in result["runs"]:
+        lines += [f"## {run['name']}", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in table_rows(run["summary"])]
+        lines.append("")
+    if result.get("findings"):
+        lines += ["## findings", ""]
+        lines += [f"- **{f['severity']}** {f['rule']}: {f['evidence']}"
+                  for f in result["findings"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path: str | Path, result: dict) -> None:
+    Path(path).write_text(format_markdown(result))

@@ -1,0 +1,52 @@
+"""Per-run data for plots: a binned time series of the step records and thinned latency
+samples (TTFT and E2E), stored in result JSON under `timeseries` and `latency_samples`
+so `stepserve report` can draw time series and CDFs from a file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepserve.metrics.request_metrics import request_metrics
+from stepserve.metrics.step_metrics import per_replica
+from stepserve.metrics.summary import timeseries
+
+SAMPLE_CAP = 5000
+TIMESERIES_BINS = 200
+
+
+def _thin(values: list[float], cap: int) -> list[float]:
+    """Sorted values, cut to `cap` evenly spaced order statistics (the CDF's shape)."""
+    values = sorted(values)
+    if len(values) <= cap:
+        return values
+    step = (len(values) - 1) / (cap - 1)
+    return [values[round(i * step)] for i in range(cap)]
+
+
+def run_extras(sim, bins: int = TIMESERIES_BINS,
+               cap: int = SAMPLE_CAP) -> dict[str, Any]:
+    """{"timeseries", "latency_samples"} for one simulation: what `stepserve report`
+    needs for time series and CDFs. timeseries also carries `steps` (step records per bin,
+    all replicas) so tokens per step can be drawn."""
+    ts = timeseries(sim.steps, bins=bins).to_dict()
+    ts["steps"] = _steps_per_bin(sim, bins)
+    done = [m for m in map(request_metrics, sim.requests) if m.completed]
+    ttft = [m.ttft_s for m in done if m.ttft_s is not None]
+    e2e = [m.e2e_s for m in done if m.e2e_s is not None]
+    return {"timeseries": ts,
+            "latency_samples": {"ttft_s": _thin(ttft, cap), "e2e_s": _thin(e2e, cap),
+                                "count": len(done), "capped": len(done) > cap}}
+
+
+def _steps_per_bin(sim, bins: int) -> list[int]:
+    # same binning as metrics.step_metrics.timeseries: by each step's end time
+    recs = [s for r in per_replica(sim.steps) for s in r]
+    if not recs:
+        return []
+    t0 = min(s.start_s for s in recs)
+    t1 = max(s.start_s + s.duration_s for s in recs)
+    width = (t1 - t0) / bins or 1.0
+    counts = [0] * bins
+    for s in recs:
+        counts[min(int((s.start_s + s.duration_s - t0) / width), bins - 1)] += 1
+    return counts

@@ -1,0 +1,1 @@
+"""Config sweeps, knee finding and reports: `stepserve sweep` and `stepserve report`."""

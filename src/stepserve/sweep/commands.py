@@ -1,0 +1,240 @@
+"""`stepserve sweep`: vary settings or load on the simulator, find the knee, write a
+result JSON and an HTML report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from stepserve.config import ConfigError
+from stepserve.config_load import add_config_arguments, config_from_args, load_config
+from stepserve.sim.commands import _cost_model
+from stepserve.sim.run import findings_for
+from stepserve.sim.scenarios import SCENARIOS, Scenario, get_scenario
+from stepserve.sweep.knee import (
+    MAX_P99_RISE,
+    MIN_THROUGHPUT_GAIN,
+    P99_METRIC,
+    KneeResult,
+    analyze_runs,
+)
+from stepserve.sweep.runner import override_workload, run_points, stderr_log
+from stepserve.sweep.spec import RunConfig, build_points, parse_slo, parse_vary
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.loader import load_workload
+
+DEFAULT_REQUESTS = 600
+
+
+def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "sweep", help="sweep configs or load on the simulator and find the knee",
+        description="Run one fixed request count per point on the simulator, find where "
+                    "throughput stops rising while P99 climbs (the knee), and recommend "
+                    "the last point before it that meets the SLO.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--scenario", choices=sorted(SCENARIOS),
+                     help="built-in scenario: its workload, cost model and runs")
+    src.add_argument("--workload", help="a workload YAML file")
+    runs = p.add_mutually_exclusive_group()
+    runs.add_argument("--configs", nargs="+", metavar="FILE",
+                      help="engine config YAML files to compare (name: file stem)")
+    runs.add_argument("--scenario-runs", nargs="?", const="", metavar="A,B,...",
+                      help="use the scenario's own runs (all, or those named); the default "
+                           "with --scenario")
+    p.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a config setting (e.g. max_num_seqs=16,32,64) or workload option "
+                        "(rate, seed, concurrency); repeat for a grid; the last is the x axis")
+    p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
+                   help=f"requests per point (default {DEFAULT_REQUESTS})")
+    p.add_argument("--seed", type=int, help="workload seed")
+    p.add_argument("--config", help="base engine config YAML for --workload")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC=LIMIT",
+                   help="e.g. ttft_p99_s=2 (at most) or throughput_tokens_per_s>=1000")
+    p.add_argument("--min-throughput-gain", type=float, default=MIN_THROUGHPUT_GAIN,
+                   help="knee: throughput gains less than this vs the previous point "
+                        f"(default {MIN_THROUGHPUT_GAIN})")
+    p.add_argument("--max-p99-rise", type=float, default=MAX_P99_RISE,
+                   help=f"knee: while P99 rises more than this (default {MAX_P99_RISE})")
+    p.add_argument("--p99-metric", default=P99_METRIC,
+                   help=f"the tail metric for the knee (default {P99_METRIC})")
+    p.add_argument("--cost", choices=["constant", "roofline"], default=None,
+                   help="cost model for --workload (default roofline)")
+    p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
+    p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
+    p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
+    p.add_argument("--json", metavar="OUT", help="write the sweep result as JSON")
+    p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+    add_config_arguments(p)
+    p.set_defaults(func=run_sweep_cmd)
+    return p
+
+
+def _scenario_runs(scenario: Scenario, args) -> list[RunConfig]:
+    wanted = [n for n in (args.scenario_runs or "").split(",") if n]
+    runs = [r for r in scenario.runs if not wanted or r.name in wanted]
+    if wanted and len(runs) != len(wanted):
+        known = ", ".join(r.name for r in scenario.runs)
+        raise ValueError(f"--scenario-runs {args.scenario_runs}: {scenario.name} has {known}")
+    return [RunConfig(r.name, config_from_args(args, r.config), r.note) for r in runs]
+
+
+def _with_flags(args, config):
+    """Config flags given on the command line, on top of `config` (not --config)."""
+    from stepserve.config_load import _fields_with_meta
+
+    changes = {f.name: getattr(args, f.name) for _s, f in _fields_with_meta()
+               if getattr(args, f.name, None) is not None}
+    return config.replace(**changes) if changes else config
+
+
+def _file_runs(args) -> list[RunConfig]:
+    return [RunConfig(Path(f).stem, _with_flags(args, load_config(f)), f)
+            for f in args.configs]
+
+
+def build_sweep(args) -> dict[str, Any]:
+    """Everything but the simulation: runs, points, load, cost model."""
+    axes = [parse_vary(v) for v in args.vary]
+    base_load: dict[str, Any] = {"num_requests": args.requests}
+    if args.seed is not None:
+        base_load["seed"] = args.seed
+    if args.scenario:
+        scenario = get_scenario(args.scenario)
+        if args.workload:
+            raise ValueError("--scenario and --workload exclude each other")
+        runs = _file_runs(args) if args.configs else _scenario_runs(scenario, args)
+        cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
+
+        def make_workload(load: dict):
+            return scenario.workload(**{**scenario.defaults, **base_load, **load})
+
+        name, description = scenario.name, scenario.description
+    else:
+        if args.scenario_runs is not None:
+            raise ValueError("--scenario-runs needs --scenario")
+        workload = load_workload(args.workload)
+        config = config_from_args(args)
+        runs = _file_runs(args) if args.configs else [
+            RunConfig(config.scheduler.batching, config)]
+        cost, bpt = _cost_model(args)
+        shell = Scenario(workload.name, "", lambda **kw: workload, lambda: cost, (),
+                         kv_cache_bytes=getattr(cost, "kv_cache_bytes", lambda: None)(),
+                         kv_bytes_per_token=bpt)
+        blocks = shell.num_gpu_blocks
+
+        def make_workload(load: dict):
+            return override_workload(workload, {**base_load, **load})
+
+        name, description = workload.name, f"workload {args.workload}"
+    x_axis, points = build_points(runs, axes)
+    return {"name": name, "description": description, "cost": cost, "blocks": blocks,
+            "make_workload": make_workload, "axes": axes, "x_axis": x_axis,
+            "points": points}
+
+
+def sweep_result(plan: dict[str, Any], runs: list[dict], args) -> dict[str, Any]:
+    slos = [parse_slo(s) for s in args.slo]
+    knees = analyze_runs(runs, slos, args.p99_metric, args.min_throughput_gain,
+                         args.max_p99_rise)
+    return {
+        "kind": "sweep", "scenario": plan["name"], "description": plan["description"],
+        "cost_model": plan["cost"].describe(), "requests_per_point": args.requests,
+        "x_axis": plan["x_axis"],
+        "axes": [{"name": a.name, "values": list(a.values), "target": a.target}
+                 for a in plan["axes"]],
+        "knee_rule": {"min_throughput_gain": args.min_throughput_gain,
+                      "max_p99_rise": args.max_p99_rise, "p99_metric": args.p99_metric,
+                      "slos": [s.to_dict() for s in slos]},
+        "runs": runs, "knees": [k.to_dict() for k in knees], "findings": findings_for(runs),
+    }
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def format_knees(result: dict[str, Any]) -> str:
+    rule = result["knee_rule"]
+    metric = rule["p99_metric"]
+    other = "e2e_p99_s" if metric == "ttft_p99_s" else "ttft_p99_s"
+    lines = [f"knee rule: throughput gain < {rule['min_throughput_gain']:.0%} while "
+             f"{metric} rises > {rule['max_p99_rise']:.0%} (vs the previous point)"]
+    by_series: dict[str, list[dict]] = {}
+    for run in result["runs"]:
+        by_series.setdefault(run["sweep"]["series"], []).append(run)
+    for knee in result["knees"]:
+        group = by_series[knee["series"]]
+        lines.append(f"\n{result['x_axis']} sweep, series {knee['series']}:")
+        lines.append(f"  {'x':>10} {'tok/s':>9} {'gain':>8} {metric:>12} {'rise':>8} "
+                     f"{other:>10} {'preempt':>7}  slo")
+        for i, run in enumerate(group):
+            s = run["summary"]
+            step = knee["steps"][i - 1] if i else {}
+            mark = " <- knee" if i == knee["knee_index"] else ""
+            mark += " <- recommended" if i == knee["recommended_index"] else ""
+            p99 = s.get(metric)
+            lines.append(
+                f"  {_x(run['sweep']['x']):>10} {s['throughput_tokens_per_s']:9.0f} "
+                f"{_pct(step.get('throughput_gain')):>8} "
+                f"{'-' if p99 is None else f'{p99:.2f}':>12} {_pct(step.get('p99_rise')):>8} "
+                f"{_num(s.get(other)):>10} {s['preemptions']:7d}  "
+                f"{'ok' if knee['slo_met'][i] else 'miss'}{mark}")
+        if knee["knee_index"] is None:
+            flat = [st for st in knee["steps"] if st["throughput_gain"] is not None
+                    and st["throughput_gain"] < rule["min_throughput_gain"]]
+            hint = (f" (throughput flat from {result['x_axis']}="
+                    f"{_x(knee['xs'][flat[0]['index']])}, but {metric} changed only "
+                    f"{', '.join(_pct(st['p99_rise']) for st in flat)} there; try "
+                    "another --p99-metric or --max-p99-rise)") if flat else ""
+            lines.append(f"  knee: none in this range{hint}")
+        else:
+            lines.append(f"  knee: {result['x_axis']}={_x(knee['knee_x'])}: throughput "
+                         f"{_pct(knee['throughput_gain'])}, {metric} {_pct(knee['p99_rise'])}")
+        rec = knee["recommended_index"]
+        lines.append(f"  recommended: {'none' if rec is None else _x(knee['xs'][rec])} "
+                     f"({knee['reason']})")
+    return "\n".join(lines)
+
+
+def _x(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def run_sweep_cmd(args: argparse.Namespace) -> int:
+    try:
+        plan = build_sweep(args)
+        [parse_slo(s) for s in args.slo]
+        runs = run_points(plan["points"], plan["make_workload"], plan["cost"],
+                          plan["blocks"], None if args.quiet else stderr_log)
+        result = sweep_result(plan, runs, args)
+    except (ConfigError, WorkloadError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_knees(result))
+    ready = to_json_ready(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(ready, indent=1))
+        print(f"\nwrote {args.json}")
+    if args.report:
+        from stepserve.sweep.report import write_report
+
+        page = write_report(ready, args.report)
+        print(f"wrote {page}")
+    return 0
+
+
+def to_json_ready(result: dict[str, Any]) -> dict[str, Any]:
+    return {**result, "runs": [{k: v for k, v in r.items() if k != "_sim"}
+                               for r in result["runs"]]}
+
+
+__all__ = ["KneeResult", "add_sweep_parser", "build_sweep", "format_knees", "run_sweep_cmd"]

@@ -1,0 +1,79 @@
+"""Run every sweep point on the simulator, each on the same fixed request count.
+
+A point's result is a run dict in `stepserve simulate --json`'s shape (name, batching,
+config, num_gpu_blocks, summary) plus what the report plots: `timeseries` (binned step
+records) and `latency_samples` (per-request TTFT and E2E, at most SAMPLE_CAP values each),
+and `sweep` (series, x and axis values).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from stepserve.config import EngineConfig
+from stepserve.metrics.run_data import SAMPLE_CAP, run_extras
+from stepserve.sim.cost import CostModel
+from stepserve.sim.run import findings_for, run_config
+from stepserve.sweep.spec import SweepPoint
+from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
+from stepserve.workload.spec import Workload
+
+
+def override_workload(workload: Workload, overrides: dict[str, Any]) -> Workload:
+    """A workload file's workload with `rate`, `seed`, `concurrency` or `num_requests`."""
+    changes: dict[str, Any] = {}
+    for key in ("seed", "num_requests"):
+        if key in overrides:
+            changes[key] = overrides[key]
+    arrival = workload.arrival
+    if "rate" in overrides:
+        if not isinstance(arrival, (Poisson, Gamma, Constant)):
+            raise ValueError(f"rate: the workload's arrivals ({arrival.describe()}) have no rate")
+        changes["arrival"] = replace(arrival, rate_per_s=float(overrides["rate"]))
+    if "concurrency" in overrides:
+        if not isinstance(arrival, ClosedLoop):
+            raise ValueError("concurrency: the workload is not closed-loop")
+        changes["arrival"] = replace(arrival, concurrency=int(overrides["concurrency"]))
+    return replace(workload, **changes) if changes else workload
+
+
+def run_points(points: list[SweepPoint], make_workload: Callable[[dict], Workload],
+               cost_model: CostModel, blocks_for_config: Callable[[EngineConfig], int],
+               log: Callable[[str], None] | None = None) -> list[dict]:
+    """Simulate each point. Points with the same load share one generated request list."""
+    specs_cache: dict[tuple, tuple[Workload, list]] = {}
+    runs = []
+    for i, p in enumerate(points, 1):
+        key = tuple(sorted(p.workload_overrides.items()))
+        if key not in specs_cache:
+            workload = make_workload(p.workload_overrides)
+            specs_cache[key] = (workload, workload.generate())
+        workload, specs = specs_cache[key]
+        started = time.perf_counter()
+        run = run_config(p.label, p.config, specs, cost_model, blocks_for_config(p.config),
+                         workload.closed_loop_concurrency)
+        run.update(run_extras(run["_sim"]))
+        run["sweep"] = {"series": p.series, "run": p.run, "x": p.x, "values": p.values}
+        runs.append(run)
+        if log:
+            s = run["summary"]
+            log(f"[{i}/{len(points)}] {p.label}: {s['throughput_tokens_per_s']:.0f} tok/s, "
+                f"e2e P99 {_s(s['e2e_p99_s'])}, preemptions {s['preemptions']} "
+                f"({time.perf_counter() - started:.1f} s)")
+    return runs
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+def stderr_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+__all__ = ["SAMPLE_CAP", "findings_for", "override_workload", "run_extras", "run_points",
+           "stderr_log"]  # SAMPLE_CAP and run_extras re-exported from metrics.run_data

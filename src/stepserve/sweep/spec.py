@@ -1,0 +1,148 @@
+"""What a sweep varies: axes (`--vary NAME=v1,v2,...`), the runs they apply to, and SLOs.
+
+An axis is either a workload option (`rate`, `seed`, `concurrency`: the load) or any
+engine setting by its config name (`max_num_seqs`, `max_num_batched_tokens`, ...).
+Several axes make a grid. The x axis (the one the knee is searched along) is the last
+`--vary`; every other combination, times every run (config), is one series. With no
+`--vary` the runs themselves are the x axis, in the order given (the seed's A -> B -> C).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepserve.config import EngineConfig
+from stepserve.config_load import _fields_with_meta, _parse_bool
+
+WORKLOAD_AXES = {"rate": float, "seed": int, "concurrency": int}
+RUN_AXIS = "run"  # the name of the x axis when the runs themselves are swept
+
+
+def _config_kinds() -> dict[str, type]:
+    return {f.name: f.metadata["kind"] for _s, f in _fields_with_meta()}
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    values: tuple[Any, ...]
+    target: str  # "workload" or "config"
+
+
+def parse_vary(text: str) -> Axis:
+    """`max_num_seqs=16,32,64` -> Axis; values typed by the setting's kind."""
+    name, sep, raw = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not raw.strip():
+        raise ValueError(f"--vary {text!r}: expected NAME=v1,v2,...")
+    kinds = _config_kinds()
+    if name in WORKLOAD_AXES:
+        kind, target = WORKLOAD_AXES[name], "workload"
+    elif name in kinds:
+        kind, target = kinds[name], "config"
+    else:
+        known = ", ".join(sorted(WORKLOAD_AXES) + sorted(kinds))
+        raise ValueError(f"--vary {name!r}: unknown; allowed: {known}")
+    values = []
+    for item in raw.split(","):
+        item = item.strip()
+        try:
+            values.append(_parse_bool(item) if kind is bool else kind(item))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"--vary {name}: value {item!r} is not a {kind.__name__}") from e
+    if len(set(values)) != len(values):
+        raise ValueError(f"--vary {name}: repeated values in {raw!r}")
+    return Axis(name, tuple(values), target)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One named engine config to sweep (a scenario run, a --configs file, or flags)."""
+
+    name: str
+    config: EngineConfig
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One simulation: a run's config with the axis values applied."""
+
+    label: str  # e.g. "A rate=8"
+    series: str  # e.g. "A" or "A max_num_seqs=64"
+    run: str
+    x: Any  # value on the x axis (the run name when the runs are the axis)
+    values: dict[str, Any]  # every axis value at this point
+    config: EngineConfig
+    workload_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def _fmt(name: str, value: Any) -> str:
+    return f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+
+
+def build_points(runs: list[RunConfig], axes: list[Axis]) -> tuple[str, list[SweepPoint]]:
+    """The grid, series by series, x ascending in the given order. Returns (x axis name,
+    points)."""
+    if not runs:
+        raise ValueError("a sweep needs at least one config")
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"config names must differ: {', '.join(names)}")
+    if len({a.name for a in axes}) != len(axes):
+        raise ValueError("each --vary name may appear once")
+    points: list[SweepPoint] = []
+    if not axes:
+        for r in runs:
+            points.append(SweepPoint(r.name, "configs", r.name, r.name, {RUN_AXIS: r.name},
+                                     r.config))
+        return RUN_AXIS, points
+    x_axis, others = axes[-1], axes[:-1]
+    for r in runs:
+        for combo in itertools.product(*(a.values for a in others)):
+            fixed = dict(zip((a.name for a in others), combo))
+            series = " ".join([r.name] + [_fmt(k, v) for k, v in fixed.items()])
+            for x in x_axis.values:
+                values = {**fixed, x_axis.name: x}
+                config_changes = {k: v for k, v in values.items()
+                                  if k not in WORKLOAD_AXES}
+                load = {k: v for k, v in values.items() if k in WORKLOAD_AXES}
+                config = r.config.replace(**config_changes) if config_changes else r.config
+                label = f"{series} {_fmt(x_axis.name, x)}"
+                points.append(SweepPoint(label, series, r.name, x, values, config, load))
+    return x_axis.name, points
+
+
+@dataclass(frozen=True)
+class Slo:
+    """`ttft_p99_s=2` (or `<=`): metric at most 2; `throughput_tokens_per_s>=1000`: at least."""
+
+    metric: str
+    limit: float
+    at_least: bool = False
+
+    def met_by(self, summary: dict[str, Any]) -> bool:
+        value = summary.get(self.metric)
+        if value is None:
+            return False
+        return value >= self.limit if self.at_least else value <= self.limit
+
+    def describe(self) -> str:
+        return f"{self.metric} {'>=' if self.at_least else '<='} {self.limit:g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "limit": self.limit, "at_least": self.at_least}
+
+
+def parse_slo(text: str) -> Slo:
+    for op, at_least in ((">=", True), ("<=", False), ("=", False)):
+        if op in text:
+            metric, _, raw = text.partition(op)
+            try:
+                return Slo(metric.strip(), float(raw), at_least)
+            except ValueError:
+                break
+    raise ValueError(f"--slo {text!r}: expected METRIC=LIMIT (at most) or METRIC>=LIMIT, "
+                     "e.g. ttft_p99_s=2")

@@ -1,0 +1,120 @@
+"""Metric definitions on hand-built token timelines, SLO parsing, Prometheus parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepserve.bench.client import RequestRecord
+from stepserve.bench.results import (
+    e2e_s,
+    itl_s,
+    peak_concurrency,
+    summarize_records,
+    tpot_s,
+    ttft_s,
+)
+from stepserve.bench.scrape import Snapshot, parse_prometheus, scrape_summary
+from stepserve.bench.slo import SLO, SLOError, parse_slo
+
+
+def rec(index: int, send: float, times: list[float], tokens: int | None = None,
+        reason: str | None = "length", **kw) -> RequestRecord:
+    end = times[-1] if times else send
+    return RequestRecord(index=index, send_s=send, end_s=kw.pop("end", end),
+                         chunk_times_s=list(times), output_tokens=tokens,
+                         finish_reason=reason, status=kw.pop("status", 200), **kw)
+
+
+def test_vllm_definitions_on_a_timeline():
+    r = rec(0, 1.0, [1.5, 1.6, 1.8, 2.1], tokens=4)
+    assert ttft_s(r) == pytest.approx(0.5)
+    assert e2e_s(r) == pytest.approx(1.1)
+    assert tpot_s(r) == pytest.approx((1.1 - 0.5) / 3)
+    assert itl_s(r) == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_tpot_uses_usage_tokens_not_chunks():
+    # 2 chunks carried 5 tokens: TPOT divides by 4, ITL has the one chunk gap
+    r = rec(0, 0.0, [0.2, 1.0], tokens=5)
+    assert tpot_s(r) == pytest.approx(0.8 / 4)
+    assert itl_s(r) == pytest.approx([0.8])
+
+
+def test_one_token_has_no_tpot():
+    r = rec(0, 0.0, [0.3], tokens=1)
+    assert tpot_s(r) is None and ttft_s(r) == pytest.approx(0.3)
+
+
+def test_summary_percentiles_and_failures():
+    records = [rec(0, 0.0, [0.1, 0.2], tokens=2), rec(1, 0.0, [0.3, 0.5], tokens=2),
+               rec(2, 0.1, [], reason=None, status=500, error="HTTP 500: boom", end=0.2),
+               rec(3, 0.0, [0.05, 0.1], tokens=2, warmup=True)]
+    s = summarize_records(records)
+    assert s["requests_total"] == 3 and s["requests_finished"] == 2
+    assert s["requests_failed"] == 1 and s["errors"] == {"http_500": 1}
+    assert s["output_tokens"] == 4
+    assert s["ttft_mean_s"] == pytest.approx(0.2)
+    assert s["ttft_p50_s"] == pytest.approx(0.2)  # numpy linear between 0.1 and 0.3
+    assert s["itl_p99_s"] == pytest.approx(0.1 + 0.1 * 0.99)
+    assert s["duration_s"] == pytest.approx(0.5)
+    assert s["throughput_tokens_per_s"] == pytest.approx(8.0)
+    assert s["warmup_requests"] == 1
+    assert s["goodput_requests_per_s"] is None  # no SLO given
+
+
+def test_goodput_counts_only_requests_meeting_every_slo():
+    fast = rec(0, 0.0, [0.1, 0.2, 0.3], tokens=3)  # ttft .1, tpot .1, e2e .3
+    slow_first = rec(1, 0.0, [0.6, 0.7, 0.8], tokens=3)  # ttft .6
+    slow_decode = rec(2, 0.0, [0.1, 0.9, 1.0], tokens=3)  # tpot .45
+    failed = rec(3, 0.0, [0.1], reason=None, error="stream error: x")
+    slo = parse_slo("ttft:500 tpot:200")
+    s = summarize_records([fast, slow_first, slow_decode, failed], slo)
+    assert s["goodput_requests"] == 1
+    assert s["goodput_requests_per_s"] == pytest.approx(1 / s["duration_s"])
+    assert summarize_records([fast, slow_first], parse_slo("e2el:900"))[
+        "goodput_requests"] == 2
+
+
+def test_peak_concurrency():
+    rs = [rec(0, 0.0, [1.0]), rec(1, 0.5, [2.0]), rec(2, 1.0, [1.5]), rec(3, 3.0, [4.0])]
+    assert peak_concurrency(rs) == 2  # 0 ends at 1.0 as 2 starts
+
+
+def test_slo_parsing():
+    assert parse_slo("ttft:500 tpot:50 e2el:2000") == SLO(0.5, 0.05, 2.0)
+    assert parse_slo(["ttft:500", "e2el:3000"]) == SLO(0.5, None, 3.0)
+    with pytest.raises(SLOError, match=r"'latency:5'.*unknown key 'latency'.*ttft, tpot, e2el"):
+        parse_slo("latency:5")
+    with pytest.raises(SLOError, match=r"'ttft:fast'.*not a number"):
+        parse_slo("ttft:fast")
+    with pytest.raises(SLOError, match="KEY:MILLISECONDS"):
+        parse_slo("ttft")
+    with pytest.raises(SLOError, match="positive"):
+        parse_slo("tpot:-1")
+
+
+PROM = """# HELP vllm:num_requests_waiting x
+vllm:num_requests_waiting{model_name="m"} 3.0
+vllm:num_requests_running{model_name="m"} 5.0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.25
+vllm:num_preemptions_total{model_name="m"} 2.0
+vllm:generation_tokens_total{model_name="m"} 100.0
+vllm:request_success_total{finished_reason="stop",model_name="m"} 4.0
+vllm:request_success_total{finished_reason="abort",model_name="m"} 1.0
+"""
+
+
+def test_prometheus_parse_and_vllm_names():
+    samples = parse_prometheus(PROM)
+    assert samples[("vllm:num_requests_waiting", frozenset({("model_name", "m")}))] == 3.0
+    before = Snapshot(0.0, samples)
+    after = Snapshot(1.0, parse_prometheus(
+        PROM.replace("} 3.0", "} 7.0").replace("} 100.0", "} 160.0")
+        .replace('stop",model_name="m"} 4.0', 'stop",model_name="m"} 9.0')))
+    s = scrape_summary([before, after])
+    assert s["metrics_source"] == "vllm"
+    assert s["waiting_max"] == 7.0 and s["running_max"] == 5.0 and s["kv_usage_max"] == 0.25
+    assert s["server_generation_tokens"] == 60.0
+    assert s["server_requests_finished"] == 5.0  # abort not counted
+    assert s["preemptions"] == 0.0
+    assert s["waiting_growth"] == pytest.approx(4.0) and s["waiting_nonzero_share"] == 1.0

@@ -1,0 +1,74 @@
+"""`stepserve sweep` end to end on the simulator (small request counts)."""
+
+import json
+
+import yaml
+
+
+def test_rate_sweep_over_quickstart_runs_finds_a_knee(tmp_path, cli, capsys):
+    out = tmp_path / "sweep.json"
+    rc = cli(["sweep", "--scenario", "quickstart", "--scenario-runs", "A",
+              "--vary", "rate=4,12,24,64", "--requests", "300", "--p99-metric", "ttft_p99_s",
+              "--slo", "ttft_p99_s=2", "--quiet", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    # saturated at 24 (TTFT P99 already misses the SLO there), flat by 64: the knee
+    assert "knee: rate=64" in text and "recommended: 12" in text
+    result = json.loads(out.read_text())
+    assert result["kind"] == "sweep" and result["x_axis"] == "rate"
+    assert [r["sweep"]["x"] for r in result["runs"]] == [4.0, 12.0, 24.0, 64.0]
+    (knee,) = result["knees"]
+    assert knee["knee_index"] == 3 and knee["throughput_gain"] < 0.05
+    assert knee["p99_rise"] > 0.5
+    run = result["runs"][0]
+    assert run["summary"]["requests_total"] == 300
+    assert len(run["latency_samples"]["ttft_s"]) == run["latency_samples"]["count"]
+    assert len(run["timeseries"]["t"]) == 200 and sum(run["timeseries"]["steps"]) > 0
+    assert "_sim" not in run
+
+
+def test_scenario_runs_as_the_axis(tmp_path, cli, capsys):
+    rc = cli(["sweep", "--scenario", "quickstart", "--requests", "100", "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "run sweep, series configs" in text
+    for name in ("A", "B", "C"):
+        assert f"\n  {name:>10} " in text
+
+
+def test_config_files_and_a_setting_axis(tmp_path, cli, capsys):
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({"scheduler": {"max_num_batched_tokens": 2048,
+                                                   "max_model_len": 4096}}))
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump({"scheduler": {"max_num_batched_tokens": 8192,
+                                                 "max_model_len": 4096}}))
+    out = tmp_path / "s.json"
+    rc = cli(["sweep", "--scenario", "quickstart", "--configs", str(small), str(big),
+              "--vary", "max_num_seqs=8,64", "--requests", "80", "--quiet",
+              "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert [k["series"] for k in result["knees"]] == ["small", "big"]
+    assert result["runs"][1]["config"]["scheduler"]["max_num_seqs"] == 64
+    assert result["runs"][1]["config"]["scheduler"]["max_num_batched_tokens"] == 2048
+
+
+def test_workload_file_rate_sweep(tmp_path, cli, capsys):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(yaml.safe_dump({
+        "name": "tiny", "num_requests": 50,
+        "arrival": {"poisson": {"rate": 5.0}},
+        "classes": [{"name": "chat", "share": 1.0, "prompt": {"fixed": 100},
+                     "output": {"fixed": 20}}]}))
+    rc = cli(["sweep", "--workload", str(wl), "--vary", "rate=1,100", "--requests", "40",
+              "--cost", "constant", "--max-num-seqs", "4", "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    assert "rate sweep, series continuous" in capsys.readouterr().out
+
+
+def test_bad_input_exits_2_with_a_message(cli, capsys):
+    assert cli(["sweep", "--scenario", "quickstart", "--vary", "bogus=1", "--quiet"]) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert cli(["sweep", "--scenario", "quickstart", "--scenario-runs", "Z", "--quiet"]) == 2
+    assert "has A, B, C" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""The knee finder on hand-made series."""
+
+import pytest
+
+from stepserve.sweep.knee import analyze_series, find_knee
+from stepserve.sweep.spec import parse_slo
+
+
+def _summaries(throughput, p99, ttft=None):
+    ttft = ttft or [0.1] * len(throughput)
+    return [{"throughput_tokens_per_s": t, "e2e_p99_s": p, "ttft_p99_s": f}
+            for t, p, f in zip(throughput, p99, ttft)]
+
+
+def test_knee_is_the_first_flat_throughput_with_a_steep_p99():
+    # +100%, +50%, +2% with P99 x3 (the knee), then +1% with P99 x2
+    throughput = [1000, 2000, 3000, 3060, 3090]
+    p99 = [1.0, 1.2, 1.5, 4.5, 9.0]
+    knee = find_knee(throughput, p99)
+    assert knee.index == 3
+    assert knee.throughput_gain == pytest.approx(0.02)
+    assert knee.p99_rise == pytest.approx(2.0)
+    result = analyze_series("A", [4, 8, 16, 32, 64], _summaries(throughput, p99))
+    assert (result.knee_index, result.knee_x) == (3, 32)
+    assert result.recommended_index == 2  # the last point before the knee
+    assert "before the knee" in result.reason
+
+
+def test_no_knee_when_throughput_keeps_rising_or_p99_stays_flat():
+    # throughput still rising: P99 climbs but gains are > 5%
+    assert find_knee([100, 200, 300, 400], [1, 2, 4, 8]) is None
+    # throughput flat but P99 calm: saturated yet not queueing hard
+    assert find_knee([100, 200, 201, 202], [1, 1.1, 1.2, 1.3]) is None
+    result = analyze_series("A", [1, 2, 3, 4], _summaries([100, 200, 300, 400], [1, 2, 4, 8]))
+    assert result.knee_index is None and result.recommended_index == 3
+    assert result.reason.startswith("no knee")
+
+
+def test_both_thresholds_are_settings():
+    throughput, p99 = [100, 200, 206, 207], [1, 1.2, 1.5, 1.6]
+    assert find_knee(throughput, p99) is None
+    assert find_knee(throughput, p99, min_throughput_gain=0.05, max_p99_rise=0.2).index == 2
+    assert find_knee(throughput, p99, min_throughput_gain=0.01, max_p99_rise=0.2) is None
+
+
+def test_slo_limits_the_recommendation_before_the_knee():
+    throughput = [1000, 2000, 3000, 3060, 3090]
+    p99 = [1.0, 1.2, 1.5, 4.5, 9.0]
+    ttft = [0.2, 0.8, 2.5, 9.0, 20.0]  # the SLO fails one point before the knee
+    slo = parse_slo("ttft_p99_s=2")
+    result = analyze_series("A", [4, 8, 16, 32, 64], _summaries(throughput, p99, ttft), [slo])
+    assert result.knee_index == 3
+    assert result.slo_met == [True, True, False, False, False]
+    assert result.best_slo_index == 1
+    assert result.recommended_index == 1
+    assert "ttft_p99_s <= 2" in result.reason
+
+
+def test_no_point_meets_the_slo():
+    result = analyze_series("A", [1, 2], _summaries([1, 2], [1, 1], [5, 5]),
+                            [parse_slo("ttft_p99_s<=1")])
+    assert result.recommended_index is None and result.best_slo_index is None
+    assert "no point" in result.reason
+
+
+def test_slo_lower_bounds_and_missing_values():
+    at_least = parse_slo("throughput_tokens_per_s>=1500")
+    assert at_least.at_least and at_least.met_by({"throughput_tokens_per_s": 1500})
+    assert not at_least.met_by({"throughput_tokens_per_s": 1499})
+    assert not parse_slo("ttft_p99_s=2").met_by({"ttft_p99_s": None})
+    with pytest.raises(ValueError, match="METRIC=LIMIT"):
+        parse_slo("ttft_p99_s")
+
+
+def test_undefined_values_never_make_a_knee():
+    assert find_knee([0, 100, 100], [None, 1, 5]).index == 2
+    assert find_knee([100, None, 100], [1, 5, 50]) is None
