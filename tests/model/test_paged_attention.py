@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from stepserve.model.paged_attention import (
+    GatherBuffers,
     build_attention_metadata,
+    decode_buckets,
     decode_first_order,
     paged_attention,
 )
@@ -30,7 +32,7 @@ def dense_reference(q_all, k_all, v_all, start, n, window=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(0, 1)
 
 
-def run_case(seqs, block_size, window=None, seed=0):
+def run_case(seqs, block_size, window=None, seed=0, buffers=None):
     """seqs: (total_len, start, n) per sequence. Earlier positions [0, start) are written
     to the cache first (as earlier steps would), then one batched step computes the rest."""
     g = torch.Generator().manual_seed(seed)
@@ -48,11 +50,12 @@ def run_case(seqs, block_size, window=None, seed=0):
         for p in range(start):
             k_cache[table[p // block_size], p % block_size] = k[p]
             v_cache[table[p // block_size], p % block_size] = v[p]
-    order = decode_first_order([n for _, _, n in seqs])
+    order = decode_first_order([n for _, _, n in seqs], [s + n for _, s, n in seqs])
     starts = [seqs[i][1] for i in order]
     lens = [seqs[i][2] for i in order]
     meta, positions = build_attention_metadata(starts, lens, [tables[i] for i in order],
-                                               block_size, torch.device("cpu"), window)
+                                               block_size, torch.device("cpu"), window,
+                                               buffers)
     q = torch.cat([data[i][0][seqs[i][1]:seqs[i][1] + seqs[i][2]] for i in order])
     k = torch.cat([data[i][1][seqs[i][1]:seqs[i][1] + seqs[i][2]] for i in order])
     v = torch.cat([data[i][2][seqs[i][1]:seqs[i][1] + seqs[i][2]] for i in order])
@@ -73,17 +76,36 @@ def test_prefill_only_fresh_prompts(block_size):
     run_case([(5, 0, 5), (40, 0, 40), (2, 0, 2)], block_size)
 
 
-def test_chunked_prefill_mixed_with_decodes():
+@pytest.mark.parametrize("buffers", [None, GatherBuffers()])
+def test_chunked_prefill_mixed_with_decodes(buffers):
     # a middle chunk, a final chunk, decodes, a fresh prompt, interleaved in input order
-    run_case([(50, 21, 7), (9, 8, 1), (30, 0, 7), (64, 63, 1), (12, 5, 7), (3, 0, 3)], 4)
+    seqs = [(50, 21, 7), (9, 8, 1), (30, 0, 7), (64, 63, 1), (12, 5, 7), (3, 0, 3)]
+    run_case(seqs, 4, buffers=buffers)
+    run_case(seqs[:3], 4, seed=1, buffers=buffers)  # buffers reused at another size
 
 
 def test_sliding_window():
     run_case([(40, 39, 1), (40, 20, 20), (10, 0, 10)], 4, window=6)
 
 
-def test_decode_first_order_keeps_relative_order():
+def test_skewed_decode_contexts_split_into_buckets():
+    # 6 short chats and 2 long reports: two buckets, each padded to its own longest
+    seqs = [(20 + i, 19 + i, 1) for i in range(6)] + [(700, 699, 1), (650, 649, 1)]
+    ends = sorted(t for t, _, _ in seqs)
+    assert decode_buckets(ends, 16) == [(0, 6), (6, 8)]
+    run_case(seqs, 16)
+    run_case(seqs, 16, buffers=GatherBuffers())
+
+
+def test_decode_buckets_merge_small_differences():
+    assert decode_buckets([5, 17, 40, 64], 16) == [(0, 4)]
+    assert decode_buckets([], 16) == []
+    assert decode_buckets([16] * 100 + [40], 16) == [(0, 100), (100, 101)]
+
+
+def test_decode_first_order_sorts_decodes_by_context():
     assert decode_first_order([7, 1, 3, 1, 1]) == [1, 3, 4, 0, 2]
+    assert decode_first_order([7, 1, 3, 1, 1], [9, 30, 5, 10, 20]) == [3, 4, 1, 0, 2]
 
 
 def test_metadata_rejects_short_block_table():

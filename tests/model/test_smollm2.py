@@ -90,6 +90,18 @@ def test_default_matches_transformers_token_for_token(default_dir, prompts, driv
     assert "Paris" in runner.tokenizer.decode(got[0])
 
 
+def test_bfloat16_default_model_still_answers(tokenizer):
+    runner = TorchRunner("default", num_gpu_blocks=16, dtype="bfloat16")
+    from stepserve.core.output import SchedulerOutput
+    from stepserve.request import Request, SamplingParams
+
+    req = Request("q", tokenizer.encode("The capital of France is"),
+                  SamplingParams(max_tokens=1, temperature=0.0), 0.0)
+    assert runner.kv_cache_manager.allocate_slots(req, req.num_tokens)
+    out = runner.execute(SchedulerOutput(0, [req], [req.num_tokens]))
+    assert tokenizer.decode(out.sampled_token_ids) == " Paris"
+
+
 def test_tokenizer_matches_transformers(default_dir, tokenizer):
     from transformers import AutoTokenizer
 

@@ -1,0 +1,18 @@
+"""The real-model executor: a Llama-family decoder with a paged KV cache.
+
+Map (nothing is imported here, so `import stepserve.model` stays torch-free):
+    config.py          ModelArgs from a Hugging Face config.json (Llama, Mistral, Qwen2)
+    rope.py            rotary embeddings with checkpoint scaling (linear, llama3)
+    llama.py           the decoder over a ragged, flattened batch
+    paged_attention.py attention metadata and batched attention over paged K/V
+    kv_store.py        KV tensors, the CPU swap pool, sizing from a memory budget
+    cpu_linear.py      optional oneDNN-prepacked projections for CPU
+    weights.py         safetensors loading into the fused layout
+    gguf_convert.py    one-time GGUF -> safetensors conversion (the default model)
+    tiny.py            the random-weight "tiny" preset
+    presets.py         model names, the cache directory, resolve_model / list_models
+    tokenizer.py       tokenizer.json + chat template + streaming detokenizer
+    sampler.py         batched greedy / temperature / top-k / top-p / seeded sampling
+    runner.py          TorchRunner.execute(SchedulerOutput) -> RunnerOutput
+    profile.py         step-time measurements on synthetic batches
+"""

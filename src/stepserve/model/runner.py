@@ -27,15 +27,20 @@ from stepserve.model.kv_store import (
     default_kv_budget,
     num_blocks_for_memory,
 )
-from stepserve.model.paged_attention import build_attention_metadata, decode_first_order
+from stepserve.model.paged_attention import (
+    GatherBuffers,
+    build_attention_metadata,
+    decode_first_order,
+)
 from stepserve.model.presets import resolve_model
 from stepserve.model.sampler import sample
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
 from stepserve.request import Request
 
-# torch: F.linear, the same GEMM as the reference (best at batch 1); onednn: prepacked
-# weights, ~10-20% faster steps at batch >= 8 on CPU (cpu_linear.py); auto: onednn on CPU.
+# torch: F.linear, the same GEMM as the reference; onednn: prepacked weights
+# (cpu_linear.py); auto: onednn on CPU. SmolLM2 decode steps at context 64 on 2 cores,
+# torch/onednn: batch 1 29.9/36.9 ms, 8 60.1/49.8, 32 88.5/84.7, 64 140.6/130.9.
 LINEAR_BACKENDS = ("torch", "onednn", "auto")
 
 
@@ -89,6 +94,7 @@ class TorchRunner:
                           DTYPES[dtype])
         self.kv_cache_manager = kv_cache_manager or KVCacheManager(
             num_gpu_blocks, block_size, num_cpu_blocks, watermark)
+        self.gather_buffers = GatherBuffers()
 
     def _choose_backend(self, wanted: str) -> str:
         usable = self.device.type == "cpu" and packing_available()
@@ -148,7 +154,8 @@ class TorchRunner:
     def _forward_and_sample(self, sched_out: SchedulerOutput, scheduled: list[int],
                             sampled: list[int | None]) -> None:
         requests, counts = sched_out.requests, sched_out.num_scheduled_tokens
-        order = [scheduled[j] for j in decode_first_order([counts[i] for i in scheduled])]
+        ends = [requests[i].num_computed_tokens + counts[i] for i in scheduled]
+        order = [scheduled[j] for j in decode_first_order([counts[i] for i in scheduled], ends)]
         starts, lens, tables, input_ids = [], [], [], []
         sample_rows, sample_of = [], []  # flat row of each sampling sequence, its index
         for i in order:
@@ -165,7 +172,8 @@ class TorchRunner:
                 sample_rows.append(len(input_ids) - 1)
                 sample_of.append(i)
         meta, positions = build_attention_metadata(starts, lens, tables, self.block_size,
-                                                   self.device, self.args.sliding_window)
+                                                   self.device, self.args.sliding_window,
+                                                   self.gather_buffers)
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         logits = self.model(ids, positions, meta, self.kv, rows)
