@@ -87,11 +87,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = p.add_argument_group("--engine / --sim")
     s.add_argument("--config", help="engine config YAML")
-    s.add_argument("--cost", choices=["constant", "roofline"], default="roofline",
-                   help="--sim cost model")
-    s.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
-    s.add_argument("--hardware", default="h100", help="roofline: hardware preset")
-    s.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
+    from stepserve.sim.commands import add_cost_model_arguments
+
+    add_cost_model_arguments(s)
     from stepserve.config_load import add_config_arguments
 
     add_config_arguments(p)

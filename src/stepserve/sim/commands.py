@@ -36,16 +36,21 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, help="override the number of requests")
     p.add_argument("--rate", type=float, help="override the arrival rate (req/s)")
     p.add_argument("--seed", type=int, help="override the workload seed")
-    p.add_argument("--cost", choices=["constant", "roofline"], default=None,
-                   help="cost model for --workload runs (default: roofline)")
-    p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
-    p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
-    p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
+    add_cost_model_arguments(p, default=None)
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_arguments(p)
     p.set_defaults(func=run_simulate)
     return p
+
+
+def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
+    """--cost, --step-ms, --hardware, --model-spec: shared by simulate, sweep and bench."""
+    p.add_argument("--cost", choices=["constant", "roofline"], default=default,
+                   help="cost model (a scenario brings its own; otherwise roofline)")
+    p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
+    p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
+    p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
 
 
 def _progress_factory(enabled: bool):

@@ -11,7 +11,7 @@ from typing import Any
 
 from stepserve.config import ConfigError
 from stepserve.config_load import add_config_arguments, config_from_args, load_config
-from stepserve.sim.commands import _cost_model
+from stepserve.sim.commands import _cost_model, add_cost_model_arguments
 from stepserve.sim.run import findings_for
 from stepserve.sim.scenarios import SCENARIOS, Scenario, get_scenario
 from stepserve.sweep.knee import (
@@ -61,11 +61,7 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"knee: while P99 rises more than this (default {MAX_P99_RISE})")
     p.add_argument("--p99-metric", default=P99_METRIC,
                    help=f"the tail metric for the knee (default {P99_METRIC})")
-    p.add_argument("--cost", choices=["constant", "roofline"], default=None,
-                   help="cost model for --workload (default roofline)")
-    p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
-    p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
-    p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
+    add_cost_model_arguments(p, default=None)
     p.add_argument("--json", metavar="OUT", help="write the sweep result as JSON")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
