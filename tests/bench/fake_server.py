@@ -8,16 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from server_harness import free_port
+from server_harness import free_port, wait_until_up
 
 
 @dataclass
@@ -78,16 +76,7 @@ def run_fake(**settings) -> Iterator[FakeServer]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("fake server did not start")
-        time.sleep(0.05)
+    wait_until_up(url, "/v1/models", timeout_s=30, alive=thread.is_alive)
     try:
         yield FakeServer(url, settings, server, thread)
     finally:

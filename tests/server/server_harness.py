@@ -29,6 +29,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_up(url: str, path: str = "/health", timeout_s: float = 60.0,
+                  alive=lambda: True, poll_s: float = 0.05) -> None:
+    """Poll url + path until it answers 200; fail if `alive()` turns false or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not alive():
+            raise RuntimeError(f"{url} did not come up")
+        time.sleep(poll_s)
+
+
 @dataclass
 class Served:
     url: str
@@ -110,16 +125,7 @@ def serve(engine=None, *, model_name: str = MODEL, **app_kwargs) -> Iterator[Ser
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("server did not start")
-        time.sleep(0.05)
+    wait_until_up(url, alive=thread.is_alive)
     served = Served(url, app, server, thread)
     try:
         yield served

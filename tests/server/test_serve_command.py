@@ -7,11 +7,9 @@ import argparse
 import signal
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
-from server_harness import free_port
+from server_harness import free_port, wait_until_up
 
 from stepserve.server.commands import add_serve_parser
 
@@ -52,15 +50,11 @@ def test_serve_subprocess(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
+        try:
+            wait_until_up(url, timeout_s=120, alive=lambda: proc.poll() is None, poll_s=0.2)
+        except RuntimeError:
+            proc.kill()
+            raise AssertionError(proc.communicate()[0]) from None
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["tiny"]
         r = client.completions.create(model="tiny", prompt="Hello", max_tokens=5,
