@@ -118,3 +118,32 @@ def test_prometheus_parse_and_vllm_names():
     assert s["server_requests_finished"] == 5.0  # abort not counted
     assert s["preemptions"] == 0.0
     assert s["waiting_growth"] == pytest.approx(4.0) and s["waiting_nonzero_share"] == 1.0
+
+
+@pytest.mark.parametrize("before, after, source", [
+    ("sglang:num_queue_reqs 1\nsglang:num_running_reqs 4\nsglang:token_usage 0.5\n"
+     "sglang:num_retracted_requests_total 1\nsglang:generation_tokens_total 10\n"
+     "sglang:prompt_tokens_total 5\nsglang:num_requests_total 2\n",
+     "sglang:num_queue_reqs 3\nsglang:num_running_reqs 2\nsglang:token_usage 0.75\n"
+     "sglang:num_retracted_requests_total 4\nsglang:generation_tokens_total 70\n"
+     "sglang:prompt_tokens_total 25\nsglang:num_requests_total 6\n", "sglang"),
+    ("tgi_queue_size 1\ntgi_batch_current_size 4\ntgi_request_success 2\n"
+     "tgi_request_generated_tokens_sum 10\ntgi_request_input_length_sum 5\n",
+     "tgi_queue_size 3\ntgi_batch_current_size 2\ntgi_request_success 6\n"
+     "tgi_request_generated_tokens_sum 70\ntgi_request_input_length_sum 25\n", "tgi"),
+])
+def test_scrape_reads_sglang_and_tgi_names(before, after, source):
+    a, b = Snapshot(0.0, parse_prometheus(before)), Snapshot(2.0, parse_prometheus(after))
+    assert (b.level("waiting"), b.level("running")) == (3.0, 2.0)
+    assert b.counter("generation_tokens") == 70.0
+    s = scrape_summary([a, b])
+    assert s["metrics_source"] == source
+    assert s["waiting_max"] == 3.0 and s["running_max"] == 4.0
+    assert s["waiting_growth"] == pytest.approx(1.0) and s["waiting_trend_rise"] == 2.0
+    assert s["server_generation_tokens"] == 60.0 and s["server_prompt_tokens"] == 20.0
+    assert s["server_requests_finished"] == 4.0
+    if source == "sglang":
+        assert s["kv_usage_max"] == 0.75 and s["preemptions"] == 3.0
+    else:  # TGI exposes neither
+        assert s["kv_usage_max"] is None and s["preemptions"] is None
+        assert b.level("kv_usage") is None

@@ -197,3 +197,23 @@ def test_tail_ttft_is_left_to_the_queue_rule_when_requests_waited_for_slots():
               "in_engine_max": 192, "max_num_seqs": 40, "replicas": 3}
     assert alerts.tail_ttft_from_prefill(queued) is None
     assert "running_below_offered" in [f.rule for f in diagnose(queued)]
+
+
+def test_low_active_ratio_falls_back_on_the_mean_and_says_so():
+    live = {k: v for k, v in crafted(active_ratio_mean=0.2).items() if k != "active_ratio_p50"}
+    f = alerts.low_active_ratio(live)
+    assert f is not None and "mean" in f.evidence and "median" not in f.evidence
+    assert "20.0%" in f.evidence
+    assert alerts.low_active_ratio({"active_ratio_mean": 0.3}) is None  # strict, as the median
+    # with a median it is the median that decides, the mean only shown
+    f = alerts.low_active_ratio(crafted(active_ratio_p50=0.1, active_ratio_mean=0.5))
+    assert "median" in f.evidence and "(mean 50.0%)" in f.evidence
+    assert alerts.low_active_ratio(crafted(active_ratio_p50=0.5, active_ratio_mean=0.1)) is None
+
+
+def test_unevaluable_names_the_missing_inputs():
+    assert alerts.unevaluable(HEALTHY) == {}
+    missing = alerts.unevaluable({"preemptions": 0, "waiting_growth": 0.0})
+    assert "queue_growing" not in missing and "preemption_nonzero" not in missing
+    assert missing["capacity"] == ["p99_p50_e2e_ratio or p99_p50_ttft_ratio"]
+    assert missing["low_active_ratio"] == ["active_ratio_p50 or active_ratio_mean"]

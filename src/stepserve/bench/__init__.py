@@ -5,7 +5,7 @@
     loadgen.py   open-loop (Poisson / gamma / constant) and closed-loop issue of a workload
     slo.py       goodput SLOs: "ttft:500 tpot:50 e2el:2000" (milliseconds)
     results.py   metrics from records with vLLM's definitions; JSON, CSV, Markdown writers
-    scrape.py    parse Prometheus text from /metrics and sample it during a run
+    scrape.py    sample a target's /metrics during a run (stepserve, vLLM, SGLang, TGI names)
     inprocess.py the same workload through LLMEngine (--engine) or the simulator (--sim)
     plan.py      the request list from the flags (scenario, workload file, random lengths)
     commands.py  add_bench_parser(subparsers) and run_bench(args)

@@ -76,15 +76,18 @@ def _pct(x: float) -> str:
 
 
 def low_active_ratio(s: Summary, config: Config = None) -> Finding | None:
-    r = _num(s, "active_ratio_p50")
+    median, mean = _num(s, "active_ratio_p50"), _num(s, "active_ratio_mean")
+    r = median if median is not None else mean  # a live scrape has only the mean
     if r is None or r >= ACTIVE_RATIO_MIN:
         return None
-    mean = _num(s, "active_ratio_mean")
-    tail = f" (mean {_pct(mean)})" if mean is not None else ""
+    if median is not None:
+        tail = f" (mean {_pct(mean)})" if mean is not None else ""
+        seen = f"in the median step only {_pct(r)} of the held batch slots produced a token{tail}"
+    else:
+        seen = f"on the mean over steps only {_pct(r)} of the held batch slots produced a token"
     return Finding(
         "low_active_ratio", "warning",
-        f"in the median step only {_pct(r)} of the held batch slots produced a token{tail}; "
-        f"alert threshold {ACTIVE_RATIO_MIN:.0%}",
+        f"{seen}; alert threshold {ACTIVE_RATIO_MIN:.0%}",
         "alert on active sequences / concurrency below 30% rather than GPU utilisation (in "
         "the seed it fell to 10 of 64 by step 20, and alerting on it would have caught the "
         "problem about a week earlier); then "
@@ -281,6 +284,33 @@ RULES: tuple[Rule, ...] = (
     capacity, chunk_cap_eats_budget, queue_growing, running_below_offered,
     preemption_nonzero, tail_ttft_from_prefill, low_slot_utilization, low_active_ratio,
 )
+
+
+# The summary keys each rule reads: it can fire only when every group has a value for at
+# least one of its keys (a rule with its inputs present may still stay silent, of course).
+RULE_INPUTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "capacity": (("preemptions",), ("p99_p50_e2e_ratio", "p99_p50_ttft_ratio")),
+    "chunk_cap_eats_budget": (("prefill_step_share", "zero_decode_step_share"),),
+    "queue_growing": (("waiting_growth",),),
+    "running_below_offered": (("waiting_nonzero_share",), ("waiting_p50",), ("running_max",)),
+    "preemption_nonzero": (("preemptions",),),
+    "tail_ttft_from_prefill": (("p99_p50_ttft_ratio",), ("tpot_p50_s",), ("mean_step_s",),
+                               ("prefill_token_share",)),
+    "low_slot_utilization": (("slot_utilization",),),
+    "low_active_ratio": (("active_ratio_p50", "active_ratio_mean"),),
+}
+
+
+def unevaluable(summary: Summary) -> dict[str, list[str]]:
+    """{rule: the inputs it lacks ("a or b" per group)} for each rule the summary cannot
+    feed, in rule order."""
+    out: dict[str, list[str]] = {}
+    for rule in RULES:
+        groups = RULE_INPUTS[rule.__name__]
+        missing = [" or ".join(g) for g in groups if all(_num(summary, k) is None for k in g)]
+        if missing:
+            out[rule.__name__] = missing
+    return out
 
 
 def diagnose(summary: Summary, config: Config = None) -> list[Finding]:

@@ -1,9 +1,13 @@
-"""`stepserve doctor RESULT.json [--json]`: which of the seed's alert rules fire.
+"""`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`: which of the seed's
+alert rules fire.
 
 RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary"}],
 "findings": [...]}` (the stored findings are ignored: the rules are applied afresh),
-or a bare summary dict. A missing or malformed file prints `error: ...` to stderr and
-returns 2; otherwise 0, whatever fires.
+or a bare summary dict. `--url` scrapes a live server's /metrics over a window instead
+(metrics/live.py) and applies the same rules to what it saw; the JSON then also carries
+that "summary", the server's "config" and the rules "not_evaluable" for lack of data.
+A missing or malformed file, or a target that cannot be scraped, prints `error: ...` to
+stderr and returns 2; otherwise 0, whatever fires.
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.metrics.alerts import Finding, diagnose
+from stepserve.metrics.alerts import Finding, diagnose, unevaluable
+from stepserve.metrics.live import (
+    INTERVAL_S,
+    WINDOW_S,
+    LiveScrapeError,
+    live_config,
+    live_summary,
+    scrape_window,
+    window_notes,
+)
 
 EXIT_USAGE = 2
 # A bare summary must carry at least one of these (summary.py's keys).
@@ -42,16 +55,25 @@ class Run:
 def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `doctor` to a parent's `add_subparsers()` object."""
     p = subparsers.add_parser(
-        "doctor", help="apply the seed's alert rules to a result file",
-        description="Read a result file (or a bare summary) and print, per run, each rule "
-                    "that fires: severity, rule, the evidence with its numbers, and what "
-                    "to do.")
-    p.add_argument("result", metavar="RESULT.json",
+        "doctor", help="apply the seed's alert rules to a result file or a live server",
+        description="Read a result file (or a bare summary), or scrape a live server's "
+                    "/metrics over a window, and print, per run, each rule that fires: "
+                    "severity, rule, the evidence with its numbers, and what to do.")
+    p.add_argument("result", metavar="RESULT.json", nargs="?",
                    help='a result file {"runs": [{"name", "batching", "config", "summary"}]} '
                         "or one summary dict")
+    p.add_argument("--url", metavar="http://HOST:PORT",
+                   help="scrape this server's /metrics instead (stepserve, vLLM, SGLang or "
+                        "TGI)")
+    p.add_argument("--window-s", type=float, default=WINDOW_S,
+                   help="with --url: how long to watch, in seconds (default %(default)g)")
+    p.add_argument("--interval-s", type=float, default=INTERVAL_S,
+                   help="with --url: seconds between scrapes (default %(default)g; at least "
+                        "two scrapes whatever the window)")
     p.add_argument("--json", action="store_true",
                    help='print {"findings": [{"run", "rule", "severity", "evidence", '
-                        '"action"}]} instead of text')
+                        '"action"}]} instead of text (with --url also "summary", "config" '
+                        'and "not_evaluable")')
     p.set_defaults(func=run_doctor)
     return p
 
@@ -90,6 +112,12 @@ def load_runs(path: str) -> list[Run]:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
+    if (args.result is None) == (args.url is None):
+        print("error: give exactly one of RESULT.json (a result file) or --url "
+              "http://HOST:PORT (a live server)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.url is not None:
+        return run_live(args)
     try:
         runs = load_runs(args.result)
     except (OSError, ValueError) as exc:
@@ -101,6 +129,25 @@ def run_doctor(args: argparse.Namespace) -> int:
         print(json.dumps({"findings": rows}, indent=2))
     else:
         print(format_report(results))
+    return 0
+
+
+def run_live(args: argparse.Namespace) -> int:
+    try:
+        snapshots = scrape_window(args.url, args.window_s, args.interval_s)
+    except LiveScrapeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    summary, config = live_summary(snapshots), live_config(snapshots[-1])
+    run = Run(name=args.url, summary=summary, batching=config.get("batching"), config=config)
+    found = diagnose(summary, run.diagnose_config())
+    missing = unevaluable(summary)
+    if args.json:
+        rows = [{"run": run.name, **f.to_dict()} for f in found]
+        print(json.dumps({"findings": rows, "summary": summary, "config": config,
+                          "not_evaluable": missing}, indent=2))
+    else:
+        print("\n".join([format_report([(run, found)]), *window_notes(summary, missing)]))
     return 0
 
 

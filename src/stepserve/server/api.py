@@ -51,7 +51,7 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     async def lifespan(app: FastAPI):
         llm_engine = engine() if callable(engine) and not hasattr(engine, "step") else engine
         name = model_name or llm_engine.runner.model_path.name
-        metrics = ServerMetrics(name)
+        metrics = ServerMetrics(name, llm_engine.config.scheduler)
         async_engine = AsyncEngine(llm_engine, metrics)
         async_engine.start()
         app.state.metrics = metrics

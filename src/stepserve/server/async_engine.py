@@ -291,11 +291,13 @@ class AsyncEngine:
             ran = False
             if engine.has_unfinished():
                 n_steps = len(sched.step_records)
+                t0 = time.perf_counter()
                 emitted = engine.step()
+                wall_s = time.perf_counter() - t0
                 ran = len(sched.step_records) != n_steps
                 self.state.steps += ran
                 if ran and self.metrics is not None:
-                    self.metrics.on_steps(sched.step_records[n_steps:])
+                    self.metrics.on_steps(sched.step_records[n_steps:], wall_s)
                 del sched.step_records[:]  # consumed: a server must not grow without bound
                 self._collect_tokens(emitted, outputs)
             self._collect_finished(outputs)

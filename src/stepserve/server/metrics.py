@@ -6,6 +6,13 @@ every iteration; counters and histograms are fed per step (from the scheduler's
 StepRecords) and per request (when it ends). Latency histograms take completed requests
 only (stop or length), as the offline summary does (metrics/request_metrics.py).
 
+What a windowed reader (`stepserve doctor --url`, metrics/live.py) needs is kept as
+counters and histograms, whose increase between two scrapes describes just that window:
+step_duration_seconds (engine step wall time), active_sequence_steps and held_slot_steps
+(their increases' ratio is the window's mean active ratio), beside the steps counters.
+The whole-run ratio gauges stay for dashboards. scheduler_config_info carries the
+scheduler settings as labels (value 1), as vLLM's cache_config_info does.
+
 Each app gets its own CollectorRegistry, so several servers can live in one process.
 """
 
@@ -22,6 +29,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from stepserve.config import SchedulerConfig
 from stepserve.core.output import StepRecord
 from stepserve.metrics.request_metrics import request_metrics
 from stepserve.request import Request
@@ -34,6 +42,12 @@ TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
 REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
                    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+# the scheduler settings the doctor's advice names
+CONFIG_INFO_FIELDS = ("batching", "max_num_seqs", "max_num_batched_tokens",
+                      "long_prefill_token_threshold", "max_num_partial_prefills",
+                      "budget_order")
 FINISH_REASONS = ("stop", "length", "abort", "timed_out")
 
 
@@ -49,7 +63,7 @@ def rejection_reason(message: str) -> str:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, scheduler: SchedulerConfig | None = None) -> None:
         disable_created_metrics()  # no *_created series (process-wide; vLLM does the same)
         self.registry = r = CollectorRegistry()
         label = {"labelnames": ["model_name"]}
@@ -110,6 +124,16 @@ class ServerMetrics:
         self.slots_held = gauge("num_slots_held", "batch slots held in the last step")
         self.active_ratio = gauge("active_concurrency_ratio", "sum of active sequences / sum "
                                   "of slots held over all steps (seed alert: < 0.3)")
+        self.step_duration = hist("step_duration_seconds", "engine step wall time (schedule, "
+                                  "execute, update)", STEP_BUCKETS)
+        self.active_sequence_steps = counter(
+            "active_sequence_steps", "sum over steps of the sequences that produced a token")
+        self.held_slot_steps = counter("held_slot_steps",
+                                       "sum over steps of the batch slots held")
+        if scheduler is not None:
+            Gauge(P + "scheduler_config_info", "scheduler settings (as labels)",
+                  ["model_name", *CONFIG_INFO_FIELDS], registry=r).labels(
+                model_name, *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
         self.model_name = model_name
         for reason in FINISH_REASONS:
             self.success.labels(model_name, reason)
@@ -129,10 +153,16 @@ class ServerMetrics:
             self.preemptions.inc(state.num_preemptions_total - self._preemptions_seen)
             self._preemptions_seen = state.num_preemptions_total
 
-    def on_steps(self, records: Sequence[StepRecord]) -> None:
+    def on_steps(self, records: Sequence[StepRecord], wall_s: float | None = None) -> None:
+        """`wall_s`: the wall time of the engine call that ran these steps (shared evenly);
+        without it, each record's own duration."""
         for s in records:
             self._n_steps += 1
             self.steps.inc()
+            self.step_duration.observe(s.duration_s if wall_s is None
+                                       else wall_s / len(records))
+            self.active_sequence_steps.inc(s.num_active)
+            self.held_slot_steps.inc(s.slots_held)
             self.iteration_tokens.observe(s.num_prefill_tokens + s.num_decode_tokens)
             self.generation_tokens.inc(s.num_active)
             if s.num_prefill_tokens > 0 and s.num_decode_tokens == 0:

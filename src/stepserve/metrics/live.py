@@ -1,0 +1,215 @@
+"""A live server's `/metrics`, scraped over a window and turned into the summary keys the
+alert rules read (metrics/alerts.py), for `stepserve doctor --url`.
+
+Levels (gauges) are read at every scrape; counters and histograms as the increase from
+the first scrape to the last, so every key describes the window only. Which series feed a
+key depends on the server (metrics/prometheus.py names them per source); a key the server
+has no series for stays None, and the rules reading it stay silent.
+
+Summary keys:
+  window_s, scrape_samples, metrics_source (stepserve, vllm, sglang, tgi);
+  waiting_max, waiting_p50, waiting_nonzero_share (share of scrapes with a queue),
+  waiting_growth (least-squares slope of the scraped queue, requests/s),
+  waiting_trend_rise (that slope times the window), waiting_monotonic_rise(_s) (the
+  longest climb without a dip), running_max, in_engine_max (waiting + running),
+  kv_usage_max (0..1): from the level gauges, as bench/scrape.py reads them;
+  preemptions, requests_finished (stop or length), prompt_tokens, generation_tokens:
+  counter increases over the window;
+  ttft_p50_s, ttft_p99_s, e2e_p50_s, e2e_p99_s, tpot_p50_s (the inter-token latency
+  where a server has no per-request TPOT), p99_p50_ttft_ratio, p99_p50_e2e_ratio: from
+  the histograms' bucket increases, interpolated inside a bucket as Prometheus'
+  histogram_quantile does (so only as fine as the buckets); None when no request
+  finished in the window;
+  prefill_token_share: prompt tokens / (prompt + generation tokens) over the window. An
+  approximation of the offline key (prefill / all computed tokens): servers count a
+  request's prompt tokens once (stepserve at its first token, SGLang when it finishes),
+  prefix-cache hits included and recomputation after a preemption left out;
+  mean_step_s: mean engine step time (step_duration_seconds on ours, TGI's
+  batch_inference_duration; vLLM and SGLang expose no step time);
+  from our own server only: steps, prefill_step_share and zero_decode_step_share
+  (counter increases / steps), active_ratio_mean and slot_utilization (increase of
+  active_sequence_steps / increase of held_slot_steps: the slot-weighted mean active
+  ratio, which is what the offline slot_utilization is).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
+from stepserve.metrics.prometheus import (
+    KNOWN_PREFIXES,
+    LEVELS,
+    Snapshot,
+    counter_delta,
+    histogram_delta,
+    parse_prometheus,
+)
+from stepserve.metrics.step_metrics import longest_monotonic_rise
+
+WINDOW_S = 10.0
+INTERVAL_S = 1.0
+SCRAPE_TIMEOUT_S = 5.0
+
+LIVE_KEYS = (
+    "window_s", "scrape_samples", "metrics_source",
+    "waiting_max", "waiting_p50", "waiting_nonzero_share", "waiting_growth",
+    "waiting_trend_rise", "waiting_monotonic_rise", "waiting_monotonic_rise_s",
+    "running_max", "in_engine_max", "kv_usage_max",
+    "preemptions", "requests_finished", "prompt_tokens", "generation_tokens",
+    "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s",
+    "p99_p50_ttft_ratio", "p99_p50_e2e_ratio", "prefill_token_share", "mean_step_s",
+    "steps", "prefill_step_share", "zero_decode_step_share", "active_ratio_mean",
+    "slot_utilization",
+)
+
+
+class LiveScrapeError(Exception):
+    """The target cannot be scraped: unreachable, an HTTP error, or no known metrics."""
+
+
+def metrics_url(url: str) -> str:
+    """`http://HOST:PORT` (or one already ending in /metrics) to its /metrics URL."""
+    if not url.startswith(("http://", "https://")):
+        raise LiveScrapeError(f"--url {url!r}: expected an http:// or https:// URL, "
+                              "e.g. http://127.0.0.1:8000")
+    url = url.rstrip("/")
+    return url if url.endswith("/metrics") else url + "/metrics"
+
+
+def fetch(client: httpx.Client, url: str) -> Snapshot:
+    """One scrape of `url` (a /metrics URL)."""
+    try:
+        resp = client.get(url)
+    except httpx.HTTPError as e:
+        raise LiveScrapeError(f"cannot reach {url} ({type(e).__name__}: {e}); expected a "
+                              "running server that serves Prometheus metrics there") from None
+    if resp.status_code != 200:
+        raise LiveScrapeError(f"{url} answered HTTP {resp.status_code}; expected 200 with "
+                              "Prometheus metrics")
+    snap = Snapshot(time.monotonic(), parse_prometheus(resp.text))
+    if snap.source() is None:
+        raise LiveScrapeError(f"{url} has no series with a known prefix ({KNOWN_PREFIXES}); "
+                              "expected the /metrics of stepserve, vLLM, SGLang or TGI")
+    return snap
+
+
+def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTERVAL_S
+                  ) -> list[Snapshot]:
+    """Scrapes evenly spread over `window_s`, about every `interval_s`, at least two (the
+    first at once, the last at the window's end)."""
+    if window_s <= 0 or interval_s <= 0:
+        raise LiveScrapeError(f"window {window_s:g} s, interval {interval_s:g} s: both must "
+                              "be positive")
+    target = metrics_url(url)
+    n = max(2, round(window_s / interval_s) + 1)
+    snaps: list[Snapshot] = []
+    with httpx.Client(timeout=SCRAPE_TIMEOUT_S) as client:
+        t0 = time.monotonic()
+        for i in range(n):
+            wait = t0 + window_s * i / (n - 1) - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            snaps.append(fetch(client, target))
+    return snaps
+
+
+def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
+    """The level keys (waiting_*, running_max, in_engine_max, kv_usage_max) of a series of
+    scrapes in time order."""
+    out: dict[str, Any] = {}
+    for key in LEVELS:
+        vals = [v for s in snapshots if (v := s.level(key)) is not None]
+        out[f"{key}_max"] = max(vals) if vals else None
+    queue = [(s.t_s, v) for s in snapshots if (v := s.level("waiting")) is not None]
+    ts, levels = [t for t, _ in queue], [v for _, v in queue]
+    slope = least_squares_slope(ts, levels)
+    rise_s, rise = longest_monotonic_rise(ts, levels) if queue else (None, None)
+    both = [(w, r) for s in snapshots
+            if (w := s.level("waiting")) is not None and (r := s.level("running")) is not None]
+    out.update({
+        "waiting_p50": percentile(levels, 50),
+        "waiting_nonzero_share": ratio(sum(1 for v in levels if v > 0), len(levels)),
+        "waiting_growth": slope,
+        "waiting_trend_rise": None if slope is None else slope * (ts[-1] - ts[0]),
+        "waiting_monotonic_rise": rise,
+        "waiting_monotonic_rise_s": rise_s,
+        "in_engine_max": max((w + r for w, r in both), default=None),
+    })
+    return out
+
+
+def live_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
+    """LIVE_KEYS from scrapes in time order (first and last bound the window)."""
+    out: dict[str, Any] = dict.fromkeys(LIVE_KEYS)
+    out["scrape_samples"] = len(snapshots)
+    if len(snapshots) < 2 or snapshots[0].source() is None:
+        return out
+    first, last = snapshots[0], snapshots[-1]
+    out["metrics_source"] = first.source().name  # type: ignore[union-attr]
+    out["window_s"] = last.t_s - first.t_s
+    out.update(level_summary(snapshots))
+
+    def delta(key: str) -> float | None:
+        return counter_delta(first, last, key)
+
+    prompt, generation = delta("prompt_tokens"), delta("generation_tokens")
+    out.update(preemptions=delta("preemptions"), prompt_tokens=prompt,
+               generation_tokens=generation)
+    if prompt is not None and generation is not None:
+        out["prefill_token_share"] = ratio(prompt, prompt + generation)
+    out.update(_latency(first, last))
+    finished = delta("requests_finished")
+    if finished is None and (e2e := histogram_delta(first, last, "e2e")) is not None:
+        finished = e2e.count
+    out["requests_finished"] = finished
+    step_time = histogram_delta(first, last, "step_time")
+    out["mean_step_s"] = step_time.mean if step_time is not None else None
+    steps = delta("steps")
+    out["steps"] = steps
+    out["prefill_step_share"] = ratio(delta("prefill_only_steps"), steps)
+    out["zero_decode_step_share"] = ratio(delta("zero_decode_steps"), steps)
+    active = ratio(delta("active_sequence_steps"), delta("held_slot_steps"))
+    out["active_ratio_mean"] = out["slot_utilization"] = active
+    return out
+
+
+def _latency(first: Snapshot, last: Snapshot) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key in ("ttft", "e2e"):
+        h = histogram_delta(first, last, key)
+        p50 = h.quantile(0.5) if h is not None else None
+        p99 = h.quantile(0.99) if h is not None else None
+        out[f"{key}_p50_s"], out[f"{key}_p99_s"] = p50, p99
+        out[f"p99_p50_{key}_ratio"] = p99 / p50 if p50 and p99 is not None else None
+    tpot = histogram_delta(first, last, "tpot")
+    out["tpot_p50_s"] = tpot.quantile(0.5) if tpot is not None else None
+    return out
+
+
+def live_config(snapshot: Snapshot) -> dict[str, Any]:
+    """The scheduler settings a server publishes in an info gauge (ours:
+    stepserve:scheduler_config_info), numbers as ints; {} where it publishes none."""
+    return {k: int(v) if v.lstrip("-").isdigit() else v
+            for k, v in (snapshot.info() or {}).items()}
+
+
+def window_notes(summary: dict[str, Any], unevaluable: dict[str, list[str]]) -> list[str]:
+    """What the window saw and what it could not, for the text report."""
+    finished = summary.get("requests_finished")
+    seen = "requests finished: unknown" if finished is None else \
+        f"{finished:g} requests finished"
+    lines = [f"  window: {summary['scrape_samples']} scrapes over "
+             f"{summary['window_s'] or 0:.1f} s of {summary['metrics_source']} metrics; "
+             f"{seen}"]
+    if not finished:
+        lines.append("  no request finished in the window: no latency quantiles")
+    if unevaluable:
+        missing = "; ".join(f"{rule} (needs {', '.join(needs)})"
+                            for rule, needs in unevaluable.items())
+        lines.append(f"  not evaluable for lack of data: {missing}")
+    return lines

@@ -1,0 +1,334 @@
+"""Prometheus text from a server's `/metrics`, read the same way whatever the server.
+
+`parse_prometheus` turns the text format into {(name, labels): value}. A `Source` names,
+for one kind of server, the series behind each signal the bench and the doctor read:
+
+  levels (gauges, read as they are): waiting, running, kv_usage (0..1);
+  counters (read as increases between two scrapes): preemptions, prompt_tokens,
+      generation_tokens, requests_finished (stop or length), steps, and our own
+      prefill_only_steps, zero_decode_steps, active_sequence_steps, held_slot_steps;
+  histograms (bucket increases between two scrapes): ttft, e2e, tpot (or the inter-token
+      latency where a server has no per-request TPOT), step_time.
+
+A key a server has no series for is simply absent from its maps: readers get None. Values
+of one name are summed over label sets (models, engines, methods); a counter may or may
+not carry the `_total` suffix (prometheus_client adds it, the TGI router does not); of
+several names for one key, the first one present wins (so an old server still reads).
+
+Where the names come from:
+  stepserve: src/stepserve/server/metrics.py (vLLM's names under `stepserve:`).
+  vLLM: vllm/v1/metrics/loggers.py (PrometheusStatLogger) and docs/design/metrics.md in
+      vllm-project/vllm: num_requests_waiting/_running, kv_cache_usage_perc (0.9+; before
+      that gpu_cache_usage_perc, kept as a deprecated alias), num_preemptions,
+      prompt_tokens, generation_tokens, request_success{finished_reason},
+      time_to_first_token_seconds, e2e_request_latency_seconds,
+      request_time_per_output_token_seconds (newer; older versions only have
+      time_per_output_token_seconds, later split into inter_token_latency_seconds),
+      iteration_tokens_total (a histogram observed once per engine step: its _count
+      counts steps).
+  SGLang: python/sglang/srt/metrics/collector.py and docs/references/production_metrics.md
+      in sgl-project/sglang: num_queue_reqs, num_running_reqs, token_usage (0..1),
+      num_retracted_requests_total (retractions: SGLang's preemption), prompt_tokens_total,
+      generation_tokens_total and num_requests_total (all three counted when a request
+      finishes), time_to_first_token_seconds, e2e_request_latency_seconds,
+      inter_token_latency_seconds (older: time_per_output_token_seconds).
+  TGI: docs/source/reference/metrics.md in huggingface/text-generation-inference (router
+      metrics, `tgi_` prefix): queue_size, batch_current_size, request_success,
+      request_input_length and request_generated_tokens (histograms of tokens per
+      request: their _sum counts prompt and generated tokens), request_duration (E2E),
+      request_mean_time_per_token_duration (TPOT), batch_inference_duration and
+      batch_inference_success (per forward pass, by method prefill/decode). TGI has no
+      TTFT histogram, no KV usage and no preemption counter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+Samples = dict[tuple[str, frozenset], float]
+
+LEVELS = ("waiting", "running", "kv_usage")
+COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished", "steps",
+            "prefill_only_steps", "zero_decode_steps", "active_sequence_steps",
+            "held_slot_steps")
+HISTOGRAMS = ("ttft", "e2e", "tpot", "step_time")
+COMPLETED_REASONS = ("stop", "length")  # requests_finished: an abort is not a finished request
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind of server: its name prefix and, per signal, the names to try in order
+    (without the prefix)."""
+
+    name: str
+    prefix: str
+    levels: Mapping[str, tuple[str, ...]]
+    counters: Mapping[str, tuple[str, ...]]
+    histograms: Mapping[str, tuple[str, ...]]
+    config_info: str | None = None  # an info gauge whose labels are scheduler settings
+
+    def __post_init__(self) -> None:
+        for kind, keys, known in (("levels", self.levels, LEVELS),
+                                  ("counters", self.counters, COUNTERS),
+                                  ("histograms", self.histograms, HISTOGRAMS)):
+            unknown = set(keys) - set(known)
+            if unknown:
+                raise ValueError(f"Source {self.name}: unknown {kind} {sorted(unknown)}")
+
+
+STEPSERVE = Source(
+    "stepserve", "stepserve:",
+    levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
+            "kv_usage": ("kv_cache_usage_perc",)},
+    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
+              "generation_tokens": ("generation_tokens",),
+              "requests_finished": ("request_success",), "steps": ("steps",),
+              "prefill_only_steps": ("prefill_only_steps",),
+              "zero_decode_steps": ("zero_decode_steps",),
+              "active_sequence_steps": ("active_sequence_steps",),
+              "held_slot_steps": ("held_slot_steps",)},
+    histograms={"ttft": ("time_to_first_token_seconds",),
+                "e2e": ("e2e_request_latency_seconds",),
+                "tpot": ("request_time_per_output_token_seconds",),
+                "step_time": ("step_duration_seconds",)},
+    config_info="scheduler_config_info")
+
+VLLM = Source(
+    "vllm", "vllm:",
+    levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
+            "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc")},
+    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
+              "generation_tokens": ("generation_tokens",),
+              "requests_finished": ("request_success",),
+              "steps": ("iteration_tokens_total_count",)},
+    histograms={"ttft": ("time_to_first_token_seconds",),
+                "e2e": ("e2e_request_latency_seconds",),
+                "tpot": ("request_time_per_output_token_seconds",
+                         "time_per_output_token_seconds", "inter_token_latency_seconds")})
+
+SGLANG = Source(
+    "sglang", "sglang:",
+    levels={"waiting": ("num_queue_reqs",), "running": ("num_running_reqs",),
+            "kv_usage": ("token_usage",)},
+    counters={"preemptions": ("num_retracted_requests",), "prompt_tokens": ("prompt_tokens",),
+              "generation_tokens": ("generation_tokens",),
+              "requests_finished": ("num_requests",)},
+    histograms={"ttft": ("time_to_first_token_seconds",),
+                "e2e": ("e2e_request_latency_seconds",),
+                "tpot": ("inter_token_latency_seconds", "time_per_output_token_seconds")})
+
+TGI = Source(
+    "tgi", "tgi_",
+    levels={"waiting": ("queue_size",), "running": ("batch_current_size",)},
+    counters={"prompt_tokens": ("request_input_length_sum",),
+              "generation_tokens": ("request_generated_tokens_sum",),
+              "requests_finished": ("request_success",),
+              "steps": ("batch_inference_success",)},
+    histograms={"e2e": ("request_duration",),
+                "tpot": ("request_mean_time_per_token_duration",),
+                "step_time": ("batch_inference_duration",)})
+
+SOURCES: tuple[Source, ...] = (STEPSERVE, VLLM, SGLANG, TGI)
+KNOWN_PREFIXES = ", ".join(s.prefix for s in SOURCES)
+
+
+def parse_prometheus(text: str) -> Samples:
+    """{(name, frozenset of (label, value)): value}; comments and bad lines skipped."""
+    out: Samples = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "}" in line:
+            key, _, rest = line.rpartition("}")
+            name, _, labels_text = key.partition("{")
+            value_text = rest.split()[0] if rest.split() else ""
+            labels = frozenset(_labels(labels_text))
+        else:
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            name, value_text, labels = parts[0], parts[1], frozenset()
+        try:
+            out[(name.strip(), labels)] = float(value_text)
+        except ValueError:
+            continue
+    return out
+
+
+def _labels(text: str) -> list[tuple[str, str]]:
+    pairs = []
+    for part in text.split(","):
+        if "=" in part:
+            k, _, v = part.partition("=")
+            pairs.append((k.strip(), v.strip().strip('"')))
+    return pairs
+
+
+def detect_source(samples: Samples) -> Source | None:
+    """The first source whose prefix some series carries (ours before vLLM's)."""
+    names = {n for n, _ in samples}
+    return next((s for s in SOURCES if any(n.startswith(s.prefix) for n in names)), None)
+
+
+def _completed(labels: frozenset) -> bool:
+    reason = dict(labels).get("finished_reason")
+    return reason is None or reason in COMPLETED_REASONS
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts (upper bound, count), sorted, +Inf last when present, with
+    the histogram's sum and count. Summed over label sets."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float | None
+    count: float | None
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        """What was observed since `earlier` (bucket by bucket; a bound missing from
+        either side is dropped)."""
+        before = dict(earlier.buckets)
+        buckets = tuple((le, c - before[le]) for le, c in self.buckets if le in before)
+        return Histogram(buckets, _sub(self.sum, earlier.sum), _sub(self.count, earlier.count))
+
+    def quantile(self, q: float) -> float | None:
+        return bucket_quantile(q, self.buckets)
+
+    @property
+    def mean(self) -> float | None:
+        if self.sum is None or not self.count:
+            return None
+        return self.sum / self.count
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The q-quantile of cumulative buckets as Prometheus' histogram_quantile computes it:
+    find the bucket holding rank q x total, interpolate linearly inside it (from 0 for
+    the first bucket), and answer the highest finite bound when the rank falls in +Inf.
+    None without a +Inf bucket, with under two buckets, or with no observations."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile q = {q}: must be within 0..1")
+    bs = sorted(buckets)
+    if len(bs) < 2 or bs[-1][0] != math.inf:
+        return None
+    # Cumulative counts must not fall; a scrape racing an observation can break that
+    # slightly, and Prometheus evens it out the same way.
+    counts = list(itertools.accumulate((c for _, c in bs), max))
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    b = next(i for i, c in enumerate(counts) if c >= rank and c > 0)
+    if b == len(bs) - 1:
+        return bs[-2][0]
+    upper = bs[b][0]
+    if b == 0:
+        if upper <= 0:
+            return upper
+        lower, below = 0.0, 0.0
+    else:
+        lower, below = bs[b - 1][0], counts[b - 1]
+    return lower + (upper - lower) * (rank - below) / (counts[b] - below)
+
+
+@dataclass
+class Snapshot:
+    """One scrape of `/metrics`: when (a monotonic clock, seconds) and what it held."""
+
+    t_s: float
+    samples: Samples
+    _source: Source | None = field(default=None, init=False, repr=False, compare=False)
+    _looked: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def source(self) -> Source | None:
+        if not self._looked:
+            self._source, self._looked = detect_source(self.samples), True
+        return self._source
+
+    def _sum(self, name: str, keep: Callable[[frozenset], bool] | None = None
+             ) -> float | None:
+        vals = [v for (n, ls), v in self.samples.items() if n == name
+                and not math.isnan(v) and (keep is None or keep(ls))]
+        return sum(vals) if vals else None
+
+    def level(self, key: str) -> float | None:
+        """waiting, running or kv_usage (0..1) now, summed over label sets; None where the
+        source has no such series."""
+        src = self.source()
+        if src is None:
+            return None
+        for base in src.levels.get(key, ()):
+            if (v := self._sum(src.prefix + base)) is not None:
+                return v
+        return None
+
+    def counter(self, key: str) -> float | None:
+        """A counter's value (one of COUNTERS), with or without `_total`."""
+        src = self.source()
+        if src is None:
+            return None
+        keep = _completed if key == "requests_finished" else None
+        for base in src.counters.get(key, ()):
+            for name in (src.prefix + base, src.prefix + base + "_total"):
+                if (v := self._sum(name, keep)) is not None:
+                    return v
+        return None
+
+    def histogram(self, key: str) -> Histogram | None:
+        """A histogram (one of HISTOGRAMS), buckets summed over label sets."""
+        src = self.source()
+        if src is None:
+            return None
+        for base in src.histograms.get(key, ()):
+            name = src.prefix + base
+            per_le: dict[float, float] = {}
+            for (n, ls), v in self.samples.items():
+                if n == name + "_bucket" and (le := dict(ls).get("le")) is not None:
+                    bound = math.inf if le == "+Inf" else float(le)
+                    per_le[bound] = per_le.get(bound, 0.0) + v
+            count = self._sum(name + "_count")
+            if per_le or count is not None:
+                return Histogram(tuple(sorted(per_le.items())), self._sum(name + "_sum"),
+                                 count)
+        return None
+
+    def info(self) -> dict[str, str] | None:
+        """The labels of the source's config info gauge (model_name left out)."""
+        src = self.source()
+        if src is None or src.config_info is None:
+            return None
+        name = src.prefix + src.config_info
+        for (n, ls), _v in self.samples.items():
+            if n == name:
+                return {k: v for k, v in ls if k != "model_name"}
+        return None
+
+
+def counter_delta(before: Snapshot, after: Snapshot, key: str) -> float | None:
+    """The counter's increase from `before` to `after`; None where either lacks it. A
+    value that fell means the server restarted in between: as Prometheus' increase()
+    does, the later value is then the increase since the restart."""
+    a, b = before.counter(key), after.counter(key)
+    if a is None or b is None:
+        return None
+    return b - a if b >= a else b
+
+
+def histogram_delta(before: Snapshot, after: Snapshot, key: str) -> Histogram | None:
+    """What the histogram observed from `before` to `after` (None where either lacks it,
+    or after a restart: the buckets before it are gone)."""
+    a, b = before.histogram(key), after.histogram(key)
+    if a is None or b is None:
+        return None
+    delta = b.minus(a)
+    if delta.count is not None and delta.count < 0:
+        return None
+    return delta

@@ -1,0 +1,112 @@
+"""`stepserve doctor --url` against a small stdlib HTTP server that serves canned
+/metrics texts (a vLLM window), HTTP errors, or metrics of no known server."""
+
+import argparse
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from metrics.canned_texts import rising_vllm_texts, vllm_text
+
+from stepserve.metrics.doctor_cmd import add_doctor_parser
+
+
+def doctor(*argv) -> int:
+    p = argparse.ArgumentParser()
+    add_doctor_parser(p.add_subparsers())
+    args = p.parse_args(["doctor", *map(str, argv)])
+    return args.func(args)
+
+
+@contextmanager
+def metrics_server(texts: list[str], status: int = 200) -> Iterator[str]:
+    """Serves texts[i] on the i-th GET (the last one again once they run out)."""
+    served = iter(range(10**9))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = texts[min(next(served), len(texts) - 1)].encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+FAST = ("--window-s", "0.2", "--interval-s", "0.02")  # 11 scrapes
+
+
+def test_text_report_of_a_live_vllm_window(capsys):
+    with metrics_server(rising_vllm_texts()) as url:
+        assert doctor("--url", url, *FAST) == 0
+    out = capsys.readouterr().out
+    assert f"run {url}: " in out
+    for rule in ("[critical] capacity", "[warning] queue_growing",
+                 "[warning] preemption_nonzero"):
+        assert rule in out
+    assert "window: 11 scrapes over 0.2 s of vllm metrics; 20 requests finished" in out
+    assert "not evaluable for lack of data: chunk_cap_eats_budget (needs " in out
+    assert "low_active_ratio (needs active_ratio_p50 or active_ratio_mean)" in out
+
+
+def test_json_report_carries_the_summary_and_what_could_not_be_evaluated(capsys):
+    with metrics_server(rising_vllm_texts()) as url:
+        assert doctor("--url", url + "/metrics", *FAST, "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"findings", "summary", "config", "not_evaluable"}
+    assert {"capacity", "queue_growing", "preemption_nonzero"} <= \
+        {r["rule"] for r in data["findings"]}
+    for r in data["findings"]:
+        assert set(r) == {"run", "rule", "severity", "evidence", "action"}
+    assert data["summary"]["metrics_source"] == "vllm" and data["summary"]["preemptions"] == 7
+    assert data["config"] == {}
+    assert "low_active_ratio" in data["not_evaluable"]
+
+
+def test_a_quiet_window_says_nothing_finished(capsys):
+    flat = vllm_text(waiting=0, preempted=0, fast=0, slow=0, stop=3)
+    with metrics_server([flat]) as url:
+        assert doctor("--url", url, "--window-s", "0.05", "--interval-s", "1") == 0
+    out = capsys.readouterr().out
+    assert "no rule fires" in out and "window: 2 scrapes" in out
+    assert "no request finished in the window: no latency quantiles" in out
+
+
+def _error(capsys, *argv) -> str:
+    assert doctor(*argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error: ")
+    return captured.err
+
+
+def test_http_error_and_unknown_metrics_exit_2(capsys):
+    with metrics_server(["oops"], status=500) as url:
+        err = _error(capsys, "--url", url, *FAST)
+    assert "answered HTTP 500" in err and "expected 200" in err
+    with metrics_server(["process_cpu_seconds_total 3.0\n"]) as url:
+        err = _error(capsys, "--url", url, *FAST)
+    assert "no series with a known prefix (stepserve:, vllm:, sglang:, tgi_)" in err
+    assert "stepserve, vLLM, SGLang or TGI" in err
+
+
+def test_exactly_one_of_file_or_url(tmp_path, capsys):
+    assert "exactly one of RESULT.json" in _error(capsys)
+    assert "exactly one of RESULT.json" in _error(capsys, tmp_path / "r.json", "--url",
+                                                  "http://127.0.0.1:9")
+    assert "http:// or https://" in _error(capsys, "--url", "127.0.0.1:8000")
+    assert "must be positive" in _error(capsys, "--url", "http://127.0.0.1:9",
+                                        "--interval-s", "0")
