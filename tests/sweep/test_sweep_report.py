@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stepserve.metrics.run_data import SAMPLE_CAP, _thin, run_extras
+from stepserve.metrics.run_data import SAMPLE_CAP, run_extras, thin
 from stepserve.sim.run import run_scenario, to_json_ready
 from stepserve.sim.scenarios import get_scenario
 from stepserve.sweep.commands import build_sweep, sweep_result
@@ -22,7 +22,8 @@ def _args(**kw):
     base = dict(scenario="quickstart", workload=None, configs=None, scenario_runs="A,B",
                 vary=["rate=4,24"], requests=60, seed=None, config=None, slo=["ttft_p99_s=2"],
                 min_throughput_gain=0.05, max_p99_rise=0.5, p99_metric="ttft_p99_s",
-                cost=None, step_ms=25.0, hardware="h100", model_spec="llama-3-8b")
+                cost=None, step_ms=25.0, hardware="h100", model_spec="llama-3-8b",
+                target=None)
     base.update(kw)
     from stepserve.config_load import _fields_with_meta
 
@@ -35,7 +36,7 @@ def _args(**kw):
 def sweep_json():
     args = _args()
     plan = build_sweep(args)
-    runs = run_points(plan["points"], plan["make_workload"], plan["cost"], plan["blocks"])
+    runs, _ = run_points(plan["points"], plan["make_workload"], plan["cost"], plan["blocks"])
     result = sweep_result(plan, runs, args)
     return json.loads(json.dumps({**result, "runs": [
         {k: v for k, v in r.items() if k != "_sim"} for r in result["runs"]]}))
@@ -114,6 +115,6 @@ def test_report_command(tmp_path, cli, capsys, sweep_json):
 
 def test_latency_samples_are_capped_keeping_the_cdf():
     values = [float(i) for i in range(3 * SAMPLE_CAP)]
-    thin = _thin(values, SAMPLE_CAP)
-    assert len(thin) == SAMPLE_CAP and thin[0] == 0.0 and thin[-1] == values[-1]
-    assert thin[SAMPLE_CAP // 2] == pytest.approx(values[len(values) // 2], rel=0.01)
+    thinned = thin(values, SAMPLE_CAP)
+    assert len(thinned) == SAMPLE_CAP and thinned[0] == 0.0 and thinned[-1] == values[-1]
+    assert thinned[SAMPLE_CAP // 2] == pytest.approx(values[len(values) // 2], rel=0.01)

@@ -18,10 +18,9 @@ import sys
 import time
 from typing import Any
 
-import httpx
-
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.loadgen import HttpTarget, LoadPlan, make_records, run_http
+from stepserve.bench.http_run import HttpRun, bench_http
+from stepserve.bench.loadgen import LoadPlan, make_records
 from stepserve.bench.plan import BenchError, build_workload, make_specs
 from stepserve.bench.results import (
     format_table,
@@ -30,7 +29,7 @@ from stepserve.bench.results import (
     write_json,
     write_markdown,
 )
-from stepserve.bench.scrape import Scraper, scrape_summary
+from stepserve.bench.run_data import http_extras, latency_samples
 from stepserve.bench.slo import SLO, SLOError, parse_slo
 from stepserve.config import ConfigError
 from stepserve.metrics.alerts import diagnose
@@ -106,59 +105,11 @@ def _progress(total: int, enabled: bool):
                 disable=not enabled, leave=False)
 
 
-async def _discover_model(client: httpx.AsyncClient, url: str, model: str | None) -> str:
-    try:
-        resp = await client.get(url.rstrip("/") + "/v1/models", timeout=10.0)
-    except httpx.HTTPError as e:
-        raise BenchError(f"cannot reach target {url}: {type(e).__name__}: {e}") from None
-    if model:
-        return model
-    try:
-        return resp.json()["data"][0]["id"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise BenchError(f"target {url}: GET /v1/models gave HTTP {resp.status_code} "
-                         "without a model list; pass --model NAME") from None
-
-
 async def _bench_http(args, plan: LoadPlan, records: list[RequestRecord], bar,
-                      scrape_out: dict) -> None:
-    url = args.target
-    if not url.startswith(("http://", "https://")):
-        raise BenchError(f"--target {url!r}: must be an http:// or https:// URL")
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(args.timeout_s, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        model = await _discover_model(client, url, args.model)
-        target = HttpTarget(url, model, args.timeout_s)
-        scraper = Scraper(url.rstrip("/") + "/metrics", args.metrics_interval_s)
-        scraping = args.metrics_interval_s > 0 and \
-            await scraper.scrape_once(client) is not None
-        stop = asyncio.Event()
-        poll = asyncio.create_task(scraper.run(client, stop)) if scraping else None
-        try:
-            await run_http(target, plan, records, client, on_done=lambda r: bar.update())
-        finally:
-            stop.set()
-            if poll is not None:
-                await asyncio.gather(poll, return_exceptions=True)
-            scrape_out["model"] = model
-            if scraping:
-                await _settle(scraper, client)
-            scrape_out.update(scrape_summary(scraper.snapshots))
-
-
-async def _settle(scraper: Scraper, client: httpx.AsyncClient) -> None:
-    """A last scrape once the target looks idle (counters are fed when requests end)."""
-    for _ in range(10):
-        snap = await scraper.scrape_once(client)
-        if snap is None:
-            return
-        prefix = snap.prefix() or ""
-        busy = [snap.value(prefix, n) for n in ("num_requests_running",
-                                                "num_requests_waiting")]
-        if not any(busy):
-            return
-        await asyncio.sleep(0.1)
+                      out: HttpRun) -> None:
+    await bench_http(args.target, args.model, plan, records, out, timeout_s=args.timeout_s,
+                     metrics_interval_s=args.metrics_interval_s,
+                     on_done=lambda r: bar.update())
 
 
 def _engine_config(args):
@@ -216,11 +167,15 @@ def _run(args, plan: LoadPlan, slo: SLO, workload: Workload) -> int:
         if args.target:
             run["target"] = args.target
             records = make_records(plan)
+            http = HttpRun()
             try:
-                asyncio.run(_bench_http(args, plan, records, bar, extra))
+                asyncio.run(_bench_http(args, plan, records, bar, http))
             except KeyboardInterrupt:
                 interrupted[0] = True
-            run["model"] = extra.pop("model", args.model)
+            run["model"] = http.model or args.model
+            run["config"] = http.server_config()
+            extra = http.scrape
+            run.update(http_extras(records, http.snapshots))
         elif args.sim:
             from stepserve.bench.inprocess import run_sim
 
@@ -246,6 +201,7 @@ def _run(args, plan: LoadPlan, slo: SLO, workload: Workload) -> int:
 
 def _report(args, run: dict, records: list[RequestRecord], slo: SLO, extra: dict,
             interrupted: bool, started: float) -> int:
+    run.setdefault("latency_samples", latency_samples(records))
     summary = summarize_records(records, slo, None, interrupted)
     summary.update(extra)
     run["started_at"] = started

@@ -14,7 +14,7 @@ SAMPLE_CAP = 5000
 TIMESERIES_BINS = 200
 
 
-def _thin(values: list[float], cap: int) -> list[float]:
+def thin(values: list[float], cap: int) -> list[float]:
     """Sorted values, cut to `cap` evenly spaced order statistics (the CDF's shape)."""
     values = sorted(values)
     if len(values) <= cap:
@@ -34,7 +34,7 @@ def run_extras(sim, bins: int = TIMESERIES_BINS,
     ttft = [m.ttft_s for m in done if m.ttft_s is not None]
     e2e = [m.e2e_s for m in done if m.e2e_s is not None]
     return {"timeseries": ts,
-            "latency_samples": {"ttft_s": _thin(ttft, cap), "e2e_s": _thin(e2e, cap),
+            "latency_samples": {"ttft_s": thin(ttft, cap), "e2e_s": thin(e2e, cap),
                                 "count": len(done), "capped": len(done) > cap}}
 
 

@@ -60,7 +60,10 @@ def run_config(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
 def findings_for(runs: list[dict]) -> list[dict]:
     out = []
     for run in runs:
-        for finding in diagnose(run["summary"]):
+        config = dict(run.get("config") or {})
+        if run.get("batching") and "batching" not in config:
+            config["batching"] = run["batching"]  # as `stepserve doctor` reads a file
+        for finding in diagnose(run["summary"], config):
             out.append({"run": run["name"], **finding.to_dict()})
     return out
 

@@ -1,0 +1,106 @@
+"""One load run against an HTTP target, with its /metrics sampled alongside: what
+`stepserve bench --target` and `stepserve sweep --target` both do per run.
+
+The target's model is discovered from GET /v1/models (an unreachable target is a
+BenchError before any request is sent). /metrics is scraped once before the first request
+and every `metrics_interval_s` during the run; after the last request ends, one more
+scrape once the target reports nothing running or waiting (counters are fed when
+requests end), so counter deltas cover the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from stepserve.bench.client import RequestRecord
+from stepserve.bench.loadgen import HttpTarget, LoadPlan, run_http
+from stepserve.bench.plan import BenchError
+from stepserve.bench.scrape import Scraper, scrape_summary
+from stepserve.metrics.live import live_config
+
+SETTLE_TRIES = 10
+SETTLE_PAUSE_S = 0.1
+
+
+def check_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise BenchError(f"--target {url!r}: must be an http:// or https:// URL")
+    return url.rstrip("/")
+
+
+async def discover_model(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+    """`model` if given, else the first id of GET /v1/models; BenchError when the target
+    cannot be reached or lists no model."""
+    try:
+        resp = await client.get(url + "/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise BenchError(f"cannot reach target {url}: {type(e).__name__}: {e}") from None
+    if model:
+        return model
+    try:
+        return resp.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(f"target {url}: GET /v1/models gave HTTP {resp.status_code} "
+                         "without a model list; pass --model NAME") from None
+
+
+@dataclass
+class HttpRun:
+    """What one run against a target left: the model used and the /metrics samples."""
+
+    model: str | None = None
+    scraper: Scraper | None = None
+    scrape: dict = field(default_factory=dict)  # scrape_summary of the samples
+
+    @property
+    def snapshots(self) -> list:
+        return self.scraper.snapshots if self.scraper else []
+
+    def server_config(self) -> dict:
+        """The scheduler settings the target publishes (stepserve:scheduler_config_info),
+        so the doctor's advice can name them; {} when it publishes none."""
+        return live_config(self.snapshots[-1]) if self.snapshots else {}
+
+
+async def _settle(scraper: Scraper, client: httpx.AsyncClient) -> None:
+    for _ in range(SETTLE_TRIES):
+        snap = await scraper.scrape_once(client)
+        if snap is None:
+            return
+        if not any(snap.level(key) for key in ("running", "waiting")):
+            return
+        await asyncio.sleep(SETTLE_PAUSE_S)
+
+
+async def bench_http(url: str, model: str | None, plan: LoadPlan,
+                     records: list[RequestRecord], out: HttpRun, *,
+                     timeout_s: float = 600.0, metrics_interval_s: float = 0.5,
+                     on_done: Callable[[RequestRecord], None] | None = None) -> None:
+    """Send `plan` to `url`, filling `records` in place and `out` as it goes, so an
+    interrupt (CancelledError / KeyboardInterrupt) still leaves what was measured."""
+    url = check_url(url)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        out.model = await discover_model(client, url, model)
+        target = HttpTarget(url, out.model, timeout_s)
+        scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 \
+            else None
+        if scraper is not None and await scraper.scrape_once(client) is None:
+            scraper = None  # no usable /metrics: the run goes on without it
+        out.scraper = scraper
+        stop = asyncio.Event()
+        poll = asyncio.create_task(scraper.run(client, stop)) if scraper else None
+        try:
+            await run_http(target, plan, records, client, on_done=on_done)
+        finally:
+            stop.set()
+            if poll is not None:
+                await asyncio.gather(poll, return_exceptions=True)
+            if scraper is not None:
+                await _settle(scraper, client)
+            out.scrape = scrape_summary(out.snapshots)

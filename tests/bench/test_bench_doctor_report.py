@@ -1,0 +1,52 @@
+"""A bench result feeds `stepserve doctor` (the same findings the bench printed) and
+`stepserve report` (latency CDFs, and queue/batch over time from the target's /metrics)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepserve.cli import main
+
+SATURATING = ["--random-input-len", "16", "--random-output-len", "8", "--max-num-seqs", "2",
+              "--request-rate", "200", "--num-prompts", "60", "--no-progress"]
+
+
+def _doctor_rules(capsys, path) -> set[tuple[str, str]]:
+    capsys.readouterr()
+    assert main(["doctor", str(path), "--json"]) == 0
+    return {(f["run"], f["rule"]) for f in json.loads(capsys.readouterr().out)["findings"]}
+
+
+def test_a_saturated_sim_bench_result_feeds_the_doctor(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--sim", "--cost", "constant", *SATURATING, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    own = {(f["run"], f["rule"]) for f in result["findings"]}
+    assert {("random", "queue_growing"), ("random", "running_below_offered")} <= own
+    assert _doctor_rules(capsys, out) == own  # the doctor re-applies the same rules
+
+
+def test_a_live_bench_result_names_the_servers_settings_and_reports(served, tmp_path,
+                                                                    capsys):
+    pytest.importorskip("matplotlib")
+    served.wait_idle()
+    out = tmp_path / "live.json"
+    assert main(["bench", "--target", served.url, "--random-input-len", "16",
+                 "--random-output-len", "8", "--max-concurrency", "4", "--num-prompts", "16",
+                 "--metrics-interval-s", "0.05", "--no-progress", "--json", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    # published by the server (stepserve:scheduler_config_info), read back by the bench
+    assert run["config"]["max_num_seqs"] == 64
+    assert run["latency_samples"]["count"] == 16 == len(run["latency_samples"]["ttft_s"])
+    ts = run["timeseries"]
+    assert ts["t"][0] == 0.0 and len(ts["t"]) >= 2
+    assert sum(ts["decode_tokens"]) == run["summary"]["server_generation_tokens"] == 16 * 8
+    assert max(ts["running"]) <= 4
+    _doctor_rules(capsys, out)  # a live result reads back without error
+    report = tmp_path / "report"
+    assert main(["report", str(out), "--out", str(report)]) == 0
+    for name in ("knee.png", "cdf_ttft.png", "cdf_e2e.png", "ts_waiting.png",
+                 "ts_running.png", "ts_tokens_per_step.png"):
+        assert (report / name).read_bytes()[:4] == b"\x89PNG", name
