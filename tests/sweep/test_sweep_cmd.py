@@ -27,6 +27,28 @@ def test_rate_sweep_over_quickstart_runs_finds_a_knee(tmp_path, cli, capsys):
     assert "_sim" not in run
 
 
+def test_seed_configs_abc_over_rate_each_find_a_knee(tmp_path, cli, capsys):
+    """The seed's minimal start: configs A, B, C under rising load; stop before the knee."""
+    out = tmp_path / "abc.json"
+    rc = cli(["sweep", "--scenario", "quickstart", "--vary", "rate=6,12,24,48,96",
+              "--requests", "300", "--slo", "ttft_p99_s=2", "--quiet", "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["knee_rule"]["p99_metric"] == "ttft_p99_s"  # the default tail metric
+    knees = {k["series"]: k for k in result["knees"]}
+    assert set(knees) == {"A", "B", "C"}
+    for knee in knees.values():
+        i = knee["knee_index"]
+        assert i is not None, knee
+        assert knee["throughput_gain"] < 0.05 and knee["p99_rise"] > 0.5
+        assert knee["recommended_index"] is not None and knee["recommended_index"] < i
+        assert all(knee["slo_met"][: knee["recommended_index"] + 1])
+    peak = {r["sweep"]["series"]: r["summary"]["throughput_tokens_per_s"]
+            for r in result["runs"] if r["sweep"]["x"] == 96.0}
+    assert peak["B"] > 1.1 * peak["A"]  # B: both limits large -> more throughput than A
+    assert capsys.readouterr().out.count("<- knee") == 3
+
+
 def test_scenario_runs_as_the_axis(tmp_path, cli, capsys):
     rc = cli(["sweep", "--scenario", "quickstart", "--requests", "100", "--quiet"])
     assert rc == 0

@@ -6,6 +6,17 @@ from stepserve.sweep.knee import analyze_series, find_knee
 from stepserve.sweep.spec import parse_slo
 
 
+def _analyze(*args, **kwargs):
+    """analyze_series on the E2E P99 (the summaries below carry TTFT P99 for the SLO tests)."""
+    return analyze_series(*args, p99_metric="e2e_p99_s", **kwargs)
+
+
+def test_the_default_tail_metric_is_ttft_p99():
+    summaries = [{"throughput_tokens_per_s": t, "ttft_p99_s": p, "e2e_p99_s": 1.0}
+                 for t, p in ((100, 0.1), (200, 0.2), (201, 2.0))]
+    assert analyze_series("A", [1, 2, 3], summaries).knee_index == 2
+
+
 def _summaries(throughput, p99, ttft=None):
     ttft = ttft or [0.1] * len(throughput)
     return [{"throughput_tokens_per_s": t, "e2e_p99_s": p, "ttft_p99_s": f}
@@ -20,7 +31,7 @@ def test_knee_is_the_first_flat_throughput_with_a_steep_p99():
     assert knee.index == 3
     assert knee.throughput_gain == pytest.approx(0.02)
     assert knee.p99_rise == pytest.approx(2.0)
-    result = analyze_series("A", [4, 8, 16, 32, 64], _summaries(throughput, p99))
+    result = _analyze("A", [4, 8, 16, 32, 64], _summaries(throughput, p99))
     assert (result.knee_index, result.knee_x) == (3, 32)
     assert result.recommended_index == 2  # the last point before the knee
     assert "before the knee" in result.reason
@@ -31,9 +42,26 @@ def test_no_knee_when_throughput_keeps_rising_or_p99_stays_flat():
     assert find_knee([100, 200, 300, 400], [1, 2, 4, 8]) is None
     # throughput flat but P99 calm: saturated yet not queueing hard
     assert find_knee([100, 200, 201, 202], [1, 1.1, 1.2, 1.3]) is None
-    result = analyze_series("A", [1, 2, 3, 4], _summaries([100, 200, 300, 400], [1, 2, 4, 8]))
+    result = _analyze("A", [1, 2, 3, 4], _summaries([100, 200, 300, 400], [1, 2, 4, 8]))
     assert result.knee_index is None and result.recommended_index == 3
     assert result.reason.startswith("no knee")
+
+
+def test_flat_throughput_without_a_knee_stops_the_recommendation_before_it():
+    # saturated from x=3 (+0.5%) while P99 rises only 10%: no knee, but more load buys nothing
+    result = _analyze("A", [1, 2, 3, 4], _summaries([100, 200, 201, 202],
+                                                          [1, 1.1, 1.21, 1.3]))
+    assert result.knee_index is None and result.flat_index == 2
+    assert result.recommended_index == 1
+    assert "stopped rising at x=3" in result.reason
+    # a flat step whose P99 falls is not saturation: the later point is better
+    result = _analyze("A", [1, 2, 3], _summaries([100, 200, 201], [2, 2, 1]))
+    assert result.flat_index is None and result.recommended_index == 2
+    # with an SLO, the flat step still bounds the recommendation
+    slo = parse_slo("e2e_p99_s=1.05")
+    result = _analyze("A", [1, 2, 3, 4], _summaries([100, 200, 201, 202],
+                                                          [1, 1.1, 1.21, 1.3]), [slo])
+    assert result.recommended_index == 0 and "meeting e2e_p99_s <= 1.05" in result.reason
 
 
 def test_both_thresholds_are_settings():
@@ -48,7 +76,7 @@ def test_slo_limits_the_recommendation_before_the_knee():
     p99 = [1.0, 1.2, 1.5, 4.5, 9.0]
     ttft = [0.2, 0.8, 2.5, 9.0, 20.0]  # the SLO fails one point before the knee
     slo = parse_slo("ttft_p99_s=2")
-    result = analyze_series("A", [4, 8, 16, 32, 64], _summaries(throughput, p99, ttft), [slo])
+    result = _analyze("A", [4, 8, 16, 32, 64], _summaries(throughput, p99, ttft), [slo])
     assert result.knee_index == 3
     assert result.slo_met == [True, True, False, False, False]
     assert result.best_slo_index == 1
@@ -57,7 +85,7 @@ def test_slo_limits_the_recommendation_before_the_knee():
 
 
 def test_no_point_meets_the_slo():
-    result = analyze_series("A", [1, 2], _summaries([1, 2], [1, 1], [5, 5]),
+    result = _analyze("A", [1, 2], _summaries([1, 2], [1, 1], [5, 5]),
                             [parse_slo("ttft_p99_s<=1")])
     assert result.recommended_index is None and result.best_slo_index is None
     assert "no point" in result.reason

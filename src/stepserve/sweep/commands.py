@@ -1,5 +1,7 @@
-"""`stepserve sweep`: vary settings or load on the simulator, find the knee, write a
-result JSON and an HTML report."""
+"""`stepserve sweep`: vary settings or load on the simulator (or the load on a live server,
+`--target URL`, see sweep/live.py), find the knee, write a result JSON and an HTML
+report. Ctrl-C keeps the points already measured: the result is printed and written,
+marked interrupted, and the exit status is 130."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stepserve.bench.plan import BenchError
 from stepserve.config import ConfigError
 from stepserve.config_load import add_config_arguments, config_from_args, load_config
 from stepserve.sim.commands import _cost_model, add_cost_model_arguments
@@ -21,20 +24,23 @@ from stepserve.sweep.knee import (
     KneeResult,
     analyze_runs,
 )
+from stepserve.sweep.live import check_target_args, run_target_points, target_points
 from stepserve.sweep.runner import override_workload, run_points, stderr_log
 from stepserve.sweep.spec import RunConfig, build_points, parse_slo, parse_vary
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload
 
 DEFAULT_REQUESTS = 600
+EXIT_INTERRUPTED = 130
 
 
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "sweep", help="sweep configs or load on the simulator and find the knee",
-        description="Run one fixed request count per point on the simulator, find where "
-                    "throughput stops rising while P99 climbs (the knee), and recommend "
-                    "the last point before it that meets the SLO.")
+        "sweep", help="sweep configs or load (simulator or live server) and find the knee",
+        description="Run one fixed request count per point on the simulator (or, with "
+                    "--target, against a running server), find where throughput stops "
+                    "rising while P99 climbs (the knee), and recommend the last point "
+                    "before it that meets the SLO.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--scenario", choices=sorted(SCENARIOS),
                      help="built-in scenario: its workload, cost model and runs")
@@ -62,6 +68,17 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--p99-metric", default=P99_METRIC,
                    help=f"the tail metric for the knee (default {P99_METRIC})")
     add_cost_model_arguments(p, default=None)
+    live = p.add_argument_group("--target (a live OpenAI-compatible server)")
+    live.add_argument("--target", metavar="URL",
+                      help="sweep the load (--vary rate=... or concurrency=...) against this "
+                           "server instead of the simulator; the workload comes from "
+                           "--scenario or --workload")
+    live.add_argument("--model", help="model name sent (default: the first of /v1/models)")
+    live.add_argument("--warmup", type=int, default=0, metavar="N",
+                      help="per point, the first N requests are excluded from the metrics")
+    live.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
+    live.add_argument("--metrics-interval-s", type=float, default=0.25,
+                      help="how often to scrape the target's /metrics (0: never)")
     p.add_argument("--json", metavar="OUT", help="write the sweep result as JSON")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
@@ -81,10 +98,7 @@ def _scenario_runs(scenario: Scenario, args) -> list[RunConfig]:
 
 def _with_flags(args, config):
     """Config flags given on the command line, on top of `config` (not --config)."""
-    from stepserve.config_load import _fields_with_meta
-
-    changes = {f.name: getattr(args, f.name) for _s, f in _fields_with_meta()
-               if getattr(args, f.name, None) is not None}
+    changes = _config_flags(args)
     return config.replace(**changes) if changes else config
 
 
@@ -93,9 +107,18 @@ def _file_runs(args) -> list[RunConfig]:
             for f in args.configs]
 
 
+def _config_flags(args) -> dict[str, Any]:
+    from stepserve.config_load import _fields_with_meta
+
+    return {f.name: getattr(args, f.name) for _s, f in _fields_with_meta()
+            if getattr(args, f.name, None) is not None}
+
+
 def build_sweep(args) -> dict[str, Any]:
-    """Everything but the simulation: runs, points, load, cost model."""
+    """Everything but the runs: points, load, cost model (None against a live target)."""
     axes = [parse_vary(v) for v in args.vary]
+    if args.target:
+        check_target_args(args, axes, _config_flags(args))
     base_load: dict[str, Any] = {"num_requests": args.requests}
     if args.seed is not None:
         base_load["seed"] = args.seed
@@ -103,8 +126,11 @@ def build_sweep(args) -> dict[str, Any]:
         scenario = get_scenario(args.scenario)
         if args.workload:
             raise ValueError("--scenario and --workload exclude each other")
-        runs = _file_runs(args) if args.configs else _scenario_runs(scenario, args)
-        cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
+        if args.target:
+            runs, cost, blocks = [], None, None
+        else:
+            runs = _file_runs(args) if args.configs else _scenario_runs(scenario, args)
+            cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
 
         def make_workload(load: dict):
             return scenario.workload(**{**scenario.defaults, **base_load, **load})
@@ -114,32 +140,42 @@ def build_sweep(args) -> dict[str, Any]:
         if args.scenario_runs is not None:
             raise ValueError("--scenario-runs needs --scenario")
         workload = load_workload(args.workload)
-        config = config_from_args(args)
-        runs = _file_runs(args) if args.configs else [
-            RunConfig(config.scheduler.batching, config)]
-        cost, bpt = _cost_model(args)
-        shell = Scenario(workload.name, "", lambda **kw: workload, lambda: cost, (),
-                         kv_cache_bytes=getattr(cost, "kv_cache_bytes", lambda: None)(),
-                         kv_bytes_per_token=bpt)
-        blocks = shell.num_gpu_blocks
+        if args.target:
+            runs, cost, blocks = [], None, None
+        else:
+            config = config_from_args(args)
+            runs = _file_runs(args) if args.configs else [
+                RunConfig(config.scheduler.batching, config)]
+            cost, bpt = _cost_model(args)
+            shell = Scenario(workload.name, "", lambda **kw: workload, lambda: cost, (),
+                             kv_cache_bytes=getattr(cost, "kv_cache_bytes", lambda: None)(),
+                             kv_bytes_per_token=bpt)
+            blocks = shell.num_gpu_blocks
 
         def make_workload(load: dict):
             return override_workload(workload, {**base_load, **load})
 
         name, description = workload.name, f"workload {args.workload}"
-    x_axis, points = build_points(runs, axes)
+    if args.target:
+        description += f", against the live server {args.target}"
+        x_axis, points = target_points(args, axes)
+    else:
+        x_axis, points = build_points(runs, axes)
     return {"name": name, "description": description, "cost": cost, "blocks": blocks,
             "make_workload": make_workload, "axes": axes, "x_axis": x_axis,
             "points": points}
 
 
-def sweep_result(plan: dict[str, Any], runs: list[dict], args) -> dict[str, Any]:
+def sweep_result(plan: dict[str, Any], runs: list[dict], args,
+                 interrupted: bool = False) -> dict[str, Any]:
     slos = [parse_slo(s) for s in args.slo]
     knees = analyze_runs(runs, slos, args.p99_metric, args.min_throughput_gain,
                          args.max_p99_rise)
     return {
         "kind": "sweep", "scenario": plan["name"], "description": plan["description"],
-        "cost_model": plan["cost"].describe(), "requests_per_point": args.requests,
+        "cost_model": plan["cost"].describe() if plan["cost"] else None,
+        "target": args.target or "sim",
+        "requests_per_point": args.requests, "interrupted": interrupted,
         "x_axis": plan["x_axis"],
         "axes": [{"name": a.name, "values": list(a.values), "target": a.target}
                  for a in plan["axes"]],
@@ -172,13 +208,14 @@ def format_knees(result: dict[str, Any]) -> str:
             s = run["summary"]
             step = knee["steps"][i - 1] if i else {}
             mark = " <- knee" if i == knee["knee_index"] else ""
+            mark += " <- throughput flat" if i == knee.get("flat_index") else ""
             mark += " <- recommended" if i == knee["recommended_index"] else ""
             p99 = s.get(metric)
             lines.append(
                 f"  {_x(run['sweep']['x']):>10} {s['throughput_tokens_per_s']:9.0f} "
                 f"{_pct(step.get('throughput_gain')):>8} "
                 f"{'-' if p99 is None else f'{p99:.2f}':>12} {_pct(step.get('p99_rise')):>8} "
-                f"{_num(s.get(other)):>10} {s['preemptions']:7d}  "
+                f"{_num(s.get(other)):>10} {_count(s.get('preemptions')):>7}  "
                 f"{'ok' if knee['slo_met'][i] else 'miss'}{mark}")
         if knee["knee_index"] is None:
             flat = [st for st in knee["steps"] if st["throughput_gain"] is not None
@@ -205,16 +242,29 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _count(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def run_sweep_cmd(args: argparse.Namespace) -> int:
     try:
         plan = build_sweep(args)
         [parse_slo(s) for s in args.slo]
-        runs = run_points(plan["points"], plan["make_workload"], plan["cost"],
-                          plan["blocks"], None if args.quiet else stderr_log)
-        result = sweep_result(plan, runs, args)
-    except (ConfigError, WorkloadError, ValueError, OSError) as e:
+        log = None if args.quiet else stderr_log
+        if args.target:
+            runs, interrupted = run_target_points(args, plan["points"],
+                                                  plan["make_workload"], log)
+        else:
+            runs, interrupted = run_points(plan["points"], plan["make_workload"],
+                                           plan["cost"], plan["blocks"], log)
+        result = sweep_result(plan, runs, args, interrupted)
+    except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not runs:
+        print("interrupted before the first point ended: nothing to report",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(format_knees(result))
     ready = to_json_ready(result)
     if args.json:
@@ -225,6 +275,10 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
 
         page = write_report(ready, args.report)
         print(f"wrote {page}")
+    if interrupted:
+        print(f"interrupted: {len(runs)} of {len(plan['points'])} points measured; the "
+              "result above and any files written are partial", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

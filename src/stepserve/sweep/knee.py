@@ -4,7 +4,13 @@ Along one series (points in x order), the knee is the first point whose throughp
 less than `min_throughput_gain` over the previous point while its P99 rises more than
 `max_p99_rise`. Production should sit before it. With SLOs, `best_slo` is the highest load
 (last point in x order) meeting every SLO, and `recommended` the last point before the knee
-that meets them (any point when there is no knee).
+that meets them.
+
+Without a knee, throughput may still stop rising while P99 climbs less than the rule asks
+(a mild tail, or a closed loop that cannot queue). The first such "flat" step (gain below
+`min_throughput_gain`, P99 not falling) is reported; the recommendation then stops before
+it, since the point before already had that throughput. With neither, it is the last
+point (meeting the SLOs).
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from stepserve.sweep.spec import Slo
 MIN_THROUGHPUT_GAIN = 0.05
 MAX_P99_RISE = 0.50
 THROUGHPUT_METRIC = "throughput_tokens_per_s"
-P99_METRIC = "e2e_p99_s"
+# Queueing shows first in TTFT: past capacity new requests wait before their first token,
+# while E2E of a fixed request count is dominated by the decode lengths (the seed's
+# "P99 starts to climb steeply" is a queueing signal).
+P99_METRIC = "ttft_p99_s"
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class KneeResult:
     best_slo_index: int | None
     recommended_index: int | None
     reason: str  # one line: why this recommendation
+    flat_index: int | None = None  # no knee: the first point whose throughput stayed flat
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +83,15 @@ def find_knee(throughput: Sequence[float | None], p99: Sequence[float | None],
     return None
 
 
+def find_flat(steps: Sequence[Step], min_throughput_gain: float) -> Step | None:
+    """The first step where throughput gains < min gain while P99 does not fall."""
+    for step in steps:
+        if (step.throughput_gain is not None and step.throughput_gain < min_throughput_gain
+                and (step.p99_rise is None or step.p99_rise >= 0)):
+            return step
+    return None
+
+
 def _x(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
@@ -84,23 +103,33 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str,
     throughput = [s.get(THROUGHPUT_METRIC) for s in summaries]
     p99 = [s.get(p99_metric) for s in summaries]
     knee = find_knee(throughput, p99, min_throughput_gain, max_p99_rise)
+    steps = steps_between(throughput, p99)
+    flat = None if knee else find_flat(steps, min_throughput_gain)
     met = [all(slo.met_by(s) for slo in slos) for s in summaries]
     best = max((i for i, ok in enumerate(met) if ok), default=None)
-    limit = knee.index if knee else len(summaries)
+    stop = knee or flat
+    limit = stop.index if stop else len(summaries)
     rec = max((i for i in range(limit) if met[i]), default=None)
     slo_text = " and ".join(s.describe() for s in slos)
+    meeting = f" meeting {slo_text}" if slos else ""
     if rec is None:
-        reason = (f"no point before the knee meets {slo_text}" if slos and knee
-                  else f"no point meets {slo_text}" if slos else "the first point is the knee")
+        where = "before the knee" if knee else "before throughput went flat" if flat else ""
+        reason = (f"no point {where} meets {slo_text}".replace("  ", " ") if slos
+                  else "the first point is the knee" if knee
+                  else "throughput is flat from the second point")
     elif knee:
-        reason = (f"last point before the knee (x={_x(xs[knee.index])})"
-                  + (f" meeting {slo_text}" if slos else ""))
+        reason = f"last point before the knee (x={_x(xs[knee.index])}){meeting}"
+    elif flat:
+        reason = (f"no knee, but throughput stopped rising at x={_x(xs[flat.index])} "
+                  f"({flat.throughput_gain:+.1%}, P99 "
+                  f"{'?' if flat.p99_rise is None else f'{flat.p99_rise:+.1%}'}): last "
+                  f"point before it{meeting}; more load there buys queueing, not tokens")
     else:
-        reason = ("no knee; last point" + (f" meeting {slo_text}" if slos else ""))
-    return KneeResult(series, list(xs), steps_between(throughput, p99),
+        reason = f"no knee; last point{meeting}"
+    return KneeResult(series, list(xs), steps,
                       knee.index if knee else None, xs[knee.index] if knee else None,
                       knee.throughput_gain if knee else None, knee.p99_rise if knee else None,
-                      met, best, rec, reason)
+                      met, best, rec, reason, flat.index if flat else None)
 
 
 def group_series(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

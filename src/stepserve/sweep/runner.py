@@ -43,10 +43,19 @@ def override_workload(workload: Workload, overrides: dict[str, Any]) -> Workload
 
 def run_points(points: list[SweepPoint], make_workload: Callable[[dict], Workload],
                cost_model: CostModel, blocks_for_config: Callable[[EngineConfig], int],
-               log: Callable[[str], None] | None = None) -> list[dict]:
-    """Simulate each point. Points with the same load share one generated request list."""
+               log: Callable[[str], None] | None = None) -> tuple[list[dict], bool]:
+    """Simulate each point. Points with the same load share one generated request list.
+    Returns (runs, interrupted): Ctrl-C keeps the points simulated before it."""
+    runs: list[dict] = []
+    try:
+        _simulate(points, make_workload, cost_model, blocks_for_config, log, runs)
+    except KeyboardInterrupt:
+        return runs, True
+    return runs, False
+
+
+def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs) -> None:
     specs_cache: dict[tuple, tuple[Workload, list]] = {}
-    runs = []
     for i, p in enumerate(points, 1):
         key = tuple(sorted(p.workload_overrides.items()))
         if key not in specs_cache:
@@ -64,7 +73,6 @@ def run_points(points: list[SweepPoint], make_workload: Callable[[dict], Workloa
             log(f"[{i}/{len(points)}] {p.label}: {s['throughput_tokens_per_s']:.0f} tok/s, "
                 f"e2e P99 {_s(s['e2e_p99_s'])}, preemptions {s['preemptions']} "
                 f"({time.perf_counter() - started:.1f} s)")
-    return runs
 
 
 def _s(v: float | None) -> str:

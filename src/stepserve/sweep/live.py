@@ -1,0 +1,99 @@
+"""`stepserve sweep --target URL`: the load axes (request rate, concurrency, seed) swept
+against a running OpenAI-compatible server, one bench run per point.
+
+A live server's engine settings are its own, so only workload axes may vary; config
+files, scenario runs and engine flags are refused with a message saying so. Each point
+is a full `stepserve bench --target` run (bench.http_run): the client's TTFT, TPOT, ITL,
+E2EL and throughput, the target's /metrics sampled alongside, and the plot data of
+bench.run_data. Ctrl-C stops the sweep; the points already measured are kept (the one
+cut off is dropped, as a partial point would put a false value on the curve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stepserve.bench.http_run import HttpRun, bench_http, check_url
+from stepserve.bench.loadgen import LoadPlan, make_records
+from stepserve.bench.results import summarize_records
+from stepserve.bench.run_data import http_extras
+from stepserve.sweep.spec import WORKLOAD_AXES, RunConfig, SweepPoint, build_points
+from stepserve.workload.spec import Workload
+
+
+def check_target_args(args: argparse.Namespace, axes: list, config_flags: dict) -> None:
+    """ValueError for what a live server cannot take."""
+    check_url(args.target)
+    if args.configs:
+        raise ValueError("--configs: a live server runs its own config; sweep configs on "
+                         "the simulator, or start one server per config and sweep each")
+    if args.scenario_runs is not None:
+        raise ValueError("--scenario-runs: a live server runs its own config; with "
+                         "--target the scenario gives only the workload")
+    if args.config or config_flags:
+        named = ", ".join(["--config"] * bool(args.config) + sorted(config_flags))
+        raise ValueError(f"{named}: engine settings cannot be changed on a live server; "
+                         "restart it with them (`stepserve serve ...`)")
+    fixed = [a.name for a in axes if a.name not in WORKLOAD_AXES]
+    if fixed:
+        raise ValueError(f"--vary {', '.join(fixed)}: a live server's settings cannot be "
+                         f"varied; with --target vary only {', '.join(sorted(WORKLOAD_AXES))}")
+    if not axes:
+        raise ValueError("--target needs --vary rate=... (or concurrency=...): the load "
+                         "is what a live sweep varies")
+    if args.warmup < 0 or args.warmup >= args.requests:
+        raise ValueError(f"--warmup {args.warmup}: must be >= 0 and below --requests "
+                         f"({args.requests})")
+
+
+def target_points(args: argparse.Namespace, axes: list) -> tuple[str, list[SweepPoint]]:
+    """One series (named after the target) along the last axis; its config is unused."""
+    from stepserve.config import EngineConfig
+
+    return build_points([RunConfig("server", EngineConfig(), args.target)], axes)
+
+
+def run_target_points(args: argparse.Namespace, points: list[SweepPoint],
+                      make_workload: Callable[[dict], Workload],
+                      log: Callable[[str], None] | None = None
+                      ) -> tuple[list[dict[str, Any]], bool]:
+    """Bench each point against args.target. Returns (runs, interrupted)."""
+    runs: list[dict[str, Any]] = []
+    for i, p in enumerate(points, 1):
+        workload = make_workload(p.workload_overrides)
+        specs = workload.generate()
+        plan = LoadPlan(specs, workload.closed_loop_concurrency, args.warmup)
+        records = make_records(plan)
+        http = HttpRun()
+        started = time.perf_counter()
+        try:
+            asyncio.run(bench_http(args.target, args.model, plan, records, http,
+                                   timeout_s=args.timeout_s,
+                                   metrics_interval_s=args.metrics_interval_s))
+        except KeyboardInterrupt:
+            if log:
+                log(f"[{i}/{len(points)}] {p.label}: interrupted; keeping the "
+                    f"{len(runs)} point(s) measured before it")
+            return runs, True
+        summary = summarize_records(records, scrape=http.scrape)
+        run = {"name": p.label, "batching": None, "target": args.target,
+               "model": http.model, "config": http.server_config(), "workload": workload.describe(),
+               "summary": summary, **http_extras(records, http.snapshots),
+               "sweep": {"series": p.series, "run": p.run, "x": p.x, "values": p.values}}
+        runs.append(run)
+        if log:
+            failed = summary["requests_failed"]
+            log(f"[{i}/{len(points)}] {p.label}: {summary['throughput_tokens_per_s']:.0f} "
+                f"tok/s, e2e P99 {_s(summary['e2e_p99_s'])}, "
+                f"{summary['requests_finished']}/{summary['requests_total']} done"
+                f"{f', {failed} failed' if failed else ''} "
+                f"({time.perf_counter() - started:.1f} s)")
+    return runs, False
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"
