@@ -58,6 +58,14 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
     w.add_argument("--random-input-len", type=int, metavar="N", help="fixed prompt length")
     w.add_argument("--random-output-len", type=int, metavar="M", help="fixed output length")
+    w.add_argument("--sharegpt", metavar="FILE",
+                   help="(prompt, output) lengths from a ShareGPT-style JSON file")
+    w.add_argument("--tokenizer", metavar="MODEL",
+                   help="with --sharegpt: count tokens with this model's tokenizer (a "
+                        "stepserve model name or a local HF directory; default: estimate "
+                        "4 characters per token)")
+    w.add_argument("--sharegpt-output-len", type=int, metavar="M",
+                   help="with --sharegpt: every output this long instead of the answer's")
     w.add_argument("--num-prompts", type=int, metavar="K",
                    help="requests to send (warm-up included)")
     w.add_argument("--seed", type=int, help="workload seed")

@@ -1,5 +1,6 @@
-"""The bench's request list from its flags: a built-in scenario, a workload file or fixed
-random lengths, with the arrival process, count and seed overridden by flags."""
+"""The bench's request list from its flags: a built-in scenario, a workload file, fixed
+random lengths or a ShareGPT-style JSON file (workload/sharegpt.py), with the arrival
+process, count and seed overridden by flags."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from stepserve.workload.arrivals import ClosedLoop, Gamma, Poisson
 from stepserve.workload.lengths import fixed
 from stepserve.workload.loader import load_workload
 from stepserve.workload.scenarios import get_workload
+from stepserve.workload.sharegpt import sharegpt_class
 from stepserve.workload.spec import RequestClass, RequestSpec, Workload
 
 
@@ -22,12 +24,15 @@ class BenchError(Exception):
 def build_workload(args: argparse.Namespace) -> Workload:
     randoms = (args.random_input_len, args.random_output_len)
     given = [n for n, v in (("--scenario", args.scenario), ("--workload", args.workload),
-                            ("--random-*-len", any(v is not None for v in randoms)))
+                            ("--random-*-len", any(v is not None for v in randoms)),
+                            ("--sharegpt", args.sharegpt))
              if v]
     if len(given) != 1:
-        raise BenchError("give exactly one workload: --scenario NAME, --workload FILE, or "
-                         "--random-input-len N --random-output-len M"
+        raise BenchError("give exactly one workload: --scenario NAME, --workload FILE, "
+                         "--random-input-len N --random-output-len M, or --sharegpt FILE"
                          + (f" (got {', '.join(given)})" if given else ""))
+    if (args.tokenizer or args.sharegpt_output_len) and not args.sharegpt:
+        raise BenchError("--tokenizer and --sharegpt-output-len go with --sharegpt FILE")
     if args.scenario:
         kw: dict[str, Any] = {}
         if args.num_prompts is not None:
@@ -37,6 +42,9 @@ def build_workload(args: argparse.Namespace) -> Workload:
         workload = get_workload(args.scenario, **kw)
     elif args.workload:
         workload = load_workload(args.workload)
+    elif args.sharegpt:
+        cls = sharegpt_class(args.sharegpt, args.tokenizer, args.sharegpt_output_len)
+        workload = Workload("sharegpt", (cls,), Poisson(1.0), args.num_prompts or 100)
     else:
         if None in randoms:
             raise BenchError("--random-input-len and --random-output-len go together")

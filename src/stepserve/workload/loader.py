@@ -15,6 +15,9 @@
         priority: 0                         # optional, lower is more urgent
         tenant: a                           # optional
         length_estimate: none               # optional: none, exact, class_mean
+      - name: real                          # lengths from a ShareGPT-style JSON file:
+        sharegpt: {file: sg.json, tokenizer: default}   # (prompt, output) pairs, see
+                                            # sharegpt.py; tokenizer, output_len optional
 
 With `arrival: {trace: file.jsonl}` the trace gives every request, so `classes` must be
 left out and `num_requests` defaults to the trace's length.
@@ -38,7 +41,8 @@ __all__ = ["load_workload", "workload_from_dict", "workload_to_dict", "save_work
 
 TOP_KEYS = ("name", "description", "seed", "num_requests", "duration_s", "arrival", "classes")
 CLASS_KEYS = ("name", "share", "prompt", "output", "max_tokens", "priority", "tenant",
-              "length_estimate")
+              "length_estimate", "sharegpt")
+SHAREGPT_KEYS = ("file", "tokenizer", "output_len")
 
 
 def workload_from_dict(data: Any, base_dir: str | Path | None = None,
@@ -71,8 +75,35 @@ def workload_from_dict(data: Any, base_dir: str | Path | None = None,
     )
 
 
+def _parse_sharegpt_class(data: dict, where: str, base: Path | None) -> RequestClass:
+    from stepserve.workload.sharegpt import sharegpt_class
+
+    for key in ("prompt", "output"):
+        if key in data:
+            raise WorkloadError(f"{where}: {key!r} and 'sharegpt' exclude each other (the "
+                                "file gives both lengths)")
+    raw = data["sharegpt"]
+    spec = {"file": raw} if isinstance(raw, str) else raw
+    check_mapping(f"{where}.sharegpt", spec)
+    check_keys(f"{where}.sharegpt", spec, SHAREGPT_KEYS, required=("file",))
+    path = Path(spec["file"])
+    if base is not None and not path.is_absolute():
+        path = base / path
+    try:
+        return sharegpt_class(
+            path, spec.get("tokenizer"), spec.get("output_len"), name=data["name"],
+            share=data.get("share", 1.0), max_tokens=data.get("max_tokens"),
+            priority=data.get("priority", 0), tenant=data.get("tenant", "default"),
+            length_estimate=data.get("length_estimate", "none"))
+    except WorkloadError as e:
+        raise prefixed(where, e) from None
+
+
 def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
     check_mapping(where, data)
+    if "sharegpt" in data:
+        check_keys(where, data, CLASS_KEYS, required=("name",))
+        return _parse_sharegpt_class(data, where, base)
     check_keys(where, data, CLASS_KEYS, required=("name", "prompt", "output"))
     prompt = parse_length(data["prompt"], f"{where}.prompt", base)
     output = parse_length(data["output"], f"{where}.output", base)
@@ -124,8 +155,11 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
 
 
 def _class_to_dict(c: RequestClass) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": c.name, "share": c.share, "prompt": c.prompt.to_dict(),
-                           "output": c.output.to_dict()}
+    out: dict[str, Any] = {"name": c.name, "share": c.share}
+    if c.dataset is not None:
+        out["sharegpt"] = {k: v for k, v in c.dataset.items() if k in SHAREGPT_KEYS}
+    else:
+        out.update(prompt=c.prompt.to_dict(), output=c.output.to_dict())
     if c.max_tokens is not None:
         out["max_tokens"] = c.max_tokens
     out["priority"] = c.priority

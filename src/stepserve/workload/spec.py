@@ -68,6 +68,10 @@ class RequestClass:
     `max_tokens`, when given, is the cap every request of the class asks for; a sampled
     output longer than the cap is cut to it (the request ends by length). When None, the
     client asks for exactly what it will get (max_tokens = output_len).
+
+    `pairs`, when given, are (prompt, output) lengths sampled jointly (a dataset, see
+    sharegpt.py); `prompt` and `output` then hold their marginals, for `mean()` and
+    `describe()`, and `dataset` the YAML form it came from.
     """
 
     name: str
@@ -78,9 +82,19 @@ class RequestClass:
     priority: int = 0
     tenant: str = "default"
     length_estimate: str = "none"
+    pairs: tuple[tuple[int, int], ...] | None = None
+    dataset: dict | None = None
 
     def __post_init__(self) -> None:
         check_str("name", self.name)
+        if self.pairs is not None:
+            if not self.pairs:
+                raise WorkloadError("pairs = (): a dataset class needs at least one pair")
+            for i, pair in enumerate(self.pairs):
+                if len(pair) != 2:
+                    raise WorkloadError(f"pairs[{i}] = {pair!r}: must be (prompt, output)")
+                check_int(f"pairs[{i}].prompt", pair[0], lo=1)
+                check_int(f"pairs[{i}].output", pair[1], lo=1)
         object.__setattr__(self, "share", check_positive("share", self.share))
         for name in ("prompt", "output"):
             if not isinstance(getattr(self, name), LengthDist):
@@ -97,8 +111,11 @@ class RequestClass:
 
     def make(self, index: int, arrival_s: float, rng: random.Random) -> RequestSpec:
         """One request of this class: prompt first, then output, from `rng`."""
-        prompt_len = self.prompt.sample(rng)
-        output_len = self.output.sample(rng)
+        if self.pairs is not None:
+            prompt_len, output_len = self.pairs[rng.randrange(len(self.pairs))]
+        else:
+            prompt_len = self.prompt.sample(rng)
+            output_len = self.output.sample(rng)
         max_tokens = output_len if self.max_tokens is None else self.max_tokens
         output_len = min(output_len, max_tokens)
         estimate = None
@@ -219,6 +236,9 @@ class Workload:
             lines[0] += f", at most {self.duration_s:g} s"
         for c in self.classes:
             cap = f", max_tokens {c.max_tokens}" if c.max_tokens is not None else ""
+            if c.pairs is not None:
+                lines.append(f"  {c.name}: (prompt, output) pairs sampled jointly from "
+                             f"{(c.dataset or {}).get('description', 'a dataset')}")
             lines.append(f"  {c.name} {self.shares[c.name]:.1%}: prompt {c.prompt.describe()}; "
                          f"output {c.output.describe()}{cap}; priority {c.priority}, "
                          f"tenant {c.tenant}")

@@ -1,0 +1,143 @@
+"""Request lengths from a ShareGPT-style JSON file the user supplies (as vLLM's serving
+benchmark reads one): a list of conversations, each
+
+    {"id": "...", "conversations": [{"from": "human", "value": "..."},
+                                    {"from": "gpt", "value": "..."}, ...]}
+
+(`role`/`content` are read as well as `from`/`value`, and `conversation` as well as
+`conversations`). The first turn is the prompt and the second the completion; only their
+token lengths are kept, as (prompt, output) pairs that a request class samples jointly
+(seeded, with replacement), so a long question keeps its long answer.
+
+Lengths are counted with `tokenizer` (a stepserve model name such as `tiny`/`default`,
+or a local Hugging Face directory) when given, else estimated as one token per
+CHARS_PER_TOKEN characters (the description says which). `output_len` fixes every
+output length instead of the completion's. Pairs are dropped as vLLM drops them: prompt
+or output under MIN_LEN tokens, prompt over MAX_PROMPT_LEN, or both over MAX_TOTAL_LEN;
+the counts of what was dropped and why are kept for the description.
+
+Prompts themselves are not kept: the bench sends token-id prompts of exactly the
+counted length (a scheduler sees lengths, not words; stepserve has no prefix cache).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.lengths import Empirical
+from stepserve.workload.spec import RequestClass
+
+MIN_LEN = 4
+MAX_PROMPT_LEN = 1024
+MAX_TOTAL_LEN = 2048
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class ShareGPT:
+    """The pairs read from one file, and how they were counted and filtered."""
+
+    path: str
+    pairs: tuple[tuple[int, int], ...]
+    counted_by: str  # "tokenizer NAME" or "estimate (4 characters per token)"
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> conversations
+
+    def describe(self) -> str:
+        dropped = ", ".join(f"{n} {why}" for why, n in self.dropped.items())
+        return (f"sharegpt {self.path}: {len(self.pairs)} conversations, lengths by "
+                f"{self.counted_by}" + (f"; dropped {dropped}" if dropped else ""))
+
+
+def _turn_text(turn: Any) -> str | None:
+    if not isinstance(turn, dict):
+        return None
+    text = turn.get("value", turn.get("content"))
+    return text if isinstance(text, str) else None
+
+
+def _counter(tokenizer: str | None) -> tuple[Callable[[str], int], str]:
+    if tokenizer is None:
+        return (lambda text: max(1, -(-len(text) // CHARS_PER_TOKEN)),
+                f"estimate ({CHARS_PER_TOKEN} characters per token; give a tokenizer for "
+                "exact counts)")
+    try:
+        from stepserve.model.presets import resolve_model
+        from stepserve.model.tokenizer import Tokenizer
+
+        tok = Tokenizer(resolve_model(tokenizer))
+    except ImportError as e:
+        raise WorkloadError(f"tokenizer {tokenizer!r}: needs the model extra "
+                            f"(pip install -e '.[model]'): {e}") from None
+    except (OSError, ValueError) as e:
+        raise WorkloadError(f"tokenizer {tokenizer!r}: {e}") from None
+    return (lambda text: len(tok.encode(text, add_special_tokens=False))), \
+        f"tokenizer {tokenizer}"
+
+
+def load_sharegpt(path: str | Path, tokenizer: str | None = None,
+                  output_len: int | None = None) -> ShareGPT:
+    """Read, count and filter; WorkloadError says what is wrong with the file."""
+    p = Path(path)
+    where = f"sharegpt file {str(p)!r}"
+    if output_len is not None and (isinstance(output_len, bool)
+                                   or not isinstance(output_len, int) or output_len < 1):
+        raise WorkloadError(f"output_len = {output_len!r}: must be an integer >= 1")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise WorkloadError(f"{where}: cannot be read ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(data, list):
+        raise WorkloadError(f"{where}: expected a JSON list of conversations "
+                            f'[{{"conversations": [{{"from": "human", "value": ...}}, ...]}}], '
+                            f"got a {type(data).__name__}")
+    count, counted_by = _counter(tokenizer)
+    pairs: list[tuple[int, int]] = []
+    dropped: Counter[str] = Counter()
+    for item in data:
+        turns = item.get("conversations", item.get("conversation")) \
+            if isinstance(item, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            dropped["without two turns"] += 1
+            continue
+        prompt, completion = _turn_text(turns[0]), _turn_text(turns[1])
+        if prompt is None or completion is None:
+            dropped["without a text value"] += 1
+            continue
+        n_prompt = count(prompt)
+        n_output = output_len if output_len is not None else count(completion)
+        if n_prompt < MIN_LEN or n_output < MIN_LEN:
+            dropped[f"under {MIN_LEN} tokens"] += 1
+        elif n_prompt > MAX_PROMPT_LEN or n_prompt + n_output > MAX_TOTAL_LEN:
+            dropped[f"over {MAX_PROMPT_LEN} prompt / {MAX_TOTAL_LEN} total tokens"] += 1
+        else:
+            pairs.append((n_prompt, n_output))
+    if not pairs:
+        why = ", ".join(f"{n} {reason}" for reason, n in dropped.items()) or "it is empty"
+        raise WorkloadError(f"{where}: no usable conversation ({why}); each needs a prompt "
+                            f"and a completion turn of {MIN_LEN}..{MAX_PROMPT_LEN} tokens")
+    return ShareGPT(str(p), tuple(pairs), counted_by, dict(dropped))
+
+
+def sharegpt_class(path: str | Path, tokenizer: str | None = None,
+                   output_len: int | None = None, name: str = "sharegpt",
+                   share: float = 1.0, **options: Any) -> RequestClass:
+    """A request class drawing (prompt, output) pairs from the file; `options` are the
+    other RequestClass fields (max_tokens, priority, tenant, length_estimate)."""
+    data = load_sharegpt(path, tokenizer, output_len)
+    dataset: dict[str, Any] = {"file": str(path)}
+    if tokenizer is not None:
+        dataset["tokenizer"] = tokenizer
+    if output_len is not None:
+        dataset["output_len"] = output_len
+    return RequestClass(
+        name, share, Empirical(tuple(p for p, _ in data.pairs)),
+        Empirical(tuple(o for _, o in data.pairs)), pairs=data.pairs,
+        dataset={**dataset, "description": data.describe()}, **options)
