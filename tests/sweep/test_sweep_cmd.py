@@ -94,3 +94,28 @@ def test_bad_input_exits_2_with_a_message(cli, capsys):
     assert "bogus" in capsys.readouterr().err
     assert cli(["sweep", "--scenario", "quickstart", "--scenario-runs", "Z", "--quiet"]) == 2
     assert "has A, B, C" in capsys.readouterr().err
+
+
+def test_points_run_for_a_fixed_time(tmp_path, cli, capsys):
+    out = tmp_path / "t.json"
+    assert cli(["sweep", "--scenario", "quickstart", "--scenario-runs", "A", "--vary",
+                "rate=4,16", "--duration-s", "30", "--quiet", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["duration_s_per_point"] == 30
+    for run in result["runs"]:
+        sent = run["summary"]["requests_total"]
+        rate = run["sweep"]["x"]
+        # Poisson arrivals over 30 s: about rate x 30 requests, whatever --requests says
+        assert 0.7 * rate * 30 < sent < 1.3 * rate * 30, (rate, sent)
+
+
+def test_fixed_time_needs_arrival_times_on_the_simulator(tmp_path, cli, capsys):
+    wl = tmp_path / "c.yaml"
+    wl.write_text(yaml.safe_dump({
+        "name": "c", "num_requests": 20, "arrival": {"closed_loop": {"concurrency": 4}},
+        "classes": [{"name": "a", "share": 1.0, "prompt": {"fixed": 10},
+                     "output": {"fixed": 10}}]}))
+    assert cli(["sweep", "--workload", str(wl), "--vary", "concurrency=2,4", "--duration-s",
+                "5", "--quiet"]) == 2
+    assert "closed-loop workload on the simulator runs a request count" in \
+        capsys.readouterr().err

@@ -23,7 +23,7 @@ def _args(**kw):
                 vary=["rate=4,24"], requests=60, seed=None, config=None, slo=["ttft_p99_s=2"],
                 min_throughput_gain=0.05, max_p99_rise=0.5, p99_metric="ttft_p99_s",
                 cost=None, step_ms=25.0, hardware="h100", model_spec="llama-3-8b",
-                target=None)
+                target=None, duration_s=None)
     base.update(kw)
     from stepserve.config_load import _fields_with_meta
 

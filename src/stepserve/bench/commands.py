@@ -72,7 +72,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--request-rate", type=float, metavar="R",
                    help="open loop, req/s (Poisson; inf: all at once)")
     w.add_argument("--burstiness", type=float, metavar="B",
-                   help="gamma arrivals with this shape (1 = Poisson)")
+                   help="gamma arrivals with this shape (1 = Poisson, below 1 burstier, "
+                        "inf = constant rate)")
     w.add_argument("--max-concurrency", type=int, metavar="N",
                    help="closed loop: N requests in flight")
     w.add_argument("--duration-s", type=float, help="stop sending after this many seconds")

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from typing import Any
 
-from stepserve.workload.arrivals import ClosedLoop, Gamma, Poisson
+from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
 from stepserve.workload.lengths import fixed
 from stepserve.workload.loader import load_workload
 from stepserve.workload.scenarios import get_workload
@@ -83,6 +83,8 @@ def _arrival(args: argparse.Namespace):
     if math.isinf(args.request_rate):
         return Poisson(1.0)  # times replaced by 0.0 in make_specs
     if args.burstiness is not None:
+        if math.isinf(args.burstiness):  # the gamma's limit: every gap exactly 1/rate
+            return Constant(args.request_rate)
         return Gamma(args.request_rate, args.burstiness)
     return Poisson(args.request_rate)
 

@@ -25,7 +25,7 @@ from stepserve.sweep.knee import (
     analyze_runs,
 )
 from stepserve.sweep.live import check_target_args, run_target_points, target_points
-from stepserve.sweep.runner import override_workload, run_points, stderr_log
+from stepserve.sweep.runner import override_workload, run_points, stderr_log, timed_workload
 from stepserve.sweep.spec import RunConfig, build_points, parse_slo, parse_vary
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload
@@ -56,6 +56,11 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
                         "(rate, seed, concurrency); repeat for a grid; the last is the x axis")
     p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
                    help=f"requests per point (default {DEFAULT_REQUESTS})")
+    p.add_argument("--duration-s", type=float, metavar="S",
+                   help="run each point for S seconds of arrivals instead of a request "
+                        "count (the seed: 5 minutes per config); open loop sends what the "
+                        "rate brings in S; closed loop (--target only) stops issuing at S, "
+                        "after at most --requests")
     p.add_argument("--seed", type=int, help="workload seed")
     p.add_argument("--config", help="base engine config YAML for --workload")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC=LIMIT",
@@ -133,7 +138,9 @@ def build_sweep(args) -> dict[str, Any]:
             cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
 
         def make_workload(load: dict):
-            return scenario.workload(**{**scenario.defaults, **base_load, **load})
+            return timed_workload(
+                scenario.workload(**{**scenario.defaults, **base_load, **load}),
+                args.duration_s, live=bool(args.target))
 
         name, description = scenario.name, scenario.description
     else:
@@ -153,7 +160,8 @@ def build_sweep(args) -> dict[str, Any]:
             blocks = shell.num_gpu_blocks
 
         def make_workload(load: dict):
-            return override_workload(workload, {**base_load, **load})
+            return timed_workload(override_workload(workload, {**base_load, **load}),
+                                  args.duration_s, live=bool(args.target))
 
         name, description = workload.name, f"workload {args.workload}"
     if args.target:
@@ -175,7 +183,8 @@ def sweep_result(plan: dict[str, Any], runs: list[dict], args,
         "kind": "sweep", "scenario": plan["name"], "description": plan["description"],
         "cost_model": plan["cost"].describe() if plan["cost"] else None,
         "target": args.target or "sim",
-        "requests_per_point": args.requests, "interrupted": interrupted,
+        "requests_per_point": args.requests, "duration_s_per_point": args.duration_s,
+        "interrupted": interrupted,
         "x_axis": plan["x_axis"],
         "axes": [{"name": a.name, "values": list(a.values), "target": a.target}
                  for a in plan["axes"]],

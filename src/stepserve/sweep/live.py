@@ -66,7 +66,8 @@ def run_target_points(args: argparse.Namespace, points: list[SweepPoint],
     for i, p in enumerate(points, 1):
         workload = make_workload(p.workload_overrides)
         specs = workload.generate()
-        plan = LoadPlan(specs, workload.closed_loop_concurrency, args.warmup)
+        duration = args.duration_s if workload.closed_loop_concurrency else None
+        plan = LoadPlan(specs, workload.closed_loop_concurrency, args.warmup, duration)
         records = make_records(plan)
         http = HttpRun()
         started = time.perf_counter()

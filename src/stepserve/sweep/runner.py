@@ -8,6 +8,7 @@ and `sweep` (series, x and axis values).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +40,30 @@ def override_workload(workload: Workload, overrides: dict[str, Any]) -> Workload
             raise ValueError("concurrency: the workload is not closed-loop")
         changes["arrival"] = replace(arrival, concurrency=int(overrides["concurrency"]))
     return replace(workload, **changes) if changes else workload
+
+
+def timed_workload(workload: Workload, duration_s: float | None,
+                   live: bool = False) -> Workload:
+    """The workload cut to `duration_s` of arrivals (a point run for a fixed time).
+
+    Open loop: as many requests as the rate brings in that time (generated with a wide
+    margin, then cut at `duration_s`); a trace: its requests up to `duration_s`. Closed
+    loop has no arrival times: against a live server the load generator stops issuing at
+    `duration_s` (LoadPlan.duration_s); on the simulator it is refused."""
+    if duration_s is None:
+        return workload
+    if duration_s <= 0:
+        raise ValueError(f"--duration-s {duration_s:g}: must be > 0")
+    arrival = workload.arrival
+    if isinstance(arrival, ClosedLoop):
+        if not live:
+            raise ValueError("--duration-s: a closed-loop workload on the simulator runs a "
+                             "request count; give --requests (or sweep a live --target)")
+        return workload
+    if isinstance(arrival, (Poisson, Gamma, Constant)):
+        count = math.ceil(arrival.rate_per_s * duration_s * 1.5) + 16
+        return replace(workload, num_requests=count, duration_s=duration_s)
+    return replace(workload, duration_s=duration_s)
 
 
 def run_points(points: list[SweepPoint], make_workload: Callable[[dict], Workload],
