@@ -1,6 +1,7 @@
 """Ctrl-C during a sweep keeps the points measured before it: the result is printed and
-written, marked interrupted, and the exit status is 130. Also: a target without /metrics
-is swept all the same (no time series, a note in the report)."""
+written, marked interrupted, and the exit status is 130; a target lost mid-sweep keeps
+them too (exit 2). Also: a target without /metrics is swept all the same (no time
+series, a note in the report), and a point where every request fails is reported."""
 
 from __future__ import annotations
 
@@ -81,3 +82,41 @@ def test_interrupt_before_the_first_point_writes_nothing(monkeypatch, tmp_path, 
     assert cli(["sweep", "--scenario", "quickstart", "--vary", "rate=4,8", "--requests",
                 "50", "--quiet", "--json", str(out)]) == 130
     assert "nothing to report" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_target_lost_mid_sweep_keeps_the_points_before_it(monkeypatch, workload, tmp_path,
+                                                            cli, capsys):
+    from stepserve.bench.plan import BenchError
+
+    real = live.bench_http
+    calls = []
+
+    def lost_on_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise BenchError("cannot reach target http://x: ConnectError")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(live, "bench_http", lost_on_second)
+    out = tmp_path / "s.json"
+    with run_fake(tokens=3) as fake:
+        rc = cli(["sweep", "--target", fake.url, "--workload", str(workload), "--vary",
+                  "rate=50,100,200", "--requests", "6", "--quiet", "--json", str(out)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "stopped at server rate=100: cannot reach target" in err and "1 of 3" in err
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 1 and result["stopped"].startswith("stopped at")
+
+
+def test_a_point_where_every_request_fails_is_reported_not_fatal(workload, tmp_path, cli,
+                                                                  capsys):
+    out = tmp_path / "s.json"
+    with run_fake(tokens=3, fail_every=1) as fake:
+        rc = cli(["sweep", "--target", fake.url, "--workload", str(workload), "--vary",
+                  "rate=50,100", "--requests", "6", "--json", str(out)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "0/6 done, 6 failed" in captured.err and "knee: none" in captured.out
+    s = json.loads(out.read_text())["runs"][0]["summary"]
+    assert s["requests_failed"] == 6 and s["errors"] == {"http_500": 6}

@@ -175,7 +175,9 @@ def build_sweep(args) -> dict[str, Any]:
 
 
 def sweep_result(plan: dict[str, Any], runs: list[dict], args,
-                 interrupted: bool = False) -> dict[str, Any]:
+                 stopped: str | None = None) -> dict[str, Any]:
+    """The result JSON; `stopped` says why it ended early ("interrupted", or the error
+    that stopped a live sweep), None when every point ran."""
     slos = [parse_slo(s) for s in args.slo]
     knees = analyze_runs(runs, slos, args.p99_metric, args.min_throughput_gain,
                          args.max_p99_rise)
@@ -184,7 +186,7 @@ def sweep_result(plan: dict[str, Any], runs: list[dict], args,
         "cost_model": plan["cost"].describe() if plan["cost"] else None,
         "target": args.target or "sim",
         "requests_per_point": args.requests, "duration_s_per_point": args.duration_s,
-        "interrupted": interrupted,
+        "interrupted": stopped is not None, "stopped": stopped,
         "x_axis": plan["x_axis"],
         "axes": [{"name": a.name, "values": list(a.values), "target": a.target}
                  for a in plan["axes"]],
@@ -221,7 +223,7 @@ def format_knees(result: dict[str, Any]) -> str:
             mark += " <- recommended" if i == knee["recommended_index"] else ""
             p99 = s.get(metric)
             lines.append(
-                f"  {_x(run['sweep']['x']):>10} {s['throughput_tokens_per_s']:9.0f} "
+                f"  {_x(run['sweep']['x']):>10} {_count(s['throughput_tokens_per_s']):>9} "
                 f"{_pct(step.get('throughput_gain')):>8} "
                 f"{'-' if p99 is None else f'{p99:.2f}':>12} {_pct(step.get('p99_rise')):>8} "
                 f"{_num(s.get(other)):>10} {_count(s.get('preemptions')):>7}  "
@@ -261,12 +263,12 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
         [parse_slo(s) for s in args.slo]
         log = None if args.quiet else stderr_log
         if args.target:
-            runs, interrupted = run_target_points(args, plan["points"],
-                                                  plan["make_workload"], log)
+            runs, stopped = run_target_points(args, plan["points"], plan["make_workload"],
+                                              log)
         else:
-            runs, interrupted = run_points(plan["points"], plan["make_workload"],
-                                           plan["cost"], plan["blocks"], log)
-        result = sweep_result(plan, runs, args, interrupted)
+            runs, stopped = run_points(plan["points"], plan["make_workload"],
+                                       plan["cost"], plan["blocks"], log)
+        result = sweep_result(plan, runs, args, stopped)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -284,10 +286,10 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
 
         page = write_report(ready, args.report)
         print(f"wrote {page}")
-    if interrupted:
-        print(f"interrupted: {len(runs)} of {len(plan['points'])} points measured; the "
+    if stopped is not None:
+        print(f"{stopped}: {len(runs)} of {len(plan['points'])} points measured; the "
               "result above and any files written are partial", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED if stopped == "interrupted" else 2
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from stepserve.bench.http_run import HttpRun, bench_http, check_url
 from stepserve.bench.loadgen import LoadPlan, make_records
+from stepserve.bench.plan import BenchError
 from stepserve.bench.results import summarize_records
 from stepserve.bench.run_data import http_extras
 from stepserve.sweep.spec import WORKLOAD_AXES, RunConfig, SweepPoint, build_points
@@ -60,8 +61,10 @@ def target_points(args: argparse.Namespace, axes: list) -> tuple[str, list[Sweep
 def run_target_points(args: argparse.Namespace, points: list[SweepPoint],
                       make_workload: Callable[[dict], Workload],
                       log: Callable[[str], None] | None = None
-                      ) -> tuple[list[dict[str, Any]], bool]:
-    """Bench each point against args.target. Returns (runs, interrupted)."""
+                      ) -> tuple[list[dict[str, Any]], str | None]:
+    """Bench each point against args.target. Returns (runs, why it stopped early): None
+    when every point ran, "interrupted" on Ctrl-C, or the error when the target became
+    unreachable after the first point (before it, the BenchError propagates)."""
     runs: list[dict[str, Any]] = []
     for i, p in enumerate(points, 1):
         workload = make_workload(p.workload_overrides)
@@ -79,22 +82,30 @@ def run_target_points(args: argparse.Namespace, points: list[SweepPoint],
             if log:
                 log(f"[{i}/{len(points)}] {p.label}: interrupted; keeping the "
                     f"{len(runs)} point(s) measured before it")
-            return runs, True
+            return runs, "interrupted"
+        except BenchError as e:
+            if not runs:
+                raise
+            return runs, f"stopped at {p.label}: {e}"
         summary = summarize_records(records, scrape=http.scrape)
         run = {"name": p.label, "batching": None, "target": args.target,
-               "model": http.model, "config": http.server_config(), "workload": workload.describe(),
-               "summary": summary, **http_extras(records, http.snapshots),
+               "model": http.model, "config": http.server_config(),
+               "workload": workload.describe(), "summary": summary, **http_extras(records, http.snapshots),
                "sweep": {"series": p.series, "run": p.run, "x": p.x, "values": p.values}}
         runs.append(run)
         if log:
             failed = summary["requests_failed"]
-            log(f"[{i}/{len(points)}] {p.label}: {summary['throughput_tokens_per_s']:.0f} "
+            log(f"[{i}/{len(points)}] {p.label}: {_n(summary['throughput_tokens_per_s'])} "
                 f"tok/s, e2e P99 {_s(summary['e2e_p99_s'])}, "
                 f"{summary['requests_finished']}/{summary['requests_total']} done"
                 f"{f', {failed} failed' if failed else ''} "
                 f"({time.perf_counter() - started:.1f} s)")
-    return runs, False
+    return runs, None
 
 
 def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f} s"
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"

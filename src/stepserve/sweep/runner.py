@@ -68,15 +68,15 @@ def timed_workload(workload: Workload, duration_s: float | None,
 
 def run_points(points: list[SweepPoint], make_workload: Callable[[dict], Workload],
                cost_model: CostModel, blocks_for_config: Callable[[EngineConfig], int],
-               log: Callable[[str], None] | None = None) -> tuple[list[dict], bool]:
+               log: Callable[[str], None] | None = None) -> tuple[list[dict], str | None]:
     """Simulate each point. Points with the same load share one generated request list.
-    Returns (runs, interrupted): Ctrl-C keeps the points simulated before it."""
+    Returns (runs, "interrupted" or None): Ctrl-C keeps the points simulated before it."""
     runs: list[dict] = []
     try:
         _simulate(points, make_workload, cost_model, blocks_for_config, log, runs)
     except KeyboardInterrupt:
-        return runs, True
-    return runs, False
+        return runs, "interrupted"
+    return runs, None
 
 
 def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs) -> None:
