@@ -19,6 +19,7 @@ from typing import Any
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.results import e2e_s, ttft_s
 from stepserve.bench.scrape import Snapshot
+from stepserve.metrics.prometheus import counter_delta
 from stepserve.metrics.run_data import SAMPLE_CAP, thin
 
 # timeseries field -> the counter it is the per-interval increase of
@@ -46,17 +47,11 @@ def scrape_timeseries(snapshots: Sequence[Snapshot]) -> dict[str, list] | None:
     for key in ("waiting", "running"):
         ts[key] = [b.level(key) or 0.0 for _a, b in rows]
     for field, counter in INTERVAL_COUNTERS.items():
-        deltas = [_increase(a.counter(counter), b.counter(counter)) for a, b in rows]
+        deltas = [counter_delta(a, b, counter) for a, b in rows]
         if field == "steps" and all(d is None for d in deltas):
             continue
         ts[field] = [d or 0.0 for d in deltas]
     return ts
-
-
-def _increase(before: float | None, after: float | None) -> float | None:
-    if before is None or after is None:
-        return None
-    return max(after - before, 0.0)  # a counter reset (restart) reads as no increase
 
 
 def http_extras(records: Sequence[RequestRecord],
