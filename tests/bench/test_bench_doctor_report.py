@@ -47,6 +47,8 @@ def test_a_live_bench_result_names_the_servers_settings_and_reports(served, tmp_
     _doctor_rules(capsys, out)  # a live result reads back without error
     report = tmp_path / "report"
     assert main(["report", str(out), "--out", str(report)]) == 0
+    page = (report / "index.html").read_text()
+    assert "<title>stepserve bench: random</title>" in page and "a bench result" in page
     for name in ("knee.png", "cdf_ttft.png", "cdf_e2e.png", "ts_waiting.png",
                  "ts_running.png", "ts_tokens_per_step.png"):
         assert (report / name).read_bytes()[:4] == b"\x89PNG", name

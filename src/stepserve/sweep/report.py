@@ -1,6 +1,6 @@
 """`stepserve report RESULT.json --out DIR`: PNG plots and one self-contained HTML page
-(PNGs embedded as base64, also written beside it) for a `stepserve sweep --json` or a
-`stepserve simulate --json` result.
+(PNGs embedded as base64, also written beside it) for a `stepserve sweep --json`,
+`stepserve simulate --json` or `stepserve bench --json` result.
 
 Time series and CDFs need per-run `timeseries` and `latency_samples` (see
 metrics.run_data.run_extras); runs without them are skipped with a note on the page.
@@ -36,6 +36,14 @@ SUMMARY_COLUMNS = (
 
 def is_sweep(result: dict[str, Any]) -> bool:
     return result.get("kind") == "sweep"
+
+
+def result_kind(result: dict[str, Any]) -> str:
+    """sweep, bench (its runs name a target) or simulate."""
+    if is_sweep(result):
+        return "sweep"
+    runs = result.get("runs") or []
+    return "bench" if runs and all("target" in r for r in runs) else "simulate"
 
 
 def groups_of(result: dict[str, Any]) -> list[Group]:
@@ -98,7 +106,8 @@ def write_plots(result: dict[str, Any], out: Path) -> tuple[list[tuple[str, Path
     series, x_name, metric = knee_series(result)
     caption = (f"Throughput and {metric} against {x_name}; red X: knee, green star: "
                "recommendation" if is_sweep(result) else
-               f"Throughput and {metric} per run (a simulate result: no sweep, no knee)")
+               f"Throughput and {metric} per run (a {result_kind(result)} result: no "
+               "sweep, no knee)")
     pngs.append((caption, save(knee_plot(series, x_name, metric), out / "knee.png")))
     groups = groups_of(result)
     cdf_groups, notes = _plottable(groups, "latency_samples")
@@ -138,7 +147,8 @@ def _summary_table(result: dict[str, Any]) -> str:
 
 def _knee_text(result: dict[str, Any]) -> str:
     if not is_sweep(result):
-        return "<p>A simulate result: runs are compared side by side; no knee is computed.</p>"
+        return (f"<p>A {result_kind(result)} result: runs are compared side by side; no "
+                "knee is computed.</p>")
     from stepserve.sweep.commands import format_knees
 
     return f"<pre>{html.escape(format_knees(result))}</pre>"
@@ -160,8 +170,8 @@ def write_report(result: dict[str, Any], out_dir: str | Path) -> Path:
         f"{base64.b64encode(path.read_bytes()).decode()}'><figcaption>{html.escape(cap)} "
         f"({path.name})</figcaption></figure>" for cap, path in pngs)
     note_html = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
-    title = f"stepserve {'sweep' if is_sweep(result) else 'simulate'}: " \
-            f"{result.get('scenario', '')}"
+    title = f"stepserve {result_kind(result)}: " \
+            f"{result.get('scenario') or ', '.join(r['name'] for r in result.get('runs', []))}"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1150px;margin:auto}}
 table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}

@@ -11,8 +11,9 @@ from pathlib import Path
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "report", help="HTML and PNG report of a sweep or simulate JSON result",
-        description="Plot a `stepserve sweep --json` or `stepserve simulate --json` result: "
+        "report", help="HTML and PNG report of a sweep, simulate or bench JSON result",
+        description="Plot a `stepserve sweep --json`, `simulate --json` or `bench --json` "
+                    "result: "
                     "latency CDFs, throughput and P99 against the swept value with the knee, "
                     "queues, batch, tokens per step and preemptions over time.")
     p.add_argument("result", help="the JSON result file")
@@ -25,7 +26,7 @@ def run_report_cmd(args: argparse.Namespace) -> int:
     try:
         result = json.loads(Path(args.result).read_text())
         if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
-            raise ValueError(f"{args.result}: not a sweep or simulate result (no runs list)")
+            raise ValueError(f"{args.result}: not a sweep, simulate or bench result (no runs list)")
         from stepserve.sweep.report import write_report
 
         page = write_report(result, args.out)
