@@ -37,6 +37,14 @@ class FinishReason(str, enum.Enum):
     TIMED_OUT = "timed_out"
 
 
+class RejectReason(str, enum.Enum):
+    """Why admission refused a request (FinishReason.REJECTED), for counters and HTTP codes."""
+
+    EMPTY_PROMPT = "empty_prompt"
+    TOO_LONG = "too_long"  # prompt + max_tokens over max_model_len
+    QUEUE_FULL = "queue_full"  # max_waiting reached: retry later
+
+
 FINISH_REASON_OF = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
@@ -100,6 +108,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     finish_message: str = ""
+    reject_reason: RejectReason | None = None  # set when admission refused it
 
     # timestamps (clock seconds)
     first_scheduled_time: float | None = None

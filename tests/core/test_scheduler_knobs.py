@@ -4,7 +4,7 @@ import pytest
 from factories import FakeRunner, make_requests, make_scheduler, run_until_done, step
 
 from stepserve.config import ConfigError
-from stepserve.request import FinishReason, RequestStatus
+from stepserve.request import FinishReason, RejectReason, RequestStatus
 
 
 def add_all(sched, reqs):
@@ -78,6 +78,7 @@ def test_max_model_len_rejects_with_a_reason_naming_both_numbers():
     assert not sched.add_request(r)
     assert r.status is RequestStatus.FINISHED_REJECTED
     assert "60" in r.finish_message and "70" in r.finish_message and "64" in r.finish_message
+    assert r.reject_reason is RejectReason.TOO_LONG
     assert sched.finished == [r] and not sched.has_unfinished()
 
 
@@ -99,12 +100,21 @@ def test_budget_order_prefill_first_starves_decode_when_chunk_cap_equals_budget(
     assert [o.num_decode_tokens for o in served] == [1, 1, 1, 1]
 
 
+def test_an_empty_prompt_is_rejected_with_its_reason():
+    sched = make_scheduler()
+    (r,) = make_requests(1, prompt_len=0)
+    assert not sched.add_request(r)
+    assert r.reject_reason is RejectReason.EMPTY_PROMPT and "empty" in r.finish_message
+    assert r.finish_reason is FinishReason.REJECTED and not sched.has_unfinished()
+
+
 def test_max_waiting_rejects_over_the_cap():
     sched = make_scheduler(max_waiting=3)
     reqs = make_requests(5)
     accepted = [sched.add_request(r) for r in reqs]
     assert accepted == [True, True, True, False, False]
     assert "max_waiting = 3" in reqs[3].finish_message
+    assert [r.reject_reason for r in reqs] == [None] * 3 + [RejectReason.QUEUE_FULL] * 2
     run_until_done(sched)
     assert len(sched.finished) == 5
 

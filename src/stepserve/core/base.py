@@ -9,7 +9,7 @@ from stepserve.config import ConfigError, EngineConfig
 from stepserve.core.kv_cache import KVCacheManager, blocks_for
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.policies import make_policy
-from stepserve.request import FINISH_REASON_OF, Request, RequestStatus
+from stepserve.request import FINISH_REASON_OF, RejectReason, Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -47,20 +47,22 @@ class SchedulerBase:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
         limit = self.sc.max_model_len
-        reason = ""
+        reason, why = "", None
         if request.num_prompt_tokens == 0:
-            reason = "the prompt is empty; at least one token is required"
+            reason, why = ("the prompt is empty; at least one token is required",
+                           RejectReason.EMPTY_PROMPT)
         elif request.max_total_tokens > limit:
-            reason = (f"prompt ({request.num_prompt_tokens} tokens) + max_tokens "
-                      f"({request.max_tokens}) = {request.max_total_tokens} exceeds "
-                      f"max_model_len = {limit}")
+            reason, why = (f"prompt ({request.num_prompt_tokens} tokens) + max_tokens "
+                           f"({request.max_tokens}) = {request.max_total_tokens} exceeds "
+                           f"max_model_len = {limit}", RejectReason.TOO_LONG)
         elif self.qc.max_waiting and len(self.waiting) >= self.qc.max_waiting:
-            reason = (f"queue full: {len(self.waiting)} requests waiting, max_waiting = "
-                      f"{self.qc.max_waiting}; retry later")
-        if reason:
+            reason, why = (f"queue full: {len(self.waiting)} requests waiting, max_waiting "
+                           f"= {self.qc.max_waiting}; retry later", RejectReason.QUEUE_FULL)
+        if why is not None:
             request.status = RequestStatus.FINISHED_REJECTED
             request.finish_reason = FINISH_REASON_OF[request.status]
             request.finish_message = reason
+            request.reject_reason = why
             request.finish_time = self.clock.now()
             self.finished.append(request)
             return False

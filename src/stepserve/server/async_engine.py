@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stepserve.request import Request, SamplingParams
+from stepserve.request import RejectReason, Request, SamplingParams
 
 if TYPE_CHECKING:
     from stepserve.engine.llm_engine import LLMEngine
@@ -39,15 +39,18 @@ IDLE_POLL_S = 0.002  # work is queued but nothing could be scheduled: look again
 
 
 class RequestRejected(Exception):
-    """The scheduler refused the request at admission (queue full, too long, empty)."""
+    """The scheduler refused the request at admission. `reason`: a RejectReason value
+    (queue_full, too_long, empty_prompt), or "invalid" for a request the engine could not
+    take at all."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, reason: str = "invalid") -> None:
         super().__init__(message)
         self.message = message
+        self.reason = reason
 
     @property
     def queue_full(self) -> bool:
-        return self.message.startswith("queue full")
+        return self.reason == RejectReason.QUEUE_FULL.value
 
 
 class EngineUnavailable(Exception):
@@ -329,7 +332,8 @@ class AsyncEngine:
                 continue
             if req.is_finished:
                 engine.release([req])
-                admissions.append((cmd.admitted, RequestRejected(req.finish_message)))
+                why = req.reject_reason.value if req.reject_reason else "invalid"
+                admissions.append((cmd.admitted, RequestRejected(req.finish_message, why)))
                 continue
             stops = cmd.params.stop
             holdback = max((len(s) for s in stops), default=1) - 1

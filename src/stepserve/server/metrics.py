@@ -51,17 +51,6 @@ CONFIG_INFO_FIELDS = ("batching", "max_num_seqs", "max_num_batched_tokens",
 FINISH_REASONS = ("stop", "length", "abort", "timed_out")
 
 
-def rejection_reason(message: str) -> str:
-    """The label for an admission refusal, from the scheduler's message."""
-    if message.startswith("queue full"):
-        return "queue_full"
-    if "exceeds max_model_len" in message:
-        return "too_long"
-    if "empty" in message:
-        return "empty_prompt"
-    return "invalid"
-
-
 class ServerMetrics:
     def __init__(self, model_name: str, scheduler: SchedulerConfig | None = None) -> None:
         disable_created_metrics()  # no *_created series (process-wide; vLLM does the same)

@@ -35,7 +35,6 @@ from stepserve.server.errors import (
     bad_request,
     from_validation_error,
 )
-from stepserve.server.metrics import rejection_reason
 from stepserve.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -166,7 +165,8 @@ async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
             raise APIError(429, f"the server is overloaded: {e.message}", RATE_LIMIT,
                            code="queue_full",
                            headers={"Retry-After": str(ctx.retry_after_s)}) from None
-        raise bad_request(e.message, None, rejection_reason(e.message)) from None
+        code = "context_length_exceeded" if e.reason == "too_long" else e.reason
+        raise bad_request(e.message, None, code) from None
     except EngineUnavailable as e:
         code = "engine_error" if ctx.engine.fault else "shutting_down"
         raise APIError(503, f"the server cannot take requests: {e}", UNAVAILABLE,
