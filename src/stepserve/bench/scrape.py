@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from stepserve.metrics.live import level_summary
+from stepserve.metrics.prom_sources import KNOWN_PREFIXES
 from stepserve.metrics.prometheus import (
-    KNOWN_PREFIXES,
     Samples,
     Snapshot,
     counter_delta,

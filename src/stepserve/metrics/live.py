@@ -41,9 +41,8 @@ from typing import Any
 import httpx
 
 from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
+from stepserve.metrics.prom_sources import KNOWN_PREFIXES, LEVELS
 from stepserve.metrics.prometheus import (
-    KNOWN_PREFIXES,
-    LEVELS,
     Snapshot,
     counter_delta,
     histogram_delta,
