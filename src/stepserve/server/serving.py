@@ -9,7 +9,6 @@ clean 503. Failures after the stream began are an SSE error event, then `[DONE]`
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,13 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from stepserve.request import SamplingParams
-from stepserve.server.async_engine import (
-    AsyncEngine,
-    EngineUnavailable,
-    RequestRejected,
-    RequestStream,
-    StreamOutput,
-)
+from stepserve.server.async_engine import AsyncEngine
 from stepserve.server.errors import (
     RATE_LIMIT,
     SERVER_ERROR,
@@ -37,20 +30,22 @@ from stepserve.server.errors import (
 )
 from stepserve.server.protocol import (
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    DeltaMessage,
     UsageInfo,
     _Sampling,
 )
-
-SSE_DONE = "data: [DONE]\n\n"
+from stepserve.server.sse import SSE_DONE, ChatChunks, Chunks, CompletionChunks
+from stepserve.server.streams import (
+    EngineUnavailable,
+    RequestRejected,
+    RequestStream,
+    StreamOutput,
+)
 
 
 @dataclass
@@ -223,7 +218,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     rid = f"cmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     if body.stream:
-        return await _start_stream(ctx, request, stream, _CompletionChunks(
+        return await _start_stream(ctx, request, stream, CompletionChunks(
             rid, created, ctx.model_name, body))
     out = await _final(ctx, request, stream)
     if out is None:
@@ -249,7 +244,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     if body.stream:
-        return await _start_stream(ctx, request, stream, _ChatChunks(
+        return await _start_stream(ctx, request, stream, ChatChunks(
             rid, created, ctx.model_name, body))
     out = await _final(ctx, request, stream)
     if out is None:
@@ -271,104 +266,8 @@ async def _final(ctx: ServingContext, request: Request,
 
 # ---- streaming ----
 
-class _Chunks:
-    """Renders one request's SSE events. Token chunks come from a template made once
-    from the pydantic chunk model (only the text changes), so a token costs one
-    json.dumps; the first, last and usage chunks are rendered by pydantic."""
-
-    SENTINEL = "\x00stepserve-text\x00"
-
-    def __init__(self, include_usage: bool, continuous_usage: bool) -> None:
-        self.include_usage = include_usage
-        self.continuous_usage = continuous_usage
-        self._prefix, self._suffix = "", ""
-
-    def _make_template(self, chunk: BaseModel) -> None:
-        data = chunk.model_dump_json()
-        marker = json.dumps(self.SENTINEL)
-        self._prefix, self._suffix = data.split(marker)
-
-    def head(self, first: StreamOutput) -> str:
-        return ""
-
-    def token(self, text: str, out: StreamOutput) -> str:
-        if self.continuous_usage:
-            return self._event(self._chunk(text, None, self._usage(out)))
-        return f"data: {self._prefix}{json.dumps(text)}{self._suffix}\n\n"
-
-    def tail(self, out: StreamOutput) -> str:
-        usage = self._usage(out) if self.continuous_usage else None
-        events = [self._event(self._chunk(out.text, out.finish_reason, usage))]
-        if self.include_usage:
-            events.append(self._event(self._usage_chunk(self._usage(out))))
-        return "".join(events)
-
-    @staticmethod
-    def _usage(out: StreamOutput) -> UsageInfo:
-        return UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)
-
-    @staticmethod
-    def _event(chunk: BaseModel) -> str:
-        return f"data: {chunk.model_dump_json()}\n\n"
-
-    def _chunk(self, text: str, finish_reason: str | None, usage: UsageInfo | None
-               ) -> BaseModel:
-        raise NotImplementedError
-
-    def _usage_chunk(self, usage: UsageInfo) -> BaseModel:
-        raise NotImplementedError
-
-
-class _CompletionChunks(_Chunks):
-    def __init__(self, rid: str, created: int, model: str, body: CompletionRequest) -> None:
-        opts = body.stream_options
-        super().__init__(bool(opts and opts.include_usage),
-                         bool(opts and opts.continuous_usage_stats))
-        self.rid, self.created, self.model = rid, created, model
-        self._make_template(self._chunk(self.SENTINEL, None, None))
-
-    def _chunk(self, text, finish_reason, usage):
-        return CompletionResponse(id=self.rid, created=self.created, model=self.model,
-                                  choices=[CompletionChoice(text=text,
-                                                            finish_reason=finish_reason)],
-                                  usage=usage)
-
-    def _usage_chunk(self, usage):
-        return CompletionResponse(id=self.rid, created=self.created, model=self.model,
-                                  choices=[], usage=usage)
-
-
-class _ChatChunks(_Chunks):
-    def __init__(self, rid: str, created: int, model: str, body: ChatCompletionRequest
-                 ) -> None:
-        opts = body.stream_options
-        super().__init__(bool(opts and opts.include_usage),
-                         bool(opts and opts.continuous_usage_stats))
-        self.rid, self.created, self.model = rid, created, model
-        self._make_template(self._chunk(self.SENTINEL, None, None))
-
-    def head(self, first: StreamOutput) -> str:
-        usage = UsageInfo.of(first.num_prompt_tokens, 0) if self.continuous_usage else None
-        return self._event(self._make(DeltaMessage(role="assistant", content=""), None, usage))
-
-    def _chunk(self, text, finish_reason, usage):
-        delta = DeltaMessage(content=text) if text or finish_reason is None else DeltaMessage()
-        return self._make(delta, finish_reason, usage)
-
-    def _make(self, delta: DeltaMessage, finish_reason: str | None, usage: UsageInfo | None
-              ) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
-                                   choices=[ChatChunkChoice(delta=delta,
-                                                            finish_reason=finish_reason)],
-                                   usage=usage)
-
-    def _usage_chunk(self, usage):
-        return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
-                                   choices=[], usage=usage)
-
-
 async def _start_stream(ctx: ServingContext, request: Request, stream: RequestStream,
-                        chunks: _Chunks) -> Response:
+                        chunks: Chunks) -> Response:
     first = await next_output(ctx, request, stream)
     if first is None:
         return Response(status_code=499)
@@ -380,7 +279,7 @@ async def _start_stream(ctx: ServingContext, request: Request, stream: RequestSt
 
 
 async def _events(ctx: ServingContext, stream: RequestStream, first: StreamOutput,
-                  chunks: _Chunks) -> AsyncIterator[str]:
+                  chunks: Chunks) -> AsyncIterator[str]:
     out = first
     try:
         yield chunks.head(first)
