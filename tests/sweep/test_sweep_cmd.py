@@ -46,7 +46,12 @@ def test_seed_configs_abc_over_rate_each_find_a_knee(tmp_path, cli, capsys):
     peak = {r["sweep"]["series"]: r["summary"]["throughput_tokens_per_s"]
             for r in result["runs"] if r["sweep"]["x"] == 96.0}
     assert peak["B"] > 1.1 * peak["A"]  # B: both limits large -> more throughput than A
-    assert capsys.readouterr().out.count("<- knee") == 3
+    text = capsys.readouterr().out
+    assert text.count("<- knee") == 3
+    for knee in knees.values():  # the highest load meeting the SLO, per series
+        best = knee["best_slo_index"]
+        assert knee["slo_met"][best] and not any(knee["slo_met"][best + 1:])
+    assert text.count("highest load meeting ttft_p99_s <= 2: ") == 3
 
 
 def test_scenario_runs_as_the_axis(tmp_path, cli, capsys):

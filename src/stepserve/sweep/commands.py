@@ -239,6 +239,13 @@ def format_knees(result: dict[str, Any]) -> str:
         else:
             lines.append(f"  knee: {result['x_axis']}={_x(knee['knee_x'])}: throughput "
                          f"{_pct(knee['throughput_gain'])}, {metric} {_pct(knee['p99_rise'])}")
+        if rule["slos"]:
+            best = knee["best_slo_index"]
+            slo_text = " and ".join(
+                f"{s['metric']} {'>=' if s['at_least'] else '<='} {s['limit']:g}"
+                for s in rule["slos"])
+            lines.append(f"  highest load meeting {slo_text}: "
+                         f"{'none' if best is None else _x(knee['xs'][best])}")
         rec = knee["recommended_index"]
         lines.append(f"  recommended: {'none' if rec is None else _x(knee['xs'][rec])} "
                      f"({knee['reason']})")

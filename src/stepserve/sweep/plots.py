@@ -84,8 +84,9 @@ def _once(ax, label: str) -> str:
 
 def knee_plot(series: list[dict[str, Any]], x_name: str, p99_metric: str) -> Figure:
     """Throughput and P99 against the swept value, one line per series; the knee is a red
-    X with a dotted line, the recommendation a green star. `series`: dicts with name, xs,
-    throughput, p99, knee_index, recommended_index."""
+    X with a dotted line, the recommendation a green star, the highest load meeting the
+    SLOs a blue diamond. `series`: dicts with name, xs, throughput, p99, knee_index,
+    recommended_index and optionally best_slo_index."""
     fig, (ax_t, ax_p) = _figure(2)
     for color, s in zip(_colors(len(series)), series):
         xs, ticks = _xs(s["xs"])
@@ -101,6 +102,10 @@ def knee_plot(series: list[dict[str, Any]], x_name: str, p99_metric: str) -> Fig
                 ax.annotate(f"{s['name']} knee @ {_fmt(s['xs'][k])}", (xs[k], ys[k]),
                             xytext=(4, -12), textcoords="offset points", fontsize=7,
                             color="red")
+            b = s.get("best_slo_index")
+            if b is not None and ys[b] is not None:
+                ax.plot([xs[b]], [ys[b]], marker="D", ms=11, mfc="none", mec="royalblue",
+                        mew=1.8, ls="none", label=_once(ax, "highest load meeting the SLO"))
             if r is not None and ys[r] is not None:
                 ax.plot([xs[r]], [ys[r]], marker="*", ms=15, color="green", ls="none",
                         label=_once(ax, "recommended"))

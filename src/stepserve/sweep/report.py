@@ -62,6 +62,10 @@ def groups_of(result: dict[str, Any]) -> list[Group]:
     return list(out.values())
 
 
+def knee_rule_slos(result: dict[str, Any]) -> list:
+    return (result.get("knee_rule") or {}).get("slos") or []
+
+
 def knee_series(result: dict[str, Any]) -> tuple[list[dict], str, str]:
     """(series for knee_plot, x axis name, P99 metric)."""
     if not is_sweep(result):
@@ -81,7 +85,9 @@ def knee_series(result: dict[str, Any]) -> tuple[list[dict], str, str]:
                        "throughput": [r["summary"].get(THROUGHPUT_METRIC) for r in group],
                        "p99": [r["summary"].get(metric) for r in group],
                        "knee_index": knee["knee_index"],
-                       "recommended_index": knee["recommended_index"]})
+                       "recommended_index": knee["recommended_index"],
+                       "best_slo_index": knee["best_slo_index"] if knee_rule_slos(result)
+                       else None})
     return series, result["x_axis"], metric
 
 
@@ -104,10 +110,12 @@ def write_plots(result: dict[str, Any], out: Path) -> tuple[list[tuple[str, Path
     out.mkdir(parents=True, exist_ok=True)
     pngs: list[tuple[str, Path]] = []
     series, x_name, metric = knee_series(result)
-    caption = (f"Throughput and {metric} against {x_name}; red X: knee, green star: "
-               "recommendation" if is_sweep(result) else
-               f"Throughput and {metric} per run (a {result_kind(result)} result: no "
-               "sweep, no knee)")
+    if is_sweep(result):
+        caption = (f"Throughput and {metric} against {x_name}; red X: knee, green star: "
+                   "recommendation, blue diamond: highest load meeting the SLO")
+    else:
+        caption = (f"Throughput and {metric} per run (a {result_kind(result)} result: no "
+                   "sweep, no knee)")
     pngs.append((caption, save(knee_plot(series, x_name, metric), out / "knee.png")))
     groups = groups_of(result)
     cdf_groups, notes = _plottable(groups, "latency_samples")
