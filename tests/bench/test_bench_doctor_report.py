@@ -52,3 +52,23 @@ def test_a_live_bench_result_names_the_servers_settings_and_reports(served, tmp_
     for name in ("knee.png", "cdf_ttft.png", "cdf_e2e.png", "ts_waiting.png",
                  "ts_running.png", "ts_tokens_per_step.png"):
         assert (report / name).read_bytes()[:4] == b"\x89PNG", name
+
+
+@pytest.mark.parametrize("where", [["--sim", "--cost", "constant"],
+                                   ["--engine", "--model", "tiny", "--num-gpu-blocks", "128",
+                                    "--max-model-len", "256"]], ids=["sim", "engine"])
+def test_in_process_bench_results_carry_step_time_series(where, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "r.json"
+    assert main(["bench", *where, "--random-input-len", "16", "--random-output-len", "8",
+                 "--max-concurrency", "3", "--max-num-seqs", "3", "--num-prompts", "12",
+                 "--no-progress", "--json", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["config"]["scheduler"]["max_num_seqs"] == 3  # the doctor can name it
+    ts = run["timeseries"]
+    # times from the run's start (not the engine clock's epoch); no more bins than steps
+    assert 0 <= ts["t"][0] <= ts["t"][-1] <= run["summary"]["duration_s"] + 1.0
+    assert len(ts["t"]) <= sum(ts["steps"]) and max(ts["running"]) <= 3
+    assert sum(ts["decode_tokens"]) + sum(ts["prefill_tokens"]) >= 12 * (16 + 8) - 12
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "ts_tokens_per_step.png").exists()

@@ -32,6 +32,7 @@ from stepserve.bench.results import (
 from stepserve.bench.run_data import http_extras, latency_samples
 from stepserve.bench.slo import SLO, SLOError, parse_slo
 from stepserve.config import ConfigError
+from stepserve.config_load import to_dict as config_to_dict
 from stepserve.metrics.alerts import diagnose
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.scenarios import list_workloads
@@ -192,6 +193,7 @@ def _run(args, plan: LoadPlan, slo: SLO, workload: Workload) -> int:
             cost, blocks = _sim_cost(args, config)
             records, extra, sim_run = run_sim(plan, config, cost, blocks)
             run.update(target="sim", batching=sim_run["batching"], config=sim_run["config"],
+                       timeseries=sim_run["timeseries"],
                        cost_model=cost.describe())
             bar.update(len(records))
         else:
@@ -202,7 +204,9 @@ def _run(args, plan: LoadPlan, slo: SLO, workload: Workload) -> int:
             engine = LLMEngine(args.model or "tiny", config)
             run.update(target="engine", model=args.model or "tiny",
                        batching=config.scheduler.batching)
-            records, extra = run_engine(plan, engine, lambda r: bar.update(), interrupted)
+            records, extra, plots = run_engine(plan, engine, lambda r: bar.update(),
+                                               interrupted)
+            run.update(config=config_to_dict(config), **plots)
     finally:
         bar.close()
     return _report(args, run, records, slo, extra, interrupted[0], started)

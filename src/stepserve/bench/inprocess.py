@@ -14,6 +14,7 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan, token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config import EngineConfig
+from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.summary import summarize
 from stepserve.request import Request, SamplingParams
 
@@ -59,7 +60,8 @@ def engine_keys(requests: Sequence[Request], steps: Any, duration_s: float) -> d
 
 def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: int
             ) -> tuple[list[RequestRecord], dict, dict]:
-    """(records, engine keys, the simulator's run dict without its in-memory result)."""
+    """(records, engine keys, the simulator's run dict without its in-memory result, with
+    its binned step records as `timeseries`)."""
     from stepserve.sim.run import run_config
 
     run = run_config("sim", config, plan.specs, cost_model, num_gpu_blocks, plan.concurrency)
@@ -68,15 +70,16 @@ def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: in
     records = [record_of(by_id[str(s.index)], s.index, i < plan.warmup, s.arrival_s, 0.0,
                          s.request_class)
                for i, s in enumerate(plan.specs) if str(s.index) in by_id]
+    run["timeseries"] = step_timeseries(sim.steps)
     return records, engine_keys(sim.requests, sim.steps, sim.duration_s), run
 
 
 def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] | None = None,
                interrupted: list[bool] | None = None
-               ) -> tuple[list[RequestRecord], dict]:
-    """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. A
-    KeyboardInterrupt stops the run; what ended so far is returned and
-    `interrupted[0]` is set."""
+               ) -> tuple[list[RequestRecord], dict, dict]:
+    """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. Returns
+    (records, engine keys, {"timeseries": binned step records} or {}). A KeyboardInterrupt
+    stops the run; what ended so far is returned and `interrupted[0]` is set."""
     clock = engine.clock
     t0 = clock.now()
     issued: list[tuple[int, Request]] = []
@@ -143,4 +146,5 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
             rec.error, rec.status = "interrupted before the response ended", 200
         records.append(rec)
     steps = list(engine.scheduler.step_records)
-    return records, engine_keys([r for _, r in issued], steps, clock.now() - t0)
+    extras = {"timeseries": step_timeseries(steps, t0=t0)} if steps else {}
+    return records, engine_keys([r for _, r in issued], steps, clock.now() - t0), extras

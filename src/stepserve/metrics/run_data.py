@@ -28,8 +28,7 @@ def run_extras(sim, bins: int = TIMESERIES_BINS,
     """{"timeseries", "latency_samples"} for one simulation: what `stepserve report`
     needs for time series and CDFs. timeseries also carries `steps` (step records per bin,
     all replicas) so tokens per step can be drawn."""
-    ts = timeseries(sim.steps, bins=bins).to_dict()
-    ts["steps"] = _steps_per_bin(sim, bins)
+    ts = step_timeseries(sim.steps, bins)
     done = [m for m in map(request_metrics, sim.requests) if m.completed]
     ttft = [m.ttft_s for m in done if m.ttft_s is not None]
     e2e = [m.e2e_s for m in done if m.e2e_s is not None]
@@ -38,9 +37,22 @@ def run_extras(sim, bins: int = TIMESERIES_BINS,
                                 "count": len(done), "capped": len(done) > cap}}
 
 
-def _steps_per_bin(sim, bins: int) -> list[int]:
+def step_timeseries(steps, bins: int = TIMESERIES_BINS, t0: float = 0.0
+                    ) -> dict[str, list]:
+    """The binned step records (metrics.step_metrics.timeseries) plus `steps`, the step
+    records per bin, so tokens per step can be drawn; from a simulation or an engine.
+    Never more bins than steps (a short run would be mostly empty bins); times are
+    seconds after `t0` (the run's start on an engine's clock)."""
+    bins = max(1, min(bins, sum(len(r) for r in per_replica(steps))))
+    ts = timeseries(steps, bins=bins).to_dict()
+    ts["t"] = [t - t0 for t in ts["t"]]
+    ts["steps"] = _steps_per_bin(steps, bins)
+    return ts
+
+
+def _steps_per_bin(steps, bins: int) -> list[int]:
     # same binning as metrics.step_metrics.timeseries: by each step's end time
-    recs = [s for r in per_replica(sim.steps) for s in r]
+    recs = [s for r in per_replica(steps) for s in r]
     if not recs:
         return []
     t0 = min(s.start_s for s in recs)
