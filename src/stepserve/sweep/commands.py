@@ -27,6 +27,7 @@ from stepserve.sweep.knee import (
 from stepserve.sweep.live import check_target_args, run_target_points, target_points
 from stepserve.sweep.runner import override_workload, run_points, stderr_log, timed_workload
 from stepserve.sweep.spec import RunConfig, build_points, parse_slo, parse_vary
+from stepserve.sweep.text import format_knees
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload
 
@@ -197,73 +198,6 @@ def sweep_result(plan: dict[str, Any], runs: list[dict], args,
     }
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.1%}"
-
-
-def format_knees(result: dict[str, Any]) -> str:
-    rule = result["knee_rule"]
-    metric = rule["p99_metric"]
-    other = "e2e_p99_s" if metric == "ttft_p99_s" else "ttft_p99_s"
-    lines = [f"knee rule: throughput gain < {rule['min_throughput_gain']:.0%} while "
-             f"{metric} rises > {rule['max_p99_rise']:.0%} (vs the previous point)"]
-    by_series: dict[str, list[dict]] = {}
-    for run in result["runs"]:
-        by_series.setdefault(run["sweep"]["series"], []).append(run)
-    for knee in result["knees"]:
-        group = by_series[knee["series"]]
-        lines.append(f"\n{result['x_axis']} sweep, series {knee['series']}:")
-        lines.append(f"  {'x':>10} {'tok/s':>9} {'gain':>8} {metric:>12} {'rise':>8} "
-                     f"{other:>10} {'preempt':>7}  slo")
-        for i, run in enumerate(group):
-            s = run["summary"]
-            step = knee["steps"][i - 1] if i else {}
-            mark = " <- knee" if i == knee["knee_index"] else ""
-            mark += " <- throughput flat" if i == knee.get("flat_index") else ""
-            mark += " <- recommended" if i == knee["recommended_index"] else ""
-            p99 = s.get(metric)
-            lines.append(
-                f"  {_x(run['sweep']['x']):>10} {_count(s['throughput_tokens_per_s']):>9} "
-                f"{_pct(step.get('throughput_gain')):>8} "
-                f"{'-' if p99 is None else f'{p99:.2f}':>12} {_pct(step.get('p99_rise')):>8} "
-                f"{_num(s.get(other)):>10} {_count(s.get('preemptions')):>7}  "
-                f"{'ok' if knee['slo_met'][i] else 'miss'}{mark}")
-        if knee["knee_index"] is None:
-            flat = [st for st in knee["steps"] if st["throughput_gain"] is not None
-                    and st["throughput_gain"] < rule["min_throughput_gain"]]
-            hint = (f" (throughput flat from {result['x_axis']}="
-                    f"{_x(knee['xs'][flat[0]['index']])}, but {metric} changed only "
-                    f"{', '.join(_pct(st['p99_rise']) for st in flat)} there; try "
-                    "another --p99-metric or --max-p99-rise)") if flat else ""
-            lines.append(f"  knee: none in this range{hint}")
-        else:
-            lines.append(f"  knee: {result['x_axis']}={_x(knee['knee_x'])}: throughput "
-                         f"{_pct(knee['throughput_gain'])}, {metric} {_pct(knee['p99_rise'])}")
-        if rule["slos"]:
-            best = knee["best_slo_index"]
-            slo_text = " and ".join(
-                f"{s['metric']} {'>=' if s['at_least'] else '<='} {s['limit']:g}"
-                for s in rule["slos"])
-            lines.append(f"  highest load meeting {slo_text}: "
-                         f"{'none' if best is None else _x(knee['xs'][best])}")
-        rec = knee["recommended_index"]
-        lines.append(f"  recommended: {'none' if rec is None else _x(knee['xs'][rec])} "
-                     f"({knee['reason']})")
-    return "\n".join(lines)
-
-
-def _x(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
-def _count(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}"
-
-
 def run_sweep_cmd(args: argparse.Namespace) -> int:
     try:
         plan = build_sweep(args)
@@ -305,4 +239,4 @@ def to_json_ready(result: dict[str, Any]) -> dict[str, Any]:
                                for r in result["runs"]]}
 
 
-__all__ = ["KneeResult", "add_sweep_parser", "build_sweep", "format_knees", "run_sweep_cmd"]
+__all__ = ["KneeResult", "add_sweep_parser", "build_sweep", "run_sweep_cmd"]

@@ -22,6 +22,7 @@ from stepserve.sweep.plots import (
     timeseries_plot,
     tokens_per_step_plot,
 )
+from stepserve.sweep.text import format_knees
 
 SUMMARY_COLUMNS = (
     ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
@@ -157,8 +158,6 @@ def _knee_text(result: dict[str, Any]) -> str:
     if not is_sweep(result):
         return (f"<p>A {result_kind(result)} result: runs are compared side by side; no "
                 "knee is computed.</p>")
-    from stepserve.sweep.commands import format_knees
-
     return f"<pre>{html.escape(format_knees(result))}</pre>"
 
 
