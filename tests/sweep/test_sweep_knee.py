@@ -2,7 +2,7 @@
 
 import pytest
 
-from stepserve.sweep.knee import analyze_series, find_knee
+from stepserve.sweep.knee import analyze_series, find_knee, is_ordered
 from stepserve.sweep.spec import parse_slo
 
 
@@ -62,6 +62,32 @@ def test_flat_throughput_without_a_knee_stops_the_recommendation_before_it():
     result = _analyze("A", [1, 2, 3, 4], _summaries([100, 200, 201, 202],
                                                           [1, 1.1, 1.21, 1.3]), [slo])
     assert result.recommended_index == 0 and "meeting e2e_p99_s <= 1.05" in result.reason
+
+
+def test_a_named_axis_gets_the_lowest_tail_among_the_top_throughputs():
+    # policies: order means nothing, so no "flat" cut; fair is within 5% of the best
+    # throughput and has the lowest tail, srpt misses the SLO
+    xs = ["fcfs", "srpt", "fair", "priority"]
+    summaries = _summaries([1000, 1050, 1010, 700], [2.0, 9.0, 1.5, 0.5])
+    result = _analyze("A", xs, summaries, x_axis="policy")
+    assert result.knee_index is None and result.flat_index is None
+    assert xs[result.recommended_index] == "fair"  # priority: lowest tail, too slow
+    assert "within 5% of the most throughput" in result.reason
+    slo = parse_slo("e2e_p99_s=1.8")
+    result = _analyze("A", xs, summaries, [slo], x_axis="policy")
+    assert xs[result.recommended_index] == "fair"
+    strict = _analyze("A", xs, summaries, [parse_slo("e2e_p99_s=1")], x_axis="policy")
+    assert xs[strict.recommended_index] == "priority"  # the only one meeting it
+    assert is_ordered([1, 2.5]) and not is_ordered(["a", "b"]) and not is_ordered([1, 2], "seed")
+    assert not is_ordered([True, False])
+
+
+def test_flat_wording_follows_the_axis():
+    summaries = _summaries([100, 200, 201], [1, 1.1, 1.2])
+    load = _analyze("A", [1, 2, 3], summaries, x_axis="rate")
+    setting = _analyze("A", [16, 32, 64], summaries, x_axis="max_num_seqs")
+    assert "buys queueing" in load.reason and "bought no throughput" in setting.reason
+    assert load.recommended_index == setting.recommended_index == 1
 
 
 def test_both_thresholds_are_settings():

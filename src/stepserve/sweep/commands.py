@@ -181,7 +181,7 @@ def sweep_result(plan: dict[str, Any], runs: list[dict], args,
     that stopped a live sweep), None when every point ran."""
     slos = [parse_slo(s) for s in args.slo]
     knees = analyze_runs(runs, slos, args.p99_metric, args.min_throughput_gain,
-                         args.max_p99_rise)
+                         args.max_p99_rise, plan["x_axis"])
     return {
         "kind": "sweep", "scenario": plan["name"], "description": plan["description"],
         "cost_model": plan["cost"].describe() if plan["cost"] else None,

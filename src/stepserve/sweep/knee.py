@@ -6,15 +6,19 @@ less than `min_throughput_gain` over the previous point while its P99 rises more
 (last point in x order) meeting every SLO, and `recommended` the last point before the knee
 that meets them.
 
-Without a knee, throughput may still stop rising while P99 climbs less than the rule asks
-(a mild tail, or a closed loop that cannot queue). The first such "flat" step (gain below
-`min_throughput_gain`, P99 not falling) is reported; the recommendation then stops before
-it, since the point before already had that throughput. With neither, it is the last
-point (meeting the SLOs).
+Without a knee, on an ordered axis (a load or a numeric setting) throughput may still stop
+rising while P99 climbs less than the rule asks (a mild tail, or a closed loop that cannot
+queue). The first such "flat" step (gain below `min_throughput_gain`, P99 not falling) is
+reported; the recommendation then stops before it, since the point before already had
+that throughput. With neither, it is the last point (meeting the SLOs). On a named axis
+(configs, policies, seeds) the order means nothing: without a knee the recommendation is,
+of the points meeting the SLOs within `min_throughput_gain` of the most throughput, the
+one with the lowest tail.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,6 +28,8 @@ from stepserve.sweep.spec import Slo
 MIN_THROUGHPUT_GAIN = 0.05
 MAX_P99_RISE = 0.50
 THROUGHPUT_METRIC = "throughput_tokens_per_s"
+LOAD_AXES = ("rate", "concurrency")
+UNORDERED_AXES = ("seed", "run")  # numbers or names whose order means nothing
 # Queueing shows first in TTFT: past capacity new requests wait before their first token,
 # while E2E of a fixed request count is dominated by the decode lengths (the seed's
 # "P99 starts to climb steeply" is a queueing signal).
@@ -96,15 +102,41 @@ def _x(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def is_ordered(xs: Sequence[Any], x_axis: str | None = None) -> bool:
+    """Whether the x values are an ordered quantity (a load or a numeric setting), so that
+    "the point before" means less of it. Names (runs, policies), booleans and seeds are not."""
+    if x_axis in UNORDERED_AXES:
+        return False
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+
+
+def _best_named(throughput: Sequence[float | None], p99: Sequence[float | None],
+                met: Sequence[bool], min_throughput_gain: float) -> int | None:
+    """Among the points meeting the SLOs, those within `min_throughput_gain` of the most
+    throughput count as equal (the same threshold that calls a gain real); of them, the
+    one with the lowest tail."""
+    ok = [i for i in range(len(met)) if met[i] and throughput[i] is not None]
+    if not ok:
+        return None
+    top = max(throughput[i] for i in ok)  # type: ignore[type-var]
+    near = [i for i in ok if throughput[i] >= (1 - min_throughput_gain) * top]  # type: ignore[operator]
+    return min(near, key=lambda i: p99[i] if p99[i] is not None else math.inf)
+
+
 def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str, Any]],
                    slos: Sequence[Slo] = (), p99_metric: str = P99_METRIC,
                    min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
-                   max_p99_rise: float = MAX_P99_RISE) -> KneeResult:
+                   max_p99_rise: float = MAX_P99_RISE,
+                   x_axis: str | None = None) -> KneeResult:
+    """The knee along `xs` (in the given order). Without one, an ordered axis stops the
+    recommendation before throughput went flat; a named one (configs, policies) gets the
+    lowest tail among the points with about the most throughput (see the module doc)."""
     throughput = [s.get(THROUGHPUT_METRIC) for s in summaries]
     p99 = [s.get(p99_metric) for s in summaries]
     knee = find_knee(throughput, p99, min_throughput_gain, max_p99_rise)
     steps = steps_between(throughput, p99)
-    flat = None if knee else find_flat(steps, min_throughput_gain)
+    ordered = is_ordered(xs, x_axis)
+    flat = None if knee or not ordered else find_flat(steps, min_throughput_gain)
     met = [all(slo.met_by(s) for slo in slos) for s in summaries]
     best = max((i for i, ok in enumerate(met) if ok), default=None)
     stop = knee or flat
@@ -112,7 +144,13 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str,
     rec = max((i for i in range(limit) if met[i]), default=None)
     slo_text = " and ".join(s.describe() for s in slos)
     meeting = f" meeting {slo_text}" if slos else ""
-    if rec is None:
+    if not knee and not ordered:
+        rec = _best_named(throughput, p99, met, min_throughput_gain)
+        reason = (f"no knee; the lowest {p99_metric} among the points within "
+                  f"{min_throughput_gain:.0%} of the most throughput{meeting}"
+                  if rec is not None
+                  else f"no point meets {slo_text}" if slos else "no throughput measured")
+    elif rec is None:
         where = "before the knee" if knee else "before throughput went flat" if flat else ""
         reason = (f"no point {where} meets {slo_text}".replace("  ", " ") if slos
                   else "the first point is the knee" if knee
@@ -120,10 +158,12 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str,
     elif knee:
         reason = f"last point before the knee (x={_x(xs[knee.index])}){meeting}"
     elif flat:
+        more = ("more load there buys queueing, not tokens" if x_axis in LOAD_AXES
+                else "a larger value there bought no throughput")
         reason = (f"no knee, but throughput stopped rising at x={_x(xs[flat.index])} "
                   f"({flat.throughput_gain:+.1%}, P99 "
                   f"{'?' if flat.p99_rise is None else f'{flat.p99_rise:+.1%}'}): last "
-                  f"point before it{meeting}; more load there buys queueing, not tokens")
+                  f"point before it{meeting}; {more}")
     else:
         reason = f"no knee; last point{meeting}"
     return KneeResult(series, list(xs), steps,
@@ -143,8 +183,9 @@ def group_series(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any
 def analyze_runs(runs: Sequence[dict[str, Any]], slos: Sequence[Slo] = (),
                  p99_metric: str = P99_METRIC,
                  min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
-                 max_p99_rise: float = MAX_P99_RISE) -> list[KneeResult]:
+                 max_p99_rise: float = MAX_P99_RISE,
+                 x_axis: str | None = None) -> list[KneeResult]:
     return [analyze_series(name, [r["sweep"]["x"] for r in group],
                            [r["summary"] for r in group], slos, p99_metric,
-                           min_throughput_gain, max_p99_rise)
+                           min_throughput_gain, max_p99_rise, x_axis)
             for name, group in group_series(runs).items()]

@@ -39,12 +39,10 @@ def format_knees(result: dict[str, Any]) -> str:
                 f"{_num(s.get(other)):>10} {_count(s.get('preemptions')):>7}  "
                 f"{'ok' if knee['slo_met'][i] else 'miss'}{mark}")
         if knee["knee_index"] is None:
-            flat = [st for st in knee["steps"] if st["throughput_gain"] is not None
-                    and st["throughput_gain"] < rule["min_throughput_gain"]]
-            hint = (f" (throughput flat from {result['x_axis']}="
-                    f"{_x(knee['xs'][flat[0]['index']])}, but {metric} changed only "
-                    f"{', '.join(_pct(st['p99_rise']) for st in flat)} there; try "
-                    "another --p99-metric or --max-p99-rise)") if flat else ""
+            i = knee.get("flat_index")
+            hint = (f" (throughput flat from {result['x_axis']}={_x(knee['xs'][i])}, but "
+                    f"{metric} changed only {_pct(knee['steps'][i - 1]['p99_rise'])} there; "
+                    "try another --p99-metric or --max-p99-rise)") if i is not None else ""
             lines.append(f"  knee: none in this range{hint}")
         else:
             lines.append(f"  knee: {result['x_axis']}={_x(knee['knee_x'])}: throughput "
