@@ -141,12 +141,17 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                                choices=meta["choices"], help=meta["help"])
 
 
+def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine settings given as flags (add_config_arguments), {name: value}."""
+    return {f.name: getattr(args, f.name) for _s, f in _fields_with_meta()
+            if getattr(args, f.name, None) is not None}
+
+
 def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None) -> EngineConfig:
     """Config file (args.config, if any) then any flags given on top."""
     config = base or EngineConfig()
     path = getattr(args, "config", None)
     if path:
         config = load_config(path, config)
-    changes = {f.name: getattr(args, f.name) for _s, f in _fields_with_meta()
-               if getattr(args, f.name, None) is not None}
+    changes = flag_changes(args)
     return apply_flat(config, changes) if changes else config

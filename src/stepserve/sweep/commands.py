@@ -13,7 +13,12 @@ from typing import Any
 
 from stepserve.bench.plan import BenchError
 from stepserve.config import ConfigError
-from stepserve.config_load import add_config_arguments, config_from_args, load_config
+from stepserve.config_load import (
+    add_config_arguments,
+    config_from_args,
+    flag_changes,
+    load_config,
+)
 from stepserve.sim.commands import _cost_model, add_cost_model_arguments
 from stepserve.sim.run import findings_for
 from stepserve.sim.scenarios import SCENARIOS, Scenario, get_scenario
@@ -104,7 +109,7 @@ def _scenario_runs(scenario: Scenario, args) -> list[RunConfig]:
 
 def _with_flags(args, config):
     """Config flags given on the command line, on top of `config` (not --config)."""
-    changes = _config_flags(args)
+    changes = flag_changes(args)
     return config.replace(**changes) if changes else config
 
 
@@ -113,18 +118,11 @@ def _file_runs(args) -> list[RunConfig]:
             for f in args.configs]
 
 
-def _config_flags(args) -> dict[str, Any]:
-    from stepserve.config_load import _fields_with_meta
-
-    return {f.name: getattr(args, f.name) for _s, f in _fields_with_meta()
-            if getattr(args, f.name, None) is not None}
-
-
 def build_sweep(args) -> dict[str, Any]:
     """Everything but the runs: points, load, cost model (None against a live target)."""
     axes = [parse_vary(v) for v in args.vary]
     if args.target:
-        check_target_args(args, axes, _config_flags(args))
+        check_target_args(args, axes, flag_changes(args))
     base_load: dict[str, Any] = {"num_requests": args.requests}
     if args.seed is not None:
         base_load["seed"] = args.seed
