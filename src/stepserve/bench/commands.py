@@ -33,7 +33,7 @@ from stepserve.bench.run_data import http_extras, latency_samples
 from stepserve.bench.slo import SLO, SLOError, parse_slo
 from stepserve.config import ConfigError
 from stepserve.config_load import to_dict as config_to_dict
-from stepserve.metrics.alerts import diagnose
+from stepserve.metrics.alerts import findings_for
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.scenarios import list_workloads
 from stepserve.workload.spec import Workload
@@ -219,9 +219,7 @@ def _report(args, run: dict, records: list[RequestRecord], slo: SLO, extra: dict
     summary.update(extra)
     run["started_at"] = started
     run["summary"] = summary
-    result = {"runs": [run],
-              "findings": [{"run": run["name"], **f.to_dict()}
-                           for f in diagnose(summary, run.get("config"))]}
+    result = {"runs": [run], "findings": findings_for([run])}
     print(format_table(run["name"], summary))
     for f in result["findings"]:
         print(f"[{f['severity']}] {f['rule']}: {f['evidence']}")

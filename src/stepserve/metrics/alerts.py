@@ -313,6 +313,23 @@ def unevaluable(summary: Summary) -> dict[str, list[str]]:
     return out
 
 
+def rules_config(config: Config, batching: str | None) -> dict[str, Any]:
+    """A result run's config as the rules read it: its batching mode added where the
+    config lacks one (a run names it beside its config)."""
+    out = dict(config or {})
+    if batching is not None and "batching" not in out:
+        out["batching"] = batching
+    return out
+
+
+def findings_for(runs: list[dict]) -> list[dict]:
+    """Every rule that fires on each result run {"name", "summary", "config"?,
+    "batching"?}, as {"run", "rule", "severity", "evidence", "action"} rows."""
+    return [{"run": run["name"], **f.to_dict()} for run in runs
+            for f in diagnose(run["summary"],
+                              rules_config(run.get("config"), run.get("batching")))]
+
+
 def diagnose(summary: Summary, config: Config = None) -> list[Finding]:
     """Every rule that fires, most severe first (rule order within a severity)."""
     found = [f for rule in RULES if (f := rule(summary, config)) is not None]

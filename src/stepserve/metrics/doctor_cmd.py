@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.metrics.alerts import Finding, diagnose, unevaluable
+from stepserve.metrics.alerts import Finding, diagnose, rules_config, unevaluable
 from stepserve.metrics.live import (
     INTERVAL_S,
     WINDOW_S,
@@ -46,10 +46,7 @@ class Run:
 
     def diagnose_config(self) -> dict[str, Any]:
         """The run's config, with its batching mode added where the config lacks one."""
-        config = dict(self.config)
-        if self.batching is not None and "batching" not in config:
-            config["batching"] = self.batching
-        return config
+        return rules_config(self.config, self.batching)
 
 
 def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:

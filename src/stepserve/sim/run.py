@@ -13,7 +13,7 @@ from typing import Any
 
 from stepserve.config import EngineConfig
 from stepserve.config_load import to_dict
-from stepserve.metrics.alerts import diagnose
+from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.run_data import run_extras
 from stepserve.metrics.summary import summarize, summarize_by_class
 from stepserve.plan.speedup import speedup_for_lengths
@@ -55,17 +55,6 @@ def run_config(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
     sim = simulate(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
                    progress=progress)
     return run_result(name, config, sim, note)
-
-
-def findings_for(runs: list[dict]) -> list[dict]:
-    out = []
-    for run in runs:
-        config = dict(run.get("config") or {})
-        if run.get("batching") and "batching" not in config:
-            config["batching"] = run["batching"]  # as `stepserve doctor` reads a file
-        for finding in diagnose(run["summary"], config):
-            out.append({"run": run["name"], **finding.to_dict()})
-    return out
 
 
 def batching_comparison(runs: list[dict], specs: Sequence[RequestSpec],

@@ -19,8 +19,8 @@ from stepserve.config_load import (
     flag_changes,
     load_config,
 )
+from stepserve.metrics.alerts import findings_for
 from stepserve.sim.commands import _cost_model, add_cost_model_arguments
-from stepserve.sim.run import findings_for
 from stepserve.sim.scenarios import SCENARIOS, Scenario, get_scenario
 from stepserve.sweep.knee import (
     MAX_P99_RISE,

@@ -18,7 +18,7 @@ from typing import Any
 from stepserve.config import EngineConfig
 from stepserve.metrics.run_data import SAMPLE_CAP, run_extras
 from stepserve.sim.cost import CostModel
-from stepserve.sim.run import findings_for, run_config
+from stepserve.sim.run import run_config
 from stepserve.sweep.spec import SweepPoint
 from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
 from stepserve.workload.spec import Workload
@@ -108,5 +108,5 @@ def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-__all__ = ["SAMPLE_CAP", "findings_for", "override_workload", "run_extras", "run_points",
+__all__ = ["SAMPLE_CAP", "override_workload", "run_extras", "run_points",
            "stderr_log"]  # SAMPLE_CAP and run_extras re-exported from metrics.run_data
