@@ -20,7 +20,7 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.results import e2e_s, ttft_s
 from stepserve.bench.scrape import Snapshot
 from stepserve.metrics.prometheus import counter_delta
-from stepserve.metrics.run_data import SAMPLE_CAP, thin
+from stepserve.metrics.run_data import SAMPLE_CAP, sample_set
 
 # timeseries field -> the counter it is the per-interval increase of
 INTERVAL_COUNTERS = {"preemptions": "preemptions", "prefill_tokens": "prompt_tokens",
@@ -31,8 +31,7 @@ def latency_samples(records: Sequence[RequestRecord], cap: int = SAMPLE_CAP) -> 
     done = [r for r in records if r.ok and not r.warmup]
     ttft = [v for r in done if (v := ttft_s(r)) is not None]
     e2e = [v for r in done if (v := e2e_s(r)) is not None]
-    return {"ttft_s": thin(ttft, cap), "e2e_s": thin(e2e, cap), "count": len(done),
-            "capped": len(done) > cap}
+    return sample_set(ttft, e2e, len(done), cap)
 
 
 def scrape_timeseries(snapshots: Sequence[Snapshot]) -> dict[str, list] | None:

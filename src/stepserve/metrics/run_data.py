@@ -32,9 +32,15 @@ def run_extras(sim, bins: int = TIMESERIES_BINS,
     done = [m for m in map(request_metrics, sim.requests) if m.completed]
     ttft = [m.ttft_s for m in done if m.ttft_s is not None]
     e2e = [m.e2e_s for m in done if m.e2e_s is not None]
-    return {"timeseries": ts,
-            "latency_samples": {"ttft_s": thin(ttft, cap), "e2e_s": thin(e2e, cap),
-                                "count": len(done), "capped": len(done) > cap}}
+    return {"timeseries": ts, "latency_samples": sample_set(ttft, e2e, len(done), cap)}
+
+
+def sample_set(ttft: list[float], e2e: list[float], count: int,
+               cap: int = SAMPLE_CAP) -> dict[str, Any]:
+    """The `latency_samples` of a result run: TTFT and E2E thinned to `cap` values each,
+    out of `count` completed requests."""
+    return {"ttft_s": thin(ttft, cap), "e2e_s": thin(e2e, cap), "count": count,
+            "capped": count > cap}
 
 
 def step_timeseries(steps, bins: int = TIMESERIES_BINS, t0: float = 0.0
