@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
@@ -215,18 +215,11 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
     _check_length(ctx, ids, max_tokens, "max_tokens", "prompt")
     stream = await submit(ctx, ids, _sampling_params(body, max_tokens), body.stream, arrival)
-    rid = f"cmpl-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-    if body.stream:
-        return await _start_stream(ctx, request, stream, CompletionChunks(
-            rid, created, ctx.model_name, body))
-    out = await _final(ctx, request, stream)
-    if out is None:
-        return Response(status_code=499)  # nobody is listening
-    return JSONResponse(CompletionResponse(
+    return await _answer(ctx, request, stream, body, "cmpl", CompletionChunks,
+                         lambda rid, created, out: CompletionResponse(
         id=rid, created=created, model=ctx.model_name,
         choices=[CompletionChoice(text=out.full_text or "", finish_reason=out.finish_reason)],
-        usage=UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)).model_dump())
+        usage=UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)))
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
@@ -241,19 +234,29 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
         max_tokens = max(ctx.max_model_len - len(ids), 1)
     _check_length(ctx, ids, max_tokens, param, "messages")
     stream = await submit(ctx, ids, _sampling_params(body, max_tokens), body.stream, arrival)
-    rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-    if body.stream:
-        return await _start_stream(ctx, request, stream, ChatChunks(
-            rid, created, ctx.model_name, body))
-    out = await _final(ctx, request, stream)
-    if out is None:
-        return Response(status_code=499)
-    return JSONResponse(ChatCompletionResponse(
+    return await _answer(ctx, request, stream, body, "chatcmpl", ChatChunks,
+                         lambda rid, created, out: ChatCompletionResponse(
         id=rid, created=created, model=ctx.model_name,
         choices=[ChatChoice(message=ChatResponseMessage(content=out.full_text or ""),
                             finish_reason=out.finish_reason)],
-        usage=UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)).model_dump())
+        usage=UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)))
+
+
+async def _answer(ctx: ServingContext, request: Request, stream: RequestStream,
+                  body: CompletionRequest | ChatCompletionRequest, id_prefix: str,
+                  chunks: type[Chunks],
+                  response: Callable[[str, int, StreamOutput], BaseModel]) -> Response:
+    """Both endpoints' answer: server-sent events when the body asks for a stream, else
+    the request's final output as `response(id, created, output)`."""
+    rid = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+    if body.stream:
+        return await _start_stream(ctx, request, stream,
+                                   chunks(rid, created, ctx.model_name, body))
+    out = await _final(ctx, request, stream)
+    if out is None:
+        return Response(status_code=499)  # nobody is listening
+    return JSONResponse(response(rid, created, out).model_dump())
 
 
 async def _final(ctx: ServingContext, request: Request,

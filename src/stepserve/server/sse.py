@@ -31,15 +31,14 @@ class Chunks:
 
     SENTINEL = "\x00stepserve-text\x00"
 
-    def __init__(self, include_usage: bool, continuous_usage: bool) -> None:
-        self.include_usage = include_usage
-        self.continuous_usage = continuous_usage
-        self._prefix, self._suffix = "", ""
-
-    def _make_template(self, chunk: BaseModel) -> None:
-        data = chunk.model_dump_json()
-        marker = json.dumps(self.SENTINEL)
-        self._prefix, self._suffix = data.split(marker)
+    def __init__(self, rid: str, created: int, model: str,
+                 body: CompletionRequest | ChatCompletionRequest) -> None:
+        opts = body.stream_options
+        self.include_usage = bool(opts and opts.include_usage)
+        self.continuous_usage = bool(opts and opts.continuous_usage_stats)
+        self.rid, self.created, self.model = rid, created, model
+        data = self._chunk(self.SENTINEL, None, None).model_dump_json()
+        self._prefix, self._suffix = data.split(json.dumps(self.SENTINEL))
 
     def head(self, first: StreamOutput) -> str:
         return ""
@@ -73,13 +72,6 @@ class Chunks:
 
 
 class CompletionChunks(Chunks):
-    def __init__(self, rid: str, created: int, model: str, body: CompletionRequest) -> None:
-        opts = body.stream_options
-        super().__init__(bool(opts and opts.include_usage),
-                         bool(opts and opts.continuous_usage_stats))
-        self.rid, self.created, self.model = rid, created, model
-        self._make_template(self._chunk(self.SENTINEL, None, None))
-
     def _chunk(self, text, finish_reason, usage):
         return CompletionResponse(id=self.rid, created=self.created, model=self.model,
                                   choices=[CompletionChoice(text=text,
@@ -92,14 +84,6 @@ class CompletionChunks(Chunks):
 
 
 class ChatChunks(Chunks):
-    def __init__(self, rid: str, created: int, model: str, body: ChatCompletionRequest
-                 ) -> None:
-        opts = body.stream_options
-        super().__init__(bool(opts and opts.include_usage),
-                         bool(opts and opts.continuous_usage_stats))
-        self.rid, self.created, self.model = rid, created, model
-        self._make_template(self._chunk(self.SENTINEL, None, None))
-
     def head(self, first: StreamOutput) -> str:
         usage = UsageInfo.of(first.num_prompt_tokens, 0) if self.continuous_usage else None
         return self._event(self._make(DeltaMessage(role="assistant", content=""), None, usage))
