@@ -115,13 +115,6 @@ def _progress(total: int, enabled: bool):
                 disable=not enabled, leave=False)
 
 
-async def _bench_http(args, plan: LoadPlan, records: list[RequestRecord], bar,
-                      out: HttpRun) -> None:
-    await bench_http(args.target, args.model, plan, records, out, timeout_s=args.timeout_s,
-                     metrics_interval_s=args.metrics_interval_s,
-                     on_done=lambda r: bar.update())
-
-
 def _engine_config(args):
     from stepserve.config_load import config_from_args
 
@@ -179,7 +172,10 @@ def _run(args, plan: LoadPlan, slo: SLO, workload: Workload) -> int:
             records = make_records(plan)
             http = HttpRun()
             try:
-                asyncio.run(_bench_http(args, plan, records, bar, http))
+                asyncio.run(bench_http(args.target, args.model, plan, records, http,
+                                       timeout_s=args.timeout_s,
+                                       metrics_interval_s=args.metrics_interval_s,
+                                       on_done=lambda r: bar.update()))
             except KeyboardInterrupt:
                 interrupted[0] = True
             run["model"] = http.model or args.model

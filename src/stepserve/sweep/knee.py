@@ -102,12 +102,15 @@ def _x(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def all_numbers(values: Sequence[Any]) -> bool:
+    """Every value an int or a float (a bool is a name here, not a number)."""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
 def is_ordered(xs: Sequence[Any], x_axis: str | None = None) -> bool:
     """Whether the x values are an ordered quantity (a load or a numeric setting), so that
     "the point before" means less of it. Names (runs, policies), booleans and seeds are not."""
-    if x_axis in UNORDERED_AXES:
-        return False
-    return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+    return x_axis not in UNORDERED_AXES and all_numbers(xs)
 
 
 def _best_named(throughput: Sequence[float | None], p99: Sequence[float | None],

@@ -15,6 +15,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from stepserve.sweep.knee import all_numbers
+
 
 @dataclass(frozen=True)
 class Group:
@@ -67,7 +69,7 @@ def latency_cdf(groups: list[Group], key: str, title: str) -> Figure:
 
 def _xs(values: list[Any]) -> tuple[list[float], list[str] | None]:
     """Numeric x as is; anything else placed at 0, 1, 2 with tick labels."""
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    if all_numbers(values):
         return [float(v) for v in values], None
     return list(range(len(values))), [str(v) for v in values]
 
