@@ -10,6 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from stepserve import request_limits as limits
+from stepserve.request_limits import check_range
+
 
 class RequestStatus(enum.IntEnum):
     """Ordered: every finished state compares greater than every live one."""
@@ -23,6 +26,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = 12
     FINISHED_REJECTED = 13
     FINISHED_TIMED_OUT = 14
+    FINISHED_ERROR = 15  # a fault while running its step; its blocks were freed
 
     @property
     def is_finished(self) -> bool:
@@ -35,6 +39,7 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
     REJECTED = "rejected"
     TIMED_OUT = "timed_out"
+    ERROR = "error"
 
 
 class RejectReason(str, enum.Enum):
@@ -51,6 +56,7 @@ FINISH_REASON_OF = {
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
     RequestStatus.FINISHED_REJECTED: FinishReason.REJECTED,
     RequestStatus.FINISHED_TIMED_OUT: FinishReason.TIMED_OUT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
 
 
@@ -75,20 +81,44 @@ class SamplingParams:
             self.stop = (self.stop,)
         self.stop = tuple(self.stop)
         self.stop_token_ids = tuple(self.stop_token_ids)
-        problems = []
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
-                or self.max_tokens < 1:
-            problems.append(f"max_tokens = {self.max_tokens!r}: must be an integer >= 1")
-        if not 0.0 <= self.temperature <= 2.0:
-            problems.append(f"temperature = {self.temperature!r}: must be in [0, 2]")
-        if not 0.0 < self.top_p <= 1.0:
-            problems.append(f"top_p = {self.top_p!r}: must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            problems.append(f"top_k = {self.top_k!r}: must be an integer >= 0 (0: off)")
-        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
-            problems.append(f"priority = {self.priority!r}: must be an integer")
+        if self.top_k == -1 and not isinstance(self.top_k, bool):
+            self.top_k = 0  # vLLM's spelling of "off"
+        problems = [p for p in (
+            check_range("max_tokens", self.max_tokens, 1, limits.MAX_TOKENS_MAX, integer=True),
+            check_range("temperature", self.temperature, 0.0, limits.TEMPERATURE_MAX),
+            check_range("top_k", self.top_k, 0, limits.TOP_K_MAX, integer=True,
+                        note=" (0 or -1: off)"),
+            check_range("priority", self.priority, limits.PRIORITY_MIN, limits.PRIORITY_MAX,
+                        integer=True),
+            None if self.seed is None else check_range(
+                "seed", self.seed, limits.SEED_MIN, limits.SEED_MAX, integer=True),
+        ) if p is not None]
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            problems.append(f"top_p = {self.top_p!r}: must be a number in (0, 1]")
+        problems += _list_problems("stop", self.stop, str, limits.STOP_MAX_COUNT,
+                                   limits.STOP_MAX_CHARS)
+        problems += _list_problems("stop_token_ids", self.stop_token_ids, int,
+                                   limits.STOP_TOKEN_IDS_MAX_COUNT)
+        if not isinstance(self.tenant, str) or len(self.tenant) > limits.TENANT_MAX_CHARS:
+            problems.append(f"tenant: must be a string of at most {limits.TENANT_MAX_CHARS} "
+                            f"characters")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def _list_problems(name: str, items: tuple, kind: type, max_count: int,
+                   max_chars: int | None = None) -> list[str]:
+    if len(items) > max_count:
+        return [f"{name}: {len(items)} items, at most {max_count} allowed"]
+    for item in items:
+        if not isinstance(item, kind) or isinstance(item, bool):
+            return [f"{name}: {item!r} is not {'a string' if kind is str else 'an integer'}"]
+        if kind is int and not 0 <= item <= limits.INT32_MAX:
+            return [f"{name}: {item} is not a token id (an integer >= 0)"]
+        if max_chars is not None and len(item) > max_chars:
+            return [f"{name}: an item of {len(item)} characters, at most {max_chars} "
+                    f"allowed"]
+    return []
 
 
 @dataclass(eq=False)

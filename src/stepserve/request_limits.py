@@ -1,0 +1,61 @@
+"""The bounds of every request input, in one place.
+
+`SamplingParams` (offline and server alike) and the HTTP request models
+(`server/protocol.py`, published in /openapi.json) read their ranges from here, so a
+value the API accepts is one the engine can run, and a hostile value (a 64-bit top_k,
+100,000 stop strings, a megabyte tenant name) is refused at the edge with a message
+naming the field and the range. (Sizes of workloads and command-line runs: limits.py.)
+
+Why these numbers:
+* Integers that reach torch or a generator stay inside int64 (`seed`, `top_k`,
+  `max_tokens`); `top_k` and `max_tokens` are also capped far above any real vocabulary
+  or context, so nothing downstream sizes a buffer from them.
+* Per-token work grows with the stop strings (each is searched after every token):
+  a few dozen short strings cost nothing, a hundred thousand slow every stream.
+* `user` is a tenant *name* for the fair-share policy; the table of tenants is bounded
+  separately (core/policies.py), this bounds each key.
+* Bodies: the largest legitimate body is a prompt of max_model_len token ids or text
+  (a few hundred KB at 32k tokens); `DEFAULT_MAX_REQUEST_BYTES` leaves ample room.
+"""
+
+from __future__ import annotations
+
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
+
+MAX_TOKENS_MAX = INT32_MAX  # the engine refuses anything over max_model_len anyway
+TEMPERATURE_MAX = 2.0  # OpenAI's range
+TOP_K_MAX = 1 << 20  # above every vocabulary; -1 and 0 mean "off"
+SEED_MIN, SEED_MAX = -(1 << 63), INT64_MAX  # OpenAI's seed is an int64
+PRIORITY_MIN, PRIORITY_MAX = -INT32_MAX - 1, INT32_MAX
+STOP_MAX_COUNT = 32  # OpenAI allows 4; vLLM has no limit
+STOP_MAX_CHARS = 1024  # per stop string
+STOP_TOKEN_IDS_MAX_COUNT = 1024
+TENANT_MAX_CHARS = 256  # the `user` field
+MESSAGES_MAX_COUNT = 2048  # chat messages per request
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_REQUEST_BYTES_MAX = 1 << 30
+
+
+def check_range(name: str, value: object, low: float | None, high: float | None,
+                *, integer: bool = False, note: str = "") -> str | None:
+    """A problem description if `value` is not a number in [low, high] (None: fine).
+    NaN and infinities fail every range; bools are not numbers here."""
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if not ok_type or isinstance(value, bool):
+        return f"{name} = {value!r}: must be {kind}{_span(low, high)}{note}"
+    if (low is not None and not value >= low) or (high is not None and not value <= high):
+        return f"{name} = {value!r}: must be {kind}{_span(low, high)}{note}"
+    return None
+
+
+def _span(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f" in [{low:g}, {high:g}]" if isinstance(low, float) or isinstance(high, float) \
+            else f" in [{low}, {high}]"
+    if low is not None:
+        return f" >= {low}"
+    if high is not None:
+        return f" <= {high}"
+    return ""
