@@ -6,7 +6,7 @@ Convention (vLLM's): a lower priority value runs first.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict
 
 from stepserve.request import Request
 
@@ -89,26 +89,42 @@ class FairShare(Policy):
     """Per-tenant fair share by virtual token counters: each tenant's counter grows by
     the tokens computed for it; the tenant with the smallest counter goes first and the
     one with the largest gives up a victim. A tenant that becomes active again is lifted
-    to the smallest counter among active tenants, so idle time earns no credit."""
+    to the smallest counter among active tenants, so idle time earns no credit.
+
+    Bounded state: only tenants with live requests are in `served`; a tenant whose last
+    request ends moves to `idle`, an LRU of at most `max_idle_tenants` counters, so a
+    tenant that comes back soon keeps its debt while a stream of one-off tenant names
+    (the free-text `user` field) costs constant memory. Forgetting an idle tenant loses
+    nothing it could claim: it would be lifted to the active minimum on return anyway,
+    and only a counter above that minimum (recent heavy use) is remembered."""
 
     name = "fair"
     sorts_waiting = True
     tracks_tokens = True
+    DEFAULT_MAX_IDLE_TENANTS = 1024
 
-    def __init__(self) -> None:
-        self.served: dict[str, float] = defaultdict(float)
-        self.live: dict[str, int] = defaultdict(int)
+    def __init__(self, max_idle_tenants: int = DEFAULT_MAX_IDLE_TENANTS) -> None:
+        self.served: dict[str, float] = {}  # live tenants only
+        self.live: dict[str, int] = {}  # live requests per live tenant
+        self.idle: OrderedDict[str, float] = OrderedDict()  # most recently idle last
+        self.max_idle_tenants = max_idle_tenants
 
     def on_add(self, request: Request) -> None:
         tenant = request.tenant
-        if self.live[tenant] == 0:
-            active = [self.served[t] for t, n in self.live.items() if n > 0]
-            if active:
-                self.served[tenant] = max(self.served[tenant], min(active))
+        if tenant not in self.live:
+            floor = min(self.served.values(), default=0.0)
+            self.served[tenant] = max(self.idle.pop(tenant, 0.0), floor)
+            self.live[tenant] = 0
         self.live[tenant] += 1
 
     def on_finish(self, request: Request) -> None:
-        self.live[request.tenant] -= 1
+        tenant = request.tenant
+        self.live[tenant] -= 1
+        if self.live[tenant] == 0:
+            del self.live[tenant]
+            self.idle[tenant] = self.served.pop(tenant)
+            if len(self.idle) > self.max_idle_tenants:
+                self.idle.popitem(last=False)
 
     def on_tokens(self, request: Request, num_tokens: int) -> None:
         self.served[request.tenant] += num_tokens
