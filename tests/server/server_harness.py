@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -44,31 +46,10 @@ def wait_until_up(url: str, path: str = "/health", timeout_s: float = 60.0,
         time.sleep(poll_s)
 
 
-@dataclass
-class Served:
+class MetricsReader:
+    """/metrics of a server at `self.url`."""
+
     url: str
-    app: object
-    server: StepServeServer
-    thread: threading.Thread
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    @property
-    def engine(self):
-        return self.app.state.async_engine.engine
-
-    def client(self, **kwargs):
-        import openai
-
-        return openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0, **kwargs)
-
-    def async_client(self, **kwargs):
-        import openai
-
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key="none", max_retries=0,
-                                  **kwargs)
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {name: value}, summed over label sets."""
@@ -96,10 +77,6 @@ class Served:
         want = set(labels.items())
         return sum(v for (n, ls), v in self.samples().items() if n == name and want <= ls)
 
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Until the engine holds no request and /metrics shows no KV block in use."""
         deadline = time.monotonic() + timeout
@@ -110,6 +87,38 @@ class Served:
                 return
             time.sleep(0.05)
         raise AssertionError(f"server not idle after {timeout} s: {self.metrics()}")
+
+
+
+@dataclass
+class Served(MetricsReader):
+    url: str
+    app: object
+    server: StepServeServer
+    thread: threading.Thread
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def engine(self):
+        return self.app.state.async_engine.engine
+
+    def client(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0, **kwargs)
+
+    def async_client(self, **kwargs):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key="none", max_retries=0,
+                                  **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
 
 
 @contextmanager
@@ -137,3 +146,44 @@ def make_engine(**settings):
     from stepserve.engine.llm_engine import LLMEngine
 
     return LLMEngine(MODEL, EngineConfig().replace(**{**BASE_SETTINGS, **settings}))
+
+
+@dataclass
+class ServerProcess(MetricsReader):
+    """`stepserve serve` in its own process (its own GIL: a client in the test process
+    cannot slow it down)."""
+
+    url: str
+    proc: subprocess.Popen
+
+    def output(self, timeout: float = 60.0) -> str:
+        """Everything it printed, once it has exited."""
+        return self.proc.communicate(timeout=timeout)[0]
+
+
+SERVE_FLAGS = ("--model", MODEL, "--num-gpu-blocks", "512", "--max-model-len", "256",
+               "--max-num-seqs", "64", "--log-level", "warning")
+
+
+@contextmanager
+def serve_process(*flags: str, prelude: str = "") -> Iterator[ServerProcess]:
+    """`stepserve serve` on a free port with SERVE_FLAGS plus `flags`; `prelude`: Python run
+    first in the server process (e.g. a fault to inject). Killed on the way out if still
+    running."""
+    port = free_port()
+    code = f"{prelude}\nimport sys\nfrom stepserve.cli import main\nsys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", *SERVE_FLAGS, *flags,
+                             "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_until_up(url, timeout_s=120, alive=lambda: proc.poll() is None, poll_s=0.1)
+        except RuntimeError:
+            proc.kill()
+            raise AssertionError(proc.communicate()[0]) from None
+        yield ServerProcess(url, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -89,6 +89,21 @@ class SchedulerBase:
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
         return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, message)
 
+    def fail_step(self, out: SchedulerOutput, message: str) -> list[Request]:
+        """The runner could not execute `out`: end, as FINISHED_ERROR, every request whose
+        KV the step touched (its batch, the victims it was to swap out, the requests it
+        was to swap in), freeing their blocks. Requests outside the step keep running:
+        their KV was not part of it. Returns the requests ended."""
+        touched = list(out.requests)
+        touched += [r for r in out.preempted if r.status is RequestStatus.SWAPPED]
+        swapped_in = {device for _, device in out.swap_in}
+        if swapped_in:
+            tables = self.kv.block_tables
+            touched += [r for r in self.running
+                        if swapped_in.intersection(tables.get(r.request_id, ()))]
+        return [r for r in dict.fromkeys(touched)
+                if self.finish_request(r.request_id, RequestStatus.FINISHED_ERROR, message)]
+
     def _end(self, request: Request, status: RequestStatus, message: str = "") -> None:
         if request.is_finished:
             raise RuntimeError(f"request {request.request_id} ended twice")

@@ -8,6 +8,7 @@ simulator uses; only the runner differs (a torch model instead of a cost model).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -15,8 +16,19 @@ from stepserve.clock import Clock, WallClock
 from stepserve.config import EngineConfig
 from stepserve.core import SCHEDULERS
 from stepserve.core.base import SchedulerBase
+from stepserve.core.output import SchedulerOutput
 from stepserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from stepserve.request import Request, RequestStatus, SamplingParams
+
+log = logging.getLogger("stepserve.engine")
+
+# A runner that fails this many steps in a row is broken, not unlucky: stop the engine so
+# a supervisor can restart the process, instead of failing every request forever.
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+class EngineDead(RuntimeError):
+    """The engine cannot go on (its runner failed step after step)."""
 
 
 class LLMEngine:
@@ -44,6 +56,7 @@ class LLMEngine:
         self._prompts: dict[str, str | None] = {}
         self._detok: dict[str, object] = {}  # request id -> IncrementalDetokenizer
         self._counter = 0
+        self._failed_in_a_row = 0
 
     # ---- requests ----
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -81,19 +94,46 @@ class LLMEngine:
 
     # ---- the loop ----
     def step(self) -> list[Request]:
-        """One engine step. Returns the requests that got a token (some now finished)."""
+        """One engine step. Returns the requests that got a token (some now finished).
+
+        Failure isolation: an exception while the runner executes the step ends exactly
+        the requests that step touched (FINISHED_ERROR, blocks freed) and the engine goes
+        on; so does one while detokenizing a request, for that request. Only after
+        MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row (the runner itself is broken)
+        does step() raise EngineDead. A fault in the scheduler raises: its state is no
+        longer trustworthy."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        result = self.runner.execute(out)
+        try:
+            result = self.runner.execute(out)
+        except Exception as e:
+            self._step_failed(out, e)
+            return []
+        self._failed_in_a_row = 0
         emitted = self.scheduler.update_from_output(out, result)
         for req in emitted:
             detok = self._detok.get(req.request_id)
             if detok is None:
                 continue
-            detok.add(req.output_token_ids[-1])
-            self._check_stop_strings(req, detok)
+            try:
+                detok.add(req.output_token_ids[-1])
+                self._check_stop_strings(req, detok)
+            except Exception as e:
+                log.exception("detokenizing request %s failed", req.request_id)
+                self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_ERROR,
+                                              f"detokenizing failed: {type(e).__name__}: {e}")
         return emitted
+
+    def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
+        self._failed_in_a_row += 1
+        message = f"the engine step failed: {type(error).__name__}: {error}"
+        log.error("step %d failed; ending its %d requests", out.step_index,
+                  len(out.requests), exc_info=error)
+        self.scheduler.fail_step(out, message)
+        if self._failed_in_a_row >= MAX_CONSECUTIVE_STEP_FAILURES:
+            raise EngineDead(f"{self._failed_in_a_row} engine steps failed in a row; the "
+                             f"last: {message}") from error
 
     def _check_stop_strings(self, req: Request, detok) -> None:
         if req.is_finished or not req.sampling_params.stop:

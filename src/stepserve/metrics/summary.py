@@ -3,7 +3,8 @@
 Request keys (from the requests; latencies from completed ones only, see
 request_metrics.py):
   requests_total, requests_finished (stop or length), requests_rejected,
-  requests_timed_out, requests_aborted, requests_unfinished (still live);
+  requests_timed_out, requests_aborted, requests_failed (a fault in their step),
+  requests_unfinished (still live);
   output_tokens (every generated token, any outcome), prompt_tokens (prompts of requests
   that ran at least once), duration_s, throughput_tokens_per_s (output_tokens /
   duration_s), throughput_requests_per_s (requests_finished / duration_s);
@@ -75,6 +76,7 @@ def request_summary(requests: Sequence[Request], duration_s: float, *,
         "requests_rejected": _count(ms, FinishReason.REJECTED),
         "requests_timed_out": _count(ms, FinishReason.TIMED_OUT),
         "requests_aborted": _count(ms, FinishReason.ABORT),
+        "requests_failed": _count(ms, FinishReason.ERROR),
         "requests_unfinished": sum(1 for m in ms if m.finish_reason is None),
         "output_tokens": sum(m.num_output_tokens for m in ms),
         "prompt_tokens": sum(m.num_prompt_tokens for m in ms if m.scheduled),

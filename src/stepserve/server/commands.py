@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from stepserve.config import ConfigError
 from stepserve.config_load import add_config_arguments, config_from_args
+from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
 
 
 def add_serve_parser(subparsers) -> None:
@@ -20,7 +22,7 @@ def add_serve_parser(subparsers) -> None:
                    help="the name clients pass as `model` (default: --model)")
     p.add_argument("--config", help="engine config YAML")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--retry-after", type=int, default=1, metavar="S",
@@ -28,6 +30,10 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGINT/SIGTERM, how long in-flight requests may finish before "
                         "they are aborted")
+    p.add_argument("--max-request-bytes", type=request_bytes,
+                   default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
+                   help="largest request body accepted; larger ones get 413 "
+                        f"(default {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     add_config_arguments(p)
@@ -46,20 +52,57 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: "
                         "%(message)s")
     try:
+        check_can_listen(args.host, args.port)  # before minutes of model loading
         config = config_from_args(args)
         engine = LLMEngine(args.model, config, dtype=args.dtype, device=args.device)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or str(args.model)
     app = create_app(engine, model_name=name, retry_after_s=args.retry_after,
-                     shutdown_timeout_s=args.shutdown_timeout)
+                     shutdown_timeout_s=args.shutdown_timeout,
+                     max_request_bytes=args.max_request_bytes)
     print(f"stepserve: serving {name!r} on http://{args.host}:{args.port}/v1 "
           f"({engine.runner.describe()})", file=sys.stderr)
     server = make_server(app, args.host, args.port, log_level=args.log_level)
-    try:
-        server.run()
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled gracefully
-        pass
+    server.run()
+    if server.exit_code:
+        fault = app.state.async_engine.fault
+        print(f"stepserve: server stopped: {fault}; exit status {server.exit_code}",
+              file=sys.stderr)
+        return server.exit_code
     print("stepserve: server stopped", file=sys.stderr)
     return 0
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0 to 65535)")
+    return port
+
+
+def request_bytes(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes") \
+            from None
+    if not 1024 <= n <= MAX_REQUEST_BYTES_MAX:
+        raise argparse.ArgumentTypeError(f"{n}: must be in [1024, {MAX_REQUEST_BYTES_MAX}]")
+    return n
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Raise OSError (naming the address) if host:port cannot be listened on."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

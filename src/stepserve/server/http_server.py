@@ -1,15 +1,24 @@
 """uvicorn with a graceful shutdown that knows about the engine.
 
-On SIGINT/SIGTERM (or `should_exit`), before uvicorn closes its listeners: stop admitting
-(new requests get 503 "shutting down"), give in-flight requests `shutdown_timeout_s` to
-finish, abort the rest (a stream gets an SSE error event saying so, then [DONE]; an
-unstreamed request a 503), and log how many finished and how many were aborted.
+On SIGINT or SIGTERM (or `should_exit`), before uvicorn closes its listeners: stop
+admitting (new requests get 503 "shutting down"), give in-flight requests
+`shutdown_timeout_s` to finish, abort the rest (a stream gets an SSE error event saying
+so, then [DONE]; an unstreamed request a 503), and log how many finished and how many were
+aborted. Both signals end the same way (exit 0 after the stop line); a second signal
+during the drain aborts the in-flight requests at once. uvicorn's own habit of re-raising
+the captured signal afterwards (SIGTERM would then kill the process with 143 before it
+could say it stopped) is dropped.
+
+If the engine loop dies, the app calls `request_exit()`: the server shuts down the same
+way and `exit_code` is 1, for a supervisor to restart it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -22,6 +31,29 @@ class StepServeServer(uvicorn.Server):
         super().__init__(config)
         self.stepserve_app = app
         self.drain_result: tuple[int, int] | None = None
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        app.state.request_exit = self.request_exit
+
+    def request_exit(self) -> None:
+        """From any thread: the engine died; shut down and exit non-zero."""
+        self.exit_code = 1
+        self.should_exit = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not appended to _captured_signals: nothing is re-raised after the shutdown.
+        if not self.should_exit:
+            self.should_exit = True
+            return
+        self.force_exit = True  # a second signal: cut the drain short
+        engine = getattr(self.stepserve_app.state, "async_engine", None)
+        if engine is not None and self._loop is not None:
+            log.warning("second signal: aborting in-flight requests now")
+            self._loop.call_soon_threadsafe(engine.cut_drain)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         state = self.stepserve_app.state

@@ -48,7 +48,7 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.1
 CONFIG_INFO_FIELDS = ("batching", "max_num_seqs", "max_num_batched_tokens",
                       "long_prefill_token_threshold", "max_num_partial_prefills",
                       "budget_order")
-FINISH_REASONS = ("stop", "length", "abort", "timed_out")
+FINISH_REASONS = ("stop", "length", "abort", "timed_out", "error")
 
 
 class ServerMetrics:

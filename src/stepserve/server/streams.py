@@ -1,5 +1,5 @@
-"""What a handler holds of one request: its RequestStream of StreamOutputs, and the two
-ways admission can fail (RequestRejected, EngineUnavailable)."""
+"""What a handler holds of one request: its RequestStream of StreamOutputs, and the three
+ways admission can fail (RequestRejected, RequestFailed, EngineUnavailable)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ class RequestRejected(Exception):
     @property
     def queue_full(self) -> bool:
         return self.reason == RejectReason.QUEUE_FULL.value
+
+
+class RequestFailed(Exception):
+    """The engine could not take the request because of a fault of its own (a 500)."""
 
 
 class EngineUnavailable(Exception):

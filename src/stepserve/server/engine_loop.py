@@ -1,0 +1,244 @@
+"""The engine thread of the server: apply the handlers' commands, run a step, turn its
+results into per-request outputs, hand them to the event loop; and keep the exactly-once
+promise of async_engine.py on every failure path."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from stepserve.request import Request, RequestStatus, SamplingParams
+from stepserve.server.streams import (
+    EngineUnavailable,
+    RequestFailed,
+    RequestRejected,
+    RequestStream,
+    StreamOutput,
+)
+from stepserve.server.tracked import Tracked
+
+if TYPE_CHECKING:
+    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.server.metrics import ServerMetrics
+
+log = logging.getLogger("stepserve.server")
+
+IDLE_POLL_S = 0.002  # work is queued but nothing could be scheduled: look again soon
+
+Outputs = list[tuple[RequestStream, StreamOutput]]
+Admissions = list[tuple[asyncio.Future, BaseException | None]]
+
+
+@dataclass(slots=True)
+class AddCommand:
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: str
+    arrival_time: float
+    stream: RequestStream
+    streamed: bool
+    admitted: asyncio.Future
+
+
+@dataclass(slots=True)
+class AbortCommand:
+    request_id: str
+    message: str
+
+
+@dataclass
+class EngineState:
+    """A snapshot the engine thread publishes for /health and /metrics."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_gpu_blocks: int = 0
+    num_gpu_blocks_used: int = 0
+    kv_usage: float = 0.0
+    num_preemptions_total: int = 0
+    steps: int = 0
+    time: float = field(default_factory=time.monotonic)
+
+
+class EngineLoop:
+    """Runs on the engine thread only (`run`); the event loop talks to it through
+    `commands` and `wake`, and receives `hand_over(outputs, admissions)` calls."""
+
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None,
+                 hand_over: Callable[[Outputs, Admissions], None],
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.hand_over = hand_over
+        self.on_fatal = on_fatal
+        self.state = EngineState()
+        self.fault: str | None = None
+        self.commands: deque[AddCommand | AbortCommand | None] = deque()
+        self.wake = threading.Event()
+        self._tracked: dict[str, Tracked] = {}
+        # what this iteration hands over at its end (on self: the fatal path needs them)
+        self._outputs: Outputs = []
+        self._admissions: Admissions = []
+
+    def run(self) -> None:
+        """The thread's body."""
+        try:
+            self._loop_forever()
+        except Exception as e:  # the loop cannot go on: answer everyone, then exit
+            log.exception("engine loop failed")
+            self.fault = f"engine failed: {type(e).__name__}: {e}"
+            self._fail_all(self.fault)
+            if self.on_fatal is not None:
+                self.on_fatal(self.fault)
+
+    def _loop_forever(self) -> None:
+        engine = self.engine
+        sched = engine.scheduler
+        while True:
+            self.wake.clear()
+            self._outputs, self._admissions = [], []
+            if self._apply_commands():
+                for rid in list(self._tracked):
+                    sched.abort_request(rid, "server shutting down")
+                self._collect_finished()
+                self._publish()
+                return
+            ran = False
+            if engine.has_unfinished():
+                n_steps = len(sched.step_records)
+                t0 = time.perf_counter()
+                emitted = engine.step()
+                wall_s = time.perf_counter() - t0
+                ran = len(sched.step_records) != n_steps
+                self.state.steps += ran
+                if ran and self.metrics is not None:
+                    self.metrics.on_steps(sched.step_records[n_steps:], wall_s)
+                del sched.step_records[:]  # consumed: a server must not grow without bound
+                self._collect_tokens(emitted)
+            self._collect_finished()
+            self._publish()
+            if not ran:
+                timeout = None
+                if engine.has_unfinished():
+                    wake_at = sched.next_wakeup_time()
+                    timeout = IDLE_POLL_S if wake_at is None else \
+                        min(max(wake_at - engine.clock.now(), 0.0), 0.05)
+                self.wake.wait(timeout)
+
+    def _apply_commands(self) -> bool:
+        """Apply queued adds and aborts; True when asked to stop."""
+        while self.commands:
+            cmd = self.commands.popleft()
+            if cmd is None:
+                return True
+            if isinstance(cmd, AbortCommand):
+                if cmd.request_id in self._tracked:
+                    self.engine.scheduler.abort_request(cmd.request_id, cmd.message)
+            else:
+                self._admissions.append((cmd.admitted, self._admit(cmd)))
+        return False
+
+    def _admit(self, cmd: AddCommand) -> BaseException | None:
+        """Hand one request to the engine; the admission error, or None if it was taken."""
+        engine = self.engine
+        try:
+            req = engine.add_request(cmd.prompt_ids, cmd.params, cmd.request_id,
+                                     arrival_time=cmd.arrival_time, stream_text=cmd.streamed)
+        except ValueError as e:
+            return RequestRejected(str(e))
+        except Exception as e:  # not the client's fault, and not queued: a 500 for it alone
+            log.exception("admitting request %s failed", cmd.request_id)
+            return RequestFailed(f"{type(e).__name__}: {e}")
+        if req.is_finished:
+            engine.release([req])
+            why = req.reject_reason.value if req.reject_reason else "invalid"
+            return RequestRejected(req.finish_message, why)
+        self._tracked[req.request_id] = Tracked.of(req, cmd.stream, cmd.streamed)
+        return None
+
+    def _collect_tokens(self, emitted: list[Request]) -> None:
+        text_of = self.engine.text_of
+        for req in emitted:
+            if self.metrics is not None and req.num_output_tokens == 1:
+                self.metrics.on_first_token(req)
+            t = self._tracked.get(req.request_id)
+            if t is None or not t.streamed or req.is_finished:
+                continue  # finished ones are reported by _collect_finished
+            try:
+                self._outputs.append((t.stream, t.delta(text_of)))
+            except Exception as e:  # this request's text is broken, not the others'
+                log.exception("streaming request %s failed", req.request_id)
+                self.engine.scheduler.finish_request(
+                    req.request_id, RequestStatus.FINISHED_ERROR,
+                    f"streaming failed: {type(e).__name__}: {e}")
+
+    def _collect_finished(self) -> None:
+        sched = self.engine.scheduler
+        if not sched.finished:
+            return
+        ended = []
+        for req in sched.finished:
+            t = self._tracked.pop(req.request_id, None)
+            if t is None:
+                continue  # rejected at admission: answered there
+            ended.append(req)
+            try:
+                out = t.final(self._final_text(req, t.streamed))
+            except Exception as e:
+                log.exception("the final text of request %s failed", req.request_id)
+                out = t.error(f"the final text failed: {type(e).__name__}: {e}")
+            self._outputs.append((t.stream, out))
+            if self.metrics is not None:
+                self.metrics.on_finished(req)
+        del sched.finished[:]  # consumed: a server must not grow without bound
+        self.engine.release(ended)
+
+    def _final_text(self, req: Request, streamed: bool) -> str:
+        """The whole completion, as the offline LLM.generate returns it. A streamed one
+        must extend what was sent (the incremental detokenizer's text); it differs from
+        a plain decode only by bytes still held back at the end (an unfinished
+        character), which the plain decode shows."""
+        plain = self.engine.tokenizer.decode(req.output_token_ids)
+        if not streamed and not req.sampling_params.stop:
+            return plain  # what text_of gives when there is no detokenizer
+        text = self.engine.text_of(req)
+        if req.sampling_params.stop:
+            return text
+        return plain if not streamed or plain.startswith(text) else text
+
+    def _publish(self) -> None:
+        sched = self.engine.scheduler
+        kv = sched.kv
+        used = kv.num_gpu_blocks - kv.num_free_blocks
+        self.state = EngineState(len(sched.running), len(sched.waiting), len(sched.swapped),
+                                 kv.num_gpu_blocks, used, kv.usage,
+                                 sched.num_preemptions_total, self.state.steps)
+        if self.metrics is not None:
+            self.metrics.on_state(self.state)
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        outputs, admissions = self._outputs, self._admissions
+        self._outputs, self._admissions = [], []
+        if outputs or admissions:
+            self.hand_over(outputs, admissions)
+
+    def _fail_all(self, message: str) -> None:
+        """The loop is dead: every tracked request gets a final error, every admission
+        still pending an answer (taken ones resolve, and then their stream ends in error;
+        queued ones are refused)."""
+        for t in self._tracked.values():
+            self._outputs.append((t.stream, t.error(message)))
+        self._tracked.clear()
+        while self.commands:
+            cmd = self.commands.popleft()
+            if isinstance(cmd, AddCommand):
+                self._admissions.append((cmd.admitted, EngineUnavailable(message)))
+        self._hand_over()

@@ -1,0 +1,65 @@
+"""Shutdown by signal: SIGTERM and SIGINT both drain, log the stop line and exit 0; a
+second signal during the drain aborts in-flight requests at once (each answered)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from server_harness import MODEL, serve_process
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_drains_and_exits_zero(sig):
+    with serve_process() as server:
+        r = httpx.post(server.url + "/v1/completions",
+                       json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 200
+        server.proc.send_signal(sig)
+        code = server.proc.wait(timeout=30)
+        out = server.output()
+    assert code == 0, out
+    assert "graceful shutdown: 0 in-flight requests finished, 0 aborted" in out
+    assert out.rstrip().endswith("stepserve: server stopped"), out
+
+
+def _long_stream(url: str, lines: list[str]) -> None:
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": 250, "ignore_eos": True,
+            "stream": True}
+    # slow the stream's reader down so that it is still running when the signals come
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_second_signal_cuts_the_drain_short():
+    with serve_process("--shutdown-timeout", "120") as server:
+        lines: list[str] = []
+        reader = threading.Thread(target=_long_stream, args=(server.url, lines))
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not any(line.startswith("data: {") for line in lines):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert server.proc.poll() is None  # draining: it waits for the stream
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(timeout=30)
+        cut_after = time.monotonic() - t0
+        reader.join(30)
+        out = server.output()
+    assert code == 0, out
+    assert cut_after < 10, out  # not the 120 s drain
+    assert "second signal" in out
+    assert "0 in-flight requests finished, 1 aborted" in out
+    events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert "server shutting down" in events[-2]  # the stream was answered, with why
