@@ -76,6 +76,7 @@ class Tokenizer:
                                if k.endswith("_token") and _token_text(v) is not None
                                and not isinstance(v, bool)}
         self.eos_token_ids = self._eos_ids(model_dir)
+        self._max_token_bytes: int | None = None
 
     def _eos_ids(self, model_dir: Path) -> tuple[int, ...]:
         """Every id that ends generation: generation_config's, then the tokenizer's eos."""
@@ -99,17 +100,34 @@ class Tokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of `text`. Through encode_batch, which releases the GIL while it
+        works (encode holds it: 1 s for 1 MB, during which no other thread runs), so a
+        server can tokenize on a worker thread without stalling its event loop."""
+        ids = self._encode(text, add_special_tokens)
         if not add_special_tokens or self._add_bos is None or self.bos_token_id is None:
             return ids
         has_bos = bool(ids) and ids[0] == self.bos_token_id
         if self._add_bos and not has_bos:
             return [self.bos_token_id, *ids]
         if not self._add_bos and has_bos:
-            plain = self._tok.encode(text, add_special_tokens=False).ids
+            plain = self._encode(text, False)
             if not plain or plain[0] != self.bos_token_id:  # the post-processor added it
                 return ids[1:]
         return ids
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token decodes to (a lone partial character counts as
+        its replacement character, 3 bytes, more than it stands for). n tokens decode to
+        at most n times this many bytes, hence characters: the bound a server checks a
+        text prompt against before tokenizing it."""
+        if self._max_token_bytes is None:
+            pieces = self._tok.decode_batch([[i] for i in range(self.vocab_size)],
+                                            skip_special_tokens=False)
+            self._max_token_bytes = max(len(p.encode("utf-8")) for p in pieces)
+        return self._max_token_bytes
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

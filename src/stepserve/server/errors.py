@@ -73,6 +73,12 @@ def from_validation_error(err: ValidationError) -> APIError:
                            param, "unknown_field")
     if kind == "missing":
         return bad_request(f"missing required field {param!r}", param, "missing_field")
+    if kind == "model_type":
+        got = type(first.get("input")).__name__
+        got = {"list": "an array", "str": "a string", "int": "a number", "float": "a number",
+               "bool": "a boolean", "NoneType": "null"}.get(got, got)
+        return bad_request(f"{param or 'the request body'} must be a JSON object, got {got}",
+                           param, "invalid_type")
     if kind == "json_invalid":
         return bad_request(f"the body is not valid JSON: {first.get('msg')}", None,
                            "invalid_json")

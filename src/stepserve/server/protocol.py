@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from stepserve import request_limits as lim
 from stepserve.server.errors import bad_request
+
+# Bounded strings and lists (request_limits.py says why each bound)
+StopString = Annotated[str, Field(max_length=lim.STOP_MAX_CHARS)]
+TokenId = Annotated[int, Field(ge=0, le=lim.INT32_MAX)]
 
 
 class _Request(BaseModel):
@@ -46,23 +51,25 @@ class StreamOptions(BaseModel):
 class _Sampling(_Request):
     """Fields both endpoints share."""
 
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    model: str = Field(max_length=1024)
+    max_tokens: int | None = Field(None, ge=1, le=lim.MAX_TOKENS_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=lim.TEMPERATURE_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, description="0 or -1: off (vLLM)")
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    top_k: int | None = Field(None, ge=-1, le=lim.TOP_K_MAX, description="0 or -1: off (vLLM)")
+    seed: int | None = Field(None, ge=lim.SEED_MIN, le=lim.SEED_MAX)
+    stop: StopString | list[StopString] | None = Field(None, max_length=lim.STOP_MAX_COUNT)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=lim.STOP_TOKEN_IDS_MAX_COUNT)
     ignore_eos: bool = False
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=lim.INT32_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = Field(None, description="the tenant for the fair-share policy")
-    priority: int = Field(0, description="lower runs first (priority policy), as in vLLM")
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(None, max_length=lim.TENANT_MAX_CHARS,
+                             description="the tenant for the fair-share policy")
+    priority: int = Field(0, ge=lim.PRIORITY_MIN, le=lim.PRIORITY_MAX,
+                          description="lower runs first (priority policy), as in vLLM")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(None, max_length=300)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -77,11 +84,12 @@ _NEUTRAL_SHARED: dict[str, tuple[Any, ...]] = {
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]] = Field(
+        description="one prompt: text or token ids (a list of one prompt is accepted)")
     echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = Field(None, ge=1, le=lim.INT32_MAX)
+    suffix: str | None = Field(None, max_length=lim.STOP_MAX_CHARS)
 
     _NEUTRAL = {**_NEUTRAL_SHARED, "echo": (False,), "logprobs": (None,),
                 "best_of": (None, 1), "suffix": (None, "")}
@@ -94,12 +102,11 @@ class TextPart(BaseModel):
     text: str
 
 
-class ChatMessage(BaseModel):
+class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: str | list[TextPart] | None
+    name: str | None = Field(None, max_length=lim.TENANT_MAX_CHARS)
 
     def text(self) -> str:
         if self.content is None:
@@ -109,11 +116,35 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+class ContentMessage(_Message):
+    """A system, developer or user message: `content` is required, as in OpenAI."""
+
+    role: Literal["system", "developer", "user"]
+    content: str | list[TextPart]
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+
+
+def _message_kind(value: Any) -> str:
+    role = value.get("role") if isinstance(value, dict) else getattr(value, "role", None)
+    return "(assistant)" if role == "assistant" else "(content)"
+
+
+# Tagged by role so the schema can say which messages need `content`. The tags are in
+# parentheses so an error's location skips them (errors._is_branch).
+ChatMessage = Annotated[Annotated[ContentMessage, Tag("(content)")]
+                        | Annotated[AssistantMessage, Tag("(assistant)")],
+                        Discriminator(_message_kind)]
+
+
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=lim.MESSAGES_MAX_COUNT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=lim.MAX_TOKENS_MAX)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -209,3 +240,23 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer, in OpenAI's shape (errors.APIError)."""
+
+    error: ErrorInfo
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok"] = "ok"
+    num_requests_running: int
+    num_requests_waiting: int
+    steps: int

@@ -9,17 +9,17 @@ clean 503. Failures after the stream began are an SSE error event, then `[DONE]`
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from stepserve.request import SamplingParams
-from stepserve.server.async_engine import AsyncEngine
+from stepserve.server.body import VALUE_SLACK, parse_json, read_limited
 from stepserve.server.errors import (
     RATE_LIMIT,
     SERVER_ERROR,
@@ -27,6 +27,14 @@ from stepserve.server.errors import (
     APIError,
     bad_request,
     from_validation_error,
+)
+from stepserve.server.prompts import (
+    ServingContext,
+    chat_prompt,
+    check_common,
+    check_length,
+    completion_prompt,
+    sampling_params,
 )
 from stepserve.server.protocol import (
     ChatChoice,
@@ -37,118 +45,33 @@ from stepserve.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     UsageInfo,
-    _Sampling,
 )
 from stepserve.server.sse import SSE_DONE, ChatChunks, Chunks, CompletionChunks
 from stepserve.server.streams import (
     EngineUnavailable,
+    RequestFailed,
     RequestRejected,
     RequestStream,
     StreamOutput,
 )
 
-
-@dataclass
-class ServingContext:
-    """What the handlers need from the app."""
-
-    engine: AsyncEngine
-    model_name: str
-    max_model_len: int
-    vocab_size: int
-    retry_after_s: int
+log = logging.getLogger("stepserve.server")
 
 
-async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
-    """Content type, UTF-8 and JSON checks, then strict validation; each failure a 4xx."""
+async def parse_body(ctx: ServingContext, request: Request,
+                     model: type[BaseModel]) -> BaseModel:
+    """Content type, size, UTF-8 and JSON checks (body.py), then strict validation; each
+    failure a 4xx."""
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise APIError(415, f"Content-Type must be application/json, got {ctype!r}",
                        param=None, code="unsupported_media_type")
-    raw = await request.body()
+    raw = await read_limited(request, ctx.max_request_bytes)
+    data = await parse_json(raw, ctx.max_model_len + VALUE_SLACK)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise bad_request(f"the body is not valid UTF-8 (byte {e.start})", None,
-                          "invalid_encoding") from None
-    try:
-        return model.model_validate_json(text)
+        return model.model_validate(data, strict=True)
     except ValidationError as e:
         raise from_validation_error(e) from None
-
-
-# ---- building the engine request ----
-
-def _check_common(ctx: ServingContext, body: _Sampling) -> None:
-    if body.model != ctx.model_name:
-        raise APIError(404, f"model {body.model!r} does not exist; this server serves "
-                            f"{ctx.model_name!r} (see GET /v1/models)", param="model",
-                       code="model_not_found")
-    if body.n != 1:
-        raise bad_request(f"n = {body.n}: only n = 1 is supported", "n", "unsupported_value")
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options is only allowed when stream is true",
-                          "stream_options")
-
-
-def _check_length(ctx: ServingContext, ids: list[int], max_tokens: int, param: str,
-                  prompt_param: str) -> None:
-    limit = ctx.max_model_len
-    if not ids:
-        raise bad_request("the prompt is empty; at least one token is required",
-                          prompt_param, "empty_prompt")
-    if len(ids) + max_tokens > limit:
-        where = prompt_param if len(ids) >= limit else param
-        raise bad_request(f"prompt ({len(ids)} tokens) + {param} ({max_tokens}) = "
-                          f"{len(ids) + max_tokens} exceeds max_model_len = {limit}; "
-                          f"shorten the prompt or lower {param}", where,
-                          "context_length_exceeded")
-
-
-def _sampling_params(body: _Sampling, max_tokens: int) -> SamplingParams:
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=max(body.top_k or 0, 0), seed=body.seed, stop=body.stop_strings(),
-            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-            priority=body.priority, tenant=body.user or "default")
-    except ValueError as e:
-        raise bad_request(str(e)) from None
-
-
-def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> list[int]:
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise bad_request(f"prompt is a list of {len(prompt)} prompts; this server takes "
-                              "one prompt per request", "prompt", "unsupported_value")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("the prompt is empty; at least one token is required",
-                              "prompt", "empty_prompt")
-        return ctx.engine.engine.tokenizer.encode(prompt)
-    bad = [t for t in prompt if not 0 <= t < ctx.vocab_size]
-    if bad:
-        raise bad_request(f"prompt token ids must be in [0, {ctx.vocab_size}); got "
-                          f"{bad[:5]}", "prompt")
-    return list(prompt)
-
-
-def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
-    import jinja2
-
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    tokenizer = ctx.engine.engine.tokenizer
-    try:
-        return tokenizer.encode_chat(messages)
-    except jinja2.TemplateError as e:
-        raise bad_request(f"the chat template rejected the messages: {e}", "messages") \
-            from None
-    except ValueError as e:  # no chat template
-        raise bad_request(str(e), "messages") from None
 
 
 async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
@@ -162,6 +85,9 @@ async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
                            headers={"Retry-After": str(ctx.retry_after_s)}) from None
         code = "context_length_exceeded" if e.reason == "too_long" else e.reason
         raise bad_request(e.message, None, code) from None
+    except RequestFailed as e:
+        raise APIError(500, f"internal error: the engine could not take the request: {e}",
+                       SERVER_ERROR, code="engine_error") from None
     except EngineUnavailable as e:
         code = "engine_error" if ctx.engine.fault else "shutting_down"
         raise APIError(503, f"the server cannot take requests: {e}", UNAVAILABLE,
@@ -208,13 +134,13 @@ async def next_output(ctx: ServingContext, request: Request,
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival = ctx.engine.engine.clock.now()
-    body = await parse_body(request, CompletionRequest)
+    body = await parse_body(ctx, request, CompletionRequest)
     assert isinstance(body, CompletionRequest)
-    _check_common(ctx, body)
-    ids = completion_prompt(ctx, body)
+    check_common(ctx, body)
+    ids = await completion_prompt(ctx, body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
-    _check_length(ctx, ids, max_tokens, "max_tokens", "prompt")
-    stream = await submit(ctx, ids, _sampling_params(body, max_tokens), body.stream, arrival)
+    check_length(ctx, ids, max_tokens, "max_tokens", "prompt")
+    stream = await submit(ctx, ids, sampling_params(body, max_tokens), body.stream, arrival)
     return await _answer(ctx, request, stream, body, "cmpl", CompletionChunks,
                          lambda rid, created, out: CompletionResponse(
         id=rid, created=created, model=ctx.model_name,
@@ -224,16 +150,16 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival = ctx.engine.engine.clock.now()
-    body = await parse_body(request, ChatCompletionRequest)
+    body = await parse_body(ctx, request, ChatCompletionRequest)
     assert isinstance(body, ChatCompletionRequest)
-    _check_common(ctx, body)
-    ids = chat_prompt(ctx, body)
+    check_common(ctx, body)
+    ids = await chat_prompt(ctx, body)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:  # as vLLM: whatever room the context leaves
         max_tokens = max(ctx.max_model_len - len(ids), 1)
-    _check_length(ctx, ids, max_tokens, param, "messages")
-    stream = await submit(ctx, ids, _sampling_params(body, max_tokens), body.stream, arrival)
+    check_length(ctx, ids, max_tokens, param, "messages")
+    stream = await submit(ctx, ids, sampling_params(body, max_tokens), body.stream, arrival)
     return await _answer(ctx, request, stream, body, "chatcmpl", ChatChunks,
                          lambda rid, created, out: ChatCompletionResponse(
         id=rid, created=created, model=ctx.model_name,
@@ -250,13 +176,20 @@ async def _answer(ctx: ServingContext, request: Request, stream: RequestStream,
     the request's final output as `response(id, created, output)`."""
     rid = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
-    if body.stream:
-        return await _start_stream(ctx, request, stream,
-                                   chunks(rid, created, ctx.model_name, body))
-    out = await _final(ctx, request, stream)
-    if out is None:
-        return Response(status_code=499)  # nobody is listening
-    return JSONResponse(response(rid, created, out).model_dump())
+    try:
+        if body.stream:
+            return await _start_stream(ctx, request, stream,
+                                       chunks(rid, created, ctx.model_name, body))
+        out = await _final(ctx, request, stream)
+        if out is None:
+            return Response(status_code=499)  # nobody is listening
+        return JSONResponse(response(rid, created, out).model_dump())
+    except BaseException:
+        # A fault (or cancellation) in this handler: the request must not run on unread.
+        # The error itself becomes a 500 in OpenAI's shape (api.py's handler).
+        if not stream.finished:
+            ctx.engine.abort(stream.request_id, "the request's handler failed")
+        raise
 
 
 async def _final(ctx: ServingContext, request: Request,
@@ -299,6 +232,11 @@ async def _events(ctx: ServingContext, stream: RequestStream, first: StreamOutpu
             if out.text:
                 yield chunks.token(out.text, out)
             out = await stream.__anext__()
+        yield SSE_DONE
+    except Exception as e:  # a fault rendering this stream ends it alone, with an error
+        log.exception("streaming %s failed", stream.request_id)
+        yield APIError(500, f"internal error while streaming: {type(e).__name__}: {e}",
+                       SERVER_ERROR, code="internal_error").sse_event()
         yield SSE_DONE
     finally:
         if not stream.finished:  # the client went away (the task was cancelled)

@@ -1,0 +1,127 @@
+"""From a validated body to what the engine takes: the prompt's token ids and the
+SamplingParams, with every check that needs the model (its name, vocabulary, context).
+
+Heavy work stays off the event loop: chat templating and tokenizing run on a worker
+thread (the tokenizer releases the GIL), and a text longer than any prompt of
+max_model_len tokens could be is refused before it is tokenized at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from stepserve.request import SamplingParams
+from stepserve.server.errors import APIError, bad_request
+from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+if TYPE_CHECKING:
+    from stepserve.server.async_engine import AsyncEngine
+
+
+@dataclass
+class ServingContext:
+    """What the handlers need from the app."""
+
+    engine: AsyncEngine
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    retry_after_s: int
+    max_request_bytes: int
+    # the longest text a prompt of max_model_len tokens can be (see max_token_bytes)
+    max_prompt_chars: int
+    workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=2, thread_name_prefix="stepserve-tokenize"))
+
+    async def off_loop(self, fn, *args):
+        """`fn(*args)` on a worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
+
+
+def check_common(ctx: ServingContext, body: _Sampling) -> None:
+    if body.model != ctx.model_name:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves "
+                            f"{ctx.model_name!r} (see GET /v1/models)", param="model",
+                       code="model_not_found")
+    if body.n != 1:
+        raise bad_request(f"n = {body.n}: only n = 1 is supported", "n", "unsupported_value")
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed when stream is true",
+                          "stream_options")
+    bad = [t for t in body.stop_token_ids or () if t >= ctx.vocab_size]
+    if bad:
+        raise bad_request(f"stop_token_ids must be in [0, {ctx.vocab_size}); got {bad[:5]}",
+                          "stop_token_ids")
+
+
+def check_length(ctx: ServingContext, ids: list[int], max_tokens: int, param: str,
+                 prompt_param: str) -> None:
+    limit = ctx.max_model_len
+    if not ids:
+        raise bad_request("the prompt is empty; at least one token is required",
+                          prompt_param, "empty_prompt")
+    if len(ids) + max_tokens > limit:
+        where = prompt_param if len(ids) >= limit else param
+        raise bad_request(f"prompt ({len(ids)} tokens) + {param} ({max_tokens}) = "
+                          f"{len(ids) + max_tokens} exceeds max_model_len = {limit}; "
+                          f"shorten the prompt or lower {param}", where,
+                          "context_length_exceeded")
+
+
+def _check_text_size(ctx: ServingContext, num_chars: int, param: str) -> None:
+    if num_chars > ctx.max_prompt_chars:
+        raise bad_request(
+            f"the prompt has {num_chars} characters; no text over {ctx.max_prompt_chars} "
+            f"characters fits in max_model_len = {ctx.max_model_len} tokens of this model",
+            param, "context_length_exceeded")
+
+
+def sampling_params(body: _Sampling, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=max(body.top_k or 0, 0), seed=body.seed, stop=body.stop_strings(),
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+            priority=body.priority, tenant=body.user or "default")
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+async def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise bad_request(f"prompt is a list of {len(prompt)} prompts; this server takes "
+                              "one prompt per request", "prompt", "unsupported_value")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("the prompt is empty; at least one token is required",
+                              "prompt", "empty_prompt")
+        _check_text_size(ctx, len(prompt), "prompt")
+        return await ctx.off_loop(ctx.engine.engine.tokenizer.encode, prompt)
+    bad = [t for t in prompt if not 0 <= t < ctx.vocab_size]
+    if bad:
+        raise bad_request(f"prompt token ids must be in [0, {ctx.vocab_size}); got "
+                          f"{bad[:5]}", "prompt")
+    return list(prompt)
+
+
+async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
+    import jinja2
+
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    _check_text_size(ctx, sum(len(m["content"]) for m in messages), "messages")
+    tokenizer = ctx.engine.engine.tokenizer
+    try:
+        return await ctx.off_loop(tokenizer.encode_chat, messages)
+    except jinja2.TemplateError as e:
+        raise bad_request(f"the chat template rejected the messages: {e}", "messages") \
+            from None
+    except ValueError as e:  # no chat template
+        raise bad_request(str(e), "messages") from None
