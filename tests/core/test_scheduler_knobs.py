@@ -137,3 +137,21 @@ def test_config_rejects_contradictions_with_clear_messages():
         make_scheduler(max_num_seqs=0)
     with pytest.raises(ConfigError, match="cannot hold one sequence"):
         make_scheduler(num_gpu_blocks=4, max_model_len=2048)
+
+
+def test_dynamic_batch_runs_at_the_wakeup_time_it_names():
+    # (a + w) - a < w in floats for this arrival: the batch must still close at the
+    # wake-up time, or a simulator waking there would wake there forever.
+    from stepserve.clock import VirtualClock
+
+    arrival, window = 952.8149084371281, 0.05
+    assert (arrival + window) - arrival < window
+    clock = VirtualClock()
+    sched = make_scheduler(batching="dynamic", batch_window_s=window, max_num_seqs=8,
+                           clock=clock)
+    (req,) = make_requests(1, arrival=arrival)
+    sched.add_request(req)
+    wake = sched.next_wakeup_time()
+    clock.advance(wake - clock.now())
+    assert clock.now() == wake
+    assert [r.request_id for r in sched.schedule().requests] == ["r0"]

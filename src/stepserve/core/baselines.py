@@ -89,8 +89,10 @@ class DynamicBatchScheduler(StaticBatchScheduler):
     def _batch_ready(self, now: float) -> bool:
         if len(self.waiting) >= self.sc.max_num_seqs:
             return True
-        return bool(self.waiting) and \
-            now - self._oldest_arrival() >= self.sc.batch_window_s
+        # The same sum as next_wakeup_time: `now - oldest >= window` can be false at the
+        # very time that wake-up names (float rounding), and the simulator would wake at
+        # that instant forever.
+        return bool(self.waiting) and now >= self._oldest_arrival() + self.sc.batch_window_s
 
     def _oldest_arrival(self) -> float:
         return min(r.arrival_time for r in self.waiting)
