@@ -2,7 +2,8 @@
 
 Every field carries its help text, its type and its allowed range in `metadata`, so the
 CLI flags, the YAML loader and validation all come from the same place. A bad value
-raises `ConfigError` naming the key, the value and what is allowed.
+raises `ConfigError` naming the key, the value and what is allowed. Upper bounds come
+from limits.py, where each is explained.
 """
 
 from __future__ import annotations
@@ -12,8 +13,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepserve.cli_errors import UsageError
+from stepserve.limits import (
+    MAX_BATCHED_TOKENS,
+    MAX_BLOCKS,
+    MAX_KV_BYTES,
+    MAX_LEN,
+    MAX_NUM_REQUESTS,
+    MAX_NUM_SEQS,
+    MAX_REPLICAS,
+    MAX_SECONDS,
+)
 
-class ConfigError(ValueError):
+
+class ConfigError(UsageError):
     """A configuration value is missing, unknown, of the wrong type, or out of range."""
 
 
@@ -103,18 +116,21 @@ class SchedulerConfig(_Section):
                          "runs until its last member ends; dynamic: a batch closes at max_num_seqs "
                          "requests or after batch_window_s, then runs to completion",
                          str, choices=BATCHING_MODES)
-    max_num_seqs: int = knob(256, "most sequences running at once (batch slots)", int, lo=1)
+    max_num_seqs: int = knob(256, "most sequences running at once (batch slots)", int, lo=1,
+                             hi=MAX_NUM_SEQS)
     max_num_batched_tokens: int = knob(8192, "token budget of one step (prefill + decode)",
-                                       int, lo=1)
+                                       int, lo=1, hi=MAX_BATCHED_TOKENS)
     enable_chunked_prefill: bool = knob(True, "split long prompts across steps", bool)
     long_prefill_token_threshold: int = knob(
         0, "prompts longer than this are 'long' and get at most this many tokens per step "
-        "(0: no per-request cap)", int, lo=0)
+        "(0: no per-request cap)", int, lo=0, hi=MAX_BATCHED_TOKENS)
     max_num_partial_prefills: int = knob(1, "most prompts mid-prefill at once (chunked prefill)",
-                                         int, lo=1)
+                                         int, lo=1, hi=MAX_NUM_SEQS)
     max_long_partial_prefills: int = knob(
-        1, "most long prompts (over long_prefill_token_threshold) mid-prefill at once", int, lo=1)
-    max_model_len: int = knob(4096, "longest prompt + max_tokens a request may ask for", int, lo=1)
+        1, "most long prompts (over long_prefill_token_threshold) mid-prefill at once", int, lo=1,
+        hi=MAX_NUM_SEQS)
+    max_model_len: int = knob(4096, "longest prompt + max_tokens a request may ask for", int, lo=1,
+                              hi=MAX_LEN)
     budget_order: str = knob("decode_first", "who gets the step budget first: decode_first "
                              "(running sequences, then new prompts) or prefill_first (legacy: "
                              "prompts first, decode gets what is left)", str,
@@ -125,7 +141,7 @@ class SchedulerConfig(_Section):
                                 "prompt + max_tokens at admission, never evict)", str,
                                 choices=PREEMPTION_MODES)
     batch_window_s: float = knob(0.05, "dynamic batching: close a batch this long after its "
-                                 "first request arrived", float, lo=0.0)
+                                 "first request arrived", float, lo=0.0, hi=MAX_SECONDS)
 
     def _check_relations(self) -> None:
         t = self.long_prefill_token_threshold
@@ -158,11 +174,13 @@ class QueueConfig(_Section):
     SECTION = "queue"
 
     max_waiting: int = knob(0, "most requests waiting; more are rejected (HTTP 429). 0: no cap",
-                            int, lo=0)
+                            int, lo=0, hi=MAX_NUM_REQUESTS)
     max_queue_time_s: float = knob(0.0, "a request waiting longer than this before it first runs "
-                                   "ends as timed_out. 0: wait forever", float, lo=0.0)
+                                   "ends as timed_out. 0: wait forever", float, lo=0.0,
+                                   hi=MAX_SECONDS)
     aging_after_s: float = knob(0.0, "priority policy: every this many seconds of waiting raise a "
-                                "request one priority level. 0: no aging", float, lo=0.0)
+                                "request one priority level. 0: no aging", float, lo=0.0,
+                                hi=MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -173,13 +191,14 @@ class CacheConfig(_Section):
 
     block_size: int = knob(16, "tokens per KV block", int, lo=1, hi=1024)
     num_gpu_blocks: int = knob(None, "device KV blocks; null: derive from kv_cache_memory",
-                               int, lo=1, optional=True)
-    num_cpu_blocks: int = knob(0, "CPU swap pool blocks (swap preemption)", int, lo=0)
+                               int, lo=1, hi=MAX_BLOCKS, optional=True)
+    num_cpu_blocks: int = knob(0, "CPU swap pool blocks (swap preemption)", int, lo=0,
+                               hi=MAX_BLOCKS)
     watermark: float = knob(0.01, "share of device blocks kept free when admitting new "
                             "requests, so running ones can grow", float, lo=0.0, hi=0.5)
     kv_cache_memory: int = knob(None, "bytes of KV cache; null: a share of free memory "
                                 "(real engine) or the hardware preset (simulator)", int, lo=1,
-                                optional=True)
+                                hi=MAX_KV_BYTES, optional=True)
 
 
 @dataclass(frozen=True)
@@ -189,7 +208,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    replicas: int = knob(1, "engine replicas behind the router", int, lo=1)
+    replicas: int = knob(1, "engine replicas behind the router", int, lo=1, hi=MAX_REPLICAS)
     router: str = knob("round_robin", "how requests are spread over replicas", str,
                        choices=ROUTERS)
 

@@ -15,9 +15,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from stepserve.cli_errors import UsageError
 from stepserve.config import SECTIONS, ConfigError, EngineConfig
+from stepserve.user_files import load_yaml
 
 TOP_LEVEL = ("replicas", "router")
 
@@ -85,15 +85,16 @@ def apply_nested(base: EngineConfig, data: dict[str, Any]) -> EngineConfig:
 
 
 def load_config(path: str | Path, base: EngineConfig | None = None) -> EngineConfig:
-    """Read a YAML config file."""
-    p = Path(path)
+    """Read a YAML config file; every error names the file."""
+    where = f"config file {str(path)!r}"
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
-    return apply_nested(base or EngineConfig(), data)
+        data = load_yaml(path, "config file")
+    except UsageError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        return apply_nested(base or EngineConfig(), {} if data is None else data)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def to_dict(config: EngineConfig) -> dict[str, Any]:

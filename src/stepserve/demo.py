@@ -18,7 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from stepserve.cli_errors import UsageError, reports_usage_errors
 from stepserve.config import EngineConfig
+from stepserve.limits import REQUESTS, Range, check_flags
 from stepserve.metrics.summary import summarize
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.plan.speedup import speedup_for_lengths
@@ -27,7 +29,13 @@ from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.run import run_config
 from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
+from stepserve.user_files import check_output_file
 from stepserve.workload.scenarios import get_workload
+
+# Bounds of the flags: the real engine runs with max_model_len 2048 and ~20-token prompts
+# on a CPU, so outputs stay under 1,024 tokens and requests in the thousands.
+DEMO_FLAGS = {"requests": Range(1, 10_000), "short": Range(1, 1024), "long": Range(1, 1024),
+              "sim_requests": REQUESTS}
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",
           "server uptime", "a new coffee machine", "the warehouse inventory", "a team offsite",
@@ -107,14 +115,20 @@ def format_table(cols: list[dict]) -> str:
     return format_runs(cols, DEMO_ROWS)
 
 
+@reports_usage_errors
 def run_demo(args: argparse.Namespace) -> int:
     from stepserve.engine.llm_engine import LLMEngine
 
+    check_flags(args, DEMO_FLAGS)
+    check_output_file("--json", args.json)  # before minutes of work
     say = print
     say("stepserve demo: the seed's nightly report job (64 in flight, ~15% of requests 100x "
         "longer than the rest), static vs continuous batching.")
     t_start = time.perf_counter()
-    probe = LLMEngine(args.model, EngineConfig().replace(max_model_len=2048))
+    try:
+        probe = LLMEngine(args.model, EngineConfig().replace(max_model_len=2048))
+    except (ValueError, FileNotFoundError) as e:  # an unknown model name or directory
+        raise UsageError(f"--model {args.model!r}: {e}") from None
     say(f"model: {probe.runner.describe()}")
     text = sample_text(probe)
     jobs, lengths = demo_jobs(probe.tokenizer, args.requests, args.short, args.long)

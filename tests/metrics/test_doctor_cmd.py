@@ -82,7 +82,7 @@ def test_the_runs_batching_reaches_the_rules(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, message", [
-    (None, "No such file"),
+    (None, "no such file"),
     ("{not json", "Expecting property name"),
     ("[1, 2]", "expected a JSON object"),
     ('{"hello": 1}', "neither a result file"),

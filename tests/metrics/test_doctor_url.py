@@ -108,5 +108,5 @@ def test_exactly_one_of_file_or_url(tmp_path, capsys):
     assert "exactly one of RESULT.json" in _error(capsys, tmp_path / "r.json", "--url",
                                                   "http://127.0.0.1:9")
     assert "http:// or https://" in _error(capsys, "--url", "127.0.0.1:8000")
-    assert "must be positive" in _error(capsys, "--url", "http://127.0.0.1:9",
-                                        "--interval-s", "0")
+    assert "--interval-s = 0: must be" in _error(capsys, "--url", "http://127.0.0.1:9",
+                                                 "--interval-s", "0")

@@ -87,7 +87,7 @@ def test_empirical_file_errors_name_the_line(tmp_path):
     with pytest.raises(WorkloadError, match="line 2 = 'seven'"):
         empirical(path)
     path.write_text("5\n0\n")
-    with pytest.raises(WorkloadError, match="line 2 = 0: must be an integer >= 1"):
+    with pytest.raises(WorkloadError, match=r"line 2 = 0: must be an integer in \[1, 1048576\]"):
         empirical(path)
     with pytest.raises(WorkloadError, match="cannot be read"):
         empirical(tmp_path / "missing.txt")
@@ -110,7 +110,7 @@ def test_parse_and_round_trip(data, expected):
 
 
 @pytest.mark.parametrize("data,message", [
-    ({"fixed": 0}, r"output\.fixed = 0: must be an integer >= 1"),
+    ({"fixed": 0}, r"output\.fixed = 0: must be an integer in \[1, 1048576\]"),
     ({"fixed": 2.5}, r"output\.fixed = 2\.5: must be an integer"),
     ({"fixed": True}, r"output\.fixed = True: must be an integer"),
     ({"uniform": [50, 10]}, r"output\.uniform\.hi = 10: must be >= uniform\.lo = 50"),
@@ -130,7 +130,7 @@ def test_parse_and_round_trip(data, expected):
     ({"mixture": [{"weight": 1, "fixd": 20}]},
      r"output\.mixture\[0\]: unknown key 'fixd'; allowed keys: fixed, uniform"),
     ({"empirical": []}, r"output\.empirical = \[\]: must be a non-empty list"),
-    ({"empirical": [3, 0]}, r"output\.empirical\[1\] = 0: must be an integer >= 1"),
+    ({"empirical": [3, 0]}, r"output\.empirical\[1\] = 0: must be an integer in \[1, 1048576\]"),
     ({"normal": 3}, r"output: unknown key 'normal'; allowed keys: fixed, uniform, lognormal"),
     ({"fixed": 1, "uniform": [1, 2]}, r"output = .*: must be a mapping with exactly one of"),
     ("long", r"output = 'long': must be a mapping with exactly one of"),

@@ -123,7 +123,7 @@ def test_trace_defaults_and_sorting(tmp_path):
     (['{"arrival_s": 0, "prompt_len": 5, "output_len": 3}', '{"arrival_s": 1,'],
      r"line 2: not valid JSON"),
     (['{"arrival_s": 0, "prompt_len": 0, "output_len": 3}'],
-     r"line 1: prompt_len = 0: must be an integer >= 1"),
+     r"line 1: prompt_len = 0: must be an integer in \[1, 1048576\]"),
     (['{"arrival_s": 0, "prompt_len": 5}'], r"line 1: missing required key 'output_len'"),
     (['{"arrival_s": 0, "prompt_len": 5, "output_len": 3, "user": "u"}'],
      r"line 1: unknown key 'user'; allowed keys: arrival_s, prompt_len, output_len"),

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.http_run import HttpRun, bench_http
+from stepserve.bench.http_run import HttpRun, bench_http, check_url
 from stepserve.bench.loadgen import LoadPlan, make_records
 from stepserve.bench.plan import BenchError, build_workload, make_specs
 from stepserve.bench.results import (
@@ -31,15 +31,42 @@ from stepserve.bench.results import (
 )
 from stepserve.bench.run_data import http_extras, latency_samples
 from stepserve.bench.slo import SLO, SLOError, parse_slo
+from stepserve.cli_errors import UsageError, report_error, reports_usage_errors
 from stepserve.config import ConfigError
 from stepserve.config_load import to_dict as config_to_dict
+from stepserve.limits import (
+    CONCURRENCY,
+    LENGTH,
+    MAX_BURSTINESS,
+    MAX_NUM_REQUESTS,
+    MAX_RATE,
+    MIN_BURSTINESS,
+    MIN_RATE,
+    REQUESTS,
+    SECONDS,
+    SEED,
+    STEP_MS,
+    Range,
+    check_flags,
+)
 from stepserve.metrics.alerts import findings_for
+from stepserve.user_files import check_output_file
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.scenarios import list_workloads
 from stepserve.workload.spec import Workload
 
-EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+BENCH_FLAGS = {
+    "random_input_len": LENGTH, "random_output_len": LENGTH, "sharegpt_output_len": LENGTH,
+    "num_prompts": REQUESTS, "seed": SEED, "max_concurrency": CONCURRENCY,
+    "request_rate": Range(MIN_RATE, MAX_RATE, float, inf_ok=True),
+    "burstiness": Range(MIN_BURSTINESS, MAX_BURSTINESS, float, inf_ok=True),
+    "duration_s": SECONDS, "warmup": Range(0, MAX_NUM_REQUESTS), "timeout_s": SECONDS,
+    "metrics_interval_s": Range(0.0, 3600.0, float),  # 0: never scrape
+    "step_ms": STEP_MS,
+}
+OUTPUT_FLAGS = ("json", "csv", "markdown")
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -135,18 +162,38 @@ def _sim_cost(args, config):
 
 # ---- the command ----
 
+def check_bench_args(args: argparse.Namespace) -> None:
+    """What can be checked before any work: numeric flags, the target URL, the engine
+    settings, the cost model or the model name, output paths."""
+    check_flags(args, BENCH_FLAGS)
+    if args.target:
+        check_url(args.target)
+    else:
+        _engine_config(args)
+    if args.sim:
+        from stepserve.sim.commands import _cost_model
+
+        _cost_model(args)
+    if args.engine:
+        from stepserve.model.presets import resolve_model
+
+        try:  # the same lookup the engine makes; a preset is built here, once
+            resolve_model(args.model or "tiny")
+        except (ValueError, FileNotFoundError) as e:
+            raise UsageError(f"--model: {e}") from None
+    for flag in OUTPUT_FLAGS:
+        check_output_file(f"--{flag}", getattr(args, flag))
+
+
+@reports_usage_errors
 def run_bench(args: argparse.Namespace) -> int:
+    check_bench_args(args)
     try:
         slo = parse_slo(args.goodput)
         workload = build_workload(args)
         specs = make_specs(args, workload)
-        for flag in ("max_concurrency", "duration_s", "timeout_s"):
-            v = getattr(args, flag)
-            if v is not None and v <= 0:
-                raise BenchError(f"--{flag.replace('_', '-')} = {v:g}: must be > 0")
     except (BenchError, SLOError, WorkloadError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return report_error(e)
     plan = LoadPlan(specs, workload.closed_loop_concurrency, args.warmup, args.duration_s,
                     args.text_prompts, args.ignore_eos)
     how = workload.describe()
@@ -156,8 +203,7 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         return _run(args, plan, slo, workload)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return report_error(e)
 
 
 def _run(args, plan: LoadPlan, slo: SLO, workload: Workload) -> int:

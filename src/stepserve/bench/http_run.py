@@ -21,15 +21,15 @@ from stepserve.bench.loadgen import HttpTarget, LoadPlan, run_http
 from stepserve.bench.plan import BenchError
 from stepserve.bench.scrape import Scraper, scrape_summary
 from stepserve.metrics.live import live_config
+from stepserve.urls import check_http_url
 
 SETTLE_TRIES = 10
 SETTLE_PAUSE_S = 0.1
 
 
 def check_url(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        raise BenchError(f"--target {url!r}: must be an http:// or https:// URL")
-    return url.rstrip("/")
+    """The --target URL without its trailing slash; UsageError when it is not one."""
+    return check_http_url("--target", url)
 
 
 async def discover_model(client: httpx.AsyncClient, url: str, model: str | None) -> str:

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from stepserve.cli_errors import UsageError, report_error, reports_usage_errors
 from stepserve.config import ConfigError
 from stepserve.config_load import add_config_arguments, config_from_args
 
@@ -34,10 +35,33 @@ def add_engine_parsers(subparsers) -> None:
     m.set_defaults(func=run_models)
 
 
+def check_device(name: str) -> None:
+    """A torch device this machine has: a typo or a missing GPU is one line, not a torch
+    traceback from deep inside the model load."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r}: not a torch device, e.g. cpu, cuda, cuda:0") \
+            from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(f"--device {name!r}: no CUDA device here; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"--device {name!r}: this machine has {count} CUDA device(s), "
+                             f"cuda:0..cuda:{count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {name!r}: MPS is not available here; use --device cpu")
+
+
+@reports_usage_errors
 def run_generate(args: argparse.Namespace) -> int:
     from stepserve.engine.llm_engine import LLMEngine
     from stepserve.request import SamplingParams
 
+    check_device(args.device)
     try:
         config = config_from_args(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
@@ -45,15 +69,13 @@ def run_generate(args: argparse.Namespace) -> int:
                                 stop=tuple(args.stop), ignore_eos=args.ignore_eos)
         engine = LLMEngine(args.model, config, dtype=args.dtype, device=args.device)
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e)
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
     req = engine.add_request(prompt, params)
-    if req.is_finished:
-        print(f"error: {req.finish_message}", file=sys.stderr)
-        return 2
+    if req.is_finished:  # refused at admission, e.g. longer than max_model_len
+        return report_error(req.finish_message or "the request was refused")
     engine.run_until_done()
     out = engine.output_of(req)
     m = out.metrics

@@ -6,21 +6,23 @@ RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary
 or a bare summary dict. `--url` scrapes a live server's /metrics over a window instead
 (metrics/live.py) and applies the same rules to what it saw; the JSON then also carries
 that "summary", the server's "config" and the rules "not_evaluable" for lack of data.
-A missing or malformed file, or a target that cannot be scraped, prints `error: ...` to
-stderr and returns 2; otherwise 0, whatever fires.
+A missing or malformed file, one without runs or with impossible values (a negative
+count, a share over 1, NaN: metrics/summary_checks.py), or a target that cannot be scraped,
+prints `error: ...` (one line) to stderr and returns 2; otherwise 0, whatever fires.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepserve.cli_errors import UsageError, reports_usage_errors
+from stepserve.limits import MAX_SECONDS, Range, check_flags
 from stepserve.metrics.alerts import Finding, diagnose, rules_config, unevaluable
 from stepserve.metrics.live import (
     INTERVAL_S,
@@ -31,8 +33,14 @@ from stepserve.metrics.live import (
     scrape_window,
     window_notes,
 )
+from stepserve.metrics.summary_checks import impossible_values
+from stepserve.user_files import load_json
 
-EXIT_USAGE = 2
+# --window-s and --interval-s: a millisecond to a month; at most MAX_SCRAPES snapshots
+# are kept (each is a parsed /metrics page)
+DOCTOR_FLAGS = {"window_s": Range(1e-3, MAX_SECONDS, float),
+                "interval_s": Range(1e-3, MAX_SECONDS, float)}
+MAX_SCRAPES = 10_000
 # A bare summary must carry at least one of these (summary.py's keys).
 _SUMMARY_MARKERS = ("requests_total", "steps", "slot_utilization", "ttft_p50_s", "preemptions")
 
@@ -76,50 +84,57 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def load_runs(path: str) -> list[Run]:
-    """The runs in a result file; ValueError (or OSError) says what is wrong."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    """The runs in a result file; UsageError says what is wrong, naming the file."""
+    data = load_json(path, "result file")
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise UsageError(f"{path}: expected a JSON object, got {type(data).__name__}")
     if "runs" not in data:
         if not any(k in data for k in _SUMMARY_MARKERS):
-            raise ValueError(f"{path}: neither a result file (no \"runs\") nor a summary "
+            raise UsageError(f"{path}: neither a result file (no \"runs\") nor a summary "
                              f"(none of {', '.join(_SUMMARY_MARKERS)})")
-        return [Run(name=Path(path).stem, summary=data)]
+        return [_checked(path, Run(name=Path(path).stem, summary=data))]
     raw = data["runs"]
     if not isinstance(raw, list):
-        raise ValueError(f"{path}: \"runs\" must be a list, got {type(raw).__name__}")
-    runs = []
-    for i, item in enumerate(raw):
-        where = f"{path}: runs[{i}]"
-        if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {type(item).__name__}")
-        summary = item.get("summary")
-        if not isinstance(summary, dict):
-            raise ValueError(f"{where} has no \"summary\" object")
-        config = item.get("config") or {}
-        if not isinstance(config, dict):
-            raise ValueError(f"{where}.config must be an object, got {type(config).__name__}")
-        batching = item.get("batching")
-        if batching is not None and not isinstance(batching, str):
-            raise ValueError(f"{where}.batching must be a string, got {batching!r}")
-        runs.append(Run(name=str(item.get("name", f"run {i}")), summary=summary,
-                        batching=batching, config=config))
-    return runs
+        raise UsageError(f"{path}: \"runs\" must be a list, got {type(raw).__name__}")
+    if not raw:
+        raise UsageError(f"{path}: the result has no runs (\"runs\" is empty): nothing to "
+                         "diagnose")
+    return [_checked(path, _run(f"{path}: runs[{i}]", i, item)) for i, item in enumerate(raw)]
 
 
+def _run(where: str, i: int, item: Any) -> Run:
+    if not isinstance(item, dict):
+        raise UsageError(f"{where} must be an object, got {type(item).__name__}")
+    summary = item.get("summary")
+    if not isinstance(summary, dict):
+        raise UsageError(f"{where} has no \"summary\" object")
+    config = item.get("config") or {}
+    if not isinstance(config, dict):
+        raise UsageError(f"{where}.config must be an object, got {type(config).__name__}")
+    batching = item.get("batching")
+    if batching is not None and not isinstance(batching, str):
+        raise UsageError(f"{where}.batching must be a string, got {batching!r}")
+    return Run(name=str(item.get("name", f"run {i}")), summary=summary, batching=batching,
+               config=config)
+
+
+def _checked(path: str, run: Run) -> Run:
+    """The run, unless its summary or config holds a value no run can have."""
+    problems = impossible_values(run.summary, "summary.") \
+        + impossible_values(run.config, "config.")
+    if problems:
+        raise UsageError(f"{path}: run {run.name}: impossible values: {'; '.join(problems)}")
+    return run
+
+
+@reports_usage_errors
 def run_doctor(args: argparse.Namespace) -> int:
     if (args.result is None) == (args.url is None):
-        print("error: give exactly one of RESULT.json (a result file) or --url "
-              "http://HOST:PORT (a live server)", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("give exactly one of RESULT.json (a result file) or --url "
+                         "http://HOST:PORT (a live server)")
     if args.url is not None:
         return run_live(args)
-    try:
-        runs = load_runs(args.result)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    runs = load_runs(args.result)
     results = [(run, diagnose(run.summary, run.diagnose_config())) for run in runs]
     if args.json:
         rows = [{"run": run.name, **f.to_dict()} for run, found in results for f in found]
@@ -130,11 +145,14 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_live(args: argparse.Namespace) -> int:
+    check_flags(args, DOCTOR_FLAGS)
+    if args.window_s / args.interval_s > MAX_SCRAPES:
+        raise UsageError(f"--window-s {args.window_s:g} / --interval-s {args.interval_s:g}: "
+                         f"more than {MAX_SCRAPES:,} scrapes; scrape less often")
     try:
         snapshots = scrape_window(args.url, args.window_s, args.interval_s)
     except LiveScrapeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(exc)) from None
     summary, config = live_summary(snapshots), live_config(snapshots[-1])
     run = Run(name=args.url, summary=summary, batching=config.get("batching"), config=config)
     found = diagnose(summary, run.diagnose_config())

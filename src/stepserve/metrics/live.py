@@ -49,6 +49,7 @@ from stepserve.metrics.prometheus import (
     parse_prometheus,
 )
 from stepserve.metrics.step_metrics import longest_monotonic_rise
+from stepserve.urls import check_http_url
 
 WINDOW_S = 10.0
 INTERVAL_S = 1.0
@@ -72,11 +73,9 @@ class LiveScrapeError(Exception):
 
 
 def metrics_url(url: str) -> str:
-    """`http://HOST:PORT` (or one already ending in /metrics) to its /metrics URL."""
-    if not url.startswith(("http://", "https://")):
-        raise LiveScrapeError(f"--url {url!r}: expected an http:// or https:// URL, "
-                              "e.g. http://127.0.0.1:8000")
-    url = url.rstrip("/")
+    """`http://HOST:PORT` (or one already ending in /metrics) to its /metrics URL;
+    UsageError naming --url when it is not an http(s) URL."""
+    url = check_http_url("--url", url)
     return url if url.endswith("/metrics") else url + "/metrics"
 
 

@@ -2,22 +2,27 @@
 
 Every number printed comes with one line saying how it was computed. `--json` prints the
 result dataclass as JSON instead. Handlers return an exit code; a bad value prints
-`error: ...` to stderr and returns 2.
+`error: ...` to stderr and returns 2. Counts and sizes are bounded by limits.py: the
+arithmetic would take them, but a request count of 10^15 is a typo.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from stepserve import limits
+from stepserve.cli_errors import UsageError, report_error, reports_usage_errors
+from stepserve.limits import Range, check_flags
 from stepserve.plan.capacity import CapacityResult, capacity
 from stepserve.plan.model_specs import get_model_spec, list_model_specs
 from stepserve.plan.sizes import format_size, parse_size
 from stepserve.plan.speedup import SpeedupResult, parse_group, speedup
 
-EXIT_USAGE = 2
+# Bounds of the numeric flags: --concurrency is a static batch's slots (max_num_seqs).
+PLAN_FLAGS = {"concurrency": Range(1, limits.MAX_NUM_SEQS), "max_len": limits.LENGTH,
+              "peak_concurrency": Range(1, limits.MAX_NUM_REQUESTS)}
 
 
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -105,12 +110,30 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     return plan
 
 
+def _checked_groups(texts: list[str]) -> list[tuple[int, int]]:
+    groups = [parse_group(text) for text in texts]
+    total, longest = sum(c for c, _ in groups), max(n for _, n in groups)
+    if total > limits.MAX_NUM_REQUESTS or longest > limits.MAX_LEN:
+        raise UsageError(f"--group: {total:,} requests, the longest {longest:,} tokens; at most "
+                         f"{limits.MAX_NUM_REQUESTS:,} requests of {limits.MAX_LEN:,} tokens")
+    return groups
+
+
+def _checked_size(flag: str, text: str, most: int) -> int:
+    size = parse_size(text)
+    if size > most:
+        raise UsageError(f"{flag} {text!r}: {size:,} bytes; at most {format_size(most)}")
+    return size
+
+
+@reports_usage_errors
 def run_speedup(args: argparse.Namespace) -> int:
+    check_flags(args, PLAN_FLAGS)
     try:
-        groups = [parse_group(text) for text in args.group]
+        groups = _checked_groups(args.group)
         result = speedup(groups, args.concurrency)
     except ValueError as exc:
-        return _fail(exc)
+        return report_error(exc)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -118,9 +141,11 @@ def run_speedup(args: argparse.Namespace) -> int:
     return 0
 
 
+@reports_usage_errors
 def run_capacity(args: argparse.Namespace) -> int:
+    check_flags(args, PLAN_FLAGS)
     try:
-        kv_memory = parse_size(args.kv_memory)
+        kv_memory = _checked_size("--kv-memory", args.kv_memory, limits.MAX_KV_BYTES)
         if args.model_spec is not None:
             spec = get_model_spec(args.model_spec)
             per_token = spec.kv_bytes_per_token
@@ -130,11 +155,12 @@ def run_capacity(args: argparse.Namespace) -> int:
             )
         else:
             spec = None
-            per_token = parse_size(args.kv_bytes_per_token)
+            per_token = _checked_size("--kv-bytes-per-token", args.kv_bytes_per_token,
+                                      limits.MAX_KV_BYTES_PER_TOKEN)
             source = "given (--kv-bytes-per-token)"
         result = capacity(kv_memory, per_token, args.max_len, args.headroom, args.peak_concurrency)
     except ValueError as exc:
-        return _fail(exc)
+        return report_error(exc)
     if args.json:
         out = result.to_dict()
         out["model_spec"] = spec.name if spec else None
@@ -271,8 +297,3 @@ def format_capacity(r: CapacityResult, source: str) -> str:
 
 def _row(name: str, value: str, how: str) -> str:
     return f"  {name:<18} {value:>10}   {how}"
-
-
-def _fail(exc: Exception) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return EXIT_USAGE

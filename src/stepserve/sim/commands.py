@@ -1,17 +1,22 @@
 """`stepserve simulate`: a built-in scenario, or a workload file with a config file and
-flags, through the real scheduler on a virtual clock."""
+flags, through the real scheduler on a virtual clock.
+
+User mistakes raise UsageError (ConfigError, WorkloadError), which `stepserve` prints as
+one line, exit 2; the flags and the output path are checked before anything runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-from stepserve.config import ConfigError
-from stepserve.config_load import add_config_arguments, config_from_args
+from stepserve.cli_errors import UsageError, reports_usage_errors
+from stepserve.config_load import add_config_arguments, config_from_args, flag_changes
+from stepserve.limits import RATE, REQUESTS, SEED, STEP_MS, check_flags
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost, CostModel
 from stepserve.sim.hardware import get_hardware
@@ -19,8 +24,13 @@ from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.run import run_all, run_scenario, to_json_ready
 from stepserve.sim.scenarios import SCENARIOS, RunSpec, Scenario, get_scenario
 from stepserve.sim.table import format_result
-from stepserve.workload.errors import WorkloadError
+from stepserve.user_files import check_output_file
+from stepserve.workload.arrivals import Poisson
 from stepserve.workload.loader import load_workload
+from stepserve.workload.spec import Workload
+
+# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}
 
 
 def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
@@ -68,38 +78,32 @@ def _progress_factory(enabled: bool):
 def _cost_model(args) -> tuple[CostModel, int | None]:
     if args.cost == "constant":
         return ConstantCost(args.step_ms / 1000.0), None
-    model = get_model_spec(args.model_spec)
-    cost = RooflineCost(get_hardware(args.hardware), model)
-    return cost, model.kv_bytes_per_token
+    try:  # a preset name the lookups do not know is the user's mistake
+        model = get_model_spec(args.model_spec)
+    except ValueError as e:
+        raise UsageError(f"--model-spec: {e}") from None
+    try:
+        hardware = get_hardware(args.hardware)
+    except ValueError as e:
+        raise UsageError(f"--hardware: {e}") from None
+    return RooflineCost(hardware, model), model.kv_bytes_per_token
 
 
+@reports_usage_errors
 def run_simulate(args: argparse.Namespace) -> int:
+    check_flags(args, SIMULATE_FLAGS)
+    check_output_file("--json", args.json)  # before the run: a typo must not cost the result
     overrides = {k: v for k, v in (("num_requests", args.requests), ("rate", args.rate),
                                    ("seed", args.seed)) if v is not None}
     progress = _progress_factory(not args.no_progress and sys.stderr.isatty())
-    try:
-        if args.scenario:
-            scenario = get_scenario(args.scenario)
-            if args.config or any(getattr(args, a, None) is not None for a in _flag_names(args)):
-                scenario = _override_runs(scenario, args)
-            only = args.runs.split(",") if args.runs else None
-            result = run_scenario(scenario, overrides, only, progress)
-        else:
-            workload = load_workload(args.workload)
-            if overrides:
-                workload = _with(workload, overrides)
-            config = config_from_args(args)
-            cost, bpt = _cost_model(args)
-            specs = workload.generate()
-            scenario = Scenario(workload.name, f"workload {args.workload}", lambda **kw: workload,
-                                lambda: cost, (RunSpec(config.scheduler.batching, config),),
-                                kv_cache_bytes=getattr(cost, "kv_cache_bytes", lambda: None)(),
-                                kv_bytes_per_token=bpt)
-            result = run_all(workload.name, scenario.description, workload, specs,
-                             scenario.runs, cost, scenario.num_gpu_blocks, False, progress)
-    except (ConfigError, WorkloadError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.scenario:
+        scenario = get_scenario(args.scenario)
+        if args.config or flag_changes(args):
+            scenario = _override_runs(scenario, args)
+        only = args.runs.split(",") if args.runs else None
+        result = run_scenario(scenario, overrides, only, progress)
+    else:
+        result = _run_workload(args, overrides, progress)
     print(format_result(result))
     if args.json:
         Path(args.json).write_text(json.dumps(to_json_ready(result), indent=2))
@@ -107,25 +111,29 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flag_names(args) -> list[str]:
-    from stepserve.config_load import _fields_with_meta
-
-    return [f.name for _s, f in _fields_with_meta()]
+def _run_workload(args: argparse.Namespace, overrides: dict, progress) -> dict:
+    """A workload file, one run with the config file and flags."""
+    workload = load_workload(args.workload)
+    if overrides:
+        workload = _with(workload, overrides)
+    config = config_from_args(args)
+    cost, bpt = _cost_model(args)
+    specs = workload.generate()
+    scenario = Scenario(workload.name, f"workload {args.workload}", lambda **kw: workload,
+                        lambda: cost, (RunSpec(config.scheduler.batching, config),),
+                        kv_cache_bytes=getattr(cost, "kv_cache_bytes", lambda: None)(),
+                        kv_bytes_per_token=bpt)
+    return run_all(workload.name, scenario.description, workload, specs, scenario.runs,
+                   cost, scenario.num_gpu_blocks, False, progress)
 
 
 def _override_runs(scenario: Scenario, args) -> Scenario:
     """Apply --config and flags on top of every run of a scenario."""
-    from dataclasses import replace
-
     runs = tuple(RunSpec(r.name, config_from_args(args, r.config), r.note) for r in scenario.runs)
     return replace(scenario, runs=runs)
 
 
-def _with(workload, overrides: dict):
-    from dataclasses import replace
-
-    from stepserve.workload.arrivals import Poisson
-
+def _with(workload: Workload, overrides: dict) -> Workload:
     changes = {}
     if "num_requests" in overrides:
         changes["num_requests"] = overrides["num_requests"]
@@ -133,6 +141,7 @@ def _with(workload, overrides: dict):
         changes["seed"] = overrides["seed"]
     if "rate" in overrides:
         if not isinstance(workload.arrival, Poisson):
-            raise ValueError("--rate applies to Poisson workloads only")
+            raise UsageError(f"--rate applies to Poisson workloads only; {workload.name} has "
+                             f"{workload.arrival.describe()}")
         changes["arrival"] = Poisson(overrides["rate"])
     return replace(workload, **changes)

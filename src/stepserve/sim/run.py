@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stepserve.cli_errors import UsageError
 from stepserve.config import EngineConfig
 from stepserve.config_load import to_dict
+from stepserve.limits import MAX_BLOCKS
 from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.run_data import run_extras
 from stepserve.metrics.summary import summarize, summarize_by_class
@@ -48,10 +50,24 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "") 
     return run
 
 
+def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
+    """The KV pool a run derives (from kv_cache_memory, or max_num_seqs x max_model_len)
+    must hold a block and fit in memory: the block manager lists every free block."""
+    if 1 <= num_gpu_blocks <= MAX_BLOCKS:
+        return
+    sc = config.scheduler
+    raise UsageError(
+        f"num_gpu_blocks = {num_gpu_blocks:,} (block_size {config.cache.block_size}, derived "
+        f"from the KV cache size or max_num_seqs {sc.max_num_seqs} x max_model_len "
+        f"{sc.max_model_len}): must be in [1, {MAX_BLOCKS:,}]; set num_gpu_blocks or "
+        "kv_cache_memory, or change block_size, max_num_seqs or max_model_len")
+
+
 def run_config(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
                cost_model: CostModel, num_gpu_blocks: int,
                closed_loop_concurrency: int | None, note: str = "",
                progress: Callable[[int], None] | None = None) -> dict:
+    check_num_gpu_blocks(config, num_gpu_blocks)
     sim = simulate(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
                    progress=progress)
     return run_result(name, config, sim, note)
@@ -81,7 +97,7 @@ def run_scenario(scenario: Scenario, workload_overrides: dict | None = None,
     runs = [r for r in scenario.runs if not only or r.name in only]
     if only and len(runs) != len(only):
         known = ", ".join(r.name for r in scenario.runs)
-        raise ValueError(f"--runs {','.join(only)}: scenario {scenario.name} has runs {known}")
+        raise UsageError(f"--runs {','.join(only)}: scenario {scenario.name} has runs {known}")
     return run_all(scenario.name, scenario.description, workload, specs, runs,
                    scenario.cost_model(), scenario.num_gpu_blocks,
                    scenario.compare_batching, progress_factory)
@@ -91,6 +107,8 @@ def run_all(name: str, description: str, workload: Workload, specs: Sequence[Req
             runs: Sequence[RunSpec], cost_model: CostModel,
             blocks_for_config: Callable[[EngineConfig], int], compare: bool,
             progress_factory=None) -> dict:
+    for spec in runs:  # every run's KV pool, before the first run starts
+        check_num_gpu_blocks(spec.config, blocks_for_config(spec.config))
     results = []
     for spec in runs:
         progress = progress_factory(spec.name, len(specs)) if progress_factory else None

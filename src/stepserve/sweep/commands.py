@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.bench.plan import BenchError
+from stepserve.cli_errors import UsageError, report_error, reports_usage_errors
 from stepserve.config import ConfigError
 from stepserve.config_load import (
     add_config_arguments,
@@ -19,7 +20,10 @@ from stepserve.config_load import (
     flag_changes,
     load_config,
 )
+from stepserve.limits import REQUESTS, SECONDS, SEED, STEP_MS, Range, check_flags
 from stepserve.metrics.alerts import findings_for
+from stepserve.metrics.summary import LATENCIES
+from stepserve.metrics.summary_checks import allowed as metric_range
 from stepserve.sim.commands import _cost_model, add_cost_model_arguments
 from stepserve.sim.scenarios import SCENARIOS, Scenario, get_scenario
 from stepserve.sweep.knee import (
@@ -33,11 +37,20 @@ from stepserve.sweep.live import check_target_args, run_target_points, target_po
 from stepserve.sweep.runner import override_workload, run_points, stderr_log, timed_workload
 from stepserve.sweep.spec import RunConfig, build_points, parse_slo, parse_vary
 from stepserve.sweep.text import format_knees
+from stepserve.user_files import check_output_dir, check_output_file
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload
 
 DEFAULT_REQUESTS = 600
 EXIT_INTERRUPTED = 130
+# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+# The knee's fractions: a gain of 10x or a rise of 1000x is no threshold at all.
+SWEEP_FLAGS = {
+    "requests": REQUESTS, "duration_s": SECONDS, "seed": SEED,
+    "min_throughput_gain": Range(0.0, 10.0, float), "max_p99_rise": Range(0.0, 1000.0, float),
+    "warmup": Range(0, REQUESTS.hi), "timeout_s": SECONDS,
+    "metrics_interval_s": Range(0.0, 3600.0, float), "step_ms": STEP_MS,
+}
 
 
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
@@ -196,7 +209,30 @@ def sweep_result(plan: dict[str, Any], runs: list[dict], args,
     }
 
 
+def check_knee_args(args: argparse.Namespace) -> None:
+    """--p99-metric names a latency the summaries have; each --slo limit is a value its
+    metric can take (a NaN or negative latency would never be met, silently)."""
+    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95",
+                                                                         "p99")]
+    if args.p99_metric not in latencies:
+        raise UsageError(f"--p99-metric {args.p99_metric!r}: unknown; allowed: "
+                         f"{', '.join(latencies)}")
+    for text in args.slo:
+        try:
+            slo = parse_slo(text)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        lo, hi, allowed = metric_range(slo.metric)
+        if not lo <= slo.limit <= hi:
+            raise UsageError(f"--slo {slo.metric}: limit {slo.limit:g} must be {allowed}")
+
+
+@reports_usage_errors
 def run_sweep_cmd(args: argparse.Namespace) -> int:
+    check_flags(args, SWEEP_FLAGS)
+    check_knee_args(args)
+    check_output_file("--json", args.json)  # before the sweep: its result must not be lost
+    check_output_dir("--report", args.report)
     try:
         plan = build_sweep(args)
         [parse_slo(s) for s in args.slo]
@@ -209,8 +245,7 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
                                        plan["cost"], plan["blocks"], log)
         result = sweep_result(plan, runs, args, stopped)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e)
     if not runs:
         print("interrupted before the first point ended: nothing to report",
               file=sys.stderr)

@@ -6,7 +6,8 @@ request is sent at once, as `vllm bench serve` does). Closed loop: every request
 available from the start and the runner keeps `closed_loop_concurrency` of them in flight,
 issuing the next when one finishes; arrival times are all 0.0 and mean nothing.
 
-Their YAML shapes are read by `parse.parse_arrival`.
+Their YAML shapes are read by `parse.parse_arrival`. Rates, burstiness and concurrency are
+bounded by limits.py.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepserve.workload.errors import (
-    WorkloadError,
-    check_int,
-    check_positive,
+from stepserve.limits import (
+    MAX_BURSTINESS,
+    MAX_CONCURRENCY,
+    MAX_RATE,
+    MIN_BURSTINESS,
+    MIN_RATE,
 )
+from stepserve.workload.errors import WorkloadError, check_int, check_range
 
 if TYPE_CHECKING:
     from stepserve.workload.spec import RequestSpec
@@ -63,7 +67,8 @@ class Poisson(ArrivalProcess):
     rate_per_s: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate_per_s", check_positive("poisson.rate", self.rate_per_s))
+        object.__setattr__(self, "rate_per_s",
+                           check_range("poisson.rate", self.rate_per_s, MIN_RATE, MAX_RATE))
 
     def times(self, n: int, rng: random.Random) -> list[float]:
         return _from_gaps(n, lambda: rng.expovariate(self.rate_per_s))
@@ -85,9 +90,10 @@ class Gamma(ArrivalProcess):
     burstiness: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate_per_s", check_positive("gamma.rate", self.rate_per_s))
-        object.__setattr__(self, "burstiness",
-                           check_positive("gamma.burstiness", self.burstiness))
+        object.__setattr__(self, "rate_per_s",
+                           check_range("gamma.rate", self.rate_per_s, MIN_RATE, MAX_RATE))
+        object.__setattr__(self, "burstiness", check_range(
+            "gamma.burstiness", self.burstiness, MIN_BURSTINESS, MAX_BURSTINESS))
 
     def times(self, n: int, rng: random.Random) -> list[float]:
         # mean gap = shape * scale = 1/rate, whatever the shape
@@ -108,7 +114,8 @@ class Constant(ArrivalProcess):
     rate_per_s: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate_per_s", check_positive("constant.rate", self.rate_per_s))
+        object.__setattr__(self, "rate_per_s",
+                           check_range("constant.rate", self.rate_per_s, MIN_RATE, MAX_RATE))
 
     def times(self, n: int, rng: random.Random) -> list[float]:
         return [i / self.rate_per_s for i in range(n)]
@@ -128,7 +135,7 @@ class ClosedLoop(ArrivalProcess):
     concurrency: int
 
     def __post_init__(self) -> None:
-        check_int("closed_loop.concurrency", self.concurrency, lo=1)
+        check_int("closed_loop.concurrency", self.concurrency, lo=1, hi=MAX_CONCURRENCY)
 
     def times(self, n: int, rng: random.Random) -> list[float]:
         return [0.0] * n
@@ -160,7 +167,7 @@ class TraceReplay(ArrivalProcess):
         # sorted (stably) so replay order is arrival order, whatever the file's order
         object.__setattr__(self, "specs", tuple(sorted(self.specs, key=lambda s: s.arrival_s)))
         if self.concurrency is not None:
-            check_int("trace.concurrency", self.concurrency, lo=1)
+            check_int("trace.concurrency", self.concurrency, lo=1, hi=MAX_CONCURRENCY)
 
     def times(self, n: int, rng: random.Random) -> list[float]:
         if self.concurrency is not None:

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepserve.cli_errors import UsageError
+from stepserve.limits import MAX_LEN, MAX_WEIGHT
+from stepserve.user_files import read_text
 from stepserve.workload.errors import (
     WorkloadError,
     check_int,
@@ -27,7 +30,6 @@ from stepserve.workload.errors import (
 
 # z of the 99th percentile of the standard normal: P99 = exp(mu + Z99 * sigma).
 Z99 = 2.3263478740408408
-LOGNORMAL_LIMIT = 1e9  # largest P50/P99 accepted, in tokens
 
 
 class LengthDist(abc.ABC):
@@ -51,7 +53,7 @@ class Fixed(LengthDist):
     n: int
 
     def __post_init__(self) -> None:
-        check_int("fixed", self.n, lo=1)
+        check_int("fixed", self.n, lo=1, hi=MAX_LEN)
 
     def sample(self, rng: random.Random) -> int:
         return self.n
@@ -74,8 +76,8 @@ class Uniform(LengthDist):
     hi: int
 
     def __post_init__(self) -> None:
-        check_int("uniform.lo", self.lo, lo=1)
-        check_int("uniform.hi", self.hi, lo=1)
+        check_int("uniform.lo", self.lo, lo=1, hi=MAX_LEN)
+        check_int("uniform.hi", self.hi, lo=1, hi=MAX_LEN)
         if self.hi < self.lo:
             raise WorkloadError(f"uniform.hi = {self.hi}: must be >= uniform.lo = {self.lo}")
 
@@ -100,7 +102,7 @@ def _normal_cdf(x: float) -> float:
 class LogNormal(LengthDist):
     """Given by its median and 99th percentile, the two numbers people quote for lengths
     (the seed's night report: output P50 20, P99 2,000). Samples are rounded to integers
-    and clipped to [1, max]."""
+    and clipped to [1, max] (max: at most limits.MAX_LEN, which is also the default)."""
 
     p50: float
     p99: float
@@ -111,15 +113,13 @@ class LogNormal(LengthDist):
         check_positive("lognormal.p99", self.p99)
         if self.p50 < 1:
             raise WorkloadError(f"lognormal.p50 = {self.p50!r}: must be >= 1 (a token count)")
-        if self.p99 > LOGNORMAL_LIMIT:
-            # beyond this exp() of a tail draw could overflow a float
-            raise WorkloadError(f"lognormal.p99 = {self.p99!r}: must be <= {LOGNORMAL_LIMIT:g} "
-                                "tokens")
+        if self.p99 > MAX_LEN:
+            raise WorkloadError(f"lognormal.p99 = {self.p99!r}: must be <= {MAX_LEN} tokens")
         if self.p99 < self.p50:
             raise WorkloadError(
                 f"lognormal.p99 = {self.p99!r}: must be >= lognormal.p50 = {self.p50!r}")
         if self.max is not None:
-            check_int("lognormal.max", self.max, lo=1)
+            check_int("lognormal.max", self.max, lo=1, hi=MAX_LEN)
             if self.max < self.p50:
                 raise WorkloadError(
                     f"lognormal.max = {self.max!r}: must be >= lognormal.p50 = {self.p50!r}, "
@@ -134,7 +134,9 @@ class LogNormal(LengthDist):
         return (math.log(self.p99) - math.log(self.p50)) / Z99
 
     def sample(self, rng: random.Random) -> int:
-        value = max(1, round(rng.lognormvariate(self.mu, self.sigma)))
+        # clipped before rounding: a far-tail draw may be too large for round()
+        value = min(rng.lognormvariate(self.mu, self.sigma), MAX_LEN)
+        value = max(1, round(value))
         return value if self.max is None else min(value, self.max)
 
     def mean(self) -> float:
@@ -177,7 +179,7 @@ class Mixture(LengthDist):
                     or not isinstance(part[1], LengthDist):
                 raise WorkloadError(
                     f"mixture[{i}] = {part!r}: must be (weight, length distribution)")
-            check_positive(f"mixture[{i}].weight", part[0])
+            check_positive(f"mixture[{i}].weight", part[0], hi=MAX_WEIGHT)
         # The weights are kept as given (so to_dict round-trips exactly); sampling uses
         # their normalised running sums.
         parts = tuple((float(w), dist) for w, dist in parts)
@@ -223,7 +225,7 @@ class Empirical(LengthDist):
             raise WorkloadError(f"empirical = {self.values!r}: must be a non-empty list of "
                                 "integers >= 1")
         for i, v in enumerate(self.values):
-            check_int(f"empirical[{i}]", v, lo=1)
+            check_int(f"empirical[{i}]", v, lo=1, hi=MAX_LEN)
         object.__setattr__(self, "values", tuple(self.values))
 
     @classmethod
@@ -231,10 +233,9 @@ class Empirical(LengthDist):
         """One integer per line; blank lines and lines starting with # are skipped."""
         p = Path(path)
         try:
-            text = p.read_text()
-        except OSError as e:
-            raise WorkloadError(f"empirical.file = {str(p)!r}: cannot be read ({e.strerror})") \
-                from None
+            text = read_text(p, "empirical.file")
+        except UsageError as e:
+            raise WorkloadError(str(e)) from None
         values = []
         for number, line in enumerate(text.splitlines(), start=1):
             line = line.strip()
@@ -245,7 +246,7 @@ class Empirical(LengthDist):
             except ValueError:
                 raise WorkloadError(f"empirical.file {str(p)!r} line {number} = {line!r}: must "
                                     "be one integer >= 1") from None
-            check_int(f"empirical.file {str(p)!r} line {number}", value, lo=1)
+            check_int(f"empirical.file {str(p)!r} line {number}", value, lo=1, hi=MAX_LEN)
             values.append(value)
         if not values:
             raise WorkloadError(f"empirical.file = {str(p)!r}: holds no lengths")

@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from stepserve.cli_errors import UsageError
+from stepserve.user_files import load_yaml
 from stepserve.workload.arrivals import TraceReplay
 from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed
 from stepserve.workload.parse import parse_arrival, parse_length
@@ -127,12 +129,9 @@ def load_workload(path: str | Path) -> Workload:
     the file's folder, and the name defaults to the file's stem."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise WorkloadError(f"workload file {str(p)!r}: cannot be read ({e.strerror})") \
-            from None
-    except yaml.YAMLError as e:
-        raise WorkloadError(f"workload file {str(p)!r}: not valid YAML ({e})") from None
+        data = load_yaml(p, "workload file")
+    except UsageError as e:
+        raise WorkloadError(str(e)) from None
     try:
         return workload_from_dict(data, p.resolve().parent, default_name=p.stem)
     except WorkloadError as e:

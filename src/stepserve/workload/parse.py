@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stepserve.limits import MAX_CONCURRENCY
 from stepserve.workload.arrivals import (
     ArrivalProcess,
     ClosedLoop,
@@ -149,5 +150,5 @@ def _arrival(data: Any, base_dir: Path | None) -> ArrivalProcess:
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
     if concurrency is not None:
-        check_int("trace.concurrency", concurrency, lo=1)
+        check_int("trace.concurrency", concurrency, lo=1, hi=MAX_CONCURRENCY)
     return trace_replay(path, concurrency)

@@ -22,14 +22,16 @@ counted length (a scheduler sees lengths, not words; stepserve has no prefix cac
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.workload.errors import WorkloadError
+from stepserve.cli_errors import UsageError
+from stepserve.limits import MAX_LEN
+from stepserve.user_files import load_json
+from stepserve.workload.errors import WorkloadError, check_int
 from stepserve.workload.lengths import Empirical
 from stepserve.workload.spec import RequestClass
 
@@ -85,15 +87,12 @@ def load_sharegpt(path: str | Path, tokenizer: str | None = None,
     """Read, count and filter; WorkloadError says what is wrong with the file."""
     p = Path(path)
     where = f"sharegpt file {str(p)!r}"
-    if output_len is not None and (isinstance(output_len, bool)
-                                   or not isinstance(output_len, int) or output_len < 1):
-        raise WorkloadError(f"output_len = {output_len!r}: must be an integer >= 1")
+    if output_len is not None:
+        check_int("output_len", output_len, lo=1, hi=MAX_LEN)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise WorkloadError(f"{where}: cannot be read ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{where}: not valid JSON ({e})") from None
+        data = load_json(p, "sharegpt file")
+    except UsageError as e:
+        raise WorkloadError(str(e)) from None
     if not isinstance(data, list):
         raise WorkloadError(f"{where}: expected a JSON list of conversations "
                             f'[{{"conversations": [{{"from": "human", "value": ...}}, ...]}}], '

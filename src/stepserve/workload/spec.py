@@ -14,7 +14,17 @@ import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
+from stepserve.limits import (
+    MAX_LEN,
+    MAX_NUM_REQUESTS,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_WEIGHT,
+    MAX_WORKLOAD_TOKENS,
+)
+from stepserve.request_limits import PRIORITY_MAX, PRIORITY_MIN, TENANT_MAX_CHARS
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import (
     WorkloadError,
@@ -28,6 +38,16 @@ from stepserve.workload.lengths import LengthDist
 # none (it must fall back on max_tokens), exact (an oracle), class_mean (it knows the
 # class's mean output, as a router that classifies requests would).
 LENGTH_ESTIMATES = ("none", "exact", "class_mean")
+
+
+def check_priority_and_tenant(priority: Any, tenant: Any) -> None:
+    """What a request's SamplingParams will accept (request_limits.py), checked here so
+    a workload fails when it is read, not mid-run."""
+    check_int("priority", priority, lo=PRIORITY_MIN, hi=PRIORITY_MAX)
+    name = check_str("tenant", tenant)
+    if len(name) > TENANT_MAX_CHARS:
+        raise WorkloadError(f"tenant = {name[:40]!r}...: {len(name)} characters; at most "
+                            f"{TENANT_MAX_CHARS}")
 
 
 @dataclass(frozen=True)
@@ -48,17 +68,16 @@ class RequestSpec:
         check_int("index", self.index, lo=0)
         object.__setattr__(self, "arrival_s",
                            check_positive("arrival_s", self.arrival_s, allow_zero=True))
-        check_int("prompt_len", self.prompt_len, lo=1)
-        check_int("output_len", self.output_len, lo=1)
-        check_int("max_tokens", self.max_tokens, lo=1)
+        check_int("prompt_len", self.prompt_len, lo=1, hi=MAX_LEN)
+        check_int("output_len", self.output_len, lo=1, hi=MAX_LEN)
+        check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_LEN)
         if self.output_len > self.max_tokens:
             raise WorkloadError(f"output_len = {self.output_len}: must be <= max_tokens = "
                                 f"{self.max_tokens} (a request cannot outrun its cap)")
-        check_int("priority", self.priority)
-        check_str("tenant", self.tenant)
+        check_priority_and_tenant(self.priority, self.tenant)
         check_str("class", self.request_class)
         if self.length_estimate is not None:
-            check_int("length_estimate", self.length_estimate, lo=1)
+            check_int("length_estimate", self.length_estimate, lo=1, hi=MAX_LEN)
 
 
 @dataclass(frozen=True)
@@ -93,21 +112,28 @@ class RequestClass:
             for i, pair in enumerate(self.pairs):
                 if len(pair) != 2:
                     raise WorkloadError(f"pairs[{i}] = {pair!r}: must be (prompt, output)")
-                check_int(f"pairs[{i}].prompt", pair[0], lo=1)
-                check_int(f"pairs[{i}].output", pair[1], lo=1)
-        object.__setattr__(self, "share", check_positive("share", self.share))
+                check_int(f"pairs[{i}].prompt", pair[0], lo=1, hi=MAX_LEN)
+                check_int(f"pairs[{i}].output", pair[1], lo=1, hi=MAX_LEN)
+        object.__setattr__(self, "share", check_positive("share", self.share, hi=MAX_WEIGHT))
         for name in ("prompt", "output"):
             if not isinstance(getattr(self, name), LengthDist):
                 raise WorkloadError(f"{name} = {getattr(self, name)!r}: must be a length "
                                     "distribution (fixed, uniform, lognormal, mixture, "
                                     "empirical)")
         if self.max_tokens is not None:
-            check_int("max_tokens", self.max_tokens, lo=1)
-        check_int("priority", self.priority)
-        check_str("tenant", self.tenant)
+            check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_LEN)
+        check_priority_and_tenant(self.priority, self.tenant)
         if self.length_estimate not in LENGTH_ESTIMATES:
             raise WorkloadError(f"length_estimate = {self.length_estimate!r}: must be one of "
                                 f"{', '.join(LENGTH_ESTIMATES)}")
+
+    def mean_tokens(self) -> float:
+        """Expected prompt + output tokens of one request (outputs cut at max_tokens;
+        each length at most MAX_LEN)."""
+        output = min(self.output.mean(), MAX_LEN)
+        if self.max_tokens is not None:
+            output = min(output, self.max_tokens)
+        return min(self.prompt.mean(), MAX_LEN) + output
 
     def make(self, index: int, arrival_s: float, rng: random.Random) -> RequestSpec:
         """One request of this class: prompt first, then output, from `rng`."""
@@ -153,14 +179,16 @@ class Workload:
             raise WorkloadError(f"classes = {self.classes!r}: must be a list of request classes")
         classes = tuple(self.classes)
         object.__setattr__(self, "classes", classes)
-        check_int("num_requests", self.num_requests, lo=1)
-        check_int("seed", self.seed)
+        check_int("num_requests", self.num_requests, lo=1, hi=MAX_NUM_REQUESTS)
+        check_int("seed", self.seed, lo=0, hi=MAX_SEED)
         if self.duration_s is not None:
-            object.__setattr__(self, "duration_s", check_positive("duration_s", self.duration_s))
+            object.__setattr__(self, "duration_s",
+                               check_positive("duration_s", self.duration_s, hi=MAX_SECONDS))
         if isinstance(self.arrival, TraceReplay):
             self._check_trace(classes)
         else:
             self._check_classes(classes)
+            self._check_size(classes)
         total = sum(c.share for c in classes)
         cumulative = [math.fsum(c.share for c in classes[: i + 1]) / total
                       for i in range(len(classes))]
@@ -188,6 +216,18 @@ class Workload:
             if c.name in seen:
                 raise WorkloadError(f"classes[{i}].name = {c.name!r}: names must be unique")
             seen.add(c.name)
+
+    def _check_size(self, classes: tuple[RequestClass, ...]) -> None:
+        """Refuse a workload whose expected tokens would not fit in memory (the simulator
+        holds every token id), before any request is generated."""
+        total_share = sum(c.share for c in classes)
+        per_request = sum(c.share * c.mean_tokens() for c in classes) / total_share
+        expected = self.num_requests * per_request
+        if expected > MAX_WORKLOAD_TOKENS:
+            raise WorkloadError(
+                f"num_requests = {self.num_requests}: at about {per_request:,.0f} prompt + "
+                f"output tokens a request that is {expected:,.0f} tokens; a workload may "
+                f"hold at most {MAX_WORKLOAD_TOKENS:,} (lower num_requests or the lengths)")
 
     @property
     def closed_loop_concurrency(self) -> int | None:

@@ -6,6 +6,7 @@ and cut with `head`.
 
 `arrival_s`, `prompt_len` and `output_len` are required; `max_tokens` defaults to
 `output_len`, `priority` to 0, `tenant` and `class` to "default", `length_estimate` to none.
+A trace holds at most limits.MAX_NUM_REQUESTS requests, arriving within MAX_SECONDS.
 `save_trace` writes every field, and `load_trace` reads back the identical list.
 """
 
@@ -17,7 +18,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stepserve.workload.errors import WorkloadError
+from stepserve.cli_errors import UsageError
+from stepserve.limits import MAX_NUM_REQUESTS, MAX_SECONDS
+from stepserve.user_files import read_text
+from stepserve.workload.errors import WorkloadError, check_positive
 from stepserve.workload.spec import RequestSpec
 
 REQUIRED = ("arrival_s", "prompt_len", "output_len")
@@ -53,6 +57,7 @@ def record_to_spec(record: Any, index: int) -> RequestSpec:
         if key not in record:
             raise WorkloadError(f"missing required key {key!r}")
     output_len = record["output_len"]
+    check_positive("arrival_s", record["arrival_s"], allow_zero=True, hi=MAX_SECONDS)
     return RequestSpec(
         index=index,
         arrival_s=record["arrival_s"],
@@ -71,18 +76,24 @@ def load_trace(path: str | Path) -> list[RequestSpec]:
     arrival and re-indexed 0..n-1. Errors name the file and the line number."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise WorkloadError(f"trace {str(p)!r}: cannot be read ({e.strerror})") from None
+        text = read_text(p, "trace")
+    except UsageError as e:
+        raise WorkloadError(str(e)) from None
     records: list[tuple[int, Any]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        if len(records) == MAX_NUM_REQUESTS:
+            raise WorkloadError(f"trace {str(p)!r}: more than {MAX_NUM_REQUESTS:,} requests "
+                                "(the most a workload may have)")
         try:
             records.append((number, json.loads(line)))
         except json.JSONDecodeError as e:
             raise WorkloadError(f"trace {str(p)!r} line {number}: not valid JSON ({e.msg} at "
                                 f"column {e.colno})") from None
+        except (RecursionError, ValueError) as e:  # nested too deeply; a huge number
+            raise WorkloadError(f"trace {str(p)!r} line {number}: not valid JSON "
+                                f"({type(e).__name__}: {e})") from None
     specs = []
     for number, record in records:
         try:

@@ -1,0 +1,103 @@
+"""The bounds on every count, size, rate and time a user can give, in one place.
+
+A workload of 10^12 requests or `--max-num-seqs 1e15` is a typo; unbounded, it is found
+out only when memory runs out, minutes later. Each bound is far above any real use and
+far below what would exhaust a machine. Workload fields (workload/), engine settings
+(config.py) and the CLI's numeric flags all read these names, so a limit is stated once.
+
+`Range` and `check_flags` check the numeric flags of a parsed command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from stepserve.cli_errors import UsageError
+
+# requests in one workload, run or plan: a month of a busy service's traffic in a
+# simulator that keeps every request in memory
+MAX_NUM_REQUESTS = 1_000_000
+# tokens in one prompt or one output, and max_model_len: 2^20, the longest contexts
+# models offer today
+MAX_LEN = 1 << 20
+# expected prompt + output tokens of a whole workload: the simulator holds a token id
+# (8 bytes) for each, so this is about 2 GB
+MAX_WORKLOAD_TOKENS = 250_000_000
+# requests in flight in a closed loop (and concurrent users in a plan)
+MAX_CONCURRENCY = 100_000
+# arrival rates, requests per second: one a fortnight to a million a second
+MIN_RATE = 1e-6
+MAX_RATE = 1e6
+# gamma burstiness (the shape): outside this the gaps are all-or-nothing
+MIN_BURSTINESS = 1e-3
+MAX_BURSTINESS = 1e3
+# relative weights (class shares, mixture weights): normalised, so only ratios matter;
+# a ratio over 10^9 is a typo, and sums of larger ones overflow a float
+MAX_WEIGHT = 1e9
+# durations, windows, timeouts and waits, seconds: 30 days
+MAX_SECONDS = 30 * 86_400
+# workload seeds: a non-negative int64, as OpenAI's seed
+MAX_SEED = 2**63 - 1
+# sequences in one step (max_num_seqs, partial prefills): beyond any accelerator's batch
+MAX_NUM_SEQS = 65_536
+# tokens in one step (max_num_batched_tokens): 16 max-length prompts at once
+MAX_BATCHED_TOKENS = 1 << 24
+# KV blocks in a pool (device or CPU): the free list alone is 8 bytes a block
+MAX_BLOCKS = 1 << 24
+# bytes of KV cache for one replica, and KV bytes per token: 2 TiB (a node of eight
+# 141 GB GPUs holds 1.1 TB) and 64 MiB (the largest models hold ~1 MiB a token)
+MAX_KV_BYTES = 1 << 41
+MAX_KV_BYTES_PER_TOKEN = 1 << 26
+# engine replicas behind one router
+MAX_REPLICAS = 1024
+# a user file read whole (results, workloads, traces, ShareGPT): ShareGPT itself is ~0.7 GB
+MAX_FILE_BYTES = 2 << 30
+
+
+def describe_range(lo: float, hi: float, kind: type, inf_ok: bool = False) -> str:
+    """`an integer in [1, 1000000]`, `a finite number in [1e-06, 1e+06] (or inf)`."""
+    if kind is int:
+        return f"an integer in [{lo}, {hi}]"
+    text = f"a finite number in [{lo:.10g}, {hi:.10g}]"
+    return text + " (or inf)" if inf_ok else text
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values one numeric flag allows, both ends included; `inf_ok` for flags where
+    inf means something (--request-rate inf: everything at once)."""
+
+    lo: float
+    hi: float
+    kind: type = int
+    inf_ok: bool = False
+
+    def check(self, flag: str, value: float) -> None:
+        if self.inf_ok and value == math.inf:
+            return
+        if not self.lo <= value <= self.hi:  # NaN fails it; a huge int compares exactly
+            shown = value if self.kind is int else f"{value:g}"
+            raise UsageError(f"{flag} = {shown}: must be "
+                             f"{describe_range(self.lo, self.hi, self.kind, self.inf_ok)}")
+
+
+def check_flags(args: argparse.Namespace, ranges: Mapping[str, Range]) -> None:
+    """Check each flag given (not None) against its range; `ranges` is keyed by the
+    flag's dest, e.g. "num_prompts" for --num-prompts."""
+    for dest, allowed in ranges.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            allowed.check("--" + dest.replace("_", "-"), value)
+
+
+# ranges shared by several commands' flags
+REQUESTS = Range(1, MAX_NUM_REQUESTS)
+RATE = Range(MIN_RATE, MAX_RATE, float)
+SEED = Range(0, MAX_SEED)
+CONCURRENCY = Range(1, MAX_CONCURRENCY)
+SECONDS = Range(1e-3, MAX_SECONDS, float)
+LENGTH = Range(1, MAX_LEN)
+STEP_MS = Range(1e-3, 60_000.0, float)  # a constant cost model's step: 1 us to a minute
