@@ -75,14 +75,7 @@ class StaticBatchScheduler(SchedulerBase):
     def _take(self, out: SchedulerOutput, req, n: int, decoding: bool) -> None:
         if not self.kv.allocate_slots(req, n):
             raise RuntimeError(f"request {req.request_id} outgrew the KV reserved for its batch")
-        req.sched_step = out.step_index
-        req.sched_tokens = n
-        out.requests.append(req)
-        out.num_scheduled_tokens.append(n)
-        if decoding:
-            out.num_decode_tokens += 1
-        else:
-            out.num_prefill_tokens += n
+        out.add(req, n, self.kv.block_tables[req.request_id], decoding)
 
 
 class DynamicBatchScheduler(StaticBatchScheduler):

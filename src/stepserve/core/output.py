@@ -23,12 +23,42 @@ class SchedulerOutput:
     num_scheduled_tokens: list[int] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # per scheduled request: its device blocks, covering what this step computes (the KV
+    # manager's own list: runners read it, never change it)
+    block_tables: list[list[int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
     preempted: list[Request] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)  # freed outside a step
     num_decode_ready: int = 0  # running requests that wanted a decode token this step
     slots_held: int = 0  # batch slots occupied or reserved (for slot utilisation)
+
+    def add(self, request: Request, num_tokens: int, block_table: list[int],
+            decoding: bool) -> None:
+        """Put `request` in this step's batch to compute `num_tokens` tokens (1 when it is
+        decoding); `block_table` must already cover them."""
+        request.sched_step = self.step_index
+        request.sched_tokens = num_tokens
+        self.requests.append(request)
+        self.num_scheduled_tokens.append(num_tokens)
+        self.block_tables.append(block_table)
+        if decoding:
+            self.num_decode_tokens += 1
+        else:
+            self.num_prefill_tokens += num_tokens
+
+    def remove(self, request: Request, decoding: bool) -> int:
+        """Take `request` back out of the batch (it became a preemption victim); returns
+        the tokens it had been given."""
+        k = self.requests.index(request)
+        given = self.num_scheduled_tokens[k]
+        if decoding:
+            self.num_decode_tokens -= given
+        else:
+            self.num_prefill_tokens -= given
+        del self.requests[k], self.num_scheduled_tokens[k], self.block_tables[k]
+        request.sched_step = -1
+        return given
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -64,7 +64,6 @@ class Scheduler(SchedulerBase):
         chunked = self.sc.enable_chunked_prefill
         cap = self.sc.chunk_cap
         step = out.step_index
-        reqs, counts = out.requests, out.num_scheduled_tokens
         i = 0
         while i < len(running):
             req = running[i]
@@ -104,15 +103,8 @@ class Scheduler(SchedulerBase):
                         break
                 if req.status is not _RUNNING:
                     continue
-            req.sched_step = step
-            req.sched_tokens = n
-            reqs.append(req)
-            counts.append(n)
+            out.add(req, n, tables[req.request_id], decoding)
             budget -= n
-            if decoding:
-                out.num_decode_tokens += 1
-            else:
-                out.num_prefill_tokens += n
         return budget
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
@@ -123,15 +115,9 @@ class Scheduler(SchedulerBase):
                                "admission, yet a running request ran out of blocks")
         given_back = 0
         if victim.sched_step == out.step_index:
-            k = out.requests.index(victim)
-            given_back = out.num_scheduled_tokens[k]
-            if victim.num_tokens - victim.num_computed_tokens == 1 and victim.output_token_ids:
-                out.num_decode_tokens -= given_back
-            else:
-                out.num_prefill_tokens -= given_back
-            del out.requests[k]
-            del out.num_scheduled_tokens[k]
-            victim.sched_step = -1
+            decoding = victim.num_tokens - victim.num_computed_tokens == 1 and \
+                bool(victim.output_token_ids)
+            given_back = out.remove(victim, decoding)
         victim.num_preemptions += 1
         self.num_preemptions_total += 1
         out.preempted.append(victim)
@@ -171,15 +157,8 @@ class Scheduler(SchedulerBase):
                 out.num_decode_ready += 1
             if not self.kv.allocate_slots(req, n):
                 continue  # back on the device; it runs next step
-            req.sched_step = out.step_index
-            req.sched_tokens = n
-            out.requests.append(req)
-            out.num_scheduled_tokens.append(n)
+            out.add(req, n, self.kv.block_tables[req.request_id], decoding)
             budget -= n
-            if decoding:
-                out.num_decode_tokens += 1
-            else:
-                out.num_prefill_tokens += n
         return budget
 
     # ---- new (and recompute-preempted) prompts ----
@@ -233,11 +212,7 @@ class Scheduler(SchedulerBase):
                 long_partial += is_long
             self._admit(req, now)
             admitted.append(req)
-            req.sched_step = out.step_index
-            req.sched_tokens = n
-            out.requests.append(req)
-            out.num_scheduled_tokens.append(n)
-            out.num_prefill_tokens += n
+            out.add(req, n, self.kv.block_tables[req.request_id], decoding=False)
             budget -= n
         if admitted:
             k = len(admitted)
