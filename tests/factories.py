@@ -6,6 +6,7 @@ from stepserve.clock import VirtualClock
 from stepserve.config import EngineConfig
 from stepserve.core import make_scheduler as _make_scheduler
 from stepserve.core.base import SchedulerBase
+from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.request import Request, SamplingParams
 
@@ -33,6 +34,18 @@ def make_requests(n: int, prompt_len: int = 8, max_tokens: int = 4, *, arrival: 
                                                    tenant=tenant),
                     arrival_time=arrival, eos_token_id=eos_token_id)
             for i in range(n)]
+
+
+def kv_manager(runner) -> KVCacheManager:
+    """A block manager over a runner's KV store (the engine core owns one; tests that
+    drive a runner by hand own theirs)."""
+    return KVCacheManager(runner.num_gpu_blocks, runner.block_size, runner.num_cpu_blocks)
+
+
+def batch(step: int, reqs, counts, mgr: KVCacheManager, **kw) -> SchedulerOutput:
+    """A SchedulerOutput of `reqs` computing `counts` tokens, with their block tables."""
+    return SchedulerOutput(step, list(reqs), list(counts),
+                           block_tables=[mgr.block_table(r.request_id) for r in reqs], **kw)
 
 
 class FakeRunner:

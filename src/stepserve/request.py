@@ -165,6 +165,16 @@ class Request:
         return self.num_prompt_tokens + len(self.output_token_ids)
 
     @property
+    def is_decoding(self) -> bool:
+        """Exactly its newest sampled token is missing: the next step computes that one
+        token (anything else to compute is prefill: a prompt, a chunk, a recompute).
+        The one definition of "decoding"; the scheduler calls it millions of times a run,
+        hence one len() and no num_tokens property."""
+        num_output = len(self.output_token_ids)
+        return num_output > 0 and \
+            self.num_prompt_tokens + num_output - self.num_computed_tokens == 1
+
+    @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from factories import batch, kv_manager
 
-from stepserve.core.output import SchedulerOutput
 from stepserve.request import Request, SamplingParams
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in these tests may download
@@ -45,7 +45,7 @@ def drive(runner, prompts: list[list[int]], max_new_tokens: int, chunk: int = 7,
     """Run every prompt to `max_new_tokens` output tokens. `admit_per_step` new requests
     join each step, prompts are fed `chunk` tokens at a time, and everything running
     shares each step, so prefill chunks and decodes mix in one batch."""
-    mgr = runner.kv_cache_manager
+    mgr = kv_manager(runner)
     reqs = [Request(f"r{i}", list(p), params[i] if params else greedy(max_new_tokens), 0.0)
             for i, p in enumerate(prompts)]
     running: list[Request] = []
@@ -57,7 +57,7 @@ def drive(runner, prompts: list[list[int]], max_new_tokens: int, chunk: int = 7,
         counts = [min(chunk, r.num_tokens - r.num_computed_tokens) for r in running]
         for r, n in zip(running, counts, strict=True):
             assert mgr.allocate_slots(r, n), "test KV cache too small"
-        out = runner.execute(SchedulerOutput(step, list(running), counts))
+        out = runner.execute(batch(step, running, counts, mgr))
         if on_step is not None:
             on_step(step, running, counts, out)
         for r, n, tok in zip(list(running), counts, out.sampled_token_ids, strict=True):

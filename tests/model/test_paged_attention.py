@@ -50,12 +50,15 @@ def run_case(seqs, block_size, window=None, seed=0, buffers=None):
         for p in range(start):
             k_cache[table[p // block_size], p % block_size] = k[p]
             v_cache[table[p // block_size], p % block_size] = v[p]
-    order = decode_first_order([n for _, _, n in seqs], [s + n for _, s, n in seqs])
+    # decoding: one new token after context (a one-token chunk at the start of a prompt
+    # is a prefill, and takes the prefill path)
+    decoding = [n == 1 and start > 0 for _, start, n in seqs]
+    order = decode_first_order(decoding, [s + n for _, s, n in seqs])
     starts = [seqs[i][1] for i in order]
     lens = [seqs[i][2] for i in order]
     meta, positions = build_attention_metadata(starts, lens, [tables[i] for i in order],
                                                block_size, torch.device("cpu"), window,
-                                               buffers)
+                                               buffers, sum(decoding))
     q = torch.cat([data[i][0][seqs[i][1]:seqs[i][1] + seqs[i][2]] for i in order])
     k = torch.cat([data[i][1][seqs[i][1]:seqs[i][1] + seqs[i][2]] for i in order])
     v = torch.cat([data[i][2][seqs[i][1]:seqs[i][1] + seqs[i][2]] for i in order])
@@ -104,8 +107,9 @@ def test_decode_buckets_merge_small_differences():
 
 
 def test_decode_first_order_sorts_decodes_by_context():
-    assert decode_first_order([7, 1, 3, 1, 1]) == [1, 3, 4, 0, 2]
-    assert decode_first_order([7, 1, 3, 1, 1], [9, 30, 5, 10, 20]) == [3, 4, 1, 0, 2]
+    decoding = [False, True, False, True, True]
+    assert decode_first_order(decoding) == [1, 3, 4, 0, 2]
+    assert decode_first_order(decoding, [9, 30, 5, 10, 20]) == [3, 4, 1, 0, 2]
 
 
 def test_metadata_rejects_short_block_table():
@@ -114,5 +118,11 @@ def test_metadata_rejects_short_block_table():
 
 
 def test_metadata_rejects_wrong_order():
-    with pytest.raises(ValueError, match="decode-first"):
-        build_attention_metadata([0, 3], [4, 1], [[0], [1]], 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match="decodes of one token"):
+        build_attention_metadata([0, 3], [4, 1], [[0], [1]], 4, torch.device("cpu"),
+                                 num_decode=1)
+
+
+def test_one_token_prefill_chunks_take_the_prefill_path():
+    # a one-token prompt, and a one-token chunk in the middle of a prompt, beside a decode
+    run_case([(1, 0, 1), (30, 12, 1), (9, 8, 1), (20, 0, 6)], 4)

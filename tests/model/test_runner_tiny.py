@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import batch, kv_manager
 
-from stepserve.core.output import SchedulerOutput
 from stepserve.model.runner import TorchRunner
 from stepserve.request import Request
 
@@ -52,10 +52,11 @@ def test_runner_does_not_mutate_requests(tiny_dir):
     runner = TorchRunner(tiny_dir, block_size=4, num_gpu_blocks=64)
     reqs = [Request("a", [5, 6, 7, 8, 9], greedy(3), 0.0),
             Request("b", [10, 11], greedy(3), 0.0)]
+    mgr = kv_manager(runner)
     for r, n in zip(reqs, (3, 2), strict=True):
-        assert runner.kv_cache_manager.allocate_slots(r, n)
+        assert mgr.allocate_slots(r, n)
     before = [snapshot(r) for r in reqs]
-    out = runner.execute(SchedulerOutput(0, reqs, [3, 2]))
+    out = runner.execute(batch(0, reqs, [3, 2], mgr))
     assert [snapshot(r) for r in reqs] == before
     assert out.sampled_token_ids[0] is None  # "a" is mid-prompt: no token
     assert isinstance(out.sampled_token_ids[1], int)
@@ -73,15 +74,15 @@ class Loop:
 
     def __init__(self, runner: TorchRunner) -> None:
         self.runner, self.step = runner, 0
+        self.mgr = kv_manager(runner)
 
     def run(self, reqs: list[Request], swap_out=(), swap_in=()) -> None:
-        mgr = self.runner.kv_cache_manager
+        mgr = self.mgr
         counts = [r.num_tokens - r.num_computed_tokens for r in reqs]
         for r, n in zip(reqs, counts, strict=True):
             assert mgr.allocate_slots(r, n)
-        out = self.runner.execute(SchedulerOutput(self.step, list(reqs), counts,
-                                                  swap_out=list(swap_out),
-                                                  swap_in=list(swap_in)))
+        out = self.runner.execute(batch(self.step, reqs, counts, mgr,
+                                        swap_out=list(swap_out), swap_in=list(swap_in)))
         for r, n, tok in zip(reqs, counts, out.sampled_token_ids, strict=True):
             r.num_computed_tokens += n
             r.output_token_ids.append(tok)
@@ -94,7 +95,8 @@ def test_swap_round_trip_keeps_outputs(tiny_dir, driver):
     want = driver(ref_runner, prompts, 10, chunk=1000, admit_per_step=3)
 
     runner = TorchRunner(tiny_dir, block_size=4, num_gpu_blocks=128, num_cpu_blocks=64)
-    mgr, loop = runner.kv_cache_manager, Loop(runner)
+    loop = Loop(runner)
+    mgr = loop.mgr
     a, b, c = reqs = [Request(f"r{i}", p, greedy(10), 0.0) for i, p in enumerate(prompts)]
     loop.run(reqs)  # prefill
     loop.run(reqs)  # one decode

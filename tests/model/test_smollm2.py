@@ -92,13 +92,15 @@ def test_default_matches_transformers_token_for_token(default_dir, prompts, driv
 
 def test_bfloat16_default_model_still_answers(tokenizer):
     runner = TorchRunner("default", num_gpu_blocks=16, dtype="bfloat16")
-    from stepserve.core.output import SchedulerOutput
+    from factories import batch, kv_manager
+
     from stepserve.request import Request, SamplingParams
 
     req = Request("q", tokenizer.encode("The capital of France is"),
                   SamplingParams(max_tokens=1, temperature=0.0), 0.0)
-    assert runner.kv_cache_manager.allocate_slots(req, req.num_tokens)
-    out = runner.execute(SchedulerOutput(0, [req], [req.num_tokens]))
+    mgr = kv_manager(runner)
+    assert mgr.allocate_slots(req, req.num_tokens)
+    out = runner.execute(batch(0, [req], [req.num_tokens], mgr))
     assert tokenizer.decode(out.sampled_token_ids) == " Paris"
 
 

@@ -65,7 +65,7 @@ def _sabotage(monkeypatch, engine, rng: random.Random) -> FaultyRunner:
     from stepserve.server import sse
 
     runner = FaultyRunner(engine.runner, _spaced(rng, 3, 200, 3))
-    engine.runner = runner
+    engine.core.runner = runner  # the runner the engine core executes steps on
     sample_calls = {"n": 0}
     sample_fail = runner.sample_fail = _spaced(rng, 3, 200, 2)
     real_sample = runner_mod.sample

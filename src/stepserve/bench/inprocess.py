@@ -14,6 +14,7 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan, token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config import EngineConfig
+from stepserve.core.output import StepRecord
 from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.summary import summarize
 from stepserve.request import Request, SamplingParams
@@ -83,8 +84,9 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
     clock = engine.clock
     t0 = clock.now()
     issued: list[tuple[int, Request]] = []
+    steps: list[StepRecord] = []
+    live = 0  # issued and not yet ended
     next_i = 0
-    seen_done = 0
     n = len(plan.specs)
     start_measure: float | None = None
 
@@ -93,9 +95,15 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
         params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
                                 ignore_eos=plan.ignore_eos, priority=spec.priority,
                                 tenant=spec.tenant)
+        nonlocal live
         req = engine.add_request(token_prompt(spec, engine.runner.args.vocab_size), params,
                                  request_id=f"bench-{spec.index}", arrival_time=arrival)
         issued.append((i, req))
+        if req.is_finished:  # refused at admission
+            if on_done is not None:
+                on_done(RequestRecord(index=-1))
+        else:
+            live += 1
 
     def may_issue(i: int) -> bool:
         nonlocal start_measure
@@ -115,25 +123,24 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
                     issue(next_i, t0 + plan.specs[next_i].arrival_s)
                     next_i += 1
             else:
-                live = sum(1 for _, r in issued if not r.is_finished)
                 while next_i < n and live < plan.concurrency:
                     if not may_issue(next_i):
                         n = next_i
                         break
                     issue(next_i, now)
                     next_i += 1
-                    live += 1
             if engine.has_unfinished():
-                engine.step()
+                result = engine.step()
+                if result.ran:
+                    steps.append(result.record)
+                live -= len(result.finished)
+                if on_done is not None:
+                    for _ in result.finished:
+                        on_done(RequestRecord(index=-1))
             elif next_i < n:
                 time.sleep(max(0.0, min(0.05, t0 + plan.specs[next_i].arrival_s - now)))
             else:
                 break
-            done = sum(1 for _, r in issued if r.is_finished)
-            if on_done is not None:
-                for _ in range(done - seen_done):
-                    on_done(RequestRecord(index=-1))
-            seen_done = done
     except KeyboardInterrupt:
         if interrupted is not None:
             interrupted[0] = True
@@ -145,6 +152,5 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
         if not req.is_finished:
             rec.error, rec.status = "interrupted before the response ended", 200
         records.append(rec)
-    steps = list(engine.scheduler.step_records)
     extras = {"timeseries": step_timeseries(steps, t0=t0)} if steps else {}
     return records, engine_keys([r for _, r in issued], steps, clock.now() - t0), extras

@@ -39,7 +39,8 @@ class SchedulerBase:
         self.num_preemptions_total = 0
         self._step_index = 0
         self._admit_seq = 0
-        self._freed_ids: list[str] = []  # ended outside a step; told to the runner next step
+        self._freed_ids: list[str] = []  # ended since the last schedule(): told to runners
+        self._finished_taken = self._records_taken = 0  # how much of each log was taken
 
     # ---- admission ----
     def add_request(self, request: Request) -> bool:
@@ -83,7 +84,6 @@ class SchedulerBase:
                 queue.remove(request)
                 break
         self._end(request, status, message)
-        self._freed_ids.append(request_id)
         return True
 
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
@@ -114,6 +114,7 @@ class SchedulerBase:
         self.kv.free(request)
         del self.requests[request.request_id]
         self.finished.append(request)
+        self._freed_ids.append(request.request_id)
         self.policy.on_finish(request)
 
     def _expire_waiting(self, now: float) -> None:
@@ -129,7 +130,25 @@ class SchedulerBase:
             self._end(r, RequestStatus.FINISHED_TIMED_OUT,
                       f"waited {now - r.arrival_time:.3f} s in the queue, over "
                       f"max_queue_time_s = {limit}")
-            self._freed_ids.append(r.request_id)
+
+    # ---- what the engine core takes after every step ----
+    # `finished` and `step_records` are logs: whoever drives a scheduler by hand reads
+    # them whole. The engine core takes what is new after each step; what it has taken is
+    # dropped once a log passes LOG_KEEP entries, so a long-running server stays bounded.
+    LOG_KEEP = 4096
+
+    def take_finished(self) -> list[Request]:
+        """The requests that ended since the last call, in the order they ended."""
+        new = self.finished[self._finished_taken:]
+        self._finished_taken = _trimmed(self.finished, len(self.finished), self.LOG_KEEP)
+        return new
+
+    def take_step_records(self) -> list[StepRecord]:
+        """The steps recorded since the last call."""
+        new = self.step_records[self._records_taken:]
+        self._records_taken = _trimmed(self.step_records, len(self.step_records),
+                                       self.LOG_KEEP)
+        return new
 
     # ---- state ----
     def has_unfinished(self) -> bool:
@@ -198,3 +217,11 @@ class SchedulerBase:
         request.admitted_seq = self._admit_seq
         self._admit_seq += 1
         self.running.append(request)
+
+
+def _trimmed(log: list, taken: int, keep: int) -> int:
+    """Drop the taken prefix of `log` once it is longer than `keep`; the new count taken."""
+    if taken > keep:
+        del log[:taken]
+        return 0
+    return taken

@@ -29,7 +29,8 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
     preempted: list[Request] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)  # freed outside a step
+    # requests that ended since the previous step (a runner drops what it kept of them)
+    finished_request_ids: list[str] = field(default_factory=list)
     num_decode_ready: int = 0  # running requests that wanted a decode token this step
     slots_held: int = 0  # batch slots occupied or reserved (for slot utilisation)
 
@@ -96,3 +97,23 @@ class StepRecord:
     kv_usage: float
     slots_held: int
     num_active: int  # sequences that produced an output token this step
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one call of the engine core's step did: the one thing every driver reads.
+
+    `record` is the step that ran (None when nothing could run: the batch was empty or the
+    runner failed). `emitted` are the requests that got a token in it, in batch order,
+    some of them now finished (each one's new token is its last output token).
+    `finished` are the requests that ended since the previous result, for any reason
+    (stop, length, abort, timed out, error), in the order they ended; a request refused at
+    admission is not among them: `add_request` said so when it was added."""
+
+    record: StepRecord | None
+    emitted: list[Request]
+    finished: list[Request]
+
+    @property
+    def ran(self) -> bool:
+        return self.record is not None

@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from stepserve.config import EngineConfig
+from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
 from stepserve.request import SamplingParams
@@ -70,12 +71,7 @@ class LLM:
                 raise ValueError(f"prompt {len(requests) - 1}: {req.finish_message}")
         bar = tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm,
                    leave=False, mininterval=0.5)
-        done = 0
-        while engine.has_unfinished():
-            engine.step()
-            now_done = sum(r.is_finished for r in requests) if use_tqdm else 0
-            bar.update(now_done - done)
-            done = now_done
+        run_to_completion(engine, lambda result: bar.update(len(result.finished)))
         bar.close()
         outputs = [engine.output_of(r) for r in requests]
         engine.release(requests)

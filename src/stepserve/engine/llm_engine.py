@@ -1,6 +1,8 @@
-"""LLMEngine: the synchronous step loop of the real engine.
+"""LLMEngine: the real engine: a torch runner under the engine core (engine/core.py),
+plus the text around it: tokenizing prompts, detokenizing outputs, stop strings.
 
-    step() = schedule() -> runner.execute() -> update_from_output() -> stop strings
+    step() = core.step()  (schedule -> runner.execute -> update, stop strings in between)
+             -> StepResult(record, emitted, finished)
 
 The scheduler, its KV block manager and its step records are exactly the ones the
 simulator uses; only the runner differs (a torch model instead of a cost model).
@@ -14,56 +16,50 @@ from pathlib import Path
 
 from stepserve.clock import Clock, WallClock
 from stepserve.config import EngineConfig
-from stepserve.core import SCHEDULERS
 from stepserve.core.base import SchedulerBase
-from stepserve.core.output import SchedulerOutput
+from stepserve.core.output import StepResult
+from stepserve.engine.core import EngineCore
 from stepserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from stepserve.request import Request, RequestStatus, SamplingParams
 
 log = logging.getLogger("stepserve.engine")
-
-# A runner that fails this many steps in a row is broken, not unlucky: stop the engine so
-# a supervisor can restart the process, instead of failing every request forever.
-MAX_CONSECUTIVE_STEP_FAILURES = 3
-
-
-class EngineDead(RuntimeError):
-    """The engine cannot go on (its runner failed step after step)."""
 
 
 class LLMEngine:
     def __init__(self, model: str | Path = "default", config: EngineConfig | None = None, *,
                  dtype: str = "float32", device: str = "cpu", clock: Clock | None = None,
                  runner=None) -> None:
-        """`runner`: reuse an already loaded TorchRunner (its weights and KV cache) instead
-        of loading `model` again; its KV blocks must all be free."""
+        """`runner`: reuse an already loaded TorchRunner (its weights and KV store) instead
+        of loading `model` again; this engine gets a fresh KV block manager over it."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
         config = config or EngineConfig()
         if runner is None:
             runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device)
-        elif not runner.kv_cache_manager.all_free:
-            raise ValueError("a shared runner must have every KV block free")
         self.runner = runner
         limit = self.runner.args.max_position_embeddings
         if limit and config.scheduler.max_model_len > limit:
             config = config.replace(max_model_len=limit)  # the model cannot go further
         self.config = config
         self.clock = clock or WallClock()
-        self.scheduler: SchedulerBase = SCHEDULERS[config.scheduler.batching](
-            config, self.runner.kv_cache_manager, self.clock)
+        self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks,
+                               on_tokens=self._process_text)
         self.tokenizer = self.runner.tokenizer
         self._prompts: dict[str, str | None] = {}
         self._detok: dict[str, object] = {}  # request id -> IncrementalDetokenizer
         self._counter = 0
-        self._failed_in_a_row = 0
+
+    @property
+    def scheduler(self) -> SchedulerBase:
+        return self.core.scheduler
 
     # ---- requests ----
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
                     stream_text: bool = False) -> Request:
         """Queue a prompt (text or token ids). A request the scheduler rejects comes back
-        already finished, with status FINISHED_REJECTED and the reason in finish_message."""
+        already finished, with status FINISHED_REJECTED and the reason in finish_message
+        (and is in no StepResult)."""
         params = params or SamplingParams()
         if request_id is None:
             request_id = f"req-{self._counter}"
@@ -83,35 +79,29 @@ class LLMEngine:
         self._prompts[request_id] = text
         if params.stop or stream_text:
             self._detok[request_id] = self.tokenizer.detokenizer(ids)
-        self.scheduler.add_request(request)
+        if not self.core.add_request(request):
+            self.release([request])
         return request
 
-    def abort_request(self, request_id: str) -> bool:
-        return self.scheduler.abort_request(request_id)
+    def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
+        return self.core.abort_request(request_id, message)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.core.has_unfinished()
 
     # ---- the loop ----
-    def step(self) -> list[Request]:
-        """One engine step. Returns the requests that got a token (some now finished).
+    def step(self) -> StepResult:
+        """One engine step (engine/core.py): what ran, who got a token, who ended."""
+        return self.core.step()
 
-        Failure isolation: an exception while the runner executes the step ends exactly
-        the requests that step touched (FINISHED_ERROR, blocks freed) and the engine goes
-        on; so does one while detokenizing a request, for that request. Only after
-        MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row (the runner itself is broken)
-        does step() raise EngineDead. A fault in the scheduler raises: its state is no
-        longer trustworthy."""
-        out = self.scheduler.schedule()
-        if out.is_empty:
-            return []
-        try:
-            result = self.runner.execute(out)
-        except Exception as e:
-            self._step_failed(out, e)
-            return []
-        self._failed_in_a_row = 0
-        emitted = self.scheduler.update_from_output(out, result)
+    def run_until_done(self) -> None:
+        from stepserve.engine.drive import run_to_completion
+
+        run_to_completion(self)
+
+    def _process_text(self, emitted: list[Request]) -> None:
+        """Each new token into its request's text; a stop string ends the request. A
+        failure here ends that request alone."""
         for req in emitted:
             detok = self._detok.get(req.request_id)
             if detok is None:
@@ -123,17 +113,6 @@ class LLMEngine:
                 log.exception("detokenizing request %s failed", req.request_id)
                 self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_ERROR,
                                               f"detokenizing failed: {type(e).__name__}: {e}")
-        return emitted
-
-    def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
-        self._failed_in_a_row += 1
-        message = f"the engine step failed: {type(error).__name__}: {error}"
-        log.error("step %d failed; ending its %d requests", out.step_index,
-                  len(out.requests), exc_info=error)
-        self.scheduler.fail_step(out, message)
-        if self._failed_in_a_row >= MAX_CONSECUTIVE_STEP_FAILURES:
-            raise EngineDead(f"{self._failed_in_a_row} engine steps failed in a row; the "
-                             f"last: {message}") from error
 
     def _check_stop_strings(self, req: Request, detok) -> None:
         if req.is_finished or not req.sampling_params.stop:
@@ -144,10 +123,6 @@ class LLMEngine:
                 self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED,
                                               f"stop string {stop!r}")
                 return
-
-    def run_until_done(self) -> None:
-        while self.has_unfinished():
-            self.step()
 
     # ---- results ----
     def text_of(self, req: Request) -> str:

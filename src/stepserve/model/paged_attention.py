@@ -97,16 +97,15 @@ def _window_mask(kpos: torch.Tensor, qpos: torch.Tensor, window: int | None) -> 
 def build_attention_metadata(starts: list[int], num_tokens: list[int],
                              block_tables: list[list[int]], block_size: int,
                              device: torch.device, sliding_window: int | None = None,
-                             buffers: GatherBuffers | None = None,
+                             buffers: GatherBuffers | None = None, num_decode: int = 0,
                              ) -> tuple[AttentionMetadata, torch.Tensor]:
-    """Metadata and positions `[T]` for sequences given decode-first (all n == 1 before
-    any n > 1; see `decode_first_order`). `block_tables[b]` must cover start + n tokens."""
+    """Metadata and positions `[T]` for sequences given decode-first: the first
+    `num_decode` are decoding requests (`Request.is_decoding`: one new token each, see
+    `decode_first_order`), the rest prefill chunks of any length. `block_tables[b]` must
+    cover start + n tokens."""
     num_seqs = len(starts)
-    num_decode = 0
-    while num_decode < num_seqs and num_tokens[num_decode] == 1:
-        num_decode += 1
-    if any(n == 1 for n in num_tokens[num_decode:]):
-        raise ValueError("sequences must be ordered decode-first (n == 1 before n > 1)")
+    if not 0 <= num_decode <= num_seqs or any(n != 1 for n in num_tokens[:num_decode]):
+        raise ValueError(f"the first {num_decode} sequences must be decodes of one token")
     ends = [s + n for s, n in zip(starts, num_tokens, strict=True)]
     for b, (end, table) in enumerate(zip(ends, block_tables, strict=True)):
         if len(table) * block_size < end:
@@ -147,15 +146,15 @@ def build_attention_metadata(starts: list[int], num_tokens: list[int],
     return meta, positions.to(device)
 
 
-def decode_first_order(num_tokens: list[int],
+def decode_first_order(decoding: list[bool],
                        context_lens: list[int] | None = None) -> list[int]:
-    """Indices of the scheduled sequences: decodes (n == 1) first, sorted by context length
-    when given (so `decode_buckets` can cut them into similar lengths), then the rest;
-    ties keep their order."""
-    decodes = [i for i, n in enumerate(num_tokens) if n == 1]
+    """Indices of the scheduled sequences: decodes first (`decoding[i]`, from
+    `Request.is_decoding`), sorted by context length when given (so `decode_buckets` can
+    cut them into similar lengths), then the rest; ties keep their order."""
+    decodes = [i for i, d in enumerate(decoding) if d]
     if context_lens is not None:
         decodes.sort(key=lambda i: context_lens[i])
-    return decodes + [i for i, n in enumerate(num_tokens) if n != 1]
+    return decodes + [i for i, d in enumerate(decoding) if not d]
 
 
 # A bucket costs a few fixed op launches per layer (~70 us on 2 CPU cores), about what

@@ -5,8 +5,9 @@ one forward pass, sample the rows whose chunk reaches the end of their sequence.
 runner never mutates requests; the scheduler advances `num_computed_tokens` and appends
 the sampled tokens in `update_from_output`.
 
-Block ids come from the `KVCacheManager` the scheduler allocates with; the runner
-creates one sized to its KV store unless it is handed one.
+Block ids come in the SchedulerOutput (`block_tables`, from the KV block manager the
+engine core owns); the runner only sizes its KV store (`num_gpu_blocks`) and copies and
+reads blocks by id.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 import torch
 
 from stepserve.config import CacheConfig
-from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.model.config import ModelArgs
 from stepserve.model.cpu_linear import packing_available
@@ -58,9 +58,9 @@ def _new_tokens(request: Request, start: int, n: int) -> list[int]:
 class TorchRunner:
     def __init__(self, model: str | Path = "default", *, block_size: int = 16,
                  num_gpu_blocks: int | None = None, num_cpu_blocks: int = 0,
-                 kv_cache_memory: int | None = None, watermark: float = 0.01,
-                 dtype: str = "float32", device: str = "cpu", linear_backend: str = "torch",
-                 kv_cache_manager: KVCacheManager | None = None) -> None:
+                 kv_cache_memory: int | None = None,
+                 dtype: str = "float32", device: str = "cpu",
+                 linear_backend: str = "torch") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype = {dtype!r}: must be one of {', '.join(DTYPES)}")
         if linear_backend not in LINEAR_BACKENDS:
@@ -74,10 +74,6 @@ class TorchRunner:
             self.model.pack_for_cpu()
         self.args: ModelArgs = self.model.args
         self.tokenizer = Tokenizer(self.model_path)
-        if kv_cache_manager is not None:
-            block_size = kv_cache_manager.block_size
-            num_gpu_blocks = kv_cache_manager.num_gpu_blocks
-            num_cpu_blocks = kv_cache_manager.cpu.num_blocks
         if num_gpu_blocks is None:
             self.kv_budget = (KVBudget(kv_cache_memory, "kv_cache_memory as configured")
                               if kv_cache_memory else default_kv_budget(self.device))
@@ -92,8 +88,6 @@ class TorchRunner:
                                       "num_gpu_blocks as configured")
         self.kv = KVStore(self.args, num_gpu_blocks, block_size, num_cpu_blocks, self.device,
                           DTYPES[dtype])
-        self.kv_cache_manager = kv_cache_manager or KVCacheManager(
-            num_gpu_blocks, block_size, num_cpu_blocks, watermark)
         self.gather_buffers = GatherBuffers()
 
     def _choose_backend(self, wanted: str) -> str:
@@ -110,7 +104,7 @@ class TorchRunner:
                     device: str = "cpu", linear_backend: str = "torch") -> TorchRunner:
         return cls(model, block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
                    num_cpu_blocks=cache.num_cpu_blocks, kv_cache_memory=cache.kv_cache_memory,
-                   watermark=cache.watermark, dtype=dtype, device=device,
+                   dtype=dtype, device=device,
                    linear_backend=linear_backend)
 
     # ---- what the engine reads ----
@@ -155,7 +149,8 @@ class TorchRunner:
                             sampled: list[int | None]) -> None:
         requests, counts = sched_out.requests, sched_out.num_scheduled_tokens
         ends = [requests[i].num_computed_tokens + counts[i] for i in scheduled]
-        order = [scheduled[j] for j in decode_first_order([counts[i] for i in scheduled], ends)]
+        decoding = [requests[i].is_decoding for i in scheduled]
+        order = [scheduled[j] for j in decode_first_order(decoding, ends)]
         starts, lens, tables, input_ids = [], [], [], []
         sample_rows, sample_of = [], []  # flat row of each sampling sequence, its index
         for i in order:
@@ -166,14 +161,14 @@ class TorchRunner:
                                  f"{start} but it has only {req.num_tokens}")
             starts.append(start)
             lens.append(n)
-            tables.append(self.kv_cache_manager.block_table(req.request_id))
+            tables.append(sched_out.block_tables[i])
             input_ids += _new_tokens(req, start, n)
             if start + n == req.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sample_of.append(i)
         meta, positions = build_attention_metadata(starts, lens, tables, self.block_size,
                                                    self.device, self.args.sliding_window,
-                                                   self.gather_buffers)
+                                                   self.gather_buffers, sum(decoding))
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         logits = self.model(ids, positions, meta, self.kv, rows)

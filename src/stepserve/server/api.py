@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -175,12 +174,3 @@ def _add_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
                         SERVER_ERROR, code="internal_error").response()
-
-
-def engine_factory(model: str, config, **kwargs) -> Callable[[], object]:
-    """A factory for create_app that loads `model` when the app starts."""
-    def build():
-        from stepserve.engine.llm_engine import LLMEngine
-
-        return LLMEngine(model, config, **kwargs)
-    return build

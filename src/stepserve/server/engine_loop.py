@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from stepserve.core.output import StepResult
 from stepserve.request import Request, RequestStatus, SamplingParams
 from stepserve.server.streams import (
     EngineUnavailable,
@@ -100,37 +101,36 @@ class EngineLoop:
 
     def _loop_forever(self) -> None:
         engine = self.engine
-        sched = engine.scheduler
         while True:
             self.wake.clear()
             self._outputs, self._admissions = [], []
             if self._apply_commands():
                 for rid in list(self._tracked):
-                    sched.abort_request(rid, "server shutting down")
-                self._collect_finished()
+                    engine.abort_request(rid, "server shutting down")
+                self._collect(engine.step())  # nothing left to run: only the ends
                 self._publish()
                 return
-            ran = False
-            if engine.has_unfinished():
-                n_steps = len(sched.step_records)
-                t0 = time.perf_counter()
-                emitted = engine.step()
-                wall_s = time.perf_counter() - t0
-                ran = len(sched.step_records) != n_steps
-                self.state.steps += ran
-                if ran and self.metrics is not None:
-                    self.metrics.on_steps(sched.step_records[n_steps:], wall_s)
-                del sched.step_records[:]  # consumed: a server must not grow without bound
-                self._collect_tokens(emitted)
-            self._collect_finished()
+            # Stepped even with nothing to run: the result carries requests that ended
+            # without a step (aborts, queue timeouts).
+            t0 = time.perf_counter()
+            result = engine.step()
+            if result.ran:
+                self.state.steps += 1
+                if self.metrics is not None:
+                    self.metrics.on_steps([result.record], time.perf_counter() - t0)
+            self._collect(result)
             self._publish()
-            if not ran:
+            if not result.ran:
                 timeout = None
                 if engine.has_unfinished():
-                    wake_at = sched.next_wakeup_time()
+                    wake_at = engine.core.next_wakeup_time()
                     timeout = IDLE_POLL_S if wake_at is None else \
                         min(max(wake_at - engine.clock.now(), 0.0), 0.05)
                 self.wake.wait(timeout)
+
+    def _collect(self, result: StepResult) -> None:
+        self._collect_tokens(result.emitted)
+        self._collect_finished(result.finished)
 
     def _apply_commands(self) -> bool:
         """Apply queued adds and aborts; True when asked to stop."""
@@ -140,7 +140,7 @@ class EngineLoop:
                 return True
             if isinstance(cmd, AbortCommand):
                 if cmd.request_id in self._tracked:
-                    self.engine.scheduler.abort_request(cmd.request_id, cmd.message)
+                    self.engine.abort_request(cmd.request_id, cmd.message)
             else:
                 self._admissions.append((cmd.admitted, self._admit(cmd)))
         return False
@@ -156,8 +156,7 @@ class EngineLoop:
         except Exception as e:  # not the client's fault, and not queued: a 500 for it alone
             log.exception("admitting request %s failed", cmd.request_id)
             return RequestFailed(f"{type(e).__name__}: {e}")
-        if req.is_finished:
-            engine.release([req])
+        if req.is_finished:  # refused at admission (the engine released its text state)
             why = req.reject_reason.value if req.reject_reason else "invalid"
             return RequestRejected(req.finish_message, why)
         self._tracked[req.request_id] = Tracked.of(req, cmd.stream, cmd.streamed)
@@ -175,16 +174,18 @@ class EngineLoop:
                 self._outputs.append((t.stream, t.delta(text_of)))
             except Exception as e:  # this request's text is broken, not the others'
                 log.exception("streaming request %s failed", req.request_id)
-                self.engine.scheduler.finish_request(
-                    req.request_id, RequestStatus.FINISHED_ERROR,
-                    f"streaming failed: {type(e).__name__}: {e}")
+                message = f"streaming failed: {type(e).__name__}: {e}"
+                self.engine.scheduler.finish_request(req.request_id,
+                                                     RequestStatus.FINISHED_ERROR, message)
+                # answered now (its end, in a later result, finds it untracked)
+                del self._tracked[req.request_id]
+                self._outputs.append((t.stream, t.error(message)))
+                if self.metrics is not None:
+                    self.metrics.on_finished(req)
 
-    def _collect_finished(self) -> None:
-        sched = self.engine.scheduler
-        if not sched.finished:
-            return
+    def _collect_finished(self, finished: list[Request]) -> None:
         ended = []
-        for req in sched.finished:
+        for req in finished:
             t = self._tracked.pop(req.request_id, None)
             if t is None:
                 continue  # rejected at admission: answered there
@@ -197,7 +198,6 @@ class EngineLoop:
             self._outputs.append((t.stream, out))
             if self.metrics is not None:
                 self.metrics.on_finished(req)
-        del sched.finished[:]  # consumed: a server must not grow without bound
         self.engine.release(ended)
 
     def _final_text(self, req: Request, streamed: bool) -> str:

@@ -1,9 +1,13 @@
-"""The discrete-event loop: drives the real scheduler(s) on a virtual clock.
+"""The discrete-event loop: drives the engine core (engine/core.py) of each replica on a
+virtual clock. A replica's step begins at one event (`begin_step`: schedule, cost model)
+and completes at another, its duration later (`complete_step`: apply the tokens,
+StepResult); in between, arrivals queue and aborts land, as on a real server.
 
 Events are request arrivals (open loop), step completions of each replica, and batch
 window expiries (dynamic batching). A closed-loop workload issues its next request the
-moment one ends, keeping `concurrency` in flight. All replicas share one clock; each
-runs its own scheduler, KV cache and SimRunner behind a router.
+moment one ends (a refused one included), before any replica forms its next batch. All
+replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
+behind a router.
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ from dataclasses import dataclass, field
 
 from stepserve.clock import VirtualClock
 from stepserve.config import EngineConfig
-from stepserve.core import make_scheduler
-from stepserve.core.base import SchedulerBase
-from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
+from stepserve.core.output import StepRecord
+from stepserve.engine.core import EngineCore, PendingStep
 from stepserve.request import Request, SamplingParams
 from stepserve.sim.cost import CostModel
 from stepserve.sim.router import make_router
@@ -27,15 +30,15 @@ from stepserve.workload.spec import RequestSpec
 @dataclass(eq=False)
 class Replica:
     index: int
-    scheduler: SchedulerBase
+    core: EngineCore
     runner: SimRunner
-    pending: SchedulerOutput | None = None  # the step in flight
-    pending_result: RunnerOutput | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    pending: PendingStep | None = None  # the step in flight
     wakeup_at: float | None = None
 
     @property
     def outstanding(self) -> int:
-        return len(self.scheduler.requests)
+        return len(self.core.scheduler.requests)
 
 
 @dataclass
@@ -63,108 +66,120 @@ def make_request(spec: RequestSpec, arrival: float) -> Request:
 _STEP, _ARRIVAL, _WAKE = 0, 1, 2
 
 
+class _EventLoop:
+    """One simulation's state: the event heap, the replicas, the closed loop's cursor."""
+
+    def __init__(self, config: EngineConfig, specs: Sequence[RequestSpec],
+                 cost_model: CostModel, num_gpu_blocks: int,
+                 closed_loop_concurrency: int | None,
+                 progress: Callable[[int], None] | None) -> None:
+        self.clock = VirtualClock()
+        self.specs = specs
+        self.replicas = []
+        for i in range(config.replicas):
+            runner = SimRunner(cost_model)
+            core = EngineCore(config, runner, self.clock, num_gpu_blocks)
+            self.replicas.append(Replica(i, core, runner))
+        self.router = make_router(config.router)
+        self.closed_loop = closed_loop_concurrency
+        self.progress = progress
+        self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
+        self.seq = 0
+        self.issued: list[Request] = []
+        self.ended = 0  # requests ended and not yet answered by a closed-loop issue
+        if closed_loop_concurrency:
+            first = min(closed_loop_concurrency, len(specs))
+            for k in range(first):
+                self.push(0.0, _ARRIVAL, k)
+            self.next_spec = first
+        else:
+            for k, spec in enumerate(specs):
+                self.push(spec.arrival_s, _ARRIVAL, k)
+            self.next_spec = len(specs)
+
+    def push(self, t: float, kind: int, arg: int) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, arg))
+        self.seq += 1
+
+    def on_ended(self, requests: list[Request]) -> None:
+        self.ended += len(requests)
+        if requests and self.progress is not None:
+            self.progress(len(requests))
+
+    def issue(self, k: int, t: float) -> Replica:
+        spec = self.specs[k]
+        req = make_request(spec, t)
+        self.issued.append(req)
+        rep = self.replicas[self.router.pick(self.replicas)]
+        if rep.core.add_request(req):
+            rep.runner.register(req.request_id, spec.output_len)
+        else:
+            self.on_ended([req])  # refused at admission: it ended now
+        return rep
+
+    def kick(self, rep: Replica, t: float) -> None:
+        """Begin the replica's next step if it is idle and has work."""
+        if rep.pending is not None or not rep.core.has_unfinished():
+            return
+        pending = rep.core.begin_step()
+        if pending.ran:
+            rep.pending = pending
+            self.push(t + pending.elapsed_s, _STEP, rep.index)
+            return
+        self.on_ended(rep.core.complete_step(pending).finished)  # e.g. queue timeouts
+        wake = rep.core.next_wakeup_time()
+        if wake is not None and rep.wakeup_at != wake:
+            rep.wakeup_at = wake
+            self.push(max(wake, t), _WAKE, rep.index)
+
+    def run(self) -> None:
+        events, replicas = self.events, self.replicas
+        while events:
+            t = events[0][0]
+            self.clock.advance_to(t)
+            touched: list[Replica] = []
+            # Everything that happens at the same instant lands before any batch forms.
+            while events and events[0][0] == t:
+                _, _, kind, arg = heapq.heappop(events)
+                if kind == _ARRIVAL:
+                    touched.append(self.issue(arg, t))
+                    continue
+                rep = replicas[arg]
+                if kind == _STEP:
+                    pending, rep.pending = rep.pending, None
+                    result = rep.core.complete_step(pending)
+                    rep.steps.append(result.record)
+                    self.on_ended(result.finished)
+                else:
+                    rep.wakeup_at = None
+                touched.append(rep)
+            while touched:
+                self.answer_closed_loop(touched, t)
+                batch, touched = dict.fromkeys(touched), []
+                for rep in batch:
+                    self.kick(rep, t)
+                if self.ended and self.closed_loop:
+                    touched = [rep for rep in batch]  # timeouts in kick: answer them too
+
+    def answer_closed_loop(self, touched: list[Replica], t: float) -> None:
+        """A closed-loop client sends its next request the instant one ends."""
+        while self.ended:
+            self.ended -= 1
+            if self.closed_loop and self.next_spec < len(self.specs):
+                touched.append(self.issue(self.next_spec, t))
+                self.next_spec += 1
+
+
 def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: CostModel,
              num_gpu_blocks: int, closed_loop_concurrency: int | None = None,
              progress: Callable[[int], None] | None = None) -> SimResult:
     """Run `specs` through `config.replicas` replicas; returns every request and step."""
-    clock = VirtualClock()
-    replicas = [Replica(i, make_scheduler(config, clock, num_gpu_blocks), SimRunner(cost_model))
-                for i in range(config.replicas)]
-    router = make_router(config.router)
-    events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, replica or spec idx)
-    seq = 0
-    issued: list[Request] = []
-    ended_count = [0] * len(replicas)  # finished list lengths already seen
-
-    def push(t: float, kind: int, arg: int) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, kind, arg))
-        seq += 1
-
-    next_spec = 0
-    if closed_loop_concurrency:
-        first = min(closed_loop_concurrency, len(specs))
-        for k in range(first):
-            push(0.0, _ARRIVAL, k)
-        next_spec = first
-    else:
-        for k, spec in enumerate(specs):
-            push(spec.arrival_s, _ARRIVAL, k)
-        next_spec = len(specs)
-
-    def kick(rep: Replica, t: float) -> None:
-        """Start the replica's next step if it is idle and has work."""
-        if rep.pending is not None:
-            return
-        sched = rep.scheduler
-        if not sched.has_unfinished():
-            return
-        out = sched.schedule()
-        if out.is_empty:
-            wake = sched.next_wakeup_time()
-            if wake is not None and rep.wakeup_at != wake:
-                rep.wakeup_at = wake
-                push(max(wake, t), _WAKE, rep.index)
-            return
-        result = rep.runner.execute(out)
-        rep.pending, rep.pending_result = out, result
-        push(t + result.elapsed_s, _STEP, rep.index)
-
-    def collect_ended(rep: Replica, t: float) -> int:
-        """Forget ended requests in the runner; return how many ended since last time."""
-        fin = rep.scheduler.finished
-        new = fin[ended_count[rep.index]:]
-        ended_count[rep.index] = len(fin)
-        for r in new:
-            rep.runner.forget(r.request_id)
-        return len(new)
-
-    def issue(k: int, t: float) -> Replica:
-        spec = specs[k]
-        req = make_request(spec, t)
-        issued.append(req)
-        rep = replicas[router.pick(replicas)]
-        rep.runner.register(req.request_id, spec.output_len)
-        rep.scheduler.add_request(req)
-        return rep
-
-    while events:
-        t = events[0][0]
-        clock.advance_to(t)
-        touched: list[Replica] = []
-        # Everything that happens at the same instant lands before any batch forms.
-        while events and events[0][0] == t:
-            _, _, kind, arg = heapq.heappop(events)
-            if kind == _ARRIVAL:
-                touched.append(issue(arg, t))
-                continue
-            rep = replicas[arg]
-            if kind == _STEP:
-                out, result = rep.pending, rep.pending_result
-                rep.pending = rep.pending_result = None
-                rep.scheduler.update_from_output(out, result)
-            else:
-                rep.wakeup_at = None
-            touched.append(rep)
-        # Closed loop: a client sends its next request the instant one ends (even a
-        # rejected one), before any replica forms its next batch.
-        k = 0
-        while k < len(touched):
-            ended = collect_ended(touched[k], t)
-            if ended and progress is not None:
-                progress(ended)
-            if closed_loop_concurrency:
-                for _ in range(ended):
-                    if next_spec < len(specs):
-                        touched.append(issue(next_spec, t))
-                        next_spec += 1
-            k += 1
-        for rep in dict.fromkeys(touched):
-            kick(rep, t)
-    for rep in replicas:
-        if rep.scheduler.has_unfinished():
+    loop = _EventLoop(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
+                      progress)
+    loop.run()
+    for rep in loop.replicas:
+        if rep.core.has_unfinished():
             raise RuntimeError(f"replica {rep.index} stopped with unfinished requests")
-    return SimResult(requests=issued,
-                     steps=[rep.scheduler.step_records for rep in replicas],
-                     duration_s=clock.now(), num_gpu_blocks=num_gpu_blocks,
-                     replicas=len(replicas))
+    return SimResult(requests=loop.issued, steps=[rep.steps for rep in loop.replicas],
+                     duration_s=loop.clock.now(), num_gpu_blocks=num_gpu_blocks,
+                     replicas=len(loop.replicas))

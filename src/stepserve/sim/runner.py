@@ -22,6 +22,8 @@ class SimRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         target = self.target_len
+        for rid in out.finished_request_ids:
+            target.pop(rid, None)
         sampled: list[int | None] = []
         append = sampled.append
         for req, n in zip(out.requests, out.num_scheduled_tokens):
@@ -32,6 +34,3 @@ class SimRunner:
             else:
                 append(SIM_TOKEN)
         return RunnerOutput(sampled, self.cost_model.step_time(out))
-
-    def forget(self, request_id: str) -> None:
-        self.target_len.pop(request_id, None)

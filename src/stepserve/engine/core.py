@@ -1,0 +1,137 @@
+"""The engine core: the one loop body of the system, shared by every driver.
+
+    step() = begin_step()                 schedule(), then runner.execute(out)
+             complete_step(pending)       update_from_output(), on_tokens hook,
+                                          -> StepResult(record, emitted, finished)
+
+The core owns the scheduler and its KV block manager; the runner (a torch model in
+model/runner.py, a cost model in sim/runner.py) gets everything it needs in the
+SchedulerOutput (requests, token counts, block tables, swaps) and returns a RunnerOutput.
+No torch here: the simulator drives this very core on a virtual clock, so a simulated
+step is the real engine's step with another runner.
+
+Every driver is a thin loop over `step()` (or, where time passes between starting and
+ending a step, as in the simulator, over `begin_step()` / `complete_step()`):
+LLM.generate and `run_closed_loop` (engine/drive.py), bench's in-process load
+(bench/inprocess.py), the server's engine thread (server/engine_loop.py), the
+simulator's event loop (sim/loop.py).
+
+Failure isolation: an exception while the runner executes a step ends exactly the
+requests that step touched (FINISHED_ERROR, blocks freed), reported in the next result's
+`finished`; the core goes on. MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row mean
+the runner itself is broken: `EngineDead`. A fault in the scheduler raises as it is:
+its state can no longer be trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from stepserve.clock import Clock
+from stepserve.config import EngineConfig
+from stepserve.core import make_scheduler
+from stepserve.core.base import SchedulerBase
+from stepserve.core.output import RunnerOutput, SchedulerOutput, StepResult
+from stepserve.request import Request
+
+log = logging.getLogger("stepserve.engine")
+
+# A runner that fails this many steps in a row is broken, not unlucky: stop, so that a
+# supervisor can restart the process, instead of failing every request forever.
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+class EngineDead(RuntimeError):
+    """The engine cannot go on (its runner failed step after step)."""
+
+
+class Runner(Protocol):
+    def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
+
+
+@dataclass(slots=True)
+class PendingStep:
+    """A step begun: its batch and what the runner made of it (None: nothing ran)."""
+
+    out: SchedulerOutput | None = None
+    result: RunnerOutput | None = None
+
+    @property
+    def ran(self) -> bool:
+        return self.result is not None
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.result.elapsed_s if self.result is not None else 0.0
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, runner: Runner, clock: Clock,
+                 num_gpu_blocks: int,
+                 on_tokens: Callable[[list[Request]], None] | None = None) -> None:
+        """`num_gpu_blocks`: the device KV pool the runner holds. `on_tokens(emitted)`:
+        called after each step's tokens are applied, before its finished requests are
+        taken (the text layer checks stop strings there)."""
+        self.config = config
+        self.runner = runner
+        self.clock = clock
+        self.scheduler: SchedulerBase = make_scheduler(config, clock, num_gpu_blocks)
+        self.on_tokens = on_tokens
+        self._failed_in_a_row = 0
+
+    # ---- requests ----
+    def add_request(self, request: Request) -> bool:
+        """Queue `request`; False if admission refused it (it is then finished, with its
+        reason, and appears in no StepResult)."""
+        if self.scheduler.add_request(request):
+            return True
+        self.scheduler.finished.remove(request)  # answered here, not again in a result
+        return False
+
+    def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
+        return self.scheduler.abort_request(request_id, message)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def next_wakeup_time(self) -> float | None:
+        return self.scheduler.next_wakeup_time()
+
+    # ---- the loop body ----
+    def step(self) -> StepResult:
+        return self.complete_step(self.begin_step())
+
+    def begin_step(self) -> PendingStep:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return PendingStep()
+        try:
+            result = self.runner.execute(out)
+        except Exception as e:
+            self._step_failed(out, e)
+            return PendingStep()
+        self._failed_in_a_row = 0
+        return PendingStep(out, result)
+
+    def complete_step(self, pending: PendingStep) -> StepResult:
+        sched = self.scheduler
+        if pending.out is None or pending.result is None:
+            return StepResult(None, [], sched.take_finished())
+        emitted = sched.update_from_output(pending.out, pending.result)
+        if self.on_tokens is not None and emitted:
+            self.on_tokens(emitted)
+        (record,) = sched.take_step_records()
+        return StepResult(record, emitted, sched.take_finished())
+
+    def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
+        self._failed_in_a_row += 1
+        message = f"the engine step failed: {type(error).__name__}: {error}"
+        log.error("step %d failed; ending its %d requests", out.step_index,
+                  len(out.requests), exc_info=error)
+        self.scheduler.fail_step(out, message)
+        if self._failed_in_a_row >= MAX_CONSECUTIVE_STEP_FAILURES:
+            raise EngineDead(f"{self._failed_in_a_row} engine steps failed in a row; the "
+                             f"last: {message}") from error

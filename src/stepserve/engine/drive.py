@@ -1,0 +1,68 @@
+"""Offline drivers of the real engine, each a thin loop over `LLMEngine.step()` and its
+StepResult: run what was added to completion, or keep N requests in flight the way the
+seed's batch job drives a server (the next one is sent the moment one ends)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from stepserve.core.output import StepRecord, StepResult
+from stepserve.engine.llm_engine import LLMEngine
+from stepserve.request import Request, SamplingParams
+
+
+def run_to_completion(engine: LLMEngine,
+                      on_step: Callable[[StepResult], None] | None = None) -> None:
+    """Step until nothing is left; `on_step` sees every result."""
+    while engine.has_unfinished():
+        result = engine.step()
+        if on_step is not None:
+            on_step(result)
+
+
+@dataclass
+class ClosedLoopResult:
+    requests: list[Request]  # every request, in issue order
+    steps: list[StepRecord]  # every step that ran
+    duration_s: float
+
+
+def run_closed_loop(engine: LLMEngine, jobs: Sequence[tuple[list[int], SamplingParams]],
+                    concurrency: int, request_class: Callable[[int], str] | None = None,
+                    progress: Callable[[int], None] | None = None) -> ClosedLoopResult:
+    """Run every (prompt ids, params) job with `concurrency` in flight; returns every
+    request (in issue order) and the wall time from the first issue to the last end.
+    `progress(n)`: n more requests ended."""
+    clock = engine.clock
+    start = clock.now()
+    issued: list[Request] = []
+
+    def issue_one() -> None:
+        """Send the next job; one refused at admission ends at once: send another."""
+        while len(issued) < len(jobs):
+            k = len(issued)
+            ids, params = jobs[k]
+            req = engine.add_request(ids, params, request_id=f"job-{k}")
+            if request_class is not None:
+                req.request_class = request_class(k)
+            issued.append(req)
+            if not req.is_finished:
+                return
+            if progress is not None:
+                progress(1)
+
+    for _ in range(min(concurrency, len(jobs))):
+        issue_one()
+    steps: list[StepRecord] = []
+    while engine.has_unfinished():
+        result = engine.step()
+        if result.ran:
+            steps.append(result.record)
+        ended = result.finished
+        if ended and progress is not None:
+            progress(len(ended))
+        for _ in ended:
+            issue_one()
+    engine.release(issued)
+    return ClosedLoopResult(issued, steps, clock.now() - start)
