@@ -157,3 +157,42 @@ def test_abort_frees_blocks_and_ends_once():
     assert out.finished_request_ids == ["r0"]
     assert [r.request_id for r in out.requests] == ["r1"]
     assert a.status is RequestStatus.FINISHED_ABORTED
+
+
+def blocks4(**kw):
+    # 4 blocks of 4 tokens, no watermark: two requests fill the device within a few steps
+    return make_scheduler(num_gpu_blocks=4, block_size=4, max_model_len=16, **kw)
+
+
+def test_a_victim_already_in_the_batch_gives_its_tokens_back():
+    sched = blocks4(policy="priority")
+    (low,) = make_requests(1, prompt_len=4, max_tokens=8, prefix="low", priority=5)
+    sched.add_request(low)
+    step(sched)  # low: 1 block
+    (high,) = make_requests(1, prompt_len=8, max_tokens=8, prefix="high")
+    sched.add_request(high)
+    step(sched)  # low decodes into its 2nd block, high prefills 2: the device is full
+    out = sched.schedule()
+    # low (first in the walk) fits and is scheduled; high needs a block, and the policy's
+    # victim is low: it leaves the batch and its token goes back to the budget.
+    assert out.requests == [high]
+    assert out.preempted == [low] and out.num_decode_tokens == 1
+    assert out.num_scheduled_tokens == [1] and out.block_tables == [sched.kv.block_table("high0")]
+    assert low.status is RequestStatus.PREEMPTED and sched.waiting[0] is low
+    assert sched.running == [high]
+    sched.kv.check_integrity()
+
+
+def test_a_victim_ahead_of_the_walk_is_never_scheduled():
+    sched = blocks4()  # fcfs: the victim is the most recently admitted
+    (first,) = make_requests(1, prompt_len=8, max_tokens=8, prefix="first")
+    (second,) = make_requests(1, prompt_len=7, max_tokens=8, prefix="second")
+    sched.add_request(first)
+    sched.add_request(second)
+    step(sched)  # 2 blocks each: the device is full
+    out = sched.schedule()
+    # first needs a 3rd block; the victim is second, still ahead in the walk
+    assert out.requests == [first]
+    assert out.preempted == [second] and second.sched_step != out.step_index
+    assert sched.running == [first] and sched.waiting == [second]
+    sched.kv.check_integrity()

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import SchedulerOutput
-from stepserve.request import RequestStatus
-
-_RUNNING = RequestStatus.RUNNING
+from stepserve.request import Request
 
 
 class StaticBatchScheduler(SchedulerBase):
@@ -52,8 +50,7 @@ class StaticBatchScheduler(SchedulerBase):
                 self._form_batch(now)
         out.slots_held = self.batch_size
         budget = self.sc.max_num_batched_tokens
-        prefilling = [r for r in self.running
-                      if not (r.num_tokens - r.num_computed_tokens == 1 and r.output_token_ids)]
+        prefilling = [r for r in self.running if not r.is_decoding]
         if prefilling:
             cap = self.sc.chunk_cap if self.sc.enable_chunked_prefill else None
             for req in prefilling:
@@ -72,7 +69,7 @@ class StaticBatchScheduler(SchedulerBase):
                 self._take(out, req, 1, decoding=True)
         return out
 
-    def _take(self, out: SchedulerOutput, req, n: int, decoding: bool) -> None:
+    def _take(self, out: SchedulerOutput, req: Request, n: int, decoding: bool) -> None:
         if not self.kv.allocate_slots(req, n):
             raise RuntimeError(f"request {req.request_id} outgrew the KV reserved for its batch")
         out.add(req, n, self.kv.block_tables[req.request_id], decoding)

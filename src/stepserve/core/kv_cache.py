@@ -84,13 +84,6 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
 
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        """Extra device blocks `request` needs to hold num_computed + num_new tokens."""
-        table = self.block_tables.get(request.request_id)
-        have = len(table) if table else 0
-        need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
-        return need - have if need > have else 0
-
     # ---- device allocation ----
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        reserve_total: int = 0) -> bool:
@@ -126,9 +119,6 @@ class KVCacheManager:
             self.cpu.release(cpu_table)
 
     # ---- swapping ----
-    def can_swap_out(self, request: Request) -> bool:
-        return len(self.block_tables.get(request.request_id, ())) <= self.cpu.num_free
-
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
         """Move `request`'s device blocks to the CPU pool; returns (device, cpu) copies.
         Empty list (and no change) if the CPU pool is too small."""
