@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-SERVE = ("import sys, argparse; from stepserve.server.commands import add_serve_parser; "
+SERVE = ("import sys, argparse; from stepserve.cli.serve import add_serve_parser; "
          "p = argparse.ArgumentParser(); add_serve_parser(p.add_subparsers()); "
          "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import stepserve.sim.commands as sim_commands
+import stepserve.sim.job as sim_commands
 from stepserve.cli import main
 
 RANDOM = ["--random-input-len", "4", "--random-output-len", "3", "--no-progress"]

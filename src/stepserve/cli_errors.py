@@ -11,10 +11,10 @@ without `main()`.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections.abc import Callable
+from typing import Any
 
 EXIT_USAGE = 2
 
@@ -38,14 +38,14 @@ def report_error(error: BaseException | str) -> int:
     return EXIT_USAGE
 
 
-Command = Callable[[argparse.Namespace], int]
+Command = Callable[[Any], int]  # a subcommand's handler: parsed flags -> exit status
 
 
 def reports_usage_errors(command: Command) -> Command:
     """Wrap a subcommand's handler: a UsageError becomes `error: ...` and exit 2."""
 
     @functools.wraps(command)
-    def run(args: argparse.Namespace) -> int:
+    def run(args: Any) -> int:
         try:
             return command(args)
         except UsageError as e:

@@ -1,4 +1,5 @@
-"""Building an EngineConfig from YAML (the seed's shape), flat dicts and CLI flags.
+"""Building an EngineConfig from YAML (the seed's shape), flat dicts and settings given
+by name (`ConfigOverrides`: what the CLI's vLLM-style flags become).
 
 Accepted YAML shapes, mixed freely:
 
@@ -10,8 +11,9 @@ Accepted YAML shapes, mixed freely:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,18 +107,21 @@ def to_dict(config: EngineConfig) -> dict[str, Any]:
     return out
 
 
-# ---- CLI flags, vLLM style: --max-num-seqs 40 --no-enable-chunked-prefill ----
+# ---- settings given by name (the CLI's vLLM-style flags build these) ----
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """`true`/`false` (also 1/0, yes/no, on/off) as a bool; ValueError otherwise."""
     low = text.lower()
     if low in ("1", "true", "yes", "on"):
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    raise ValueError(f"expected true or false, got {text!r}")
 
 
-def _fields_with_meta():
+def config_fields() -> Iterator[tuple[str, dataclasses.Field]]:
+    """Every setting as (section, field): the sections' fields, then the top-level ones
+    (section ""). Each field's metadata holds its help text, kind, bounds and choices."""
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             yield section, f
@@ -125,34 +130,25 @@ def _fields_with_meta():
             yield "", f
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per config field; defaults are None so only given flags apply."""
-    group = parser.add_argument_group("engine settings (vLLM-style flags; override --config)")
-    for _section, f in _fields_with_meta():
-        meta = f.metadata
-        flag = "--" + f.name.replace("_", "-")
-        kind = meta["kind"]
-        if kind is bool:
-            group.add_argument(flag, dest=f.name, type=_parse_bool, nargs="?", const=True,
-                               default=None, help=meta["help"])
-            group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
-                               action="store_false", help=argparse.SUPPRESS)
-        else:
-            group.add_argument(flag, dest=f.name, type=kind, default=None,
-                               choices=meta["choices"], help=meta["help"])
+@dataclass(frozen=True)
+class ConfigOverrides:
+    """What a user gives on top of a base config: a YAML file, then settings by name
+    ({"max_num_seqs": 40}, from flags). Applied in that order, so settings win."""
 
+    config_file: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
-def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine settings given as flags (add_config_arguments), {name: value}."""
-    return {f.name: getattr(args, f.name) for _s, f in _fields_with_meta()
-            if getattr(args, f.name, None) is not None}
+    @property
+    def given(self) -> bool:
+        return bool(self.config_file or self.settings)
 
+    def apply(self, base: EngineConfig | None = None) -> EngineConfig:
+        """The config file (if any) on `base`, then the settings."""
+        config = base or EngineConfig()
+        if self.config_file:
+            config = load_config(self.config_file, config)
+        return self.apply_settings(config)
 
-def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None) -> EngineConfig:
-    """Config file (args.config, if any) then any flags given on top."""
-    config = base or EngineConfig()
-    path = getattr(args, "config", None)
-    if path:
-        config = load_config(path, config)
-    changes = flag_changes(args)
-    return apply_flat(config, changes) if changes else config
+    def apply_settings(self, base: EngineConfig) -> EngineConfig:
+        """Only the settings on `base` (a config that came from another file)."""
+        return apply_flat(base, dict(self.settings)) if self.settings else base

@@ -11,16 +11,14 @@ simulator, side by side.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from stepserve.cli_errors import UsageError, reports_usage_errors
+from stepserve.cli_errors import UsageError
 from stepserve.config import EngineConfig
-from stepserve.limits import REQUESTS, Range, check_flags
 from stepserve.metrics.summary import summarize
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.plan.speedup import speedup_for_lengths
@@ -31,11 +29,6 @@ from stepserve.sim.run import run_config
 from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
 from stepserve.user_files import check_output_file
 from stepserve.workload.scenarios import get_workload
-
-# Bounds of the flags: the real engine runs with max_model_len 2048 and ~20-token prompts
-# on a CPU, so outputs stay under 1,024 tokens and requests in the thousands.
-DEMO_FLAGS = {"requests": Range(1, 10_000), "short": Range(1, 1024), "long": Range(1, 1024),
-              "sim_requests": REQUESTS}
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",
           "server uptime", "a new coffee machine", "the warehouse inventory", "a team offsite",
@@ -115,29 +108,37 @@ def format_table(cols: list[dict]) -> str:
     return format_runs(cols, DEMO_ROWS)
 
 
-@reports_usage_errors
-def run_demo(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class DemoOptions:
+    model: str = "default"  # model preset or HF directory
+    requests: int = 192  # real-engine requests
+    short: int = 3  # short output length (tokens)
+    long: int = 300  # long output length (tokens)
+    sim_requests: int = 6400  # simulated requests
+    json_out: str | None = None  # also write the table as JSON
+
+
+def run_demo(options: DemoOptions) -> int:
     from stepserve.engine.llm_engine import LLMEngine
 
-    check_flags(args, DEMO_FLAGS)
-    check_output_file("--json", args.json)  # before minutes of work
+    check_output_file("--json", options.json_out)  # before minutes of work
     say = print
     say("stepserve demo: the seed's nightly report job (64 in flight, ~15% of requests 100x "
         "longer than the rest), static vs continuous batching.")
     t_start = time.perf_counter()
     try:
-        probe = LLMEngine(args.model, EngineConfig().replace(max_model_len=2048))
+        probe = LLMEngine(options.model, EngineConfig().replace(max_model_len=2048))
     except (ValueError, FileNotFoundError) as e:  # an unknown model name or directory
-        raise UsageError(f"--model {args.model!r}: {e}") from None
+        raise UsageError(f"--model {options.model!r}: {e}") from None
     say(f"model: {probe.runner.describe()}")
     text = sample_text(probe)
-    jobs, lengths = demo_jobs(probe.tokenizer, args.requests, args.short, args.long)
-    say(f"real engine: {len(jobs)} requests, outputs {args.short} or {args.long} tokens "
-        f"({sum(n == args.long for n in lengths)} long), 64 in flight, CPU ...")
+    jobs, lengths = demo_jobs(probe.tokenizer, options.requests, options.short, options.long)
+    say(f"real engine: {len(jobs)} requests, outputs {options.short} or {options.long} tokens "
+        f"({sum(n == options.long for n in lengths)} long), 64 in flight, CPU ...")
     real = [run_real(probe.runner, b, jobs, 64) for b in ("static", "continuous")]
     say(f"  done in {sum(r['wall_s'] for r in real):.0f} s; simulator at full scale "
-        f"({args.sim_requests} requests, P50 20 / P99 2000 tokens) on H100 ...")
-    sim = [run_sim(b, args.sim_requests) for b in ("static", "continuous")]
+        f"({options.sim_requests} requests, P50 20 / P99 2000 tokens) on H100 ...")
+    sim = [run_sim(b, options.sim_requests) for b in ("static", "continuous")]
     cols = real + sim
     cap_real = speedup_for_lengths(lengths, 64)
     cap_sim = speedup_for_lengths(sim[0]["lengths"], 64)
@@ -160,7 +161,7 @@ def run_demo(args: argparse.Namespace) -> int:
     say(f"the model's own words (greedy, chat template): \"What is the capital of France?\" "
         f"-> {text!r}")
     say(f"total {time.perf_counter() - t_start:.0f} s")
-    if args.json:
+    if options.json_out:
         payload = {
             "runs": [{k: v for k, v in c.items() if not k.startswith("_") and k != "lengths"}
                      for c in cols],
@@ -168,27 +169,6 @@ def run_demo(args: argparse.Namespace) -> int:
                            "sim_speedup": sp_sim, "sim_speedup_cap": cap_sim.speedup_cap},
             "sample_text": text,
         }
-        Path(args.json).write_text(json.dumps(payload, indent=2))
-        say(f"wrote {args.json}")
+        Path(options.json_out).write_text(json.dumps(payload, indent=2))
+        say(f"wrote {options.json_out}")
     return 0
-
-
-def add_demo_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("demo", help="the seed's night-report job on a real model and "
-                                           "in the simulator")
-    p.add_argument("--model", default="default", help="model preset or HF directory")
-    p.add_argument("--requests", type=int, default=192, help="real-engine requests")
-    p.add_argument("--short", type=int, default=3, help="short output length (tokens)")
-    p.add_argument("--long", type=int, default=300, help="long output length (tokens)")
-    p.add_argument("--sim-requests", type=int, default=6400, help="simulated requests")
-    p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
-    p.set_defaults(func=run_demo)
-    return p
-
-
-if __name__ == "__main__":  # pragma: no cover
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers()
-    add_demo_parser(sub)
-    a = parser.parse_args(["demo", *sys.argv[1:]])
-    sys.exit(a.func(a))

@@ -10,7 +10,6 @@ far below what would exhaust a machine. Workload fields (workload/), engine sett
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,9 +83,10 @@ class Range:
                              f"{describe_range(self.lo, self.hi, self.kind, self.inf_ok)}")
 
 
-def check_flags(args: argparse.Namespace, ranges: Mapping[str, Range]) -> None:
+def check_flags(args: object, ranges: Mapping[str, Range]) -> None:
     """Check each flag given (not None) against its range; `ranges` is keyed by the
-    flag's dest, e.g. "num_prompts" for --num-prompts."""
+    flag's dest, e.g. "num_prompts" for --num-prompts, read as an attribute of `args`
+    (parsed flags, or options whose fields bear the same names)."""
     for dest, allowed in ranges.items():
         value = getattr(args, dest, None)
         if value is not None:

@@ -14,7 +14,7 @@ from stepserve.bench.results import (
     ttft_s,
 )
 from stepserve.bench.scrape import Snapshot, parse_prometheus, scrape_summary
-from stepserve.bench.slo import SLO, SLOError, parse_slo
+from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
 
 
 def rec(index: int, send: float, times: list[float], tokens: int | None = None,
@@ -67,11 +67,11 @@ def test_goodput_counts_only_requests_meeting_every_slo():
     slow_first = rec(1, 0.0, [0.6, 0.7, 0.8], tokens=3)  # ttft .6
     slow_decode = rec(2, 0.0, [0.1, 0.9, 1.0], tokens=3)  # tpot .45
     failed = rec(3, 0.0, [0.1], reason=None, error="stream error: x")
-    slo = parse_slo("ttft:500 tpot:200")
+    slo = parse_goodput("ttft:500 tpot:200")
     s = summarize_records([fast, slow_first, slow_decode, failed], slo)
     assert s["goodput_requests"] == 1
     assert s["goodput_requests_per_s"] == pytest.approx(1 / s["duration_s"])
-    assert summarize_records([fast, slow_first], parse_slo("e2el:900"))[
+    assert summarize_records([fast, slow_first], parse_goodput("e2el:900"))[
         "goodput_requests"] == 2
 
 
@@ -80,17 +80,17 @@ def test_peak_concurrency():
     assert peak_concurrency(rs) == 2  # 0 ends at 1.0 as 2 starts
 
 
-def test_slo_parsing():
-    assert parse_slo("ttft:500 tpot:50 e2el:2000") == SLO(0.5, 0.05, 2.0)
-    assert parse_slo(["ttft:500", "e2el:3000"]) == SLO(0.5, None, 3.0)
-    with pytest.raises(SLOError, match=r"'latency:5'.*unknown key 'latency'.*ttft, tpot, e2el"):
-        parse_slo("latency:5")
-    with pytest.raises(SLOError, match=r"'ttft:fast'.*not a number"):
-        parse_slo("ttft:fast")
-    with pytest.raises(SLOError, match="KEY:MILLISECONDS"):
-        parse_slo("ttft")
-    with pytest.raises(SLOError, match="positive"):
-        parse_slo("tpot:-1")
+def test_goodput_parsing():
+    assert parse_goodput("ttft:500 tpot:50 e2el:2000") == GoodputSLO(0.5, 0.05, 2.0)
+    assert parse_goodput(["ttft:500", "e2el:3000"]) == GoodputSLO(0.5, None, 3.0)
+    with pytest.raises(GoodputError, match=r"'latency:5'.*unknown key 'latency'.*ttft, tpot, e2el"):
+        parse_goodput("latency:5")
+    with pytest.raises(GoodputError, match=r"'ttft:fast'.*not a number"):
+        parse_goodput("ttft:fast")
+    with pytest.raises(GoodputError, match="KEY:MILLISECONDS"):
+        parse_goodput("ttft")
+    with pytest.raises(GoodputError, match="positive"):
+        parse_goodput("tpot:-1")
 
 
 PROM = """# HELP vllm:num_requests_waiting x

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from stepserve.bench.commands import add_bench_parser
 from stepserve.bench.plan import build_workload, make_specs
+from stepserve.cli.bench import add_bench_parser, bench_options
 from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
 
 BASE = ["bench", "--sim", "--random-input-len", "8", "--random-output-len", "4",
@@ -17,9 +17,9 @@ BASE = ["bench", "--sim", "--random-input-len", "8", "--random-output-len", "4",
 def _specs(*flags: str):
     parser = argparse.ArgumentParser()
     add_bench_parser(parser.add_subparsers())
-    args = parser.parse_args([*BASE, *flags])
-    workload = build_workload(args)
-    return workload, make_specs(args, workload)
+    options = bench_options(parser.parse_args([*BASE, *flags])).workload
+    workload = build_workload(options)
+    return workload, make_specs(options, workload)
 
 
 @pytest.mark.parametrize("flags, kind", [

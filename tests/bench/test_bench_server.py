@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stepserve.bench.commands import main
+from stepserve.cli import main
 
 METRIC_KEYS = {
     "requests_total", "requests_finished", "requests_failed", "output_tokens",

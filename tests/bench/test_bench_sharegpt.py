@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from stepserve.bench.commands import main
+from stepserve.cli import main
 from stepserve.workload.sharegpt import load_sharegpt
 
 

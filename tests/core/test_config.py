@@ -4,8 +4,9 @@ import argparse
 
 import pytest
 
+from stepserve.cli.engine_flags import add_config_arguments, config_from_args
 from stepserve.config import ConfigError, EngineConfig
-from stepserve.config_load import add_config_arguments, apply_nested, config_from_args, load_config
+from stepserve.config_load import ConfigOverrides, apply_nested, load_config, parse_bool
 
 SEED_YAML = """
 replicas: 3
@@ -49,6 +50,32 @@ def test_vllm_style_flags_override_the_file(tmp_path):
     c = config_from_args(args)
     assert c.scheduler.max_num_seqs == 64 and not c.scheduler.enable_chunked_prefill
     assert c.scheduler.policy == "priority" and c.replicas == 3
+
+
+def test_config_overrides_apply_the_file_then_the_settings(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(SEED_YAML)
+    overrides = ConfigOverrides(str(p), {"max_num_seqs": 64, "policy": "priority"})
+    c = overrides.apply()
+    assert c.scheduler.max_num_seqs == 64 and c.replicas == 3
+    assert c.scheduler.policy == "priority" and c.queue.max_waiting == 24
+    base = EngineConfig().replace(max_waiting=7)
+    only_settings = overrides.apply_settings(base)
+    assert only_settings.scheduler.max_num_seqs == 64 and only_settings.replicas == 1
+    assert only_settings.queue.max_waiting == 7
+    assert not ConfigOverrides().given and ConfigOverrides().apply(base) == base
+
+
+def test_bool_flags_take_true_or_false_and_name_a_bad_value(capsys):
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    assert parser.parse_args(["--enable-chunked-prefill", "off"]).enable_chunked_prefill is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--enable-chunked-prefill", "maybe"])
+    assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+    assert parse_bool("on") is True and parse_bool("0") is False
+    with pytest.raises(ValueError, match="expected true or false, got 'maybe'"):
+        parse_bool("maybe")
 
 
 @pytest.mark.parametrize("data, message", [

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from stepserve.metrics.doctor_cmd import add_doctor_parser
+from stepserve.cli.doctor import add_doctor_parser
 
 STATIC = {"slot_utilization": 0.1647, "active_ratio_p50": 0.156, "steps": 2000,
           "requests_total": 64}

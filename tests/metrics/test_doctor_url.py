@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from metrics.canned_texts import rising_vllm_texts, vllm_text
 
-from stepserve.metrics.doctor_cmd import add_doctor_parser
+from stepserve.cli.doctor import add_doctor_parser
 
 
 def doctor(*argv) -> int:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from stepserve.plan.commands import add_plan_parser
+from stepserve.cli.plan import add_plan_parser
 
 
 def run(argv, capsys):

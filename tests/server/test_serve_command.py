@@ -11,7 +11,7 @@ import sys
 import pytest
 from server_harness import free_port, wait_until_up
 
-from stepserve.server.commands import add_serve_parser
+from stepserve.cli.serve import add_serve_parser
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_serve_flags_parse_into_the_config():
-    from stepserve.config_load import config_from_args
+    from stepserve.cli.engine_flags import config_from_args
 
     args = _parser().parse_args(["serve", "--model", "tiny", "--max-num-seqs", "40",
                                  "--max-waiting", "24", "--port", "9001",
@@ -40,7 +40,7 @@ def test_serve_subprocess(tmp_path):
     cfg.write_text("scheduler: {max_num_seqs: 8, max_model_len: 256}\n"
                    "queue: {max_waiting: 16}\ncache: {num_gpu_blocks: 256}\n")
     port = free_port()
-    code = ("import sys; from stepserve.server.commands import add_serve_parser; "
+    code = ("import sys; from stepserve.cli.serve import add_serve_parser; "
             "import argparse; p = argparse.ArgumentParser(); "
             "add_serve_parser(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); "
             "sys.exit(a.func(a))")

@@ -5,6 +5,7 @@ import pytest
 
 from stepserve.sim.run import run_scenario
 from stepserve.sim.scenarios import get_scenario
+from stepserve.workload.overrides import WorkloadOverrides
 
 
 def by_name(result):
@@ -17,7 +18,7 @@ def rules(result, run):
 
 @pytest.fixture(scope="module")
 def night():
-    return run_scenario(get_scenario("night-report"), {"num_requests": 1280})
+    return run_scenario(get_scenario("night-report"), WorkloadOverrides(num_requests=1280))
 
 
 @pytest.fixture(scope="module")

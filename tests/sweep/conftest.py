@@ -1,12 +1,11 @@
-"""A `stepserve`-like parser with only the sweep and report commands (cli.py wiring is
-the lead's)."""
+"""A `stepserve`-like parser with only the sweep and report commands."""
 
 import argparse
 
 import pytest
 
-from stepserve.sweep.commands import add_sweep_parser
-from stepserve.sweep.report_cmd import add_report_parser
+from stepserve.cli.report import add_report_parser
+from stepserve.cli.sweep import add_sweep_parser
 
 
 def _main(argv: list[str]) -> int:

@@ -3,7 +3,7 @@
 import pytest
 
 from stepserve.sweep.knee import analyze_series, find_knee, is_ordered
-from stepserve.sweep.spec import parse_slo
+from stepserve.sweep.spec import parse_summary_slo
 
 
 def _analyze(*args, **kwargs):
@@ -58,7 +58,7 @@ def test_flat_throughput_without_a_knee_stops_the_recommendation_before_it():
     result = _analyze("A", [1, 2, 3], _summaries([100, 200, 201], [2, 2, 1]))
     assert result.flat_index is None and result.recommended_index == 2
     # with an SLO, the flat step still bounds the recommendation
-    slo = parse_slo("e2e_p99_s=1.05")
+    slo = parse_summary_slo("e2e_p99_s=1.05")
     result = _analyze("A", [1, 2, 3, 4], _summaries([100, 200, 201, 202],
                                                           [1, 1.1, 1.21, 1.3]), [slo])
     assert result.recommended_index == 0 and "meeting e2e_p99_s <= 1.05" in result.reason
@@ -73,10 +73,10 @@ def test_a_named_axis_gets_the_lowest_tail_among_the_top_throughputs():
     assert result.knee_index is None and result.flat_index is None
     assert xs[result.recommended_index] == "fair"  # priority: lowest tail, too slow
     assert "within 5% of the most throughput" in result.reason
-    slo = parse_slo("e2e_p99_s=1.8")
+    slo = parse_summary_slo("e2e_p99_s=1.8")
     result = _analyze("A", xs, summaries, [slo], x_axis="policy")
     assert xs[result.recommended_index] == "fair"
-    strict = _analyze("A", xs, summaries, [parse_slo("e2e_p99_s=1")], x_axis="policy")
+    strict = _analyze("A", xs, summaries, [parse_summary_slo("e2e_p99_s=1")], x_axis="policy")
     assert xs[strict.recommended_index] == "priority"  # the only one meeting it
     assert is_ordered([1, 2.5]) and not is_ordered(["a", "b"]) and not is_ordered([1, 2], "seed")
     assert not is_ordered([True, False])
@@ -101,7 +101,7 @@ def test_slo_limits_the_recommendation_before_the_knee():
     throughput = [1000, 2000, 3000, 3060, 3090]
     p99 = [1.0, 1.2, 1.5, 4.5, 9.0]
     ttft = [0.2, 0.8, 2.5, 9.0, 20.0]  # the SLO fails one point before the knee
-    slo = parse_slo("ttft_p99_s=2")
+    slo = parse_summary_slo("ttft_p99_s=2")
     result = _analyze("A", [4, 8, 16, 32, 64], _summaries(throughput, p99, ttft), [slo])
     assert result.knee_index == 3
     assert result.slo_met == [True, True, False, False, False]
@@ -112,18 +112,18 @@ def test_slo_limits_the_recommendation_before_the_knee():
 
 def test_no_point_meets_the_slo():
     result = _analyze("A", [1, 2], _summaries([1, 2], [1, 1], [5, 5]),
-                            [parse_slo("ttft_p99_s<=1")])
+                            [parse_summary_slo("ttft_p99_s<=1")])
     assert result.recommended_index is None and result.best_slo_index is None
     assert "no point" in result.reason
 
 
 def test_slo_lower_bounds_and_missing_values():
-    at_least = parse_slo("throughput_tokens_per_s>=1500")
+    at_least = parse_summary_slo("throughput_tokens_per_s>=1500")
     assert at_least.at_least and at_least.met_by({"throughput_tokens_per_s": 1500})
     assert not at_least.met_by({"throughput_tokens_per_s": 1499})
-    assert not parse_slo("ttft_p99_s=2").met_by({"ttft_p99_s": None})
+    assert not parse_summary_slo("ttft_p99_s=2").met_by({"ttft_p99_s": None})
     with pytest.raises(ValueError, match="METRIC=LIMIT"):
-        parse_slo("ttft_p99_s")
+        parse_summary_slo("ttft_p99_s")
 
 
 def test_undefined_values_never_make_a_knee():

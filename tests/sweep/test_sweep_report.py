@@ -1,43 +1,36 @@
 """`stepserve report`: files written, PNGs valid, plots hold data; both result shapes."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from stepserve.metrics.run_data import SAMPLE_CAP, run_extras, thin
 from stepserve.sim.run import run_scenario, to_json_ready
 from stepserve.sim.scenarios import get_scenario
-from stepserve.sweep.commands import build_sweep, sweep_result
+from stepserve.sweep.job import SweepOptions, build_sweep, sweep_result
 from stepserve.sweep.plots import Group, knee_plot, latency_cdf, timeseries_plot
 from stepserve.sweep.report import write_report
 from stepserve.sweep.runner import run_points
+from stepserve.workload.overrides import WorkloadOverrides
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ["knee.png", "cdf_ttft.png", "cdf_e2e.png", "ts_waiting.png", "ts_running.png",
          "ts_preemptions.png", "ts_tokens_per_step.png"]
 
 
-def _args(**kw):
-    base = dict(scenario="quickstart", workload=None, configs=None, scenario_runs="A,B",
-                vary=["rate=4,24"], requests=60, seed=None, config=None, slo=["ttft_p99_s=2"],
-                min_throughput_gain=0.05, max_p99_rise=0.5, p99_metric="ttft_p99_s",
-                cost=None, step_ms=25.0, hardware="h100", model_spec="llama-3-8b",
-                target=None, duration_s=None)
-    base.update(kw)
-    from stepserve.config_load import _fields_with_meta
-
-    for _s, f in _fields_with_meta():
-        base.setdefault(f.name, None)
-    return SimpleNamespace(**base)
+def _options(**kw) -> SweepOptions:
+    base = dict(scenario="quickstart", scenario_runs="A,B", vary=("rate=4,24",), requests=60,
+                slo=("ttft_p99_s=2",), min_throughput_gain=0.05, max_p99_rise=0.5,
+                p99_metric="ttft_p99_s")
+    return SweepOptions(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
 def sweep_json():
-    args = _args()
-    plan = build_sweep(args)
-    runs, _ = run_points(plan["points"], plan["make_workload"], plan["cost"], plan["blocks"])
-    result = sweep_result(plan, runs, args)
+    options = _options()
+    plan = build_sweep(options)
+    runs, _ = run_points(plan.points, plan.make_workload, plan.cost, plan.blocks)
+    result = sweep_result(plan, runs, options)
     return json.loads(json.dumps({**result, "runs": [
         {k: v for k, v in r.items() if k != "_sim"} for r in result["runs"]]}))
 
@@ -80,7 +73,7 @@ def test_plot_functions_draw_lines_with_data(sweep_json):
 
 
 def test_simulate_result_with_and_without_per_run_data(tmp_path):
-    result = run_scenario(get_scenario("quickstart"), {"num_requests": 40})
+    result = run_scenario(get_scenario("quickstart"), WorkloadOverrides(num_requests=40))
     assert all("timeseries" in r and "latency_samples" in r for r in result["runs"])
     assert result["runs"][0]["timeseries"] == run_extras(result["runs"][0]["_sim"])["timeseries"]
     data = json.loads(json.dumps(to_json_ready(result)))

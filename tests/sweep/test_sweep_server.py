@@ -40,7 +40,7 @@ def workload(tmp_path) -> Path:
 
 def _capacity_req_per_s(url: str, workload: Path, tmp_path: Path) -> float:
     """What the server sustains with both slots busy (closed loop, 2 in flight)."""
-    from stepserve.bench.commands import main as bench
+    from stepserve.cli import main as bench
 
     out = tmp_path / "probe.json"
     assert bench(["bench", "--target", url, "--workload", str(workload), "--max-concurrency",

@@ -4,6 +4,7 @@ import pytest
 
 from stepserve.config import EngineConfig
 from stepserve.sweep.spec import RunConfig, build_points, parse_vary
+from stepserve.workload.overrides import WorkloadOverrides
 
 
 def test_vary_types_values_by_setting():
@@ -16,7 +17,7 @@ def test_vary_types_values_by_setting():
 
 @pytest.mark.parametrize("text, match", [
     ("nope=1,2", "unknown"), ("max_num_seqs", "NAME=v1"), ("max_num_seqs=a", "not a int"),
-    ("rate=1,1", "repeated")])
+    ("rate=1,1", "repeated"), ("enable_chunked_prefill=maybe", "'maybe' is not a bool")])
 def test_bad_vary_is_rejected_with_the_name(text, match):
     with pytest.raises(ValueError, match=match):
         parse_vary(text)
@@ -31,7 +32,7 @@ def test_grid_last_axis_is_x_and_the_rest_make_series():
     assert points[0].series == "A max_num_seqs=16" and points[0].label.endswith("rate=2")
     assert [p.x for p in points[:3]] == [2.0, 4.0, 8.0]
     assert points[0].config.scheduler.max_num_seqs == 16
-    assert points[0].workload_overrides == {"rate": 2.0}
+    assert points[0].workload_overrides == WorkloadOverrides(rate=2.0)
     assert points[-1].config.scheduler.max_num_seqs == 32
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.scrape import SCRAPE_KEYS
-from stepserve.bench.slo import SLO
+from stepserve.bench.slo import GoodputSLO
 from stepserve.metrics.percentiles import mean, percentile, ratio
 
 LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
@@ -76,10 +76,10 @@ def peak_concurrency(records: Sequence[RequestRecord]) -> int:
     return peak
 
 
-def summarize_records(records: Sequence[RequestRecord], slo: SLO | None = None,
+def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None = None,
                       scrape: dict | None = None, interrupted: bool = False
                       ) -> dict[str, Any]:
-    slo = slo or SLO()
+    slo = slo or GoodputSLO()
     measured = [r for r in records if not r.warmup]
     sent = [r for r in measured if r.send_s is not None]
     done = [r for r in sent if r.ok]

@@ -7,16 +7,17 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-SLO_KEYS = ("ttft", "tpot", "e2el")
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 
 
-class SLOError(ValueError):
-    """An SLO string that does not parse; the message names the token."""
+class GoodputError(ValueError):
+    """A goodput string that does not parse; the message names the token."""
 
 
 @dataclass(frozen=True)
-class SLO:
-    """Limits in seconds; None: not constrained."""
+class GoodputSLO:
+    """Per-request latency limits for goodput, in seconds; None: not constrained. (A sweep's
+    `--slo` is another thing: a limit on one metric of a run's summary, sweep/spec.py.)"""
 
     ttft_s: float | None = None
     tpot_s: float | None = None
@@ -41,30 +42,30 @@ class SLO:
         return " ".join(parts) or "none"
 
 
-def parse_slo(tokens: str | Iterable[str] | None) -> SLO:
-    """`"ttft:500 tpot:50"` or `["ttft:500", "tpot:50"]` (ms) -> SLO (seconds)."""
+def parse_goodput(tokens: str | Iterable[str] | None) -> GoodputSLO:
+    """`"ttft:500 tpot:50"` or `["ttft:500", "tpot:50"]` (ms) -> GoodputSLO (seconds)."""
     if tokens is None:
-        return SLO()
+        return GoodputSLO()
     if isinstance(tokens, str):
         tokens = [tokens]
     values: dict[str, float] = {}
-    allowed = ", ".join(SLO_KEYS)
+    allowed = ", ".join(GOODPUT_KEYS)
     for token in (t for chunk in tokens for t in chunk.replace(",", " ").split()):
         key, sep, raw = token.partition(":")
         key = key.strip().lower()
         if not sep:
-            raise SLOError(f"--goodput {token!r}: expected KEY:MILLISECONDS (keys: {allowed})")
-        if key not in SLO_KEYS:
-            raise SLOError(f"--goodput {token!r}: unknown key {key!r} (keys: {allowed})")
+            raise GoodputError(f"--goodput {token!r}: expected KEY:MILLISECONDS (keys: {allowed})")
+        if key not in GOODPUT_KEYS:
+            raise GoodputError(f"--goodput {token!r}: unknown key {key!r} (keys: {allowed})")
         if key in values:
-            raise SLOError(f"--goodput {token!r}: {key} given twice")
+            raise GoodputError(f"--goodput {token!r}: {key} given twice")
         try:
             ms = float(raw)
         except ValueError:
-            raise SLOError(f"--goodput {token!r}: {raw!r} is not a number of milliseconds "
+            raise GoodputError(f"--goodput {token!r}: {raw!r} is not a number of milliseconds "
                            f"(keys: {allowed})") from None
         if not math.isfinite(ms) or ms <= 0:
-            raise SLOError(f"--goodput {token!r}: the limit must be a positive number of "
+            raise GoodputError(f"--goodput {token!r}: the limit must be a positive number of "
                            "milliseconds")
         values[key] = ms / 1000.0
-    return SLO(values.get("ttft"), values.get("tpot"), values.get("e2el"))
+    return GoodputSLO(values.get("ttft"), values.get("tpot"), values.get("e2el"))

@@ -22,8 +22,10 @@ UNCLASSIFIED = "unclassified"  # class name for requests without a request_class
 
 
 @dataclass(frozen=True, slots=True)
-class RequestMetrics:
-    """One request's outcome and latencies (seconds; None where undefined)."""
+class RequestLatencies:
+    """One request's outcome and latencies (seconds; None where undefined). Not to be
+    confused with engine/outputs.RequestMetrics, the timestamps on a RequestOutput in
+    vLLM's shape."""
 
     request_id: str
     request_class: str
@@ -45,7 +47,7 @@ class RequestMetrics:
         return self.finish_reason in COMPLETED_REASONS
 
 
-def request_metrics(req: Request) -> RequestMetrics:
+def request_metrics(req: Request) -> RequestLatencies:
     """Measure one request from its timestamps."""
     times = req.token_times
     arrival = req.arrival_time
@@ -60,7 +62,7 @@ def request_metrics(req: Request) -> RequestMetrics:
     queue = None
     if req.first_scheduled_time is not None:
         queue = req.first_scheduled_time - arrival
-    return RequestMetrics(
+    return RequestLatencies(
         request_id=req.request_id, request_class=req.request_class or UNCLASSIFIED,
         finish_reason=req.finish_reason, num_prompt_tokens=req.num_prompt_tokens,
         num_output_tokens=n_out, scheduled=req.first_scheduled_time is not None,

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepserve.metrics.percentiles import mean, percentile, ratio
-from stepserve.metrics.request_metrics import UNCLASSIFIED, RequestMetrics, request_metrics
+from stepserve.metrics.request_metrics import UNCLASSIFIED, RequestLatencies, request_metrics
 from stepserve.metrics.step_metrics import Steps, TimeSeries, step_summary, timeseries
 from stepserve.request import FinishReason, Request
 
@@ -49,7 +49,7 @@ LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue_time")
 LONG_REQUEST_THRESHOLD = 1200  # output tokens; the seed's "输出超过 1,200 token 的请求"
 
 
-def _latency_values(done: list[RequestMetrics]) -> dict[str, list[float]]:
+def _latency_values(done: list[RequestLatencies]) -> dict[str, list[float]]:
     return {
         "ttft": [m.ttft_s for m in done if m.ttft_s is not None],
         "tpot": [m.tpot_s for m in done if m.tpot_s is not None],
@@ -59,7 +59,7 @@ def _latency_values(done: list[RequestMetrics]) -> dict[str, list[float]]:
     }
 
 
-def _count(ms: list[RequestMetrics], reason: FinishReason) -> int:
+def _count(ms: list[RequestLatencies], reason: FinishReason) -> int:
     return sum(1 for m in ms if m.finish_reason is reason)
 
 

@@ -1,6 +1,6 @@
 """Planning arithmetic: static-vs-continuous speedup cap, KV capacity, model shapes.
 
-Standard library only; `commands.add_plan_parser` wires it into the CLI.
+Standard library only; `job` prints it for `stepserve plan` (cli/plan.py).
 """
 
 from stepserve.plan.capacity import CapacityResult, capacity

@@ -22,6 +22,7 @@ from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.sim.cost import CostModel
 from stepserve.sim.loop import SimResult, simulate
 from stepserve.sim.scenarios import RunSpec, Scenario
+from stepserve.workload.overrides import WorkloadOverrides
 from stepserve.workload.spec import RequestSpec, Workload
 
 
@@ -88,11 +89,11 @@ def batching_comparison(runs: list[dict], specs: Sequence[RequestSpec],
             "static_slot_utilization_computed": cap.slot_utilization}
 
 
-def run_scenario(scenario: Scenario, workload_overrides: dict | None = None,
+def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | None = None,
                  only: Sequence[str] | None = None,
                  progress_factory: Callable[[str, int], Callable[[int], None] | None]
                  | None = None) -> dict:
-    workload = scenario.workload(**{**scenario.defaults, **(workload_overrides or {})})
+    workload = scenario.workload_with(workload_overrides)
     specs = workload.generate()
     runs = [r for r in scenario.runs if not only or r.name in only]
     if only and len(runs) != len(only):

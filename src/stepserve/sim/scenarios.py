@@ -7,14 +7,15 @@ seed's config (`before`) and its fix (`after`), or the three batching modes, or 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from stepserve.config import EngineConfig
-from stepserve.core.kv_cache import blocks_for
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost, CostModel
 from stepserve.sim.hardware import get_hardware
+from stepserve.sim.kv_sizing import num_gpu_blocks_for
 from stepserve.sim.roofline import RooflineCost
+from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.scenarios import get_workload
 from stepserve.workload.spec import Workload
 
@@ -36,24 +37,23 @@ class RunSpec:
 class Scenario:
     name: str
     description: str
-    workload: Callable[..., Workload]  # keyword overrides: num_requests, rate, seed, ...
+    workload: Callable[[], Workload]  # the built-in workload, before any override
     cost_model: Callable[[], CostModel]
     runs: tuple[RunSpec, ...]
     kv_cache_bytes: int | None = None  # with kv_bytes_per_token: device blocks
     kv_bytes_per_token: int | None = None
     compare_batching: bool = False  # add continuous-vs-static speedup and its cap
-    defaults: dict = field(default_factory=dict)  # workload overrides used by default
+    defaults: WorkloadOverrides = WorkloadOverrides()  # workload overrides used by default
+
+    def workload_with(self, overrides: WorkloadOverrides | None = None) -> Workload:
+        """The workload with the scenario's defaults, then `overrides`, applied."""
+        return override_workload(self.workload(),
+                                 self.defaults.merged(overrides or WorkloadOverrides()))
 
     def num_gpu_blocks(self, config: EngineConfig) -> int:
-        """KV blocks per replica: from the scenario's KV size, else the config's
-        num_gpu_blocks, else enough for max_num_seqs sequences of max_model_len."""
-        bs = config.cache.block_size
-        if config.cache.num_gpu_blocks:
-            return config.cache.num_gpu_blocks
-        if self.kv_cache_bytes and self.kv_bytes_per_token:
-            return self.kv_cache_bytes // (self.kv_bytes_per_token * bs)
-        sc = config.scheduler
-        return blocks_for(sc.max_model_len, bs) * sc.max_num_seqs + 1
+        """KV blocks per replica (sim/kv_sizing.py): the config's num_gpu_blocks, else
+        from the scenario's KV size, else max_num_seqs sequences of max_model_len."""
+        return num_gpu_blocks_for(config, self.kv_cache_bytes, self.kv_bytes_per_token)
 
 
 def _night_report() -> Scenario:
@@ -63,7 +63,7 @@ def _night_report() -> Scenario:
         description=("Seed incident 1: a nightly report job, 64 in flight, output P50 20 / "
                      "P99 2000 tokens, on the seed's 25 ms engine step: static 64-slot "
                      "batching vs dynamic (64 / 50 ms) vs continuous."),
-        workload=lambda **kw: get_workload("night-report", **kw),
+        workload=lambda: get_workload("night-report"),
         cost_model=lambda: ConstantCost(0.025),
         runs=(RunSpec("static", cfg(batching="static", **common)),
               RunSpec("dynamic", cfg(batching="dynamic", batch_window_s=0.05, **common)),
@@ -90,14 +90,14 @@ def _mixed_pool() -> Scenario:
         description=("Seed incident 2: 30% 8K summaries + 70% 300-token chats; before: budget "
                      "32768 with the chunk cap equal to it and prompts first; after: budget "
                      "8192, chunk cap 2048, one partial prefill, decode first."),
-        workload=lambda **kw: get_workload("mixed-pool", **kw),
+        workload=lambda: get_workload("mixed-pool"),
         cost_model=_seed_gpu_cost,
         runs=(RunSpec("before", bad, "chunk cap = budget = 32768, prefill_first"),
               RunSpec("after", fixed, "budget 8192, chunk cap 2048, decode_first")),
         kv_cache_bytes=_seed_gpu_cost().kv_cache_bytes(),
         kv_bytes_per_token=get_model_spec("llama-3-8b").kv_bytes_per_token,
         # ~80% of this engine's prefill capacity: bursts queue prompts, as in the seed.
-        defaults={"rate": 6.0},
+        defaults=WorkloadOverrides(rate=6.0),
     )
 
 
@@ -113,7 +113,7 @@ def _promo_spike() -> Scenario:
                      "with a long tail, 38 GB of KV per replica at 192 KiB/token; before: 2 "
                      "replicas x max_num_seqs 128; after: 3 replicas, max_num_seqs 40, "
                      "max_waiting 24, aging 20 s."),
-        workload=lambda **kw: get_workload("promo-spike", **kw),
+        workload=lambda: get_workload("promo-spike"),
         cost_model=lambda: RooflineCost(get_hardware("h100"), spec),
         runs=(RunSpec("before", before, "2 replicas, max_num_seqs 128, no queue cap"),
               RunSpec("after", after, "3 replicas, max_num_seqs 40, max_waiting 24, aging 20 s")),
@@ -129,7 +129,7 @@ def _quickstart() -> Scenario:
         description=("Seed quick start: one fixed load against A (small budget, moderate "
                      "max_num_seqs), B (both large), C (chunked prefill, capped chunk and "
                      "request length) on an H100 with Llama-3-8B."),
-        workload=lambda **kw: get_workload("quickstart", **kw),
+        workload=lambda: get_workload("quickstart"),
         cost_model=lambda: cost,
         runs=(RunSpec("A", cfg(max_num_batched_tokens=2048, max_num_seqs=64,
                                max_model_len=4096), "low latency"),
@@ -141,7 +141,7 @@ def _quickstart() -> Scenario:
         kv_cache_bytes=cost.kv_cache_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token,
         # Loaded enough that the three differ: A queues (its budget caps prefill), B has
         # the best throughput and the worst TPOT, C the steadiest tail.
-        defaults={"rate": 24.0},
+        defaults=WorkloadOverrides(rate=24.0),
     )
 
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stepserve.sweep.spec import Slo
+from stepserve.sweep.spec import SummarySLO
 
 MIN_THROUGHPUT_GAIN = 0.05
 MAX_P99_RISE = 0.50
@@ -127,7 +127,7 @@ def _best_named(throughput: Sequence[float | None], p99: Sequence[float | None],
 
 
 def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str, Any]],
-                   slos: Sequence[Slo] = (), p99_metric: str = P99_METRIC,
+                   slos: Sequence[SummarySLO] = (), p99_metric: str = P99_METRIC,
                    min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
                    max_p99_rise: float = MAX_P99_RISE,
                    x_axis: str | None = None) -> KneeResult:
@@ -183,7 +183,7 @@ def group_series(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any
     return out
 
 
-def analyze_runs(runs: Sequence[dict[str, Any]], slos: Sequence[Slo] = (),
+def analyze_runs(runs: Sequence[dict[str, Any]], slos: Sequence[SummarySLO] = (),
                  p99_metric: str = P99_METRIC,
                  min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
                  max_p99_rise: float = MAX_P99_RISE,

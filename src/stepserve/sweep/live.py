@@ -2,7 +2,8 @@
 against a running OpenAI-compatible server, one bench run per point.
 
 A live server's engine settings are its own, so only workload axes may vary; config
-files, scenario runs and engine flags are refused with a message saying so. Each point
+files, scenario runs and engine flags are refused with a message saying so (the sweep's
+checks, sweep/job.py). Each point
 is a full `stepserve bench --target` run (bench.http_run): the client's TTFT, TPOT, ITL,
 E2EL and throughput, the target's /metrics sampled alongside, and the plot data of
 bench.run_data. Ctrl-C stops the sweep; the points already measured are kept (the one
@@ -11,73 +12,62 @@ cut off is dropped, as a partial point would put a false value on the curve).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from stepserve.bench.http_run import HttpRun, bench_http, check_url
+from stepserve.bench.http_run import HttpRun, bench_http
 from stepserve.bench.loadgen import LoadPlan, make_records
 from stepserve.bench.plan import BenchError
 from stepserve.bench.results import summarize_records
 from stepserve.bench.run_data import http_extras
-from stepserve.sweep.spec import WORKLOAD_AXES, RunConfig, SweepPoint, build_points
+from stepserve.sweep.spec import RunConfig, SweepPoint, build_points
+from stepserve.workload.overrides import WorkloadOverrides
 from stepserve.workload.spec import Workload
 
 
-def check_target_args(args: argparse.Namespace, axes: list, config_flags: dict) -> None:
-    """ValueError for what a live server cannot take."""
-    check_url(args.target)
-    if args.configs:
-        raise ValueError("--configs: a live server runs its own config; sweep configs on "
-                         "the simulator, or start one server per config and sweep each")
-    if args.scenario_runs is not None:
-        raise ValueError("--scenario-runs: a live server runs its own config; with "
-                         "--target the scenario gives only the workload")
-    if args.config or config_flags:
-        named = ", ".join(["--config"] * bool(args.config) + sorted(config_flags))
-        raise ValueError(f"{named}: engine settings cannot be changed on a live server; "
-                         "restart it with them (`stepserve serve ...`)")
-    fixed = [a.name for a in axes if a.name not in WORKLOAD_AXES]
-    if fixed:
-        raise ValueError(f"--vary {', '.join(fixed)}: a live server's settings cannot be "
-                         f"varied; with --target vary only {', '.join(sorted(WORKLOAD_AXES))}")
-    if not axes:
-        raise ValueError("--target needs --vary rate=... (or concurrency=...): the load "
-                         "is what a live sweep varies")
-    if args.warmup < 0 or args.warmup >= args.requests:
-        raise ValueError(f"--warmup {args.warmup}: must be >= 0 and below --requests "
-                         f"({args.requests})")
+@dataclass(frozen=True)
+class LiveOptions:
+    """How each point is benched against a live server (`--target` and its flags)."""
+
+    target: str
+    model: str | None = None  # default: the first of /v1/models
+    warmup: int = 0  # per point, the first N requests are left out of the metrics
+    timeout_s: float = 600.0  # per request
+    metrics_interval_s: float = 0.25  # 0: never scrape /metrics
 
 
-def target_points(args: argparse.Namespace, axes: list) -> tuple[str, list[SweepPoint]]:
+def target_points(target: str, axes: list) -> tuple[str, list[SweepPoint]]:
     """One series (named after the target) along the last axis; its config is unused."""
     from stepserve.config import EngineConfig
 
-    return build_points([RunConfig("server", EngineConfig(), args.target)], axes)
+    return build_points([RunConfig("server", EngineConfig(), target)], axes)
 
 
-def run_target_points(args: argparse.Namespace, points: list[SweepPoint],
-                      make_workload: Callable[[dict], Workload],
+def run_target_points(live: LiveOptions, points: list[SweepPoint],
+                      make_workload: Callable[[WorkloadOverrides], Workload],
+                      duration_s: float | None = None,
                       log: Callable[[str], None] | None = None
                       ) -> tuple[list[dict[str, Any]], str | None]:
-    """Bench each point against args.target. Returns (runs, why it stopped early): None
-    when every point ran, "interrupted" on Ctrl-C, or the error when the target became
-    unreachable after the first point (before it, the BenchError propagates)."""
+    """Bench each point against the target (a closed loop stops issuing after
+    `duration_s`). Returns (runs, why it stopped early): None when every point ran,
+    "interrupted" on Ctrl-C, or the error when the target became unreachable after the
+    first point (before it, the BenchError propagates)."""
     runs: list[dict[str, Any]] = []
     for i, p in enumerate(points, 1):
         workload = make_workload(p.workload_overrides)
         specs = workload.generate()
-        duration = args.duration_s if workload.closed_loop_concurrency else None
-        plan = LoadPlan(specs, workload.closed_loop_concurrency, args.warmup, duration)
+        duration = duration_s if workload.closed_loop_concurrency else None
+        plan = LoadPlan(specs, workload.closed_loop_concurrency, live.warmup, duration)
         records = make_records(plan)
         http = HttpRun()
         started = time.perf_counter()
         try:
-            asyncio.run(bench_http(args.target, args.model, plan, records, http,
-                                   timeout_s=args.timeout_s,
-                                   metrics_interval_s=args.metrics_interval_s))
+            asyncio.run(bench_http(live.target, live.model, plan, records, http,
+                                   timeout_s=live.timeout_s,
+                                   metrics_interval_s=live.metrics_interval_s))
         except KeyboardInterrupt:
             if log:
                 log(f"[{i}/{len(points)}] {p.label}: interrupted; keeping the "
@@ -88,7 +78,7 @@ def run_target_points(args: argparse.Namespace, points: list[SweepPoint],
                 raise
             return runs, f"stopped at {p.label}: {e}"
         summary = summarize_records(records, scrape=http.scrape)
-        run = {"name": p.label, "batching": None, "target": args.target,
+        run = {"name": p.label, "batching": None, "target": live.target,
                "model": http.model, "config": http.server_config(),
                "workload": workload.describe(), "summary": summary, **http_extras(records, http.snapshots),
                "sweep": {"series": p.series, "run": p.run, "x": p.x, "values": p.values}}

@@ -12,8 +12,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
 
 from stepserve.config import EngineConfig
 from stepserve.metrics.run_data import SAMPLE_CAP, run_extras
@@ -21,25 +19,8 @@ from stepserve.sim.cost import CostModel
 from stepserve.sim.run import run_config
 from stepserve.sweep.spec import SweepPoint
 from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
+from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.spec import Workload
-
-
-def override_workload(workload: Workload, overrides: dict[str, Any]) -> Workload:
-    """A workload file's workload with `rate`, `seed`, `concurrency` or `num_requests`."""
-    changes: dict[str, Any] = {}
-    for key in ("seed", "num_requests"):
-        if key in overrides:
-            changes[key] = overrides[key]
-    arrival = workload.arrival
-    if "rate" in overrides:
-        if not isinstance(arrival, (Poisson, Gamma, Constant)):
-            raise ValueError(f"rate: the workload's arrivals ({arrival.describe()}) have no rate")
-        changes["arrival"] = replace(arrival, rate_per_s=float(overrides["rate"]))
-    if "concurrency" in overrides:
-        if not isinstance(arrival, ClosedLoop):
-            raise ValueError("concurrency: the workload is not closed-loop")
-        changes["arrival"] = replace(arrival, concurrency=int(overrides["concurrency"]))
-    return replace(workload, **changes) if changes else workload
 
 
 def timed_workload(workload: Workload, duration_s: float | None,
@@ -62,11 +43,13 @@ def timed_workload(workload: Workload, duration_s: float | None,
         return workload
     if isinstance(arrival, (Poisson, Gamma, Constant)):
         count = math.ceil(arrival.rate_per_s * duration_s * 1.5) + 16
-        return replace(workload, num_requests=count, duration_s=duration_s)
-    return replace(workload, duration_s=duration_s)
+        return override_workload(workload, WorkloadOverrides(num_requests=count,
+                                                             duration_s=duration_s))
+    return override_workload(workload, WorkloadOverrides(duration_s=duration_s))
 
 
-def run_points(points: list[SweepPoint], make_workload: Callable[[dict], Workload],
+def run_points(points: list[SweepPoint],
+               make_workload: Callable[[WorkloadOverrides], Workload],
                cost_model: CostModel, blocks_for_config: Callable[[EngineConfig], int],
                log: Callable[[str], None] | None = None) -> tuple[list[dict], str | None]:
     """Simulate each point. Points with the same load share one generated request list.
@@ -80,9 +63,9 @@ def run_points(points: list[SweepPoint], make_workload: Callable[[dict], Workloa
 
 
 def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs) -> None:
-    specs_cache: dict[tuple, tuple[Workload, list]] = {}
+    specs_cache: dict[WorkloadOverrides, tuple[Workload, list]] = {}
     for i, p in enumerate(points, 1):
-        key = tuple(sorted(p.workload_overrides.items()))
+        key = p.workload_overrides
         if key not in specs_cache:
             workload = make_workload(p.workload_overrides)
             specs_cache[key] = (workload, workload.generate())
@@ -108,5 +91,5 @@ def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-__all__ = ["SAMPLE_CAP", "override_workload", "run_extras", "run_points",
+__all__ = ["SAMPLE_CAP", "run_extras", "run_points",
            "stderr_log"]  # SAMPLE_CAP and run_extras re-exported from metrics.run_data

@@ -1,4 +1,5 @@
-"""What a sweep varies: axes (`--vary NAME=v1,v2,...`), the runs they apply to, and SLOs.
+"""What a sweep varies: axes (`--vary NAME=v1,v2,...`), the runs they apply to, and the
+SLOs on run summaries.
 
 An axis is either a workload option (`rate`, `seed`, `concurrency`: the load) or any
 engine setting by its config name (`max_num_seqs`, `max_num_batched_tokens`, ...).
@@ -10,18 +11,19 @@ Several axes make a grid. The x axis (the one the knee is searched along) is the
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from stepserve.config import EngineConfig
-from stepserve.config_load import _fields_with_meta, _parse_bool
+from stepserve.config_load import config_fields, parse_bool
+from stepserve.workload.overrides import WorkloadOverrides
 
 WORKLOAD_AXES = {"rate": float, "seed": int, "concurrency": int}
 RUN_AXIS = "run"  # the name of the x axis when the runs themselves are swept
 
 
 def _config_kinds() -> dict[str, type]:
-    return {f.name: f.metadata["kind"] for _s, f in _fields_with_meta()}
+    return {f.name: f.metadata["kind"] for _s, f in config_fields()}
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def parse_vary(text: str) -> Axis:
     for item in raw.split(","):
         item = item.strip()
         try:
-            values.append(_parse_bool(item) if kind is bool else kind(item))
+            values.append(parse_bool(item) if kind is bool else kind(item))
         except (ValueError, TypeError) as e:
             raise ValueError(f"--vary {name}: value {item!r} is not a {kind.__name__}") from e
     if len(set(values)) != len(values):
@@ -76,7 +78,7 @@ class SweepPoint:
     x: Any  # value on the x axis (the run name when the runs are the axis)
     values: dict[str, Any]  # every axis value at this point
     config: EngineConfig
-    workload_overrides: dict[str, Any] = field(default_factory=dict)
+    workload_overrides: WorkloadOverrides = WorkloadOverrides()
 
 
 def _fmt(name: str, value: Any) -> str:
@@ -108,7 +110,8 @@ def build_points(runs: list[RunConfig], axes: list[Axis]) -> tuple[str, list[Swe
                 values = {**fixed, x_axis.name: x}
                 config_changes = {k: v for k, v in values.items()
                                   if k not in WORKLOAD_AXES}
-                load = {k: v for k, v in values.items() if k in WORKLOAD_AXES}
+                load = WorkloadOverrides(**{k: v for k, v in values.items()
+                                            if k in WORKLOAD_AXES})
                 config = r.config.replace(**config_changes) if config_changes else r.config
                 label = f"{series} {_fmt(x_axis.name, x)}"
                 points.append(SweepPoint(label, series, r.name, x, values, config, load))
@@ -116,8 +119,10 @@ def build_points(runs: list[RunConfig], axes: list[Axis]) -> tuple[str, list[Swe
 
 
 @dataclass(frozen=True)
-class Slo:
-    """`ttft_p99_s=2` (or `<=`): metric at most 2; `throughput_tokens_per_s>=1000`: at least."""
+class SummarySLO:
+    """A limit on one metric of a run's summary (`--slo`): `ttft_p99_s=2` (or `<=`): at
+    most 2; `throughput_tokens_per_s>=1000`: at least. (bench's `--goodput` is another
+    thing: per-request latency limits, bench/slo.py.)"""
 
     metric: str
     limit: float
@@ -136,12 +141,12 @@ class Slo:
         return {"metric": self.metric, "limit": self.limit, "at_least": self.at_least}
 
 
-def parse_slo(text: str) -> Slo:
+def parse_summary_slo(text: str) -> SummarySLO:
     for op, at_least in ((">=", True), ("<=", False), ("=", False)):
         if op in text:
             metric, _, raw = text.partition(op)
             try:
-                return Slo(metric.strip(), float(raw), at_least)
+                return SummarySLO(metric.strip(), float(raw), at_least)
             except ValueError:
                 break
     raise ValueError(f"--slo {text!r}: expected METRIC=LIMIT (at most) or METRIC>=LIMIT, "

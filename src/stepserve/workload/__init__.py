@@ -3,7 +3,8 @@
 A `Workload` (request classes x arrival process x count x seed) generates a list of
 `RequestSpec`s, the same list for the same seed. Length distributions live in `lengths`,
 arrival processes in `arrivals`, their YAML shapes in `parse`, JSONL traces in `trace`,
-workload YAML in `loader`, and the seed's scenarios in `scenarios`. Standard library only
+workload YAML in `loader`, the seed's scenarios in `scenarios`, and overriding a
+workload's count, seed, rate or concurrency in `overrides`. Standard library only
 (`random`, `math`) besides pyyaml; no numpy, no torch.
 """
 
@@ -40,6 +41,7 @@ from stepserve.workload.loader import (
     workload_from_dict,
     workload_to_dict,
 )
+from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.parse import parse_arrival, parse_length
 from stepserve.workload.scenarios import get_workload, list_workloads
 from stepserve.workload.spec import LENGTH_ESTIMATES, RequestClass, RequestSpec, Workload
@@ -52,7 +54,7 @@ __all__ = [
     "Empirical", "Fixed", "LengthDist", "LogNormal", "Mixture", "Uniform",
     "empirical", "fixed", "lognormal", "mixture", "parse_length", "uniform",
     "load_workload", "save_workload", "workload_from_dict", "workload_to_dict",
-    "get_workload", "list_workloads",
+    "get_workload", "list_workloads", "WorkloadOverrides", "override_workload",
     "LENGTH_ESTIMATES", "RequestClass", "RequestSpec", "Workload",
     "load_trace", "save_trace",
 ]

@@ -1,5 +1,5 @@
-"""`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`: which of the seed's
-alert rules fire.
+"""`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`'s job: which of the
+seed's alert rules fire.
 
 RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary"}],
 "findings": [...]}` (the stored findings are ignored: the rules are applied afresh),
@@ -13,7 +13,6 @@ prints `error: ...` (one line) to stderr and returns 2; otherwise 0, whatever fi
 
 from __future__ import annotations
 
-import argparse
 import json
 import textwrap
 from collections.abc import Mapping
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError, reports_usage_errors
+from stepserve.cli_errors import UsageError
 from stepserve.limits import MAX_SECONDS, Range, check_flags
 from stepserve.metrics.alerts import Finding, diagnose, rules_config, unevaluable
 from stepserve.metrics.live import (
@@ -55,32 +54,6 @@ class Run:
     def diagnose_config(self) -> dict[str, Any]:
         """The run's config, with its batching mode added where the config lacks one."""
         return rules_config(self.config, self.batching)
-
-
-def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `doctor` to a parent's `add_subparsers()` object."""
-    p = subparsers.add_parser(
-        "doctor", help="apply the seed's alert rules to a result file or a live server",
-        description="Read a result file (or a bare summary), or scrape a live server's "
-                    "/metrics over a window, and print, per run, each rule that fires: "
-                    "severity, rule, the evidence with its numbers, and what to do.")
-    p.add_argument("result", metavar="RESULT.json", nargs="?",
-                   help='a result file {"runs": [{"name", "batching", "config", "summary"}]} '
-                        "or one summary dict")
-    p.add_argument("--url", metavar="http://HOST:PORT",
-                   help="scrape this server's /metrics instead (stepserve, vLLM, SGLang or "
-                        "TGI)")
-    p.add_argument("--window-s", type=float, default=WINDOW_S,
-                   help="with --url: how long to watch, in seconds (default %(default)g)")
-    p.add_argument("--interval-s", type=float, default=INTERVAL_S,
-                   help="with --url: seconds between scrapes (default %(default)g; at least "
-                        "two scrapes whatever the window)")
-    p.add_argument("--json", action="store_true",
-                   help='print {"findings": [{"run", "rule", "severity", "evidence", '
-                        '"action"}]} instead of text (with --url also "summary", "config" '
-                        'and "not_evaluable")')
-    p.set_defaults(func=run_doctor)
-    return p
 
 
 def load_runs(path: str) -> list[Run]:
@@ -127,16 +100,28 @@ def _checked(path: str, run: Run) -> Run:
     return run
 
 
-@reports_usage_errors
-def run_doctor(args: argparse.Namespace) -> int:
-    if (args.result is None) == (args.url is None):
+@dataclass(frozen=True)
+class DoctorOptions:
+    """Exactly one of `result` (a result file or a bare summary) or `url` (a live server,
+    scraped for `window_s`, every `interval_s`); `as_json`: print JSON, not text."""
+
+    result: str | None = None
+    url: str | None = None
+    window_s: float = WINDOW_S
+    interval_s: float = INTERVAL_S
+    as_json: bool = False
+
+
+def run_doctor(options: DoctorOptions) -> int:
+    """Print the findings; 0 whatever fires (a UsageError for a bad file or target)."""
+    if (options.result is None) == (options.url is None):
         raise UsageError("give exactly one of RESULT.json (a result file) or --url "
                          "http://HOST:PORT (a live server)")
-    if args.url is not None:
-        return run_live(args)
-    runs = load_runs(args.result)
+    if options.url is not None:
+        return run_live(options, options.url)
+    runs = load_runs(options.result)
     results = [(run, diagnose(run.summary, run.diagnose_config())) for run in runs]
-    if args.json:
+    if options.as_json:
         rows = [{"run": run.name, **f.to_dict()} for run, found in results for f in found]
         print(json.dumps({"findings": rows}, indent=2))
     else:
@@ -144,20 +129,21 @@ def run_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_live(args: argparse.Namespace) -> int:
-    check_flags(args, DOCTOR_FLAGS)
-    if args.window_s / args.interval_s > MAX_SCRAPES:
-        raise UsageError(f"--window-s {args.window_s:g} / --interval-s {args.interval_s:g}: "
+def run_live(options: DoctorOptions, url: str) -> int:
+    check_flags(options, DOCTOR_FLAGS)  # the window only matters here
+    window_s, interval_s = options.window_s, options.interval_s
+    if window_s / interval_s > MAX_SCRAPES:
+        raise UsageError(f"--window-s {window_s:g} / --interval-s {interval_s:g}: "
                          f"more than {MAX_SCRAPES:,} scrapes; scrape less often")
     try:
-        snapshots = scrape_window(args.url, args.window_s, args.interval_s)
+        snapshots = scrape_window(url, window_s, interval_s)
     except LiveScrapeError as exc:
         raise UsageError(str(exc)) from None
     summary, config = live_summary(snapshots), live_config(snapshots[-1])
-    run = Run(name=args.url, summary=summary, batching=config.get("batching"), config=config)
+    run = Run(name=url, summary=summary, batching=config.get("batching"), config=config)
     found = diagnose(summary, run.diagnose_config())
     missing = unevaluable(summary)
-    if args.json:
+    if options.as_json:
         rows = [{"run": run.name, **f.to_dict()} for f in found]
         print(json.dumps({"findings": rows, "summary": summary, "config": config,
                           "not_evaluable": missing}, indent=2))

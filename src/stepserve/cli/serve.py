@@ -9,9 +9,11 @@ import argparse
 import logging
 import socket
 import sys
+from dataclasses import dataclass
 
+from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.config import ConfigError
-from stepserve.config_load import add_config_arguments, config_from_args
+from stepserve.config_load import ConfigOverrides
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
 
 
@@ -37,42 +39,7 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     add_config_arguments(p)
-    p.set_defaults(func=run_serve)
-
-
-def run_serve(args: argparse.Namespace) -> int:
-    try:
-        from stepserve.engine.llm_engine import LLMEngine
-        from stepserve.server.api import create_app
-        from stepserve.server.http_server import make_server
-    except ImportError as e:
-        print(f"error: `stepserve serve` needs the server packages (fastapi, uvicorn, "
-              f"prometheus-client): {e}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: "
-                        "%(message)s")
-    try:
-        check_can_listen(args.host, args.port)  # before minutes of model loading
-        config = config_from_args(args)
-        engine = LLMEngine(args.model, config, dtype=args.dtype, device=args.device)
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    name = args.served_model_name or str(args.model)
-    app = create_app(engine, model_name=name, retry_after_s=args.retry_after,
-                     shutdown_timeout_s=args.shutdown_timeout,
-                     max_request_bytes=args.max_request_bytes)
-    print(f"stepserve: serving {name!r} on http://{args.host}:{args.port}/v1 "
-          f"({engine.runner.describe()})", file=sys.stderr)
-    server = make_server(app, args.host, args.port, log_level=args.log_level)
-    server.run()
-    if server.exit_code:
-        fault = app.state.async_engine.fault
-        print(f"stepserve: server stopped: {fault}; exit status {server.exit_code}",
-              file=sys.stderr)
-        return server.exit_code
-    print("stepserve: server stopped", file=sys.stderr)
-    return 0
+    p.set_defaults(func=serve_command)
 
 
 def port_number(text: str) -> int:
@@ -94,6 +61,68 @@ def request_bytes(text: str) -> int:
     if not 1024 <= n <= MAX_REQUEST_BYTES_MAX:
         raise argparse.ArgumentTypeError(f"{n}: must be in [1024, {MAX_REQUEST_BYTES_MAX}]")
     return n
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    return run_serve(ServeOptions(
+        model=args.model, served_model_name=args.served_model_name, host=args.host,
+        port=args.port, dtype=args.dtype, device=args.device, retry_after_s=args.retry_after,
+        shutdown_timeout_s=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
+        log_level=args.log_level, config=config_overrides(args)))
+
+
+# ---- the job (server/ is the place for it; it lives here until that package is free) ----
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str = "default"
+    served_model_name: str | None = None  # default: the model
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "float32"
+    device: str = "cpu"
+    retry_after_s: int = 1  # Retry-After of a 429 (queue full)
+    shutdown_timeout_s: float = 30.0  # how long in-flight requests may finish on a signal
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    log_level: str = "info"
+    config: ConfigOverrides = ConfigOverrides()
+
+
+def run_serve(options: ServeOptions) -> int:
+    """Serve until a signal; the exit status (1 when the engine died)."""
+    o = options
+    try:
+        from stepserve.engine.llm_engine import LLMEngine
+        from stepserve.server.api import create_app
+        from stepserve.server.http_server import make_server
+    except ImportError as e:
+        print(f"error: `stepserve serve` needs the server packages (fastapi, uvicorn, "
+              f"prometheus-client): {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=o.log_level.upper(), format="%(levelname)s %(name)s: "
+                        "%(message)s")
+    try:
+        check_can_listen(o.host, o.port)  # before minutes of model loading
+        config = o.config.apply()
+        engine = LLMEngine(o.model, config, dtype=o.dtype, device=o.device)
+    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    name = o.served_model_name or str(o.model)
+    app = create_app(engine, model_name=name, retry_after_s=o.retry_after_s,
+                     shutdown_timeout_s=o.shutdown_timeout_s,
+                     max_request_bytes=o.max_request_bytes)
+    print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1 "
+          f"({engine.runner.describe()})", file=sys.stderr)
+    server = make_server(app, o.host, o.port, log_level=o.log_level)
+    server.run()
+    if server.exit_code:
+        fault = app.state.async_engine.fault
+        print(f"stepserve: server stopped: {fault}; exit status {server.exit_code}",
+              file=sys.stderr)
+        return server.exit_code
+    print("stepserve: server stopped", file=sys.stderr)
+    return 0
 
 
 def check_can_listen(host: str, port: int) -> None:

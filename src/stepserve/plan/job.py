@@ -1,116 +1,46 @@
-"""`stepserve plan speedup | capacity | models`: the seed's arithmetic on the command line.
+"""`stepserve plan speedup | capacity | models`'s jobs: the seed's arithmetic, printed.
 
-Every number printed comes with one line saying how it was computed. `--json` prints the
-result dataclass as JSON instead. Handlers return an exit code; a bad value prints
+Every number printed comes with one line saying how it was computed. `as_json` prints the
+result dataclass as JSON instead. Each returns an exit code; a bad value prints
 `error: ...` to stderr and returns 2. Counts and sizes are bounded by limits.py: the
 arithmetic would take them, but a request count of 10^15 is a typo.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
+from dataclasses import dataclass
 
 from stepserve import limits
-from stepserve.cli_errors import UsageError, report_error, reports_usage_errors
-from stepserve.limits import Range, check_flags
+from stepserve.cli_errors import UsageError, report_error
 from stepserve.plan.capacity import CapacityResult, capacity
 from stepserve.plan.model_specs import get_model_spec, list_model_specs
 from stepserve.plan.sizes import format_size, parse_size
 from stepserve.plan.speedup import SpeedupResult, parse_group, speedup
 
-# Bounds of the numeric flags: --concurrency is a static batch's slots (max_num_seqs).
-PLAN_FLAGS = {"concurrency": Range(1, limits.MAX_NUM_SEQS), "max_len": limits.LENGTH,
-              "peak_concurrency": Range(1, limits.MAX_NUM_REQUESTS)}
+
+@dataclass(frozen=True)
+class SpeedupOptions:
+    groups: tuple[str, ...]  # COUNTxLENGTH, e.g. "10x2000"
+    concurrency: int  # slots per static batch (max_num_seqs)
+    as_json: bool = False
 
 
-def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `plan` and its subcommands to a parent's `add_subparsers()` object."""
-    plan = subparsers.add_parser(
-        "plan",
-        help="capacity and speedup arithmetic (no model, no simulation)",
-        description="Back-of-the-envelope planning: the seed's worked arithmetic, exact.",
-    )
-    sub = plan.add_subparsers(dest="plan_command", metavar="{speedup,capacity,models}")
-    sub.required = True
+@dataclass(frozen=True)
+class CapacityOptions:
+    """KV bytes per token either given (`kv_bytes_per_token`, e.g. "192KiB") or derived
+    from a model preset (`model_spec`)."""
 
-    p = sub.add_parser(
-        "speedup",
-        help="slot utilisation of static batching and the continuous-batching cap",
-        description="Static batching runs each batch until its longest request ends; "
-        "requests fill batches of --concurrency in the order given.",
-    )
-    p.add_argument(
-        "--group",
-        action="append",
-        required=True,
-        metavar="COUNTxLENGTH",
-        help="COUNT requests of LENGTH output tokens, e.g. 10x2000; repeatable",
-    )
-    p.add_argument(
-        "--concurrency",
-        type=int,
-        required=True,
-        metavar="N",
-        help="slots per static batch (max_num_seqs)",
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=run_speedup)
-
-    p = sub.add_parser(
-        "capacity",
-        help="sequences per replica from KV memory, max_num_seqs, replicas",
-        description="Sizes concurrency by the worst case: every sequence may reach --max-len.",
-    )
-    p.add_argument(
-        "--kv-memory",
-        required=True,
-        metavar="SIZE",
-        help="KV cache memory per replica, e.g. 38GB or 35GiB",
-    )
-    per_token = p.add_mutually_exclusive_group(required=True)
-    per_token.add_argument(
-        "--kv-bytes-per-token",
-        metavar="SIZE",
-        help="KV bytes per token over all layers, e.g. 192KiB",
-    )
-    per_token.add_argument(
-        "--model-spec",
-        metavar="NAME",
-        help="derive KV bytes per token from a preset (see `plan models`)",
-    )
-    p.add_argument(
-        "--max-len",
-        type=int,
-        required=True,
-        metavar="N",
-        help="longest sequence (prompt + output) in tokens, i.e. max_model_len",
-    )
-    p.add_argument(
-        "--headroom",
-        type=float,
-        default=0.15,
-        metavar="F",
-        help="share of KV memory kept free when setting max_num_seqs (default 0.15)",
-    )
-    p.add_argument(
-        "--peak-concurrency",
-        type=int,
-        required=True,
-        metavar="N",
-        help="concurrent requests at peak",
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=run_capacity)
-
-    p = sub.add_parser("models", help="list the model spec presets")
-    p.add_argument("--json", action="store_true", help="print the presets as JSON")
-    p.set_defaults(func=run_models)
-    return plan
+    kv_memory: str  # per replica, e.g. "38GB"
+    max_len: int
+    peak_concurrency: int
+    kv_bytes_per_token: str | None = None
+    model_spec: str | None = None
+    headroom: float = 0.15
+    as_json: bool = False
 
 
-def _checked_groups(texts: list[str]) -> list[tuple[int, int]]:
+def _checked_groups(texts: tuple[str, ...]) -> list[tuple[int, int]]:
     groups = [parse_group(text) for text in texts]
     total, longest = sum(c for c, _ in groups), max(n for _, n in groups)
     if total > limits.MAX_NUM_REQUESTS or longest > limits.MAX_LEN:
@@ -126,42 +56,41 @@ def _checked_size(flag: str, text: str, most: int) -> int:
     return size
 
 
-@reports_usage_errors
-def run_speedup(args: argparse.Namespace) -> int:
-    check_flags(args, PLAN_FLAGS)
+def run_speedup(options: SpeedupOptions) -> int:
     try:
-        groups = _checked_groups(args.group)
-        result = speedup(groups, args.concurrency)
+        groups = _checked_groups(options.groups)
+        result = speedup(groups, options.concurrency)
     except ValueError as exc:
         return report_error(exc)
-    if args.json:
+    if options.as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(format_speedup(result))
     return 0
 
 
-@reports_usage_errors
-def run_capacity(args: argparse.Namespace) -> int:
-    check_flags(args, PLAN_FLAGS)
+def run_capacity(options: CapacityOptions) -> int:
+    o = options
     try:
-        kv_memory = _checked_size("--kv-memory", args.kv_memory, limits.MAX_KV_BYTES)
-        if args.model_spec is not None:
-            spec = get_model_spec(args.model_spec)
+        kv_memory = _checked_size("--kv-memory", o.kv_memory, limits.MAX_KV_BYTES)
+        if o.model_spec is not None:
+            spec = get_model_spec(o.model_spec)
             per_token = spec.kv_bytes_per_token
             source = (
                 f"{spec.name}: 2 (K,V) x {spec.num_layers} layers x {spec.num_kv_heads} "
                 f"kv heads x {spec.head_dim} head_dim x {spec.dtype_bytes} bytes"
             )
-        else:
+        elif o.kv_bytes_per_token is not None:
             spec = None
-            per_token = _checked_size("--kv-bytes-per-token", args.kv_bytes_per_token,
+            per_token = _checked_size("--kv-bytes-per-token", o.kv_bytes_per_token,
                                       limits.MAX_KV_BYTES_PER_TOKEN)
             source = "given (--kv-bytes-per-token)"
-        result = capacity(kv_memory, per_token, args.max_len, args.headroom, args.peak_concurrency)
+        else:
+            raise UsageError("give --kv-bytes-per-token SIZE or --model-spec NAME")
+        result = capacity(kv_memory, per_token, o.max_len, o.headroom, o.peak_concurrency)
     except ValueError as exc:
         return report_error(exc)
-    if args.json:
+    if o.as_json:
         out = result.to_dict()
         out["model_spec"] = spec.name if spec else None
         print(json.dumps(out, indent=2))
@@ -170,9 +99,9 @@ def run_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_models(args: argparse.Namespace) -> int:
+def run_model_specs(as_json: bool = False) -> int:
     specs = list_model_specs()
-    if args.json:
+    if as_json:
         rows = [dict(vars(s), kv_bytes_per_token=s.kv_bytes_per_token) for s in specs]
         print(json.dumps(rows, indent=2))
         return 0

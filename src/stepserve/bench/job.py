@@ -1,0 +1,195 @@
+"""`stepserve bench`'s job: load a target with a workload and report TTFT, TPOT, ITL,
+E2EL, throughput and goodput (vLLM's definitions), plus the target's own /metrics.
+
+The target is an HTTP server (`target`), the in-process engine (`engine`) or the
+simulator (`sim`). Exit status: 0 done (server errors are counted, not fatal); 2 bad
+input or an unreachable target; 130 interrupted (the partial result is still written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stepserve.bench.client import RequestRecord
+from stepserve.bench.http_run import HttpRun, bench_http, check_url
+from stepserve.bench.loadgen import LoadPlan, make_records
+from stepserve.bench.plan import BenchError, BenchWorkloadOptions, build_workload, make_specs
+from stepserve.bench.results import (
+    format_table,
+    summarize_records,
+    write_csv,
+    write_json,
+    write_markdown,
+)
+from stepserve.bench.run_data import http_extras, latency_samples
+from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
+from stepserve.cli_errors import UsageError, report_error
+from stepserve.config import ConfigError
+from stepserve.config_load import ConfigOverrides
+from stepserve.config_load import to_dict as config_to_dict
+from stepserve.metrics.alerts import findings_for
+from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
+from stepserve.user_files import check_output_file
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.spec import Workload
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """One bench run. Exactly one of `target` (a base URL), `engine` or `sim`; `model` is
+    sent to the target (default: the first of /v1/models) or, with `engine`, loaded
+    (default: tiny). `config` and `cost` apply to the engine and the simulator."""
+
+    target: str | None = None
+    engine: bool = False
+    sim: bool = False
+    model: str | None = None
+    workload: BenchWorkloadOptions = BenchWorkloadOptions()
+    duration_s: float | None = None  # stop sending after this many seconds
+    text_prompts: bool = False
+    ignore_eos: bool = True
+    goodput: tuple[str, ...] | None = None  # SLO tokens in ms, e.g. ("ttft:500",)
+    metrics_interval_s: float = 0.5
+    timeout_s: float = 600.0
+    json_out: str | None = None
+    csv_out: str | None = None
+    markdown_out: str | None = None
+    progress: bool = True
+    config: ConfigOverrides = ConfigOverrides()
+    cost: CostModelOptions = CostModelOptions(cost="roofline")
+
+    def outputs(self) -> tuple[tuple[str, str | None], ...]:
+        """(flag, path) of each output file."""
+        return (("--json", self.json_out), ("--csv", self.csv_out),
+                ("--markdown", self.markdown_out))
+
+
+def check_bench_options(options: BenchOptions) -> None:
+    """What can be checked before any work: the target URL, the engine settings, the
+    cost model or the model name, output paths."""
+    if options.target:
+        check_url(options.target)
+    else:
+        options.config.apply()
+    if options.sim:
+        cost_setup_for(options.cost)
+    if options.engine:
+        from stepserve.model.presets import resolve_model
+
+        try:  # the same lookup the engine makes; a preset is built here, once
+            resolve_model(options.model or "tiny")
+        except (ValueError, FileNotFoundError) as e:
+            raise UsageError(f"--model: {e}") from None
+    for flag, path in options.outputs():
+        check_output_file(flag, path)
+
+
+def run_bench(options: BenchOptions) -> int:
+    """Build the workload, run it, print and write the result; the exit status."""
+    check_bench_options(options)
+    try:
+        slo = parse_goodput(options.goodput)
+        workload = build_workload(options.workload)
+        specs = make_specs(options.workload, workload)
+    except (BenchError, GoodputError, WorkloadError, ValueError) as e:
+        return report_error(e)
+    w = options.workload
+    plan = LoadPlan(specs, workload.closed_loop_concurrency, w.warmup, options.duration_s,
+                    options.text_prompts, options.ignore_eos)
+    how = workload.describe()
+    if w.request_rate is not None and math.isinf(w.request_rate):
+        how = how.replace(workload.arrival.describe(), "all sent at once (rate inf)")
+    print(f"{how}\n{len(specs)} requests ({w.warmup} warm-up)", file=sys.stderr)
+    try:
+        return _run(options, plan, slo, workload)
+    except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
+        return report_error(e)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="req", file=sys.stderr, mininterval=0.5,
+                disable=not enabled, leave=False)
+
+
+def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workload) -> int:
+    run: dict[str, Any] = {"name": workload.name}
+    interrupted = [False]
+    bar = _progress(len(plan.specs), options.progress)
+    extra: dict = {}
+    started = time.time()
+    try:
+        if options.target:
+            run["target"] = options.target
+            records = make_records(plan)
+            http = HttpRun()
+            try:
+                asyncio.run(bench_http(options.target, options.model, plan, records, http,
+                                       timeout_s=options.timeout_s,
+                                       metrics_interval_s=options.metrics_interval_s,
+                                       on_done=lambda r: bar.update()))
+            except KeyboardInterrupt:
+                interrupted[0] = True
+            run["model"] = http.model or options.model
+            run["config"] = http.server_config()
+            extra = http.scrape
+            run.update(http_extras(records, http.snapshots))
+        elif options.sim:
+            from stepserve.bench.inprocess import run_sim
+
+            config = options.config.apply()
+            setup = cost_setup_for(options.cost)
+            records, extra, sim_run = run_sim(plan, config, setup.cost_model,
+                                              setup.num_gpu_blocks(config))
+            run.update(target="sim", batching=sim_run["batching"], config=sim_run["config"],
+                       timeseries=sim_run["timeseries"],
+                       cost_model=setup.cost_model.describe())
+            bar.update(len(records))
+        else:
+            from stepserve.bench.inprocess import run_engine
+            from stepserve.engine.llm_engine import LLMEngine
+
+            config = options.config.apply()
+            engine = LLMEngine(options.model or "tiny", config)
+            run.update(target="engine", model=options.model or "tiny",
+                       batching=config.scheduler.batching)
+            records, extra, plots = run_engine(plan, engine, lambda r: bar.update(),
+                                               interrupted)
+            run.update(config=config_to_dict(config), **plots)
+    finally:
+        bar.close()
+    return _report(options, run, records, slo, extra, interrupted[0], started)
+
+
+def _report(options: BenchOptions, run: dict, records: list[RequestRecord],
+            slo: GoodputSLO, extra: dict, interrupted: bool, started: float) -> int:
+    run.setdefault("latency_samples", latency_samples(records))
+    summary = summarize_records(records, slo, None, interrupted)
+    summary.update(extra)
+    run["started_at"] = started
+    run["summary"] = summary
+    result = {"runs": [run], "findings": findings_for([run])}
+    print(format_table(run["name"], summary))
+    for f in result["findings"]:
+        print(f"[{f['severity']}] {f['rule']}: {f['evidence']}")
+    for path, write, what in ((options.json_out, write_json, result),
+                              (options.csv_out, write_csv, records),
+                              (options.markdown_out, write_markdown, result)):
+        if path:
+            write(path, what)
+            print(f"wrote {path}")
+    if summary["requests_total"] and not summary["requests_finished"] and options.target:
+        print("warning: no request completed; see errors above", file=sys.stderr)
+    if interrupted:
+        print("interrupted: the result above and any files written are partial",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0

@@ -1,0 +1,34 @@
+"""`stepserve demo`: the seed's night-report job on a real model and in the simulator."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepserve.cli_errors import reports_usage_errors
+from stepserve.demo import DemoOptions, run_demo
+from stepserve.limits import REQUESTS, Range, check_flags
+
+# Bounds of the flags: the real engine runs with max_model_len 2048 and ~20-token prompts
+# on a CPU, so outputs stay under 1,024 tokens and requests in the thousands.
+DEMO_FLAGS = {"requests": Range(1, 10_000), "short": Range(1, 1024), "long": Range(1, 1024),
+              "sim_requests": REQUESTS}
+
+
+def add_demo_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("demo", help="the seed's night-report job on a real model and "
+                                           "in the simulator")
+    p.add_argument("--model", default="default", help="model preset or HF directory")
+    p.add_argument("--requests", type=int, default=192, help="real-engine requests")
+    p.add_argument("--short", type=int, default=3, help="short output length (tokens)")
+    p.add_argument("--long", type=int, default=300, help="long output length (tokens)")
+    p.add_argument("--sim-requests", type=int, default=6400, help="simulated requests")
+    p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
+    p.set_defaults(func=demo_command)
+    return p
+
+
+@reports_usage_errors
+def demo_command(args: argparse.Namespace) -> int:
+    check_flags(args, DEMO_FLAGS)
+    return run_demo(DemoOptions(args.model, args.requests, args.short, args.long,
+                                args.sim_requests, args.json))

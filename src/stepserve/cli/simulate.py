@@ -1,0 +1,65 @@
+"""`stepserve simulate`: its flags, and the cost-model flags simulate, sweep and bench share."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepserve.cli.engine_flags import add_config_arguments, config_overrides
+from stepserve.cli_errors import reports_usage_errors
+from stepserve.limits import RATE, REQUESTS, SEED, STEP_MS, check_flags
+from stepserve.sim.cost_options import CostModelOptions
+from stepserve.sim.job import SimulateOptions, run_simulate
+from stepserve.sim.scenarios import SCENARIOS
+from stepserve.workload.overrides import WorkloadOverrides
+
+# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}
+
+
+def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate", help="run the real scheduler on a virtual clock with a cost model",
+        description="Simulate a built-in scenario (--scenario) or your own workload "
+                    "(--workload FILE, with --config FILE and/or vLLM-style flags).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--scenario", choices=sorted(SCENARIOS), help="a built-in scenario")
+    src.add_argument("--workload", help="a workload YAML file (see docs/guide.md)")
+    p.add_argument("--config", help="engine config YAML (seed shape: scheduler:, queue:, ...)")
+    p.add_argument("--runs", help="scenario runs to do, comma-separated (default: all)")
+    p.add_argument("--requests", type=int, help="override the number of requests")
+    p.add_argument("--rate", type=float, help="override the arrival rate (req/s)")
+    p.add_argument("--seed", type=int, help="override the workload seed")
+    add_cost_model_arguments(p, default=None)
+    p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_arguments(p)
+    p.set_defaults(func=simulate_command)
+    return p
+
+
+def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
+    """--cost, --step-ms, --hardware, --model-spec: shared by simulate, sweep and bench."""
+    p.add_argument("--cost", choices=["constant", "roofline"], default=default,
+                   help="cost model (a scenario brings its own; otherwise roofline)")
+    p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
+    p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
+    p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
+
+
+def cost_model_options(args: argparse.Namespace) -> CostModelOptions:
+    return CostModelOptions(args.cost, args.step_ms, args.hardware, args.model_spec)
+
+
+def simulate_options(args: argparse.Namespace) -> SimulateOptions:
+    return SimulateOptions(
+        scenario=args.scenario, workload=args.workload, config=config_overrides(args),
+        runs=tuple(args.runs.split(",")) if args.runs else None,
+        overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
+                                    seed=args.seed),
+        cost=cost_model_options(args), json_out=args.json, progress=not args.no_progress)
+
+
+@reports_usage_errors
+def simulate_command(args: argparse.Namespace) -> int:
+    check_flags(args, SIMULATE_FLAGS)
+    return run_simulate(simulate_options(args))

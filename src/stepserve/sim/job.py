@@ -1,0 +1,88 @@
+"""`stepserve simulate`'s job: a built-in scenario, or a workload file with a config
+file and settings, through the real scheduler on a virtual clock; the table printed,
+the result written as JSON.
+
+User mistakes raise UsageError (ConfigError, WorkloadError), which `stepserve` prints as
+one line, exit 2; the output path is checked before anything runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from stepserve.config_load import ConfigOverrides
+from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
+from stepserve.sim.run import run_all, run_scenario, to_json_ready
+from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
+from stepserve.sim.table import format_result
+from stepserve.user_files import check_output_file
+from stepserve.workload.loader import load_workload
+from stepserve.workload.overrides import WorkloadOverrides, override_workload
+
+
+@dataclass(frozen=True)
+class SimulateOptions:
+    """One `simulate`: exactly one of `scenario` (a built-in name) or `workload` (a YAML
+    file). `config` goes on top of every run of a scenario, or makes the one run of a
+    workload file; `cost` is used for a workload file (a scenario brings its own)."""
+
+    scenario: str | None = None
+    workload: str | None = None
+    config: ConfigOverrides = ConfigOverrides()
+    runs: tuple[str, ...] | None = None  # a scenario's runs to do; None: all
+    overrides: WorkloadOverrides = WorkloadOverrides()
+    cost: CostModelOptions = CostModelOptions()
+    json_out: str | None = None
+    progress: bool = True  # a progress bar on stderr, when it is a terminal
+
+
+def run_simulate(options: SimulateOptions) -> int:
+    """Simulate, print the table, write the JSON; the exit status."""
+    check_output_file("--json", options.json_out)  # before the run: a typo must not cost it
+    progress = _progress_factory(options.progress and sys.stderr.isatty())
+    if options.scenario:
+        scenario = get_scenario(options.scenario)
+        if options.config.given:
+            scenario = _override_runs(scenario, options.config)
+        result = run_scenario(scenario, options.overrides, options.runs, progress)
+    else:
+        result = _run_workload(options, progress)
+    print(format_result(result))
+    if options.json_out:
+        Path(options.json_out).write_text(json.dumps(to_json_ready(result), indent=2))
+        print(f"\nwrote {options.json_out}")
+    return 0
+
+
+def _progress_factory(enabled: bool):
+    if not enabled:
+        return None
+
+    def make(name: str, total: int):
+        bar = tqdm(total=total, desc=f"simulating {name}", unit="req", leave=False,
+                   file=sys.stderr, mininterval=0.5)
+        return bar.update
+
+    return make
+
+
+def _run_workload(options: SimulateOptions, progress) -> dict:
+    """A workload file, one run with the config file and settings."""
+    assert options.workload is not None
+    workload = override_workload(load_workload(options.workload), options.overrides)
+    config = options.config.apply()
+    setup = cost_setup_for(options.cost)
+    specs = workload.generate()
+    runs = (RunSpec(config.scheduler.batching, config),)
+    return run_all(workload.name, f"workload {options.workload}", workload, specs, runs,
+                   setup.cost_model, setup.num_gpu_blocks, False, progress)
+
+
+def _override_runs(scenario: Scenario, config: ConfigOverrides) -> Scenario:
+    """Apply the config file and settings on top of every run of a scenario."""
+    runs = tuple(RunSpec(r.name, config.apply(r.config), r.note) for r in scenario.runs)
+    return replace(scenario, runs=runs)

@@ -1,0 +1,266 @@
+"""`stepserve sweep`'s job: vary settings or load on the simulator (or the load on a live
+server, `target`, see sweep/live.py), find the knee, write a result JSON and an HTML
+report. Ctrl-C keeps the points already measured: the result is printed and written,
+marked interrupted, and the exit status is 130."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stepserve.bench.http_run import check_url
+from stepserve.bench.plan import BenchError
+from stepserve.cli_errors import UsageError, report_error
+from stepserve.config import ConfigError, EngineConfig
+from stepserve.config_load import ConfigOverrides, load_config
+from stepserve.metrics.alerts import findings_for
+from stepserve.metrics.summary import LATENCIES
+from stepserve.metrics.summary_checks import allowed as metric_range
+from stepserve.sim.cost import CostModel
+from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
+from stepserve.sim.scenarios import Scenario, get_scenario
+from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, P99_METRIC, analyze_runs
+from stepserve.sweep.live import LiveOptions, run_target_points, target_points
+from stepserve.sweep.runner import run_points, stderr_log, timed_workload
+from stepserve.sweep.spec import (
+    WORKLOAD_AXES,
+    Axis,
+    RunConfig,
+    SweepPoint,
+    build_points,
+    parse_summary_slo,
+    parse_vary,
+)
+from stepserve.sweep.text import format_knees
+from stepserve.user_files import check_output_dir, check_output_file
+from stepserve.workload.errors import WorkloadError
+from stepserve.workload.loader import load_workload
+from stepserve.workload.overrides import WorkloadOverrides, override_workload
+from stepserve.workload.spec import Workload
+
+DEFAULT_REQUESTS = 600
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """One sweep. The workload: exactly one of `scenario` or `workload` (a YAML file).
+    The runs (configs): `configs` files, or a scenario's own runs (`scenario_runs`: "" all,
+    or names "A,B"), or the one run `config` makes for a workload file; `config` also goes
+    on top of a scenario's runs, and its settings on top of each `configs` file. `vary`:
+    the axes, `NAME=V1,V2,...`. `live`: sweep a live server's load instead."""
+
+    scenario: str | None = None
+    workload: str | None = None
+    configs: tuple[str, ...] | None = None
+    scenario_runs: str | None = None
+    vary: tuple[str, ...] = ()
+    requests: int = DEFAULT_REQUESTS
+    duration_s: float | None = None
+    seed: int | None = None
+    config: ConfigOverrides = ConfigOverrides()
+    slo: tuple[str, ...] = ()  # summary limits, e.g. "ttft_p99_s=2"
+    min_throughput_gain: float = MIN_THROUGHPUT_GAIN
+    max_p99_rise: float = MAX_P99_RISE
+    p99_metric: str = P99_METRIC
+    cost: CostModelOptions = CostModelOptions()
+    live: LiveOptions | None = None
+    json_out: str | None = None
+    report: str | None = None  # a folder for the HTML report
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Everything but the runs: the points, their load, the cost model and KV sizing
+    (None against a live target)."""
+
+    name: str
+    description: str
+    cost: CostModel | None
+    blocks: Callable[[EngineConfig], int] | None
+    make_workload: Callable[[WorkloadOverrides], Workload]
+    axes: list[Axis]
+    x_axis: str
+    points: list[SweepPoint]
+
+
+def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunConfig]:
+    wanted = [n for n in (options.scenario_runs or "").split(",") if n]
+    runs = [r for r in scenario.runs if not wanted or r.name in wanted]
+    if wanted and len(runs) != len(wanted):
+        known = ", ".join(r.name for r in scenario.runs)
+        raise ValueError(f"--scenario-runs {options.scenario_runs}: {scenario.name} has "
+                         f"{known}")
+    return [RunConfig(r.name, options.config.apply(r.config), r.note) for r in runs]
+
+
+def _file_runs(options: SweepOptions) -> list[RunConfig]:
+    """Each --configs file with the settings given on top (not --config)."""
+    return [RunConfig(Path(f).stem, options.config.apply_settings(load_config(f)), f)
+            for f in options.configs or ()]
+
+
+def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
+    """ValueError for what a live server cannot take."""
+    assert options.live is not None
+    check_url(options.live.target)
+    if options.configs:
+        raise ValueError("--configs: a live server runs its own config; sweep configs on "
+                         "the simulator, or start one server per config and sweep each")
+    if options.scenario_runs is not None:
+        raise ValueError("--scenario-runs: a live server runs its own config; with "
+                         "--target the scenario gives only the workload")
+    if options.config.given:
+        named = ", ".join(["--config"] * bool(options.config.config_file)
+                          + sorted(options.config.settings))
+        raise ValueError(f"{named}: engine settings cannot be changed on a live server; "
+                         "restart it with them (`stepserve serve ...`)")
+    fixed = [a.name for a in axes if a.name not in WORKLOAD_AXES]
+    if fixed:
+        raise ValueError(f"--vary {', '.join(fixed)}: a live server's settings cannot be "
+                         f"varied; with --target vary only {', '.join(sorted(WORKLOAD_AXES))}")
+    if not axes:
+        raise ValueError("--target needs --vary rate=... (or concurrency=...): the load "
+                         "is what a live sweep varies")
+    warmup = options.live.warmup
+    if warmup < 0 or warmup >= options.requests:
+        raise ValueError(f"--warmup {warmup}: must be >= 0 and below --requests "
+                         f"({options.requests})")
+
+
+def build_sweep(options: SweepOptions) -> SweepPlan:
+    """Everything but the runs: points, load, cost model (None against a live target)."""
+    axes = [parse_vary(v) for v in options.vary]
+    live = options.live
+    if live:
+        check_live_sweep(options, axes)
+    base_load = WorkloadOverrides(num_requests=options.requests, seed=options.seed)
+    runs: list[RunConfig] = []
+    cost: CostModel | None = None
+    blocks: Callable[[EngineConfig], int] | None = None
+    if options.scenario:
+        scenario = get_scenario(options.scenario)
+        if options.workload:
+            raise ValueError("--scenario and --workload exclude each other")
+        if not live:
+            runs = _file_runs(options) if options.configs else _scenario_runs(scenario, options)
+            cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
+
+        def make_workload(load: WorkloadOverrides) -> Workload:
+            return timed_workload(scenario.workload_with(base_load.merged(load)),
+                                  options.duration_s, live=bool(live))
+
+        name, description = scenario.name, scenario.description
+    else:
+        if options.scenario_runs is not None:
+            raise ValueError("--scenario-runs needs --scenario")
+        assert options.workload is not None
+        workload = load_workload(options.workload)
+        if not live:
+            config = options.config.apply()
+            runs = _file_runs(options) if options.configs else [
+                RunConfig(config.scheduler.batching, config)]
+            setup = cost_setup_for(options.cost)
+            cost, blocks = setup.cost_model, setup.num_gpu_blocks
+
+        def make_workload(load: WorkloadOverrides) -> Workload:
+            return timed_workload(override_workload(workload, base_load.merged(load)),
+                                  options.duration_s, live=bool(live))
+
+        name, description = workload.name, f"workload {options.workload}"
+    if live:
+        description += f", against the live server {live.target}"
+        x_axis, points = target_points(live.target, axes)
+    else:
+        x_axis, points = build_points(runs, axes)
+    return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points)
+
+
+def sweep_result(plan: SweepPlan, runs: list[dict], options: SweepOptions,
+                 stopped: str | None = None) -> dict[str, Any]:
+    """The result JSON; `stopped` says why it ended early ("interrupted", or the error
+    that stopped a live sweep), None when every point ran."""
+    slos = [parse_summary_slo(s) for s in options.slo]
+    knees = analyze_runs(runs, slos, options.p99_metric, options.min_throughput_gain,
+                         options.max_p99_rise, plan.x_axis)
+    return {
+        "kind": "sweep", "scenario": plan.name, "description": plan.description,
+        "cost_model": plan.cost.describe() if plan.cost else None,
+        "target": options.live.target if options.live else "sim",
+        "requests_per_point": options.requests, "duration_s_per_point": options.duration_s,
+        "interrupted": stopped is not None, "stopped": stopped,
+        "x_axis": plan.x_axis,
+        "axes": [{"name": a.name, "values": list(a.values), "target": a.target}
+                 for a in plan.axes],
+        "knee_rule": {"min_throughput_gain": options.min_throughput_gain,
+                      "max_p99_rise": options.max_p99_rise, "p99_metric": options.p99_metric,
+                      "slos": [s.to_dict() for s in slos]},
+        "runs": runs, "knees": [k.to_dict() for k in knees], "findings": findings_for(runs),
+    }
+
+
+def check_knee_options(options: SweepOptions) -> None:
+    """The p99 metric names a latency the summaries have; each SLO limit is a value its
+    metric can take (a NaN or negative latency would never be met, silently)."""
+    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95",
+                                                                         "p99")]
+    if options.p99_metric not in latencies:
+        raise UsageError(f"--p99-metric {options.p99_metric!r}: unknown; allowed: "
+                         f"{', '.join(latencies)}")
+    for text in options.slo:
+        try:
+            slo = parse_summary_slo(text)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        lo, hi, allowed = metric_range(slo.metric)
+        if not lo <= slo.limit <= hi:
+            raise UsageError(f"--slo {slo.metric}: limit {slo.limit:g} must be {allowed}")
+
+
+def run_sweep(options: SweepOptions) -> int:
+    """Run the sweep, print the knees, write the JSON and the report; the exit status."""
+    check_knee_options(options)
+    check_output_file("--json", options.json_out)  # before the sweep: keep its result
+    check_output_dir("--report", options.report)
+    try:
+        plan = build_sweep(options)
+        log = None if options.quiet else stderr_log
+        if options.live:
+            runs, stopped = run_target_points(options.live, plan.points, plan.make_workload,
+                                              options.duration_s, log)
+        else:
+            assert plan.cost is not None and plan.blocks is not None
+            runs, stopped = run_points(plan.points, plan.make_workload, plan.cost,
+                                       plan.blocks, log)
+        result = sweep_result(plan, runs, options, stopped)
+    except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
+        return report_error(e)
+    if not runs:
+        print("interrupted before the first point ended: nothing to report",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(format_knees(result))
+    ready = to_json_ready(result)
+    if options.json_out:
+        Path(options.json_out).write_text(json.dumps(ready, indent=1))
+        print(f"\nwrote {options.json_out}")
+    if options.report:
+        from stepserve.sweep.report import write_report
+
+        page = write_report(ready, options.report)
+        print(f"wrote {page}")
+    if stopped is not None:
+        print(f"{stopped}: {len(runs)} of {len(plan.points)} points measured; the "
+              "result above and any files written are partial", file=sys.stderr)
+        return EXIT_INTERRUPTED if stopped == "interrupted" else 2
+    return 0
+
+
+def to_json_ready(result: dict[str, Any]) -> dict[str, Any]:
+    return {**result, "runs": [{k: v for k, v in r.items() if k != "_sim"}
+                               for r in result["runs"]]}

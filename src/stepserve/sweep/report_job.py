@@ -1,0 +1,42 @@
+"""`stepserve report`'s job: a sweep, simulate or bench result file as an HTML page with
+PNG plots. matplotlib is imported only when a report is written, so the other commands
+do not need it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepserve.cli_errors import UsageError
+from stepserve.user_files import check_output_dir, load_json
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    result: str  # the JSON result file
+    out: str  # the folder for index.html and the PNGs
+
+
+def run_report(options: ReportOptions) -> int:
+    """Check the result, write the report, say where; the exit status."""
+    check_output_dir("--out", options.out)  # before reading and plotting
+    result = load_json(options.result, "result file")
+    if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
+        raise UsageError(f"{options.result}: not a sweep, simulate or bench result (no runs "
+                         "list)")
+    if not result["runs"]:
+        raise UsageError(f"{options.result}: the result has no runs: nothing to plot")
+    for i, run in enumerate(result["runs"]):
+        if not isinstance(run, dict) or not isinstance(run.get("summary"), dict):
+            raise UsageError(f"{options.result}: runs[{i}] is not a run (an object with a "
+                             "\"summary\" object)")
+    from stepserve.sweep.report import write_report
+
+    try:
+        page = write_report(result, options.out)
+    except (KeyError, TypeError, ValueError) as e:  # a run missing what the plots read
+        raise UsageError(f"{options.result}: not a result this report can read "
+                         f"({type(e).__name__}: {e})") from None
+    except OSError as e:  # the disk filled up, or the folder went away meanwhile
+        raise UsageError(f"--out {options.out!r}: cannot write the report ({e})") from None
+    print(f"wrote {page}")
+    return 0
