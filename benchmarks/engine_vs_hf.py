@@ -36,7 +36,7 @@ import torch
 
 from stepserve.config import EngineConfig
 from stepserve.demo import demo_jobs
-from stepserve.engine.closed_loop import run_closed_loop
+from stepserve.engine.drive import run_closed_loop
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.model.presets import resolve_model
 from stepserve.model.profile import measure_step

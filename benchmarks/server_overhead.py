@@ -3,7 +3,7 @@ concurrent clients, against the in-process engine on the same workload, side by 
 
 Both sides run the same closed loop: `concurrency` requests in flight, the next sent the
 moment one ends, every request the same (prompt ids, max_tokens, greedy, ignore_eos).
-In-process: engine/closed_loop.run_closed_loop on an LLMEngine. HTTP: `stepserve serve`
+In-process: engine/drive.run_closed_loop on an LLMEngine. HTTP: `stepserve serve`
 in a subprocess (its own engine, same settings), and `concurrency` asyncio clients in
 this process streaming /v1/completions (httpx, SSE parsed by hand; output tokens from
 the final `usage` chunk). Goal: HTTP >= 90% of in-process.
@@ -53,7 +53,7 @@ def settings(args) -> dict:
 
 def load_engine(args):
     from stepserve.config import EngineConfig
-    from stepserve.engine.closed_loop import run_closed_loop
+    from stepserve.engine.drive import run_closed_loop
     from stepserve.engine.llm_engine import LLMEngine
     from stepserve.request import SamplingParams
 
@@ -65,7 +65,7 @@ def load_engine(args):
 
 
 def run_in_process(engine, args, jobs) -> dict:
-    from stepserve.engine.closed_loop import run_closed_loop
+    from stepserve.engine.drive import run_closed_loop
     from stepserve.request import SamplingParams
 
     work = [(ids, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))

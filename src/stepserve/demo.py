@@ -50,7 +50,7 @@ def demo_jobs(tokenizer, num_requests: int, short: int, long: int, seed: int = 0
 
 
 def run_real(runner, batching: str, jobs, concurrency: int) -> dict:
-    from stepserve.engine.closed_loop import run_closed_loop
+    from stepserve.engine.drive import run_closed_loop
     from stepserve.engine.llm_engine import LLMEngine
 
     config = EngineConfig().replace(batching=batching, max_num_seqs=concurrency,
@@ -61,7 +61,7 @@ def run_real(runner, batching: str, jobs, concurrency: int) -> dict:
                           request_class=lambda i: "long" if jobs[i][1].max_tokens > 10
                           else "short")
     wall = time.perf_counter() - t0
-    summary = summarize(res.requests, engine.scheduler.step_records, res.duration_s)
+    summary = summarize(res.requests, res.steps, res.duration_s)
     engine.scheduler.kv.check_integrity()
     return {"name": f"cpu-{batching}", "batching": batching, "summary": summary,
             "wall_s": wall, "describe": engine.runner.describe(), "_engine": engine}
