@@ -8,6 +8,7 @@ next to the library function that takes them) and calls that function.
     serve.py     stepserve serve         -> run_serve(ServeOptions)
     simulate.py  stepserve simulate      -> sim/job.run_simulate(SimulateOptions)
     bench.py     stepserve bench         -> bench/job.run_bench(BenchOptions)
+    profile.py   stepserve profile       -> engine/profile.profile(ProfileOptions)
     plan.py      stepserve plan ...      -> plan/job.run_speedup, run_capacity, run_model_specs
     doctor.py    stepserve doctor        -> metrics/doctor.run_doctor(DoctorOptions)
     sweep.py     stepserve sweep         -> sweep/job.run_sweep(SweepOptions)
@@ -27,6 +28,7 @@ from stepserve.cli.doctor import add_doctor_parser
 from stepserve.cli.generate import add_generate_parser
 from stepserve.cli.models import add_models_parser
 from stepserve.cli.plan import add_plan_parser
+from stepserve.cli.profile import add_profile_parser
 from stepserve.cli.report import add_report_parser
 from stepserve.cli.serve import add_serve_parser
 from stepserve.cli.simulate import add_simulate_parser
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_simulate_parser(sub)
     add_bench_parser(sub)
+    add_profile_parser(sub)
     add_plan_parser(sub)
     add_doctor_parser(sub)
     add_sweep_parser(sub)

@@ -39,8 +39,10 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
 
 def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
     """--cost, --step-ms, --hardware, --model-spec: shared by simulate, sweep and bench."""
-    p.add_argument("--cost", choices=["constant", "roofline"], default=default,
-                   help="cost model (a scenario brings its own; otherwise roofline)")
+    p.add_argument("--cost", default=default, metavar="constant|roofline|FILE",
+                   help="cost model: constant, roofline, or a cost file written by "
+                        "`stepserve profile` (a scenario brings its own unless this is "
+                        "given; otherwise roofline)")
     p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
     p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
     p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")

@@ -26,6 +26,8 @@ class StepTiming:
     median_s: float
     min_s: float
     repeats: int
+    prefill_start: int = 0  # tokens of that sequence already in the KV cache
+    times_s: tuple[float, ...] = ()  # every timed repeat
 
 
 def _requests(n: int, length: int, prefix: str, decoding: bool = False) -> list[Request]:
@@ -43,18 +45,23 @@ def _requests(n: int, length: int, prefix: str, decoding: bool = False) -> list[
 
 
 def measure_step(runner: TorchRunner, batch_size: int, context_len: int,
-                 prefill_tokens: int = 0, repeats: int = 10, warmup: int = 2) -> StepTiming:
+                 prefill_tokens: int = 0, repeats: int = 10, warmup: int = 2,
+                 prefill_start: int = 0) -> StepTiming:
     """Time one step of `batch_size` decodes at `context_len` (plus an optional prefill
-    chunk). The decodes re-run the same position each repeat, so context stays fixed."""
+    chunk of `prefill_tokens` after `prefill_start` cached ones). Every repeat re-runs
+    the same positions, so the shape stays fixed."""
     mgr = KVCacheManager(runner.num_gpu_blocks, runner.block_size)
     decodes = _requests(batch_size, context_len, "profile-d", decoding=True)
-    prefill = _requests(1 if prefill_tokens else 0, prefill_tokens, "profile-p")
+    prefill = _requests(1 if prefill_tokens else 0, prefill_start + prefill_tokens,
+                        "profile-p")
     reqs = decodes + prefill
     for r in reqs:
         if not mgr.allocate_slots(r, r.num_tokens):
             raise ValueError(f"KV cache too small for {len(reqs)} x {r.num_tokens} tokens")
     for r in decodes:  # KV of the first context_len - 1 tokens is "already computed"
         r.num_computed_tokens = context_len - 1
+    for r in prefill:
+        r.num_computed_tokens = prefill_start
     counts = [1] * batch_size + [prefill_tokens] * len(prefill)
     tables = [mgr.block_table(r.request_id) for r in reqs]
     times = []
@@ -63,4 +70,4 @@ def measure_step(runner: TorchRunner, batch_size: int, context_len: int,
         if i >= warmup:
             times.append(out.elapsed_s)
     return StepTiming(batch_size, context_len, prefill_tokens, statistics.median(times),
-                      min(times), repeats)
+                      min(times), repeats, prefill_start, tuple(times))

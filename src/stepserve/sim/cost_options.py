@@ -1,27 +1,36 @@
-"""The cost model a user picks by name (`--cost`, `--step-ms`, `--hardware`,
-`--model-spec`), and the KV memory it implies.
+"""The cost model a user picks (`--cost constant|roofline|FILE`, `--step-ms`,
+`--hardware`, `--model-spec`), and the KV memory it implies.
 
 A roofline model knows the memory its hardware leaves for KV after the weights and the
-model's KV bytes per token, so it sizes the KV pool (sim/kv_sizing.py); a constant one
-leaves the pool to the config."""
+model's KV bytes per token, so it sizes the KV pool (sim/kv_sizing.py); a calibrated one
+(a cost file from `stepserve profile`) knows the KV budget the profiled engine had; a
+constant one leaves the pool to the config. A cost file measured on another machine is
+used with a warning naming both."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import platform
+import sys
+from dataclasses import dataclass, replace
 
 from stepserve.cli_errors import UsageError
 from stepserve.config import EngineConfig
 from stepserve.plan.model_specs import get_model_spec
+from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, CostModel
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.kv_sizing import num_gpu_blocks_for
 from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.scenarios import Scenario
+from stepserve.user_files import load_json
 
 
 @dataclass(frozen=True)
 class CostModelOptions:
-    """Which cost model: `cost` "constant" (`step_ms` a step) or "roofline" (`hardware`
-    and `model_spec` presets); None: roofline, unless a scenario brings its own."""
+    """Which cost model: `cost` "constant" (`step_ms` a step), "roofline" (`hardware`
+    and `model_spec` presets) or the path of a cost file (`stepserve profile`); None:
+    roofline, unless a scenario brings its own."""
 
     cost: str | None = None
     step_ms: float = 25.0
@@ -41,10 +50,26 @@ class CostSetup:
         return num_gpu_blocks_for(config, self.kv_cache_bytes, self.kv_bytes_per_token)
 
 
+NAMED = ("constant", "roofline")
+
+
+def with_cost(scenario: Scenario, setup: CostSetup) -> Scenario:
+    """`scenario` simulated with another cost model, and the KV pool that one implies
+    (the config's num_gpu_blocks still wins where set)."""
+    return replace(scenario, cost_model=lambda: setup.cost_model,
+                   kv_cache_bytes=setup.kv_cache_bytes,
+                   kv_bytes_per_token=setup.kv_bytes_per_token)
+
+
 def cost_setup_for(options: CostModelOptions) -> CostSetup:
-    """The cost model `options` name; UsageError for a preset the lookups do not know."""
+    """The cost model `options` name; UsageError for a preset the lookups do not know or
+    a cost file that cannot be read."""
     if options.cost == "constant":
         return CostSetup(ConstantCost(options.step_ms / 1000.0))
+    if options.cost is not None and options.cost not in NAMED:
+        cost = load_cost_file(options.cost)
+        return CostSetup(cost, cost.meta.get("kv_cache_bytes"),
+                         cost.meta.get("kv_bytes_per_token"))
     try:
         model = get_model_spec(options.model_spec)
     except ValueError as e:
@@ -55,3 +80,42 @@ def cost_setup_for(options: CostModelOptions) -> CostSetup:
         raise UsageError(f"--hardware: {e}") from None
     cost = RooflineCost(hardware, model)
     return CostSetup(cost, cost.kv_cache_bytes(), model.kv_bytes_per_token)
+
+
+def load_cost_file(path: str) -> CalibratedCost:
+    """A cost file; its warnings (another machine) go to stderr."""
+    data = load_json(path, "cost file")
+    try:
+        cost = CalibratedCost.from_json(data) if isinstance(data, dict) else \
+            CalibratedCost.from_json({})
+    except ValueError as e:
+        raise UsageError(f"--cost {path!r}: {e}") from None
+    for warning in cost_file_warnings(cost):
+        print(f"warning: --cost {path}: {warning}", file=sys.stderr)
+    return cost
+
+
+def cost_file_warnings(cost: CalibratedCost, model: str | None = None) -> list[str]:
+    """What differs between where the cost was measured and here (this machine; the model
+    a command runs, when it names one)."""
+    out = []
+    measured_on, here = cost.meta.get("host"), this_host()
+    if measured_on and measured_on != here:
+        out.append(f"measured on {measured_on}, not on this machine ({here}): its step "
+                   f"times are that machine's")
+    measured_for = cost.meta.get("model")
+    if model is not None and measured_for and measured_for != model:
+        out.append(f"measured for model {measured_for!r}, not {model!r}")
+    return out
+
+
+def this_host() -> str:
+    """This machine as a cost file names it: the CPU model and its core count."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu} x {os.cpu_count()} cores"

@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stepserve.config_load import ConfigOverrides
-from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
+from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.run import run_all, run_scenario, to_json_ready
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
 from stepserve.sim.table import format_result
@@ -48,6 +48,8 @@ def run_simulate(options: SimulateOptions) -> int:
         scenario = get_scenario(options.scenario)
         if options.config.given:
             scenario = _override_runs(scenario, options.config)
+        if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
+            scenario = with_cost(scenario, cost_setup_for(options.cost))
         result = run_scenario(scenario, options.overrides, options.runs, progress)
     else:
         result = _run_workload(options, progress)

@@ -1,0 +1,56 @@
+"""`stepserve profile`: measure the real engine's step times and fit a cost model that
+`simulate`, `sweep`, `bench --sim` and `demo` take as `--cost FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from stepserve.cli_errors import reports_usage_errors
+from stepserve.limits import Range, check_flags
+from stepserve.user_files import check_output_file
+
+PROFILE_FLAGS = {"repeats": Range(1, 1000), "warmup": Range(0, 100)}
+
+
+def add_profile_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("profile", help="measure the engine's step times and fit a "
+                                              "cost model for the simulator")
+    p.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
+    p.add_argument("--out", default="cost.json", help="the cost file to write")
+    p.add_argument("--quick", action="store_true", help="a small grid (a minute, not ten)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds over the grid")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--no-swap", action="store_true", help="skip the KV block copies")
+    p.set_defaults(func=profile_command)
+    return p
+
+
+@reports_usage_errors
+def profile_command(args: argparse.Namespace) -> int:
+    from stepserve.engine.profile import ProfileOptions, profile, report
+
+    check_flags(args, PROFILE_FLAGS)
+    check_output_file("--out", args.out)
+    opts = ProfileOptions(model=args.model, dtype=args.dtype, quick=args.quick,
+                          repeats=args.repeats, warmup=args.warmup, swap=not args.no_swap,
+                          device=args.device)
+    bar = tqdm(desc="profiling", unit="step", file=sys.stderr, leave=False,
+               disable=not sys.stderr.isatty(), mininterval=0.5)
+
+    def progress(label: str) -> None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update()
+
+    result = profile(opts, progress)
+    bar.close()
+    print(report(result))
+    Path(args.out).write_text(json.dumps(result.cost.to_json(), indent=2))
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,249 @@
+"""`stepserve profile`: measure the real engine's step time over a grid of the batches the
+scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
+
+The grid: decode-only steps over batch size x context length; prefill chunks of several
+sizes, fresh and after cached tokens; mixed steps (a chunk riding with decodes); KV block
+copies for swap. Each point is warmed up, then timed `repeats` times; the median is
+fitted, the spread (min, max) kept. The engine's own per-step work around the model
+(scheduling, sampling bookkeeping, detokenizing, Python) is measured by running a real
+workload through LLMEngine and subtracting the runner's time from each step's wall time;
+it adds to the fixed and per-sequence terms.
+
+Every fourth grid point is held out: the model fitted on the others predicts them, and
+that error is the fit error reported. The final coefficients come from all points.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepserve.core.output import SchedulerOutput
+from stepserve.request import Request, SamplingParams
+from stepserve.sim.calibrated import TERMS, CalibratedCost, fit, relative_errors, step_terms
+from stepserve.sim.cost_options import this_host
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    model: str = "default"
+    dtype: str = "float32"
+    quick: bool = False  # a small grid (CI, a first look)
+    repeats: int = 5
+    warmup: int = 2
+    block_size: int = 16
+    knee_tokens: int = 64
+    swap: bool = True  # measure KV block copies to and from a CPU pool
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    decodes: int = 0  # decode sequences
+    context: int = 0  # their KV length after this step
+    chunk: int = 0  # one prefill chunk's tokens (0: none)
+    chunk_start: int = 0  # tokens of that sequence already cached
+    swap_blocks: int = 0  # a block copy out and back in, instead of a step
+
+    def label(self) -> str:
+        if self.swap_blocks:
+            return f"swap {self.swap_blocks} blocks"
+        parts = [f"{self.decodes} decodes @ {self.context}"] if self.decodes else []
+        if self.chunk:
+            parts.append(f"chunk {self.chunk} after {self.chunk_start}")
+        return " + ".join(parts)
+
+
+def grid(quick: bool, max_len: int) -> list[GridPoint]:
+    batches = (1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64)
+    contexts = [c for c in ((16, 128) if quick else (16, 128, 512, 1024)) if c <= max_len]
+    chunks = [c for c in ((16, 128) if quick else (16, 64, 256, 512, 1024)) if c <= max_len]
+    points = [GridPoint(b, c) for b in batches for c in contexts]
+    points += [GridPoint(chunk=n) for n in chunks]
+    points += [GridPoint(chunk=n, chunk_start=max_len // 2) for n in chunks
+               if max_len // 2 + n <= max_len]
+    points += [GridPoint(d, 128, n) for d in ((4,) if quick else (4, 16))
+               for n in chunks[-2:] if 128 <= max_len]
+    points += [GridPoint(swap_blocks=k) for k in ((8,) if quick else (8, 64))]
+    return points
+
+
+@dataclass
+class ProfileResult:
+    cost: CalibratedCost
+    points: list[dict[str, Any]] = field(default_factory=list)
+    held_out_error: dict[str, float] = field(default_factory=dict)  # median, p90, max
+    overhead: dict[str, float] = field(default_factory=dict)  # per step, per sequence (s)
+
+
+def point_terms(p: GridPoint, knee_tokens: int) -> tuple[float, ...]:
+    """The cost terms of a grid point (the batch it times, as the scheduler would send it)."""
+    if p.swap_blocks:
+        return tuple(float(p.swap_blocks) if t == "swap" else 0.0 for t in TERMS)
+    params = SamplingParams(max_tokens=1 << 20)
+    reqs, counts = [], []
+    for i in range(p.decodes):
+        r = Request(f"d{i}", [1] * (p.context - 1), params, 0.0)
+        r.output_token_ids.append(1)
+        r.num_computed_tokens = p.context - 1
+        reqs.append(r)
+        counts.append(1)
+    if p.chunk:
+        r = Request("p", [1] * (p.chunk_start + p.chunk), params, 0.0)
+        r.num_computed_tokens = p.chunk_start
+        reqs.append(r)
+        counts.append(p.chunk)
+    return step_terms(SchedulerOutput(0, reqs, counts), knee_tokens)
+
+
+def _time_point(runner, p: GridPoint) -> float:
+    """One timing of one grid point (seconds)."""
+    from stepserve.model.profile import measure_step
+
+    if not p.swap_blocks:
+        return measure_step(runner, p.decodes, p.context or 1, p.chunk, repeats=1, warmup=0,
+                            prefill_start=p.chunk_start).median_s
+    pairs = [(b, b) for b in range(p.swap_blocks)]
+    t0 = time.perf_counter()
+    runner.kv.copy_blocks_to_cpu(pairs)
+    runner.kv.copy_blocks_from_cpu(pairs)
+    return (time.perf_counter() - t0) / 2  # the blocks copied one way
+
+
+def _time_grid(runner, points: list[GridPoint], opts: ProfileOptions,
+               progress: Callable[[str], None] | None) -> list[list[float]]:
+    """Every point timed `repeats` times, in rounds over the whole grid (a burst of noise
+    from elsewhere on the machine then lands on one repeat of many points, not on every
+    repeat of one), after `warmup` untimed rounds."""
+    times: list[list[float]] = [[] for _ in points]
+    for r in range(opts.warmup + opts.repeats):
+        for i, p in enumerate(points):
+            if progress is not None:
+                progress(f"round {r + 1}/{opts.warmup + opts.repeats}: {p.label()}")
+            t = _time_point(runner, p)
+            if r >= opts.warmup:
+                times[i].append(t)
+    return times
+
+
+def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float]:
+    """(per step, per sequence) seconds the engine spends around runner.execute, from a
+    small closed-loop run: step wall time minus the runner's time, fitted on sequences."""
+    from stepserve.config import EngineConfig
+    from stepserve.engine.drive import run_closed_loop
+    from stepserve.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(config=EngineConfig().replace(max_model_len=256), runner=runner)
+    spent: list[float] = []
+    execute = runner.execute
+
+    def timed(out):
+        t0 = time.perf_counter()
+        try:
+            return execute(out)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    runner.execute = timed
+    walls, seqs = [], []
+    step = engine.step
+
+    def timed_step():
+        t0 = time.perf_counter()
+        result = step()
+        if result.ran:
+            walls.append(time.perf_counter() - t0)
+            seqs.append(result.record.num_scheduled_seqs)
+        return result
+
+    engine.step = timed_step  # type: ignore[method-assign]
+    try:
+        jobs = [([(7 * i + j) % 300 + 3 for j in range(24)],
+                 SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+                for i in range(12 if opts.quick else 48)]
+        run_closed_loop(engine, jobs, 4 if opts.quick else 16)
+    finally:
+        runner.execute = execute
+    extra = [w - s for w, s in zip(walls, spent, strict=True)]
+    coef = fit([(1.0, float(n), 0, 0, 0, 0, 0) for n in seqs], [max(e, 1e-6) for e in extra])
+    return coef.get("step", 0.0), coef.get("seq", 0.0)
+
+
+def _blocks_needed(points: list[GridPoint], block_size: int) -> int:
+    """KV blocks for the largest grid point (and the swap copies), plus a margin."""
+    def blocks(n: int) -> int:
+        return -(-n // block_size)
+    need = max(p.decodes * blocks(p.context) + blocks(p.chunk_start + p.chunk) + p.swap_blocks
+               for p in points)
+    return need + 16
+
+
+def machine(device: str) -> dict[str, Any]:
+    """What the cost was measured on (`host` is what a simulation compares)."""
+    import torch
+
+    host = this_host()
+    hardware = f"CPU: {host}"
+    if device.startswith("cuda"):
+        hardware = f"CUDA: {torch.cuda.get_device_name(torch.device(device))} (host {host})"
+    return {"host": host, "hardware": hardware, "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def profile(opts: ProfileOptions,
+            progress: Callable[[str], None] | None = None) -> ProfileResult:
+    from stepserve.model.config import load_model_args
+    from stepserve.model.kv_store import default_kv_budget
+    from stepserve.model.presets import resolve_model
+    from stepserve.model.runner import TorchRunner
+
+    args = load_model_args(resolve_model(opts.model))
+    max_len = min(2048, args.max_position_embeddings or 2048)
+    points = grid(opts.quick, max_len)
+    runner = TorchRunner(opts.model, block_size=opts.block_size,
+                         num_gpu_blocks=_blocks_needed(points, opts.block_size),
+                         num_cpu_blocks=64 if opts.swap else 0, dtype=opts.dtype,
+                         device=opts.device)
+    points = [p for p in points if opts.swap or not p.swap_blocks]
+    rows, medians, records = [], [], []
+    for p, times in zip(points, _time_grid(runner, points, opts, progress), strict=True):
+        rows.append(point_terms(p, opts.knee_tokens))
+        medians.append(statistics.median(times))
+        records.append({"point": p.label(), **vars(p), "median_s": medians[-1],
+                        "min_s": min(times), "max_s": max(times)})
+    step_s, seq_s = _engine_overhead(runner, opts)
+    held = [i for i in range(len(rows)) if i % 4 == 3]
+    train = [i for i in range(len(rows)) if i % 4 != 3]
+    partial = CalibratedCost(fit([rows[i] for i in train], [medians[i] for i in train]),
+                             opts.knee_tokens)
+    errors = sorted(relative_errors(partial, [rows[i] for i in held],
+                                    [medians[i] for i in held]))
+    coefficients = fit(rows, medians)
+    coefficients["step"] = coefficients.get("step", 0.0) + step_s
+    coefficients["seq"] = coefficients.get("seq", 0.0) + seq_s
+    held_out = {"median": statistics.median(errors), "p90": errors[int(0.9 * (len(errors) - 1))],
+                "max": errors[-1], "points": len(errors)}
+    meta = {**machine(opts.device), "model": opts.model, "model_path": str(runner.model_path),
+            "dtype": opts.dtype, "date": datetime.date.today().isoformat(),
+            # the KV pool the engine gets by default here, for simulations that size it
+            "kv_cache_bytes": default_kv_budget(opts.device).num_bytes,
+            "kv_bytes_per_token": runner.args.kv_bytes_per_token,
+            "block_size": opts.block_size, "grid": records, "fit_error": held_out,
+            "engine_overhead": {"step_s": step_s, "seq_s": seq_s}}
+    cost = CalibratedCost(coefficients, opts.knee_tokens, meta)
+    return ProfileResult(cost, records, held_out, {"step": step_s, "seq": seq_s})
+
+
+def report(result: ProfileResult) -> str:
+    """The coefficients, the engine's own share and the held-out fit error, as text."""
+    e, cost = result.held_out_error, result.cost
+    lines = [f"step cost model ({cost.describe()}), t = sum of:", *cost.explain(),
+             f"  of which the engine around the model: {result.overhead['step'] * 1e3:.3g} "
+             f"ms per step, {result.overhead['seq'] * 1e6:.3g} us per sequence",
+             f"fit error on {e['points']} held-out grid points: median {e['median']:.1%}, "
+             f"p90 {e['p90']:.1%}, max {e['max']:.1%}"]
+    return "\n".join(lines)

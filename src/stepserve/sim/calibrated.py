@@ -1,0 +1,175 @@
+"""The calibrated cost model: a step's time as a few explainable terms, each a measured
+cost per unit of work, fitted to the real engine's step times (`stepserve profile`).
+
+    t = step                     fixed cost of any step (scheduling, sampling set-up,
+                                 launching the layers, streaming the weights once)
+      + seq      x sequences     per scheduled sequence (Python bookkeeping, sampling)
+      + token    x tokens        per token through the layers (prefill and decode alike)
+      + token_hi x tokens over   per token past `knee_tokens` (a CPU's GEMMs get cheaper
+                                 per token as the batch grows; a GPU's too, until compute-
+                                 bound: the fit says which)
+      + kv_read  x decode KV     per KV token a decode reads (attention over context)
+      + attn     x prefill attn  per (query x key) pair of a prefill chunk's causal
+                                 attention: n x (start + (n + 1) / 2)
+      + swap     x blocks        per KV block copied between device and CPU
+
+Coefficients are fitted by non-negative least squares on relative error (a 5 ms step
+and a 2 s step count alike), so each stays a cost, never a credit. JSON in and out
+(`to_json` / `from_json`) with the machine and model it was measured on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepserve.core.output import SchedulerOutput
+from stepserve.sim.cost import CostModel
+
+SCHEMA = "stepserve.cost/1"
+TERMS = ("step", "seq", "token", "token_hi", "kv_read", "attn", "swap")
+UNITS = {"step": "ms per step", "seq": "us per sequence", "token": "us per token",
+         "token_hi": "us per token past the knee", "kv_read": "ns per KV token read",
+         "attn": "ns per attention pair", "swap": "us per block copied"}
+SCALE = {"step": 1e3, "seq": 1e6, "token": 1e6, "token_hi": 1e6, "kv_read": 1e9,
+         "attn": 1e9, "swap": 1e6}
+
+
+def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
+    """The work of one step, in the order of TERMS."""
+    tokens = 0
+    kv_read = 0
+    attn = 0.0
+    for req, n in zip(out.requests, out.num_scheduled_tokens):
+        start = req.num_computed_tokens
+        tokens += n
+        if req.is_decoding:  # the runner's decode path: one query over the cached KV
+            kv_read += start + 1
+        else:
+            attn += n * (start + (n + 1) * 0.5)
+    over = tokens - knee_tokens if tokens > knee_tokens else 0
+    swaps = len(out.swap_in) + len(out.swap_out)
+    return (1.0, float(len(out.requests)), float(tokens), float(over), float(kv_read), attn,
+            float(swaps))
+
+
+@dataclass(frozen=True)
+class CalibratedCost(CostModel):
+    coefficients: dict[str, float]  # seconds per unit of each term
+    knee_tokens: int = 64
+    meta: dict[str, Any] = field(default_factory=dict)  # where and how it was measured
+    name = "calibrated"
+
+    def __post_init__(self) -> None:
+        unknown = set(self.coefficients) - set(TERMS)
+        if unknown:
+            raise ValueError(f"unknown cost terms {sorted(unknown)}; known: {', '.join(TERMS)}")
+        object.__setattr__(self, "_c", tuple(self.coefficients.get(t, 0.0) for t in TERMS))
+
+    def step_time(self, out: SchedulerOutput) -> float:
+        c = self._c  # type: ignore[attr-defined]
+        x = step_terms(out, self.knee_tokens)
+        return (c[0] + c[1] * x[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4] + c[5] * x[5]
+                + c[6] * x[6])
+
+    def describe(self) -> str:
+        where = self.meta.get("model", "?"), self.meta.get("hardware", "?")
+        return f"calibrated on {where[0]} / {where[1]} ({self.meta.get('date', 'undated')})"
+
+    def explain(self) -> list[str]:
+        """One line per term: its coefficient in a readable unit."""
+        return [f"{t:<9} {self.coefficients.get(t, 0.0) * SCALE[t]:>10.4g} {UNITS[t]}"
+                for t in TERMS]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "knee_tokens": self.knee_tokens,
+                "coefficients": dict(self.coefficients), **self.meta}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CalibratedCost:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a stepserve cost file (schema {data.get('schema')!r}, "
+                             f"expected {SCHEMA!r})")
+        coefficients = data.get("coefficients")
+        if not isinstance(coefficients, dict) or not all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+                for v in coefficients.values()):
+            raise ValueError("cost file: `coefficients` must map terms to finite numbers >= 0")
+        meta = {k: v for k, v in data.items()
+                if k not in ("schema", "knee_tokens", "coefficients")}
+        return cls({k: float(v) for k, v in coefficients.items()},
+                   int(data.get("knee_tokens", 64)), meta)
+
+
+# ---- fitting ----
+
+def fit(rows: Sequence[Sequence[float]], seconds: Sequence[float]) -> dict[str, float]:
+    """Non-negative least squares of `seconds` on the term rows, on relative error."""
+    if len(rows) != len(seconds) or not rows:
+        raise ValueError("fit needs as many measured times as term rows, at least one")
+    weighted = [[x / t for x in row] for row, t in zip(rows, seconds)]
+    coef = nnls(weighted, [1.0] * len(rows))
+    return {t: c for t, c in zip(TERMS, coef) if c > 0.0}
+
+
+def nnls(a: Sequence[Sequence[float]], b: Sequence[float], iterations: int = 200
+         ) -> list[float]:
+    """min ||A x - b|| subject to x >= 0 (Lawson-Hanson active set), for a few columns."""
+    cols = len(a[0])
+    scale = [math.sqrt(sum(row[j] ** 2 for row in a)) or 1.0 for j in range(cols)]
+    a = [[row[j] / scale[j] for j in range(cols)] for row in a]  # unit columns: stable
+    x = [0.0] * cols
+    passive: list[int] = []
+    for _ in range(iterations):
+        grad = _gradient(a, b, x)
+        free = [j for j in range(cols) if j not in passive and grad[j] > 1e-12]
+        if not free:
+            break
+        passive.append(max(free, key=lambda j: grad[j]))
+        while True:
+            z = [0.0] * cols
+            for j, v in zip(passive, _lstsq(a, b, passive)):
+                z[j] = v
+            if all(z[j] > 0 for j in passive):
+                x = z
+                break
+            alpha = min(x[j] / (x[j] - z[j]) for j in passive if z[j] <= 0)
+            x = [x[j] + alpha * (z[j] - x[j]) for j in range(cols)]
+            passive = [j for j in passive if x[j] > 1e-15]
+    return [x[j] / scale[j] for j in range(cols)]
+
+
+def _gradient(a, b, x) -> list[float]:
+    """A^T (b - A x)."""
+    resid = [bi - sum(r * xi for r, xi in zip(row, x)) for row, bi in zip(a, b)]
+    return [sum(row[j] * r for row, r in zip(a, resid)) for j in range(len(x))]
+
+
+def _lstsq(a, b, cols: list[int]) -> list[float]:
+    """Least squares on the chosen columns (normal equations, Gaussian elimination)."""
+    m = [[sum(row[i] * row[j] for row in a) for j in cols] for i in cols]
+    v = [sum(row[i] * bi for row, bi in zip(a, b)) for i in cols]
+    n = len(cols)
+    for k in range(n):
+        p = max(range(k, n), key=lambda r: abs(m[r][k]))
+        m[k], m[p], v[k], v[p] = m[p], m[k], v[p], v[k]
+        if abs(m[k][k]) < 1e-18:
+            continue
+        for r in range(k + 1, n):
+            f = m[r][k] / m[k][k]
+            m[r] = [mr - f * mk for mr, mk in zip(m[r], m[k])]
+            v[r] -= f * v[k]
+    out = [0.0] * n
+    for k in reversed(range(n)):
+        if abs(m[k][k]) >= 1e-18:
+            out[k] = (v[k] - sum(m[k][j] * out[j] for j in range(k + 1, n))) / m[k][k]
+    return out
+
+
+def relative_errors(model: CalibratedCost, rows: Sequence[Sequence[float]],
+                    seconds: Sequence[float]) -> list[float]:
+    """|predicted - measured| / measured for each row."""
+    c = [model.coefficients.get(t, 0.0) for t in TERMS]
+    return [abs(sum(ci * xi for ci, xi in zip(c, row)) - t) / t for row, t in zip(rows, seconds)]
