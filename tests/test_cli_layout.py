@@ -11,7 +11,7 @@ from stepserve.cli import build_parser
 
 SRC = Path(stepserve.__file__).parent
 COMMANDS = {"demo", "generate", "models", "serve", "simulate", "bench", "plan", "doctor",
-            "sweep", "report"}
+            "sweep", "report", "profile"}
 
 
 def _modules() -> list[tuple[Path, ast.Module]]:
