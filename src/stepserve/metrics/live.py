@@ -24,8 +24,9 @@ Summary keys:
   approximation of the offline key (prefill / all computed tokens): servers count a
   request's prompt tokens once (stepserve at its first token, SGLang when it finishes),
   prefix-cache hits included and recomputation after a preemption left out;
-  mean_step_s: mean engine step time (step_duration_seconds on ours, TGI's
-  batch_inference_duration; vLLM and SGLang expose no step time);
+  mean_step_s, step_p50_s, step_p99_s: engine step time, mean and quantiles
+  (step_duration_seconds on ours, TGI's batch_inference_duration; vLLM and SGLang expose
+  no step time);
   from our own server only: steps, prefill_step_share and zero_decode_step_share
   (counter increases / steps), active_ratio_mean and slot_utilization (increase of
   active_sequence_steps / increase of held_slot_steps: the slot-weighted mean active
@@ -64,6 +65,7 @@ LIVE_KEYS = (
     "preemptions", "requests_finished", "prompt_tokens", "generation_tokens",
     "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s",
     "p99_p50_ttft_ratio", "p99_p50_e2e_ratio", "prefill_token_share", "mean_step_s",
+    "step_p50_s", "step_p99_s",
     "steps", "prefill_step_share", "zero_decode_step_share", "active_ratio_mean",
     "slot_utilization",
 )
@@ -173,6 +175,8 @@ def _live_values(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     out["requests_finished"] = finished
     step_time = histogram_delta(first, last, "step_time")
     out["mean_step_s"] = step_time.mean if step_time is not None else None
+    out["step_p50_s"] = step_time.quantile(0.5) if step_time is not None else None
+    out["step_p99_s"] = step_time.quantile(0.99) if step_time is not None else None
     steps = delta("steps")
     out["steps"] = steps
     out["prefill_step_share"] = ratio(delta("prefill_only_steps"), steps)
