@@ -72,6 +72,10 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
                       help="sweep the load (--vary rate=... or concurrency=...) against this "
                            "server instead of the simulator; the workload comes from "
                            "--scenario or --workload")
+    live.add_argument("--predict", metavar="COST_FILE",
+                      help="also run the same points in the simulator with this cost file "
+                           "(`stepserve profile`), as a second series: both knees, both "
+                           "curves on one plot; engine flags then describe the server")
     live.add_argument("--model", help="model name sent (default: the first of /v1/models)")
     live.add_argument("--warmup", type=int, default=0, metavar="N",
                       help="per point, the first N requests are excluded from the metrics")
@@ -97,7 +101,7 @@ def sweep_options(args: argparse.Namespace) -> SweepOptions:
         slo=tuple(args.slo), min_throughput_gain=args.min_throughput_gain,
         max_p99_rise=args.max_p99_rise, p99_metric=args.p99_metric,
         cost=cost_model_options(args), live=live, json_out=args.json, report=args.report,
-        quiet=args.quiet, pools=args.pools)
+        quiet=args.quiet, pools=args.pools, predict=args.predict)
 
 
 @reports_usage_errors

@@ -26,6 +26,7 @@ from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_co
 from stepserve.sim.scenarios import Scenario, get_scenario
 from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, P99_METRIC, analyze_runs
 from stepserve.sweep.live import LiveOptions, run_target_points, target_points
+from stepserve.sweep.predict import predict_points
 from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
 from stepserve.sweep.runner import run_points, stderr_log, timed_workload
 from stepserve.sweep.spec import (
@@ -75,6 +76,7 @@ class SweepOptions:
     report: str | None = None  # a folder for the HTML report
     quiet: bool = False
     pools: str | None = None  # a pools file: every point becomes that deployment
+    predict: str | None = None  # a cost file: the live points again on the simulator
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
     if options.pools:
         raise ValueError("--pools: a live server runs its own deployment; start it with "
                          "`stepserve serve --pools FILE` and sweep its load")
-    if options.config.given:
+    if options.config.given and not options.predict:
         named = ", ".join(["--config"] * bool(options.config.config_file)
                           + sorted(options.config.settings))
         raise ValueError(f"{named}: engine settings cannot be changed on a live server; "
@@ -144,6 +146,9 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     """Everything but the runs: points, load, cost model (None against a live target)."""
     axes = [parse_vary(v) for v in options.vary]
     live = options.live
+    if options.predict and not live:
+        raise ValueError("--predict FILE compares a live sweep (--target URL) with the "
+                         "simulator; to sweep the simulator alone, use --cost FILE")
     if live:
         check_live_sweep(options, axes)
     base_load = WorkloadOverrides(num_requests=options.requests, seed=options.seed)
@@ -203,7 +208,8 @@ def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOp
                          options.max_p99_rise, plan.x_axis)
     return SweepResult(
         scenario=plan.name, description=plan.description,
-        cost_model=plan.cost.describe() if plan.cost else None,
+        cost_model=plan.cost.describe() if plan.cost else
+        (f"predicted with {options.predict}" if options.predict else None),
         target=options.live.target if options.live else "sim",
         requests_per_point=options.requests, duration_s_per_point=options.duration_s,
         stopped=stopped, x_axis=plan.x_axis, axes=plan.axes,
@@ -241,6 +247,9 @@ def run_sweep(options: SweepOptions) -> int:
         if options.live:
             runs, stopped = run_target_points(options.live, plan.points, plan.make_workload,
                                               options.duration_s, log)
+            if options.predict and runs:
+                runs += predict_points(options.predict, options.config.apply(),
+                                       plan.points, runs, plan.make_workload, log)
         else:
             assert plan.cost is not None and plan.blocks is not None
             runs, stopped = run_points(plan.points, plan.make_workload, plan.cost,
