@@ -90,6 +90,12 @@ def check_bench_options(options: BenchOptions) -> None:
     if options.sim:
         cost_setup_for(options.cost)
     if options.engine:
+        replicas = options.config.apply().replicas
+        if replicas > 1:
+            raise UsageError(f"--replicas {replicas}: bench --engine runs one engine in this "
+                             f"process; serve {replicas} replicas with `stepserve serve "
+                             f"--replicas {replicas}` and bench it with --target URL, or "
+                             "simulate them with --sim")
         from stepserve.model.presets import resolve_model
 
         try:  # the same lookup the engine makes; a preset is built here, once

@@ -38,6 +38,12 @@ def add_serve_parser(subparsers) -> None:
                         f"(default {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--pools", metavar="FILE",
+                   help="engine replicas in pools with routing rules (YAML: replicas, "
+                        "router, pools, routing); runs on Ray Serve (the cluster extra)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="run the replicas on this Ray cluster (default with --replicas > 1 "
+                        "or --pools: a local, loopback-only Ray instance)")
     add_config_arguments(p)
     p.set_defaults(func=serve_command)
 
@@ -68,7 +74,8 @@ def serve_command(args: argparse.Namespace) -> int:
         model=args.model, served_model_name=args.served_model_name, host=args.host,
         port=args.port, dtype=args.dtype, device=args.device, retry_after_s=args.retry_after,
         shutdown_timeout_s=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
-        log_level=args.log_level, config=config_overrides(args)))
+        log_level=args.log_level, pools=args.pools,
+        ray_address=args.ray_address, config=config_overrides(args)))
 
 
 # ---- the job (server/ is the place for it; it lives here until that package is free) ----
@@ -86,11 +93,15 @@ class ServeOptions:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_level: str = "info"
     config: ConfigOverrides = ConfigOverrides()
+    pools: str | None = None  # a pools file: the replicas run on Ray Serve (cluster/)
+    ray_address: str | None = None  # the Ray cluster to run them on (cluster/)
 
 
 def run_serve(options: ServeOptions) -> int:
     """Serve until a signal; the exit status (1 when the engine died)."""
     o = options
+    if on_cluster(o):
+        return serve_on_cluster(o)
     try:
         from stepserve.engine.llm_engine import LLMEngine
         from stepserve.server.api import create_app
@@ -123,6 +134,31 @@ def run_serve(options: ServeOptions) -> int:
         return server.exit_code
     print("stepserve: server stopped", file=sys.stderr)
     return 0
+
+
+def on_cluster(o: ServeOptions) -> bool:
+    """Replicas, pools or a Ray address: the engines run on Ray Serve (cluster/)."""
+    try:
+        replicas = o.config.apply().replicas
+    except ValueError:
+        replicas = 1  # the single-process path reports the mistake
+    return replicas > 1 or o.pools is not None or o.ray_address is not None
+
+
+def serve_on_cluster(o: ServeOptions) -> int:
+    from stepserve.cluster.job import ClusterServeOptions, run_cluster_serve
+
+    try:
+        check_can_listen(o.host, o.port)  # before Ray starts and models load
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run_cluster_serve(ClusterServeOptions(
+        model=o.model, served_model_name=o.served_model_name, host=o.host, port=o.port,
+        dtype=o.dtype, device=o.device, retry_after_s=o.retry_after_s,
+        shutdown_timeout_s=o.shutdown_timeout_s, max_request_bytes=o.max_request_bytes,
+        log_level=o.log_level, config=o.config, pools_file=o.pools,
+        ray_address=o.ray_address))
 
 
 def check_can_listen(host: str, port: int) -> None:

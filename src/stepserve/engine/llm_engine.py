@@ -34,6 +34,11 @@ class LLMEngine:
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
         config = config or EngineConfig()
+        if config.replicas > 1:  # one engine here; replicas run on Ray Serve (cluster/)
+            raise ValueError(
+                f"replicas = {config.replicas}: LLM and LLMEngine run one engine in this "
+                f"process; serve replicas with `stepserve serve --replicas {config.replicas}` "
+                "(Ray Serve: pip install -e '.[cluster]')")
         if runner is None:
             runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device)
         self.runner = runner
