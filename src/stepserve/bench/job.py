@@ -134,12 +134,11 @@ def run_bench(options: BenchOptions) -> int:
     plan = LoadPlan(specs, w.max_concurrency or workload.closed_loop_concurrency, w.warmup,
                     options.duration_s, prompts, ignore_eos, options.shape)
     load = offered_load(options, workload, plan)
-    how = workload.describe()
-    if load["request_rate"] == "inf":
-        cap = f", at most {plan.concurrency} in flight" if plan.concurrency else ""
-        how = how.replace(workload.arrival.describe(), f"all due at once (rate inf){cap}")
-    elif w.max_concurrency:
-        how += f"; at most {w.max_concurrency} in flight"
+    arrivals = "all due at once (rate inf)" if load["request_rate"] == "inf" \
+        else workload.arrival.describe()
+    if plan.concurrency and "in flight" not in arrivals:
+        arrivals += f", at most {plan.concurrency} in flight"
+    how = workload.describe().replace(workload.arrival.describe(), arrivals, 1)
     print(f"{how}\n{len(specs)} requests ({w.warmup} warm-up)"
           + (f", {prompts.describe()}" if options.target else ""), file=sys.stderr)
     try:

@@ -1,8 +1,9 @@
 """The prompt each bench request sends, of its spec's length.
 
 Text by default, as `vllm bench serve` sends it: with a tokenizer (`--tokenizer`), text
-that encodes to exactly `prompt_len` tokens (random token ids decoded, re-encoded and
-cut, as vLLM's random dataset builds its prompts); without one, `prompt_len` common
+that encodes to exactly `prompt_len` tokens (random words encoded, cut to length,
+decoded and re-encoded until the count holds, as vLLM's random dataset fits its
+prompts); without one, `prompt_len` common
 English words, about one token each on BPE tokenizers. Token ids only when asked
 (`--token-id-prompts`): exactly `prompt_len` ids, which some servers refuse.
 
@@ -47,20 +48,22 @@ def word_prompt(spec: RequestSpec, seed: int = 0) -> str:
 
 
 def exact_text(tokenizer: Tokenizer, n: int, rng: random.Random) -> str:
-    """Text that `tokenizer` encodes (without special tokens) to n tokens: random ids
-    decoded, then re-encoded and cut or topped up until the count holds (a decoded run
-    of ids may re-encode to another count)."""
-    vocab = tokenizer.vocab_size
+    """Text that `tokenizer` encodes (without special tokens) to n tokens: random words
+    until there are enough tokens, then the first n tokens decoded, re-encoded and cut
+    again until the count holds (a cut can re-encode to another count at its edge)."""
+    words: list[str] = []
+    ids: list[int] = []
+    while len(ids) < n:  # about a token a word: grow by what is missing
+        words += [rng.choice(WORDS) for _ in range(n - len(ids))]
+        ids = tokenizer.encode(" ".join(words), add_special_tokens=False)
     text = ""
     for _ in range(FIT_TRIES):
-        ids = tokenizer.encode(text, add_special_tokens=False) if text else []
+        text = tokenizer.decode(ids[:n])
+        ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) == n:
             return text
-        if len(ids) > n:
-            text = tokenizer.decode(ids[:n])
-        else:
-            more = [rng.randrange(vocab) for _ in range(n - len(ids))]
-            text = text + tokenizer.decode(more)
+        if len(ids) < n:  # the cut merged tokens: add a word and cut again
+            ids = tokenizer.encode(text + " " + rng.choice(WORDS), add_special_tokens=False)
     return text
 
 

@@ -101,8 +101,6 @@ def vllm_summary(data: Mapping[str, Any]) -> RunSummary:
         "throughput_requests_per_s": _number(data, "request_throughput")}
     if completed:  # vLLM writes 0.0 for the latencies of a run where none completed
         values.update(_latencies(data))
-    values["prefill_token_share"] = ratio(prompt, (prompt or 0) + (output or 0)) \
-        if prompt is not None and output is not None else None
     values["goodput_requests_per_s"] = goodput
     values["goodput_requests"] = None if goodput is None or duration is None \
         else round(goodput * duration)
