@@ -154,3 +154,11 @@ def test_exact_length_text_with_a_tokenizer():
     rng = random.Random(0)
     for n in (1, 7, 64, 300):
         assert len(tok.encode(exact_text(tok, n, rng), add_special_tokens=False)) == n
+
+
+def test_num_warmups_come_on_top_and_logprobs_go_in_the_body(capsys):
+    w = _options("--num-warmups", "3", "--num-prompts", "5").workload
+    assert (w.num_prompts, w.warmup) == (8, 3)  # 5 measured, as vLLM counts them
+    assert _options("--logprobs", "2").shape.body("m", "p", 4, False)["logprobs"] == 2
+    assert main(["bench", "--sim", *SMALL, "--warmup", "1", "--num-warmups", "2"]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from stepserve.bench.body import (
     sampling_fields,
 )
 from stepserve.bench.job import BenchOptions, run_bench
-from stepserve.bench.plan import BenchWorkloadOptions
+from stepserve.bench.plan import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.bench.save_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.cli.simulate import add_cost_model_arguments, cost_model_options
@@ -52,6 +52,7 @@ BENCH_FLAGS = {
     "request_rate": Range(MIN_RATE, MAX_RATE, float, inf_ok=True),
     "burstiness": Range(MIN_BURSTINESS, MAX_BURSTINESS, float, inf_ok=True),
     "duration_s": SECONDS, "warmup": Range(0, MAX_NUM_REQUESTS), "timeout_s": SECONDS,
+    "num_warmups": Range(0, MAX_NUM_REQUESTS), "logprobs": Range(0, 20),
     "metrics_interval_s": Range(0.0, 3600.0, float),  # 0: never scrape
     "step_ms": STEP_MS, "port": Range(1, 65535),
     "random_range_ratio": Range(0.0, 1.0 - 1e-9, float),
@@ -136,6 +137,8 @@ def _add_workload_flags(w) -> None:
     w.add_argument("--duration-s", type=float, help="stop sending after this many seconds")
     w.add_argument("--warmup", type=int, default=0, metavar="N",
                    help="the first N requests are sent but excluded from the metrics")
+    w.add_argument("--num-warmups", type=int, metavar="N",
+                   help="as vLLM: N more requests first, excluded (--num-prompts are measured)")
     w.add_argument("--token-id-prompts", action="store_true",
                    help="send token-id lists instead of text (/v1/completions only)")
     w.add_argument("--text-prompts", action="store_true", help=argparse.SUPPRESS)  # old
@@ -153,7 +156,10 @@ def _add_sampling_flags(g) -> None:
                        ("presence-penalty", float), ("repetition-penalty", float)):
         g.add_argument(f"--{name}", type=kind,
                        help="default 0.0 (greedy)" if name == "temperature" else None)
+    g.add_argument("--logprobs", type=int, metavar="N", help="logprobs per token (completions)")
     g.add_argument("--extra-body", metavar="JSON", help="more body fields, as a JSON object")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM's command lines; nothing here runs remote code")
 
 
 def _add_output_flags(o) -> None:
@@ -197,9 +203,12 @@ def _extra_body(text: str | None) -> dict:
 
 def request_shape(args: argparse.Namespace) -> RequestShape:
     key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
+    extra = _extra_body(args.extra_body)
+    if args.logprobs is not None:
+        extra = {"logprobs": args.logprobs, **extra}
     return RequestShape(
         endpoint=pick_endpoint(args.backend, args.endpoint), sampling=sampling_fields(vars(args)),
-        extra_body=_extra_body(args.extra_body),
+        extra_body=extra,
         headers=request_headers(key, key_values("--header", args.header)),
         served_model_name=args.served_model_name)
 
@@ -214,13 +223,23 @@ def workload_options(args: argparse.Namespace) -> BenchWorkloadOptions:
             sharegpt_output_len = args.output_len
         else:
             output_len = args.output_len
+    num_prompts, warmup = args.num_prompts, args.warmup
+    if args.num_warmups:  # vLLM's warm-ups come on top of the measured prompts
+        if warmup:
+            raise UsageError("give --warmup N (the first N of --num-prompts) or "
+                             "--num-warmups N (N more), not both")
+        if num_prompts is None and (args.scenario or args.workload):
+            raise UsageError("--num-warmups with a scenario or workload file needs "
+                             "--num-prompts")
+        num_prompts = (num_prompts or DEFAULT_NUM_PROMPTS) + args.num_warmups
+        warmup = args.num_warmups
     return BenchWorkloadOptions(
         scenario=args.scenario, workload=args.workload, dataset_name=args.dataset_name,
         random_input_len=input_len, random_output_len=output_len,
         random_range_ratio=args.random_range_ratio, sharegpt=args.sharegpt,
         tokenizer=args.tokenizer, sharegpt_output_len=sharegpt_output_len,
-        num_prompts=args.num_prompts, seed=args.seed, request_rate=args.request_rate,
-        burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=args.warmup)
+        num_prompts=num_prompts, seed=args.seed, request_rate=args.request_rate,
+        burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=warmup)
 
 
 def bench_options(args: argparse.Namespace) -> BenchOptions:
