@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from stepserve.cli.engine_flags import add_config_arguments, config_overrides
+from stepserve.cli.engine_flags import (
+    add_config_arguments,
+    add_dtype_argument,
+    config_overrides,
+)
 from stepserve.cli_errors import reports_usage_errors
 from stepserve.engine.generate import GenerateOptions, run_generate
 
@@ -21,7 +25,7 @@ def add_generate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_dtype_argument(g)
     g.add_argument("--device", default="cpu")
     g.add_argument("--config", help="engine config YAML")
     add_config_arguments(g)

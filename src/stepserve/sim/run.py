@@ -30,6 +30,7 @@ from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.routing.pools import Deployment, deployment_from
 from stepserve.sim.cost import CostModel
+from stepserve.sim.kv_sizing import check_simulated_memory
 from stepserve.sim.loop import SimResult, simulate
 from stepserve.sim.scenarios import RunSpec, Scenario
 from stepserve.workload.overrides import WorkloadOverrides
@@ -133,6 +134,7 @@ def deployment_for(config: EngineConfig, pools: Mapping[str, Any] | None
 def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
     """The KV pool a run derives (from kv_cache_memory, or max_num_seqs x max_model_len)
     must hold a block and fit in memory: the block manager lists every free block."""
+    check_simulated_memory(config)
     if 1 <= num_gpu_blocks <= MAX_BLOCKS:
         return
     sc = config.scheduler
