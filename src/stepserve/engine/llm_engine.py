@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from stepserve.clock import Clock, WallClock
-from stepserve.config import EngineConfig
+from stepserve.config import ConfigError, EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import StepResult
 from stepserve.engine.core import EngineCore
@@ -28,9 +28,11 @@ log = logging.getLogger("stepserve.engine")
 class LLMEngine:
     def __init__(self, model: str | Path = "default", config: EngineConfig | None = None, *,
                  dtype: str = "float32", device: str = "cpu", clock: Clock | None = None,
-                 runner=None) -> None:
+                 runner=None, strict_max_model_len: bool = False) -> None:
         """`runner`: reuse an already loaded TorchRunner (its weights and KV store) instead
-        of loading `model` again; this engine gets a fresh KV block manager over it."""
+        of loading `model` again; this engine gets a fresh KV block manager over it.
+        A max_model_len beyond the model's is lowered to it, or with
+        `strict_max_model_len` (the user chose it) refused, as vLLM does."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
         config = config or EngineConfig()
@@ -44,7 +46,14 @@ class LLMEngine:
         self.runner = runner
         limit = self.runner.args.max_position_embeddings
         if limit and config.scheduler.max_model_len > limit:
+            if strict_max_model_len:
+                raise ConfigError(
+                    f"max_model_len = {config.scheduler.max_model_len} is more than the model "
+                    f"allows: {limit} (max_position_embeddings in its config.json); lower "
+                    "--max-model-len")
             config = config.replace(max_model_len=limit)  # the model cannot go further
+        if runner.num_cpu_blocks != config.cache.num_cpu_blocks:  # sized by swap_space
+            config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)
         self.config = config
         self.clock = clock or WallClock()
         self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks,
