@@ -94,6 +94,7 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
     async with httpx.AsyncClient(timeout=timeout, limits=limits,
                                  headers=dict(headers or {})) as client:
         out.model = await discover_model(client, url, model)
+        plan.prompts.fit_to_model(out.model)
         target = HttpTarget(url, out.model, timeout_s, endpoint=plan.shape.endpoint)
         scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 \
             else None

@@ -139,8 +139,7 @@ def run_bench(options: BenchOptions) -> int:
     if plan.concurrency and "in flight" not in arrivals:
         arrivals += f", at most {plan.concurrency} in flight"
     how = workload.describe().replace(workload.arrival.describe(), arrivals, 1)
-    print(f"{how}\n{len(specs)} requests ({w.warmup} warm-up)"
-          + (f", {prompts.describe()}" if options.target else ""), file=sys.stderr)
+    print(f"{how}\n{len(specs)} requests ({w.warmup} warm-up)", file=sys.stderr)
     try:
         return _run(options, plan, slo, workload, load)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
@@ -168,6 +167,8 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
             run, records, extra = _on_engine(options, plan, bar, interrupted)
     finally:
         bar.close()
+    if options.target:  # known once the target's model is: its tokenizer may fit them
+        load = {**load, "prompts": plan.prompts.describe()}
     run = replace(run, name=workload.name, started_at=started, load=load,
                   latency_samples=run.latency_samples or latency_samples(records))
     return _report(options, run, records, slo, extra, interrupted[0])

@@ -61,8 +61,7 @@ def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
     else:
         out["dataset"] = f"scenario {w.scenario}" if w.scenario else f"workload {w.workload}"
     if options.target:
-        out.update(endpoint=options.shape.endpoint, prompts=plan.prompts.describe(),
-                   sampling=dict(options.shape.sampling))
+        out.update(endpoint=options.shape.endpoint, sampling=dict(options.shape.sampling))
     out["ignore_eos"] = plan.ignore_eos
     return out
 

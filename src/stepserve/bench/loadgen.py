@@ -31,7 +31,7 @@ class LoadPlan:
     concurrency: int | None = None  # at most this many in flight (None: no cap)
     warmup: int = 0  # the first `warmup` requests are excluded from metrics
     duration_s: float | None = None  # stop issuing after this (warm-up not counted)
-    prompts: PromptMaker = field(default_factory=lambda: PromptMaker(token_ids=True))
+    prompts: PromptMaker = field(default_factory=PromptMaker)  # text
     ignore_eos: bool = True
     shape: RequestShape = field(default_factory=RequestShape)
 

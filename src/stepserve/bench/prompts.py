@@ -1,9 +1,10 @@
 """The prompt each bench request sends, of its spec's length.
 
-Text by default, as `vllm bench serve` sends it: with a tokenizer (`--tokenizer`), text
-that encodes to exactly `prompt_len` tokens (random words encoded, cut to length,
-decoded and re-encoded until the count holds, as vLLM's random dataset fits its
-prompts); without one, `prompt_len` common
+Text by default, as `vllm bench serve` sends it: with a tokenizer (`--tokenizer`, else
+the target's model when it loads here: a stepserve model name or a local directory, as
+vLLM's tokenizer defaults to the model), text that encodes to exactly `prompt_len`
+tokens (random words encoded, cut to length, decoded and re-encoded until the count
+holds, as vLLM's random dataset fits its prompts); without one, `prompt_len` common
 English words, about one token each on BPE tokenizers. Token ids only when asked
 (`--token-id-prompts`): exactly `prompt_len` ids, which some servers refuse.
 
@@ -78,6 +79,15 @@ class PromptMaker:
         self.seed = seed
         self.vocab = vocab
 
+    def fit_to_model(self, model: str) -> None:
+        """Text prompts without a tokenizer take the model's, if it loads here."""
+        if self.token_ids or self.tokenizer is not None:
+            return
+        try:
+            self.tokenizer = load_tokenizer(model)
+        except Exception:  # not installed, not here, unreadable: words, about a token each
+            self.tokenizer = None
+
     def __call__(self, spec: RequestSpec) -> str | list[int]:
         if self.token_ids:
             return token_prompt(spec, self.vocab)
@@ -89,7 +99,7 @@ class PromptMaker:
         if self.token_ids:
             return "token-id prompts"
         return "text prompts" + (" of exact token length" if self.tokenizer else
-                                 " (~1 word per token; --tokenizer for exact lengths)")
+                                 " (words, about a token each: no tokenizer loaded)")
 
 
 def load_tokenizer(name: str) -> Tokenizer:
