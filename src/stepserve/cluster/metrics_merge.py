@@ -4,7 +4,10 @@ grouped by metric family as the text format requires (HELP and TYPE once per fam
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+
+_OWN_ENGINE = re.compile(r'(?<=[{,])engine="(?:[^"\\]|\\.)*",?')
 
 
 def _families(text: str) -> list[tuple[str, list[str], list[str]]]:
@@ -31,6 +34,8 @@ def with_labels(sample: str, labels: str) -> str:
     name_end = min((i for i in (sample.find("{"), sample.find(" ")) if i >= 0),
                    default=len(sample))
     name, rest = sample[:name_end], sample[name_end:]
+    if rest.startswith("{"):  # the replica's own engine label: the merge's stands for it
+        rest = _OWN_ENGINE.sub("", rest, count=1).replace("{,", "{").replace(",}", "}")
     if rest.startswith("{}"):
         rest = rest[2:]
     if rest.startswith("{"):

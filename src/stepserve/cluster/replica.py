@@ -40,7 +40,8 @@ class EngineReplica:
         self.engine_index = spec.first_engine + _replica_rank()
         self.llm_engine = LLMEngine(spec.model_dir, config, dtype=spec.dtype,
                                     device=spec.device)
-        self.metrics = ServerMetrics(spec.model_name, self.llm_engine.config.scheduler)
+        self.metrics = ServerMetrics(spec.model_name, self.llm_engine.config.scheduler,
+                                     engine=str(self.engine_index))
         self.admitted = 0
         self._engine = None  # AsyncEngine, started on this replica's event loop
 

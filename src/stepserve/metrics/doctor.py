@@ -162,9 +162,10 @@ def run_live(options: DoctorOptions, url: str) -> int:
         raise UsageError(f"--window-s {window_s:g} / --interval-s {interval_s:g}: "
                          f"more than {MAX_SCRAPES:,} scrapes; scrape less often")
     try:
-        snapshots = scrape_window(url, window_s, interval_s)
+        window = scrape_window(url, window_s, interval_s)
     except LiveScrapeError as exc:
         raise UsageError(str(exc)) from None
+    snapshots = window.snapshots
     summary, config = live_summary(snapshots), live_config(snapshots[-1])
     run = Run(name=url, summary=summary, batching=config.get("batching"), config=config)
     found = diagnose(summary, run.rule_settings())
@@ -172,9 +173,11 @@ def run_live(options: DoctorOptions, url: str) -> int:
     if options.as_json:
         rows = [f.on_run(run.name).to_json() for f in found]
         print(json.dumps({"findings": rows, "summary": summary.to_json(), "config": config,
-                          "not_evaluable": missing}, indent=2))
+                          "not_evaluable": missing, "failed_scrapes": window.failures},
+                         indent=2))
     else:
-        print("\n".join([format_report([(run, found)]), *window_notes(summary, missing)]))
+        print("\n".join([format_report([(run, found)]),
+                          *window_notes(summary, missing, window.failures)]))
     return 0
 
 

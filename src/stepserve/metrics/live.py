@@ -2,7 +2,9 @@
 fields the alert rules read (metrics/rules.py), for `stepserve doctor --url`.
 
 Levels (gauges) are read at every scrape; counters and histograms as the increase from
-the first scrape to the last, so every key describes the window only. Which series feed a
+the first scrape to the last, so every key describes the window only. A scrape that fails
+inside the window (a timeout, a 503, a half-written answer) is skipped and reported, not
+fatal; the first is tried twice, and a window needs two scrapes that worked. Which series feed a
 key depends on the server (metrics/prometheus.py names them per source); a key the server
 has no series for stays None, and the rules reading it stay silent.
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -99,24 +102,53 @@ def fetch(client: httpx.Client, url: str) -> Snapshot:
     return snap
 
 
+@dataclass
+class ScrapeWindow:
+    """The scrapes of a window that worked, in time order, and one line per one that
+    failed (skipped)."""
+
+    snapshots: list[Snapshot]
+    failures: list[str] = field(default_factory=list)
+    attempts: int = 0
+
+
 def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTERVAL_S
-                  ) -> list[Snapshot]:
+                  ) -> ScrapeWindow:
     """Scrapes evenly spread over `window_s`, about every `interval_s`, at least two (the
-    first at once, the last at the window's end)."""
+    first at once, the last at the window's end). A failed scrape is skipped; the first
+    one is retried once at once (a target that is not there is reported without waiting
+    out the window), and LiveScrapeError comes when fewer than two scrapes worked."""
     if window_s <= 0 or interval_s <= 0:
         raise LiveScrapeError(f"window {window_s:g} s, interval {interval_s:g} s: both must "
                               "be positive")
     target = metrics_url(url)
     n = max(2, round(window_s / interval_s) + 1)
-    snaps: list[Snapshot] = []
+    out = ScrapeWindow([])
     with httpx.Client(timeout=SCRAPE_TIMEOUT_S) as client:
         t0 = time.monotonic()
         for i in range(n):
             wait = t0 + window_s * i / (n - 1) - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            snaps.append(fetch(client, target))
-    return snaps
+            _scrape_once(client, target, out, retry=i == 0)
+    if len(out.snapshots) < 2:
+        raise LiveScrapeError(f"only {len(out.snapshots)} of {out.attempts} scrapes of "
+                              f"{target} worked; a window needs two. {out.failures[-1]}")
+    return out
+
+
+def _scrape_once(client: httpx.Client, target: str, out: ScrapeWindow, retry: bool) -> None:
+    """One scrape into `out`; with `retry` (the window's first) a second try, and a
+    LiveScrapeError when both fail."""
+    for attempt in range(2 if retry else 1):
+        out.attempts += 1
+        try:
+            out.snapshots.append(fetch(client, target))
+            return
+        except LiveScrapeError as e:
+            out.failures.append(f"scrape {out.attempts}: {e}")
+            if retry and attempt == 1:
+                raise
 
 
 def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
@@ -206,14 +238,19 @@ def live_config(snapshot: Snapshot) -> dict[str, Any]:
             for k, v in (snapshot.info() or {}).items()}
 
 
-def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]]) -> list[str]:
-    """What the window saw and what it could not, for the text report."""
+def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]],
+                 failures: Sequence[str] = ()) -> list[str]:
+    """What the window saw and what it could not (`failures`: the scrapes that failed
+    and were skipped), for the text report."""
     finished = summary.requests_finished
     seen = "requests finished: unknown" if finished is None else \
         f"{finished:g} requests finished"
     lines = [f"  window: {summary.scrape_samples} scrapes over "
              f"{summary.window_s or 0:.1f} s of {summary.metrics_source} metrics; "
              f"{seen}"]
+    if failures:
+        lines.append(f"  {len(failures)} scrape(s) failed and were skipped; the first: "
+                     f"{failures[0]}")
     if not finished:
         lines.append("  no request finished in the window: no latency quantiles")
     if unevaluable:
