@@ -56,3 +56,9 @@ def test_a_replica_view_counts_what_the_ingress_has_in_flight():
     view = stats.view(outstanding=5)  # three sent since the last report
     assert (view.index, view.pool, view.outstanding, view.running) == (3, "online", 5, 2)
     assert stats.view(outstanding=1).outstanding == 1  # ended since the report
+
+
+def test_a_replica_s_own_engine_label_gives_way_to_the_merge_s():
+    assert with_labels('x{model_name="m",engine="0"} 1', 'engine="2",pool="p"') == \
+        'x{engine="2",pool="p",model_name="m"} 1'
+    assert with_labels('x{engine="0"} 1', 'engine="2"') == 'x{engine="2"} 1'
