@@ -32,9 +32,11 @@ from stepserve.metrics.live import (
     LiveScrapeError,
     live_config,
     live_summary,
+    pool_windows,
     scrape_window,
     window_notes,
 )
+from stepserve.metrics.prometheus import Snapshot
 from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
@@ -165,20 +167,33 @@ def run_live(options: DoctorOptions, url: str) -> int:
         window = scrape_window(url, window_s, interval_s)
     except LiveScrapeError as exc:
         raise UsageError(str(exc)) from None
-    snapshots = window.snapshots
-    summary, config = live_summary(snapshots), live_config(snapshots[-1])
-    run = Run(name=url, summary=summary, batching=config.get("batching"), config=config)
-    found = diagnose(summary, run.rule_settings())
+    results = live_runs(url, window.snapshots)
+    (run, _), pools = results[0], results[1:]
+    summary, config = run.summary, run.config
     missing = unevaluable(summary)
     if options.as_json:
-        rows = [f.on_run(run.name).to_json() for f in found]
+        rows = [f.on_run(r.name).to_json() for r, fs in results for f in fs]
         print(json.dumps({"findings": rows, "summary": summary.to_json(), "config": config,
-                          "not_evaluable": missing, "failed_scrapes": window.failures},
-                         indent=2))
+                          "not_evaluable": missing, "failed_scrapes": window.failures,
+                          **({"pools": {r.name: r.summary.to_json() for r, _ in pools}}
+                             if pools else {})}, indent=2))
     else:
-        print("\n".join([format_report([(run, found)]),
+        print("\n".join([format_report(results),
                           *window_notes(summary, missing, window.failures)]))
     return 0
+
+
+def live_runs(url: str, snapshots: list[Snapshot]) -> list[tuple[Run, list[Finding]]]:
+    """The rules on the whole server's window, then on each pool's (a cluster ingress
+    labels every series with its replica's `pool`): a finding names the pool it is in."""
+    windows = [(url, snapshots)] + [(f"{url} pool {name}", part)
+                                    for name, part in pool_windows(snapshots).items()]
+    out = []
+    for name, part in windows:
+        summary, config = live_summary(part), live_config(part[-1])
+        run = Run(name=name, summary=summary, batching=config.get("batching"), config=config)
+        out.append((run, diagnose(summary, run.rule_settings())))
+    return out
 
 
 def format_report(results: list[tuple[Run, list[Finding]]]) -> str:

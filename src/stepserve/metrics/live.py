@@ -258,3 +258,13 @@ def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]],
                             for rule, needs in unevaluable.items())
         lines.append(f"  not evaluable for lack of data: {missing}")
     return lines
+
+
+def pool_windows(snapshots: Sequence[Snapshot]) -> dict[str, list[Snapshot]]:
+    """Each pool's part of a window, by the `pool` label a cluster ingress puts on every
+    series; {} for a server without pools."""
+    names = sorted({value for (_, labels) in snapshots[-1].samples for key, value in labels
+                    if key == "pool"}) if snapshots else []
+    return {name: [Snapshot(s.t_s, {k: v for k, v in s.samples.items()
+                                    if ("pool", name) in k[1]}) for s in snapshots]
+            for name in names}
