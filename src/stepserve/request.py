@@ -41,6 +41,16 @@ class FinishReason(str, enum.Enum):
     TIMED_OUT = "timed_out"
     ERROR = "error"
 
+    @property
+    def completed(self) -> bool:
+        """Ended by its own stop condition or its length: a completed request (vLLM's
+        request_success with finished_reason stop or length). The one definition."""
+        return self.value in COMPLETED_REASONS
+
+
+# the finish reasons of a completed request, as the strings results and servers carry
+COMPLETED_REASONS = ("stop", "length")
+
 
 class RejectReason(str, enum.Enum):
     """Why admission refused a request (FinishReason.REJECTED), for counters and HTTP codes."""

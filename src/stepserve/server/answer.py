@@ -21,19 +21,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from stepserve import request_limits as lim
+from stepserve.request import COMPLETED_REASONS
 from stepserve.server.errors import SERVER_ERROR, UNAVAILABLE, APIError
 from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
 from stepserve.server.prompts import ServingContext
 from stepserve.server.protocol import (
-    ChatChoice,
     ChatCompletionRequest,
+    CompletionRequest,
+    _Sampling,
+)
+from stepserve.server.responses import (
+    ChatChoice,
     ChatCompletionResponse,
     ChatResponseMessage,
     CompletionChoice,
-    CompletionRequest,
     CompletionResponse,
     UsageInfo,
-    _Sampling,
 )
 from stepserve.server.sse import SSE_DONE, Chunks, Echo
 from stepserve.server.streams import RequestStream, StreamOutput
@@ -43,7 +46,7 @@ log = logging.getLogger("stepserve.server")
 
 def ended_error(out: StreamOutput) -> APIError | None:
     """The error for a request that ended abnormally (None: it completed)."""
-    if out.finish_reason in ("stop", "length"):
+    if out.finish_reason in COMPLETED_REASONS:
         return None
     if out.finish_reason == "timed_out":
         return APIError(503, f"the server is overloaded: the request {out.message}; retry "
