@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stepserve.request import TokenLogprobs
-from stepserve.server.protocol import (
+from stepserve.server.responses import (
     ChoiceLogprobs,
     CompletionLogprobs,
     PromptLogprobs,

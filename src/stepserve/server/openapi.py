@@ -15,10 +15,12 @@ from pydantic import BaseModel
 
 from stepserve.server.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     ErrorResponse,
+)
+from stepserve.server.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
 )
 from stepserve.server.tokenize import BODY_ROUTES
 

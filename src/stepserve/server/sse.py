@@ -13,11 +13,13 @@ from pydantic import BaseModel
 
 from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
 from stepserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from stepserve.server.responses import (
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     CompletionChoice,
-    CompletionRequest,
     CompletionResponse,
     DeltaMessage,
     UsageInfo,
