@@ -302,3 +302,24 @@ def test_best_of_returns_the_likeliest_of_its_sequences(served):
     assert r.choices[0].logprobs is None  # ranked by logprobs, shown only when asked
     assert r.usage.completion_tokens == 4 * 8
     served.wait_idle()
+
+
+def test_a_client_leaving_an_n_stream_aborts_every_child(served):
+    """n = 3 children, 200 tokens each: the client reads one chunk and goes; every child
+    ends (aborted), every block comes back."""
+    def aborted() -> float:
+        return served.metric("stepserve:request_success_total", finished_reason="abort")
+
+    before = aborted()
+    body = {"prompt": PROMPT, "n": 3, "max_tokens": 200, "ignore_eos": True,
+            "stream": True}
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", served.base_url + "/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break
+    served.wait_idle()
+    assert served.metrics()["stepserve:num_gpu_blocks_used"] == 0
+    assert served.engine.scheduler.kv.all_free
+    assert not served.engine._children  # the parent's bookkeeping is gone too
+    assert aborted() == before + 3  # each child ended, as aborted
