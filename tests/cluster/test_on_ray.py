@@ -116,6 +116,14 @@ def test_openai_client_streams_through_the_ingress(rr):
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
+def test_n_choices_are_refused_clearly_through_the_ingress(rr):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="not supported through `serve "
+                                                      "--replicas`"):
+        rr.client().completions.create(model=MODEL, prompt="Once upon", max_tokens=4, n=3)
+
+
 def test_errors_keep_the_single_server_shape(rr):
     import openai
 

@@ -23,6 +23,7 @@ from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.api import add_error_handlers
+from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
 from stepserve.server.openapi import install_openapi
 from stepserve.server.prompts import ServingContext
@@ -42,6 +43,7 @@ class IngressSettings:
     retry_after_s: int = 1
     shutdown_timeout_s: float = 30.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    api_keys: tuple[str, ...] = ()  # every route but the public ones needs one (auth.py)
 
 
 def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings) -> FastAPI:
@@ -64,6 +66,8 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings) -> Fas
     app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
     add_error_handlers(app)
     install_openapi(app)
+    if s.api_keys:
+        app.add_middleware(ApiKeyAuth, keys=list(s.api_keys))
 
     @app.middleware("http")
     async def remember_headers(request: Request, call_next):

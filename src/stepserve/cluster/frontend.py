@@ -97,6 +97,11 @@ class ClusterEngine:
         does. (The replica stamps its own arrival time.)"""
         if not self.accepting:
             raise EngineUnavailable("the server is shutting down")
+        if params.n > 1:  # a replica answers one sequence per request stream here
+            raise RequestRejected(
+                f"n = {params.n} (or best_of): more than one choice per request is not "
+                "supported through `serve --replicas` yet; send n requests, or serve one "
+                "engine", "invalid")
         route = self.route_of(prompt_ids, params)
         pool = self.deployment.pool_for(route)
         rid = request_id or f"ing-{uuid.uuid4().hex}"

@@ -49,6 +49,7 @@ class ClusterServeOptions:
     ray_address: str | None = None  # join this cluster; None: a local loopback instance
     num_cpus: int | None = None  # CPUs of a local instance (None: all)
     cpus_per_replica: float = 1.0
+    api_keys: tuple[str, ...] = ()  # Bearer tokens the ingress requires (server/auth.py)
 
 
 def plan_deployment(o: ClusterServeOptions) -> tuple[EngineConfig, Deployment]:
@@ -97,7 +98,8 @@ class Ingress:
 def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | None,
                   replicas: ReplicaSettings, retry_after_s: int = 1,
                   shutdown_timeout_s: float = 30.0,
-                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Ingress:
+                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                  api_keys: tuple[str, ...] = ()) -> Ingress:
     """Deploy the pools on the Ray Serve this process is connected to, and the ingress
     app over them (not yet serving)."""
     from stepserve.cluster.app import IngressSettings, create_ingress_app
@@ -111,7 +113,7 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
     first = next(iter(facts.values()))
     settings = IngressSettings(replicas.model_name, max_len, first["vocab_size"],
                                max_len * tokenizer.max_token_bytes(), retry_after_s,
-                               shutdown_timeout_s, max_request_bytes)
+                               shutdown_timeout_s, max_request_bytes, api_keys)
     cluster = ClusterEngine(deployment, handles, IngressModel(tokenizer, base))
     return Ingress(create_ingress_app(cluster, settings), cluster, first["runner"])
 
@@ -130,7 +132,7 @@ def _serve(o: ClusterServeOptions, base: EngineConfig, deployment: Deployment,
         settings = ReplicaSettings(model_dir, name, o.dtype, o.device, o.cpus_per_replica,
                                    shutdown_timeout_s=o.shutdown_timeout_s)
         ingress = build_ingress(deployment, base, o.pools_file, settings, o.retry_after_s,
-                                o.shutdown_timeout_s, o.max_request_bytes)
+                                o.shutdown_timeout_s, o.max_request_bytes, o.api_keys)
         layout = ", ".join(f"{p.name}: {p.replicas}" for p in deployment.pools)
         print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1: "
               f"{deployment.num_replicas} replicas on Ray Serve ({layout}; Ray node "

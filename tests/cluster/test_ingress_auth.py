@@ -1,0 +1,35 @@
+"""`serve --replicas N --api-key K`: the ingress asks for the key as the single-process
+server does (401 in OpenAI's shape; /health, /metrics and /version open). Runs without
+Ray: the ingress app over a stand-in for the cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from stepserve.cluster.app import IngressSettings, create_ingress_app  # noqa: E402
+
+
+class NoCluster:
+    """What the ingress app's lifespan touches, and nothing else."""
+
+    async def drain(self, timeout_s: float) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+def test_the_ingress_checks_the_api_key():
+    settings = IngressSettings("tiny", 256, 512, 4096, api_keys=("secret",))
+    with TestClient(create_ingress_app(NoCluster(), settings)) as client:
+        refused = client.post("/v1/completions", json={"prompt": "hi"})
+        assert refused.status_code == 401
+        assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+        wrong = client.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert client.get("/v1/models", headers={"Authorization": "Bearer secret"}
+                          ).status_code == 200
+        assert client.get("/version").status_code != 401
