@@ -16,7 +16,7 @@ SRC = Path(__file__).parents[1] / "src" / "stepserve"
 LAYERS = {
     0: {"stepserve", "cli_errors", "limits", "request_limits", "urls", "user_files",
         "clock", "config", "config_load", "request"},  # foundation
-    1: {"core", "workload", "plan"},  # the scheduling core, workloads, arithmetic
+    1: {"core", "workload", "plan", "routing"},  # scheduling core, workloads, routers
     2: {"engine", "model", "sim", "metrics"},  # the engine core and its two runners
     3: {"bench", "sweep", "server", "demo"},  # services
     4: {"cli", "__main__"},  # the command line
@@ -29,7 +29,7 @@ LAZY_EXCEPTIONS = {
 }
 # the torch-free part: importing all of it must load none of these
 HEAVY = ("torch", "fastapi", "starlette", "uvicorn", "matplotlib", "transformers")
-LIGHT_PACKAGES = ("core", "sim", "workload", "metrics", "plan")
+LIGHT_PACKAGES = ("core", "sim", "workload", "metrics", "plan", "routing")
 
 
 def _unit(module: str) -> str:

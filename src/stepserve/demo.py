@@ -16,16 +16,18 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.config import EngineConfig
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.summary import summarize
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.request import SamplingParams
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
-from stepserve.sim.run import run_config
+from stepserve.sim.run import RunResult, run_config
 from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
 from stepserve.user_files import check_output_file
 from stepserve.workload.scenarios import get_workload
@@ -49,7 +51,27 @@ def demo_jobs(tokenizer, num_requests: int, short: int, long: int, seed: int = 0
     return jobs, lengths
 
 
-def run_real(runner, batching: str, jobs, concurrency: int) -> dict:
+@dataclass(frozen=True)
+class DemoRun:
+    """A column of the demo's table: a real-engine run (with its wall time) or a
+    simulated one (its RunResult), and what ran it."""
+
+    name: str
+    batching: str
+    summary: RunSummary
+    describe: str
+    wall_s: float | None = None
+    sim: RunResult | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.sim is not None:
+            return {**self.sim.to_json(), "describe": self.describe}
+        return {"name": self.name, "batching": self.batching,
+                "summary": self.summary.to_json(), "wall_s": self.wall_s,
+                "describe": self.describe}
+
+
+def run_real(runner, batching: str, jobs, concurrency: int) -> DemoRun:
     from stepserve.engine.drive import run_closed_loop
     from stepserve.engine.llm_engine import LLMEngine
 
@@ -63,11 +85,11 @@ def run_real(runner, batching: str, jobs, concurrency: int) -> dict:
     wall = time.perf_counter() - t0
     summary = summarize(res.requests, res.steps, res.duration_s)
     engine.scheduler.kv.check_integrity()
-    return {"name": f"cpu-{batching}", "batching": batching, "summary": summary,
-            "wall_s": wall, "describe": engine.runner.describe(), "_engine": engine}
+    return DemoRun(f"cpu-{batching}", batching, summary, engine.runner.describe(), wall)
 
 
-def run_sim(batching: str, num_requests: int) -> dict:
+def run_sim(batching: str, num_requests: int) -> tuple[DemoRun, list[int]]:
+    """The simulated run, and its requests' output lengths (for the speedup cap)."""
     spec = get_model_spec("smollm2-135m")
     cost = RooflineCost(get_hardware("h100"), spec)
     workload = get_workload("night-report", num_requests=num_requests)
@@ -76,9 +98,8 @@ def run_sim(batching: str, num_requests: int) -> dict:
                                     max_num_batched_tokens=8192, max_model_len=4096)
     blocks = cost.kv_cache_bytes() // (spec.kv_bytes_per_token * 16)
     run = run_config(f"h100-sim-{batching}", config, specs, cost, blocks, 64)
-    run["lengths"] = [s.output_len for s in specs]
-    run["describe"] = cost.describe()
-    return run
+    return (DemoRun(run.name, batching, run.summary, cost.describe(), sim=run),
+            [s.output_len for s in specs])
 
 
 def sample_text(engine) -> str:
@@ -92,19 +113,23 @@ def sample_text(engine) -> str:
     return text
 
 
+def _tokens(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
 DEMO_ROWS: list[Row] = [
     ("requests (output tokens)",
-     lambda s: f"{s['requests_finished']} ({s['output_tokens']:,})", ""),
-    ("duration", lambda s: fmt_s(s["duration_s"]), "first request in to last token out"),
-    ("throughput (useful tok/s)", lambda s: f"{s['throughput_tokens_per_s']:,.1f}", ""),
+     lambda s: f"{s.requests_finished} ({_tokens(s.output_tokens, ',')})", ""),
+    ("duration", lambda s: fmt_s(s.duration_s), "first request in to last token out"),
+    ("throughput (useful tok/s)", lambda s: _tokens(s.throughput_tokens_per_s, ",.1f"), ""),
     *[row for row in ROWS if row[0] in ("slot utilisation", "TTFT P50 / P99",
                                         "TPOT P50 / P99")],
-    ("preemptions", lambda s: str(s["preemptions"]), ""),
-    ("mean step", lambda s: fmt_s(s["mean_step_s"]), "engine step, wall or simulated"),
+    ("preemptions", lambda s: str(s.preemptions), ""),
+    ("mean step", lambda s: fmt_s(s.mean_step_s), "engine step, wall or simulated"),
 ]
 
 
-def format_table(cols: list[dict]) -> str:
+def format_table(cols: list[DemoRun]) -> str:
     return format_runs(cols, DEMO_ROWS)
 
 
@@ -136,16 +161,19 @@ def run_demo(options: DemoOptions) -> int:
     say(f"real engine: {len(jobs)} requests, outputs {options.short} or {options.long} tokens "
         f"({sum(n == options.long for n in lengths)} long), 64 in flight, CPU ...")
     real = [run_real(probe.runner, b, jobs, 64) for b in ("static", "continuous")]
-    say(f"  done in {sum(r['wall_s'] for r in real):.0f} s; simulator at full scale "
+    say(f"  done in {sum(r.wall_s or 0.0 for r in real):.0f} s; simulator at full scale "
         f"({options.sim_requests} requests, P50 20 / P99 2000 tokens) on H100 ...")
-    sim = [run_sim(b, options.sim_requests) for b in ("static", "continuous")]
+    sims = [run_sim(b, options.sim_requests) for b in ("static", "continuous")]
+    sim = [run for run, _ in sims]
     cols = real + sim
     cap_real = speedup_for_lengths(lengths, 64)
-    cap_sim = speedup_for_lengths(sim[0]["lengths"], 64)
+    cap_sim = speedup_for_lengths(sims[0][1], 64)
 
-    def ratio(pair):
-        return (pair[1]["summary"]["throughput_tokens_per_s"]
-                / pair[0]["summary"]["throughput_tokens_per_s"])
+    def ratio(pair: list[DemoRun]) -> float:
+        fast, slow = pair[1].summary.throughput_tokens_per_s, \
+            pair[0].summary.throughput_tokens_per_s
+        assert fast is not None and slow, "both runs produced tokens"
+        return fast / slow
 
     sp_real, sp_sim = ratio(real), ratio(sim)
     say("")
@@ -163,8 +191,7 @@ def run_demo(options: DemoOptions) -> int:
     say(f"total {time.perf_counter() - t_start:.0f} s")
     if options.json_out:
         payload = {
-            "runs": [{k: v for k, v in c.items() if not k.startswith("_") and k != "lengths"}
-                     for c in cols],
+            "runs": [c.to_json() for c in cols],
             "comparison": {"cpu_speedup": sp_real, "cpu_speedup_cap": cap_real.speedup_cap,
                            "sim_speedup": sp_sim, "sim_speedup_cap": cap_sim.speedup_cap},
             "sample_text": text,

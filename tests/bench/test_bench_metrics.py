@@ -50,16 +50,16 @@ def test_summary_percentiles_and_failures():
                rec(2, 0.1, [], reason=None, status=500, error="HTTP 500: boom", end=0.2),
                rec(3, 0.0, [0.05, 0.1], tokens=2, warmup=True)]
     s = summarize_records(records)
-    assert s["requests_total"] == 3 and s["requests_finished"] == 2
-    assert s["requests_failed"] == 1 and s["errors"] == {"http_500": 1}
-    assert s["output_tokens"] == 4
-    assert s["ttft_mean_s"] == pytest.approx(0.2)
-    assert s["ttft_p50_s"] == pytest.approx(0.2)  # numpy linear between 0.1 and 0.3
-    assert s["itl_p99_s"] == pytest.approx(0.1 + 0.1 * 0.99)
-    assert s["duration_s"] == pytest.approx(0.5)
-    assert s["throughput_tokens_per_s"] == pytest.approx(8.0)
-    assert s["warmup_requests"] == 1
-    assert s["goodput_requests_per_s"] is None  # no SLO given
+    assert s.requests_total == 3 and s.requests_finished == 2
+    assert s.requests_failed == 1 and s.errors == {"http_500": 1}
+    assert s.output_tokens == 4
+    assert s.ttft_mean_s == pytest.approx(0.2)
+    assert s.ttft_p50_s == pytest.approx(0.2)  # numpy linear between 0.1 and 0.3
+    assert s.itl_p99_s == pytest.approx(0.1 + 0.1 * 0.99)
+    assert s.duration_s == pytest.approx(0.5)
+    assert s.throughput_tokens_per_s == pytest.approx(8.0)
+    assert s.warmup_requests == 1
+    assert s.goodput_requests_per_s is None  # no SLO given
 
 
 def test_goodput_counts_only_requests_meeting_every_slo():
@@ -69,10 +69,10 @@ def test_goodput_counts_only_requests_meeting_every_slo():
     failed = rec(3, 0.0, [0.1], reason=None, error="stream error: x")
     slo = parse_goodput("ttft:500 tpot:200")
     s = summarize_records([fast, slow_first, slow_decode, failed], slo)
-    assert s["goodput_requests"] == 1
-    assert s["goodput_requests_per_s"] == pytest.approx(1 / s["duration_s"])
-    assert summarize_records([fast, slow_first], parse_goodput("e2el:900"))[
-        "goodput_requests"] == 2
+    assert s.goodput_requests == 1
+    assert s.goodput_requests_per_s == pytest.approx(1 / s.duration_s)
+    assert summarize_records([fast, slow_first],
+                             parse_goodput("e2el:900")).goodput_requests == 2
 
 
 def test_peak_concurrency():

@@ -25,7 +25,7 @@ def _bench(tmp_path, name: str, *argv: str) -> dict:
     out = tmp_path / f"{name}.json"
     assert main(["bench", *argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result) == {"runs", "findings"}
+    assert set(result) == {"schema_version", "runs", "findings"}
     return result["runs"][0]["summary"]
 
 

@@ -2,11 +2,16 @@
 healthy one."""
 
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
-from stepserve.metrics import alerts
-from stepserve.metrics.alerts import RULES, Finding, diagnose
+from stepserve.metrics import rules
+from stepserve.metrics.alerts import diagnose, unevaluable
+from stepserve.metrics.finding import Finding
+from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import RULES
+from stepserve.metrics.run_summary import RunSummary
 
 HEALTHY = {
     "requests_total": 200, "requests_finished": 200, "requests_rejected": 0,
@@ -25,8 +30,13 @@ HEALTHY = {
 }
 
 
-def crafted(**changes):
-    return {**HEALTHY, **changes}
+def crafted(**changes) -> RunSummary:
+    return RunSummary.from_json({**HEALTHY, **changes})
+
+
+def with_config(summary: RunSummary, config: dict) -> RuleSettings:
+    """The settings a run's config gives the rules (the summary's own first)."""
+    return RuleSettings.of(summary, config)
 
 
 TRIGGERS = [
@@ -53,7 +63,7 @@ TRIGGERS = [
 
 @pytest.mark.parametrize("rule_id, severity, changes", TRIGGERS)
 def test_rule_fires_on_a_crafted_summary(rule_id, severity, changes):
-    rule = getattr(alerts, rule_id)
+    rule = getattr(rules, rule_id)
     found = rule(crafted(**changes))
     assert found is not None and found.rule == rule_id and found.severity == severity
     assert any(ch.isdigit() for ch in found.evidence)  # the evidence carries the numbers
@@ -63,13 +73,13 @@ def test_rule_fires_on_a_crafted_summary(rule_id, severity, changes):
 
 def test_every_rule_is_silent_on_a_healthy_summary():
     for rule in RULES:
-        assert rule(HEALTHY) is None, rule.__name__
-    assert diagnose(HEALTHY) == []
+        assert rule(crafted()) is None, rule.name
+    assert diagnose(crafted()) == []
 
 
 def test_rules_stay_silent_without_their_inputs():
-    assert diagnose({}) == []
-    assert diagnose({key: None for key in HEALTHY}) == []
+    assert diagnose(RunSummary()) == []
+    assert diagnose(RunSummary.from_json({key: None for key in HEALTHY})) == []
 
 
 @pytest.mark.parametrize("rule_id, changes", [
@@ -96,24 +106,24 @@ def test_rules_stay_silent_without_their_inputs():
                        "mean_step_s": 0.025, "waiting_max": 61, "running_max": 64}),
 ])
 def test_thresholds_are_strict_and_need_all_their_conditions(rule_id, changes):
-    assert getattr(alerts, rule_id)(crafted(**changes)) is None
+    assert getattr(rules, rule_id)(crafted(**changes)) is None
     assert rule_id not in [f.rule for f in diagnose(crafted(**changes))]
 
 
 def test_the_seeds_numbers_in_the_evidence_and_action():
-    f = alerts.low_slot_utilization(crafted(slot_utilization=21080 / 128000))
+    f = rules.low_slot_utilization(crafted(slot_utilization=21080 / 128000))
     assert "16.5%" in f.evidence and "6.1x" in f.evidence
     assert "continuous batching" in f.action and "stepserve plan speedup" in f.action
     assert "10-20x" in f.action
-    f = alerts.preemption_nonzero(crafted(preemptions=11, preempted_requests=4,
+    f = rules.preemption_nonzero(crafted(preemptions=11, preempted_requests=4,
                                           recomputed_tokens=900, swapped_blocks=0,
                                           preemptions_on_long_share=0.78))
     assert "11 preemptions on 4 requests" in f.evidence and "900 tokens recomputed" in \
         f.evidence and "78.0%" in f.evidence and "1200" in f.evidence
-    f = alerts.capacity(crafted(p99_p50_e2e_ratio=12.0, preemptions=5))
+    f = rules.capacity(crafted(p99_p50_e2e_ratio=12.0, preemptions=5))
     assert "add replicas first" in f.action and "stepserve plan capacity" in f.action
     assert "max_waiting" in f.action
-    f = alerts.queue_growing(crafted(waiting_growth=0.16, waiting_monotonic_rise=38,
+    f = rules.queue_growing(crafted(waiting_growth=0.16, waiting_monotonic_rise=38,
                                      waiting_monotonic_rise_s=240.0, waiting_max=38))
     assert "+38 in 240 s" in f.evidence and "max_queue_time_s" in f.action
 
@@ -121,36 +131,40 @@ def test_the_seeds_numbers_in_the_evidence_and_action():
 def test_config_names_the_chunk_cap_and_the_settings():
     nested = {"scheduler": {"max_num_batched_tokens": 32768, "long_prefill_token_threshold": 0,
                             "budget_order": "prefill_first", "max_num_seqs": 128}}
-    f = alerts.chunk_cap_eats_budget(crafted(zero_decode_step_share=0.9), nested)
+    chunk = crafted(zero_decode_step_share=0.9)
+    f = rules.chunk_cap_eats_budget(chunk, with_config(chunk, nested))
     assert "long_prefill_token_threshold = 0" in f.action
     assert "32768 of max_num_batched_tokens = 32768" in f.action
     assert "e.g. 8192 of 32768" in f.action and "decode_first (now prefill_first)" in f.action
     assert "max_num_partial_prefills 1" in f.action
-    plain = alerts.chunk_cap_eats_budget(crafted(zero_decode_step_share=0.9))
+    plain = rules.chunk_cap_eats_budget(crafted(zero_decode_step_share=0.9))
     assert "e.g. 2048 of 8192" in plain.action
-    f = alerts.capacity(crafted(p99_p50_e2e_ratio=12.0, preemptions=5), nested)
+    tail = crafted(p99_p50_e2e_ratio=12.0, preemptions=5)
+    f = rules.capacity(tail, with_config(tail, nested))
     assert "max_num_seqs (now 128)" in f.action
-    flat = alerts.low_slot_utilization(crafted(slot_utilization=0.3), {"batching": "continuous"})
+    low = crafted(slot_utilization=0.3)
+    flat = rules.low_slot_utilization(low, with_config(low, {"batching": "continuous"}))
     assert "already continuous" in flat.action
 
 
 def test_running_below_offered_uses_max_num_seqs_when_known():
     queued = crafted(waiting_nonzero_share=0.9, waiting_p50=12, waiting_max=38,
                      running_max=128, in_engine_max=166, replicas=None)  # replicas: config
-    assert alerts.running_below_offered(queued) is not None  # from the waiting queue alone
-    assert alerts.running_below_offered(queued, {"max_num_seqs": 128}) is not None
-    assert alerts.running_below_offered(queued, {"max_num_seqs": 256}) is None
-    assert alerts.running_below_offered(queued, {"max_num_seqs": 64, "replicas": 3}) is None
+    assert rules.running_below_offered(queued) is not None  # from the waiting queue alone
+    for config, fires in (({"max_num_seqs": 128}, True), ({"max_num_seqs": 256}, False),
+                          ({"max_num_seqs": 64, "replicas": 3}, False)):
+        found = rules.running_below_offered(queued, with_config(queued, config))
+        assert (found is not None) == fires, config
     two = crafted(waiting_nonzero_share=0.9, waiting_p50=12, running_max=80, in_engine_max=92,
                   replicas=2)
-    f = alerts.running_below_offered(two, {"scheduler": {"max_num_seqs": 40}})
+    f = rules.running_below_offered(two, with_config(two, {"scheduler": {"max_num_seqs": 40}}))
     assert f is not None and "max_num_seqs 40 x 2 replica(s)" in f.evidence
 
 
 def test_the_three_incidents_in_summary_form():
     static = crafted(slot_utilization=0.1647, active_ratio_p50=0.156,
                      p99_p50_e2e_ratio=100.0)
-    assert {f.rule for f in diagnose(static, {"batching": "static"})} == \
+    assert {f.rule for f in diagnose(static, with_config(static, {"batching": "static"}))} == \
         {"low_slot_utilization", "low_active_ratio"}
     chunk = crafted(prefill_step_share=1.0, zero_decode_step_share=0.9)
     assert [f.rule for f in diagnose(chunk)] == ["chunk_cap_eats_budget"]
@@ -159,7 +173,7 @@ def test_the_three_incidents_in_summary_form():
                     waiting_growth=0.16, waiting_monotonic_rise=38,
                     waiting_monotonic_rise_s=240.0, waiting_max=38, waiting_p50=20,
                     waiting_nonzero_share=0.8, running_max=128, in_engine_max=140)
-    found = diagnose(promo, {"max_num_seqs": 128})
+    found = diagnose(promo, with_config(promo, {"max_num_seqs": 128}))
     assert found[0].rule == "capacity" and found[0].severity == "critical"
     assert {"capacity", "preemption_nonzero", "queue_growing", "running_below_offered"} <= \
         {f.rule for f in found}
@@ -167,8 +181,10 @@ def test_the_three_incidents_in_summary_form():
 
 def test_findings_are_frozen_checked_and_serialisable():
     f = Finding("capacity", "critical", "P99/P50 12", "add replicas")
-    assert f.to_dict() == {"rule": "capacity", "severity": "critical",
+    assert f.to_json() == {"rule": "capacity", "severity": "critical",
                            "evidence": "P99/P50 12", "action": "add replicas"}
+    assert f.on_run("A").to_json() == {"run": "A", **f.to_json()}
+    assert Finding.from_json(f.on_run("A").to_json()) == f.on_run("A")
     with pytest.raises(dataclasses.FrozenInstanceError):
         f.rule = "x"
     with pytest.raises(ValueError, match="severity"):
@@ -183,37 +199,38 @@ def test_diagnose_lists_critical_first():
 def test_running_below_offered_blames_kv_when_slots_were_free():
     queued = crafted(waiting_nonzero_share=0.9, waiting_p50=12, running_max=200,
                      in_engine_max=280, max_num_seqs=128, replicas=2)
-    assert alerts.running_below_offered(queued) is None  # budget-bound: neither ran out
-    f = alerts.running_below_offered({**queued, "preemptions": 40})
+    assert rules.running_below_offered(queued) is None  # budget-bound: neither ran out
+    f = rules.running_below_offered(replace(queued, preemptions=40))
     assert f is not None and "KV blocks were the limit (40 preemptions" in f.evidence
-    assert alerts.running_below_offered({**queued, "kv_usage_max": 0.99}) is not None
+    assert rules.running_below_offered(replace(queued, kv_usage_max=0.99)) is not None
 
 
 def test_tail_ttft_is_left_to_the_queue_rule_when_requests_waited_for_slots():
     tail = crafted(p99_p50_ttft_ratio=6.0, ttft_p99_s=6.0, ttft_p50_s=1.0,
                    prefill_token_share=0.9)
-    assert alerts.tail_ttft_from_prefill(tail) is not None
-    queued = {**tail, "waiting_nonzero_share": 0.9, "waiting_p50": 60, "running_max": 120,
-              "in_engine_max": 192, "max_num_seqs": 40, "replicas": 3}
-    assert alerts.tail_ttft_from_prefill(queued) is None
+    assert rules.tail_ttft_from_prefill(tail) is not None
+    queued = replace(tail, waiting_nonzero_share=0.9, waiting_p50=60, running_max=120,
+                     in_engine_max=192, max_num_seqs=40, replicas=3)
+    assert rules.tail_ttft_from_prefill(queued) is None
     assert "running_below_offered" in [f.rule for f in diagnose(queued)]
 
 
 def test_low_active_ratio_falls_back_on_the_mean_and_says_so():
-    live = {k: v for k, v in crafted(active_ratio_mean=0.2).items() if k != "active_ratio_p50"}
-    f = alerts.low_active_ratio(live)
+    live = replace(crafted(active_ratio_mean=0.2), active_ratio_p50=None)
+    f = rules.low_active_ratio(live)
     assert f is not None and "mean" in f.evidence and "median" not in f.evidence
     assert "20.0%" in f.evidence
-    assert alerts.low_active_ratio({"active_ratio_mean": 0.3}) is None  # strict, as the median
+    # strict, as the median
+    assert rules.low_active_ratio(RunSummary(active_ratio_mean=0.3)) is None
     # with a median it is the median that decides, the mean only shown
-    f = alerts.low_active_ratio(crafted(active_ratio_p50=0.1, active_ratio_mean=0.5))
+    f = rules.low_active_ratio(crafted(active_ratio_p50=0.1, active_ratio_mean=0.5))
     assert "median" in f.evidence and "(mean 50.0%)" in f.evidence
-    assert alerts.low_active_ratio(crafted(active_ratio_p50=0.5, active_ratio_mean=0.1)) is None
+    assert rules.low_active_ratio(crafted(active_ratio_p50=0.5, active_ratio_mean=0.1)) is None
 
 
 def test_unevaluable_names_the_missing_inputs():
-    assert alerts.unevaluable(HEALTHY) == {}
-    missing = alerts.unevaluable({"preemptions": 0, "waiting_growth": 0.0})
+    assert unevaluable(crafted()) == {}
+    missing = unevaluable(RunSummary(preemptions=0, waiting_growth=0.0))
     assert "queue_growing" not in missing and "preemption_nonzero" not in missing
     assert missing["capacity"] == ["p99_p50_e2e_ratio or p99_p50_ttft_ratio"]
     assert missing["low_active_ratio"] == ["active_ratio_p50 or active_ratio_mean"]

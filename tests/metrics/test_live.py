@@ -4,35 +4,40 @@ TGI), the rules it feeds, and the rules it cannot."""
 import pytest
 from metrics.canned_texts import hist, rising_vllm_window, vllm_text, window
 
-from stepserve.metrics.alerts import RULE_INPUTS, RULES, diagnose, unevaluable
+from stepserve.metrics.alerts import diagnose, unevaluable
 from stepserve.metrics.live import LIVE_KEYS, live_config, live_summary
+from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import RULES
+
+RULE_NAMES = {rule.name for rule in RULES}
 
 
 def test_vllm_window_summary():
     s = live_summary(rising_vllm_window())
-    assert set(s) == set(LIVE_KEYS)
-    assert s["metrics_source"] == "vllm" and s["scrape_samples"] == 11 and s["window_s"] == 10
-    assert s["waiting_max"] == 20 and s["running_max"] == 8 and s["kv_usage_max"] == 0.97
-    assert s["in_engine_max"] == 28
-    assert s["waiting_growth"] == pytest.approx(2.0)
-    assert s["waiting_trend_rise"] == pytest.approx(20.0)
-    assert s["waiting_nonzero_share"] == pytest.approx(10 / 11)
-    assert s["preemptions"] == 7 and s["requests_finished"] == 20  # aborts left out
-    assert s["prompt_tokens"] == 2000 and s["generation_tokens"] == 6000
-    assert s["prefill_token_share"] == pytest.approx(0.25)
+    assert list(s.to_json()) == list(LIVE_KEYS)
+    assert s.metrics_source == "vllm" and s.scrape_samples == 11 and s.window_s == 10
+    assert s.waiting_max == 20 and s.running_max == 8 and s.kv_usage_max == 0.97
+    assert s.in_engine_max == 28
+    assert s.waiting_growth == pytest.approx(2.0)
+    assert s.waiting_trend_rise == pytest.approx(20.0)
+    assert s.waiting_nonzero_share == pytest.approx(10 / 11)
+    assert s.preemptions == 7 and s.requests_finished == 20  # aborts left out
+    assert s.prompt_tokens == 2000 and s.generation_tokens == 6000
+    assert s.prefill_token_share == pytest.approx(0.25)
     # TTFT: rank 10 of 20 in (0.05, 0.1] (18 there); rank 19.8 in (5, 10] (2 there)
-    assert s["ttft_p50_s"] == pytest.approx(0.05 + 0.05 * 10 / 18)
-    assert s["ttft_p99_s"] == pytest.approx(5 + 5 * 1.8 / 2)
-    assert s["p99_p50_ttft_ratio"] == pytest.approx(s["ttft_p99_s"] / s["ttft_p50_s"])
-    assert s["tpot_p50_s"] == pytest.approx(0.01 + 0.04 * 10 / 20)
+    assert s.ttft_p50_s == pytest.approx(0.05 + 0.05 * 10 / 18)
+    assert s.ttft_p99_s == pytest.approx(5 + 5 * 1.8 / 2)
+    assert s.p99_p50_ttft_ratio == pytest.approx(s.ttft_p99_s / s.ttft_p50_s)
+    assert s.tpot_p50_s == pytest.approx(0.01 + 0.04 * 10 / 20)
     # vLLM counts no step kinds, no slots and no step time
-    for key in ("prefill_step_share", "active_ratio_mean", "mean_step_s", "slot_utilization"):
-        assert s[key] is None
+    for value in (s.prefill_step_share, s.active_ratio_mean, s.mean_step_s, s.slot_utilization):
+        assert value is None
 
 
 def test_vllm_rising_queue_and_preemptions_fire_the_rules():
     s = live_summary(rising_vllm_window())
-    rules = {f.rule for f in diagnose(s, live_config(rising_vllm_window()[-1]))}
+    config = live_config(rising_vllm_window()[-1])
+    rules = {f.rule for f in diagnose(s, RuleSettings.of(s, config))}
     assert {"queue_growing", "preemption_nonzero", "capacity", "running_below_offered"} <= rules
     assert set(unevaluable(s)) == {"chunk_cap_eats_budget", "tail_ttft_from_prefill",
                                    "low_slot_utilization", "low_active_ratio"}
@@ -42,9 +47,9 @@ def test_vllm_rising_queue_and_preemptions_fire_the_rules():
 def test_nothing_finished_in_the_window_leaves_latency_unknown():
     flat = vllm_text(waiting=0, preempted=0, fast=3, slow=0, stop=3)
     s = live_summary(window(flat, flat))
-    assert s["requests_finished"] == 0 and s["preemptions"] == 0
-    for key in ("ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "tpot_p50_s", "p99_p50_e2e_ratio"):
-        assert s[key] is None
+    assert s.requests_finished == 0 and s.preemptions == 0
+    for value in (s.ttft_p50_s, s.ttft_p99_s, s.e2e_p99_s, s.tpot_p50_s, s.p99_p50_e2e_ratio):
+        assert value is None
     assert diagnose(s) == []
     assert "capacity" in unevaluable(s)  # no tail ratio without a finished request
 
@@ -66,13 +71,13 @@ def sglang_text(queue: int, retracted: int, done: int) -> str:
 
 def test_sglang_window_summary():
     s = live_summary(window(sglang_text(1, 0, 10), sglang_text(3, 2, 30)))
-    assert s["metrics_source"] == "sglang"
-    assert s["waiting_max"] == 3 and s["running_max"] == 4 and s["kv_usage_max"] == 0.4
-    assert s["preemptions"] == 2 and s["requests_finished"] == 20
-    assert s["prefill_token_share"] == pytest.approx(0.25)
-    assert s["ttft_p50_s"] == pytest.approx(0.05) and s["e2e_p50_s"] == pytest.approx(1.5)
-    assert s["tpot_p50_s"] == pytest.approx(0.015)
-    assert s["mean_step_s"] is None and s["steps"] is None
+    assert s.metrics_source == "sglang"
+    assert s.waiting_max == 3 and s.running_max == 4 and s.kv_usage_max == 0.4
+    assert s.preemptions == 2 and s.requests_finished == 20
+    assert s.prefill_token_share == pytest.approx(0.25)
+    assert s.ttft_p50_s == pytest.approx(0.05) and s.e2e_p50_s == pytest.approx(1.5)
+    assert s.tpot_p50_s == pytest.approx(0.015)
+    assert s.mean_step_s is None and s.steps is None
     assert "preemption_nonzero" in {f.rule for f in diagnose(s)}
 
 
@@ -97,13 +102,13 @@ def tgi_text(queue: int, done: int, steps: int) -> str:
 
 def test_tgi_window_summary():
     s = live_summary(window(tgi_text(0, 4, 40), tgi_text(5, 12, 120)))
-    assert s["metrics_source"] == "tgi"
-    assert s["waiting_max"] == 5 and s["running_max"] == 6 and s["kv_usage_max"] is None
-    assert s["requests_finished"] == 8 and s["steps"] == 80
-    assert s["prefill_token_share"] == pytest.approx(0.75)  # 300 in, 100 out per request
-    assert s["e2e_p50_s"] == pytest.approx(3.0) and s["tpot_p50_s"] == pytest.approx(0.03)
-    assert s["mean_step_s"] == pytest.approx(0.05)
-    assert s["ttft_p50_s"] is None and s["preemptions"] is None  # TGI has neither
+    assert s.metrics_source == "tgi"
+    assert s.waiting_max == 5 and s.running_max == 6 and s.kv_usage_max is None
+    assert s.requests_finished == 8 and s.steps == 80
+    assert s.prefill_token_share == pytest.approx(0.75)  # 300 in, 100 out per request
+    assert s.e2e_p50_s == pytest.approx(3.0) and s.tpot_p50_s == pytest.approx(0.03)
+    assert s.mean_step_s == pytest.approx(0.05)
+    assert s.ttft_p50_s is None and s.preemptions is None  # TGI has neither
     missing = unevaluable(s)
     assert missing["preemption_nonzero"] == ["preemptions"]
     assert "p99_p50_ttft_ratio" in missing["tail_ttft_from_prefill"]
@@ -128,14 +133,14 @@ def test_stepserve_window_summary_and_config():
     m.on_steps([step(2, 64, 0, 2, 2, 0)], 0.04)  # prefill only, decode starved
     m.on_steps([step(3, 0, 4, 4, 4, 4)], 0.03)
     s = live_summary(window(before, m.render().decode()))
-    assert s["metrics_source"] == "stepserve" and s["steps"] == 3
-    assert s["prefill_step_share"] == pytest.approx(2 / 3)
-    assert s["zero_decode_step_share"] == pytest.approx(1 / 3)
-    assert s["mean_step_s"] == pytest.approx(0.03)
-    assert s["active_ratio_mean"] == pytest.approx(4 / 8) == s["slot_utilization"]
+    assert s.metrics_source == "stepserve" and s.steps == 3
+    assert s.prefill_step_share == pytest.approx(2 / 3)
+    assert s.zero_decode_step_share == pytest.approx(1 / 3)
+    assert s.mean_step_s == pytest.approx(0.03)
+    assert s.active_ratio_mean == pytest.approx(4 / 8) == s.slot_utilization
     config = live_config(window(before)[0])
     assert config["max_num_seqs"] == 2 and config["budget_order"] == "prefill_first"
-    found = {f.rule: f for f in diagnose(s, config)}
+    found = {f.rule: f for f in diagnose(s, RuleSettings.of(s, config))}
     assert "chunk_cap_eats_budget" in found
     assert "(now prefill_first)" in found["chunk_cap_eats_budget"].action
 
@@ -143,10 +148,10 @@ def test_stepserve_window_summary_and_config():
 # ---- what the rules need ----
 
 def test_every_rule_says_what_it_reads():
-    assert set(RULE_INPUTS) == {rule.__name__ for rule in RULES}
+    assert all(rule.needs for rule in RULES) and len(RULE_NAMES) == len(RULES)
 
 
 def test_an_empty_summary_evaluates_nothing_and_fires_nothing():
     s = live_summary([])
-    assert s["scrape_samples"] == 0 and s["metrics_source"] is None
-    assert diagnose(s) == [] and set(unevaluable(s)) == set(RULE_INPUTS)
+    assert s.scrape_samples == 0 and s.metrics_source is None
+    assert diagnose(s) == [] and set(unevaluable(s)) == RULE_NAMES

@@ -2,8 +2,9 @@
 
 import pytest
 
+from stepserve.metrics import summary as summaries
 from stepserve.metrics.request_metrics import request_metrics
-from stepserve.metrics.summary import LATENCIES, request_summary, summarize, summarize_by_class
+from stepserve.metrics.summary import LATENCIES, summarize, summarize_by_class
 from stepserve.request import FINISH_REASON_OF, Request, RequestStatus, SamplingParams
 
 LENGTH, STOP = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED
@@ -27,6 +28,11 @@ def timed_request(rid, arrival, token_times, *, scheduled=None, status=LENGTH,
         req.finish_time = finish_time if finish_time is not None else \
             (token_times[-1] if token_times else arrival)
     return req
+
+
+def request_summary(reqs, duration_s, **kw):
+    """The request fields of the requests, each measured."""
+    return summaries.request_summary([request_metrics(r) for r in reqs], duration_s, **kw)
 
 
 def test_vllm_definitions_on_a_hand_built_timeline():
@@ -68,27 +74,28 @@ def test_only_completed_requests_feed_the_latency_percentiles():
         timed_request("live", 0.0, [3.0], status=RequestStatus.RUNNING),
     ]
     s = request_summary(reqs, duration_s=10.0)
-    assert (s["requests_total"], s["requests_finished"], s["requests_rejected"],
-            s["requests_timed_out"], s["requests_aborted"], s["requests_unfinished"]) == \
+    assert (s.requests_total, s.requests_finished, s.requests_rejected,
+            s.requests_timed_out, s.requests_aborted, s.requests_unfinished) == \
         (6, 2, 1, 1, 1, 1)
-    assert s["output_tokens"] == 3 + 2 + 2 + 1  # every generated token, any outcome
-    assert s["prompt_tokens"] == 4 * 4  # prompts of the four that ran
-    assert s["throughput_tokens_per_s"] == pytest.approx(0.8)
-    assert s["throughput_requests_per_s"] == pytest.approx(0.2)
-    assert s["ttft_p50_s"] == pytest.approx(1.5) and s["ttft_p99_s"] == pytest.approx(1.99)
-    assert s["e2e_mean_s"] == pytest.approx(2.25)
-    assert s["itl_mean_s"] == pytest.approx(0.5) and s["itl_p99_s"] == pytest.approx(0.5)
-    assert s["tpot_p50_s"] == pytest.approx(0.5)
+    assert s.output_tokens == 3 + 2 + 2 + 1  # every generated token, any outcome
+    assert s.prompt_tokens == 4 * 4  # prompts of the four that ran
+    assert s.throughput_tokens_per_s == pytest.approx(0.8)
+    assert s.throughput_requests_per_s == pytest.approx(0.2)
+    assert s.ttft_p50_s == pytest.approx(1.5) and s.ttft_p99_s == pytest.approx(1.99)
+    assert s.e2e_mean_s == pytest.approx(2.25)
+    assert s.itl_mean_s == pytest.approx(0.5) and s.itl_p99_s == pytest.approx(0.5)
+    assert s.tpot_p50_s == pytest.approx(0.5)
+    assert s.itl_max_s == pytest.approx(0.5)  # the longest gap of a completed request
     for name in LATENCIES:
         for stat in ("mean", "p50", "p95", "p99"):
-            assert f"{name}_{stat}_s" in s
+            assert f"{name}_{stat}_s" in s.to_json()
 
 
 def test_latency_keys_are_none_without_completed_requests():
     s = request_summary([timed_request("r", 0.0, [], status=RequestStatus.FINISHED_REJECTED)],
                         duration_s=0.0)
-    assert s["ttft_p50_s"] is None and s["p99_p50_e2e_ratio"] is None
-    assert s["throughput_tokens_per_s"] is None  # zero duration
+    assert s.ttft_p50_s is None and s.p99_p50_e2e_ratio is None
+    assert s.throughput_tokens_per_s is None  # zero duration
     with pytest.raises(ValueError, match="duration_s"):
         request_summary([], duration_s=-1.0)
 
@@ -97,8 +104,8 @@ def test_p99_p50_ratios():
     reqs = [timed_request(f"r{i}", 0.0, [1.0, 2.0]) for i in range(99)]
     reqs.append(timed_request("slow", 0.0, [100.0, 200.0]))
     s = request_summary(reqs, 200.0)
-    assert s["p99_p50_ttft_ratio"] == pytest.approx(s["ttft_p99_s"] / s["ttft_p50_s"])
-    assert s["p99_p50_e2e_ratio"] == pytest.approx((2.0 + 0.01 * 198.0) / 2.0)  # rank 98.01
+    assert s.p99_p50_ttft_ratio == pytest.approx(s.ttft_p99_s / s.ttft_p50_s)
+    assert s.p99_p50_e2e_ratio == pytest.approx((2.0 + 0.01 * 198.0) / 2.0)  # rank 98.01
 
 
 def test_preemptions_on_long_requests_share():
@@ -109,13 +116,13 @@ def test_preemptions_on_long_requests_share():
     reqs = [with_output("long", 1300, 3), with_output("edge", 1200, 0),
             with_output("short", 20, 1), with_output("calm", 20, 0)]
     s = request_summary(reqs, 20.0)
-    assert s["preemptions"] == 4 and s["preempted_requests"] == 2
-    assert s["preemptions_on_long_share"] == pytest.approx(0.75)
-    assert s["long_requests"] == 1 and s["long_request_share"] == pytest.approx(0.25)
+    assert s.preemptions == 4 and s.preempted_requests == 2
+    assert s.preemptions_on_long_share == pytest.approx(0.75)
+    assert s.long_requests == 1 and s.long_request_share == pytest.approx(0.25)
     s = request_summary(reqs, 20.0, long_request_threshold=10)
-    assert s["preemptions_on_long_share"] == 1.0
+    assert s.preemptions_on_long_share == 1.0
     calm = request_summary([with_output("calm", 20, 0)], 1.0)
-    assert calm["preemptions"] == 0 and calm["preemptions_on_long_share"] is None
+    assert calm.preemptions == 0 and calm.preemptions_on_long_share is None
 
 
 def test_summarize_by_class_splits_request_keys_and_omits_step_keys():
@@ -125,9 +132,10 @@ def test_summarize_by_class_splits_request_keys_and_omits_step_keys():
             timed_request("x", 0.0, [1.0])]
     by = summarize_by_class(reqs, [], 4.0)
     assert list(by) == ["chat", "summary", "unclassified"]
-    assert by["chat"]["requests_total"] == 2 and by["chat"]["ttft_p50_s"] == pytest.approx(0.2)
-    assert by["summary"]["ttft_p50_s"] == pytest.approx(2.0)
-    assert "slot_utilization" not in by["chat"] and "steps" not in by["chat"]
+    assert by["chat"].requests_total == 2 and by["chat"].ttft_p50_s == pytest.approx(0.2)
+    assert by["summary"].ttft_p50_s == pytest.approx(2.0)
+    chat = by["chat"].to_json()
+    assert "slot_utilization" not in chat and "steps" not in chat
     whole = summarize(reqs, [], 4.0)
-    assert whole["steps"] == 0 and whole["slot_utilization"] is None
-    assert set(by["chat"]) < set(whole)
+    assert whole.steps == 0 and whole.slot_utilization is None
+    assert set(chat) < set(whole.to_json())

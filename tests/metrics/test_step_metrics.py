@@ -3,7 +3,12 @@
 import pytest
 
 from stepserve.core.output import StepRecord
-from stepserve.metrics.step_metrics import longest_monotonic_rise, step_summary, timeseries
+from stepserve.metrics.step_metrics import (
+    TimeSeries,
+    longest_monotonic_rise,
+    step_summary,
+    timeseries,
+)
 from stepserve.metrics.summary import summarize
 from stepserve.metrics.summary import timeseries as summary_timeseries
 
@@ -31,19 +36,19 @@ def static_batch_of_64():
 def test_slot_utilization_of_the_seeds_static_batch():
     s = step_summary(static_batch_of_64())
     # useful output / (concurrency x longest output) = 21,080 / (64 x 2,000)
-    assert s["slot_utilization"] == pytest.approx(21080 / 128000)
-    assert round(s["slot_utilization"], 4) == 0.1647
-    assert s["active_ratio_p50"] == pytest.approx(10 / 64)  # the seed's "10 of 64"
-    assert s["active_ratio_mean"] == pytest.approx(21080 / 128000)
-    assert s["steps"] == 2000 and s["mean_step_s"] == pytest.approx(0.01)
-    assert s["running_max"] == 64
+    assert s.slot_utilization == pytest.approx(21080 / 128000)
+    assert round(s.slot_utilization, 4) == 0.1647
+    assert s.active_ratio_p50 == pytest.approx(10 / 64)  # the seed's "10 of 64"
+    assert s.active_ratio_mean == pytest.approx(21080 / 128000)
+    assert s.steps == 2000 and s.mean_step_s == pytest.approx(0.01)
+    assert s.running_max == 64
 
 
 def test_steps_without_held_slots_are_left_out_of_slot_utilization():
     steps = [record(0, held=4, active=2, decode=2), record(1, held=0, active=0)]
     s = step_summary(steps)
-    assert s["slot_utilization"] == pytest.approx(0.5)
-    assert s["active_ratio_p50"] == pytest.approx(0.5)
+    assert s.slot_utilization == pytest.approx(0.5)
+    assert s.active_ratio_p50 == pytest.approx(0.5)
 
 
 def test_prefill_only_and_zero_decode_step_shares():
@@ -54,19 +59,19 @@ def test_prefill_only_and_zero_decode_step_shares():
         + [record(9, decode=4, ready=4)]  # decode-only
     )
     s = step_summary(steps)
-    assert s["prefill_step_share"] == pytest.approx(5 / 10)
-    assert s["zero_decode_step_share"] == pytest.approx(2 / 10)
+    assert s.prefill_step_share == pytest.approx(5 / 10)
+    assert s.zero_decode_step_share == pytest.approx(2 / 10)
     prefill, decode = 5 * 512 + 4 * 100, 5 * 4
-    assert s["prefill_token_share"] == pytest.approx(prefill / (prefill + decode))
-    assert s["decode_step_p50_s"] == pytest.approx(0.01)
+    assert s.prefill_token_share == pytest.approx(prefill / (prefill + decode))
+    assert s.decode_step_p50_s == pytest.approx(0.01)
 
 
 def test_no_steps_gives_none_not_errors():
     s = step_summary([])
-    assert s["steps"] == 0 and s["replicas"] == 0
+    assert s.steps == 0 and s.replicas == 0
     for key in ("slot_utilization", "prefill_step_share", "zero_decode_step_share",
                 "waiting_max", "waiting_growth", "kv_usage_max", "mean_step_s"):
-        assert s[key] is None
+        assert getattr(s, key) is None
 
 
 def test_longest_monotonic_rise_trims_flat_ends():
@@ -83,13 +88,13 @@ def test_waiting_growth_is_fitted_while_requests_arrive():
     steps += [record(i, start=float(i), dur=1.0, waiting=max(20 - 2 * (i - 9), 0))
               for i in range(10, 20)]
     s = step_summary(steps, offered_window=(0.0, 10.0))
-    assert s["waiting_growth"] == pytest.approx(2.0)
-    assert s["waiting_trend_rise"] == pytest.approx(18.0)  # slope x (10 s - 1 s) of samples
-    assert s["waiting_monotonic_rise_s"] == pytest.approx(9.0)
-    assert s["waiting_monotonic_rise"] == 18
-    assert s["waiting_max"] == 20
-    assert step_summary(steps)["waiting_growth"] is None  # no arrival window, no fit
-    assert step_summary(steps, offered_window=(0.0, 0.0))["waiting_growth"] is None
+    assert s.waiting_growth == pytest.approx(2.0)
+    assert s.waiting_trend_rise == pytest.approx(18.0)  # slope x (10 s - 1 s) of samples
+    assert s.waiting_monotonic_rise_s == pytest.approx(9.0)
+    assert s.waiting_monotonic_rise == 18
+    assert s.waiting_max == 20
+    assert step_summary(steps).waiting_growth is None  # no arrival window, no fit
+    assert step_summary(steps, offered_window=(0.0, 0.0)).waiting_growth is None
 
 
 def test_queue_levels_are_summed_over_replicas():
@@ -99,13 +104,13 @@ def test_queue_levels_are_summed_over_replicas():
          record(1, start=3.0, dur=1.0, waiting=0, running=5, kv=0.8)]
     s = step_summary([a, b])
     # after each step (t = 1, 2, 3, 4): waiting 2, 2+1, 4+1, 4+0
-    assert s["replicas"] == 2
-    assert s["waiting_max"] == 5 and s["waiting_p50"] == pytest.approx(3.5)
-    assert s["running_max"] == 8
-    assert s["kv_usage_max"] == pytest.approx(0.8)
-    assert s["kv_usage_mean"] == pytest.approx(0.5)
-    assert s["waiting_nonzero_share"] == 1.0
-    assert s["in_engine_max"] == 13
+    assert s.replicas == 2
+    assert s.waiting_max == 5 and s.waiting_p50 == pytest.approx(3.5)
+    assert s.running_max == 8
+    assert s.kv_usage_max == pytest.approx(0.8)
+    assert s.kv_usage_mean == pytest.approx(0.5)
+    assert s.waiting_nonzero_share == 1.0
+    assert s.in_engine_max == 13
 
 
 def test_timeseries_bins_levels_and_totals():
@@ -121,8 +126,9 @@ def test_timeseries_bins_levels_and_totals():
     assert ts.prefill_tokens == [100, 0, 0, 0]
     assert ts.decode_tokens == [4, 0, 0, 1]
     assert ts.preemptions == [1, 0, 0, 0]
-    assert set(ts.to_dict()) == {"t", "waiting", "running", "kv_usage", "prefill_tokens",
+    assert set(ts.to_json()) == {"t", "waiting", "running", "kv_usage", "prefill_tokens",
                                  "decode_tokens", "preemptions"}
+    assert TimeSeries.from_json(ts.to_json()) == ts
     assert timeseries([]).t == []
     assert summary_timeseries is timeseries
     with pytest.raises(ValueError, match="bins"):
@@ -144,4 +150,4 @@ def test_summarize_has_every_key_other_tools_rely_on():
     }
     required |= {f"{n}_{stat}_s" for n in ("ttft", "tpot", "itl", "e2e", "queue_time")
                  for stat in ("mean", "p50", "p95", "p99")}
-    assert required <= set(s)
+    assert required <= set(s.to_json())

@@ -3,7 +3,6 @@
 from stepserve.config import EngineConfig
 from stepserve.sim.cost import ConstantCost, LinearCost
 from stepserve.sim.loop import simulate
-from stepserve.sim.router import LeastOutstanding, RoundRobin
 from stepserve.workload.spec import RequestSpec
 
 
@@ -38,16 +37,6 @@ def test_more_replicas_finish_a_burst_sooner():
     three = simulate(cfg(max_num_seqs=16, replicas=3), load, cost, 512)
     assert three.replicas == 3 and len(three.steps) == 3
     assert three.duration_s < one.duration_s / 2
-
-
-def test_routers_spread_requests():
-    class Rep:
-        def __init__(self, n):
-            self.outstanding = n
-
-    rr = RoundRobin()
-    assert [rr.pick([Rep(0)] * 3) for _ in range(4)] == [0, 1, 2, 0]
-    assert LeastOutstanding().pick([Rep(3), Rep(1), Rep(1)]) == 1
 
 
 def test_dynamic_batching_waits_for_its_window_or_a_full_batch():

@@ -2,6 +2,7 @@
 
 import pytest
 
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.sweep.knee import analyze_series, find_knee, is_ordered
 from stepserve.sweep.spec import parse_summary_slo
 
@@ -12,14 +13,14 @@ def _analyze(*args, **kwargs):
 
 
 def test_the_default_tail_metric_is_ttft_p99():
-    summaries = [{"throughput_tokens_per_s": t, "ttft_p99_s": p, "e2e_p99_s": 1.0}
+    summaries = [RunSummary(throughput_tokens_per_s=t, ttft_p99_s=p, e2e_p99_s=1.0)
                  for t, p in ((100, 0.1), (200, 0.2), (201, 2.0))]
     assert analyze_series("A", [1, 2, 3], summaries).knee_index == 2
 
 
 def _summaries(throughput, p99, ttft=None):
     ttft = ttft or [0.1] * len(throughput)
-    return [{"throughput_tokens_per_s": t, "e2e_p99_s": p, "ttft_p99_s": f}
+    return [RunSummary(throughput_tokens_per_s=t, e2e_p99_s=p, ttft_p99_s=f)
             for t, p, f in zip(throughput, p99, ttft)]
 
 
@@ -119,11 +120,13 @@ def test_no_point_meets_the_slo():
 
 def test_slo_lower_bounds_and_missing_values():
     at_least = parse_summary_slo("throughput_tokens_per_s>=1500")
-    assert at_least.at_least and at_least.met_by({"throughput_tokens_per_s": 1500})
-    assert not at_least.met_by({"throughput_tokens_per_s": 1499})
-    assert not parse_summary_slo("ttft_p99_s=2").met_by({"ttft_p99_s": None})
+    assert at_least.at_least and at_least.met_by(RunSummary(throughput_tokens_per_s=1500))
+    assert not at_least.met_by(RunSummary(throughput_tokens_per_s=1499))
+    assert not parse_summary_slo("ttft_p99_s=2").met_by(RunSummary(ttft_p99_s=None))
     with pytest.raises(ValueError, match="METRIC=LIMIT"):
         parse_summary_slo("ttft_p99_s")
+    with pytest.raises(ValueError, match="'ttft_p99' is not a number of a run's summary"):
+        parse_summary_slo("ttft_p99=2")  # a typo would never be met, silently
 
 
 def test_undefined_values_never_make_a_knee():

@@ -4,12 +4,14 @@ import json
 
 import pytest
 
-from stepserve.metrics.run_data import SAMPLE_CAP, run_extras, thin
-from stepserve.sim.run import run_scenario, to_json_ready
+from stepserve.metrics.run_data import SAMPLE_CAP, step_timeseries, thin
+from stepserve.sim.run import SimulateResult, run_scenario, simulate_run
 from stepserve.sim.scenarios import get_scenario
 from stepserve.sweep.job import SweepOptions, build_sweep, sweep_result
-from stepserve.sweep.plots import Group, knee_plot, latency_cdf, timeseries_plot
+from stepserve.sweep.plots import Group, KneeSeries, knee_plot, latency_cdf, timeseries_plot
 from stepserve.sweep.report import write_report
+from stepserve.sweep.report_job import load_result
+from stepserve.sweep.result import SweepResult
 from stepserve.sweep.runner import run_points
 from stepserve.workload.overrides import WorkloadOverrides
 
@@ -31,8 +33,9 @@ def sweep_json():
     plan = build_sweep(options)
     runs, _ = run_points(plan.points, plan.make_workload, plan.cost, plan.blocks)
     result = sweep_result(plan, runs, options)
-    return json.loads(json.dumps({**result, "runs": [
-        {k: v for k, v in r.items() if k != "_sim"} for r in result["runs"]]}))
+    data = json.loads(json.dumps(result.to_json()))
+    assert SweepResult.from_json(data).to_json() == data  # the JSON round trip is exact
+    return data
 
 
 def _check_png(path):
@@ -49,7 +52,7 @@ def _check_png(path):
 
 
 def test_sweep_report_writes_html_and_valid_pngs(tmp_path, sweep_json):
-    page = write_report(sweep_json, tmp_path / "rep")
+    page = write_report(load_result(sweep_json, "sweep"), tmp_path / "rep")
     assert page.name == "index.html"
     for name in PLOTS:
         _check_png(tmp_path / "rep" / name)
@@ -59,28 +62,35 @@ def test_sweep_report_writes_html_and_valid_pngs(tmp_path, sweep_json):
 
 
 def test_plot_functions_draw_lines_with_data(sweep_json):
-    runs = sweep_json["runs"]
-    group = Group("A", ["rate=4", "rate=24"], runs[:2])
-    for fig in (latency_cdf([group], "ttft_s", "TTFT"),
-                timeseries_plot([group], "running", "running", "batch")):
+    runs = SweepResult.from_json(sweep_json).runs
+    group = Group("A", ["rate=4", "rate=24"], list(runs[:2]))
+    for fig in (latency_cdf([group], lambda s: s.ttft_s, "TTFT"),
+                timeseries_plot([group], lambda ts: ts.running, "running", "running", "batch")):
         (ax,) = fig.axes
         assert len(ax.lines) >= 2 and all(len(line.get_xdata()) > 1 for line in ax.lines[:2])
-    series = [{"name": "A", "xs": [4.0, 24.0], "throughput": [1.0, 1.02], "p99": [1.0, 3.0],
-               "knee_index": 1, "recommended_index": 0}]
+    series = [KneeSeries("A", [4.0, 24.0], [1.0, 1.02], [1.0, 3.0], knee_index=1,
+                         recommended_index=0)]
     fig = knee_plot(series, "rate", "ttft_p99_s")
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert {"A", "knee", "recommended"} <= set(labels)
 
 
 def test_simulate_result_with_and_without_per_run_data(tmp_path):
-    result = run_scenario(get_scenario("quickstart"), WorkloadOverrides(num_requests=40))
-    assert all("timeseries" in r and "latency_samples" in r for r in result["runs"])
-    assert result["runs"][0]["timeseries"] == run_extras(result["runs"][0]["_sim"])["timeseries"]
-    data = json.loads(json.dumps(to_json_ready(result)))
+    scenario = get_scenario("quickstart")
+    result = run_scenario(scenario, WorkloadOverrides(num_requests=40))
+    assert all(r.timeseries is not None and r.latency_samples is not None for r in result.runs)
+    spec = scenario.runs[0]
+    run, sim = simulate_run(spec.name, spec.config,
+                            scenario.workload_with(WorkloadOverrides(num_requests=40)).generate(),
+                            scenario.cost_model(), scenario.num_gpu_blocks(spec.config), None,
+                            spec.note)
+    assert run.timeseries == result.runs[0].timeseries == step_timeseries(sim.steps)
+    data = json.loads(json.dumps(result.to_json()))
+    assert SimulateResult.from_json(data).to_json() == data  # the JSON round trip is exact
     for run in data["runs"][1:]:  # only run A keeps its per-run data
         run.pop("timeseries")
         run.pop("latency_samples")
-    page = write_report(data, tmp_path / "sim")
+    page = write_report(load_result(data, "sim"), tmp_path / "sim")
     text = page.read_text()
     assert "no knee is computed" in text
     assert "no `latency_samples` in the JSON for: B, C" in text
@@ -90,7 +100,7 @@ def test_simulate_result_with_and_without_per_run_data(tmp_path):
     for run in data["runs"]:
         run.pop("timeseries", None)
         run.pop("latency_samples", None)
-    page = write_report(data, tmp_path / "bare")
+    page = write_report(load_result(data, "bare"), tmp_path / "bare")
     assert "no `timeseries` in the JSON" in page.read_text()
     assert sorted(p.name for p in (tmp_path / "bare").glob("*.png")) == ["knee.png"]
     _check_png(tmp_path / "bare" / "knee.png")

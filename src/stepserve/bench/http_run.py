@@ -21,6 +21,7 @@ from stepserve.bench.loadgen import HttpTarget, LoadPlan, run_http
 from stepserve.bench.plan import BenchError
 from stepserve.bench.scrape import Scraper, scrape_summary
 from stepserve.metrics.live import live_config
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.urls import check_http_url
 
 SETTLE_TRIES = 10
@@ -54,7 +55,7 @@ class HttpRun:
 
     model: str | None = None
     scraper: Scraper | None = None
-    scrape: dict = field(default_factory=dict)  # scrape_summary of the samples
+    scrape: RunSummary = field(default_factory=RunSummary)  # the samples' SCRAPE_KEYS
 
     @property
     def snapshots(self) -> list:
@@ -103,4 +104,4 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
                 await asyncio.gather(poll, return_exceptions=True)
             if scraper is not None:
                 await _settle(scraper, client)
-            out.scrape = scrape_summary(out.snapshots)
+            out.scrape = RunSummary.from_json(scrape_summary(out.snapshots))

@@ -7,8 +7,8 @@ so the bench summary has the same keys whatever the target; the engine's own ste
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan, token_prompt
@@ -16,11 +16,13 @@ from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config import EngineConfig
 from stepserve.core.output import StepRecord
 from stepserve.metrics.run_data import step_timeseries
+from stepserve.metrics.run_summary import REQUEST_FIELDS, STEP_FIELDS, RunSummary
+from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import summarize
 from stepserve.request import Request, SamplingParams
 
-# engine summary keys that mean what the scrape keys mean
-_FROM_ENGINE = ("waiting_max", "running_max", "kv_usage_max", "preemptions")
+if TYPE_CHECKING:
+    from stepserve.sim.run import RunResult
 
 
 def record_of(req: Request, index: int, warmup: bool, scheduled_s: float, t0: float,
@@ -41,45 +43,41 @@ def record_of(req: Request, index: int, warmup: bool, scheduled_s: float, t0: fl
         error=None if ok else f"{reason or 'unfinished'}: {req.finish_message}".strip())
 
 
-def engine_keys(requests: Sequence[Request], steps: Any, duration_s: float) -> dict:
-    """The scrape keys (and the step keys) from the engine's own records."""
-    full = summarize(requests, steps, duration_s)
-    # the bench computes its own request keys from the records; keep the rest
+def engine_keys(full: RunSummary) -> RunSummary:
+    """The scrape fields (and the step fields) from the engine's own summary: the bench
+    computes its own request fields from the records, so those are left out."""
     own = ("output_tokens", "prompt_tokens", "duration_s")
-    out = {k: v for k, v in full.items() if k not in own
-           and not k.startswith(("requests_", "throughput_"))
-           and k.split("_")[0] not in ("ttft", "tpot", "itl", "e2e", "p99")}
-    out.update({k: full.get(k) for k in _FROM_ENGINE})
-    out["server_requests_finished"] = full["requests_finished"]
-    out["server_generation_tokens"] = full["output_tokens"]
-    out["server_prompt_tokens"] = full["prompt_tokens"]
-    out["scrape_samples"] = 0
-    out["metrics_source"] = "engine"
-    assert all(k in out for k in SCRAPE_KEYS)
+    kept = tuple(k for k in REQUEST_FIELDS + STEP_FIELDS if k not in own
+                 and not k.startswith(("requests_", "throughput_"))
+                 and k.split("_")[0] not in ("ttft", "tpot", "itl", "e2e", "p99"))
+    out = full.only(kept).with_values(
+        server_requests_finished=full.requests_finished,
+        server_generation_tokens=full.output_tokens,
+        server_prompt_tokens=full.prompt_tokens, scrape_samples=0, metrics_source="engine")
+    assert all(k in out.reported for k in SCRAPE_KEYS)
     return out
 
 
 def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: int
-            ) -> tuple[list[RequestRecord], dict, dict]:
-    """(records, engine keys, the simulator's run dict without its in-memory result, with
-    its binned step records as `timeseries`)."""
-    from stepserve.sim.run import run_config
+            ) -> tuple[list[RequestRecord], RunSummary, RunResult]:
+    """(records, engine keys, the simulator's run result: its summary measured once
+    feeds the engine keys, its binned step records the bench's time series)."""
+    from stepserve.sim.run import simulate_run
 
-    run = run_config("sim", config, plan.specs, cost_model, num_gpu_blocks, plan.concurrency)
-    sim = run.pop("_sim")
+    run, sim = simulate_run("sim", config, plan.specs, cost_model, num_gpu_blocks,
+                            plan.concurrency)
     by_id = {r.request_id: r for r in sim.requests}
     records = [record_of(by_id[str(s.index)], s.index, i < plan.warmup, s.arrival_s, 0.0,
                          s.request_class)
                for i, s in enumerate(plan.specs) if str(s.index) in by_id]
-    run["timeseries"] = step_timeseries(sim.steps)
-    return records, engine_keys(sim.requests, sim.steps, sim.duration_s), run
+    return records, engine_keys(run.summary), run
 
 
 def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] | None = None,
                interrupted: list[bool] | None = None
-               ) -> tuple[list[RequestRecord], dict, dict]:
+               ) -> tuple[list[RequestRecord], RunSummary, TimeSeries | None]:
     """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. Returns
-    (records, engine keys, {"timeseries": binned step records} or {}). A KeyboardInterrupt
+    (records, engine keys, binned step records or None). A KeyboardInterrupt
     stops the run; what ended so far is returned and `interrupted[0]` is set."""
     clock = engine.clock
     t0 = clock.now()
@@ -152,5 +150,6 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
         if not req.is_finished:
             rec.error, rec.status = "interrupted before the response ended", 200
         records.append(rec)
-    extras = {"timeseries": step_timeseries(steps, t0=t0)} if steps else {}
-    return records, engine_keys([r for _, r in issued], steps, clock.now() - t0), extras
+    series = step_timeseries(steps, t0=t0) if steps else None
+    full = summarize([r for _, r in issued], steps, clock.now() - t0)
+    return records, engine_keys(full), series

@@ -12,14 +12,15 @@ import asyncio
 import math
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.http_run import HttpRun, bench_http, check_url
 from stepserve.bench.loadgen import LoadPlan, make_records
 from stepserve.bench.plan import BenchError, BenchWorkloadOptions, build_workload, make_specs
 from stepserve.bench.results import (
+    BenchResult,
+    BenchRun,
     format_table,
     summarize_records,
     write_csv,
@@ -33,6 +34,7 @@ from stepserve.config import ConfigError
 from stepserve.config_load import ConfigOverrides
 from stepserve.config_load import to_dict as config_to_dict
 from stepserve.metrics.alerts import findings_for
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.user_files import check_output_file
 from stepserve.workload.errors import WorkloadError
@@ -121,72 +123,88 @@ def _progress(total: int, enabled: bool):
 
 
 def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workload) -> int:
-    run: dict[str, Any] = {"name": workload.name}
     interrupted = [False]
     bar = _progress(len(plan.specs), options.progress)
-    extra: dict = {}
     started = time.time()
     try:
         if options.target:
-            run["target"] = options.target
-            records = make_records(plan)
-            http = HttpRun()
-            try:
-                asyncio.run(bench_http(options.target, options.model, plan, records, http,
-                                       timeout_s=options.timeout_s,
-                                       metrics_interval_s=options.metrics_interval_s,
-                                       on_done=lambda r: bar.update()))
-            except KeyboardInterrupt:
-                interrupted[0] = True
-            run["model"] = http.model or options.model
-            run["config"] = http.server_config()
-            extra = http.scrape
-            run.update(http_extras(records, http.snapshots))
+            run, records, extra = _against_target(options, plan, bar, interrupted)
         elif options.sim:
-            from stepserve.bench.inprocess import run_sim
-
-            config = options.config.apply()
-            setup = cost_setup_for(options.cost)
-            records, extra, sim_run = run_sim(plan, config, setup.cost_model,
-                                              setup.num_gpu_blocks(config))
-            run.update(target="sim", batching=sim_run["batching"], config=sim_run["config"],
-                       timeseries=sim_run["timeseries"],
-                       cost_model=setup.cost_model.describe())
-            bar.update(len(records))
+            run, records, extra = _on_sim(options, plan, bar)
         else:
-            from stepserve.bench.inprocess import run_engine
-            from stepserve.engine.llm_engine import LLMEngine
-
-            config = options.config.apply()
-            engine = LLMEngine(options.model or "tiny", config)
-            run.update(target="engine", model=options.model or "tiny",
-                       batching=config.scheduler.batching)
-            records, extra, plots = run_engine(plan, engine, lambda r: bar.update(),
-                                               interrupted)
-            run.update(config=config_to_dict(config), **plots)
+            run, records, extra = _on_engine(options, plan, bar, interrupted)
     finally:
         bar.close()
-    return _report(options, run, records, slo, extra, interrupted[0], started)
+    run = replace(run, name=workload.name, started_at=started,
+                  latency_samples=run.latency_samples or latency_samples(records))
+    return _report(options, run, records, slo, extra, interrupted[0])
 
 
-def _report(options: BenchOptions, run: dict, records: list[RequestRecord],
-            slo: GoodputSLO, extra: dict, interrupted: bool, started: float) -> int:
-    run.setdefault("latency_samples", latency_samples(records))
-    summary = summarize_records(records, slo, None, interrupted)
-    summary.update(extra)
-    run["started_at"] = started
-    run["summary"] = summary
-    result = {"runs": [run], "findings": findings_for([run])}
-    print(format_table(run["name"], summary))
-    for f in result["findings"]:
-        print(f"[{f['severity']}] {f['rule']}: {f['evidence']}")
+Measured = tuple[BenchRun, list[RequestRecord], RunSummary]  # the run, its records, the
+# target's or the engine's own fields
+
+
+def _against_target(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]
+                    ) -> Measured:
+    assert options.target is not None
+    records = make_records(plan)
+    http = HttpRun()
+    try:
+        asyncio.run(bench_http(options.target, options.model, plan, records, http,
+                               timeout_s=options.timeout_s,
+                               metrics_interval_s=options.metrics_interval_s,
+                               on_done=lambda r: bar.update()))
+    except KeyboardInterrupt:
+        interrupted[0] = True
+    samples, series = http_extras(records, http.snapshots)
+    run = BenchRun("", RunSummary(), target=options.target, model=http.model or options.model,
+                   config=http.server_config(), latency_samples=samples, timeseries=series)
+    return run, records, http.scrape
+
+
+def _on_sim(options: BenchOptions, plan: LoadPlan, bar) -> Measured:
+    from stepserve.bench.inprocess import run_sim
+
+    config = options.config.apply()
+    setup = cost_setup_for(options.cost)
+    records, extra, sim_run = run_sim(plan, config, setup.cost_model,
+                                      setup.num_gpu_blocks(config))
+    bar.update(len(records))
+    run = BenchRun("", RunSummary(), target="sim", batching=sim_run.batching,
+                   config=config_to_dict(config), timeseries=sim_run.timeseries,
+                   cost_model=setup.cost_model.describe())
+    return run, records, extra
+
+
+def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]
+               ) -> Measured:
+    from stepserve.bench.inprocess import run_engine
+    from stepserve.engine.llm_engine import LLMEngine
+
+    config = options.config.apply()
+    engine = LLMEngine(options.model or "tiny", config)
+    records, extra, series = run_engine(plan, engine, lambda r: bar.update(), interrupted)
+    run = BenchRun("", RunSummary(), target="engine", model=options.model or "tiny",
+                   batching=config.scheduler.batching, config=config_to_dict(config),
+                   timeseries=series)
+    return run, records, extra
+
+
+def _report(options: BenchOptions, run: BenchRun, records: list[RequestRecord],
+            slo: GoodputSLO, extra: RunSummary, interrupted: bool) -> int:
+    summary = summarize_records(records, slo, None, interrupted).updated(extra)
+    run = replace(run, summary=summary)
+    result = BenchResult([run], findings_for([run]))
+    print(format_table(run.name, summary))
+    for f in result.findings:
+        print(f"[{f.severity}] {f.rule}: {f.evidence}")
     for path, write, what in ((options.json_out, write_json, result),
                               (options.csv_out, write_csv, records),
                               (options.markdown_out, write_markdown, result)):
         if path:
             write(path, what)
             print(f"wrote {path}")
-    if summary["requests_total"] and not summary["requests_finished"] and options.target:
+    if summary.requests_total and not summary.requests_finished and options.target:
         print("warning: no request completed; see errors above", file=sys.stderr)
     if interrupted:
         print("interrupted: the result above and any files written are partial",

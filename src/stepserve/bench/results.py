@@ -1,4 +1,5 @@
-"""Metrics from request records, with vLLM's definitions, and the result writers.
+"""Metrics from request records, with vLLM's definitions; a bench run's result types
+(BenchRun, BenchResult) and their writers.
 
 Per request (sent at `send_s`, chunk times t_1..t_k, n output tokens):
     TTFT = t_1 - send;  E2EL = t_k - send (end of the response when no chunk came)
@@ -7,12 +8,13 @@ Latencies come from completed requests (finish reason stop or length) only; warm
 requests are left out of everything. Duration is from the first measured send to the
 last measured end. Goodput = completed requests meeting every SLO / duration.
 
-Summary keys: requests_total (measured requests sent), requests_not_sent (cut off by
---duration-s or an interrupt), requests_finished, requests_failed, errors (outcome ->
-count, e.g. http_500), error_examples (outcome -> its first message), output_tokens (completed requests), prompt_tokens, duration_s,
+Summary fields (a RunSummary): requests_total (measured requests sent),
+requests_not_sent (cut off by --duration-s or an interrupt), requests_finished,
+requests_failed, errors (outcome -> count, e.g. http_500), error_examples (outcome -> its
+first message), output_tokens (completed requests), prompt_tokens, duration_s,
 throughput_tokens_per_s, throughput_requests_per_s, goodput_requests_per_s, goodput_slo,
 {ttft,tpot,itl,e2e}_{mean,p50,p95,p99}_s, p99_p50_{e2e,ttft,tpot}_ratio,
-peak_concurrency, warmup_requests, interrupted, and the scrape keys (scrape.py).
+peak_concurrency, warmup_requests, interrupted, and the scrape fields (scrape.py).
 """
 
 from __future__ import annotations
@@ -20,14 +22,21 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.bench.slo import GoodputSLO
+from stepserve.metrics.finding import Finding
 from stepserve.metrics.percentiles import mean, percentile, ratio
+from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.run_data import LatencySamples
+from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
+from stepserve.metrics.step_metrics import TimeSeries
 
 LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
 SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
@@ -77,8 +86,8 @@ def peak_concurrency(records: Sequence[RequestRecord]) -> int:
 
 
 def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None = None,
-                      scrape: dict | None = None, interrupted: bool = False
-                      ) -> dict[str, Any]:
+                      scrape: RunSummary | None = None, interrupted: bool = False
+                      ) -> RunSummary:
     slo = slo or GoodputSLO()
     measured = [r for r in records if not r.warmup]
     sent = [r for r in measured if r.send_s is not None]
@@ -87,50 +96,113 @@ def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None =
     ends = [r.end_s for r in sent if r.end_s is not None]
     duration = max(ends) - min(starts) if starts and ends else 0.0
     errors = Counter(r.outcome for r in sent if not r.ok)
-    out: dict[str, Any] = {
-        "requests_total": len(sent),
-        "requests_not_sent": len(measured) - len(sent),
-        "requests_finished": len(done),
-        "requests_failed": sum(errors.values()),
-        "errors": dict(sorted(errors.items())),
-        "error_examples": {k: next(r.error for r in sent if r.outcome == k)
-                           for k in sorted(errors)},
-        "output_tokens": sum(r.num_output_tokens for r in done),
-        "prompt_tokens": sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
-                             for r in done),
-        "duration_s": duration,
-    }
-    out["throughput_tokens_per_s"] = ratio(out["output_tokens"], duration)
-    out["throughput_requests_per_s"] = ratio(len(done), duration)
+    output_tokens = sum(r.num_output_tokens for r in done)
     good = [r for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r))]
-    out["goodput_requests_per_s"] = ratio(len(good), duration) if not slo.empty else None
-    out["goodput_requests"] = len(good) if not slo.empty else None
-    out["goodput_slo"] = slo.describe()
     values = {
         "ttft": [v for r in done if (v := ttft_s(r)) is not None],
         "tpot": [v for r in done if (v := tpot_s(r)) is not None],
         "itl": [g for r in done for g in itl_s(r)],
         "e2e": [v for r in done if (v := e2e_s(r)) is not None],
     }
+    latencies: dict[str, float | None] = {}
     for name, vals in values.items():
-        out[f"{name}_mean_s"] = mean(vals)
+        latencies[f"{name}_mean_s"] = mean(vals)
         for p in (50, 95, 99):
-            out[f"{name}_p{p}_s"] = percentile(vals, p)
+            latencies[f"{name}_p{p}_s"] = percentile(vals, p)
     for name in ("e2e", "ttft", "tpot"):
-        out[f"p99_p50_{name}_ratio"] = ratio(out[f"{name}_p99_s"], out[f"{name}_p50_s"])
-    out["peak_concurrency"] = peak_concurrency(sent)
-    out["warmup_requests"] = len(records) - len(measured)
-    out["interrupted"] = interrupted
-    base = {k: None for k in SCRAPE_KEYS}
-    base["scrape_samples"] = 0
-    out.update({**base, **(scrape or {})})
-    return out
+        latencies[f"p99_p50_{name}_ratio"] = ratio(latencies[f"{name}_p99_s"],
+                                                   latencies[f"{name}_p50_s"])
+    client = RunSummary.of(
+        requests_total=len(sent), requests_not_sent=len(measured) - len(sent),
+        requests_finished=len(done), requests_failed=sum(errors.values()),
+        errors=dict(sorted(errors.items())),
+        error_examples={k: next(r.error for r in sent if r.outcome == k)
+                        for k in sorted(errors)},
+        output_tokens=output_tokens,
+        prompt_tokens=sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
+                          for r in done),
+        duration_s=duration,
+        throughput_tokens_per_s=ratio(output_tokens, duration),
+        throughput_requests_per_s=ratio(len(done), duration),
+        goodput_requests_per_s=ratio(len(good), duration) if not slo.empty else None,
+        goodput_requests=len(good) if not slo.empty else None,
+        goodput_slo=slo.describe(), **latencies,
+        peak_concurrency=peak_concurrency(sent),
+        warmup_requests=len(records) - len(measured), interrupted=interrupted)
+    unscraped = RunSummary.of(**{k: 0 if k == "scrape_samples" else None
+                                 for k in SCRAPE_KEYS})
+    return client.updated(unscraped).updated(scrape or RunSummary())
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One bench run (or one point of a live sweep): the client's summary (with the
+    target's /metrics, or the engine's own step fields), the target and what it publishes
+    of its settings, and the plot data. A None field is absent from the JSON."""
+
+    name: str
+    summary: RunSummary
+    target: str | None = None  # a URL, "sim" or "engine"
+    model: str | None = None
+    batching: str | None = None
+    config: dict[str, Any] | None = None  # as the target publishes its settings
+    cost_model: str | None = None
+    workload: str | None = None
+    latency_samples: LatencySamples | None = None
+    timeseries: TimeSeries | None = None
+    started_at: float | None = None
+
+    def rule_settings(self) -> RuleSettings:
+        return RuleSettings.of(self.summary, self.config, self.batching)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        for key in ("target", "model", "batching", "config", "cost_model", "workload"):
+            if (value := getattr(self, key)) is not None:
+                out[key] = value
+        if self.latency_samples is not None:
+            out["latency_samples"] = self.latency_samples.to_json()
+        if self.timeseries is not None:
+            out["timeseries"] = self.timeseries.to_json()
+        if self.started_at is not None:
+            out["started_at"] = self.started_at
+        out["summary"] = self.summary.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], name: str = "run") -> BenchRun:
+        samples, ts = data.get("latency_samples"), data.get("timeseries")
+        text = {k: None if data.get(k) is None else str(data[k])
+                for k in ("target", "model", "batching", "cost_model", "workload")}
+        config = data.get("config")
+        return cls(name=str(data.get("name", name)),
+                   summary=RunSummary.from_json(data["summary"]), **text,
+                   config=dict(config) if isinstance(config, dict) else None,
+                   latency_samples=None if samples is None else LatencySamples.from_json(samples),
+                   timeseries=None if ts is None else TimeSeries.from_json(ts),
+                   started_at=data.get("started_at"))
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    runs: list[BenchRun]
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {SCHEMA_KEY: SCHEMA_VERSION, "runs": [r.to_json() for r in self.runs],
+                "findings": [f.to_json() for f in self.findings]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "result") -> BenchResult:
+        check_schema(data, where)
+        return cls([BenchRun.from_json(r, f"run {i}") for i, r in enumerate(data["runs"])],
+                   [Finding.from_json(f) for f in data.get("findings") or []])
 
 
 # ---- writers ----
 
-def write_json(path: str | Path, result: dict) -> None:
-    Path(path).write_text(json.dumps(result, indent=2, default=str))
+def write_json(path: str | Path, result: BenchResult) -> None:
+    Path(path).write_text(json.dumps(result.to_json(), indent=2, default=str))
 
 
 CSV_FIELDS = ("index", "request_class", "warmup", "outcome", "status", "finish_reason",
@@ -160,44 +232,43 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def table_rows(summary: dict) -> list[tuple[str, str]]:
-    rows = [(k, _fmt(summary.get(k))) for k in SUMMARY_KEYS_ORDER]
-    if summary.get("errors"):
-        rows.append(("errors", _fmt(summary["errors"])))
-        for k, msg in (summary.get("error_examples") or {}).items():
+def table_rows(summary: RunSummary) -> list[tuple[str, str]]:
+    rows = [(k, _fmt(summary.metric(k))) for k in SUMMARY_KEYS_ORDER]
+    if summary.errors:
+        rows.append(("errors", _fmt(summary.errors)))
+        for k, msg in (summary.error_examples or {}).items():
             rows.append((f"  first {k}", (msg or "")[:120]))
-    if summary.get("goodput_requests_per_s") is not None:
-        rows.append(("goodput_slo", summary["goodput_slo"]))
+    if summary.goodput_requests_per_s is not None:
+        rows.append(("goodput_slo", summary.goodput_slo or ""))
     for name in LATENCY_NAMES:
-        ms = [summary.get(f"{name}_{s}_s") for s in ("mean", "p50", "p95", "p99")]
+        ms = [summary.metric(f"{name}_{s}_s") for s in ("mean", "p50", "p95", "p99")]
         rows.append((f"{name} ms mean/p50/p95/p99",
                      " / ".join("-" if v is None else f"{v * 1000:.2f}" for v in ms)))
     for k in SCRAPE_KEYS[:-2]:
-        if summary.get(k) is not None:
-            rows.append((k, _fmt(summary[k])))
+        if (value := summary.metric(k)) is not None:
+            rows.append((k, _fmt(value)))
     return rows
 
 
-def format_table(name: str, summary: dict) -> str:
+def format_table(name: str, summary: RunSummary) -> str:
     rows = table_rows(summary)
     width = max(len(k) for k, _ in rows)
-    title = f"bench {name}" + (" (interrupted: partial result)" if summary.get("interrupted")
+    title = f"bench {name}" + (" (interrupted: partial result)" if summary.interrupted
                                else "")
     return "\n".join([title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows])
 
 
-def format_markdown(result: dict) -> str:
+def format_markdown(result: BenchResult) -> str:
     lines = []
-    for run in result["runs"]:
-        lines += [f"## {run['name']}", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in table_rows(run["summary"])]
+    for run in result.runs:
+        lines += [f"## {run.name}", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in table_rows(run.summary)]
         lines.append("")
-    if result.get("findings"):
+    if result.findings:
         lines += ["## findings", ""]
-        lines += [f"- **{f['severity']}** {f['rule']}: {f['evidence']}"
-                  for f in result["findings"]]
+        lines += [f"- **{f.severity}** {f.rule}: {f.evidence}" for f in result.findings]
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(path: str | Path, result: dict) -> None:
+def write_markdown(path: str | Path, result: BenchResult) -> None:
     Path(path).write_text(format_markdown(result))

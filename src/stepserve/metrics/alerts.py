@@ -1,336 +1,45 @@
-"""The seed's alert rules, as small functions over a summary dict (summary.py's keys).
-
-Each rule returns one Finding or None. A rule whose inputs are missing (None, or not in
-the summary) stays silent: a rule that cannot see its evidence must not guess.
-`diagnose` applies them all; `config` (flat, or nested by section like EngineConfig)
-only sharpens the advice, e.g. names the chunk cap actually set.
-
-Thresholds come from the seed's post-mortems ("复盘要点") and its tail-latency table.
-"""
+"""Applying the seed's alert rules (rules.py) to runs: `diagnose` one summary, say which
+rules a summary cannot feed (`unevaluable`), and the findings of every run of a result
+(`findings_for`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Iterable
+from typing import Protocol
 
-SEVERITIES = ("critical", "warning", "info")
-
-ACTIVE_RATIO_MIN = 0.30  # incident 1: active sequences / concurrency
-SLOT_UTILIZATION_MIN = 0.50  # below it continuous batching is worth >= 2x
-PREFILL_STEP_SHARE_MAX = 0.70  # incident 2: prefill-only steps
-ZERO_DECODE_STEP_SHARE_MAX = 0.10  # incident 2: steps that starved decode-ready sequences
-CAPACITY_TAIL_RATIO = 10.0  # incident 3: P99/P50 over this with preemptions > 0
-QUEUE_ALERT = 10  # incident 3: the queue at 10 was the early signal
-QUEUE_CLIMB_MIN_STEPS = 10  # a climb over fewer steps is a burst of arrivals, not a trend
-KV_FULL = 0.95  # KV usage at which running is limited by blocks rather than slots
-WAITING_MOST_OF_RUN = 0.50  # a queue in more than half the samples
-TTFT_TAIL_RATIO = 5.0  # "mean TTFT normal, P99 high"
-TPOT_NORMAL_STEPS = 1.5  # TPOT P50 within this many mean steps is "normal"
-PREFILL_TOKEN_SHARE_MIN = 0.5  # prefill fills the steps: most computed tokens are prefill
+from stepserve.metrics.finding import SEVERITIES, Finding
+from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import RULES
+from stepserve.metrics.run_summary import RunSummary
 
 
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    severity: str  # critical | warning | info
-    evidence: str  # what was seen, with the numbers
-    action: str  # what the seed says to do
+class DiagnosedRun(Protocol):
+    """A run the rules can read: a result's run (sim/run.py, bench/results.py), a sweep
+    point, or a run of a file the doctor loaded."""
 
-    def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"Finding.severity = {self.severity!r}: must be one of "
-                             f"{', '.join(SEVERITIES)}")
+    @property
+    def name(self) -> str: ...
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+    @property
+    def summary(self) -> RunSummary: ...
+
+    def rule_settings(self) -> RuleSettings: ...
 
 
-Summary = Mapping[str, Any]
-Config = Mapping[str, Any] | None
+def diagnose(summary: RunSummary, settings: RuleSettings | None = None) -> list[Finding]:
+    """Every rule that fires, most severe first (rule order within a severity)."""
+    settings = settings or RuleSettings.of(summary)
+    found = [f for rule in RULES if (f := rule(summary, settings)) is not None]
+    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))
 
 
-def _num(summary: Summary, key: str) -> float | None:
-    value = summary.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value
-
-
-def setting(summary: Summary, config: Config, key: str) -> Any:
-    """`key` from the summary, else from the config (top level or one section deep)."""
-    if summary.get(key) is not None:
-        return summary[key]
-    if not config:
-        return None
-    if config.get(key) is not None:
-        return config[key]
-    for section in config.values():
-        if isinstance(section, Mapping) and section.get(key) is not None:
-            return section[key]
-    return None
-
-
-def _pct(x: float) -> str:
-    return f"{x:.1%}"
-
-
-def low_active_ratio(s: Summary, config: Config = None) -> Finding | None:
-    median, mean = _num(s, "active_ratio_p50"), _num(s, "active_ratio_mean")
-    r = median if median is not None else mean  # a live scrape has only the mean
-    if r is None or r >= ACTIVE_RATIO_MIN:
-        return None
-    if median is not None:
-        tail = f" (mean {_pct(mean)})" if mean is not None else ""
-        seen = f"in the median step only {_pct(r)} of the held batch slots produced a token{tail}"
-    else:
-        seen = f"on the mean over steps only {_pct(r)} of the held batch slots produced a token"
-    return Finding(
-        "low_active_ratio", "warning",
-        f"{seen}; alert threshold {ACTIVE_RATIO_MIN:.0%}",
-        "alert on active sequences / concurrency below 30% rather than GPU utilisation (in "
-        "the seed it fell to 10 of 64 by step 20, and alerting on it would have caught the "
-        "problem about a week earlier); then "
-        "compute slot utilisation and the speedup cap (`stepserve plan speedup`) before "
-        "changing the scheduler")
-
-
-def low_slot_utilization(s: Summary, config: Config = None) -> Finding | None:
-    u = _num(s, "slot_utilization")
-    if u is None or u >= SLOT_UTILIZATION_MIN:
-        return None
-    cap = f"; the cap on a continuous-batching speedup is about 1/{u:.3f} = {1 / u:.1f}x" \
-        if u > 0 else ""
-    evidence = (f"slot utilisation {_pct(u)} (useful output / held slots x steps), below "
-                f"{SLOT_UTILIZATION_MIN:.0%}{cap}")
-    if setting(s, config, "batching") == "continuous":
-        action = ("the batch is already continuous, so held slots idle for another reason: "
-                  "requests waiting for KV blocks, preempted, or mid-prefill; check "
-                  "preemptions and KV capacity (`stepserve plan capacity`)")
-    else:
-        action = ("switch to continuous batching (scheduler.batching: continuous), which is "
-                  "worth 2x or more below 50%; compute the speedup cap for this length mix "
-                  "first (`stepserve plan speedup`) and promise that, not the folk 10-20x")
-    return Finding("low_slot_utilization", "warning", evidence, action)
-
-
-def chunk_cap_eats_budget(s: Summary, config: Config = None) -> Finding | None:
-    prefill = _num(s, "prefill_step_share")
-    zero = _num(s, "zero_decode_step_share")
-    hot_prefill = prefill is not None and prefill > PREFILL_STEP_SHARE_MAX
-    hot_zero = zero is not None and zero > ZERO_DECODE_STEP_SHARE_MAX
-    if not (hot_prefill or hot_zero):
-        return None
-    seen = []
-    if prefill is not None:
-        seen.append(f"{_pct(prefill)} of steps were prefill-only (alert over "
-                    f"{PREFILL_STEP_SHARE_MAX:.0%})")
-    if zero is not None:
-        seen.append(f"{_pct(zero)} of steps gave decode-ready sequences no token (alert over "
-                    f"{ZERO_DECODE_STEP_SHARE_MAX:.0%})")
-    budget = setting(s, config, "max_num_batched_tokens")
-    threshold = setting(s, config, "long_prefill_token_threshold")
-    if budget is not None and threshold is not None:
-        cap = threshold if threshold > 0 else budget
-        named = (f"the chunk cap is long_prefill_token_threshold = {threshold}"
-                 f"{' (0: the whole budget)' if threshold == 0 else ''}, i.e. {cap} of "
-                 f"max_num_batched_tokens = {budget}")
-        example = f"e.g. {max(budget // 4, 1)} of {budget}; the seed fixed it with 2048 of 8192"
-    else:
-        named = "the chunk cap (long_prefill_token_threshold) leaves decode no budget"
-        example = "e.g. 2048 of 8192"
-    order = setting(s, config, "budget_order")
-    order_note = " (now prefill_first)" if order == "prefill_first" else ""
-    return Finding(
-        "chunk_cap_eats_budget", "critical",
-        "; ".join(seen) + ": the prefill chunk cap eats the step budget",
-        f"{named}; set long_prefill_token_threshold below max_num_batched_tokens ({example}) "
-        f"so the difference is decode's budget, max_num_partial_prefills 1, budget_order "
-        f"decode_first{order_note}")
-
-
-def capacity(s: Summary, config: Config = None) -> Finding | None:
-    pre = _num(s, "preemptions")
-    ratios = {name: _num(s, f"p99_p50_{name}_ratio") for name in ("e2e", "ttft")}
-    worst = max((r for r in ratios.values() if r is not None), default=None)
-    if not pre or worst is None or worst <= CAPACITY_TAIL_RATIO:
-        return None
-    shown = ", ".join(f"{name.upper()} {r:.1f}" for name, r in ratios.items() if r is not None)
-    seqs = setting(s, config, "max_num_seqs")
-    lower = f"lower max_num_seqs (now {seqs})" if seqs is not None else "lower max_num_seqs"
-    return Finding(
-        "capacity", "critical",
-        f"P99/P50 {shown} (alert over {CAPACITY_TAIL_RATIO:g}) with {int(pre)} preemptions: "
-        "a capacity problem",
-        f"add replicas first, then {lower} to what KV holds at the maximum length, not the "
-        "mean (`stepserve plan capacity`), and cap max_waiting so excess load fails fast; "
-        "do not start by tweaking the batch size")
-
-
-def preemption_nonzero(s: Summary, config: Config = None) -> Finding | None:
-    pre = _num(s, "preemptions")
-    if not pre:
-        return None
-    parts = [f"{int(pre)} preemptions"]
-    victims = _num(s, "preempted_requests")
-    if victims is not None:
-        parts[0] += f" on {int(victims)} requests"
-    swapped, recomputed = _num(s, "swapped_blocks"), _num(s, "recomputed_tokens")
-    if swapped is not None:
-        parts.append(f"{int(swapped)} KV blocks swapped out")
-    if recomputed is not None:
-        parts.append(f"{int(recomputed)} tokens recomputed")
-    on_long = _num(s, "preemptions_on_long_share")
-    if on_long is not None:
-        parts.append(f"{_pct(on_long)} of preemptions hit requests with over "
-                     f"{s.get('long_request_threshold', '?')} output tokens")
-    return Finding(
-        "preemption_nonzero", "warning", ", ".join(parts),
-        "sustained preemption means KV capacity is short: lower max_num_seqs to what KV "
-        "holds at the maximum length, add KV memory or replicas, or split long requests "
-        "into their own pool; keep preemptions, swapped blocks and recomputed tokens on a "
-        "dashboard")
-
-
-def queue_growing(s: Summary, config: Config = None) -> Finding | None:
-    growth = _num(s, "waiting_growth")
-    if growth is None or growth <= 0:
-        return None
-    climb = _num(s, "waiting_monotonic_rise") or 0
-    climb_s = _num(s, "waiting_monotonic_rise_s") or 0
-    trend = _num(s, "waiting_trend_rise") or 0
-    peak = _num(s, "waiting_max") or 0
-    running = _num(s, "running_max") or 0
-    step = _num(s, "mean_step_s")
-    long_climb = climb_s >= QUEUE_CLIMB_MIN_STEPS * step if step else climb_s > 0
-    sustained = trend >= QUEUE_ALERT or (climb >= QUEUE_ALERT and long_climb)
-    large = trend >= 1 and peak >= max(QUEUE_ALERT, running)
-    if not (sustained or large):
-        return None
-    return Finding(
-        "queue_growing", "warning",
-        f"the waiting queue grew by {growth:.2f} requests/s while requests arrived (fitted "
-        f"rise {trend:.1f}); longest climb without a dip: +{climb:g} in {climb_s:.3g} s; "
-        f"peak {peak:g} waiting vs {running:g} running",
-        "alert on the waiting queue length (num_requests_waiting): it is the earliest "
-        "signal, about 20 minutes ahead of a P99 alert in the seed; fail fast with "
-        "queue.max_queue_time_s and queue.max_waiting, and add capacity (replicas)")
-
-
-def running_below_offered(s: Summary, config: Config = None) -> Finding | None:
-    queued = _num(s, "waiting_nonzero_share")
-    running = _num(s, "running_max")
-    if queued is None or running is None or queued <= WAITING_MOST_OF_RUN:
-        return None
-    if not _num(s, "waiting_p50"):
-        return None
-    offered = _num(s, "in_engine_max")
-    if offered is not None and offered <= running:
-        return None  # never more in the engine than once ran: idle slots (static), not capacity
-    seqs = setting(s, config, "max_num_seqs")
-    replicas = setting(s, config, "replicas") or 1
-    if seqs is not None:
-        kv = _num(s, "kv_usage_max")
-        preempted = _num(s, "preemptions")
-        if running >= seqs * replicas:
-            why = f"running peaked at {running:g} = max_num_seqs {seqs} x {replicas} replica(s)"
-        elif preempted or (kv is not None and kv >= KV_FULL):
-            kv_text = f", KV usage peaked at {_pct(kv)}" if kv is not None else ""
-            why = (f"running peaked at {running:g}, below max_num_seqs {seqs} x {replicas} "
-                   f"replica(s): KV blocks were the limit ({int(preempted or 0)} "
-                   f"preemptions{kv_text})")
-        else:
-            return None  # neither slots nor KV ran out: the step budget held requests back
-    else:
-        why = f"running peaked at {running:g}"
-    offered_text = f"; up to {offered:g} requests were in the engine" if offered else ""
-    return Finding(
-        "running_below_offered", "warning",
-        f"requests queued in {_pct(queued)} of the samples (median {s['waiting_p50']:g}, "
-        f"peak {_num(s, 'waiting_max')}); {why}{offered_text}: running capacity is below the "
-        "offered concurrency",
-        "size replicas by peak concurrency over what one replica holds (`stepserve plan "
-        "capacity --peak-concurrency N`), and cap max_waiting so the excess gets a 429 "
-        "instead of a long queue")
-
-
-def tail_ttft_from_prefill(s: Summary, config: Config = None) -> Finding | None:
-    r = _num(s, "p99_p50_ttft_ratio")
-    tpot, step = _num(s, "tpot_p50_s"), _num(s, "mean_step_s")
-    prefill = _num(s, "prefill_token_share")
-    if r is None or r < TTFT_TAIL_RATIO or tpot is None or not step or prefill is None:
-        return None
-    if tpot > TPOT_NORMAL_STEPS * step:
-        return None  # decode is slow too: queueing or saturation, not prefill alone
-    if prefill < PREFILL_TOKEN_SHARE_MIN:
-        return None  # short prompts cannot squeeze the budget; the tail is queueing
-    if running_below_offered(s, config) is not None:
-        return None  # requests queued for slots or KV: that rule explains the tail
-    p99, p50 = _num(s, "ttft_p99_s"), _num(s, "ttft_p50_s")
-    both = f" (P99 {p99:.3f} s, P50 {p50:.3f} s)" if p99 is not None and p50 is not None else ""
-    return Finding(
-        "tail_ttft_from_prefill", "warning",
-        f"TTFT P99/P50 = {r:.1f}{both} "
-        f"while TPOT P50 = {tpot:.4f} s stays within {TPOT_NORMAL_STEPS:g}x of the mean "
-        f"step ({step:.4f} s) and prefill is {_pct(prefill)} of the computed tokens: long "
-        "prompt prefill is squeezing the budget",
-        "chunk long prompts: long_prefill_token_threshold below max_num_batched_tokens, "
-        "max_num_partial_prefills 1; cap request length or route long prompts to their "
-        "own pool")
-
-
-Rule = Callable[[Summary, Config], "Finding | None"]
-RULES: tuple[Rule, ...] = (
-    capacity, chunk_cap_eats_budget, queue_growing, running_below_offered,
-    preemption_nonzero, tail_ttft_from_prefill, low_slot_utilization, low_active_ratio,
-)
-
-
-# The summary keys each rule reads: it can fire only when every group has a value for at
-# least one of its keys (a rule with its inputs present may still stay silent, of course).
-RULE_INPUTS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "capacity": (("preemptions",), ("p99_p50_e2e_ratio", "p99_p50_ttft_ratio")),
-    "chunk_cap_eats_budget": (("prefill_step_share", "zero_decode_step_share"),),
-    "queue_growing": (("waiting_growth",),),
-    "running_below_offered": (("waiting_nonzero_share",), ("waiting_p50",), ("running_max",)),
-    "preemption_nonzero": (("preemptions",),),
-    "tail_ttft_from_prefill": (("p99_p50_ttft_ratio",), ("tpot_p50_s",), ("mean_step_s",),
-                               ("prefill_token_share",)),
-    "low_slot_utilization": (("slot_utilization",),),
-    "low_active_ratio": (("active_ratio_p50", "active_ratio_mean"),),
-}
-
-
-def unevaluable(summary: Summary) -> dict[str, list[str]]:
+def unevaluable(summary: RunSummary) -> dict[str, list[str]]:
     """{rule: the inputs it lacks ("a or b" per group)} for each rule the summary cannot
     feed, in rule order."""
-    out: dict[str, list[str]] = {}
-    for rule in RULES:
-        groups = RULE_INPUTS[rule.__name__]
-        missing = [" or ".join(g) for g in groups if all(_num(summary, k) is None for k in g)]
-        if missing:
-            out[rule.__name__] = missing
-    return out
+    return {rule.name: missing for rule in RULES if (missing := rule.missing(summary))}
 
 
-def rules_config(config: Config, batching: str | None) -> dict[str, Any]:
-    """A result run's config as the rules read it: its batching mode added where the
-    config lacks one (a run names it beside its config)."""
-    out = dict(config or {})
-    if batching is not None and "batching" not in out:
-        out["batching"] = batching
-    return out
-
-
-def findings_for(runs: list[dict]) -> list[dict]:
-    """Every rule that fires on each result run {"name", "summary", "config"?,
-    "batching"?}, as {"run", "rule", "severity", "evidence", "action"} rows."""
-    return [{"run": run["name"], **f.to_dict()} for run in runs
-            for f in diagnose(run["summary"],
-                              rules_config(run.get("config"), run.get("batching")))]
-
-
-def diagnose(summary: Summary, config: Config = None) -> list[Finding]:
-    """Every rule that fires, most severe first (rule order within a severity)."""
-    found = [f for rule in RULES if (f := rule(summary, config)) is not None]
-    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+def findings_for(runs: Iterable[DiagnosedRun]) -> list[Finding]:
+    """Every rule that fires on each run, each finding naming its run."""
+    return [f.on_run(run.name) for run in runs
+            for f in diagnose(run.summary, run.rule_settings())]

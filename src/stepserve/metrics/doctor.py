@@ -2,8 +2,9 @@
 seed's alert rules fire.
 
 RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary"}],
-"findings": [...]}` (the stored findings are ignored: the rules are applied afresh),
-or a bare summary dict. `--url` scrapes a live server's /metrics over a window instead
+"findings": [...]}` of any version (the stored findings are ignored: the rules are
+applied afresh), or a bare summary dict; each summary is read as a RunSummary, whose
+fields the file lacks are None. `--url` scrapes a live server's /metrics over a window instead
 (metrics/live.py) and applies the same rules to what it saw; the JSON then also carries
 that "summary", the server's "config" and the rules "not_evaluable" for lack of data.
 A missing or malformed file, one without runs or with impossible values (a negative
@@ -22,7 +23,8 @@ from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.limits import MAX_SECONDS, Range, check_flags
-from stepserve.metrics.alerts import Finding, diagnose, rules_config, unevaluable
+from stepserve.metrics.alerts import diagnose, findings_for, unevaluable
+from stepserve.metrics.finding import Finding
 from stepserve.metrics.live import (
     INTERVAL_S,
     WINDOW_S,
@@ -32,6 +34,9 @@ from stepserve.metrics.live import (
     scrape_window,
     window_notes,
 )
+from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values
 from stepserve.user_files import load_json
 
@@ -46,14 +51,16 @@ _SUMMARY_MARKERS = ("requests_total", "steps", "slot_utilization", "ttft_p50_s",
 
 @dataclass(frozen=True)
 class Run:
+    """A run as the doctor reads it: its summary, and its config as the file (or the
+    server) gives it, whose settings the advice may name."""
+
     name: str
-    summary: Mapping[str, Any]
+    summary: RunSummary
     batching: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
 
-    def diagnose_config(self) -> dict[str, Any]:
-        """The run's config, with its batching mode added where the config lacks one."""
-        return rules_config(self.config, self.batching)
+    def rule_settings(self) -> RuleSettings:
+        return RuleSettings.of(self.summary, self.config, self.batching)
 
 
 def load_runs(path: str) -> list[Run]:
@@ -61,21 +68,23 @@ def load_runs(path: str) -> list[Run]:
     data = load_json(path, "result file")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    check_schema(data, path)
     if "runs" not in data:
         if not any(k in data for k in _SUMMARY_MARKERS):
             raise UsageError(f"{path}: neither a result file (no \"runs\") nor a summary "
                              f"(none of {', '.join(_SUMMARY_MARKERS)})")
-        return [_checked(path, Run(name=Path(path).stem, summary=data))]
+        return [_checked(path, Path(path).stem, data, None, {})]
     raw = data["runs"]
     if not isinstance(raw, list):
         raise UsageError(f"{path}: \"runs\" must be a list, got {type(raw).__name__}")
     if not raw:
         raise UsageError(f"{path}: the result has no runs (\"runs\" is empty): nothing to "
                          "diagnose")
-    return [_checked(path, _run(f"{path}: runs[{i}]", i, item)) for i, item in enumerate(raw)]
+    return [_checked(path, *_run(f"{path}: runs[{i}]", i, item)) for i, item in enumerate(raw)]
 
 
-def _run(where: str, i: int, item: Any) -> Run:
+def _run(where: str, i: int, item: Any) -> tuple[str, dict, str | None, dict]:
+    """(name, summary, batching, config) of one run of a file, as the file has them."""
     if not isinstance(item, dict):
         raise UsageError(f"{where} must be an object, got {type(item).__name__}")
     summary = item.get("summary")
@@ -87,17 +96,16 @@ def _run(where: str, i: int, item: Any) -> Run:
     batching = item.get("batching")
     if batching is not None and not isinstance(batching, str):
         raise UsageError(f"{where}.batching must be a string, got {batching!r}")
-    return Run(name=str(item.get("name", f"run {i}")), summary=summary, batching=batching,
-               config=config)
+    return str(item.get("name", f"run {i}")), summary, batching, config
 
 
-def _checked(path: str, run: Run) -> Run:
+def _checked(path: str, name: str, summary: dict, batching: str | None,
+             config: dict) -> Run:
     """The run, unless its summary or config holds a value no run can have."""
-    problems = impossible_values(run.summary, "summary.") \
-        + impossible_values(run.config, "config.")
+    problems = impossible_values(summary, "summary.") + impossible_values(config, "config.")
     if problems:
-        raise UsageError(f"{path}: run {run.name}: impossible values: {'; '.join(problems)}")
-    return run
+        raise UsageError(f"{path}: run {name}: impossible values: {'; '.join(problems)}")
+    return Run(name, RunSummary.from_json(summary), batching, config)
 
 
 @dataclass(frozen=True)
@@ -120,12 +128,12 @@ def run_doctor(options: DoctorOptions) -> int:
     if options.url is not None:
         return run_live(options, options.url)
     runs = load_runs(options.result)
-    results = [(run, diagnose(run.summary, run.diagnose_config())) for run in runs]
     if options.as_json:
-        rows = [{"run": run.name, **f.to_dict()} for run, found in results for f in found]
+        rows = [f.to_json() for f in findings_for(runs)]
         print(json.dumps({"findings": rows}, indent=2))
     else:
-        print(format_report(results))
+        print(format_report([(run, diagnose(run.summary, run.rule_settings()))
+                             for run in runs]))
     return 0
 
 
@@ -141,11 +149,11 @@ def run_live(options: DoctorOptions, url: str) -> int:
         raise UsageError(str(exc)) from None
     summary, config = live_summary(snapshots), live_config(snapshots[-1])
     run = Run(name=url, summary=summary, batching=config.get("batching"), config=config)
-    found = diagnose(summary, run.diagnose_config())
+    found = diagnose(summary, run.rule_settings())
     missing = unevaluable(summary)
     if options.as_json:
-        rows = [{"run": run.name, **f.to_dict()} for f in found]
-        print(json.dumps({"findings": rows, "summary": summary, "config": config,
+        rows = [f.on_run(run.name).to_json() for f in found]
+        print(json.dumps({"findings": rows, "summary": summary.to_json(), "config": config,
                           "not_evaluable": missing}, indent=2))
     else:
         print("\n".join([format_report([(run, found)]), *window_notes(summary, missing)]))

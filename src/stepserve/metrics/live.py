@@ -1,5 +1,5 @@
-"""A live server's `/metrics`, scraped over a window and turned into the summary keys the
-alert rules read (metrics/alerts.py), for `stepserve doctor --url`.
+"""A live server's `/metrics`, scraped over a window and turned into a RunSummary with the
+fields the alert rules read (metrics/rules.py), for `stepserve doctor --url`.
 
 Levels (gauges) are read at every scrape; counters and histograms as the increase from
 the first scrape to the last, so every key describes the window only. Which series feed a
@@ -48,6 +48,7 @@ from stepserve.metrics.prometheus import (
     histogram_delta,
     parse_prometheus,
 )
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import longest_monotonic_rise
 from stepserve.urls import check_http_url
 
@@ -117,8 +118,8 @@ def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTE
 
 
 def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
-    """The level keys (waiting_*, running_max, in_engine_max, kv_usage_max) of a series of
-    scrapes in time order."""
+    """The level fields (waiting_*, running_max, in_engine_max, kv_usage_max) of a series
+    of scrapes in time order, by name (bench/scrape.py picks the ones it reports)."""
     out: dict[str, Any] = {}
     for key in LEVELS:
         vals = [v for s in snapshots if (v := s.level(key)) is not None]
@@ -141,8 +142,13 @@ def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     return out
 
 
-def live_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
-    """LIVE_KEYS from scrapes in time order (first and last bound the window)."""
+def live_summary(snapshots: Sequence[Snapshot]) -> RunSummary:
+    """The LIVE_KEYS fields from scrapes in time order (first and last bound the window)."""
+    out = _live_values(snapshots)
+    return RunSummary.of(**{key: out[key] for key in LIVE_KEYS})
+
+
+def _live_values(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(LIVE_KEYS)
     out["scrape_samples"] = len(snapshots)
     if len(snapshots) < 2 or snapshots[0].source() is None:
@@ -196,13 +202,13 @@ def live_config(snapshot: Snapshot) -> dict[str, Any]:
             for k, v in (snapshot.info() or {}).items()}
 
 
-def window_notes(summary: dict[str, Any], unevaluable: dict[str, list[str]]) -> list[str]:
+def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]]) -> list[str]:
     """What the window saw and what it could not, for the text report."""
-    finished = summary.get("requests_finished")
+    finished = summary.requests_finished
     seen = "requests finished: unknown" if finished is None else \
         f"{finished:g} requests finished"
-    lines = [f"  window: {summary['scrape_samples']} scrapes over "
-             f"{summary['window_s'] or 0:.1f} s of {summary['metrics_source']} metrics; "
+    lines = [f"  window: {summary.scrape_samples} scrapes over "
+             f"{summary.window_s or 0:.1f} s of {summary.metrics_source} metrics; "
              f"{seen}"]
     if not finished:
         lines.append("  no request finished in the window: no latency quantiles")

@@ -29,6 +29,7 @@ class RequestLatencies:
 
     request_id: str
     request_class: str
+    arrival_time: float
     finish_reason: FinishReason | None  # None: still live
     num_prompt_tokens: int
     num_output_tokens: int
@@ -64,6 +65,7 @@ def request_metrics(req: Request) -> RequestLatencies:
         queue = req.first_scheduled_time - arrival
     return RequestLatencies(
         request_id=req.request_id, request_class=req.request_class or UNCLASSIFIED,
+        arrival_time=arrival,
         finish_reason=req.finish_reason, num_prompt_tokens=req.num_prompt_tokens,
         num_output_tokens=n_out, scheduled=req.first_scheduled_time is not None,
         ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, queue_time_s=queue, itl_s=itl,

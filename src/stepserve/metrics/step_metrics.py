@@ -9,12 +9,13 @@ step metric pools the records of all replicas.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from stepserve.core.output import StepRecord
 from stepserve.metrics.percentiles import least_squares_slope, mean, percentile, ratio
+from stepserve.metrics.run_summary import RunSummary
 
 Steps = Sequence[StepRecord] | Sequence[Sequence[StepRecord]]
 
@@ -80,8 +81,8 @@ def _in_engine(s: StepRecord) -> float:
 
 
 def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
-                 ) -> dict[str, Any]:
-    """Step-level summary keys (see summary.py for their meaning). `offered_window` is
+                 ) -> RunSummary:
+    """The step fields of a summary (see run_summary.py). `offered_window` is
     (first arrival, last arrival): the queue's growth is fitted inside it only, since
     after the last arrival a queue can only drain."""
     replicas = per_replica(steps)
@@ -105,54 +106,82 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
             trend_rise = growth * (inside[-1][0] - inside[0][0])
     rise_s, rise = longest_monotonic_rise(wt, wv)
 
-    return {
-        "replicas": len(replicas),
-        "steps": n,
-        "mean_step_s": mean([s.duration_s for s in recs]),
-        "decode_step_p50_s": percentile(decode_steps, 50),
-        "slot_utilization": ratio(sum(s.num_active for s in held),
-                                  sum(s.slots_held for s in held)),
-        "active_ratio_p50": percentile(active_ratios, 50),
-        "active_ratio_mean": mean(active_ratios),
-        "prefill_step_share": ratio(
+    return RunSummary.of(
+        replicas=len(replicas),
+        steps=n,
+        mean_step_s=mean([s.duration_s for s in recs]),
+        decode_step_p50_s=percentile(decode_steps, 50),
+        slot_utilization=ratio(sum(s.num_active for s in held),
+                               sum(s.slots_held for s in held)),
+        active_ratio_p50=percentile(active_ratios, 50),
+        active_ratio_mean=mean(active_ratios),
+        prefill_step_share=ratio(
             sum(1 for s in recs if s.num_prefill_tokens > 0 and s.num_decode_tokens == 0), n),
-        "zero_decode_step_share": ratio(
+        zero_decode_step_share=ratio(
             sum(1 for s in recs if s.num_decode_ready > 0 and s.num_decode_tokens == 0), n),
-        "prefill_token_share": ratio(prefill_tok, prefill_tok + decode_tok),
-        "prefill_tokens_computed": prefill_tok,
-        "decode_tokens_computed": decode_tok,
-        "waiting_max": max(wv) if wv else None,
-        "waiting_p50": percentile(wv, 50),
-        "waiting_mean": mean(wv),
-        "waiting_nonzero_share": ratio(sum(1 for v in wv if v > 0), len(wv)),
-        "waiting_growth": growth,
-        "waiting_trend_rise": trend_rise,
-        "waiting_monotonic_rise_s": rise_s if wv else None,
-        "waiting_monotonic_rise": rise if wv else None,
-        "running_max": max(rv) if rv else None,
-        "running_mean": mean(rv),
-        "in_engine_max": max(ev) if ev else None,
-        "kv_usage_max": max((s.kv_usage for s in recs), default=None),
-        "kv_usage_mean": mean([s.kv_usage for s in recs]),
-    }
+        prefill_token_share=ratio(prefill_tok, prefill_tok + decode_tok),
+        prefill_tokens_computed=prefill_tok,
+        decode_tokens_computed=decode_tok,
+        waiting_max=max(wv) if wv else None,
+        waiting_p50=percentile(wv, 50),
+        waiting_mean=mean(wv),
+        waiting_nonzero_share=ratio(sum(1 for v in wv if v > 0), len(wv)),
+        waiting_growth=growth,
+        waiting_trend_rise=trend_rise,
+        waiting_monotonic_rise_s=rise_s if wv else None,
+        waiting_monotonic_rise=rise if wv else None,
+        running_max=max(rv) if rv else None,
+        running_mean=mean(rv),
+        in_engine_max=max(ev) if ev else None,
+        kv_usage_max=max((s.kv_usage for s in recs), default=None),
+        kv_usage_mean=mean([s.kv_usage for s in recs]),
+    )
 
 
 @dataclass(frozen=True)
 class TimeSeries:
-    """Per-bin series for plots. t: bin centres (s). waiting, running: cluster-wide
-    mean level in the bin (the last value carried through empty bins); kv_usage: mean
-    over replicas; prefill_tokens, decode_tokens, preemptions: totals in the bin."""
+    """A run over time, in bins, for plots. t: bin centres (s). waiting, running:
+    cluster-wide mean level in the bin (the last value carried through empty bins);
+    kv_usage: mean over replicas; prefill_tokens, decode_tokens, preemptions: totals in
+    the bin; steps: step records per bin (run_data.step_timeseries), so tokens per step
+    can be drawn. From a bench's /metrics samples (bench/run_data.py) a row is a sample:
+    no kv_usage, and steps only where the target counts them. A None series is absent
+    from the JSON."""
 
     t: list[float]
     waiting: list[float]
     running: list[float]
-    kv_usage: list[float]
-    prefill_tokens: list[int]
-    decode_tokens: list[int]
-    preemptions: list[int]
+    kv_usage: list[float] | None
+    prefill_tokens: list[float]
+    decode_tokens: list[float]
+    preemptions: list[float]
+    steps: list[float] | None = None
 
-    def to_dict(self) -> dict[str, list]:
-        return asdict(self)
+    def to_json(self) -> dict[str, list]:
+        return {name: list(v) for name in _SERIES if (v := getattr(self, name)) is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TimeSeries:
+        """From a result file: `t` is required, a missing series reads as empty (kv_usage
+        and steps as absent)."""
+        values = {name: _series(data.get(name), name) for name in _SERIES}
+        if values["t"] is None:
+            raise ValueError("a timeseries without t")
+        return cls(**{name: v if v is not None or name in _OPTIONAL else []
+                      for name, v in values.items()})
+
+
+_SERIES = ("t", "waiting", "running", "kv_usage", "prefill_tokens", "decode_tokens",
+           "preemptions", "steps")
+_OPTIONAL = ("kv_usage", "steps")
+
+
+def _series(value: Any, name: str) -> list | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"timeseries.{name} must be a list, got {type(value).__name__}")
+    return value
 
 
 def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:

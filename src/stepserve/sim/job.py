@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from stepserve.config_load import ConfigOverrides
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
-from stepserve.sim.run import run_all, run_scenario, to_json_ready
+from stepserve.sim.run import SimulateResult, run_all, run_scenario
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
 from stepserve.sim.table import format_result
 from stepserve.user_files import check_output_file
@@ -55,7 +55,7 @@ def run_simulate(options: SimulateOptions) -> int:
         result = _run_workload(options, progress)
     print(format_result(result))
     if options.json_out:
-        Path(options.json_out).write_text(json.dumps(to_json_ready(result), indent=2))
+        Path(options.json_out).write_text(json.dumps(result.to_json(), indent=2))
         print(f"\nwrote {options.json_out}")
     return 0
 
@@ -72,7 +72,7 @@ def _progress_factory(enabled: bool):
     return make
 
 
-def _run_workload(options: SimulateOptions, progress) -> dict:
+def _run_workload(options: SimulateOptions, progress) -> SimulateResult:
     """A workload file, one run with the config file and settings."""
     assert options.workload is not None
     workload = override_workload(load_workload(options.workload), options.overrides)

@@ -7,7 +7,8 @@ Events are request arrivals (open loop), step completions of each replica, and b
 window expiries (dynamic batching). A closed-loop workload issues its next request the
 moment one ends (a refused one included), before any replica forms its next batch. All
 replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
-behind a router.
+and belongs to a pool with its own config; the router (routing/) picks a pool by the
+deployment's rules, then a replica in it, from each replica's view of its load.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from stepserve.config import EngineConfig
 from stepserve.core.output import StepRecord
 from stepserve.engine.core import EngineCore, PendingStep
 from stepserve.request import Request, SamplingParams
+from stepserve.routing.pools import Deployment, PoolRouter
+from stepserve.routing.view import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
-from stepserve.sim.router import make_router
 from stepserve.sim.runner import SIM_EOS, SimRunner
 from stepserve.workload.spec import RequestSpec
 
@@ -30,15 +32,17 @@ from stepserve.workload.spec import RequestSpec
 @dataclass(eq=False)
 class Replica:
     index: int
+    pool: str
     core: EngineCore
     runner: SimRunner
     steps: list[StepRecord] = field(default_factory=list)
     pending: PendingStep | None = None  # the step in flight
     wakeup_at: float | None = None
 
-    @property
-    def outstanding(self) -> int:
-        return len(self.core.scheduler.requests)
+    def view(self) -> ReplicaView:
+        sched = self.core.scheduler
+        return ReplicaView(self.index, self.pool, len(sched.waiting) + len(sched.swapped),
+                           len(sched.running), sched.kv.usage)
 
 
 @dataclass
@@ -69,18 +73,19 @@ _STEP, _ARRIVAL, _WAKE = 0, 1, 2
 class _EventLoop:
     """One simulation's state: the event heap, the replicas, the closed loop's cursor."""
 
-    def __init__(self, config: EngineConfig, specs: Sequence[RequestSpec],
+    def __init__(self, deployment: Deployment, specs: Sequence[RequestSpec],
                  cost_model: CostModel, num_gpu_blocks: int,
                  closed_loop_concurrency: int | None,
                  progress: Callable[[int], None] | None) -> None:
         self.clock = VirtualClock()
         self.specs = specs
         self.replicas = []
-        for i in range(config.replicas):
+        for i, pool in enumerate(deployment.replica_pools()):
             runner = SimRunner(cost_model)
-            core = EngineCore(config, runner, self.clock, num_gpu_blocks)
-            self.replicas.append(Replica(i, core, runner))
-        self.router = make_router(config.router)
+            blocks = pool.config.cache.num_gpu_blocks or num_gpu_blocks
+            core = EngineCore(pool.config, runner, self.clock, blocks)
+            self.replicas.append(Replica(i, pool.name, core, runner))
+        self.router = PoolRouter(deployment)
         self.closed_loop = closed_loop_concurrency
         self.progress = progress
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
@@ -110,7 +115,8 @@ class _EventLoop:
         spec = self.specs[k]
         req = make_request(spec, t)
         self.issued.append(req)
-        rep = self.replicas[self.router.pick(self.replicas)]
+        route = RouteRequest(spec.prompt_len, spec.max_tokens, spec.priority, spec.tenant)
+        rep = self.replicas[self.router.pick([r.view() for r in self.replicas], route)]
         if rep.core.add_request(req):
             rep.runner.register(req.request_id, spec.output_len)
         else:
@@ -172,10 +178,13 @@ class _EventLoop:
 
 def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: CostModel,
              num_gpu_blocks: int, closed_loop_concurrency: int | None = None,
-             progress: Callable[[int], None] | None = None) -> SimResult:
-    """Run `specs` through `config.replicas` replicas; returns every request and step."""
-    loop = _EventLoop(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
-                      progress)
+             progress: Callable[[int], None] | None = None,
+             deployment: Deployment | None = None) -> SimResult:
+    """Run `specs` through the deployment's replicas (default: `config.replicas` alike,
+    behind `config.router`); returns every request and step. A pool's config that sets
+    num_gpu_blocks keeps it; the others get `num_gpu_blocks`."""
+    loop = _EventLoop(deployment or Deployment.single(config), specs, cost_model,
+                      num_gpu_blocks, closed_loop_concurrency, progress)
     loop.run()
     for rep in loop.replicas:
         if rep.core.has_unfinished():

@@ -1,23 +1,32 @@
-"""Running simulations and assembling their results in the shape other tools read:
+"""Running simulations, and their results as typed values: a RunResult per config run and
+a SimulateResult per scenario or workload file. JSON only at the edge, in the shape other
+tools read:
 
-    {"scenario", "description", "cost_model", "workload",
-     "runs": [{"name", "batching", "config", "num_gpu_blocks", "summary", "by_class"}],
+    {"schema_version", "scenario", "description", "cost_model", "workload",
+     "runs": [{"name", "batching", "note", "config", "num_gpu_blocks", "summary",
+               "by_class"?, "timeseries", "latency_samples"}],
      "findings": [{"run", "rule", "severity", "evidence", "action"}],
-     "comparison": {"speedup", "speedup_cap", "share_of_cap"}}   # batching comparisons
+     "comparison"?: {"speedup", "speedup_cap", "share_of_cap",
+                     "static_slot_utilization_computed"}}   # batching comparisons
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.config import EngineConfig
-from stepserve.config_load import to_dict
+from stepserve.config_load import apply_nested, to_dict
 from stepserve.limits import MAX_BLOCKS
 from stepserve.metrics.alerts import findings_for
-from stepserve.metrics.run_data import run_extras
-from stepserve.metrics.summary import summarize, summarize_by_class
+from stepserve.metrics.finding import Finding
+from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.run_data import LatencySamples, measure_run
+from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
+from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.sim.cost import CostModel
 from stepserve.sim.loop import SimResult, simulate
@@ -37,18 +46,72 @@ def config_facts(config: EngineConfig) -> dict[str, Any]:
             "replicas": config.replicas}
 
 
-def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "") -> dict:
-    summary = summarize(sim.requests, sim.steps, sim.duration_s)
-    summary.update(config_facts(config))
-    run: dict[str, Any] = {"name": name, "batching": config.scheduler.batching,
-                           "note": note, "config": to_dict(config),
-                           "num_gpu_blocks": sim.num_gpu_blocks, "summary": summary}
-    classes = {r.request_class for r in sim.requests}
-    if len(classes) > 1:
-        run["by_class"] = summarize_by_class(sim.requests, sim.steps, sim.duration_s)
-    run.update(run_extras(sim))  # time series and latency samples for `stepserve report`
-    run["_sim"] = sim  # dropped before JSON; kept for reports and tests
-    return run
+@dataclass(frozen=True)
+class RunResult:
+    """One config run on the simulator. `config` is None only for a file whose config
+    this version cannot read (the run's numbers still can be); `by_class` only when the
+    requests have several classes; `timeseries` and `latency_samples` None only in a file
+    written without them."""
+
+    name: str
+    batching: str | None
+    config: EngineConfig | None
+    num_gpu_blocks: int | None
+    summary: RunSummary
+    note: str = ""
+    by_class: dict[str, RunSummary] | None = None
+    timeseries: TimeSeries | None = None
+    latency_samples: LatencySamples | None = None
+
+    def rule_settings(self) -> RuleSettings:
+        config = to_dict(self.config) if self.config is not None else None
+        return RuleSettings.of(self.summary, config, self.batching)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "batching": self.batching, "note": self.note,
+            "config": to_dict(self.config) if self.config is not None else None,
+            "num_gpu_blocks": self.num_gpu_blocks, "summary": self.summary.to_json()}
+        if self.by_class is not None:
+            out["by_class"] = {k: s.to_json() for k, s in self.by_class.items()}
+        if self.timeseries is not None:
+            out["timeseries"] = self.timeseries.to_json()
+        if self.latency_samples is not None:
+            out["latency_samples"] = self.latency_samples.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], name: str = "run") -> RunResult:
+        """A run of a result file of any version; `name` when it has none."""
+        by_class, ts, samples = (data.get(k) for k in ("by_class", "timeseries",
+                                                       "latency_samples"))
+        return cls(
+            name=str(data.get("name", name)), batching=data.get("batching"),
+            config=_config(data.get("config")), num_gpu_blocks=data.get("num_gpu_blocks"),
+            summary=RunSummary.from_json(data["summary"]), note=str(data.get("note", "")),
+            by_class=None if by_class is None else
+            {str(k): RunSummary.from_json(s) for k, s in by_class.items()},
+            timeseries=None if ts is None else TimeSeries.from_json(ts),
+            latency_samples=None if samples is None else LatencySamples.from_json(samples))
+
+
+def _config(data: Any) -> EngineConfig | None:
+    if not isinstance(data, dict):
+        return None
+    try:
+        return apply_nested(EngineConfig(), data)
+    except (TypeError, ValueError):  # another version's settings: the numbers still read
+        return None
+
+
+def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "") -> RunResult:
+    """A simulation measured: every request once, for the summary, classes and samples."""
+    measured = measure_run(sim.requests, sim.steps, sim.duration_s)
+    return RunResult(name=name, batching=config.scheduler.batching, config=config,
+                     num_gpu_blocks=sim.num_gpu_blocks,
+                     summary=measured.summary.with_values(**config_facts(config)),
+                     note=note, by_class=measured.by_class, timeseries=measured.timeseries,
+                     latency_samples=measured.latency_samples)
 
 
 def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
@@ -64,35 +127,112 @@ def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
         "kv_cache_memory, or change block_size, max_num_seqs or max_model_len")
 
 
-def run_config(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
-               cost_model: CostModel, num_gpu_blocks: int,
-               closed_loop_concurrency: int | None, note: str = "",
-               progress: Callable[[int], None] | None = None) -> dict:
+def simulate_run(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
+                 cost_model: CostModel, num_gpu_blocks: int,
+                 closed_loop_concurrency: int | None, note: str = "",
+                 progress: Callable[[int], None] | None = None
+                 ) -> tuple[RunResult, SimResult]:
+    """One config on the simulator: its result, and the simulation itself beside it for
+    callers that need the requests (bench --sim)."""
     check_num_gpu_blocks(config, num_gpu_blocks)
     sim = simulate(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
                    progress=progress)
-    return run_result(name, config, sim, note)
+    return run_result(name, config, sim, note), sim
 
 
-def batching_comparison(runs: list[dict], specs: Sequence[RequestSpec],
-                        concurrency: int) -> dict | None:
-    """Continuous over static throughput, against the cap for the same request stream
-    (static batches of `concurrency` in issue order; ideal = every slot busy)."""
-    by_name = {r["batching"]: r["summary"] for r in runs}
-    if "continuous" not in by_name or "static" not in by_name:
+def run_config(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
+               cost_model: CostModel, num_gpu_blocks: int,
+               closed_loop_concurrency: int | None, note: str = "",
+               progress: Callable[[int], None] | None = None) -> RunResult:
+    return simulate_run(name, config, specs, cost_model, num_gpu_blocks,
+                        closed_loop_concurrency, note, progress)[0]
+
+
+@dataclass(frozen=True)
+class BatchingComparison:
+    """Continuous over static throughput, against the cap for the same request stream."""
+
+    speedup: float
+    speedup_cap: float
+    share_of_cap: float
+    static_slot_utilization_computed: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"speedup": self.speedup, "speedup_cap": self.speedup_cap,
+                "share_of_cap": self.share_of_cap,
+                "static_slot_utilization_computed": self.static_slot_utilization_computed}
+
+
+def batching_comparison(runs: list[RunResult], specs: Sequence[RequestSpec],
+                        concurrency: int) -> BatchingComparison | None:
+    """Static batches of `concurrency` in issue order; ideal = every slot busy."""
+    by_mode = {r.batching: r.summary for r in runs}
+    if "continuous" not in by_mode or "static" not in by_mode:
         return None
-    speedup = (by_name["continuous"]["throughput_tokens_per_s"]
-               / by_name["static"]["throughput_tokens_per_s"])
+    continuous = by_mode["continuous"].throughput_tokens_per_s
+    static = by_mode["static"].throughput_tokens_per_s
+    assert continuous is not None and static, "a batching comparison needs both throughputs"
+    speedup = continuous / static
     cap = speedup_for_lengths([s.output_len for s in specs], concurrency)
-    return {"speedup": speedup, "speedup_cap": cap.speedup_cap,
-            "share_of_cap": speedup / cap.speedup_cap,
-            "static_slot_utilization_computed": cap.slot_utilization}
+    return BatchingComparison(speedup, cap.speedup_cap, speedup / cap.speedup_cap,
+                              cap.slot_utilization)
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    name: str
+    requests: int
+    closed_loop_concurrency: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "requests": self.requests,
+                "closed_loop_concurrency": self.closed_loop_concurrency}
+
+
+@dataclass(frozen=True)
+class SimulateResult:
+    """`stepserve simulate`'s result: a scenario's (or a workload file's) runs, the
+    findings on each, and the batching comparison where the scenario asks for one."""
+
+    scenario: str
+    description: str
+    cost_model: str
+    workload: WorkloadInfo
+    runs: list[RunResult]
+    findings: list[Finding] = field(default_factory=list)
+    comparison: BatchingComparison | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {SCHEMA_KEY: SCHEMA_VERSION, "scenario": self.scenario,
+               "description": self.description, "cost_model": self.cost_model,
+               "workload": self.workload.to_json(), "runs": [r.to_json() for r in self.runs],
+               "findings": [f.to_json() for f in self.findings]}
+        if self.comparison is not None:
+            out["comparison"] = self.comparison.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "result") -> SimulateResult:
+        """A simulate result of any version (fields it lacks read as empty)."""
+        check_schema(data, where)
+        w, comp = data.get("workload") or {}, data.get("comparison")
+        return cls(
+            scenario=str(data.get("scenario") or ""),
+            description=str(data.get("description") or ""),
+            cost_model=str(data.get("cost_model") or ""),
+            workload=WorkloadInfo(str(w.get("name", "")), int(w.get("requests", 0)),
+                                  w.get("closed_loop_concurrency")),
+            runs=[RunResult.from_json(r, f"run {i}") for i, r in enumerate(data["runs"])],
+            findings=[Finding.from_json(f) for f in data.get("findings") or []],
+            comparison=None if comp is None else BatchingComparison(
+                comp["speedup"], comp["speedup_cap"], comp["share_of_cap"],
+                comp.get("static_slot_utilization_computed", 0.0)))
 
 
 def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | None = None,
                  only: Sequence[str] | None = None,
                  progress_factory: Callable[[str, int], Callable[[int], None] | None]
-                 | None = None) -> dict:
+                 | None = None) -> SimulateResult:
     workload = scenario.workload_with(workload_overrides)
     specs = workload.generate()
     runs = [r for r in scenario.runs if not only or r.name in only]
@@ -107,7 +247,7 @@ def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | Non
 def run_all(name: str, description: str, workload: Workload, specs: Sequence[RequestSpec],
             runs: Sequence[RunSpec], cost_model: CostModel,
             blocks_for_config: Callable[[EngineConfig], int], compare: bool,
-            progress_factory=None) -> dict:
+            progress_factory=None) -> SimulateResult:
     for spec in runs:  # every run's KV pool, before the first run starts
         check_num_gpu_blocks(spec.config, blocks_for_config(spec.config))
     results = []
@@ -116,22 +256,12 @@ def run_all(name: str, description: str, workload: Workload, specs: Sequence[Req
         results.append(run_config(spec.name, spec.config, specs, cost_model,
                                   blocks_for_config(spec.config),
                                   workload.closed_loop_concurrency, spec.note, progress))
-    out: dict[str, Any] = {"scenario": name, "description": description,
-                           "cost_model": cost_model.describe(),
-                           "workload": {"name": workload.name, "requests": len(specs),
-                                        "closed_loop_concurrency":
-                                            workload.closed_loop_concurrency},
-                           "runs": results, "findings": findings_for(results)}
+    comparison = None
     if compare:
         concurrency = workload.closed_loop_concurrency or \
             runs[0].config.scheduler.max_num_seqs
         comparison = batching_comparison(results, specs, concurrency)
-        if comparison:
-            out["comparison"] = comparison
-    return out
-
-
-def to_json_ready(result: dict) -> dict:
-    """Drop the in-memory simulation objects."""
-    return {**result, "runs": [{k: v for k, v in r.items() if k != "_sim"}
-                               for r in result["runs"]]}
+    return SimulateResult(
+        scenario=name, description=description, cost_model=cost_model.describe(),
+        workload=WorkloadInfo(workload.name, len(specs), workload.closed_loop_concurrency),
+        runs=results, findings=findings_for(results), comparison=comparison)

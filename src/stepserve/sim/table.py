@@ -1,19 +1,26 @@
 """Plain-text tables of simulated (or measured) runs, side by side, one row a metric,
-each row with a one-line note on what it means."""
+each row with a one-line note on what it means. A row reads a RunSummary's fields."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from stepserve.metrics.finding import Finding
+from stepserve.metrics.run_summary import RunSummary
+from stepserve.sim.run import RunResult, SimulateResult
 
 
 def fmt_s(v: Any) -> str:
     return "-" if v is None else f"{v * 1000:,.0f} ms" if v < 10 else f"{v:,.1f} s"
 
 
-
 def _pct(v: Any) -> str:
     return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def _count(v: Any) -> str:
+    return "-" if v is None else str(v)
 
 
 def _num(v: Any) -> str:
@@ -22,39 +29,51 @@ def _num(v: Any) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:,.2f}"
 
 
-Row = tuple[str, Callable[[dict], str], str]
+Row = tuple[str, Callable[[RunSummary], str], str]
 
 ROWS: list[Row] = [
-    ("requests done/429/timeout", lambda s: f"{s['requests_finished']}/{s['requests_rejected']}"
-     f"/{s['requests_timed_out']}", "finished / rejected (queue full or too long) / timed out"),
-    ("throughput (tok/s)", lambda s: _num(s["throughput_tokens_per_s"]),
+    ("requests done/429/timeout", lambda s: f"{_count(s.requests_finished)}/"
+     f"{_count(s.requests_rejected)}/{_count(s.requests_timed_out)}",
+     "finished / rejected (queue full or too long) / timed out"),
+    ("throughput (tok/s)", lambda s: _num(s.throughput_tokens_per_s),
      "output tokens per second of (virtual) time"),
-    ("TTFT P50 / P99", lambda s: f"{fmt_s(s['ttft_p50_s'])} / {fmt_s(s['ttft_p99_s'])}",
+    ("TTFT P50 / P99", lambda s: f"{fmt_s(s.ttft_p50_s)} / {fmt_s(s.ttft_p99_s)}",
      "arrival to first token: queueing + prefill"),
-    ("TPOT P50 / P99", lambda s: f"{fmt_s(s['tpot_p50_s'])} / {fmt_s(s['tpot_p99_s'])}",
+    ("TPOT P50 / P99", lambda s: f"{fmt_s(s.tpot_p50_s)} / {fmt_s(s.tpot_p99_s)}",
      "(E2E - TTFT) / (output - 1): the pace of generation"),
-    ("ITL P99 / max", lambda s: f"{fmt_s(s['itl_p99_s'])} / {fmt_s(s.get('itl_max_s'))}",
+    ("ITL P99 / max", lambda s: f"{fmt_s(s.itl_p99_s)} / {fmt_s(s.itl_max_s)}",
      "gap between two tokens of one request: a prefill-only step shows up here as a spike"),
-    ("E2E P50 / P99", lambda s: f"{fmt_s(s['e2e_p50_s'])} / {fmt_s(s['e2e_p99_s'])}",
+    ("E2E P50 / P99", lambda s: f"{fmt_s(s.e2e_p50_s)} / {fmt_s(s.e2e_p99_s)}",
      "arrival to last token"),
-    ("preemptions (on long)", lambda s: f"{s['preemptions']} ({_pct(s['preemptions_on_long_share'])})",
+    ("preemptions (on long)",
+     lambda s: f"{_count(s.preemptions)} ({_pct(s.preemptions_on_long_share)})",
      "evictions when KV ran out; share that hit requests over 1,200 output tokens"),
-    ("slot utilisation", lambda s: _pct(s["slot_utilization"]),
+    ("slot utilisation", lambda s: _pct(s.slot_utilization),
      "useful tokens / (slots held x steps); static batching's idle slots show here"),
-    ("active / concurrency P50", lambda s: _pct(s["active_ratio_p50"]),
+    ("active / concurrency P50", lambda s: _pct(s.active_ratio_p50),
      "sequences producing a token / slots held, median step; seed alert < 30%"),
-    ("prefill-only steps", lambda s: _pct(s["prefill_step_share"]),
+    ("prefill-only steps", lambda s: _pct(s.prefill_step_share),
      "steps with prefill and no decode; seed alert > 70%"),
-    ("zero-decode steps", lambda s: _pct(s["zero_decode_step_share"]),
+    ("zero-decode steps", lambda s: _pct(s.zero_decode_step_share),
      "steps where sequences ready to decode got 0 tokens; seed alert > 10%"),
-    ("waiting queue max", lambda s: _num(s["waiting_max"]), "longest waiting queue seen"),
-    ("KV usage max", lambda s: _pct(s["kv_usage_max"]), "share of KV blocks in use, peak"),
+    ("waiting queue max", lambda s: _num(s.waiting_max), "longest waiting queue seen"),
+    ("KV usage max", lambda s: _pct(s.kv_usage_max), "share of KV blocks in use, peak"),
 ]
 
 
-def format_runs(runs: list[dict], rows: list[Row] = ROWS) -> str:
-    names = [r["name"] for r in runs]
-    cells = [[fmt(r["summary"]) for r in runs] for _, fmt, _ in rows]
+class NamedRun(Protocol):
+    """A column of a table: a run's name and its summary."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def summary(self) -> RunSummary: ...
+
+
+def format_runs(runs: Sequence[NamedRun], rows: list[Row] = ROWS) -> str:
+    names = [r.name for r in runs]
+    cells = [[fmt(r.summary) for r in runs] for _, fmt, _ in rows]
     w0 = max(len(label) for label, _, _ in rows)
     widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
     lines = ["  ".join([" " * w0] + [n.rjust(w) for n, w in zip(names, widths)])]
@@ -64,39 +83,39 @@ def format_runs(runs: list[dict], rows: list[Row] = ROWS) -> str:
     return "\n".join(lines)
 
 
-def format_by_class(runs: list[dict]) -> str:
+def format_by_class(runs: Sequence[RunResult]) -> str:
     lines = []
     for run in runs:
-        for cls, s in (run.get("by_class") or {}).items():
-            lines.append(f"  {run['name']:>10} {cls:>10}: TTFT P50 {fmt_s(s['ttft_p50_s'])}, "
-                         f"P99 {fmt_s(s['ttft_p99_s'])}; TPOT P99 {fmt_s(s['tpot_p99_s'])}; "
-                         f"E2E P99 {fmt_s(s['e2e_p99_s'])}; preemptions {s['preemptions']}")
+        for cls, s in (run.by_class or {}).items():
+            lines.append(f"  {run.name:>10} {cls:>10}: TTFT P50 {fmt_s(s.ttft_p50_s)}, "
+                         f"P99 {fmt_s(s.ttft_p99_s)}; TPOT P99 {fmt_s(s.tpot_p99_s)}; "
+                         f"E2E P99 {fmt_s(s.e2e_p99_s)}; preemptions {_count(s.preemptions)}")
     return "\n".join(lines)
 
 
-def format_findings(findings: list[dict]) -> str:
+def format_findings(findings: Sequence[Finding]) -> str:
     if not findings:
         return "doctor: no rule fired."
     lines = ["doctor (the seed's alert rules):"]
     for f in findings:
-        lines.append(f"  [{f['severity']}] {f['run']}: {f['rule']}: {f['evidence']}")
-        lines.append(f"      -> {f['action']}")
+        lines.append(f"  [{f.severity}] {f.run}: {f.rule}: {f.evidence}")
+        lines.append(f"      -> {f.action}")
     return "\n".join(lines)
 
 
-def format_result(result: dict) -> str:
-    parts = [f"scenario: {result['scenario']}", f"  {result['description']}",
-             f"  cost model: {result['cost_model']}",
-             f"  workload: {result['workload']['requests']} requests", "",
-             format_runs(result["runs"])]
-    by_class = format_by_class(result["runs"])
+def format_result(result: SimulateResult) -> str:
+    parts = [f"scenario: {result.scenario}", f"  {result.description}",
+             f"  cost model: {result.cost_model}",
+             f"  workload: {result.workload.requests} requests", "",
+             format_runs(result.runs)]
+    by_class = format_by_class(result.runs)
     if by_class:
         parts += ["", "by request class:", by_class]
-    comp = result.get("comparison")
+    comp = result.comparison
     if comp:
-        parts += ["", f"continuous / static throughput: {comp['speedup']:.2f}x; speedup cap "
-                      f"for the same requests: {comp['speedup_cap']:.2f}x "
-                      f"({comp['share_of_cap'] * 100:.0f}% of the cap reached; the rest is "
+        parts += ["", f"continuous / static throughput: {comp.speedup:.2f}x; speedup cap "
+                      f"for the same requests: {comp.speedup_cap:.2f}x "
+                      f"({comp.share_of_cap * 100:.0f}% of the cap reached; the rest is "
                       f"prefill steps and the drain at the end)"]
-    parts += ["", format_findings(result["findings"])]
+    parts += ["", format_findings(result.findings)]
     return "\n".join(parts)

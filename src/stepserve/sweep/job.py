@@ -10,7 +10,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from stepserve.bench.http_run import check_url
 from stepserve.bench.plan import BenchError
@@ -25,6 +24,7 @@ from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.sim.scenarios import Scenario, get_scenario
 from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, P99_METRIC, analyze_runs
 from stepserve.sweep.live import LiveOptions, run_target_points, target_points
+from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
 from stepserve.sweep.runner import run_points, stderr_log, timed_workload
 from stepserve.sweep.spec import (
     WORKLOAD_AXES,
@@ -181,27 +181,22 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points)
 
 
-def sweep_result(plan: SweepPlan, runs: list[dict], options: SweepOptions,
-                 stopped: str | None = None) -> dict[str, Any]:
-    """The result JSON; `stopped` says why it ended early ("interrupted", or the error
-    that stopped a live sweep), None when every point ran."""
+def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOptions,
+                 stopped: str | None = None) -> SweepResult:
+    """The result; `stopped` says why it ended early ("interrupted", or the error that
+    stopped a live sweep), None when every point ran."""
     slos = [parse_summary_slo(s) for s in options.slo]
     knees = analyze_runs(runs, slos, options.p99_metric, options.min_throughput_gain,
                          options.max_p99_rise, plan.x_axis)
-    return {
-        "kind": "sweep", "scenario": plan.name, "description": plan.description,
-        "cost_model": plan.cost.describe() if plan.cost else None,
-        "target": options.live.target if options.live else "sim",
-        "requests_per_point": options.requests, "duration_s_per_point": options.duration_s,
-        "interrupted": stopped is not None, "stopped": stopped,
-        "x_axis": plan.x_axis,
-        "axes": [{"name": a.name, "values": list(a.values), "target": a.target}
-                 for a in plan.axes],
-        "knee_rule": {"min_throughput_gain": options.min_throughput_gain,
-                      "max_p99_rise": options.max_p99_rise, "p99_metric": options.p99_metric,
-                      "slos": [s.to_dict() for s in slos]},
-        "runs": runs, "knees": [k.to_dict() for k in knees], "findings": findings_for(runs),
-    }
+    return SweepResult(
+        scenario=plan.name, description=plan.description,
+        cost_model=plan.cost.describe() if plan.cost else None,
+        target=options.live.target if options.live else "sim",
+        requests_per_point=options.requests, duration_s_per_point=options.duration_s,
+        stopped=stopped, x_axis=plan.x_axis, axes=plan.axes,
+        knee_rule=KneeRule(options.min_throughput_gain, options.max_p99_rise,
+                           options.p99_metric, slos),
+        runs=runs, knees=knees, findings=findings_for(runs))
 
 
 def check_knee_options(options: SweepOptions) -> None:
@@ -245,22 +240,16 @@ def run_sweep(options: SweepOptions) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     print(format_knees(result))
-    ready = to_json_ready(result)
     if options.json_out:
-        Path(options.json_out).write_text(json.dumps(ready, indent=1))
+        Path(options.json_out).write_text(json.dumps(result.to_json(), indent=1))
         print(f"\nwrote {options.json_out}")
     if options.report:
         from stepserve.sweep.report import write_report
 
-        page = write_report(ready, options.report)
+        page = write_report(result, options.report)
         print(f"wrote {page}")
     if stopped is not None:
         print(f"{stopped}: {len(runs)} of {len(plan.points)} points measured; the "
               "result above and any files written are partial", file=sys.stderr)
         return EXIT_INTERRUPTED if stopped == "interrupted" else 2
     return 0
-
-
-def to_json_ready(result: dict[str, Any]) -> dict[str, Any]:
-    return {**result, "runs": [{k: v for k, v in r.items() if k != "_sim"}
-                               for r in result["runs"]]}

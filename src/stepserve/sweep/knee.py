@@ -19,15 +19,18 @@ one with the lowest tail.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
 
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.sweep.spec import SummarySLO
+
+if TYPE_CHECKING:
+    from stepserve.sweep.result import SweepPointResult
 
 MIN_THROUGHPUT_GAIN = 0.05
 MAX_P99_RISE = 0.50
-THROUGHPUT_METRIC = "throughput_tokens_per_s"
 LOAD_AXES = ("rate", "concurrency")
 UNORDERED_AXES = ("seed", "run")  # numbers or names whose order means nothing
 # Queueing shows first in TTFT: past capacity new requests wait before their first token,
@@ -43,6 +46,10 @@ class Step:
     index: int
     throughput_gain: float | None
     p99_rise: float | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Step:
+        return cls(int(data["index"]), data.get("throughput_gain"), data.get("p99_rise"))
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,14 @@ class KneeResult:
     reason: str  # one line: why this recommendation
     flat_index: int | None = None  # no knee: the first point whose throughput stayed flat
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KneeResult:
+        values = {f.name: data.get(f.name) for f in fields(cls)}
+        values["steps"] = [Step.from_json(s) for s in data.get("steps") or []]
+        return cls(**values)
 
 
 def _rel(new: float | None, old: float | None) -> float | None:
@@ -126,7 +139,7 @@ def _best_named(throughput: Sequence[float | None], p99: Sequence[float | None],
     return min(near, key=lambda i: p99[i] if p99[i] is not None else math.inf)
 
 
-def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str, Any]],
+def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummary],
                    slos: Sequence[SummarySLO] = (), p99_metric: str = P99_METRIC,
                    min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
                    max_p99_rise: float = MAX_P99_RISE,
@@ -134,8 +147,8 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str,
     """The knee along `xs` (in the given order). Without one, an ordered axis stops the
     recommendation before throughput went flat; a named one (configs, policies) gets the
     lowest tail among the points with about the most throughput (see the module doc)."""
-    throughput = [s.get(THROUGHPUT_METRIC) for s in summaries]
-    p99 = [s.get(p99_metric) for s in summaries]
+    throughput = [s.throughput_tokens_per_s for s in summaries]
+    p99 = [s.metric(p99_metric) for s in summaries]
     knee = find_knee(throughput, p99, min_throughput_gain, max_p99_rise)
     steps = steps_between(throughput, p99)
     ordered = is_ordered(xs, x_axis)
@@ -145,7 +158,7 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str,
     stop = knee or flat
     limit = stop.index if stop else len(summaries)
     rec = max((i for i in range(limit) if met[i]), default=None)
-    slo_text = " and ".join(s.describe() for s in slos)
+    slo_text = " and ".join(slo.describe() for slo in slos)
     meeting = f" meeting {slo_text}" if slos else ""
     if not knee and not ordered:
         rec = _best_named(throughput, p99, met, min_throughput_gain)
@@ -175,20 +188,20 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[dict[str,
                       met, best, rec, reason, flat.index if flat else None)
 
 
-def group_series(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def group_series(runs: Sequence[SweepPointResult]) -> dict[str, list[SweepPointResult]]:
     """Sweep runs by series, in the order they ran (x order)."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[SweepPointResult]] = {}
     for run in runs:
-        out.setdefault(run["sweep"]["series"], []).append(run)
+        out.setdefault(run.sweep.series, []).append(run)
     return out
 
 
-def analyze_runs(runs: Sequence[dict[str, Any]], slos: Sequence[SummarySLO] = (),
+def analyze_runs(runs: Sequence[SweepPointResult], slos: Sequence[SummarySLO] = (),
                  p99_metric: str = P99_METRIC,
                  min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
                  max_p99_rise: float = MAX_P99_RISE,
                  x_axis: str | None = None) -> list[KneeResult]:
-    return [analyze_series(name, [r["sweep"]["x"] for r in group],
-                           [r["summary"] for r in group], slos, p99_metric,
+    return [analyze_series(name, [r.sweep.x for r in group],
+                           [r.summary for r in group], slos, p99_metric,
                            min_throughput_gain, max_p99_rise, x_axis)
             for name, group in group_series(runs).items()]

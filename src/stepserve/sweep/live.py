@@ -16,13 +16,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from stepserve.bench.http_run import HttpRun, bench_http
 from stepserve.bench.loadgen import LoadPlan, make_records
 from stepserve.bench.plan import BenchError
-from stepserve.bench.results import summarize_records
+from stepserve.bench.results import BenchRun, summarize_records
 from stepserve.bench.run_data import http_extras
+from stepserve.sweep.result import SweepCoords, SweepPointResult
 from stepserve.sweep.spec import RunConfig, SweepPoint, build_points
 from stepserve.workload.overrides import WorkloadOverrides
 from stepserve.workload.spec import Workload
@@ -50,12 +50,12 @@ def run_target_points(live: LiveOptions, points: list[SweepPoint],
                       make_workload: Callable[[WorkloadOverrides], Workload],
                       duration_s: float | None = None,
                       log: Callable[[str], None] | None = None
-                      ) -> tuple[list[dict[str, Any]], str | None]:
+                      ) -> tuple[list[SweepPointResult], str | None]:
     """Bench each point against the target (a closed loop stops issuing after
     `duration_s`). Returns (runs, why it stopped early): None when every point ran,
     "interrupted" on Ctrl-C, or the error when the target became unreachable after the
     first point (before it, the BenchError propagates)."""
-    runs: list[dict[str, Any]] = []
+    runs: list[SweepPointResult] = []
     for i, p in enumerate(points, 1):
         workload = make_workload(p.workload_overrides)
         specs = workload.generate()
@@ -78,16 +78,16 @@ def run_target_points(live: LiveOptions, points: list[SweepPoint],
                 raise
             return runs, f"stopped at {p.label}: {e}"
         summary = summarize_records(records, scrape=http.scrape)
-        run = {"name": p.label, "batching": None, "target": live.target,
-               "model": http.model, "config": http.server_config(),
-               "workload": workload.describe(), "summary": summary, **http_extras(records, http.snapshots),
-               "sweep": {"series": p.series, "run": p.run, "x": p.x, "values": p.values}}
-        runs.append(run)
+        samples, series = http_extras(records, http.snapshots)
+        run = BenchRun(p.label, summary, target=live.target, model=http.model,
+                       config=http.server_config(), workload=workload.describe(),
+                       latency_samples=samples, timeseries=series)
+        runs.append(SweepPointResult(run, SweepCoords(p.series, p.run, p.x, p.values)))
         if log:
-            failed = summary["requests_failed"]
-            log(f"[{i}/{len(points)}] {p.label}: {_n(summary['throughput_tokens_per_s'])} "
-                f"tok/s, e2e P99 {_s(summary['e2e_p99_s'])}, "
-                f"{summary['requests_finished']}/{summary['requests_total']} done"
+            failed = summary.requests_failed
+            log(f"[{i}/{len(points)}] {p.label}: {_n(summary.throughput_tokens_per_s)} "
+                f"tok/s, e2e P99 {_s(summary.e2e_p99_s)}, "
+                f"{summary.requests_finished}/{summary.requests_total} done"
                 f"{f', {failed} failed' if failed else ''} "
                 f"({time.perf_counter() - started:.1f} s)")
     return runs, None

@@ -2,27 +2,59 @@
 display, no global state). Each function returns a Figure; `save` writes and closes it.
 
 A Group is one panel's worth of runs: a sweep series (lines per swept value) or, for a
-`simulate --json` result, all its runs (lines per run).
+`simulate --json` result, all its runs (lines per run). Its runs carry their time series
+and latency samples (a simulated run, a bench run, a sweep point).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from stepserve.metrics.run_data import LatencySamples
+from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.sweep.knee import all_numbers
+
+
+class PlotRun(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def summary(self) -> RunSummary: ...
+
+    @property
+    def timeseries(self) -> TimeSeries | None: ...
+
+    @property
+    def latency_samples(self) -> LatencySamples | None: ...
 
 
 @dataclass(frozen=True)
 class Group:
     name: str
     labels: list[str]  # one per run, the line label
-    runs: list[dict[str, Any]]
+    runs: list[PlotRun]
+
+
+@dataclass(frozen=True)
+class KneeSeries:
+    """One line of the knee plot: throughput and P99 per x, the marked points' indices."""
+
+    name: str
+    xs: list[Any]
+    throughput: list[float | None]
+    p99: list[float | None]
+    knee_index: int | None = None
+    recommended_index: int | None = None
+    best_slo_index: int | None = None
 
 
 def _figure(n_panels: int, cols: int = 1, height: float = 3.2,
@@ -47,12 +79,14 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def latency_cdf(groups: list[Group], key: str, title: str) -> Figure:
-    """Empirical CDF of `latency_samples[key]` (seconds), one line per run."""
+def latency_cdf(groups: list[Group], samples: Callable[[LatencySamples], list[float]],
+                title: str) -> Figure:
+    """Empirical CDF of some latency samples (seconds), one line per run."""
     fig, axes = _figure(len(groups))
     for ax, g in zip(axes, groups):
         for color, label, run in zip(_colors(len(g.runs)), g.labels, g.runs):
-            xs = sorted(run["latency_samples"][key])
+            assert run.latency_samples is not None, "groups hold runs with samples"
+            xs = sorted(samples(run.latency_samples))
             if not xs:
                 continue
             ys = [(i + 1) / len(xs) for i in range(len(xs))]
@@ -84,27 +118,26 @@ def _once(ax, label: str) -> str:
     return "_nolegend_" if label in seen else label
 
 
-def knee_plot(series: list[dict[str, Any]], x_name: str, p99_metric: str) -> Figure:
+def knee_plot(series: list[KneeSeries], x_name: str, p99_metric: str) -> Figure:
     """Throughput and P99 against the swept value, one line per series; the knee is a red
     X with a dotted line, the recommendation a green star, the highest load meeting the
-    SLOs a blue diamond. `series`: dicts with name, xs, throughput, p99, knee_index,
-    recommended_index and optionally best_slo_index."""
+    SLOs a blue diamond."""
     fig, (ax_t, ax_p) = _figure(2)
     for color, s in zip(_colors(len(series)), series):
-        xs, ticks = _xs(s["xs"])
-        for ax, ys in ((ax_t, s["throughput"]), (ax_p, s["p99"])):
+        xs, ticks = _xs(s.xs)
+        for ax, ys in ((ax_t, s.throughput), (ax_p, s.p99)):
             pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color,
-                    label=s["name"])
-            k, r = s.get("knee_index"), s.get("recommended_index")
+                    label=s.name)
+            k, r = s.knee_index, s.recommended_index
             if k is not None and ys[k] is not None:
                 ax.plot([xs[k]], [ys[k]], marker="X", ms=13, color="red", ls="none",
                         label=_once(ax, "knee"))
                 ax.axvline(xs[k], color="red", ls=":", lw=0.8)
-                ax.annotate(f"{s['name']} knee @ {_fmt(s['xs'][k])}", (xs[k], ys[k]),
+                ax.annotate(f"{s.name} knee @ {_fmt(s.xs[k])}", (xs[k], ys[k]),
                             xytext=(4, -12), textcoords="offset points", fontsize=7,
                             color="red")
-            b = s.get("best_slo_index")
+            b = s.best_slo_index
             if b is not None and ys[b] is not None:
                 ax.plot([xs[b]], [ys[b]], marker="D", ms=11, mfc="none", mec="royalblue",
                         mew=1.8, ls="none", label=_once(ax, "highest load meeting the SLO"))
@@ -124,23 +157,29 @@ def knee_plot(series: list[dict[str, Any]], x_name: str, p99_metric: str) -> Fig
     return fig
 
 
-def timeseries_plot(groups: list[Group], field: str, ylabel: str, title: str,
-                    cumulative: bool = False) -> Figure:
-    """One `timeseries` field over time, one line per run (cumulative sums optional)."""
+def _series(run: PlotRun) -> TimeSeries:
+    assert run.timeseries is not None, "groups hold runs with a time series"
+    return run.timeseries
+
+
+def timeseries_plot(groups: list[Group], series: Callable[[TimeSeries], list[float]],
+                    what: str, ylabel: str, title: str, cumulative: bool = False) -> Figure:
+    """One series of the runs' time series (`what` names it) over time, one line per run
+    (cumulative sums optional)."""
     fig, axes = _figure(len(groups))
     for ax, g in zip(axes, groups):
         for color, label, run in zip(_colors(len(g.runs)), g.labels, g.runs):
-            ts = run["timeseries"]
-            ys = list(ts[field])
+            ts = _series(run)
+            ys = list(series(ts))
             if cumulative:
                 total = 0
                 for i, y in enumerate(ys):
                     total += y
                     ys[i] = total
-            ax.plot(ts["t"], ys, color=color, label=label, lw=1.1)
-        if all(not any(r["timeseries"][field]) for r in g.runs):
+            ax.plot(ts.t, ys, color=color, label=label, lw=1.1)
+        if all(not any(series(_series(r))) for r in g.runs):
             ax.set_ylim(-0.5, 1)
-            ax.text(0.5, 0.5, f"no {field} in any run", transform=ax.transAxes,
+            ax.text(0.5, 0.5, f"no {what} in any run", transform=ax.transAxes,
                     ha="center", color="grey")
         ax.set_title(f"{title}: {g.name}", fontsize=10)
         ax.set_xlabel("time (s)")
@@ -154,22 +193,23 @@ def tokens_per_step_plot(groups: list[Group]) -> Figure:
     """Mean prefill and decode tokens per step in each time bin (tokens per second
     when the JSON has no per-bin step counts)."""
     fig, axes = _figure(2 * len(groups), cols=2, width=11)
+    kinds: tuple[tuple[str, Callable[[TimeSeries], list[float]]], ...] = (
+        ("prefill", lambda ts: ts.prefill_tokens), ("decode", lambda ts: ts.decode_tokens))
     for i, g in enumerate(groups):
-        for j, kind in enumerate(("prefill_tokens", "decode_tokens")):
+        for j, (kind, tokens) in enumerate(kinds):
             ax = axes[2 * i + j]
             unit = "tokens / step"
             for color, label, run in zip(_colors(len(g.runs)), g.labels, g.runs):
-                ts = run["timeseries"]
-                steps = ts.get("steps")
-                if steps:
-                    pts = [(t, v / n) for t, v, n in zip(ts["t"], ts[kind], steps) if n]
+                ts = _series(run)
+                if ts.steps:
+                    pts = [(t, v / n) for t, v, n in zip(ts.t, tokens(ts), ts.steps) if n]
                 else:
                     unit = "tokens / s"
-                    width = (ts["t"][1] - ts["t"][0]) if len(ts["t"]) > 1 else 1.0
-                    pts = [(t, v / width) for t, v in zip(ts["t"], ts[kind])]
+                    width = (ts.t[1] - ts.t[0]) if len(ts.t) > 1 else 1.0
+                    pts = [(t, v / width) for t, v in zip(ts.t, tokens(ts))]
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color,
                         label=label, lw=1.0)
-            ax.set_title(f"{kind.split('_')[0]} {unit}: {g.name}", fontsize=10)
+            ax.set_title(f"{kind} {unit}: {g.name}", fontsize=10)
             ax.set_xlabel("time (s)")
             ax.set_ylabel(unit)
             ax.grid(alpha=0.3)

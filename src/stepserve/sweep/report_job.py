@@ -4,9 +4,14 @@ do not need it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from stepserve.bench.results import BenchResult
 from stepserve.cli_errors import UsageError
+from stepserve.sim.run import SimulateResult
+from stepserve.sweep.result import KIND, SweepResult
 from stepserve.user_files import check_output_dir, load_json
 
 
@@ -32,7 +37,9 @@ def run_report(options: ReportOptions) -> int:
     from stepserve.sweep.report import write_report
 
     try:
-        page = write_report(result, options.out)
+        page = write_report(load_result(result, options.result), options.out)
+    except UsageError:
+        raise
     except (KeyError, TypeError, ValueError) as e:  # a run missing what the plots read
         raise UsageError(f"{options.result}: not a result this report can read "
                          f"({type(e).__name__}: {e})") from None
@@ -40,3 +47,15 @@ def run_report(options: ReportOptions) -> int:
         raise UsageError(f"--out {options.out!r}: cannot write the report ({e})") from None
     print(f"wrote {page}")
     return 0
+
+
+def load_result(data: Mapping[str, Any], where: str
+                ) -> SimulateResult | SweepResult | BenchResult:
+    """A result file of any version as its type: a sweep names its kind, a bench run its
+    target; anything else with runs is read as a simulate result."""
+    if data.get("kind") == KIND:
+        return SweepResult.from_json(data, where)
+    runs = data["runs"]
+    if runs and all("target" in r for r in runs):
+        return BenchResult.from_json(data, where)
+    return SimulateResult.from_json(data, where)

@@ -1,9 +1,8 @@
 """Run every sweep point on the simulator, each on the same fixed request count.
 
-A point's result is a run dict in `stepserve simulate --json`'s shape (name, batching,
-config, num_gpu_blocks, summary) plus what the report plots: `timeseries` (binned step
-records) and `latency_samples` (per-request TTFT and E2E, at most SAMPLE_CAP values each),
-and `sweep` (series, x and axis values).
+A point's result is a SweepPointResult: the RunResult `stepserve simulate` makes (its
+summary, time series and latency samples, each measured once) and where the point sits
+in the grid (series, x and axis values).
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ import time
 from collections.abc import Callable
 
 from stepserve.config import EngineConfig
-from stepserve.metrics.run_data import SAMPLE_CAP, run_extras
 from stepserve.sim.cost import CostModel
 from stepserve.sim.run import run_config
+from stepserve.sweep.result import SweepCoords, SweepPointResult
 from stepserve.sweep.spec import SweepPoint
 from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
@@ -51,10 +50,11 @@ def timed_workload(workload: Workload, duration_s: float | None,
 def run_points(points: list[SweepPoint],
                make_workload: Callable[[WorkloadOverrides], Workload],
                cost_model: CostModel, blocks_for_config: Callable[[EngineConfig], int],
-               log: Callable[[str], None] | None = None) -> tuple[list[dict], str | None]:
+               log: Callable[[str], None] | None = None
+               ) -> tuple[list[SweepPointResult], str | None]:
     """Simulate each point. Points with the same load share one generated request list.
     Returns (runs, "interrupted" or None): Ctrl-C keeps the points simulated before it."""
-    runs: list[dict] = []
+    runs: list[SweepPointResult] = []
     try:
         _simulate(points, make_workload, cost_model, blocks_for_config, log, runs)
     except KeyboardInterrupt:
@@ -73,13 +73,11 @@ def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs) -
         started = time.perf_counter()
         run = run_config(p.label, p.config, specs, cost_model, blocks_for_config(p.config),
                          workload.closed_loop_concurrency)
-        run.update(run_extras(run["_sim"]))
-        run["sweep"] = {"series": p.series, "run": p.run, "x": p.x, "values": p.values}
-        runs.append(run)
+        runs.append(SweepPointResult(run, SweepCoords(p.series, p.run, p.x, p.values)))
         if log:
-            s = run["summary"]
-            log(f"[{i}/{len(points)}] {p.label}: {s['throughput_tokens_per_s']:.0f} tok/s, "
-                f"e2e P99 {_s(s['e2e_p99_s'])}, preemptions {s['preemptions']} "
+            s = run.summary
+            log(f"[{i}/{len(points)}] {p.label}: {_n(s.throughput_tokens_per_s)} tok/s, "
+                f"e2e P99 {_s(s.e2e_p99_s)}, preemptions {s.preemptions} "
                 f"({time.perf_counter() - started:.1f} s)")
 
 
@@ -87,9 +85,10 @@ def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f} s"
 
 
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
-
-__all__ = ["SAMPLE_CAP", "run_extras", "run_points",
-           "stderr_log"]  # SAMPLE_CAP and run_extras re-exported from metrics.run_data

@@ -11,11 +11,13 @@ Several axes make a grid. The x axis (the one the knee is searched along) is the
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from stepserve.config import EngineConfig
 from stepserve.config_load import config_fields, parse_bool
+from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary
 from stepserve.workload.overrides import WorkloadOverrides
 
 WORKLOAD_AXES = {"rate": float, "seed": int, "concurrency": int}
@@ -31,6 +33,13 @@ class Axis:
     name: str
     values: tuple[Any, ...]
     target: str  # "workload" or "config"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "values": list(self.values), "target": self.target}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Axis:
+        return cls(str(data["name"]), tuple(data["values"]), str(data["target"]))
 
 
 def parse_vary(text: str) -> Axis:
@@ -128,8 +137,8 @@ class SummarySLO:
     limit: float
     at_least: bool = False
 
-    def met_by(self, summary: dict[str, Any]) -> bool:
-        value = summary.get(self.metric)
+    def met_by(self, summary: RunSummary) -> bool:
+        value = summary.metric(self.metric)
         if value is None:
             return False
         return value >= self.limit if self.at_least else value <= self.limit
@@ -137,16 +146,26 @@ class SummarySLO:
     def describe(self) -> str:
         return f"{self.metric} {'>=' if self.at_least else '<='} {self.limit:g}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "limit": self.limit, "at_least": self.at_least}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SummarySLO:
+        return cls(str(data["metric"]), float(data["limit"]), bool(data.get("at_least")))
 
 
 def parse_summary_slo(text: str) -> SummarySLO:
+    """`METRIC=LIMIT` or `METRIC>=LIMIT`; METRIC names a number of a run's summary."""
     for op, at_least in ((">=", True), ("<=", False), ("=", False)):
         if op in text:
             metric, _, raw = text.partition(op)
+            metric = metric.strip()
+            if FIELD_KINDS.get(metric) is not float:
+                raise ValueError(f"--slo {text!r}: {metric!r} is not a number of a run's "
+                                 "summary (e.g. ttft_p99_s, e2e_p99_s, tpot_p99_s, "
+                                 "throughput_tokens_per_s)")
             try:
-                return SummarySLO(metric.strip(), float(raw), at_least)
+                return SummarySLO(metric, float(raw), at_least)
             except ValueError:
                 break
     raise ValueError(f"--slo {text!r}: expected METRIC=LIMIT (at most) or METRIC>=LIMIT, "

@@ -1,0 +1,204 @@
+"""RunSummary: one run's numbers as typed fields, whatever measured them.
+
+A simulation or an engine run (summary.py, step_metrics.py) fills the request and step
+fields, and sim/run.py adds the settings the doctor's advice names; a by-class summary has
+the request fields only; a live /metrics window (live.py), a bench run (bench/results.py)
+or a file in another tool's shape have some of the fields. Every field is None where its
+source does not measure it or where it is undefined (no completed request, no steps, no
+preemption), so the rules read one type and a rule whose inputs are None cannot run.
+
+`reported` names the fields the source reports, in order: `to_json` writes exactly those
+keys (a by-class summary has no step keys, a live one only what a scrape can see), and
+`from_json` reads any of them, dropping keys it does not know and values of the wrong
+kind (a string where a number belongs is no number).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    # ---- requests (any outcome; latencies from completed ones: request_metrics.py) ----
+    requests_total: float | None = None
+    requests_finished: float | None = None  # stop or length
+    requests_rejected: float | None = None
+    requests_timed_out: float | None = None
+    requests_aborted: float | None = None
+    requests_failed: float | None = None  # a fault in their step (bench: an error answer)
+    requests_unfinished: float | None = None  # still live
+    output_tokens: float | None = None  # every generated token, any outcome
+    prompt_tokens: float | None = None  # prompts of requests that ran at least once
+    duration_s: float | None = None
+    throughput_tokens_per_s: float | None = None  # output_tokens / duration_s
+    throughput_requests_per_s: float | None = None  # requests_finished / duration_s
+    ttft_mean_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_mean_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p95_s: float | None = None
+    tpot_p99_s: float | None = None
+    itl_mean_s: float | None = None  # ITL pools every gap of every completed request
+    itl_p50_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    itl_max_s: float | None = None
+    e2e_mean_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p95_s: float | None = None
+    e2e_p99_s: float | None = None
+    queue_time_mean_s: float | None = None
+    queue_time_p50_s: float | None = None
+    queue_time_p95_s: float | None = None
+    queue_time_p99_s: float | None = None
+    p99_p50_e2e_ratio: float | None = None
+    p99_p50_ttft_ratio: float | None = None
+    p99_p50_tpot_ratio: float | None = None
+    preemptions: float | None = None  # sum of num_preemptions
+    preempted_requests: float | None = None
+    long_request_threshold: float | None = None  # output tokens
+    long_requests: float | None = None  # output over the threshold
+    long_request_share: float | None = None
+    preemptions_on_long_share: float | None = None  # of preemptions, on long requests
+    swapped_blocks: float | None = None
+    recomputed_tokens: float | None = None
+    # ---- steps (step_metrics.py; queue levels summed over replicas) ----
+    replicas: float | None = None
+    steps: float | None = None
+    mean_step_s: float | None = None
+    decode_step_p50_s: float | None = None  # median step with decode tokens
+    slot_utilization: float | None = None  # sum num_active / sum slots_held
+    active_ratio_p50: float | None = None  # per step num_active / slots_held
+    active_ratio_mean: float | None = None
+    prefill_step_share: float | None = None  # steps with prefill and no decode tokens
+    zero_decode_step_share: float | None = None  # decode-ready sequences, no decode token
+    prefill_token_share: float | None = None
+    prefill_tokens_computed: float | None = None  # recompute included
+    decode_tokens_computed: float | None = None
+    waiting_max: float | None = None
+    waiting_p50: float | None = None
+    waiting_mean: float | None = None
+    waiting_nonzero_share: float | None = None  # share of samples with a queue
+    waiting_growth: float | None = None  # least-squares slope (requests/s) while arriving
+    waiting_trend_rise: float | None = None  # that slope times that window
+    waiting_monotonic_rise_s: float | None = None  # longest stretch that never shrank
+    waiting_monotonic_rise: float | None = None  # and how much it grew in it
+    running_max: float | None = None
+    running_mean: float | None = None
+    in_engine_max: float | None = None  # running + waiting + swapped
+    kv_usage_max: float | None = None
+    kv_usage_mean: float | None = None
+    # ---- the settings the doctor's advice names (sim/run.py copies them in) ----
+    batching: str | None = None
+    max_num_seqs: float | None = None
+    max_num_batched_tokens: float | None = None
+    long_prefill_token_threshold: float | None = None
+    enable_chunked_prefill: bool | None = None
+    budget_order: str | None = None
+    max_waiting: float | None = None
+    # ---- a server's /metrics (live.py over a window, bench/scrape.py over a run) ----
+    window_s: float | None = None
+    scrape_samples: float | None = None
+    metrics_source: str | None = None  # stepserve, vllm, sglang, tgi, or engine
+    generation_tokens: float | None = None
+    server_requests_finished: float | None = None
+    server_generation_tokens: float | None = None
+    server_prompt_tokens: float | None = None
+    # ---- a bench run's client side (bench/results.py) ----
+    requests_not_sent: float | None = None  # cut off by --duration-s or an interrupt
+    errors: dict[str, int] | None = None  # outcome -> count, e.g. http_500
+    error_examples: dict[str, str | None] | None = None  # outcome -> its first message
+    goodput_requests_per_s: float | None = None
+    goodput_requests: float | None = None
+    goodput_slo: str | None = None
+    peak_concurrency: float | None = None
+    warmup_requests: float | None = None
+    interrupted: bool | None = None
+    # the fields the source reports, in JSON order (see the module docstring)
+    reported: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.reported if name not in FIELD_KINDS]
+        if unknown:
+            raise ValueError(f"RunSummary.reported: not fields: {', '.join(unknown)}")
+
+    @classmethod
+    def of(cls, **values: Any) -> RunSummary:
+        """A summary that reports exactly `values`, in that order."""
+        return cls(**values, reported=tuple(values))
+
+    def updated(self, other: RunSummary) -> RunSummary:
+        """This summary with `other`'s reported fields laid over it; a field both report
+        keeps its place in the order (as dict.update would)."""
+        values = {name: getattr(other, name) for name in other.reported}
+        order = self.reported + tuple(n for n in other.reported if n not in self.reported)
+        return replace(self, **values, reported=order)
+
+    def with_values(self, **values: Any) -> RunSummary:
+        """This summary with `values` set and reported."""
+        return self.updated(RunSummary.of(**values))
+
+    def only(self, names: tuple[str, ...]) -> RunSummary:
+        """The same values, reporting only those of `names` it reports, in its order."""
+        return replace(self, reported=tuple(n for n in self.reported if n in names))
+
+    def metric(self, name: str) -> float | None:
+        """A number chosen by name where a user names it (`--slo`, `--p99-metric`, a
+        table's columns); ValueError for a name that is no numeric field."""
+        if FIELD_KINDS.get(name) is not float:
+            raise ValueError(f"{name!r} is not a number of a run's summary")
+        return getattr(self, name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: _copy(getattr(self, name)) for name in self.reported}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunSummary:
+        values = {k: _checked(FIELD_KINDS[k], v) for k, v in data.items() if k in FIELD_KINDS}
+        return cls(**values, reported=tuple(values))
+
+
+def _copy(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value
+
+
+def _checked(kind: type, value: Any) -> Any:
+    """`value` if it is of the field's kind, else None (a bool is no number)."""
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    return value if ok else None
+
+
+def _kind(hint: Any) -> type:
+    """float, str, bool or dict: the non-None part of a field's type."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = typing.get_origin(args[0]) or args[0]
+    return base if base in (str, bool, dict) else float
+
+
+_HINTS = typing.get_type_hints(RunSummary)
+FIELD_KINDS: dict[str, type] = {f.name: _kind(_HINTS[f.name]) for f in fields(RunSummary)
+                                if f.name != "reported"}
+_NAMES = list(FIELD_KINDS)
+# the fields by what measures them, in declaration (and JSON) order
+REQUEST_FIELDS = tuple(_NAMES[: _NAMES.index("replicas")])
+STEP_FIELDS = tuple(_NAMES[_NAMES.index("replicas"): _NAMES.index("batching")])
+SETTING_FIELDS = tuple(_NAMES[_NAMES.index("batching"): _NAMES.index("window_s")])
+
+
+def field_name(attribute: Any) -> str:
+    """The name of a RunSummary field given as the class attribute (`RunSummary.
+    preemptions`); TypeError for anything else, so a rule's inputs are real fields."""
+    if not (isinstance(attribute, types.MemberDescriptorType)
+            and attribute.__objclass__ is RunSummary and attribute.__name__ in FIELD_KINDS):
+        raise TypeError(f"{attribute!r} is not a field of RunSummary (write RunSummary.NAME)")
+    return attribute.__name__

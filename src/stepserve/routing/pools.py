@@ -1,0 +1,188 @@
+"""Pools: named groups of replicas, each with its own engine config, and the rules that
+send a request to a pool by its class; a deployment is the pools plus those rules.
+
+The seed's fixes in one file (`--pools FILE`, usable by serve, simulate and sweep):
+
+    replicas: 3                    # no pools: this many identical replicas
+    router: least_outstanding      # within a pool
+    scheduler: {max_num_batched_tokens: 8192}   # engine settings every pool starts from
+    pools:
+      online:  {replicas: 2, scheduler: {max_num_seqs: 16, long_prefill_token_threshold: 512}}
+      offline: {replicas: 1, scheduler: {max_num_seqs: 128}}
+    routing:
+      default: online
+      rules:                       # the first that matches wins
+        - {prompt_tokens_over: 4096, pool: offline}    # over-long requests apart
+        - {max_tokens_over: 1200, pool: offline}
+        - {priority_at_least: 1, pool: offline}        # vLLM: lower runs first
+        - {tenant: [nightly-report], pool: offline}
+        - {header: {x-pool: offline}, pool: offline}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stepserve.config import ConfigError, EngineConfig
+from stepserve.config_load import apply_nested
+from stepserve.routing.routers import Router, make_router
+from stepserve.routing.view import ReplicaView, RouteRequest
+
+DEPLOYMENT_KEYS = ("pools", "routing")
+RULE_KEYS = ("prompt_tokens_over", "max_tokens_over", "priority_at_least", "tenant", "header")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Send a request to `pool` when every condition given holds."""
+
+    pool: str
+    prompt_tokens_over: int | None = None
+    max_tokens_over: int | None = None
+    priority_at_least: int | None = None
+    tenants: tuple[str, ...] = ()
+    header: tuple[str, str] | None = None  # (lower-cased name, value)
+
+    def matches(self, r: RouteRequest) -> bool:
+        return ((self.prompt_tokens_over is None or r.prompt_tokens > self.prompt_tokens_over)
+                and (self.max_tokens_over is None or r.max_tokens > self.max_tokens_over)
+                and (self.priority_at_least is None or r.priority >= self.priority_at_least)
+                and (not self.tenants or r.tenant in self.tenants)
+                and (self.header is None or r.headers.get(self.header[0]) == self.header[1]))
+
+    def describe(self) -> str:
+        parts = [f"{k} {v}" for k, v in (("prompt tokens >", self.prompt_tokens_over),
+                                          ("max_tokens >", self.max_tokens_over),
+                                          ("priority >=", self.priority_at_least))
+                 if v is not None]
+        if self.tenants:
+            parts.append(f"user in {list(self.tenants)}")
+        if self.header:
+            parts.append(f"header {self.header[0]}: {self.header[1]}")
+        return f"{' and '.join(parts) or 'always'} -> {self.pool}"
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    replicas: int
+    config: EngineConfig
+
+
+@dataclass(frozen=True)
+class Deployment:
+    pools: tuple[Pool, ...]
+    rules: tuple[Rule, ...] = ()
+    default_pool: str = "default"
+    router: str = "round_robin"
+
+    @classmethod
+    def single(cls, config: EngineConfig) -> Deployment:
+        """`config.replicas` identical replicas in one pool (no rules)."""
+        return cls((Pool("default", config.replicas, config),), (), "default", config.router)
+
+    @property
+    def num_replicas(self) -> int:
+        return sum(p.replicas for p in self.pools)
+
+    def replica_pools(self) -> list[Pool]:
+        """The pool of each replica, in replica order (pools in file order)."""
+        return [p for p in self.pools for _ in range(p.replicas)]
+
+    def pool_for(self, request: RouteRequest) -> str:
+        return next((r.pool for r in self.rules if r.matches(request)), self.default_pool)
+
+
+class PoolRouter:
+    """Pick a pool by the rules, then a replica in it with the pool's router."""
+
+    def __init__(self, deployment: Deployment, seed: int = 0) -> None:
+        self.deployment = deployment
+        self._routers: dict[str, Router] = {p.name: make_router(deployment.router, seed + i)
+                                            for i, p in enumerate(deployment.pools)}
+
+    def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
+        """The position in `replicas` (every replica of the deployment) to send to."""
+        pool = self.deployment.pool_for(request)
+        members = [i for i, r in enumerate(replicas) if r.pool == pool]
+        if not members:
+            raise RuntimeError(f"pool {pool!r} has no replica")
+        chosen = self._routers[pool].pick([replicas[i] for i in members], request)
+        return members[chosen]
+
+
+def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
+    """A deployment from a pools file's contents (see the module doc); engine settings
+    outside `pools`/`routing` apply to every pool. ConfigError names what is wrong."""
+    engine = {k: v for k, v in data.items() if k not in DEPLOYMENT_KEYS}
+    common = apply_nested(base, engine)
+    pools_data = data.get("pools")
+    if pools_data is None:
+        if "routing" in data:
+            raise ConfigError("routing: rules need `pools` to send requests to")
+        return Deployment.single(common)
+    if not isinstance(pools_data, Mapping) or not pools_data:
+        raise ConfigError("pools: must map pool names to their settings")
+    pools = tuple(_pool(name, spec, common) for name, spec in pools_data.items())
+    routing = data.get("routing") or {}
+    if not isinstance(routing, Mapping):
+        raise ConfigError("routing: must be a mapping with `default` and `rules`")
+    names = [p.name for p in pools]
+    default = routing.get("default", names[0])
+    rules = tuple(_rule(i, r, names) for i, r in enumerate(routing.get("rules") or ()))
+    if default not in names:
+        raise ConfigError(f"routing.default = {default!r}: not a pool ({', '.join(names)})")
+    return Deployment(pools, rules, default, common.router)
+
+
+def _pool(name: Any, spec: Any, common: EngineConfig) -> Pool:
+    if not isinstance(name, str) or not isinstance(spec, Mapping):
+        raise ConfigError(f"pools.{name}: must be a mapping of settings")
+    replicas = spec.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
+        raise ConfigError(f"pools.{name}.replicas = {replicas!r}: must be an integer in "
+                          f"[1, 64]")
+    try:
+        config = apply_nested(common, {k: v for k, v in spec.items() if k != "replicas"})
+    except ConfigError as e:
+        raise ConfigError(f"pools.{name}: {e}") from None
+    return Pool(name, replicas, config)
+
+
+def _rule(i: int, data: Any, pools: list[str]) -> Rule:
+    where = f"routing.rules[{i}]"
+    if not isinstance(data, Mapping) or data.get("pool") not in pools:
+        raise ConfigError(f"{where}: needs `pool`, one of {', '.join(pools)}")
+    unknown = set(data) - {"pool", *RULE_KEYS}
+    if unknown or len(data) < 2:
+        raise ConfigError(f"{where}: conditions are {', '.join(RULE_KEYS)}; got "
+                          f"{sorted(set(data) - {'pool'})}")
+    for key in ("prompt_tokens_over", "max_tokens_over", "priority_at_least"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{where}.{key} = {value!r}: must be an integer")
+    tenants = data.get("tenant", ())
+    tenants = (tenants,) if isinstance(tenants, str) else tuple(tenants)
+    header = data.get("header")
+    if header is not None:
+        if not isinstance(header, Mapping) or len(header) != 1:
+            raise ConfigError(f"{where}.header: must be one {{name: value}}")
+        ((name, value),) = header.items()
+        header = (str(name).lower(), str(value))
+    return Rule(data["pool"], data.get("prompt_tokens_over"), data.get("max_tokens_over"),
+                data.get("priority_at_least"), tenants, header)
+
+
+def load_deployment(path: str, base: EngineConfig) -> Deployment:
+    """A pools file (see the module doc); every error names the file."""
+    from stepserve.user_files import load_yaml
+
+    data = load_yaml(path, "pools file")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"pools file {path!r}: must be a mapping (pools, routing, ...)")
+    try:
+        return deployment_from(data, base)
+    except ConfigError as e:
+        raise ConfigError(f"pools file {path!r}: {e}") from None

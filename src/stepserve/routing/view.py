@@ -1,0 +1,33 @@
+"""What a router sees: each replica's load (ReplicaView) and the request to place
+(RouteRequest). A simulator replica builds its view from its scheduler; a cluster
+replica reports the same numbers to Ray Serve's router."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    index: int  # position in the deployment, stable for the replica's life
+    pool: str = "default"
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0  # share of KV blocks in use, 0..1
+
+    @property
+    def outstanding(self) -> int:
+        """Requests it holds: the queue length a least-outstanding router compares."""
+        return self.waiting + self.running
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """The facts about a request a routing rule may look at."""
+
+    prompt_tokens: int
+    max_tokens: int
+    priority: int = 0  # lower runs first, as in vLLM
+    tenant: str = "default"  # the OpenAI `user` field
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-cased names

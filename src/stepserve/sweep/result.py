@@ -1,0 +1,163 @@
+"""A sweep's result as typed values: each point's run (simulated, or benched against a
+live server) with where it sits in the grid, the knees, the findings. JSON only at the
+edge:
+
+    {"schema_version", "kind": "sweep", "scenario", "description", "cost_model", "target",
+     "requests_per_point", "duration_s_per_point", "interrupted", "stopped", "x_axis",
+     "axes": [{"name", "values", "target"}],
+     "knee_rule": {"min_throughput_gain", "max_p99_rise", "p99_metric", "slos"},
+     "runs": [{...a simulate or bench run..., "sweep": {"series", "run", "x", "values"}}],
+     "knees": [...], "findings": [...]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepserve.bench.results import BenchRun
+from stepserve.metrics.finding import Finding
+from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.run_data import LatencySamples
+from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
+from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.sim.run import RunResult
+from stepserve.sweep.knee import KneeResult
+from stepserve.sweep.spec import Axis, SummarySLO
+
+KIND = "sweep"
+
+
+@dataclass(frozen=True)
+class SweepCoords:
+    """Where a point sits: its series, the run (config) it came from, its x value and
+    every axis value."""
+
+    series: str
+    run: str
+    x: Any
+    values: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"series": self.series, "run": self.run, "x": self.x,
+                "values": dict(self.values)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepCoords:
+        return cls(str(data["series"]), str(data.get("run", data["series"])), data["x"],
+                   dict(data.get("values") or {}))
+
+
+@dataclass(frozen=True)
+class SweepPointResult:
+    """One point: a simulated run, or a bench run against a live server."""
+
+    result: RunResult | BenchRun
+    sweep: SweepCoords
+
+    @property
+    def name(self) -> str:
+        return self.result.name
+
+    @property
+    def summary(self) -> RunSummary:
+        return self.result.summary
+
+    @property
+    def timeseries(self) -> TimeSeries | None:
+        return self.result.timeseries
+
+    @property
+    def latency_samples(self) -> LatencySamples | None:
+        return self.result.latency_samples
+
+    def rule_settings(self) -> RuleSettings:
+        return self.result.rule_settings()
+
+    def to_json(self) -> dict[str, Any]:
+        # a point always names its batching, null against a live server (its own)
+        return {"name": self.name, "batching": self.result.batching,
+                **self.result.to_json(), "sweep": self.sweep.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], name: str = "run") -> SweepPointResult:
+        result = BenchRun.from_json(data, name) if "target" in data \
+            else RunResult.from_json(data, name)
+        return cls(result, SweepCoords.from_json(data["sweep"]))
+
+
+@dataclass(frozen=True)
+class KneeRule:
+    min_throughput_gain: float
+    max_p99_rise: float
+    p99_metric: str
+    slos: list[SummarySLO] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"min_throughput_gain": self.min_throughput_gain,
+                "max_p99_rise": self.max_p99_rise, "p99_metric": self.p99_metric,
+                "slos": [s.to_json() for s in self.slos]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
+        return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
+                   str(data["p99_metric"]),
+                   [SummarySLO.from_json(s) for s in data.get("slos") or []])
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """`stepserve sweep`'s result. `stopped` says why it ended early ("interrupted", or
+    the error that stopped a live sweep); None when every point ran."""
+
+    scenario: str
+    description: str
+    cost_model: str | None  # None against a live server
+    target: str  # "sim" or the server's URL
+    requests_per_point: int
+    duration_s_per_point: float | None
+    stopped: str | None
+    x_axis: str
+    axes: list[Axis]
+    knee_rule: KneeRule
+    runs: list[SweepPointResult]
+    knees: list[KneeResult]
+    findings: list[Finding]
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stopped is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            SCHEMA_KEY: SCHEMA_VERSION, "kind": KIND, "scenario": self.scenario,
+            "description": self.description, "cost_model": self.cost_model,
+            "target": self.target, "requests_per_point": self.requests_per_point,
+            "duration_s_per_point": self.duration_s_per_point,
+            "interrupted": self.interrupted, "stopped": self.stopped, "x_axis": self.x_axis,
+            "axes": [a.to_json() for a in self.axes], "knee_rule": self.knee_rule.to_json(),
+            "runs": [r.to_json() for r in self.runs],
+            "knees": [k.to_json() for k in self.knees],
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "result") -> SweepResult:
+        check_schema(data, where)
+        stopped = data.get("stopped")
+        if stopped is None and data.get("interrupted"):
+            stopped = "interrupted"
+        return cls(
+            scenario=str(data.get("scenario") or ""),
+            description=str(data.get("description") or ""),
+            cost_model=data.get("cost_model"), target=str(data.get("target", "sim")),
+            requests_per_point=data.get("requests_per_point", 0),
+            duration_s_per_point=data.get("duration_s_per_point"), stopped=stopped,
+            x_axis=str(data["x_axis"]), axes=[Axis.from_json(a) for a in data.get("axes", [])],
+            knee_rule=KneeRule.from_json(data["knee_rule"]),
+            runs=[SweepPointResult.from_json(r, f"run {i}")
+                  for i, r in enumerate(data["runs"])],
+            knees=[KneeResult.from_json(k) for k in data.get("knees") or []],
+            findings=[Finding.from_json(f) for f in data.get("findings") or []])
