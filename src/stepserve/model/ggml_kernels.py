@@ -144,10 +144,17 @@ def _self_test(kernels: GGMLKernels) -> None:
 
 
 @cache
-def _load(cache_dir: str) -> GGMLKernels:
-    _check_cpu()
-    kernels = GGMLKernels(_build(Path(cache_dir)))
-    _self_test(kernels)
+def _load(cache_dir: str) -> GGMLKernels | KernelsUnavailable:
+    """The kernels, or why not: a failure is remembered too (once per process, not a
+    compiler run per model load)."""
+    try:
+        _check_cpu()
+        kernels = GGMLKernels(_build(Path(cache_dir)))
+        _self_test(kernels)
+    except KernelsUnavailable as e:
+        return e
+    except (OSError, subprocess.SubprocessError) as e:  # unwritable cache, a hung compiler
+        return KernelsUnavailable(f"the GGUF kernels could not be built: {e}")
     return kernels
 
 
@@ -157,7 +164,10 @@ def load_kernels(cache_dir: Path | None = None) -> GGMLKernels:
         from stepserve.model.presets import cache_root
 
         cache_dir = cache_root() / "kernels"
-    return _load(str(cache_dir))
+    loaded = _load(str(cache_dir))
+    if isinstance(loaded, KernelsUnavailable):
+        raise KernelsUnavailable(str(loaded))
+    return loaded
 
 
 def kernels_unavailable_reason() -> str | None:

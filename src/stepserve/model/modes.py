@@ -9,23 +9,26 @@
     int8          bf16/f32  torch int8pack (per-row re-quantised)  dequantised
 
 "auto" (the default) is q4_1 where it can run (a model with a GGUF source, the CPU, float32,
-kernels that build here) and none elsewhere: q4_1 is the fastest mode whose greedy output
-equals the float32 reference on the same dequantised weights (tests/model/
-test_quantized_smollm2.py); int4 and int8 change the weights or round activations to
-bfloat16, and flip greedy tokens (docs in benchmarks/bandwidth.py's report).
+kernels that build here) and none elsewhere, with the reason it fell back: q4_1 is the
+fastest mode whose greedy output equals the float32 reference on the same dequantised
+weights (tests/model/test_quantized_smollm2.py; the agreement over many prompts is in
+docs/benchmarks.md); int4 and int8 change the weights or round activations to bfloat16,
+and flip greedy tokens.
+
+This module imports no torch at load time: the CLI reads `QUANTIZATION_CHOICES` from it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-from stepserve.model.ggml_kernels import kernels_unavailable_reason
-from stepserve.model.quant import QUANTIZATIONS
-
-CHOICES = ("auto", "none", *QUANTIZATIONS)
+QUANTIZATIONS = ("q4_1", "int4", "int8")  # the quantised modes (quant.py has their layers)
+QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATIONS)
 _DESCRIPTIONS = {
     "none": "float",
     "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)",
@@ -35,18 +38,25 @@ _DESCRIPTIONS = {
 
 
 def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
-                        gguf: Path | None) -> str:
-    """The mode to load: `wanted` checked against what this model and machine allow."""
+                        gguf: Path | None) -> tuple[str, str | None]:
+    """The mode to load, `wanted` checked against what this model and machine allow, and
+    a note when "auto" fell back to float weights because the machine cannot run the
+    kernels (no compiler, no AVX2: the reason). An explicit mode that cannot run here
+    raises ValueError saying why."""
+    from stepserve.model.ggml_kernels import kernels_unavailable_reason
+
     wanted = "none" if wanted is None else wanted
-    if wanted not in CHOICES:
-        raise ValueError(f"quantization = {wanted!r}: must be one of {', '.join(CHOICES)} "
-                         "(or None)")
+    if wanted not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization = {wanted!r}: must be one of "
+                         f"{', '.join(QUANTIZATION_CHOICES)} (or None)")
     if wanted == "none":
-        return "none"
+        return "none", None
     if wanted == "auto":
-        usable = (device.type == "cpu" and gguf is not None and dtype == "float32"
-                  and kernels_unavailable_reason() is None)
-        return "q4_1" if usable else "none"
+        # The model, device or dtype rule q4_1 out by the user's own choice: no note.
+        if device.type != "cpu" or gguf is None or dtype != "float32":
+            return "none", None
+        reason = kernels_unavailable_reason()  # the machine rules it out: say why
+        return ("none", reason) if reason is not None else ("q4_1", None)
     if device.type != "cpu":
         raise ValueError(f"quantization = {wanted!r} runs on the CPU only; device is {device}")
     if gguf is None:
@@ -59,7 +69,7 @@ def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
         reason = kernels_unavailable_reason()
         if reason is not None:
             raise ValueError(f"quantization = 'q4_1' is unavailable here: {reason}")
-    return wanted
+    return wanted, None
 
 
 def describe_quantization(mode: str) -> str:
@@ -79,6 +89,8 @@ def _unique_nbytes(tensors: list[torch.Tensor]) -> int:
 def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
     """A module's own parameters and buffers (not its children's), and oneDNN's prepacked
     weight, which cpu_linear.py holds as a plain attribute."""
+    import torch
+
     tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
     packed = getattr(module, "packed", None)
     return tensors + ([packed] if isinstance(packed, torch.Tensor) else [])

@@ -4,7 +4,7 @@
 Q4_1 (4-bit q, fp16 scale d and minimum m per group, w = d * q + m) or Q8_0 (int8 q,
 fp16 d, w = d * q), with the quants and the scales split into two tensors.
 
-Three ways to multiply by one (`QUANTIZATIONS`):
+Three ways to multiply by one (modes.QUANTIZATIONS):
 
 * `q4_1`: `GGUFLinear` on the GGUF's own groups through our kernels (ggml_kernels.c),
   float32 activations, every weight dequantised to exactly the reference's float32.
@@ -35,7 +35,6 @@ Q4_1, Q8_0 = "Q4_1", "Q8_0"
 _BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}  # a GGUF block: scales then quants
 _SCALES_PER_GROUP = {Q4_1: 2, Q8_0: 1}
 _KERNEL_FORMAT = {Q4_1: FMT_Q4_1, Q8_0: FMT_Q8_0}
-QUANTIZATIONS = ("q4_1", "int4", "int8")
 GEMM_SCRATCH_BYTES = 8 << 20  # the BLAS path dequantises at most this much at a time
 
 

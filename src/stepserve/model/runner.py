@@ -12,6 +12,7 @@ reads blocks by id.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -43,6 +44,8 @@ from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
+
+log = logging.getLogger("stepserve.model")
 from stepserve.request import Request
 
 # torch: F.linear, the same GEMM as the reference; onednn: prepacked weights
@@ -101,7 +104,11 @@ class TorchRunner:
         if quantization == "auto" and linear_backend == "onednn":
             quantization = "none"  # oneDNN packing is for float weights: asking for it says so
         gguf = resolve_gguf(model, self.model_path)
-        self.quantization = choose_quantization(quantization, dtype, self.device, gguf)
+        self.quantization, self.quantization_note = choose_quantization(
+            quantization, dtype, self.device, gguf)
+        if self.quantization_note is not None:
+            log.warning("quantization auto: float weights, not the GGUF's own (%s)",
+                        self.quantization_note)
         if self.quantization == "none":
             self.linear_backend = self._choose_backend(linear_backend)
             loaded = load_model(self.model_path, dtype, self.device)
@@ -158,8 +165,11 @@ class TorchRunner:
 
     def describe(self) -> str:
         a = self.args
+        weights = describe_quantization(self.quantization)
+        if self.quantization_note is not None:
+            weights += f" ({self.quantization_note})"
         return (f"{self.model_path} ({a.architecture}, {a.num_parameters / 1e6:.1f}M params, "
-                f"{a.dtype}, {self.device}, weights {describe_quantization(self.quantization)}"
+                f"{a.dtype}, {self.device}, weights {weights}"
                 f" {self.weight_bytes / 1e6:.0f} MB, {self.linear_backend} linear); "
                 f"{self.kv_budget.describe(a, self.block_size)}")
 
