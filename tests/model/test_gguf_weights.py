@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from tiny_gguf import FLOAT_TENSOR, llama_cpp_permute
+from tiny_gguf import llama_cpp_permute
 
 from stepserve.model.ggml_kernels import kernels_unavailable_reason
 from stepserve.model.gguf_weights import load_packed_model, packed_path, unpermute_rows

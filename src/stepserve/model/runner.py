@@ -44,9 +44,9 @@ from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
+from stepserve.request import Request
 
 log = logging.getLogger("stepserve.model")
-from stepserve.request import Request
 
 # torch: F.linear, the same GEMM as the reference; onednn: prepacked weights
 # (cpu_linear.py); auto: onednn on CPU. SmolLM2 decode steps at context 64 on 2 cores,
