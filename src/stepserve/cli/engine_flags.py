@@ -9,6 +9,7 @@ from typing import Any
 
 from stepserve.config import EngineConfig
 from stepserve.config_load import ConfigOverrides, config_fields, parse_bool
+from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
 
 
 def bool_flag(text: str) -> bool:
@@ -50,3 +51,14 @@ def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
 def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None) -> EngineConfig:
     """Config file (args.config, if any) then any flags given on top."""
     return config_overrides(args).apply(base)
+
+
+# ---- --quantization ----
+
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
+                        help="weight mode: auto (the GGUF's own Q4_1 groups through "
+                             "stepserve's kernels where the model has a GGUF and the CPU "
+                             "runs them, else float), none (float weights at --dtype), "
+                             "q4_1, int4 (torch int4pack), int8 (torch int8pack); see "
+                             "docs/guide.md")

@@ -11,7 +11,11 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from stepserve.cli.engine_flags import add_config_arguments, config_overrides
+from stepserve.cli.engine_flags import (
+    add_config_arguments,
+    add_quantization_argument,
+    config_overrides,
+)
 from stepserve.config import ConfigError
 from stepserve.config_load import ConfigOverrides
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
@@ -38,6 +42,7 @@ def add_serve_parser(subparsers) -> None:
                         f"(default {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    add_quantization_argument(p)
     add_config_arguments(p)
     p.set_defaults(func=serve_command)
 
@@ -66,7 +71,8 @@ def request_bytes(text: str) -> int:
 def serve_command(args: argparse.Namespace) -> int:
     return run_serve(ServeOptions(
         model=args.model, served_model_name=args.served_model_name, host=args.host,
-        port=args.port, dtype=args.dtype, device=args.device, retry_after_s=args.retry_after,
+        port=args.port, dtype=args.dtype, quantization=args.quantization,
+        device=args.device, retry_after_s=args.retry_after,
         shutdown_timeout_s=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
         log_level=args.log_level, config=config_overrides(args)))
 
@@ -80,6 +86,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "float32"
+    quantization: str = "auto"
     device: str = "cpu"
     retry_after_s: int = 1  # Retry-After of a 429 (queue full)
     shutdown_timeout_s: float = 30.0  # how long in-flight requests may finish on a signal
@@ -103,8 +110,9 @@ def run_serve(options: ServeOptions) -> int:
                         "%(message)s")
     try:
         check_can_listen(o.host, o.port)  # before minutes of model loading
-        config = o.config.apply()
-        engine = LLMEngine(o.model, config, dtype=o.dtype, device=o.device)
+        o.config.apply()  # a bad setting fails before minutes of model loading
+        engine = LLMEngine(o.model, o.config, dtype=o.dtype, device=o.device,
+                           quantization=o.quantization)
     except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

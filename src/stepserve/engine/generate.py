@@ -23,6 +23,7 @@ class GenerateOptions:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     dtype: str = "float32"
+    quantization: str = "auto"  # weight mode (model/modes.py)
     device: str = "cpu"
     config: ConfigOverrides = ConfigOverrides()
 
@@ -56,11 +57,12 @@ def run_generate(options: GenerateOptions) -> int:
     o = options
     check_device(o.device)
     try:
-        config = o.config.apply()
+        o.config.apply()  # a bad setting fails before the model loads
         params = SamplingParams(max_tokens=o.max_tokens, temperature=o.temperature,
                                 top_p=o.top_p, top_k=o.top_k, seed=o.seed,
                                 stop=tuple(o.stop), ignore_eos=o.ignore_eos)
-        engine = LLMEngine(o.model, config, dtype=o.dtype, device=o.device)
+        engine = LLMEngine(o.model, o.config, dtype=o.dtype, device=o.device,
+                           quantization=o.quantization)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         return report_error(e)
     prompt = o.prompt
