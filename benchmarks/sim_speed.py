@@ -17,7 +17,9 @@ import time
 
 from stepserve.config import EngineConfig
 from stepserve.plan.model_specs import get_model_spec
+from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost
+from stepserve.sim.cost_options import load_cost_file
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.loop import simulate
 from stepserve.sim.roofline import RooflineCost
@@ -26,6 +28,10 @@ from stepserve.workload.lengths import lognormal
 from stepserve.workload.spec import RequestClass, Workload
 
 VIDUR_US_PER_REQUEST_ITERATION = 15.0
+# a calibrated model with step times of the roofline's order (its terms are what cost
+# time to evaluate, not their values)
+CALIBRATED = CalibratedCost({"step": 0.006, "seq": 20e-6, "token": 60e-6, "token_hi": 0.0,
+                             "kv_read": 2e-9, "attn": 1e-10, "swap": 50e-6}, 64)
 
 
 def workload(n: int) -> Workload:
@@ -50,6 +56,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--cost", metavar="FILE", help="a cost file (`stepserve profile`) for "
+                    "the calibrated row (default: a GPU-like calibrated model)")
     args = ap.parse_args()
     wl = workload(args.requests)
     specs = wl.generate()
@@ -60,8 +68,10 @@ def main() -> None:
     spec = get_model_spec("llama-3-8b")
     roofline = RooflineCost(get_hardware("h100"), spec)
     blocks = roofline.kv_cache_bytes() // (spec.kv_bytes_per_token * 16)
+    calibrated = load_cost_file(args.cost) if args.cost else CALIBRATED
     rows = [measure("constant 25 ms", ConstantCost(0.025), specs, config, blocks),
-            measure("roofline h100 llama-3-8b", roofline, specs, config, blocks)]
+            measure("roofline h100 llama-3-8b", roofline, specs, config, blocks),
+            measure("calibrated (7 terms)", calibrated, specs, config, blocks)]
     print(f"workload: {len(specs)} Poisson requests, mean prompt {mean_prompt:.0f}, "
           f"mean output {mean_output:.0f}, max_num_seqs 128, {blocks} KV blocks")
     print(f"{'cost model':<26}{'req-iters':>12}{'steps':>9}{'wall s':>9}"

@@ -18,7 +18,7 @@ LAYERS = {
         "clock", "config", "config_load", "request"},  # foundation
     1: {"core", "workload", "plan", "routing"},  # scheduling core, workloads, routers
     2: {"engine", "model", "sim", "metrics"},  # the engine core and its two runners
-    3: {"bench", "sweep", "server", "demo"},  # services
+    3: {"bench", "sweep", "server", "demo", "cluster"},  # services
     4: {"cli", "__main__"},  # the command line
 }
 RANK = {name: rank for rank, names in LAYERS.items() for name in names}

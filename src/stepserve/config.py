@@ -196,9 +196,27 @@ class CacheConfig(_Section):
                                hi=MAX_BLOCKS)
     watermark: float = knob(0.01, "share of device blocks kept free when admitting new "
                             "requests, so running ones can grow", float, lo=0.0, hi=0.5)
-    kv_cache_memory: int = knob(None, "bytes of KV cache; null: a share of free memory "
-                                "(real engine) or the hardware preset (simulator)", int, lo=1,
+    kv_cache_memory: int = knob(None, "bytes of KV cache (vLLM's kv_cache_memory_bytes; "
+                                "4GiB, 4G, 512MiB also read); null: from "
+                                "gpu_memory_utilization or a share of free memory (real "
+                                "engine), the hardware preset (simulator)", int, lo=1,
                                 hi=MAX_KV_BYTES, optional=True)
+    gpu_memory_utilization: float = knob(
+        None, "share of the device's memory (on CPU: of the machine's RAM) the engine may "
+        "fill, everything already in use counted (weights, other processes); the KV cache "
+        "gets the rest, as in vLLM. null: 80% of free device memory, on CPU 25% of "
+        "MemAvailable up to 4 GiB. kv_cache_memory and num_gpu_blocks win over it",
+        float, lo=0.01, hi=1.0, optional=True)
+    swap_space: float = knob(0.0, "GiB of CPU memory for KV swapped out by preemption "
+                             "(vLLM's swap_space): sets num_cpu_blocks from the model's KV "
+                             "bytes per token. 0: num_cpu_blocks as given", float, lo=0.0,
+                             hi=MAX_KV_BYTES / 2**30)
+
+    def _check_relations(self) -> None:
+        if self.swap_space and self.num_cpu_blocks:
+            raise ConfigError(
+                f"cache.swap_space = {self.swap_space:g} and cache.num_cpu_blocks = "
+                f"{self.num_cpu_blocks}: both size the CPU swap pool; give one")
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,15 @@ Accepted YAML shapes, mixed freely:
     queue: {max_waiting: 24, aging_after_s: 20}
     replicas: 3
     max_num_batched_tokens: 8192      # flat keys go to the section that owns them
+    max-num-seqs: 40                  # vLLM's spelling: dashes, and its names
+    num-gpu-blocks-override: 512      #   (VLLM_ALIASES) for settings we name otherwise
+    kv-cache-memory-bytes: 4GiB       # sizes as text, as vLLM reads them (parse_size)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +26,55 @@ from stepserve.config import SECTIONS, ConfigError, EngineConfig
 from stepserve.user_files import load_yaml
 
 TOP_LEVEL = ("replicas", "router")
+# vLLM's names of settings we name otherwise (its flags and config-file keys)
+VLLM_ALIASES = {"num_gpu_blocks_override": "num_gpu_blocks",
+                "kv_cache_memory_bytes": "kv_cache_memory",
+                "scheduling_policy": "policy"}
+
+
+def setting_name(key: str) -> str:
+    """Our name for a setting as a YAML key or flag spells it: dashes read as
+    underscores (`max-num-seqs`), vLLM's names as ours (VLLM_ALIASES)."""
+    key = key.replace("-", "_")
+    return VLLM_ALIASES.get(key, key)
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)")
+_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str) -> int:
+    """A byte count as vLLM reads one (`human_readable_int`): `4G` is 4 GiB, `4g` 4e9,
+    a plain number is bytes. Also the IEC and SI spellings: `4GiB`/`512MiB` (binary),
+    `4GB` (decimal). ValueError naming what is allowed otherwise."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size; write bytes (4294967296) or with a unit: "
+                         "4GiB, 512MiB, 4G (binary, as vLLM), 4GB or 4g (decimal)")
+    number, unit, iec, byte = m.groups()
+    if iec and not unit:
+        raise ValueError(f"{text!r} is not a size: 'iB' needs a unit before it (KiB, MiB, "
+                         "GiB, TiB)")
+    binary = bool(iec) or (unit.isupper() and not byte)
+    scale = (1024 if binary else 1000) ** _POWER[unit.lower()]
+    if "." in number and scale == 1:
+        raise ValueError(f"{text!r}: a number of bytes must be whole")
+    return int(float(number) * scale) if "." in number else int(number) * scale
+
+
+# settings that may be given as text, and how that text reads
+TEXT_VALUES = {"kv_cache_memory": parse_size}
+
+
+def _value_of(key: str, value: Any) -> Any:
+    """A YAML value as the setting takes it (a size as text in bytes)."""
+    reader = TEXT_VALUES.get(key)
+    if reader is None or not isinstance(value, str):
+        return value
+    try:
+        return reader(value)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def _owner_of(key: str) -> str | None:
@@ -43,6 +96,7 @@ def apply_flat(base: EngineConfig, changes: dict[str, Any]) -> EngineConfig:
     """Apply {key: value} where keys are field names of any section or top-level."""
     nested: dict[str, Any] = {}
     for key, value in changes.items():
+        key = setting_name(key)
         if key in TOP_LEVEL:
             nested[key] = value
             continue
@@ -53,24 +107,32 @@ def apply_flat(base: EngineConfig, changes: dict[str, Any]) -> EngineConfig:
     return apply_nested(base, nested)
 
 
-def apply_nested(base: EngineConfig, data: dict[str, Any]) -> EngineConfig:
-    """Apply a YAML-shaped dict (sections and/or flat keys) on top of `base`."""
+def apply_nested(base: EngineConfig, data: dict[str, Any],
+                 skip: frozenset[str] = frozenset()) -> EngineConfig:
+    """Apply a YAML-shaped dict (sections and/or flat keys, either spelling) on top of
+    `base`. `skip`: top-level keys (our names) that are not settings but another reader's
+    (a command's own flags in a vLLM-style file, read by the CLI)."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping of settings, got {type(data).__name__}")
     sections: dict[str, dict[str, Any]] = {}
     top: dict[str, Any] = {}
     flat: dict[str, Any] = {}
-    for key, value in data.items():
+    for raw_key, value in data.items():
+        key = setting_name(str(raw_key))
+        if key in skip:
+            continue
         if key in SECTIONS:
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: must be a mapping of settings, got {value!r}")
             cls = SECTIONS[key]
             names = {f.name for f in dataclasses.fields(cls)}
+            value = {setting_name(str(sub)): v for sub, v in value.items()}
             for sub in value:
                 if sub not in names:
                     raise ConfigError(
                         f"unknown setting {key}.{sub}; allowed in {key}: {', '.join(sorted(names))}")
-            sections.setdefault(key, {}).update(value)
+            sections.setdefault(key, {}).update(
+                {sub: _value_of(sub, v) for sub, v in value.items()})
         elif key in TOP_LEVEL:
             top[key] = value
         else:
@@ -79,22 +141,23 @@ def apply_nested(base: EngineConfig, data: dict[str, Any]) -> EngineConfig:
         section = _owner_of(key)
         if section is None:
             raise ConfigError(f"unknown setting {key!r}; known settings: {', '.join(_all_keys())}")
-        sections.setdefault(section, {})[key] = value
+        sections.setdefault(section, {})[key] = _value_of(key, value)
     kwargs: dict[str, Any] = dict(top)
     for section, values in sections.items():
         kwargs[section] = dataclasses.replace(getattr(base, section), **values)
     return dataclasses.replace(base, **kwargs)
 
 
-def load_config(path: str | Path, base: EngineConfig | None = None) -> EngineConfig:
-    """Read a YAML config file; every error names the file."""
+def load_config(path: str | Path, base: EngineConfig | None = None,
+                skip: frozenset[str] = frozenset()) -> EngineConfig:
+    """Read a YAML config file; every error names the file. `skip`: see apply_nested."""
     where = f"config file {str(path)!r}"
     try:
         data = load_yaml(path, "config file")
     except UsageError as e:
         raise ConfigError(str(e)) from None
     try:
-        return apply_nested(base or EngineConfig(), {} if data is None else data)
+        return apply_nested(base or EngineConfig(), {} if data is None else data, skip)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
 
@@ -137,6 +200,8 @@ class ConfigOverrides:
 
     config_file: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    # keys of the file that are the command's own flags (port, seed), not settings
+    command_keys: frozenset[str] = frozenset()
 
     @property
     def given(self) -> bool:
@@ -146,8 +211,21 @@ class ConfigOverrides:
         """The config file (if any) on `base`, then the settings."""
         config = base or EngineConfig()
         if self.config_file:
-            config = load_config(self.config_file, config)
+            config = load_config(self.config_file, config, self.command_keys)
         return self.apply_settings(config)
+
+    def sets(self, name: str) -> bool:
+        """Whether the user chose setting `name` (a flag, or a key of the file)."""
+        if name in {setting_name(k) for k in self.settings}:
+            return True
+        if not self.config_file:
+            return False
+        data = load_yaml(self.config_file, "config file") or {}
+        keys = {setting_name(str(k)) for k in data} if isinstance(data, dict) else set()
+        for section in SECTIONS:
+            if isinstance(data.get(section), dict):
+                keys |= {setting_name(str(k)) for k in data[section]}
+        return name in keys
 
     def apply_settings(self, base: EngineConfig) -> EngineConfig:
         """Only the settings on `base` (a config that came from another file)."""

@@ -31,6 +31,8 @@ from stepserve.metrics.summary import summarize
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.request import SamplingParams
+from stepserve.sim.cost import CostModel
+from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.run import RunResult, run_config
@@ -103,16 +105,25 @@ def _model_ready(model: str) -> bool:
     return preset is None or preset.path().is_dir()
 
 
-def run_sim(batching: str, num_requests: int) -> tuple[DemoRun, list[int]]:
-    """The simulated run, and its requests' output lengths (for the speedup cap)."""
-    spec = get_model_spec("smollm2-135m")
-    cost = RooflineCost(get_hardware("h100"), spec)
+def run_sim(batching: str, num_requests: int, cost_choice: str | None = None
+            ) -> tuple[DemoRun, list[int]]:
+    """The simulated run (SmolLM2 on an H100's roofline, or `cost_choice`: constant,
+    roofline or a `stepserve profile` file), and its requests' output lengths (for the
+    speedup cap)."""
     workload = get_workload("night-report", num_requests=num_requests)
     specs = workload.generate()
     config = EngineConfig().replace(batching=batching, max_num_seqs=64,
                                     max_num_batched_tokens=8192, max_model_len=4096)
-    blocks = cost.kv_cache_bytes() // (spec.kv_bytes_per_token * 16)
-    run = run_config(f"h100-sim-{batching}", config, specs, cost, blocks, 64)
+    if cost_choice is None:
+        spec = get_model_spec("smollm2-135m")
+        cost: CostModel = RooflineCost(get_hardware("h100"), spec)
+        blocks = cost.kv_cache_bytes() // (spec.kv_bytes_per_token * 16)
+        name = f"h100-sim-{batching}"
+    else:
+        setup = cost_setup_for(CostModelOptions(cost_choice, model_spec="smollm2-135m"))
+        cost, blocks = setup.cost_model, setup.num_gpu_blocks(config)
+        name = f"sim-{batching}"
+    run = run_config(name, config, specs, cost, blocks, 64)
     return (DemoRun(run.name, batching, run.summary, cost.describe(), sim=run),
             [s.output_len for s in specs])
 
@@ -156,12 +167,15 @@ class DemoOptions:
     long: int = 100  # long output length (tokens)
     sim_requests: int = 6400  # simulated requests
     json_out: str | None = None  # also write the table as JSON
+    cost: str | None = None  # the simulator's cost model (default: H100 roofline)
 
 
 def run_demo(options: DemoOptions) -> int:
     from stepserve.engine.llm_engine import LLMEngine
 
     check_output_file("--json", options.json_out)  # before minutes of work
+    if options.cost is not None:  # a bad cost file is refused before the real runs
+        cost_setup_for(CostModelOptions(options.cost, model_spec="smollm2-135m"))
     say = print
     say("stepserve demo: the seed's nightly report job (64 in flight, ~15% of requests 100x "
         "longer than the rest), static vs continuous batching.")
@@ -182,9 +196,10 @@ def run_demo(options: DemoOptions) -> int:
     real = [run_real(probe.runner, b, jobs, 64) for b in ("static", "continuous")]
     real_s = sum(r.wall_s or 0.0 for r in real)
     say(f"  done in {real_s:.0f} s; simulator at full scale "
-        f"({options.sim_requests} requests, P50 20 / P99 2000 tokens) on H100 ...")
+        f"({options.sim_requests} requests, P50 20 / P99 2000 tokens) on "
+        f"{options.cost or 'H100'} ...")
     t_sim = time.perf_counter()
-    sims = [run_sim(b, options.sim_requests) for b in ("static", "continuous")]
+    sims = [run_sim(b, options.sim_requests, options.cost) for b in ("static", "continuous")]
     sim_s = time.perf_counter() - t_sim
     sim = [run for run, _ in sims]
     cols = real + sim
@@ -203,7 +218,8 @@ def run_demo(options: DemoOptions) -> int:
     say("")
     say(f"continuous / static throughput: CPU measured {sp_real:.2f}x against a step-count "
         f"cap of {cap_real.speedup_cap:.2f}x (static slot utilisation "
-        f"{cap_real.slot_utilization * 100:.1f}%); H100 simulated {sp_sim:.2f}x against "
+        f"{cap_real.slot_utilization * 100:.1f}%); {sim[0].describe} simulated "
+        f"{sp_sim:.2f}x against "
         f"a cap of {cap_sim.speedup_cap:.2f}x.")
     say("why they differ: on a CPU a step's cost grows with the batch, so static batching's "
         "near-empty tail steps are cheap; on a memory-bound GPU a step costs about the same "

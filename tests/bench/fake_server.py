@@ -1,7 +1,9 @@
 """A tiny fake OpenAI-compatible server on 127.0.0.1: streams `tokens` chunks with
 `delay_s` between them, answers HTTP 500 to every `fail_every`-th request and breaks
-the stream of every `stream_error_every`-th with an SSE error event after one token. No
-/metrics (so the bench must do without a scrape)."""
+the stream of every `stream_error_every`-th with an SSE error event after one token.
+`/v1/chat/completions` streams deltas the same way. With `api_key`, anything without
+`Authorization: Bearer <api_key>` gets 401. Every generation request's body and headers
+are kept in `settings["seen"]`. No /metrics (so the bench must do without a scrape)."""
 
 from __future__ import annotations
 
@@ -29,20 +31,41 @@ class FakeServer:
 def make_app(settings: dict) -> FastAPI:
     app = FastAPI()
     count = {"n": 0}
+    settings.setdefault("seen", [])
+
+    def refused(request: Request) -> JSONResponse | None:
+        key = settings.get("api_key")
+        if key and request.headers.get("authorization") != f"Bearer {key}":
+            return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
+        return None
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
 
     @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+    async def models(request: Request):
+        return refused(request) or \
+            {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await completions(request)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        if (no := refused(request)) is not None:
+            return no
         body = await request.json()
+        settings["seen"].append((request.url.path, dict(request.headers), body))
+        chat = request.url.path.endswith("chat/completions")
         count["n"] += 1
         every = settings.get("fail_every")
         if every and count["n"] % every == 0:
             return JSONResponse({"error": {"message": "boom", "type": "server_error"}},
                                 status_code=500)
-        n = min(body["max_tokens"], settings.get("tokens", 10**9))
+        n = min(body["max_completion_tokens" if chat else "max_tokens"],
+                settings.get("tokens", 10**9))
         broken = settings.get("stream_error_every")
         broken = bool(broken) and count["n"] % broken == 0
 
@@ -54,8 +77,10 @@ def make_app(settings: dict) -> FastAPI:
                     yield f"data: {json.dumps(err)}\n\n"
                     yield "data: [DONE]\n\n"
                     return
-                chunk = {"choices": [{"index": 0, "text": "x",
-                                      "finish_reason": "length" if i == n - 1 else None}]}
+                end = "length" if i == n - 1 else None
+                choice = {"index": 0, "delta": {"content": "x"}} if chat else \
+                    {"index": 0, "text": "x"}
+                chunk = {"choices": [{**choice, "finish_reason": end}]}
                 yield f"data: {json.dumps(chunk)}\n\n"
             usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
             yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
@@ -76,7 +101,7 @@ def run_fake(**settings) -> Iterator[FakeServer]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    wait_until_up(url, "/v1/models", timeout_s=30, alive=thread.is_alive)
+    wait_until_up(url, "/health", timeout_s=30, alive=thread.is_alive)
     try:
         yield FakeServer(url, settings, server, thread)
     finally:

@@ -69,14 +69,17 @@ def test_bad_slo(slo, says, capsys):
     assert says in capsys.readouterr().err
 
 
-def test_no_workload_and_conflicting_arrivals(capsys):
-    assert main(["bench", "--sim", "--num-prompts", "2"]) == 2
-    assert "give exactly one workload" in capsys.readouterr().err
-    assert main(["bench", "--sim", *SMALL, "--max-concurrency", "2",
-                 "--request-rate", "3"]) == 2
-    assert "excludes --request-rate" in capsys.readouterr().err
+def test_conflicting_workloads_and_bad_arrivals(capsys):
+    assert main(["bench", "--sim", *SMALL, "--scenario", "quickstart"]) == 2
+    assert "give one workload" in capsys.readouterr().err
+    assert main(["bench", "--sim", *SMALL, "--dataset-name", "sonnet"]) == 2
+    assert "--dataset-name 'sonnet': this bench reads random, sharegpt" in \
+        capsys.readouterr().err
     assert main(["bench", "--sim", *SMALL, "--request-rate", "0"]) == 2
     assert "--request-rate = 0: must be a finite number in" in capsys.readouterr().err
+    assert main(["bench", "--sim", *SMALL, "--max-concurrency", "2",
+                 "--request-rate", "3"]) == 2  # a gated open loop: not on the simulator
+    assert "needs --target or --engine" in capsys.readouterr().err
 
 
 def test_interrupt_writes_partial_result(tmp_path, capsys):

@@ -147,3 +147,41 @@ def test_scrape_reads_sglang_and_tgi_names(before, after, source):
     else:  # TGI exposes neither
         assert s["kv_usage_max"] is None and s["preemptions"] is None
         assert b.level("kv_usage") is None
+
+
+def _step_histogram(counts: dict[float, int], total_s: float) -> str:
+    lines, cumulative = [], 0
+    for le, n in counts.items():
+        cumulative += n
+        bound = "+Inf" if le == float("inf") else repr(le)
+        lines.append(f'stepserve:step_duration_seconds_bucket{{le="{bound}",model_name="m"}} '
+                     f"{cumulative}")
+    lines += [f'stepserve:step_duration_seconds_sum{{model_name="m"}} {total_s}',
+              f'stepserve:step_duration_seconds_count{{model_name="m"}} {cumulative}',
+              'stepserve:num_requests_waiting{model_name="m"} 0']
+    return "\n".join(lines) + "\n"
+
+
+def test_the_step_times_of_a_run_reach_the_doctor():
+    """A bench run against our server: the step-time histogram's increase over the run
+    gives the step quantiles, and with the client's numbers the doctor names a prefill
+    stall (3 steps of ~8 s among 200 of ~0.15 s, as issue 11's bench saw)."""
+    before = Snapshot(0.0, parse_prometheus(_step_histogram(
+        {0.2: 10, 10.0: 0, float("inf"): 0}, 1.5)))
+    after = Snapshot(60.0, parse_prometheus(_step_histogram(
+        {0.2: 210, 10.0: 3, float("inf"): 0}, 1.5 + 30.0 + 24.0)))
+    s = scrape_summary([before, after])
+    assert s["step_p50_s"] == pytest.approx(0.1, rel=0.05)  # inside the first bucket
+    assert 0.2 < s["step_p99_s"] <= 10.0
+    assert s["mean_step_s"] == pytest.approx(54.0 / 203)
+    from stepserve.metrics.rules import prefill_stalls_decode
+    from stepserve.metrics.run_summary import RunSummary
+
+    summary = RunSummary.of(**{k: v for k, v in s.items() if k in SCRAPE_FIELDS},
+                            tpot_p50_s=0.15, prompt_tokens=12288, output_tokens=6144,
+                            ttft_p50_s=8.5)
+    found = prefill_stalls_decode(summary)
+    assert found is not None and "step time P99" in found.evidence
+
+
+SCRAPE_FIELDS = ("mean_step_s", "step_p50_s", "step_p99_s", "waiting_max")

@@ -82,3 +82,19 @@ def test_engine_reports_the_same_metric_set(tmp_path):
     assert METRIC_KEYS <= set(s)
     assert s["requests_finished"] == s["server_requests_finished"] == 6
     assert s["output_tokens"] == 48 and s["peak_concurrency"] <= 3
+
+
+def test_chat_and_exact_length_text_on_our_server(served, tmp_path):
+    served.wait_idle()
+    small = ["--random-input-len", "16", "--random-output-len", "8", "--num-prompts", "6",
+             "--no-progress", "--metrics-interval-s", "0.2"]
+    s = _bench(tmp_path, "chat", "--base-url", served.url, "--backend", "openai-chat",
+               *small, "--max-concurrency", "3", "--save-result", "--save-detailed",
+               "--result-dir", str(tmp_path), "--result-filename", "v.json")
+    saved = json.loads((tmp_path / "v.json").read_text())
+    assert s["requests_finished"] == saved["completed"] == 6 and saved["failed"] == 0
+    assert saved["total_output_tokens"] == s["output_tokens"] == 48
+    assert saved["backend"] == "openai-chat" and all(saved["generated_texts"])
+    # text that the model's tokenizer encodes to exactly 16 tokens: the server counts 96
+    s = _bench(tmp_path, "text", "--target", served.url, *small, "--tokenizer", "tiny")
+    assert s["prompt_tokens"] == s["server_prompt_tokens"] == 6 * 16

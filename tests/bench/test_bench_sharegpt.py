@@ -31,14 +31,16 @@ def _summary(tmp_path, *argv) -> dict:
 def test_sharegpt_against_our_server_and_the_sim(served, dataset, tmp_path, capsys):
     served.wait_idle()
     before = served.metrics()["stepserve:prompt_tokens_total"]
+    # token ids of exactly the counted lengths; every output to its length
+    same = ["--ignore-eos", "--num-prompts", "10", "--max-concurrency", "4", "--seed", "1"]
     live = _summary(tmp_path, "--target", served.url, "--sharegpt", str(dataset),
-                    "--num-prompts", "10", "--max-concurrency", "4", "--seed", "1")
+                    "--token-id-prompts", *same)
     sent = served.metrics()["stepserve:prompt_tokens_total"] - before
     assert "pairs sampled jointly from sharegpt" in capsys.readouterr().err
     pairs = set(load_sharegpt(dataset).pairs)
     assert live["requests_finished"] == 10 and live["prompt_tokens"] == sent
     sim = _summary(tmp_path, "--sim", "--cost", "constant", "--sharegpt", str(dataset),
-                   "--num-prompts", "10", "--max-concurrency", "4", "--seed", "1")
+                   *same)
     # the same seed draws the same pairs: same prompt and output token totals
     assert (sim["prompt_tokens"], sim["output_tokens"]) == \
         (live["prompt_tokens"], live["output_tokens"])
@@ -49,10 +51,10 @@ def test_sharegpt_against_our_server_and_the_sim(served, dataset, tmp_path, caps
 def test_sharegpt_flags_and_bad_files(dataset, tmp_path, capsys):
     assert main(["bench", "--sim", "--sharegpt", str(dataset), "--random-input-len", "3",
                  "--random-output-len", "3"]) == 2
-    assert "give exactly one workload" in capsys.readouterr().err
+    assert "give one workload" in capsys.readouterr().err
     assert main(["bench", "--sim", "--random-input-len", "3", "--random-output-len", "3",
-                 "--tokenizer", "tiny"]) == 2
-    assert "go with --sharegpt FILE" in capsys.readouterr().err
+                 "--sharegpt-output-len", "4"]) == 2
+    assert "--sharegpt-output-len goes with --dataset-path" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("[{\"conversations\": 3}]")
     assert main(["bench", "--sim", "--sharegpt", str(bad)]) == 2

@@ -21,7 +21,8 @@ HEALTHY = {
     "p99_p50_tpot_ratio": 1.4, "preemptions": 0, "preempted_requests": 0,
     "preemptions_on_long_share": None, "swapped_blocks": 0, "recomputed_tokens": 0,
     "long_request_threshold": 1200, "replicas": 1, "steps": 5000, "mean_step_s": 0.02,
-    "decode_step_p50_s": 0.02, "slot_utilization": 0.85, "active_ratio_p50": 0.9,
+    "decode_step_p50_s": 0.02, "step_p50_s": 0.02, "step_p99_s": 0.05, "step_max_s": 0.08,
+    "itl_p99_s": 0.03, "slot_utilization": 0.85, "active_ratio_p50": 0.9,
     "active_ratio_mean": 0.85, "prefill_step_share": 0.05, "zero_decode_step_share": 0.0,
     "prefill_token_share": 0.3, "waiting_max": 3, "waiting_p50": 0,
     "waiting_nonzero_share": 0.1, "waiting_growth": 0.01, "waiting_trend_rise": 0.5,
@@ -58,6 +59,11 @@ TRIGGERS = [
                                           "in_engine_max": 140, "max_num_seqs": 128}),
     ("tail_ttft_from_prefill", "warning", {"p99_p50_ttft_ratio": 6.3, "ttft_p99_s": 6.9,
                                            "ttft_p50_s": 1.1, "prefill_token_share": 0.9}),
+    ("prefill_stalls_decode", "warning", {"step_p99_s": 2.5, "prefill_token_share": 0.67}),
+    # a client's view only: token gaps, and prompt / output token counts
+    ("prefill_stalls_decode", "warning", {"step_p99_s": None, "decode_step_p50_s": None,
+                                          "prefill_token_share": None, "itl_p99_s": 0.9,
+                                          "prompt_tokens": 12800, "output_tokens": 6400}),
 ]
 
 
@@ -97,6 +103,8 @@ def test_rules_stay_silent_without_their_inputs():
     ("tail_ttft_from_prefill", {"p99_p50_ttft_ratio": 8.0, "ttft_p99_s": 8.0,
                                 "ttft_p50_s": 1.0, "prefill_token_share": 0.3}),  # queueing
     ("running_below_offered", {"waiting_nonzero_share": 0.5, "waiting_p50": 2}),
+    ("prefill_stalls_decode", {"step_p99_s": 0.1}),  # 5x a decode step: not over
+    ("prefill_stalls_decode", {"step_p99_s": 3.0, "prefill_token_share": 0.19}),
     # a static batch fed by 64 clients: never more than 64 in the engine, idle slots queue
     ("running_below_offered", {"waiting_nonzero_share": 0.98, "waiting_p50": 54,
                                "running_max": 64, "in_engine_max": 64, "max_num_seqs": 64}),

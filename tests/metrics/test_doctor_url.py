@@ -21,14 +21,17 @@ def doctor(*argv) -> int:
 
 
 @contextmanager
-def metrics_server(texts: list[str], status: int = 200) -> Iterator[str]:
-    """Serves texts[i] on the i-th GET (the last one again once they run out)."""
+def metrics_server(texts: list[str], status: int = 200,
+                   failing: frozenset[int] = frozenset()) -> Iterator[str]:
+    """Serves texts[i] on the i-th GET (the last one again once they run out); the GETs
+    numbered in `failing` (from 0) get a 503 instead."""
     served = iter(range(10**9))
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            body = texts[min(next(served), len(texts) - 1)].encode()
-            self.send_response(status)
+            i = next(served)
+            body = texts[min(i, len(texts) - 1)].encode()
+            self.send_response(503 if i in failing else status)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -67,7 +70,8 @@ def test_json_report_carries_the_summary_and_what_could_not_be_evaluated(capsys)
     with metrics_server(rising_vllm_texts()) as url:
         assert doctor("--url", url + "/metrics", *FAST, "--json") == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"findings", "summary", "config", "not_evaluable"}
+    assert set(data) == {"findings", "summary", "config", "not_evaluable", "failed_scrapes"}
+    assert data["failed_scrapes"] == []
     assert {"capacity", "queue_growing", "preemption_nonzero"} <= \
         {r["rule"] for r in data["findings"]}
     for r in data["findings"]:
@@ -110,3 +114,47 @@ def test_exactly_one_of_file_or_url(tmp_path, capsys):
     assert "http:// or https://" in _error(capsys, "--url", "127.0.0.1:8000")
     assert "--interval-s = 0: must be" in _error(capsys, "--url", "http://127.0.0.1:9",
                                                  "--interval-s", "0")
+
+
+# ---- one failed scrape does not end the window ----
+
+def test_a_failed_scrape_in_the_window_is_skipped_and_reported(capsys):
+    with metrics_server(rising_vllm_texts(), failing=frozenset({4})) as url:
+        assert doctor("--url", url, *FAST) == 0
+    out = capsys.readouterr().out
+    assert "[critical] capacity" in out  # the findings still come
+    assert "window: 10 scrapes over 0.2 s of vllm metrics" in out
+    assert "1 scrape(s) failed and were skipped; the first: scrape 5: " in out
+    assert "answered HTTP 503" in out
+
+
+def test_a_failed_first_scrape_is_retried(capsys):
+    with metrics_server(rising_vllm_texts(), failing=frozenset({0})) as url:
+        assert doctor("--url", url, *FAST, "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["scrape_samples"] == 11
+    assert len(data["failed_scrapes"]) == 1 and "HTTP 503" in data["failed_scrapes"][0]
+
+
+def test_a_window_with_under_two_good_scrapes_is_an_error(capsys):
+    with metrics_server(rising_vllm_texts(), failing=frozenset(range(1, 100))) as url:
+        err = _error(capsys, "--url", url, *FAST)
+    assert "only 1 of 11 scrapes" in err and "a window needs two" in err
+
+
+def test_label_values_with_commas_and_quotes_survive_a_scrape():
+    import httpx
+
+    from stepserve.config import SchedulerConfig
+    from stepserve.metrics.live import fetch
+    from stepserve.server.metrics import ServerMetrics
+
+    name = 'org/model,v2 "chat"'
+    metrics = ServerMetrics(name, SchedulerConfig(max_num_seqs=7), engine="1")
+    metrics.waiting.set(2)
+    with metrics_server([metrics.render().decode()]) as url, httpx.Client() as client:
+        snap = fetch(client, url + "/metrics")
+    ours = [dict(ls) for n, ls in snap.samples if n.startswith("stepserve:")]
+    assert ours and {(ls["model_name"], ls["engine"]) for ls in ours} == {(name, "1")}
+    assert snap.level("waiting") == 2.0
+    assert snap.info()["max_num_seqs"] == "7" and "engine" not in snap.info()

@@ -40,8 +40,11 @@ def test_vllm_rising_queue_and_preemptions_fire_the_rules():
     rules = {f.rule for f in diagnose(s, RuleSettings.of(s, config))}
     assert {"queue_growing", "preemption_nonzero", "capacity", "running_below_offered"} <= rules
     assert set(unevaluable(s)) == {"chunk_cap_eats_budget", "tail_ttft_from_prefill",
-                                   "low_slot_utilization", "low_active_ratio"}
+                                   "low_slot_utilization", "low_active_ratio",
+                                   "prefill_stalls_decode"}
     assert unevaluable(s)["tail_ttft_from_prefill"] == ["mean_step_s"]
+    # vLLM publishes no step time, and a scrape sees no token gaps
+    assert unevaluable(s)["prefill_stalls_decode"] == ["step_p99_s or itl_p99_s"]
 
 
 def test_nothing_finished_in_the_window_leaves_latency_unknown():

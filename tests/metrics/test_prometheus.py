@@ -30,6 +30,18 @@ def test_parse_labels_comments_and_bad_lines():
     assert len(s) == 2
 
 
+def test_label_values_with_commas_escaped_quotes_and_newlines_survive():
+    text = ('# TYPE vllm:num_requests_waiting gauge\n'
+            'vllm:num_requests_waiting{model_name="org/m,v2 \\"chat\\"\\n",engine="0"} 3\n'
+            'vllm:num_requests_waiting{model_name="a,b",engine="1"} 4\n')
+    s = parse_prometheus(text)
+    assert s[("vllm:num_requests_waiting",
+              frozenset({("model_name", 'org/m,v2 "chat"\n'), ("engine", "0")}))] == 3.0
+    assert s[("vllm:num_requests_waiting",
+              frozenset({("model_name", "a,b"), ("engine", "1")}))] == 4.0
+    assert Snapshot(0.0, s).level("waiting") == 7.0  # summed over both engines
+
+
 # ---- bucket_quantile: Prometheus' histogram_quantile on hand-built buckets ----
 
 BUCKETS = [(0.1, 2.0), (0.5, 6.0), (1.0, 10.0), (INF, 10.0)]  # cumulative

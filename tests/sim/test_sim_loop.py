@@ -1,7 +1,8 @@
 """The discrete-event loop: closed and open loops, replicas and routers, batch windows."""
 
 from stepserve.config import EngineConfig
-from stepserve.sim.cost import ConstantCost, LinearCost
+from stepserve.sim.calibrated import CalibratedCost
+from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import simulate
 from stepserve.workload.spec import RequestSpec
 
@@ -32,7 +33,7 @@ def test_open_loop_arrivals_respect_their_times():
 
 def test_more_replicas_finish_a_burst_sooner():
     load = specs(64, prompt=64, out=32)
-    cost = LinearCost(base_s=0.005, per_token_s=0.0005)
+    cost = CalibratedCost({"step": 0.005, "token": 0.0005})
     one = simulate(cfg(max_num_seqs=16), load, cost, 512)
     three = simulate(cfg(max_num_seqs=16, replicas=3), load, cost, 512)
     assert three.replicas == 3 and len(three.steps) == 3

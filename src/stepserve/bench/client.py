@@ -1,9 +1,11 @@
-"""One streamed request to an OpenAI-compatible `/v1/completions`, recorded.
+"""One streamed request to an OpenAI-compatible `/v1/completions` or
+`/v1/chat/completions`, recorded.
 
 Times are seconds on the run's monotonic clock (`time.perf_counter() - t0`). A chunk
-time is taken for every SSE event that carries a choice (text or finish reason), so the
-last token's time is kept even when its text is empty; the usage-only chunk at the end
-(`stream_options.include_usage`) gives the output token count.
+time is taken for every SSE event whose choice carries text (chat: delta content or
+reasoning content) or a finish reason, so the last token's time is kept even when its
+text is empty; the usage-only chunk at the end (`stream_options.include_usage`) gives
+the output token count.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class RequestRecord:
     finish_reason: str | None = None
     status: int | None = None  # HTTP status; None: no response (connection failure)
     error: str | None = None
+    generated_text: str = ""
 
     @property
     def ok(self) -> bool:
@@ -61,16 +64,6 @@ class RequestRecord:
         if self.status is None:
             return "connection_error"
         return "stream_error"
-
-
-def completion_body(model: str, prompt: list[int] | str, max_tokens: int,
-                    ignore_eos: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                            "temperature": 0.0, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    if ignore_eos:
-        body["ignore_eos"] = True
-    return body
 
 
 def _error_text(raw: bytes) -> str:
@@ -128,7 +121,20 @@ def _take_event(record: RequestRecord, data: str, now: float) -> None:
     if not choices:
         return
     choice = choices[0]
-    if choice.get("text") or choice.get("finish_reason"):
+    text = _choice_text(choice)
+    if text or choice.get("finish_reason"):
         record.chunk_times_s.append(now)
+        record.generated_text += text
     if choice.get("finish_reason"):
         record.finish_reason = choice["finish_reason"]
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    """A completions choice's text, or a chat delta's content (or reasoning content)."""
+    if "text" in choice:
+        return choice["text"] if isinstance(choice["text"], str) else ""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""
+    text = delta.get("content") or delta.get("reasoning_content")
+    return text if isinstance(text, str) else ""

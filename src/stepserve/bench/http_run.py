@@ -11,7 +11,7 @@ requests end), so counter deltas cover the whole run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -35,11 +35,14 @@ def check_url(url: str) -> str:
 
 async def discover_model(client: httpx.AsyncClient, url: str, model: str | None) -> str:
     """`model` if given, else the first id of GET /v1/models; BenchError when the target
-    cannot be reached or lists no model."""
+    cannot be reached, refuses the key (401/403), or lists no model."""
     try:
         resp = await client.get(url + "/v1/models", timeout=10.0)
     except httpx.HTTPError as e:
         raise BenchError(f"cannot reach target {url}: {type(e).__name__}: {e}") from None
+    if resp.status_code in (401, 403):
+        raise BenchError(f"target {url}: GET /v1/models gave HTTP {resp.status_code}: pass "
+                         "its key (OPENAI_API_KEY, --api-key or --header)")
     if model:
         return model
     try:
@@ -80,15 +83,19 @@ async def _settle(scraper: Scraper, client: httpx.AsyncClient) -> None:
 async def bench_http(url: str, model: str | None, plan: LoadPlan,
                      records: list[RequestRecord], out: HttpRun, *,
                      timeout_s: float = 600.0, metrics_interval_s: float = 0.5,
-                     on_done: Callable[[RequestRecord], None] | None = None) -> None:
+                     on_done: Callable[[RequestRecord], None] | None = None,
+                     headers: Mapping[str, str] | None = None) -> None:
     """Send `plan` to `url`, filling `records` in place and `out` as it goes, so an
-    interrupt (CancelledError / KeyboardInterrupt) still leaves what was measured."""
+    interrupt (CancelledError / KeyboardInterrupt) still leaves what was measured.
+    `headers` (an API key, --header) go with every request, the scrapes included."""
     url = check_url(url)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(timeout_s, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits,
+                                 headers=dict(headers or {})) as client:
         out.model = await discover_model(client, url, model)
-        target = HttpTarget(url, out.model, timeout_s)
+        plan.prompts.fit_to_model(out.model)
+        target = HttpTarget(url, out.model, timeout_s, endpoint=plan.shape.endpoint)
         scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 \
             else None
         if scraper is not None and await scraper.scrape_once(client) is None:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.loadgen import LoadPlan, token_prompt
+from stepserve.bench.loadgen import LoadPlan
+from stepserve.bench.prompts import token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config import EngineConfig
 from stepserve.core.output import StepRecord
@@ -120,8 +121,9 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
                         break
                     issue(next_i, t0 + plan.specs[next_i].arrival_s)
                     next_i += 1
-            else:
-                while next_i < n and live < plan.concurrency:
+            else:  # due, and a slot free (rate inf: a closed loop)
+                while next_i < n and live < plan.concurrency and \
+                        t0 + plan.specs[next_i].arrival_s <= now:
                     if not may_issue(next_i):
                         n = next_i
                         break

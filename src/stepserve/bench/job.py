@@ -14,8 +14,10 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
+from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.http_run import HttpRun, bench_http, check_url
+from stepserve.bench.load import offered_load, prompt_maker, vllm_setup
 from stepserve.bench.loadgen import LoadPlan, make_records
 from stepserve.bench.plan import BenchError, BenchWorkloadOptions, build_workload, make_specs
 from stepserve.bench.results import (
@@ -28,6 +30,7 @@ from stepserve.bench.results import (
     write_markdown,
 )
 from stepserve.bench.run_data import http_extras, latency_samples
+from stepserve.bench.save_result import SaveOptions, save_vllm_result
 from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
 from stepserve.cli_errors import UsageError, report_error
 from stepserve.config import ConfigError
@@ -55,8 +58,11 @@ class BenchOptions:
     model: str | None = None
     workload: BenchWorkloadOptions = BenchWorkloadOptions()
     duration_s: float | None = None  # stop sending after this many seconds
-    text_prompts: bool = False
-    ignore_eos: bool = True
+    token_id_prompts: bool = False  # text unless asked
+    ignore_eos: bool | None = None  # None: as vLLM, on for random lengths (and our
+    # scenarios and workload files, whose lengths are the point), off for ShareGPT
+    shape: RequestShape = RequestShape()
+    backend: str = "openai"  # vLLM's --backend, as the saved result names it
     goodput: tuple[str, ...] | None = None  # SLO tokens in ms, e.g. ("ttft:500",)
     metrics_interval_s: float = 0.5
     timeout_s: float = 600.0
@@ -66,6 +72,7 @@ class BenchOptions:
     progress: bool = True
     config: ConfigOverrides = ConfigOverrides()
     cost: CostModelOptions = CostModelOptions(cost="roofline")
+    save: SaveOptions = SaveOptions()
 
     def outputs(self) -> tuple[tuple[str, str | None], ...]:
         """(flag, path) of each output file."""
@@ -83,6 +90,12 @@ def check_bench_options(options: BenchOptions) -> None:
     if options.sim:
         cost_setup_for(options.cost)
     if options.engine:
+        replicas = options.config.apply().replicas
+        if replicas > 1:
+            raise UsageError(f"--replicas {replicas}: bench --engine runs one engine in this "
+                             f"process; serve {replicas} replicas with `stepserve serve "
+                             f"--replicas {replicas}` and bench it with --target URL, or "
+                             "simulate them with --sim")
         from stepserve.model.presets import resolve_model
 
         try:  # the same lookup the engine makes; a preset is built here, once
@@ -91,6 +104,14 @@ def check_bench_options(options: BenchOptions) -> None:
             raise UsageError(f"--model: {e}") from None
     for flag, path in options.outputs():
         check_output_file(flag, path)
+    options.save.check()
+    if options.token_id_prompts and options.shape.chat:
+        raise UsageError(f"--token-id-prompts: {options.shape.endpoint} takes text only")
+    w = options.workload
+    if options.sim and w.max_concurrency and w.request_rate is not None and \
+            not math.isinf(w.request_rate):
+        raise UsageError("--sim runs open or closed loop: --request-rate R with "
+                         "--max-concurrency N needs --target or --engine")
 
 
 def run_bench(options: BenchOptions) -> int:
@@ -103,14 +124,24 @@ def run_bench(options: BenchOptions) -> int:
     except (BenchError, GoodputError, WorkloadError, ValueError) as e:
         return report_error(e)
     w = options.workload
-    plan = LoadPlan(specs, workload.closed_loop_concurrency, w.warmup, options.duration_s,
-                    options.text_prompts, options.ignore_eos)
-    how = workload.describe()
-    if w.request_rate is not None and math.isinf(w.request_rate):
-        how = how.replace(workload.arrival.describe(), "all sent at once (rate inf)")
+    ignore_eos = options.ignore_eos if options.ignore_eos is not None \
+        else w.dataset() != "sharegpt"
+    try:
+        prompts = prompt_maker(options.token_id_prompts,
+                               w.tokenizer if options.target else None, workload.seed)
+    except UsageError as e:
+        return report_error(e)
+    plan = LoadPlan(specs, w.max_concurrency or workload.closed_loop_concurrency, w.warmup,
+                    options.duration_s, prompts, ignore_eos, options.shape)
+    load = offered_load(options, workload, plan)
+    arrivals = "all due at once (rate inf)" if load["request_rate"] == "inf" \
+        else workload.arrival.describe()
+    if plan.concurrency and "in flight" not in arrivals:
+        arrivals += f", at most {plan.concurrency} in flight"
+    how = workload.describe().replace(workload.arrival.describe(), arrivals, 1)
     print(f"{how}\n{len(specs)} requests ({w.warmup} warm-up)", file=sys.stderr)
     try:
-        return _run(options, plan, slo, workload)
+        return _run(options, plan, slo, workload, load)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
         return report_error(e)
 
@@ -122,7 +153,8 @@ def _progress(total: int, enabled: bool):
                 disable=not enabled, leave=False)
 
 
-def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workload) -> int:
+def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workload,
+         load: dict) -> int:
     interrupted = [False]
     bar = _progress(len(plan.specs), options.progress)
     started = time.time()
@@ -135,7 +167,9 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
             run, records, extra = _on_engine(options, plan, bar, interrupted)
     finally:
         bar.close()
-    run = replace(run, name=workload.name, started_at=started,
+    if options.target:  # known once the target's model is: its tokenizer may fit them
+        load = {**load, "prompts": plan.prompts.describe()}
+    run = replace(run, name=workload.name, started_at=started, load=load,
                   latency_samples=run.latency_samples or latency_samples(records))
     return _report(options, run, records, slo, extra, interrupted[0])
 
@@ -151,7 +185,7 @@ def _against_target(options: BenchOptions, plan: LoadPlan, bar, interrupted: lis
     http = HttpRun()
     try:
         asyncio.run(bench_http(options.target, options.model, plan, records, http,
-                               timeout_s=options.timeout_s,
+                               timeout_s=options.timeout_s, headers=options.shape.headers,
                                metrics_interval_s=options.metrics_interval_s,
                                on_done=lambda r: bar.update()))
     except KeyboardInterrupt:
@@ -204,6 +238,8 @@ def _report(options: BenchOptions, run: BenchRun, records: list[RequestRecord],
         if path:
             write(path, what)
             print(f"wrote {path}")
+    if options.save.save:
+        print(f"wrote {save_vllm_result(options.save, vllm_setup(options, run), records, slo)}")
     if summary.requests_total and not summary.requests_finished and options.target:
         print("warning: no request completed; see errors above", file=sys.stderr)
     if interrupted:

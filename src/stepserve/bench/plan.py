@@ -1,6 +1,7 @@
-"""The bench's request list from its options: a built-in scenario, a workload file, fixed
-random lengths or a ShareGPT-style JSON file (workload/sharegpt.py), with the arrival
-process, count and seed overridden (workload/overrides.py)."""
+"""The bench's request list from its options: a built-in scenario, a workload file, or a
+dataset as `vllm bench serve --dataset-name` names it (random lengths, or a ShareGPT-style
+JSON file: workload/sharegpt.py), with the arrival process, count and seed overridden
+(workload/overrides.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from stepserve.workload.arrivals import ArrivalProcess, ClosedLoop, Constant, Gamma, Poisson
-from stepserve.workload.lengths import fixed
+from stepserve.workload.lengths import fixed, uniform
 from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.scenarios import get_workload
@@ -21,18 +22,28 @@ class BenchError(Exception):
     """Bad input or an unusable target: printed as `error: ...`, exit 2."""
 
 
+DATASETS = ("random", "sharegpt")  # the --dataset-name values we read
+DEFAULT_NUM_PROMPTS = 1000  # vLLM's --num-prompts default
+RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 1024, 128  # vLLM's random dataset defaults
+
+
 @dataclass(frozen=True)
 class BenchWorkloadOptions:
-    """Where the requests come from (exactly one of scenario, workload, the two random
-    lengths, sharegpt) and how they arrive, as `vllm bench serve`'s flags say it:
-    `request_rate` (inf: all at once) with `burstiness` (gamma shape; inf: constant
-    rate), or `max_concurrency` (closed loop); neither keeps the workload's own."""
+    """Where the requests come from (at most one of scenario, workload, a dataset: the
+    random lengths or a ShareGPT file; none is vLLM's default, random 1024/128) and how
+    they arrive, as `vllm bench serve`'s flags say it: `request_rate` (inf: all at
+    once) with `burstiness` (gamma shape; inf: constant rate), and `max_concurrency` (at
+    most N in flight; with rate inf a closed loop). A dataset without a rate is sent all
+    at once, as vLLM does; a scenario or workload file without one keeps its own
+    arrivals (with `max_concurrency` alone: a closed loop)."""
 
     scenario: str | None = None
     workload: str | None = None
+    dataset_name: str | None = None
     random_input_len: int | None = None
     random_output_len: int | None = None
-    sharegpt: str | None = None
+    random_range_ratio: float | None = None
+    sharegpt: str | None = None  # the ShareGPT file (--dataset-path, --sharegpt)
     tokenizer: str | None = None  # with sharegpt: count tokens with this model's tokenizer
     sharegpt_output_len: int | None = None
     num_prompts: int | None = None
@@ -42,37 +53,69 @@ class BenchWorkloadOptions:
     max_concurrency: int | None = None
     warmup: int = 0
 
+    def dataset(self) -> str | None:
+        """"random", "sharegpt", or None for a scenario or workload file."""
+        if self.scenario or self.workload:
+            return None
+        return "sharegpt" if self.sharegpt else "random"
+
+    def offered_rate(self) -> float | None:
+        """The rate the bench offers: a dataset or a cap without a rate is inf (vLLM's
+        default); None keeps the workload's own arrivals."""
+        if self.request_rate is not None:
+            return self.request_rate
+        if self.dataset() is not None or self.max_concurrency is not None:
+            return math.inf
+        return None
+
+
+def _check_source(o: BenchWorkloadOptions) -> None:
+    randoms = (o.random_input_len, o.random_output_len, o.random_range_ratio)
+    random_given = o.dataset_name == "random" or any(v is not None for v in randoms)
+    given = [n for n, v in (("--scenario", o.scenario), ("--workload", o.workload),
+                            ("--random-* / --dataset-name random", random_given),
+                            ("--dataset-path / --sharegpt", o.sharegpt))
+             if v]
+    if o.dataset_name is not None and o.dataset_name not in DATASETS:
+        raise BenchError(f"--dataset-name {o.dataset_name!r}: this bench reads "
+                         f"{', '.join(DATASETS)} (or --scenario NAME, --workload FILE)")
+    if o.dataset_name == "sharegpt" and not o.sharegpt:
+        raise BenchError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT JSON)")
+    if len(given) > 1:
+        raise BenchError("give one workload: --scenario NAME, --workload FILE, "
+                         "--random-input-len N --random-output-len M (the default), or "
+                         f"--dataset-name sharegpt --dataset-path FILE (got {', '.join(given)})")
+    if o.sharegpt_output_len and not o.sharegpt:
+        raise BenchError("--sharegpt-output-len goes with --dataset-path / --sharegpt FILE")
+
+
+def _random_class(o: BenchWorkloadOptions) -> RequestClass:
+    """vLLM's random dataset: lengths uniform on [floor(n(1-r)), ceil(n(1+r))]."""
+    ratio = o.random_range_ratio or 0.0
+    if not 0.0 <= ratio < 1.0:
+        raise BenchError(f"--random-range-ratio {ratio:g}: must be in [0, 1)")
+    lengths = []
+    for flag, n in (("--random-input-len", o.random_input_len or RANDOM_INPUT_LEN),
+                    ("--random-output-len", o.random_output_len or RANDOM_OUTPUT_LEN)):
+        if n < 1:
+            raise BenchError(f"{flag} = {n}: must be >= 1")
+        lo, hi = max(1, math.floor(n * (1 - ratio))), max(1, math.ceil(n * (1 + ratio)))
+        lengths.append(fixed(n) if lo == hi else uniform(lo, hi))
+    return RequestClass("random", 1.0, lengths[0], lengths[1])
+
 
 def build_workload(options: BenchWorkloadOptions) -> Workload:
     o = options
-    randoms = (o.random_input_len, o.random_output_len)
-    given = [n for n, v in (("--scenario", o.scenario), ("--workload", o.workload),
-                            ("--random-*-len", any(v is not None for v in randoms)),
-                            ("--sharegpt", o.sharegpt))
-             if v]
-    if len(given) != 1:
-        raise BenchError("give exactly one workload: --scenario NAME, --workload FILE, "
-                         "--random-input-len N --random-output-len M, or --sharegpt FILE"
-                         + (f" (got {', '.join(given)})" if given else ""))
-    if (o.tokenizer or o.sharegpt_output_len) and not o.sharegpt:
-        raise BenchError("--tokenizer and --sharegpt-output-len go with --sharegpt FILE")
+    _check_source(o)
     if o.scenario:
         workload = get_workload(o.scenario)
     elif o.workload:
         workload = load_workload(o.workload)
-    elif o.sharegpt:
-        cls = sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len)
-        workload = Workload("sharegpt", (cls,), Poisson(1.0), o.num_prompts or 100)
     else:
-        if o.random_input_len is None or o.random_output_len is None:
-            raise BenchError("--random-input-len and --random-output-len go together")
-        for flag, v in (("--random-input-len", o.random_input_len),
-                        ("--random-output-len", o.random_output_len)):
-            if v < 1:
-                raise BenchError(f"{flag} = {v}: must be >= 1")
-        cls = RequestClass("random", 1.0, fixed(o.random_input_len),
-                           fixed(o.random_output_len))
-        workload = Workload("random", (cls,), Poisson(1.0), o.num_prompts or 100)
+        cls = sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len) \
+            if o.sharegpt else _random_class(o)
+        workload = Workload(cls.name, (cls,), Poisson(1.0),
+                            o.num_prompts or DEFAULT_NUM_PROMPTS)
     return override_workload(workload, WorkloadOverrides(
         num_requests=o.num_prompts, seed=o.seed, arrival=_arrival(o)))
 
@@ -82,28 +125,34 @@ def _arrival(o: BenchWorkloadOptions) -> ArrivalProcess | None:
                     ("--max-concurrency", o.max_concurrency)):
         if v is not None and not v > 0:
             raise BenchError(f"{flag} {v:g}: must be > 0")
-    if o.max_concurrency is not None:
-        if o.request_rate is not None or o.burstiness is not None:
-            raise BenchError("--max-concurrency (closed loop) excludes --request-rate and "
-                             "--burstiness (open loop)")
-        return ClosedLoop(o.max_concurrency)
-    if o.request_rate is None:
+    rate = o.offered_rate()
+    if rate is None:
         if o.burstiness is not None:
-            raise BenchError("--burstiness needs --request-rate")
+            raise BenchError("--burstiness needs --request-rate (a scenario or workload "
+                             "file keeps its own arrivals without one)")
         return None
-    if math.isinf(o.request_rate):
-        return Poisson(1.0)  # times replaced by 0.0 in make_specs
+    if math.isinf(rate):  # all due at once (burstiness means nothing), times 0.0
+        return ClosedLoop(o.max_concurrency) if o.max_concurrency else Poisson(1.0)
     if o.burstiness is not None:
         if math.isinf(o.burstiness):  # the gamma's limit: every gap exactly 1/rate
-            return Constant(o.request_rate)
-        return Gamma(o.request_rate, o.burstiness)
-    return Poisson(o.request_rate)
+            return Constant(rate)
+        return Gamma(rate, o.burstiness)
+    return Poisson(rate)
 
 
 def make_specs(options: BenchWorkloadOptions, workload: Workload) -> list[RequestSpec]:
+    """The requests, due when `vllm bench serve` would send them: all at 0.0 for rate
+    inf; for a random (Poisson, gamma) rate the sampled gaps scaled so that their mean
+    is exactly 1 / rate, as vLLM scales its delays (throughput then does not wander
+    with the seed)."""
     specs = workload.generate()
-    if options.request_rate is not None and math.isinf(options.request_rate):
+    rate = options.offered_rate()
+    if rate is not None and math.isinf(rate):
         specs = [dataclasses.replace(s, arrival_s=0.0) for s in specs]
+    elif rate is not None and isinstance(workload.arrival, (Poisson, Gamma)) and \
+            len(specs) > 1 and specs[-1].arrival_s > 0:
+        scale = (len(specs) - 1) / rate / specs[-1].arrival_s
+        specs = [dataclasses.replace(s, arrival_s=s.arrival_s * scale) for s in specs]
     if options.warmup < 0 or options.warmup >= len(specs):
         raise BenchError(f"--warmup {options.warmup}: must be >= 0 and below the number of "
                          f"requests ({len(specs)})")

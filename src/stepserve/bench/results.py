@@ -151,6 +151,7 @@ class BenchRun:
     latency_samples: LatencySamples | None = None
     timeseries: TimeSeries | None = None
     started_at: float | None = None
+    load: dict[str, Any] | None = None  # the load offered (bench/load.py)
 
     def rule_settings(self) -> RuleSettings:
         return RuleSettings.of(self.summary, self.config, self.batching)
@@ -166,6 +167,8 @@ class BenchRun:
             out["timeseries"] = self.timeseries.to_json()
         if self.started_at is not None:
             out["started_at"] = self.started_at
+        if self.load is not None:
+            out["load"] = self.load
         out["summary"] = self.summary.to_json()
         return out
 
@@ -174,13 +177,14 @@ class BenchRun:
         samples, ts = data.get("latency_samples"), data.get("timeseries")
         text = {k: None if data.get(k) is None else str(data[k])
                 for k in ("target", "model", "batching", "cost_model", "workload")}
-        config = data.get("config")
+        config, load = data.get("config"), data.get("load")
         return cls(name=str(data.get("name", name)),
                    summary=RunSummary.from_json(data["summary"]), **text,
                    config=dict(config) if isinstance(config, dict) else None,
                    latency_samples=None if samples is None else LatencySamples.from_json(samples),
                    timeseries=None if ts is None else TimeSeries.from_json(ts),
-                   started_at=data.get("started_at"))
+                   started_at=data.get("started_at"),
+                   load=dict(load) if isinstance(load, dict) else None)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ Summary keys (None where the target exposes no such series):
   (least-squares slope of the sampled queue, requests/s) and waiting_trend_rise (that
   slope times the sampled window), named as in metrics/summary.py so the doctor's
   queue rules read them; metrics_source ("stepserve", "vllm", "sglang", "tgi" or None),
-  scrape_samples.
+  scrape_samples; mean_step_s, step_p50_s, step_p99_s: the engine's step time over the
+  run, from its step-time histogram (ours and TGI's; vLLM and SGLang publish none).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from stepserve.metrics.prometheus import (
     Samples,
     Snapshot,
     counter_delta,
+    histogram_delta,
     parse_prometheus,
 )
 
@@ -38,7 +40,8 @@ __all__ = ["SCRAPE_KEYS", "Samples", "Scraper", "Snapshot", "parse_prometheus",
 SCRAPE_KEYS = ("waiting_max", "running_max", "kv_usage_max", "preemptions",
                "waiting_p50", "waiting_nonzero_share", "waiting_growth", "waiting_trend_rise",
                "server_requests_finished", "server_generation_tokens",
-               "server_prompt_tokens", "metrics_source", "scrape_samples")
+               "server_prompt_tokens", "metrics_source", "scrape_samples", "mean_step_s",
+               "step_p50_s", "step_p99_s")
 # summary key -> the counter whose increase over the run it is
 _COUNTER_KEYS = {"preemptions": "preemptions", "server_requests_finished": "requests_finished",
                  "server_generation_tokens": "generation_tokens",
@@ -93,4 +96,8 @@ def scrape_summary(snapshots: list[Snapshot]) -> dict:
     first, last = snapshots[0], snapshots[-1]
     for key, counter in _COUNTER_KEYS.items():
         out[key] = counter_delta(first, last, counter)
+    step_time = histogram_delta(first, last, "step_time")
+    if step_time is not None and step_time.count:
+        out.update(mean_step_s=step_time.mean, step_p50_s=step_time.quantile(0.5),
+                   step_p99_s=step_time.quantile(0.99))
     return out

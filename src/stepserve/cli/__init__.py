@@ -14,6 +14,7 @@ next to the library function that takes them) and calls that function.
     sweep.py     stepserve sweep         -> sweep/job.run_sweep(SweepOptions)
     report.py    stepserve report        -> sweep/report_job.run_report(ReportOptions)
     engine_flags.py  the vLLM-style engine flags shared by several commands
+    vllm_args.py     vLLM's argv habits: `--max_num_seqs`, a flat `--config` file's flags
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from stepserve.cli.report import add_report_parser
 from stepserve.cli.serve import add_serve_parser
 from stepserve.cli.simulate import add_simulate_parser
 from stepserve.cli.sweep import add_sweep_parser
+from stepserve.cli.vllm_args import (
+    COMMAND_KEYS_DEST,
+    CONFIG_PROBLEM_DEST,
+    config_file_flags,
+    dashed_flags,
+)
 from stepserve.cli_errors import UsageError, one_line, report_error
 
 
@@ -44,6 +51,25 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see `{self.prog} "
                      f"--help`)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        """vLLM's habits first (cli/vllm_args.py): `--max_num_seqs`, and a flat
+        `--config` file's keys as flags that the command line overrides."""
+        argv = dashed_flags(sys.argv[1:] if args is None else list(args))
+        keys: frozenset[str] = frozenset()
+        problem = None
+        if "--config" in self._option_string_actions:
+            try:
+                flags, keys = config_file_flags(self, argv)
+                argv = flags + argv
+            except UsageError as e:  # reported by the command (`error: ...`, exit 2)
+                problem = e
+        ns, extras = super().parse_known_args(argv, namespace)
+        if keys:
+            setattr(ns, COMMAND_KEYS_DEST, keys)
+        if problem is not None:
+            setattr(ns, CONFIG_PROBLEM_DEST, problem)
+        return ns, extras
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,19 +1,33 @@
-"""`stepserve bench`: its flags (vLLM's `bench serve` names where it has them).
+"""`stepserve bench`: its flags, `vllm bench serve`'s names and defaults (no
+--request-rate: all at once; 1000 prompts; random 1024/128 when no workload is named;
+text prompts; a ShareGPT run stops at EOS), plus ours (--sim, --engine, --scenario,
+--workload, --duration-s, --warmup, /metrics scrapes, --json/--csv/--markdown).
 
-    stepserve bench --target http://127.0.0.1:8000 --random-input-len 64 \\
-        --random-output-len 32 --num-prompts 50 --request-rate 4 --goodput ttft:500
+    stepserve bench --base-url http://127.0.0.1:8000 --random-input-len 64 \\
+        --random-output-len 32 --num-prompts 50 --request-rate inf --max-concurrency 8 \\
+        --goodput ttft:500 --save-result --percentile-metrics ttft,tpot,itl,e2el
     stepserve bench --sim --scenario mixed-pool --num-prompts 200 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
+from stepserve.bench.body import (
+    RequestShape,
+    key_values,
+    pick_endpoint,
+    request_headers,
+    sampling_fields,
+)
 from stepserve.bench.job import BenchOptions, run_bench
-from stepserve.bench.plan import BenchWorkloadOptions
+from stepserve.bench.plan import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
+from stepserve.bench.save_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.cli.simulate import add_cost_model_arguments, cost_model_options
-from stepserve.cli_errors import reports_usage_errors
+from stepserve.cli_errors import UsageError, reports_usage_errors
 from stepserve.limits import (
     CONCURRENCY,
     LENGTH,
@@ -38,63 +52,34 @@ BENCH_FLAGS = {
     "request_rate": Range(MIN_RATE, MAX_RATE, float, inf_ok=True),
     "burstiness": Range(MIN_BURSTINESS, MAX_BURSTINESS, float, inf_ok=True),
     "duration_s": SECONDS, "warmup": Range(0, MAX_NUM_REQUESTS), "timeout_s": SECONDS,
+    "num_warmups": Range(0, MAX_NUM_REQUESTS), "logprobs": Range(0, 20),
     "metrics_interval_s": Range(0.0, 3600.0, float),  # 0: never scrape
-    "step_ms": STEP_MS,
+    "step_ms": STEP_MS, "port": Range(1, 65535),
+    "random_range_ratio": Range(0.0, 1.0 - 1e-9, float),
+    # sampling: finite (the server bounds them); top_k -1 is vLLM's "off"
+    **{k: Range(-1e6, 1e6, float) for k in ("temperature", "top_p", "min_p",
+                                             "frequency_penalty", "presence_penalty",
+                                             "repetition_penalty")},
+    "top_k": Range(-1, 1 << 31),
 }
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="load an OpenAI-compatible server (or the engine, or the simulator)",
-        description="Send a workload to --target URL (streaming /v1/completions), to the "
+        description="Send a workload to a server (--base-url/--target URL, or --host and "
+                    "--port: streaming /v1/completions or /v1/chat/completions), to the "
                     "in-process engine (--engine) or to the simulator (--sim), and report "
                     "TTFT, TPOT, ITL, E2EL, throughput and goodput with vLLM's definitions.")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--target", metavar="URL", help="base URL, e.g. http://127.0.0.1:8000")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--target", "--base-url", dest="target", metavar="URL",
+                       help="base URL, e.g. http://127.0.0.1:8000 (default: --host, --port)")
     where.add_argument("--engine", action="store_true", help="the real engine, in process")
     where.add_argument("--sim", action="store_true", help="the simulator (virtual clock)")
-    p.add_argument("--model", help="model name sent to the target (default: the first of "
-                   "/v1/models); with --engine the model to load (default: tiny)")
-    w = p.add_argument_group("workload")
-    w.add_argument("--scenario", choices=list_workloads(), help="a built-in workload")
-    w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
-    w.add_argument("--random-input-len", type=int, metavar="N", help="fixed prompt length")
-    w.add_argument("--random-output-len", type=int, metavar="M", help="fixed output length")
-    w.add_argument("--sharegpt", metavar="FILE",
-                   help="(prompt, output) lengths from a ShareGPT-style JSON file")
-    w.add_argument("--tokenizer", metavar="MODEL",
-                   help="with --sharegpt: count tokens with this model's tokenizer (a "
-                        "stepserve model name or a local HF directory; default: estimate "
-                        "4 characters per token)")
-    w.add_argument("--sharegpt-output-len", type=int, metavar="M",
-                   help="with --sharegpt: every output this long instead of the answer's")
-    w.add_argument("--num-prompts", type=int, metavar="K",
-                   help="requests to send (warm-up included)")
-    w.add_argument("--seed", type=int, help="workload seed")
-    w.add_argument("--request-rate", type=float, metavar="R",
-                   help="open loop, req/s (Poisson; inf: all at once)")
-    w.add_argument("--burstiness", type=float, metavar="B",
-                   help="gamma arrivals with this shape (1 = Poisson, below 1 burstier, "
-                        "inf = constant rate)")
-    w.add_argument("--max-concurrency", type=int, metavar="N",
-                   help="closed loop: N requests in flight")
-    w.add_argument("--duration-s", type=float, help="stop sending after this many seconds")
-    w.add_argument("--warmup", type=int, default=0, metavar="N",
-                   help="the first N requests are sent but excluded from the metrics")
-    w.add_argument("--text-prompts", action="store_true",
-                   help="send text prompts instead of token-id lists")
-    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let the model stop at EOS (default: ignore_eos, lengths honoured)")
-    o = p.add_argument_group("output")
-    o.add_argument("--goodput", nargs="+", metavar="KEY:MS",
-                   help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:3000")
-    o.add_argument("--metrics-interval-s", type=float, default=0.5,
-                   help="how often to scrape the target's /metrics (0: never)")
-    o.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
-    o.add_argument("--json", metavar="OUT", help="write the result as JSON")
-    o.add_argument("--csv", metavar="OUT", help="write one row per request")
-    o.add_argument("--markdown", metavar="OUT", help="write the summary table as Markdown")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_request_flags(p)
+    _add_workload_flags(p.add_argument_group("workload"))
+    _add_sampling_flags(p.add_argument_group("sampling (sent in every body)"))
+    _add_output_flags(p.add_argument_group("output"))
     s = p.add_argument_group("--engine / --sim")
     s.add_argument("--config", help="engine config YAML")
     add_cost_model_arguments(s)
@@ -103,23 +88,180 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _add_request_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="with neither URL nor --engine/--sim")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", help="model name sent to the target (default: the first of "
+                   "/v1/models); with --engine the model to load (default: tiny)")
+    p.add_argument("--served-model-name", help="the body's model, if not --model")
+    p.add_argument("--backend", choices=("openai", "vllm", "openai-chat"),
+                   help="openai/vllm: /v1/completions; openai-chat: /v1/chat/completions")
+    p.add_argument("--endpoint", help="/v1/completions (default) or /v1/chat/completions")
+    p.add_argument("--header", nargs="*", action="extend", metavar="KEY=VALUE",
+                   help="headers for every request (repeatable; they win over the key)")
+    p.add_argument("--api-key", help="sent as Bearer (default: $OPENAI_API_KEY)")
+
+
+def _add_workload_flags(w) -> None:
+    w.add_argument("--scenario", choices=list_workloads(), help="a built-in workload")
+    w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
+    w.add_argument("--dataset-name", metavar="NAME",
+                   help="random (the default: --random-input-len 1024, --random-output-len "
+                        "128) or sharegpt (with --dataset-path)")
+    w.add_argument("--dataset-path", "--sharegpt", dest="sharegpt", metavar="FILE",
+                   help="a ShareGPT-style JSON file: (prompt, output) lengths")
+    w.add_argument("--random-input-len", type=int, metavar="N", help="prompt length")
+    w.add_argument("--random-output-len", type=int, metavar="M", help="output length")
+    w.add_argument("--random-range-ratio", type=float, metavar="R",
+                   help="lengths uniform in [n(1-R), n(1+R)] (default 0: fixed)")
+    w.add_argument("--input-len", type=int, help="as --random-input-len")
+    w.add_argument("--output-len", type=int,
+                   help="as --random-output-len, or --sharegpt-output-len with a ShareGPT file")
+    w.add_argument("--tokenizer", metavar="MODEL",
+                   help="a stepserve model name or a local HF directory: count ShareGPT "
+                        "tokens with it, and send text prompts of exact token length")
+    w.add_argument("--sharegpt-output-len", type=int, metavar="M",
+                   help="with a ShareGPT file: every output this long instead of the answer's")
+    w.add_argument("--num-prompts", type=int, metavar="K",
+                   help="requests to send, warm-up included (default 1000; a scenario or "
+                        "workload file: its own)")
+    w.add_argument("--seed", type=int, help="workload seed (default 0)")
+    w.add_argument("--request-rate", type=float, metavar="R",
+                   help="req/s, Poisson (default inf: all at once; a scenario or workload "
+                        "file keeps its own arrivals)")
+    w.add_argument("--burstiness", type=float, metavar="B",
+                   help="gamma arrivals with this shape (1 = Poisson, below 1 burstier, "
+                        "inf = constant rate)")
+    w.add_argument("--max-concurrency", type=int, metavar="N",
+                   help="at most N requests in flight (with rate inf: a closed loop)")
+    w.add_argument("--duration-s", type=float, help="stop sending after this many seconds")
+    w.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="the first N requests are sent but excluded from the metrics")
+    w.add_argument("--num-warmups", type=int, metavar="N",
+                   help="as vLLM: N more requests first, excluded (--num-prompts are measured)")
+    w.add_argument("--token-id-prompts", action="store_true",
+                   help="send token-id lists instead of text (/v1/completions only)")
+    w.add_argument("--text-prompts", action="store_true", help=argparse.SUPPRESS)  # old
+    eos = w.add_mutually_exclusive_group()
+    eos.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=None,
+                     help="run every output to its length (default with random lengths, "
+                          "scenarios and workload files; not with ShareGPT, as vLLM)")
+    eos.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                     help="let the model stop at EOS whatever the dataset")
+
+
+def _add_sampling_flags(g) -> None:
+    for name, kind in (("temperature", float), ("top-p", float), ("top-k", int),
+                       ("min-p", float), ("frequency-penalty", float),
+                       ("presence-penalty", float), ("repetition-penalty", float)):
+        g.add_argument(f"--{name}", type=kind,
+                       help="default 0.0 (greedy)" if name == "temperature" else None)
+    g.add_argument("--logprobs", type=int, metavar="N", help="logprobs per token (completions)")
+    g.add_argument("--extra-body", metavar="JSON", help="more body fields, as a JSON object")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM's command lines; nothing here runs remote code")
+
+
+def _add_output_flags(o) -> None:
+    o.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:3000")
+    o.add_argument("--percentile-metrics", metavar="LIST",
+                   help="of ttft,tpot,itl,e2el (default ttft,tpot,itl), for --save-result")
+    o.add_argument("--metric-percentiles", metavar="LIST",
+                   help="e.g. 25,50,99 (default 99), for --save-result")
+    o.add_argument("--save-result", action="store_true",
+                   help="write vLLM's flat result JSON (its keys, ms)")
+    o.add_argument("--save-detailed", action="store_true",
+                   help="with it the per-request lists (ttfts, itls, texts, errors)")
+    o.add_argument("--result-dir", metavar="DIR", help="where (default: here)")
+    o.add_argument("--result-filename", metavar="NAME",
+                   help="default {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json")
+    o.add_argument("--label", help="the result's label (default: the backend)")
+    o.add_argument("--metadata", nargs="*", action="extend", metavar="KEY=VALUE",
+                   help="more keys for the --save-result file")
+    o.add_argument("--metrics-interval-s", type=float, default=0.5,
+                   help="how often to scrape the target's /metrics (0: never)")
+    o.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
+    o.add_argument("--json", metavar="OUT", help="write our result as JSON")
+    o.add_argument("--csv", metavar="OUT", help="write one row per request")
+    o.add_argument("--markdown", metavar="OUT", help="write the summary table as Markdown")
+    o.add_argument("--no-progress", "--disable-tqdm", dest="no_progress",
+                   action="store_true", help="no progress bar")
+
+
+def _extra_body(text: str | None) -> dict:
+    if text is None:
+        return {}
+    try:
+        body = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--extra-body: not valid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise UsageError("--extra-body: expected a JSON object, e.g. '{\"min_tokens\": 4}'")
+    return body
+
+
+def request_shape(args: argparse.Namespace) -> RequestShape:
+    key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
+    extra = _extra_body(args.extra_body)
+    if args.logprobs is not None:
+        extra = {"logprobs": args.logprobs, **extra}
+    return RequestShape(
+        endpoint=pick_endpoint(args.backend, args.endpoint), sampling=sampling_fields(vars(args)),
+        extra_body=extra,
+        headers=request_headers(key, key_values("--header", args.header)),
+        served_model_name=args.served_model_name)
+
+
+def workload_options(args: argparse.Namespace) -> BenchWorkloadOptions:
+    """The workload flags; vLLM's general --input-len/--output-len mapped onto the
+    dataset's own."""
+    input_len = args.input_len if args.input_len is not None else args.random_input_len
+    output_len, sharegpt_output_len = args.random_output_len, args.sharegpt_output_len
+    if args.output_len is not None:
+        if args.sharegpt:
+            sharegpt_output_len = args.output_len
+        else:
+            output_len = args.output_len
+    num_prompts, warmup = args.num_prompts, args.warmup
+    if args.num_warmups:  # vLLM's warm-ups come on top of the measured prompts
+        if warmup:
+            raise UsageError("give --warmup N (the first N of --num-prompts) or "
+                             "--num-warmups N (N more), not both")
+        if num_prompts is None and (args.scenario or args.workload):
+            raise UsageError("--num-warmups with a scenario or workload file needs "
+                             "--num-prompts")
+        num_prompts = (num_prompts or DEFAULT_NUM_PROMPTS) + args.num_warmups
+        warmup = args.num_warmups
+    return BenchWorkloadOptions(
+        scenario=args.scenario, workload=args.workload, dataset_name=args.dataset_name,
+        random_input_len=input_len, random_output_len=output_len,
+        random_range_ratio=args.random_range_ratio, sharegpt=args.sharegpt,
+        tokenizer=args.tokenizer, sharegpt_output_len=sharegpt_output_len,
+        num_prompts=num_prompts, seed=args.seed, request_rate=args.request_rate,
+        burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=warmup)
+
+
 def bench_options(args: argparse.Namespace) -> BenchOptions:
-    workload = BenchWorkloadOptions(
-        scenario=args.scenario, workload=args.workload,
-        random_input_len=args.random_input_len, random_output_len=args.random_output_len,
-        sharegpt=args.sharegpt, tokenizer=args.tokenizer,
-        sharegpt_output_len=args.sharegpt_output_len, num_prompts=args.num_prompts,
-        seed=args.seed, request_rate=args.request_rate, burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency, warmup=args.warmup)
+    target = args.target
+    if target is None and not (args.engine or args.sim):
+        target = f"http://{args.host}:{args.port}"  # vLLM's default target
+    save = SaveOptions(
+        save=args.save_result, detailed=args.save_detailed, result_dir=args.result_dir,
+        result_filename=args.result_filename, label=args.label,
+        metadata=key_values("--metadata", args.metadata),
+        percentile_metrics=parse_metric_names(args.percentile_metrics),
+        metric_percentiles=parse_percentiles(args.metric_percentiles))
     return BenchOptions(
-        target=args.target, engine=args.engine, sim=args.sim, model=args.model,
-        workload=workload, duration_s=args.duration_s, text_prompts=args.text_prompts,
-        ignore_eos=args.ignore_eos,
+        target=target, engine=args.engine, sim=args.sim, model=args.model,
+        workload=workload_options(args), duration_s=args.duration_s,
+        token_id_prompts=args.token_id_prompts, ignore_eos=args.ignore_eos,
+        shape=request_shape(args), backend=args.backend or "openai",
         goodput=tuple(args.goodput) if args.goodput is not None else None,
         metrics_interval_s=args.metrics_interval_s, timeout_s=args.timeout_s,
         json_out=args.json, csv_out=args.csv, markdown_out=args.markdown,
         progress=not args.no_progress, config=config_overrides(args),
-        cost=cost_model_options(args))
+        cost=cost_model_options(args), save=save)
 
 
 @reports_usage_errors

@@ -24,6 +24,9 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--long", type=int, default=d.long, help="long output length (tokens)")
     p.add_argument("--sim-requests", type=int, default=6400, help="simulated requests")
     p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
+    p.add_argument("--cost", metavar="constant|roofline|FILE",
+                   help="the simulator's cost model: a `stepserve profile` file predicts "
+                        "this machine (default: SmolLM2 on an H100's roofline)")
     p.set_defaults(func=demo_command)
     return p
 
@@ -32,4 +35,4 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
 def demo_command(args: argparse.Namespace) -> int:
     check_flags(args, DEMO_FLAGS)
     return run_demo(DemoOptions(args.model, args.requests, args.short, args.long,
-                                args.sim_requests, args.json))
+                                args.sim_requests, args.json, args.cost))

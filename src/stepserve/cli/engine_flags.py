@@ -1,15 +1,34 @@
 """The engine settings as vLLM-style flags (`--max-num-seqs 40`,
 `--no-enable-chunked-prefill`), one per config field, with the field's help text and
-choices; shared by generate, serve, simulate, bench and sweep."""
+choices; shared by generate, serve, simulate, bench and sweep. vLLM's own names for
+settings we name otherwise are aliases (`--num-gpu-blocks-override` is
+`--num-gpu-blocks`, `--scheduling-policy` is `--policy`, `--kv-cache-memory-bytes` is
+`--kv-cache-memory`, which reads sizes as vLLM does: `4GiB`, `4G`, `512MiB`).
+Also here: `--dtype` with vLLM's values, and `--enable-prefix-caching`, accepted and
+ignored with one warning (there is no prefix cache: see docs/guide.md)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from stepserve.cli.vllm_args import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
 from stepserve.config import EngineConfig
-from stepserve.config_load import ConfigOverrides, config_fields, parse_bool
+from stepserve.config_load import (
+    TEXT_VALUES,
+    VLLM_ALIASES,
+    ConfigOverrides,
+    config_fields,
+    parse_bool,
+)
+from stepserve.engine.dtypes import DTYPE_CHOICES
 from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
+
+PREFIX_CACHING_WARNING = (
+    "warning: --enable-prefix-caching: stepserve has no prefix cache, so every prompt is "
+    "prefilled in full; outputs are the same, only repeated prefixes cost more. The flag "
+    "is accepted for vLLM compatibility and changes nothing.")
 
 
 def bool_flag(text: str) -> bool:
@@ -20,21 +39,43 @@ def bool_flag(text: str) -> bool:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _text_type(reader):
+    """argparse's type for a setting read from text (a size: parse_size)."""
+    def read(text: str):
+        try:
+            return reader(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    read.__name__ = reader.__name__
+    return read
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per config field; defaults are None so only given flags apply."""
+    """Add one flag per config field (and vLLM's name for it, where it differs);
+    defaults are None so only given flags apply."""
     group = parser.add_argument_group("engine settings (vLLM-style flags; override --config)")
+    aliases: dict[str, list[str]] = {}
+    for vllm_name, ours in VLLM_ALIASES.items():
+        aliases.setdefault(ours, []).append("--" + vllm_name.replace("_", "-"))
     for _section, f in config_fields():
         meta = f.metadata
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, [])]
         kind = meta["kind"]
         if kind is bool:
-            group.add_argument(flag, dest=f.name, type=bool_flag, nargs="?", const=True,
+            group.add_argument(*flags, dest=f.name, type=bool_flag, nargs="?", const=True,
                                default=None, help=meta["help"])
             group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                                action="store_false", help=argparse.SUPPRESS)
         else:
-            group.add_argument(flag, dest=f.name, type=kind, default=None,
-                               choices=meta["choices"], help=meta["help"])
+            reader = TEXT_VALUES.get(f.name)
+            group.add_argument(*flags, dest=f.name, default=None, choices=meta["choices"],
+                               type=_text_type(reader) if reader else kind,
+                               help=meta["help"])
+    group.add_argument("--enable-prefix-caching", type=bool_flag, nargs="?", const=True,
+                       default=None, help="accepted for vLLM compatibility; stepserve has "
+                       "no prefix cache, so true only prints a warning")
+    group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                       action="store_false", help=argparse.SUPPRESS)
 
 
 def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,13 +85,30 @@ def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
-    """--config FILE (where the command has it) and the engine flags given."""
-    return ConfigOverrides(getattr(args, "config", None), flag_changes(args))
+    """--config FILE (where the command has it) and the engine flags given; warns once
+    when prefix caching was asked for. A problem with a vLLM-style file found while
+    parsing (cli/vllm_args.py) is raised here, as the command's UsageError."""
+    problem = getattr(args, CONFIG_PROBLEM_DEST, None)
+    if problem is not None:
+        raise problem
+    if getattr(args, "enable_prefix_caching", None):
+        print(PREFIX_CACHING_WARNING, file=sys.stderr)
+    return ConfigOverrides(getattr(args, "config", None), flag_changes(args),
+                           getattr(args, COMMAND_KEYS_DEST, frozenset()))
 
 
 def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None) -> EngineConfig:
     """Config file (args.config, if any) then any flags given on top."""
     return config_overrides(args).apply(base)
+
+
+# ---- --dtype ----
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="weights and KV cache dtype, as vLLM takes it: auto (float32 on "
+                             "CPU, the checkpoint's float16/bfloat16 on CUDA, a float32 "
+                             "checkpoint as float16), half = float16, float = float32")
 
 
 # ---- --quantization ----

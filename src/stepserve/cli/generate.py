@@ -6,6 +6,7 @@ import argparse
 
 from stepserve.cli.engine_flags import (
     add_config_arguments,
+    add_dtype_argument,
     add_quantization_argument,
     config_overrides,
 )
@@ -25,7 +26,7 @@ def add_generate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_dtype_argument(g)
     g.add_argument("--device", default="cpu")
     g.add_argument("--config", help="engine config YAML")
     add_quantization_argument(g)

@@ -24,86 +24,51 @@ PLAN_FLAGS = {"concurrency": Range(1, limits.MAX_NUM_SEQS), "max_len": limits.LE
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `plan` and its subcommands to a parent's `add_subparsers()` object."""
     plan = subparsers.add_parser(
-        "plan",
-        help="capacity and speedup arithmetic (no model, no simulation)",
-        description="Back-of-the-envelope planning: the seed's worked arithmetic, exact.",
-    )
+        "plan", help="capacity and speedup arithmetic (no model, no simulation)",
+        description="Back-of-the-envelope planning: the seed's worked arithmetic, exact.")
     sub = plan.add_subparsers(dest="plan_command", metavar="{speedup,capacity,models}")
     sub.required = True
-
-    p = sub.add_parser(
-        "speedup",
-        help="slot utilisation of static batching and the continuous-batching cap",
-        description="Static batching runs each batch until its longest request ends; "
-        "requests fill batches of --concurrency in the order given.",
-    )
-    p.add_argument(
-        "--group",
-        action="append",
-        required=True,
-        metavar="COUNTxLENGTH",
-        help="COUNT requests of LENGTH output tokens, e.g. 10x2000; repeatable",
-    )
-    p.add_argument(
-        "--concurrency",
-        type=int,
-        required=True,
-        metavar="N",
-        help="slots per static batch (max_num_seqs)",
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=speedup_command)
-
-    p = sub.add_parser(
-        "capacity",
-        help="sequences per replica from KV memory, max_num_seqs, replicas",
-        description="Sizes concurrency by the worst case: every sequence may reach --max-len.",
-    )
-    p.add_argument(
-        "--kv-memory",
-        required=True,
-        metavar="SIZE",
-        help="KV cache memory per replica, e.g. 38GB or 35GiB",
-    )
-    per_token = p.add_mutually_exclusive_group(required=True)
-    per_token.add_argument(
-        "--kv-bytes-per-token",
-        metavar="SIZE",
-        help="KV bytes per token over all layers, e.g. 192KiB",
-    )
-    per_token.add_argument(
-        "--model-spec",
-        metavar="NAME",
-        help="derive KV bytes per token from a preset (see `plan models`)",
-    )
-    p.add_argument(
-        "--max-len",
-        type=int,
-        required=True,
-        metavar="N",
-        help="longest sequence (prompt + output) in tokens, i.e. max_model_len",
-    )
-    p.add_argument(
-        "--headroom",
-        type=float,
-        default=0.15,
-        metavar="F",
-        help="share of KV memory kept free when setting max_num_seqs (default 0.15)",
-    )
-    p.add_argument(
-        "--peak-concurrency",
-        type=int,
-        required=True,
-        metavar="N",
-        help="concurrent requests at peak",
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=capacity_command)
-
+    _add_speedup(sub)
+    _add_capacity(sub)
     p = sub.add_parser("models", help="list the model spec presets")
     p.add_argument("--json", action="store_true", help="print the presets as JSON")
     p.set_defaults(func=models_command)
     return plan
+
+
+def _add_speedup(sub: Any) -> None:
+    p = sub.add_parser(
+        "speedup", help="slot utilisation of static batching and the continuous-batching cap",
+        description="Static batching runs each batch until its longest request ends; "
+                    "requests fill batches of --concurrency in the order given.")
+    p.add_argument("--group", action="append", required=True, metavar="COUNTxLENGTH",
+                   help="COUNT requests of LENGTH output tokens, e.g. 10x2000; repeatable")
+    p.add_argument("--concurrency", type=int, required=True, metavar="N",
+                   help="slots per static batch (max_num_seqs)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=speedup_command)
+
+
+def _add_capacity(sub: Any) -> None:
+    p = sub.add_parser(
+        "capacity", help="sequences per replica from KV memory, max_num_seqs, replicas",
+        description="Sizes concurrency by the worst case: every sequence may reach --max-len.")
+    p.add_argument("--kv-memory", required=True, metavar="SIZE",
+                   help="KV cache memory per replica, e.g. 38GB or 35GiB")
+    per_token = p.add_mutually_exclusive_group(required=True)
+    per_token.add_argument("--kv-bytes-per-token", metavar="SIZE",
+                           help="KV bytes per token over all layers, e.g. 192KiB")
+    per_token.add_argument("--model-spec", metavar="NAME",
+                           help="derive KV bytes per token from a preset (see `plan models`)")
+    p.add_argument("--max-len", type=int, required=True, metavar="N",
+                   help="longest sequence (prompt + output) in tokens, i.e. max_model_len")
+    p.add_argument("--headroom", type=float, default=0.15, metavar="F",
+                   help="share of KV memory kept free when setting max_num_seqs "
+                        "(default 0.15)")
+    p.add_argument("--peak-concurrency", type=int, required=True, metavar="N",
+                   help="concurrent requests at peak")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=capacity_command)
 
 
 @reports_usage_errors

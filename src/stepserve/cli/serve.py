@@ -1,6 +1,7 @@
 """`stepserve serve`: the OpenAI-compatible server on a real model.
 
     stepserve serve --model default --config pool.yaml --max-num-seqs 40 --port 8000
+    stepserve serve MODEL --max_num_seqs 40 --config vllm.yaml   (vLLM's habits too)
 """
 
 from __future__ import annotations
@@ -13,23 +14,30 @@ from dataclasses import dataclass
 
 from stepserve.cli.engine_flags import (
     add_config_arguments,
+    add_dtype_argument,
     add_quantization_argument,
     config_overrides,
 )
 from stepserve.config import ConfigError
 from stepserve.config_load import ConfigOverrides
+from stepserve.limits import MAX_SEED
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
 
 
 def add_serve_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as `vllm serve MODEL` takes it (wins over --model)")
     p.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
     p.add_argument("--served-model-name", default=None,
                    help="the name clients pass as `model` (default: --model)")
     p.add_argument("--config", help="engine config YAML")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=8000)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_dtype_argument(p)
+    p.add_argument("--seed", type=seed_number, default=0,
+                   help="seeds the engine's random numbers at startup, so requests without "
+                        "a seed of their own sample reproducibly (vLLM's default, 0)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--retry-after", type=int, default=1, metavar="S",
                    help="Retry-After seconds of a 429 (queue full)")
@@ -43,6 +51,15 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     add_quantization_argument(p)
+    p.add_argument("--uvicorn-log-level", default=None,
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="the HTTP server's log level (default: --log-level)")
+    p.add_argument("--pools", metavar="FILE",
+                   help="engine replicas in pools with routing rules (YAML: replicas, "
+                        "router, pools, routing); runs on Ray Serve (the cluster extra)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="run the replicas on this Ray cluster (default with --replicas > 1 "
+                        "or --pools: a local, loopback-only Ray instance)")
     add_config_arguments(p)
     p.set_defaults(func=serve_command)
 
@@ -68,13 +85,25 @@ def request_bytes(text: str) -> int:
     return n
 
 
+def seed_number(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{seed}: must be in [0, {MAX_SEED}]")
+    return seed
+
+
 def serve_command(args: argparse.Namespace) -> int:
     return run_serve(ServeOptions(
-        model=args.model, served_model_name=args.served_model_name, host=args.host,
-        port=args.port, dtype=args.dtype, quantization=args.quantization,
-        device=args.device, retry_after_s=args.retry_after,
-        shutdown_timeout_s=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
-        log_level=args.log_level, config=config_overrides(args)))
+        model=args.model_tag or args.model, served_model_name=args.served_model_name,
+        host=args.host, port=args.port, dtype=args.dtype,
+        quantization=args.quantization, device=args.device,
+        retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
+        max_request_bytes=args.max_request_bytes, log_level=args.log_level,
+        uvicorn_log_level=args.uvicorn_log_level, seed=args.seed,
+        pools=args.pools, ray_address=args.ray_address, config=config_overrides(args)))
 
 
 # ---- the job (server/ is the place for it; it lives here until that package is free) ----
@@ -85,20 +114,27 @@ class ServeOptions:
     served_model_name: str | None = None  # default: the model
     host: str = "127.0.0.1"
     port: int = 8000
-    dtype: str = "float32"
-    quantization: str = "auto"
+    dtype: str = "auto"  # vLLM's values (engine_flags.DTYPE_CHOICES)
+    quantization: str = "auto"  # weight mode (model/modes.py)
     device: str = "cpu"
+    seed: int = 0  # the engine's random numbers at startup
     retry_after_s: int = 1  # Retry-After of a 429 (queue full)
     shutdown_timeout_s: float = 30.0  # how long in-flight requests may finish on a signal
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_level: str = "info"
+    uvicorn_log_level: str | None = None  # default: log_level
     config: ConfigOverrides = ConfigOverrides()
+    pools: str | None = None  # a pools file: the replicas run on Ray Serve (cluster/)
+    ray_address: str | None = None  # the Ray cluster to run them on (cluster/)
 
 
 def run_serve(options: ServeOptions) -> int:
     """Serve until a signal; the exit status (1 when the engine died)."""
     o = options
+    if on_cluster(o):
+        return serve_on_cluster(o)
     try:
+        from stepserve.engine.dtypes import resolve_dtype
         from stepserve.engine.llm_engine import LLMEngine
         from stepserve.server.api import create_app
         from stepserve.server.http_server import make_server
@@ -111,7 +147,10 @@ def run_serve(options: ServeOptions) -> int:
     try:
         check_can_listen(o.host, o.port)  # before minutes of model loading
         o.config.apply()  # a bad setting fails before minutes of model loading
-        engine = LLMEngine(o.model, o.config, dtype=o.dtype, device=o.device,
+        dtype = resolve_dtype(o.dtype, o.model, o.device)
+        seed_engine(o.seed)
+        engine = LLMEngine(o.model, o.config, dtype=dtype, device=o.device,
+                           strict_max_model_len=o.config.sets("max_model_len"),
                            quantization=o.quantization)
     except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -122,7 +161,7 @@ def run_serve(options: ServeOptions) -> int:
                      max_request_bytes=o.max_request_bytes)
     print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1 "
           f"({engine.runner.describe()})", file=sys.stderr)
-    server = make_server(app, o.host, o.port, log_level=o.log_level)
+    server = make_server(app, o.host, o.port, log_level=o.uvicorn_log_level or o.log_level)
     server.run()
     if server.exit_code:
         fault = app.state.async_engine.fault
@@ -131,6 +170,44 @@ def run_serve(options: ServeOptions) -> int:
         return server.exit_code
     print("stepserve: server stopped", file=sys.stderr)
     return 0
+
+
+def seed_engine(seed: int) -> None:
+    """Seed the random numbers requests without a seed of their own draw from (torch's
+    and Python's), as vLLM's --seed does at startup."""
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def on_cluster(o: ServeOptions) -> bool:
+    """Replicas, pools or a Ray address: the engines run on Ray Serve (cluster/)."""
+    try:
+        replicas = o.config.apply().replicas
+    except ValueError:
+        replicas = 1  # the single-process path reports the mistake
+    return replicas > 1 or o.pools is not None or o.ray_address is not None
+
+
+def serve_on_cluster(o: ServeOptions) -> int:
+    from stepserve.cluster.job import ClusterServeOptions, run_cluster_serve
+    from stepserve.engine.dtypes import resolve_dtype
+
+    try:
+        check_can_listen(o.host, o.port)  # before Ray starts and models load
+        dtype = resolve_dtype(o.dtype, o.model, o.device)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run_cluster_serve(ClusterServeOptions(
+        model=o.model, served_model_name=o.served_model_name, host=o.host, port=o.port,
+        dtype=dtype, device=o.device, retry_after_s=o.retry_after_s,
+        shutdown_timeout_s=o.shutdown_timeout_s, max_request_bytes=o.max_request_bytes,
+        log_level=o.log_level, config=o.config, pools_file=o.pools,
+        ray_address=o.ray_address))
 
 
 def check_can_listen(host: str, port: int) -> None:

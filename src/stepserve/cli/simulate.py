@@ -30,6 +30,7 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="override the arrival rate (req/s)")
     p.add_argument("--seed", type=int, help="override the workload seed")
     add_cost_model_arguments(p, default=None)
+    add_pools_argument(p)
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_arguments(p)
@@ -48,6 +49,13 @@ def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
     p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
 
 
+def add_pools_argument(p) -> None:
+    """--pools FILE: shared by simulate, sweep and serve."""
+    p.add_argument("--pools", metavar="FILE",
+                   help="a pools file (replicas, router, pools, routing rules; see "
+                        "docs/guide.md): each run becomes that deployment")
+
+
 def cost_model_options(args: argparse.Namespace) -> CostModelOptions:
     return CostModelOptions(args.cost, args.step_ms, args.hardware, args.model_spec)
 
@@ -58,7 +66,8 @@ def simulate_options(args: argparse.Namespace) -> SimulateOptions:
         runs=tuple(args.runs.split(",")) if args.runs else None,
         overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
                                     seed=args.seed),
-        cost=cost_model_options(args), json_out=args.json, progress=not args.no_progress)
+        cost=cost_model_options(args), json_out=args.json, progress=not args.no_progress,
+        pools=args.pools)
 
 
 @reports_usage_errors

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
-from stepserve.cli.simulate import add_cost_model_arguments, cost_model_options
+from stepserve.cli.simulate import (
+    add_cost_model_arguments,
+    add_pools_argument,
+    cost_model_options,
+)
 from stepserve.cli_errors import reports_usage_errors
 from stepserve.limits import REQUESTS, SECONDS, SEED, STEP_MS, Range, check_flags
 from stepserve.sim.scenarios import SCENARIOS
@@ -62,11 +66,16 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--p99-metric", default=P99_METRIC,
                    help=f"the tail metric for the knee (default {P99_METRIC})")
     add_cost_model_arguments(p, default=None)
+    add_pools_argument(p)
     live = p.add_argument_group("--target (a live OpenAI-compatible server)")
     live.add_argument("--target", metavar="URL",
                       help="sweep the load (--vary rate=... or concurrency=...) against this "
                            "server instead of the simulator; the workload comes from "
                            "--scenario or --workload")
+    live.add_argument("--predict", metavar="COST_FILE",
+                      help="also run the same points in the simulator with this cost file "
+                           "(`stepserve profile`), as a second series: both knees, both "
+                           "curves on one plot; engine flags then describe the server")
     live.add_argument("--model", help="model name sent (default: the first of /v1/models)")
     live.add_argument("--warmup", type=int, default=0, metavar="N",
                       help="per point, the first N requests are excluded from the metrics")
@@ -92,7 +101,7 @@ def sweep_options(args: argparse.Namespace) -> SweepOptions:
         slo=tuple(args.slo), min_throughput_gain=args.min_throughput_gain,
         max_p99_rise=args.max_p99_rise, p99_metric=args.p99_metric,
         cost=cost_model_options(args), live=live, json_out=args.json, report=args.report,
-        quiet=args.quiet)
+        quiet=args.quiet, pools=args.pools, predict=args.predict)
 
 
 @reports_usage_errors

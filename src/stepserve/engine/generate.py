@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stepserve.cli_errors import UsageError, report_error
 from stepserve.config import ConfigError
 from stepserve.config_load import ConfigOverrides
+from stepserve.engine.dtypes import resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class GenerateOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    dtype: str = "float32"
+    dtype: str = "auto"  # vLLM's values (engine/dtypes.py)
     quantization: str = "auto"  # weight mode (model/modes.py)
     device: str = "cpu"
     config: ConfigOverrides = ConfigOverrides()
@@ -61,7 +62,9 @@ def run_generate(options: GenerateOptions) -> int:
         params = SamplingParams(max_tokens=o.max_tokens, temperature=o.temperature,
                                 top_p=o.top_p, top_k=o.top_k, seed=o.seed,
                                 stop=tuple(o.stop), ignore_eos=o.ignore_eos)
-        engine = LLMEngine(o.model, o.config, dtype=o.dtype, device=o.device,
+        engine = LLMEngine(o.model, o.config, device=o.device,
+                           dtype=resolve_dtype(o.dtype, o.model, o.device),
+                           strict_max_model_len=o.config.sets("max_model_len"),
                            quantization=o.quantization)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         return report_error(e)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from stepserve.clock import Clock, WallClock
-from stepserve.config import EngineConfig
+from stepserve.config import ConfigError, EngineConfig
 from stepserve.config_load import ConfigOverrides
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import StepResult
@@ -36,18 +36,26 @@ class LLMEngine:
     def __init__(self, model: str | Path = "default",
                  config: EngineConfig | ConfigOverrides | None = None, *,
                  dtype: str = "float32", device: str = "cpu", clock: Clock | None = None,
-                 runner=None, quantization: str | None = "auto") -> None:
+                 runner=None, strict_max_model_len: bool = False,
+                 quantization: str | None = "auto") -> None:
         """`config`: a complete EngineConfig is used as it is; settings (ConfigOverrides,
         or None for none) are applied on the hardware's scheduling defaults
         (step_budget.py). `runner`: reuse an already loaded TorchRunner (its weights and
         KV store) instead of loading `model` again; this engine gets a fresh KV block
-        manager over it. `quantization`: the weight mode (model/modes.py)."""
+        manager over it. A max_model_len beyond the model's is lowered to it, or with
+        `strict_max_model_len` (the user chose it) refused, as vLLM does.
+        `quantization`: the weight mode (model/modes.py)."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
         overrides = ConfigOverrides() if config is None else config
         if isinstance(overrides, ConfigOverrides):
             config = overrides.apply()  # the user's settings on the plain defaults
         assert isinstance(config, EngineConfig)
+        if config.replicas > 1:  # one engine here; replicas run on Ray Serve (cluster/)
+            raise ValueError(
+                f"replicas = {config.replicas}: LLM and LLMEngine run one engine in this "
+                f"process; serve replicas with `stepserve serve --replicas {config.replicas}` "
+                "(Ray Serve: pip install -e '.[cluster]')")
         if runner is None:
             runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device,
                                              quantization=quantization)
@@ -61,7 +69,14 @@ class LLMEngine:
                 log.info("CPU scheduling defaults: %s", self.step_budget.describe())
         limit = self.runner.args.max_position_embeddings
         if limit and config.scheduler.max_model_len > limit:
+            if strict_max_model_len:
+                raise ConfigError(
+                    f"max_model_len = {config.scheduler.max_model_len} is more than the model "
+                    f"allows: {limit} (max_position_embeddings in its config.json); lower "
+                    "--max-model-len")
             config = config.replace(max_model_len=limit)  # the model cannot go further
+        if runner.num_cpu_blocks != config.cache.num_cpu_blocks:  # sized by swap_space
+            config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)
         self.config = config
         self.clock = clock or WallClock()
         self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks,

@@ -3,8 +3,9 @@ seed's alert rules fire.
 
 RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary"}],
 "findings": [...]}` of any version (the stored findings are ignored: the rules are
-applied afresh), or a bare summary dict; each summary is read as a RunSummary, whose
-fields the file lacks are None. `--url` scrapes a live server's /metrics over a window instead
+applied afresh), a bare summary dict, or a `vllm bench serve --save-result` file
+(metrics/vllm_summary.py; the report then says which rules need server-side data);
+each summary is read as a RunSummary, whose fields the file lacks are None. `--url` scrapes a live server's /metrics over a window instead
 (metrics/live.py) and applies the same rules to what it saw; the JSON then also carries
 that "summary", the server's "config" and the rules "not_evaluable" for lack of data.
 A missing or malformed file, one without runs or with impossible values (a negative
@@ -31,13 +32,16 @@ from stepserve.metrics.live import (
     LiveScrapeError,
     live_config,
     live_summary,
+    pool_windows,
     scrape_window,
     window_notes,
 )
+from stepserve.metrics.prometheus import Snapshot
 from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values
+from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
 from stepserve.user_files import load_json
 
 # --window-s and --interval-s: a millisecond to a month; at most MAX_SCRAPES snapshots
@@ -58,6 +62,7 @@ class Run:
     summary: RunSummary
     batching: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    client_only: bool = False  # a vLLM bench result: no server-side numbers
 
     def rule_settings(self) -> RuleSettings:
         return RuleSettings.of(self.summary, self.config, self.batching)
@@ -69,6 +74,10 @@ def load_runs(path: str) -> list[Run]:
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a JSON object, got {type(data).__name__}")
     check_schema(data, path)
+    if is_vllm_result(data):
+        name = str(data.get("label") or data.get("backend") or Path(path).stem)
+        run = _checked(path, name, vllm_summary(data).to_json(), None, {})
+        return [Run(run.name, run.summary, client_only=True)]
     if "runs" not in data:
         if not any(k in data for k in _SUMMARY_MARKERS):
             raise UsageError(f"{path}: neither a result file (no \"runs\") nor a summary "
@@ -128,13 +137,24 @@ def run_doctor(options: DoctorOptions) -> int:
     if options.url is not None:
         return run_live(options, options.url)
     runs = load_runs(options.result)
+    client_only = {run.name: unevaluable(run.summary) for run in runs if run.client_only}
     if options.as_json:
         rows = [f.to_json() for f in findings_for(runs)]
-        print(json.dumps({"findings": rows}, indent=2))
+        extra = {"not_evaluable": next(iter(client_only.values()))} if client_only else {}
+        print(json.dumps({"findings": rows, **extra}, indent=2))
     else:
         print(format_report([(run, diagnose(run.summary, run.rule_settings()))
                              for run in runs]))
+        for missing in client_only.values():
+            print(client_only_note(missing))
     return 0
+
+
+def client_only_note(missing: Mapping[str, list[str]]) -> str:
+    """One line: which rules a client-side (vLLM bench) result cannot feed."""
+    return (f"  a client-side vLLM bench result: {len(missing)} rule(s) cannot run without "
+            f"server-side data ({', '.join(missing) or 'none'}); run `stepserve doctor "
+            "--url` or `stepserve bench --target` (it scrapes /metrics) for those")
 
 
 def run_live(options: DoctorOptions, url: str) -> int:
@@ -144,20 +164,36 @@ def run_live(options: DoctorOptions, url: str) -> int:
         raise UsageError(f"--window-s {window_s:g} / --interval-s {interval_s:g}: "
                          f"more than {MAX_SCRAPES:,} scrapes; scrape less often")
     try:
-        snapshots = scrape_window(url, window_s, interval_s)
+        window = scrape_window(url, window_s, interval_s)
     except LiveScrapeError as exc:
         raise UsageError(str(exc)) from None
-    summary, config = live_summary(snapshots), live_config(snapshots[-1])
-    run = Run(name=url, summary=summary, batching=config.get("batching"), config=config)
-    found = diagnose(summary, run.rule_settings())
+    results = live_runs(url, window.snapshots)
+    (run, _), pools = results[0], results[1:]
+    summary, config = run.summary, run.config
     missing = unevaluable(summary)
     if options.as_json:
-        rows = [f.on_run(run.name).to_json() for f in found]
+        rows = [f.on_run(r.name).to_json() for r, fs in results for f in fs]
         print(json.dumps({"findings": rows, "summary": summary.to_json(), "config": config,
-                          "not_evaluable": missing}, indent=2))
+                          "not_evaluable": missing, "failed_scrapes": window.failures,
+                          **({"pools": {r.name: r.summary.to_json() for r, _ in pools}}
+                             if pools else {})}, indent=2))
     else:
-        print("\n".join([format_report([(run, found)]), *window_notes(summary, missing)]))
+        print("\n".join([format_report(results),
+                          *window_notes(summary, missing, window.failures)]))
     return 0
+
+
+def live_runs(url: str, snapshots: list[Snapshot]) -> list[tuple[Run, list[Finding]]]:
+    """The rules on the whole server's window, then on each pool's (a cluster ingress
+    labels every series with its replica's `pool`): a finding names the pool it is in."""
+    windows = [(url, snapshots)] + [(f"{url} pool {name}", part)
+                                    for name, part in pool_windows(snapshots).items()]
+    out = []
+    for name, part in windows:
+        summary, config = live_summary(part), live_config(part[-1])
+        run = Run(name=name, summary=summary, batching=config.get("batching"), config=config)
+        out.append((run, diagnose(summary, run.rule_settings())))
+    return out
 
 
 def format_report(results: list[tuple[Run, list[Finding]]]) -> str:

@@ -2,7 +2,9 @@
 fields the alert rules read (metrics/rules.py), for `stepserve doctor --url`.
 
 Levels (gauges) are read at every scrape; counters and histograms as the increase from
-the first scrape to the last, so every key describes the window only. Which series feed a
+the first scrape to the last, so every key describes the window only. A scrape that fails
+inside the window (a timeout, a 503, a half-written answer) is skipped and reported, not
+fatal; the first is tried twice, and a window needs two scrapes that worked. Which series feed a
 key depends on the server (metrics/prometheus.py names them per source); a key the server
 has no series for stays None, and the rules reading it stay silent.
 
@@ -24,8 +26,9 @@ Summary keys:
   approximation of the offline key (prefill / all computed tokens): servers count a
   request's prompt tokens once (stepserve at its first token, SGLang when it finishes),
   prefix-cache hits included and recomputation after a preemption left out;
-  mean_step_s: mean engine step time (step_duration_seconds on ours, TGI's
-  batch_inference_duration; vLLM and SGLang expose no step time);
+  mean_step_s, step_p50_s, step_p99_s: engine step time, mean and quantiles
+  (step_duration_seconds on ours, TGI's batch_inference_duration; vLLM and SGLang expose
+  no step time);
   from our own server only: steps, prefill_step_share and zero_decode_step_share
   (counter increases / steps), active_ratio_mean and slot_utilization (increase of
   active_sequence_steps / increase of held_slot_steps: the slot-weighted mean active
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -64,6 +68,7 @@ LIVE_KEYS = (
     "preemptions", "requests_finished", "prompt_tokens", "generation_tokens",
     "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s",
     "p99_p50_ttft_ratio", "p99_p50_e2e_ratio", "prefill_token_share", "mean_step_s",
+    "step_p50_s", "step_p99_s",
     "steps", "prefill_step_share", "zero_decode_step_share", "active_ratio_mean",
     "slot_utilization",
 )
@@ -97,24 +102,53 @@ def fetch(client: httpx.Client, url: str) -> Snapshot:
     return snap
 
 
+@dataclass
+class ScrapeWindow:
+    """The scrapes of a window that worked, in time order, and one line per one that
+    failed (skipped)."""
+
+    snapshots: list[Snapshot]
+    failures: list[str] = field(default_factory=list)
+    attempts: int = 0
+
+
 def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTERVAL_S
-                  ) -> list[Snapshot]:
+                  ) -> ScrapeWindow:
     """Scrapes evenly spread over `window_s`, about every `interval_s`, at least two (the
-    first at once, the last at the window's end)."""
+    first at once, the last at the window's end). A failed scrape is skipped; the first
+    one is retried once at once (a target that is not there is reported without waiting
+    out the window), and LiveScrapeError comes when fewer than two scrapes worked."""
     if window_s <= 0 or interval_s <= 0:
         raise LiveScrapeError(f"window {window_s:g} s, interval {interval_s:g} s: both must "
                               "be positive")
     target = metrics_url(url)
     n = max(2, round(window_s / interval_s) + 1)
-    snaps: list[Snapshot] = []
+    out = ScrapeWindow([])
     with httpx.Client(timeout=SCRAPE_TIMEOUT_S) as client:
         t0 = time.monotonic()
         for i in range(n):
             wait = t0 + window_s * i / (n - 1) - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            snaps.append(fetch(client, target))
-    return snaps
+            _scrape_once(client, target, out, retry=i == 0)
+    if len(out.snapshots) < 2:
+        raise LiveScrapeError(f"only {len(out.snapshots)} of {out.attempts} scrapes of "
+                              f"{target} worked; a window needs two. {out.failures[-1]}")
+    return out
+
+
+def _scrape_once(client: httpx.Client, target: str, out: ScrapeWindow, retry: bool) -> None:
+    """One scrape into `out`; with `retry` (the window's first) a second try, and a
+    LiveScrapeError when both fail."""
+    for attempt in range(2 if retry else 1):
+        out.attempts += 1
+        try:
+            out.snapshots.append(fetch(client, target))
+            return
+        except LiveScrapeError as e:
+            out.failures.append(f"scrape {out.attempts}: {e}")
+            if retry and attempt == 1:
+                raise
 
 
 def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
@@ -173,6 +207,8 @@ def _live_values(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     out["requests_finished"] = finished
     step_time = histogram_delta(first, last, "step_time")
     out["mean_step_s"] = step_time.mean if step_time is not None else None
+    out["step_p50_s"] = step_time.quantile(0.5) if step_time is not None else None
+    out["step_p99_s"] = step_time.quantile(0.99) if step_time is not None else None
     steps = delta("steps")
     out["steps"] = steps
     out["prefill_step_share"] = ratio(delta("prefill_only_steps"), steps)
@@ -202,14 +238,19 @@ def live_config(snapshot: Snapshot) -> dict[str, Any]:
             for k, v in (snapshot.info() or {}).items()}
 
 
-def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]]) -> list[str]:
-    """What the window saw and what it could not, for the text report."""
+def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]],
+                 failures: Sequence[str] = ()) -> list[str]:
+    """What the window saw and what it could not (`failures`: the scrapes that failed
+    and were skipped), for the text report."""
     finished = summary.requests_finished
     seen = "requests finished: unknown" if finished is None else \
         f"{finished:g} requests finished"
     lines = [f"  window: {summary.scrape_samples} scrapes over "
              f"{summary.window_s or 0:.1f} s of {summary.metrics_source} metrics; "
              f"{seen}"]
+    if failures:
+        lines.append(f"  {len(failures)} scrape(s) failed and were skipped; the first: "
+                     f"{failures[0]}")
     if not finished:
         lines.append("  no request finished in the window: no latency quantiles")
     if unevaluable:
@@ -217,3 +258,13 @@ def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]]) -> list
                             for rule, needs in unevaluable.items())
         lines.append(f"  not evaluable for lack of data: {missing}")
     return lines
+
+
+def pool_windows(snapshots: Sequence[Snapshot]) -> dict[str, list[Snapshot]]:
+    """Each pool's part of a window, by the `pool` label a cluster ingress puts on every
+    series; {} for a server without pools."""
+    names = sorted({value for (_, labels) in snapshots[-1].samples for key, value in labels
+                    if key == "pool"}) if snapshots else []
+    return {name: [Snapshot(s.t_s, {k: v for k, v in s.samples.items()
+                                    if ("pool", name) in k[1]}) for s in snapshots]
+            for name in names}

@@ -1,6 +1,8 @@
 """Prometheus text from a server's `/metrics`, read the same way whatever the server.
 
-`parse_prometheus` turns the text format into {(name, labels): value}. A `Source` names,
+`parse_prometheus` turns the text format into {(name, labels): value}, through
+prometheus_client's own parser (label values with commas, escaped quotes and newlines
+survive). A `Source` names,
 for one kind of server, the series behind each signal the bench and the doctor read:
 
   levels (gauges, read as they are): waiting, running, kv_usage (0..1);
@@ -25,6 +27,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from stepserve.metrics.prom_sources import (
     COMPLETED_REASONS,
     SOURCES,
@@ -35,36 +39,29 @@ Samples = dict[tuple[str, frozenset], float]
 
 
 def parse_prometheus(text: str) -> Samples:
-    """{(name, frozenset of (label, value)): value}; comments and bad lines skipped."""
+    """{(sample name, frozenset of (label, value)): value}. The strict parser refuses a
+    whole text for one bad line; then each line is read alone and bad ones skipped, so
+    one odd series does not blind a reader to the rest."""
+    try:
+        return _samples(text)
+    except ValueError:
+        pass
     out: Samples = {}
     for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "}" in line:
-            key, _, rest = line.rpartition("}")
-            name, _, labels_text = key.partition("{")
-            value_text = rest.split()[0] if rest.split() else ""
-            labels = frozenset(_labels(labels_text))
-        else:
-            parts = line.split()
-            if len(parts) < 2:
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                out.update(_samples(line + "\n"))
+            except ValueError:
                 continue
-            name, value_text, labels = parts[0], parts[1], frozenset()
-        try:
-            out[(name.strip(), labels)] = float(value_text)
-        except ValueError:
-            continue
     return out
 
 
-def _labels(text: str) -> list[tuple[str, str]]:
-    pairs = []
-    for part in text.split(","):
-        if "=" in part:
-            k, _, v = part.partition("=")
-            pairs.append((k.strip(), v.strip().strip('"')))
-    return pairs
+def _samples(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = float(s.value)
+    return out
 
 
 def detect_source(samples: Samples) -> Source | None:
@@ -190,8 +187,7 @@ class Snapshot:
             name = src.prefix + base
             per_le: dict[float, float] = {}
             for (n, ls), v in self.samples.items():
-                if n == name + "_bucket" and (le := dict(ls).get("le")) is not None:
-                    bound = math.inf if le == "+Inf" else float(le)
+                if n == name + "_bucket" and (bound := _bound(dict(ls).get("le"))) is not None:
                     per_le[bound] = per_le.get(bound, 0.0) + v
             count = self._sum(name + "_count")
             if per_le or count is not None:
@@ -200,14 +196,23 @@ class Snapshot:
         return None
 
     def info(self) -> dict[str, str] | None:
-        """The labels of the source's config info gauge (model_name left out)."""
+        """The labels of the source's config info gauge (model_name and engine left
+        out)."""
         src = self.source()
         if src is None or src.config_info is None:
             return None
         name = src.prefix + src.config_info
         for (n, ls), _v in self.samples.items():
             if n == name:
-                return {k: v for k, v in ls if k != "model_name"}
+                return {k: v for k, v in ls if k not in ("model_name", "engine")}
+        return None
+
+
+def _bound(le: str | None) -> float | None:
+    """A bucket's upper bound (`le`), None when it is not a number."""
+    try:
+        return None if le is None else float(le)  # float() reads "+Inf" too
+    except ValueError:
         return None
 
 

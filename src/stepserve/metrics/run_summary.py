@@ -74,6 +74,9 @@ class RunSummary:
     steps: float | None = None
     mean_step_s: float | None = None
     decode_step_p50_s: float | None = None  # median step with decode tokens
+    step_p50_s: float | None = None  # every step (a scrape: the step-time histogram)
+    step_p99_s: float | None = None
+    step_max_s: float | None = None
     slot_utilization: float | None = None  # sum num_active / sum slots_held
     active_ratio_p50: float | None = None  # per step num_active / slots_held
     active_ratio_mean: float | None = None

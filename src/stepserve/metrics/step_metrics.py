@@ -93,6 +93,7 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
     prefill_tok = sum(s.num_prefill_tokens for s in recs)
     decode_tok = sum(s.num_decode_tokens for s in recs)
     decode_steps = [s.duration_s for s in recs if s.num_decode_tokens > 0]
+    durations = [s.duration_s for s in recs]
 
     wt, wv = merged_level(replicas, _waiting)
     _, rv = merged_level(replicas, _running)
@@ -111,6 +112,9 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
         steps=n,
         mean_step_s=mean([s.duration_s for s in recs]),
         decode_step_p50_s=percentile(decode_steps, 50),
+        step_p50_s=percentile(durations, 50),
+        step_p99_s=percentile(durations, 99),
+        step_max_s=max(durations) if durations else None,
         slot_utilization=ratio(sum(s.num_active for s in held),
                                sum(s.slots_held for s in held)),
         active_ratio_p50=percentile(active_ratios, 50),

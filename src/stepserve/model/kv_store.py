@@ -88,15 +88,54 @@ class KVBudget:
                 f"{args.kv_bytes_per_token / 1024:.1f} KiB/token); {self.reason}")
 
 
-def _mem_available_bytes() -> int | None:
+def _meminfo_bytes(field: str) -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def _mem_available_bytes() -> int | None:
+    return _meminfo_bytes("MemAvailable")
+
+
+def memory_total_and_free(device: str | torch.device = "cpu") -> tuple[int, int] | None:
+    """(total, free) bytes of the device's memory now; on CPU the machine's MemTotal
+    and MemAvailable. None where they cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return total, free
+    total, free = _meminfo_bytes("MemTotal"), _meminfo_bytes("MemAvailable")
+    return None if total is None or free is None else (total, free)
+
+
+def utilization_kv_budget(fraction: float, device: str | torch.device = "cpu") -> KVBudget:
+    """vLLM's --gpu-memory-utilization: the engine may fill `fraction` of the device's
+    memory (on CPU, of the machine's RAM); what is in use already (our weights, other
+    processes) counts against it and the KV cache gets the rest. Call after the weights
+    are loaded. Unlike vLLM there is no profiling run, so activations are not set aside:
+    leave them room. ValueError when nothing is left."""
+    device = torch.device(device)
+    sizes = memory_total_and_free(device)
+    if sizes is None:
+        raise ValueError("gpu_memory_utilization: this machine's memory size cannot be "
+                         "read (no /proc/meminfo); give kv_cache_memory instead")
+    total, free = sizes
+    used = total - free
+    budget = int(total * fraction) - used
+    where = "RAM" if device.type == "cpu" else str(device)
+    if budget <= 0:
+        raise ValueError(f"gpu_memory_utilization = {fraction:g}: {fraction:.0%} of "
+                         f"{total / GiB:.1f} GiB of {where} is {total * fraction / GiB:.2f} "
+                         f"GiB, but {used / GiB:.2f} GiB is in use already; raise it or "
+                         "give kv_cache_memory")
+    return KVBudget(budget, f"gpu_memory_utilization {fraction:g} of {total / GiB:.1f} GiB "
+                            f"{where}, less {used / GiB:.2f} GiB in use")
 
 
 def default_kv_budget(device: str | torch.device = "cpu", cpu_fraction: float = 0.25,

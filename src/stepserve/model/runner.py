@@ -28,6 +28,7 @@ from stepserve.model.kv_store import (
     KVStore,
     default_kv_budget,
     num_blocks_for_memory,
+    utilization_kv_budget,
 )
 from stepserve.model.llama import LlamaModel
 from stepserve.model.modes import (
@@ -69,6 +70,7 @@ class TorchRunner:
     def __init__(self, model: str | Path = "default", *, block_size: int = 16,
                  num_gpu_blocks: int | None = None, num_cpu_blocks: int = 0,
                  kv_cache_memory: int | None = None,
+                 gpu_memory_utilization: float | None = None, swap_space_gib: float = 0.0,
                  dtype: str = "float32", device: str = "cpu",
                  linear_backend: str = "torch", quantization: str | None = "auto") -> None:
         if dtype not in DTYPES:
@@ -82,8 +84,12 @@ class TorchRunner:
         self.args: ModelArgs = self.model.args
         self.tokenizer = Tokenizer(self.model_path)
         if num_gpu_blocks is None:
-            self.kv_budget = (KVBudget(kv_cache_memory, "kv_cache_memory as configured")
-                              if kv_cache_memory else default_kv_budget(self.device))
+            if kv_cache_memory:
+                self.kv_budget = KVBudget(kv_cache_memory, "kv_cache_memory as configured")
+            elif gpu_memory_utilization:
+                self.kv_budget = utilization_kv_budget(gpu_memory_utilization, self.device)
+            else:
+                self.kv_budget = default_kv_budget(self.device)
             num_gpu_blocks = num_blocks_for_memory(self.kv_budget.num_bytes, self.args,
                                                    block_size)
             if num_gpu_blocks < 1:
@@ -93,6 +99,9 @@ class TorchRunner:
         else:
             self.kv_budget = KVBudget(num_gpu_blocks * block_size * self.args.kv_bytes_per_token,
                                       "num_gpu_blocks as configured")
+        if swap_space_gib:  # vLLM's --swap-space: GiB of CPU blocks
+            num_cpu_blocks = num_blocks_for_memory(int(swap_space_gib * (1 << 30)), self.args,
+                                                   block_size)
         self.kv = KVStore(self.args, num_gpu_blocks, block_size, num_cpu_blocks, self.device,
                           DTYPES[dtype])
         self.gather_buffers = GatherBuffers()
@@ -137,6 +146,8 @@ class TorchRunner:
                     quantization: str | None = "auto") -> TorchRunner:
         return cls(model, block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
                    num_cpu_blocks=cache.num_cpu_blocks, kv_cache_memory=cache.kv_cache_memory,
+                   gpu_memory_utilization=cache.gpu_memory_utilization,
+                   swap_space_gib=cache.swap_space,
                    dtype=dtype, device=device,
                    linear_backend=linear_backend, quantization=quantization)
 

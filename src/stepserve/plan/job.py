@@ -118,6 +118,17 @@ def run_model_specs(as_json: bool = False) -> int:
     return 0
 
 
+def _batch_rows(r: SpeedupResult) -> list[str]:
+    lines = ["", "static batches, filled in the order given:",
+             f"  {'batch':<13} {'requests':>8} {'steps':>8} {'useful':>10} {'slot util':>9}"]
+    for b in r.batches:
+        last = b.first_batch + b.num_batches - 1
+        name = f"{b.first_batch}" if b.num_batches == 1 else f"{b.first_batch}-{last}"
+        lines.append(f"  {name:<13} {b.num_requests:>8,} {b.steps:>8,} "
+                     f"{b.useful_tokens:>10,} {b.slot_utilization:>9.1%}")
+    return lines
+
+
 def format_speedup(r: SpeedupResult) -> str:
     mix = " + ".join(f"{count}x{length}" for count, length in r.groups)
     c = r.concurrency
@@ -151,18 +162,7 @@ def format_speedup(r: SpeedupResult) -> str:
         ),
     ]
     if r.num_batches > 1:
-        lines += [
-            "",
-            "static batches, filled in the order given:",
-            f"  {'batch':<13} {'requests':>8} {'steps':>8} {'useful':>10} {'slot util':>9}",
-        ]
-        for b in r.batches:
-            last = b.first_batch + b.num_batches - 1
-            name = f"{b.first_batch}" if b.num_batches == 1 else f"{b.first_batch}-{last}"
-            lines.append(
-                f"  {name:<13} {b.num_requests:>8,} {b.steps:>8,} "
-                f"{b.useful_tokens:>10,} {b.slot_utilization:>9.1%}"
-            )
+        lines += _batch_rows(r)
     last_batch = r.batches[-1]
     if last_batch.num_requests < c:
         lines.append(

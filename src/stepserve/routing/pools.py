@@ -94,6 +94,11 @@ class Deployment:
     def pool_for(self, request: RouteRequest) -> str:
         return next((r.pool for r in self.rules if r.matches(request)), self.default_pool)
 
+    def describe(self) -> dict[str, Any]:
+        """The layout as plain data, for result files and tables."""
+        return {"router": self.router, "pools": {p.name: p.replicas for p in self.pools},
+                "default": self.default_pool, "rules": [r.describe() for r in self.rules]}
+
 
 class PoolRouter:
     """Pick a pool by the rules, then a replica in it with the pool's router."""
@@ -175,14 +180,22 @@ def _rule(i: int, data: Any, pools: list[str]) -> Rule:
                 data.get("priority_at_least"), tenants, header)
 
 
-def load_deployment(path: str, base: EngineConfig) -> Deployment:
-    """A pools file (see the module doc); every error names the file."""
+def load_pools_file(path: str, base: EngineConfig) -> Mapping[str, Any]:
+    """A pools file's contents (see the module doc), checked by building its deployment
+    over `base`; every error names the file. Callers that vary the engine settings (a
+    sweep) build the deployment over each config with `deployment_from`."""
     from stepserve.user_files import load_yaml
 
     data = load_yaml(path, "pools file")
     if not isinstance(data, Mapping):
         raise ConfigError(f"pools file {path!r}: must be a mapping (pools, routing, ...)")
     try:
-        return deployment_from(data, base)
+        deployment_from(data, base)
     except ConfigError as e:
         raise ConfigError(f"pools file {path!r}: {e}") from None
+    return data
+
+
+def load_deployment(path: str, base: EngineConfig) -> Deployment:
+    """A pools file's deployment over `base`; every error names the file."""
+    return deployment_from(load_pools_file(path, base), base)

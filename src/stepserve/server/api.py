@@ -93,7 +93,7 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
             app.state.ctx.workers.shutdown(wait=False)
 
     app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
-    _add_error_handlers(app)
+    add_error_handlers(app)
     install_openapi(app)
 
     @app.post("/v1/completions")
@@ -146,7 +146,7 @@ def _count_rejection(request: Request, err: APIError) -> None:
         metrics.on_rejected(reason)
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
         _count_rejection(request, exc)

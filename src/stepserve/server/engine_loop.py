@@ -165,8 +165,8 @@ class EngineLoop:
     def _collect_tokens(self, emitted: list[Request]) -> None:
         text_of = self.engine.text_of
         for req in emitted:
-            if self.metrics is not None and req.num_output_tokens == 1:
-                self.metrics.on_first_token(req)
+            if self.metrics is not None:
+                self.metrics.on_token(req)
             t = self._tracked.get(req.request_id)
             if t is None or not t.streamed or req.is_finished:
                 continue  # finished ones are reported by _collect_finished

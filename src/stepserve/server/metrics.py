@@ -1,10 +1,16 @@
 """Prometheus metrics in vLLM's names under a `stepserve:` prefix, plus the seed's own
 signals (active/concurrency, prefill-only and zero-decode step shares).
 
+Every series carries vLLM's labels, `model_name` and `engine` (the engine's index, "0"
+for a lone one; whoever builds ServerMetrics for one of several engines names it).
+
 Levels (running, waiting, swapped, KV) are set from the engine thread's snapshot after
 every iteration; counters and histograms are fed per step (from the scheduler's
-StepRecords) and per request (when it ends). Latency histograms take completed requests
-only (stop or length), as the offline summary does (metrics/request_metrics.py).
+StepRecords), per token and per request. As in vLLM, TTFT and the inter-token latency
+are observed as each token comes out, so a request aborted midway has contributed its
+own; the per-request histograms (E2E, queue, prefill, decode, inference, TPOT, prompt
+and generation tokens) are observed when a request ends, for completed requests only
+(stop or length), as the offline summary does (metrics/request_metrics.py).
 
 What a windowed reader (`stepserve doctor --url`, metrics/live.py) needs is kept as
 counters and histograms, whose increase between two scrapes describes just that window:
@@ -13,7 +19,9 @@ step_duration_seconds (engine step wall time), active_sequence_steps and held_sl
 The whole-run ratio gauges stay for dashboards. scheduler_config_info carries the
 scheduler settings as labels (value 1), as vLLM's cache_config_info does.
 
-Each app gets its own CollectorRegistry, so several servers can live in one process.
+Each app gets its own CollectorRegistry, so several servers can live in one process;
+each registry also carries what prometheus_client's default one has (process_*:
+CPU, memory, open files; python_info; python_gc_*), as vLLM's /metrics does.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -49,23 +60,40 @@ CONFIG_INFO_FIELDS = ("batching", "max_num_seqs", "max_num_batched_tokens",
                       "long_prefill_token_threshold", "max_num_partial_prefills",
                       "budget_order")
 FINISH_REASONS = ("stop", "length", "abort", "timed_out", "error")
+LABELS = ["model_name", "engine"]  # vLLM's, on every series
+
+
+def buckets_1_2_5(top: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `top` (vLLM's token-count buckets)."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > top:
+                return tuple(out)
+            out.append(float(m * scale))
+        scale *= 10
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, scheduler: SchedulerConfig | None = None) -> None:
+    def __init__(self, model_name: str, scheduler: SchedulerConfig | None = None,
+                 engine: str = "0") -> None:
+        """`engine`: the value of the `engine` label (vLLM's engine index)."""
         disable_created_metrics()  # no *_created series (process-wide; vLLM does the same)
         self.registry = r = CollectorRegistry()
-        label = {"labelnames": ["model_name"]}
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
+        values = (model_name, engine)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(P + name, doc, registry=r, **label).labels(model_name)
+            return Gauge(P + name, doc, LABELS, registry=r).labels(*values)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(P + name, doc, registry=r, **label).labels(model_name)
+            return Counter(P + name, doc, LABELS, registry=r).labels(*values)
 
         def hist(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(P + name, doc, registry=r, buckets=buckets,
-                             **label).labels(model_name)
+            return Histogram(P + name, doc, LABELS, registry=r, buckets=buckets
+                             ).labels(*values)
 
         self.running = gauge("num_requests_running", "requests in the running batch")
         self.waiting = gauge("num_requests_waiting", "requests waiting to be scheduled")
@@ -78,14 +106,15 @@ class ServerMetrics:
                                      "produced their first token")
         self.generation_tokens = counter("generation_tokens", "generated tokens")
         self.success = Counter(P + "request_success", "requests ended, by finish reason",
-                               ["model_name", "finished_reason"], registry=r)
+                               [*LABELS, "finished_reason"], registry=r)
         self.rejected = Counter(P + "request_rejected", "requests refused, by reason "
                                 "(queue_full, too_long, empty_prompt, invalid, "
                                 "unknown_model, shutting_down)",
-                                ["model_name", "reason"], registry=r)
-        self.ttft = hist("time_to_first_token_seconds", "time to first token", TTFT_BUCKETS)
-        self.itl = hist("inter_token_latency_seconds", "gap between consecutive tokens",
-                        TOKEN_BUCKETS)
+                                [*LABELS, "reason"], registry=r)
+        self.ttft = hist("time_to_first_token_seconds", "time to first token, observed when "
+                         "it comes out (aborted requests too)", TTFT_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "gap between consecutive tokens, "
+                        "observed as each comes out (aborted requests too)", TOKEN_BUCKETS)
         self.tpot = hist("request_time_per_output_token_seconds",
                          "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS)
         self.e2e = hist("e2e_request_latency_seconds", "arrival to last token",
@@ -96,6 +125,14 @@ class ServerMetrics:
                             REQUEST_BUCKETS)
         self.decode = hist("request_decode_time_seconds", "first token to last token",
                            REQUEST_BUCKETS)
+        self.inference = hist("request_inference_time_seconds", "first scheduled to last "
+                              "token (prefill + decode)", REQUEST_BUCKETS)
+        token_buckets = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
+        self.request_prompt_tokens = hist("request_prompt_tokens", "prompt tokens of each "
+                                          "completed request", token_buckets)
+        self.request_generation_tokens = hist("request_generation_tokens", "generated "
+                                              "tokens of each completed request",
+                                              token_buckets)
         self.iteration_tokens = hist("iteration_tokens_total", "tokens computed per step",
                                      ITERATION_BUCKETS)
         # the seed's signals
@@ -121,11 +158,11 @@ class ServerMetrics:
                                        "sum over steps of the batch slots held")
         if scheduler is not None:
             Gauge(P + "scheduler_config_info", "scheduler settings (as labels)",
-                  ["model_name", *CONFIG_INFO_FIELDS], registry=r).labels(
-                model_name, *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
-        self.model_name = model_name
+                  [*LABELS, *CONFIG_INFO_FIELDS], registry=r).labels(
+                *values, *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
+        self.label_values = values
         for reason in FINISH_REASONS:
-            self.success.labels(model_name, reason)
+            self.success.labels(*values, reason)
         self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
         self._sum_active = self._sum_slots = 0
         self._preemptions_seen = 0
@@ -170,29 +207,37 @@ class ServerMetrics:
         if self._sum_slots:
             self.active_ratio.set(self._sum_active / self._sum_slots)
 
-    def on_first_token(self, req: Request) -> None:
-        self.prompt_tokens.inc(req.num_prompt_tokens)
+    def on_token(self, req: Request) -> None:
+        """`req` has just produced a token: its first is its TTFT (and counts its prompt),
+        each later one a gap since the one before. Observed now, however it ends."""
+        times = req.token_times
+        if len(times) == 1:
+            self.ttft.observe(times[0] - req.arrival_time)
+            self.prompt_tokens.inc(req.num_prompt_tokens)
+        elif times:
+            self.itl.observe(times[-1] - times[-2])
 
     def on_finished(self, req: Request) -> None:
         reason = req.finish_reason.value if req.finish_reason else "error"
-        self.success.labels(self.model_name, reason).inc()
+        self.success.labels(*self.label_values, reason).inc()
         m = request_metrics(req)
         if not m.completed:
             return
-        for hist, value in ((self.ttft, m.ttft_s), (self.tpot, m.tpot_s), (self.e2e, m.e2e_s),
+        for hist, value in ((self.tpot, m.tpot_s), (self.e2e, m.e2e_s),
                             (self.queue, m.queue_time_s)):
             if value is not None:
                 hist.observe(value)
-        for gap in m.itl_s:
-            self.itl.observe(gap)
+        self.request_prompt_tokens.observe(m.num_prompt_tokens)
+        self.request_generation_tokens.observe(m.num_output_tokens)
         times = req.token_times
         if times and req.first_scheduled_time is not None:
             self.prefill.observe(times[0] - req.first_scheduled_time)
             self.decode.observe(times[-1] - times[0])
+            self.inference.observe(times[-1] - req.first_scheduled_time)
 
     # ---- fed by the event loop ----
     def on_rejected(self, reason: str) -> None:
-        self.rejected.labels(self.model_name, reason).inc()
+        self.rejected.labels(*self.label_values, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

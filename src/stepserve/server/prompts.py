@@ -48,6 +48,11 @@ def check_common(ctx: ServingContext, body: _Sampling) -> None:
                        code="model_not_found")
     if body.n != 1:
         raise bad_request(f"n = {body.n}: only n = 1 is supported", "n", "unsupported_value")
+    policy = ctx.engine.engine.config.scheduler.policy
+    if body.priority and policy != "priority":  # vLLM refuses it too
+        raise bad_request(f"priority = {body.priority}, but this server schedules by "
+                          f"{policy!r}: priority is only taken under the priority policy "
+                          "(--scheduling-policy priority)", "priority", "unsupported_value")
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true",
                           "stream_options")

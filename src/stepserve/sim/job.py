@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stepserve.config_load import ConfigOverrides
+from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.run import SimulateResult, run_all, run_scenario
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
@@ -37,6 +38,7 @@ class SimulateOptions:
     overrides: WorkloadOverrides = WorkloadOverrides()
     cost: CostModelOptions = CostModelOptions()
     json_out: str | None = None
+    pools: str | None = None  # a pools file: every run becomes that deployment
     progress: bool = True  # a progress bar on stderr, when it is a terminal
 
 
@@ -44,15 +46,16 @@ def run_simulate(options: SimulateOptions) -> int:
     """Simulate, print the table, write the JSON; the exit status."""
     check_output_file("--json", options.json_out)  # before the run: a typo must not cost it
     progress = _progress_factory(options.progress and sys.stderr.isatty())
+    pools = load_pools_file(options.pools, options.config.apply()) if options.pools else None
     if options.scenario:
         scenario = get_scenario(options.scenario)
         if options.config.given:
             scenario = _override_runs(scenario, options.config)
         if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
             scenario = with_cost(scenario, cost_setup_for(options.cost))
-        result = run_scenario(scenario, options.overrides, options.runs, progress)
+        result = run_scenario(scenario, options.overrides, options.runs, progress, pools)
     else:
-        result = _run_workload(options, progress)
+        result = _run_workload(options, progress, pools)
     print(format_result(result))
     if options.json_out:
         Path(options.json_out).write_text(json.dumps(result.to_json(), indent=2))
@@ -72,7 +75,7 @@ def _progress_factory(enabled: bool):
     return make
 
 
-def _run_workload(options: SimulateOptions, progress) -> SimulateResult:
+def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
     """A workload file, one run with the config file and settings."""
     assert options.workload is not None
     workload = override_workload(load_workload(options.workload), options.overrides)
@@ -81,7 +84,7 @@ def _run_workload(options: SimulateOptions, progress) -> SimulateResult:
     specs = workload.generate()
     runs = (RunSpec(config.scheduler.batching, config),)
     return run_all(workload.name, f"workload {options.workload}", workload, specs, runs,
-                   setup.cost_model, setup.num_gpu_blocks, False, progress)
+                   setup.cost_model, setup.num_gpu_blocks, False, progress, pools)
 
 
 def _override_runs(scenario: Scenario, config: ConfigOverrides) -> Scenario:

@@ -4,7 +4,7 @@ tools read:
 
     {"schema_version", "scenario", "description", "cost_model", "workload",
      "runs": [{"name", "batching", "note", "config", "num_gpu_blocks", "summary",
-               "by_class"?, "timeseries", "latency_samples"}],
+               "by_class"?, "deployment"?, "timeseries", "latency_samples"}],
      "findings": [{"run", "rule", "severity", "evidence", "action"}],
      "comparison"?: {"speedup", "speedup_cap", "share_of_cap",
                      "static_slot_utilization_computed"}}   # batching comparisons
@@ -28,7 +28,9 @@ from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.plan.speedup import speedup_for_lengths
+from stepserve.routing.pools import Deployment, deployment_from
 from stepserve.sim.cost import CostModel
+from stepserve.sim.kv_sizing import check_simulated_memory
 from stepserve.sim.loop import SimResult, simulate
 from stepserve.sim.scenarios import RunSpec, Scenario
 from stepserve.workload.overrides import WorkloadOverrides
@@ -60,6 +62,7 @@ class RunResult:
     summary: RunSummary
     note: str = ""
     by_class: dict[str, RunSummary] | None = None
+    deployment: dict[str, Any] | None = None  # pools and rules (--pools), else None
     timeseries: TimeSeries | None = None
     latency_samples: LatencySamples | None = None
 
@@ -74,6 +77,8 @@ class RunResult:
             "num_gpu_blocks": self.num_gpu_blocks, "summary": self.summary.to_json()}
         if self.by_class is not None:
             out["by_class"] = {k: s.to_json() for k, s in self.by_class.items()}
+        if self.deployment is not None:
+            out["deployment"] = self.deployment
         if self.timeseries is not None:
             out["timeseries"] = self.timeseries.to_json()
         if self.latency_samples is not None:
@@ -91,6 +96,8 @@ class RunResult:
             summary=RunSummary.from_json(data["summary"]), note=str(data.get("note", "")),
             by_class=None if by_class is None else
             {str(k): RunSummary.from_json(s) for k, s in by_class.items()},
+            deployment=data.get("deployment") if isinstance(data.get("deployment"), dict)
+            else None,
             timeseries=None if ts is None else TimeSeries.from_json(ts),
             latency_samples=None if samples is None else LatencySamples.from_json(samples))
 
@@ -104,19 +111,30 @@ def _config(data: Any) -> EngineConfig | None:
         return None
 
 
-def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "") -> RunResult:
+def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "",
+               deployment: Deployment | None = None) -> RunResult:
     """A simulation measured: every request once, for the summary, classes and samples."""
     measured = measure_run(sim.requests, sim.steps, sim.duration_s)
     return RunResult(name=name, batching=config.scheduler.batching, config=config,
                      num_gpu_blocks=sim.num_gpu_blocks,
                      summary=measured.summary.with_values(**config_facts(config)),
-                     note=note, by_class=measured.by_class, timeseries=measured.timeseries,
+                     note=note, by_class=measured.by_class,
+                     deployment=deployment.describe() if deployment else None,
+                     timeseries=measured.timeseries,
                      latency_samples=measured.latency_samples)
+
+
+def deployment_for(config: EngineConfig, pools: Mapping[str, Any] | None
+                   ) -> Deployment | None:
+    """The pools file's deployment over `config` (its settings go on top of it), or None
+    without one; ConfigError names what is wrong."""
+    return None if pools is None else deployment_from(pools, config)
 
 
 def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
     """The KV pool a run derives (from kv_cache_memory, or max_num_seqs x max_model_len)
     must hold a block and fit in memory: the block manager lists every free block."""
+    check_simulated_memory(config)
     if 1 <= num_gpu_blocks <= MAX_BLOCKS:
         return
     sc = config.scheduler
@@ -130,22 +148,27 @@ def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
 def simulate_run(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
                  cost_model: CostModel, num_gpu_blocks: int,
                  closed_loop_concurrency: int | None, note: str = "",
-                 progress: Callable[[int], None] | None = None
-                 ) -> tuple[RunResult, SimResult]:
-    """One config on the simulator: its result, and the simulation itself beside it for
-    callers that need the requests (bench --sim)."""
+                 progress: Callable[[int], None] | None = None,
+                 pools: Mapping[str, Any] | None = None) -> tuple[RunResult, SimResult]:
+    """One config on the simulator (with `pools`: the pools file's deployment over it):
+    its result, and the simulation itself beside it for callers that need the requests
+    (bench --sim)."""
+    deployment = deployment_for(config, pools)
+    for pool in deployment.pools if deployment else ():
+        check_num_gpu_blocks(pool.config, pool.config.cache.num_gpu_blocks or num_gpu_blocks)
     check_num_gpu_blocks(config, num_gpu_blocks)
     sim = simulate(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
-                   progress=progress)
-    return run_result(name, config, sim, note), sim
+                   progress=progress, deployment=deployment)
+    return run_result(name, config, sim, note, deployment), sim
 
 
 def run_config(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
                cost_model: CostModel, num_gpu_blocks: int,
                closed_loop_concurrency: int | None, note: str = "",
-               progress: Callable[[int], None] | None = None) -> RunResult:
+               progress: Callable[[int], None] | None = None,
+               pools: Mapping[str, Any] | None = None) -> RunResult:
     return simulate_run(name, config, specs, cost_model, num_gpu_blocks,
-                        closed_loop_concurrency, note, progress)[0]
+                        closed_loop_concurrency, note, progress, pools)[0]
 
 
 @dataclass(frozen=True)
@@ -232,7 +255,7 @@ class SimulateResult:
 def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | None = None,
                  only: Sequence[str] | None = None,
                  progress_factory: Callable[[str, int], Callable[[int], None] | None]
-                 | None = None) -> SimulateResult:
+                 | None = None, pools: Mapping[str, Any] | None = None) -> SimulateResult:
     workload = scenario.workload_with(workload_overrides)
     specs = workload.generate()
     runs = [r for r in scenario.runs if not only or r.name in only]
@@ -241,21 +264,26 @@ def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | Non
         raise UsageError(f"--runs {','.join(only)}: scenario {scenario.name} has runs {known}")
     return run_all(scenario.name, scenario.description, workload, specs, runs,
                    scenario.cost_model(), scenario.num_gpu_blocks,
-                   scenario.compare_batching, progress_factory)
+                   scenario.compare_batching, progress_factory, pools)
 
 
 def run_all(name: str, description: str, workload: Workload, specs: Sequence[RequestSpec],
             runs: Sequence[RunSpec], cost_model: CostModel,
             blocks_for_config: Callable[[EngineConfig], int], compare: bool,
-            progress_factory=None) -> SimulateResult:
-    for spec in runs:  # every run's KV pool, before the first run starts
+            progress_factory=None, pools: Mapping[str, Any] | None = None
+            ) -> SimulateResult:
+    """Every run of `runs` on the same requests; `pools` (a pools file's contents) makes
+    each run's config the base of that deployment."""
+    for spec in runs:  # every run's KV pool and deployment, before the first run starts
         check_num_gpu_blocks(spec.config, blocks_for_config(spec.config))
+        deployment_for(spec.config, pools)
     results = []
     for spec in runs:
         progress = progress_factory(spec.name, len(specs)) if progress_factory else None
         results.append(run_config(spec.name, spec.config, specs, cost_model,
                                   blocks_for_config(spec.config),
-                                  workload.closed_loop_concurrency, spec.note, progress))
+                                  workload.closed_loop_concurrency, spec.note, progress,
+                                  pools))
     comparison = None
     if compare:
         concurrency = workload.closed_loop_concurrency or \

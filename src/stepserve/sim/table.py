@@ -93,6 +93,14 @@ def format_by_class(runs: Sequence[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def format_deployment(d: dict) -> str:
+    """A run's pools and rules (RunResult.deployment) on one line."""
+    pools = ", ".join(f"{name} x{n}" for name, n in d.get("pools", {}).items())
+    rules = "; ".join(d.get("rules", []))
+    return f"pools {pools} ({d.get('router')}); " + (
+        f"{rules}; else {d.get('default')}" if rules else "no rules")
+
+
 def format_findings(findings: Sequence[Finding]) -> str:
     if not findings:
         return "doctor: no rule fired."
@@ -106,8 +114,10 @@ def format_findings(findings: Sequence[Finding]) -> str:
 def format_result(result: SimulateResult) -> str:
     parts = [f"scenario: {result.scenario}", f"  {result.description}",
              f"  cost model: {result.cost_model}",
-             f"  workload: {result.workload.requests} requests", "",
-             format_runs(result.runs)]
+             f"  workload: {result.workload.requests} requests"]
+    parts += [f"  {run.name}: {format_deployment(run.deployment)}" for run in result.runs
+              if run.deployment]
+    parts += ["", format_runs(result.runs)]
     by_class = format_by_class(result.runs)
     if by_class:
         parts += ["", "by request class:", by_class]

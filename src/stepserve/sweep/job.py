@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stepserve.bench.http_run import check_url
 from stepserve.bench.plan import BenchError
@@ -19,11 +20,13 @@ from stepserve.config_load import ConfigOverrides, load_config
 from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.summary import LATENCIES
 from stepserve.metrics.summary_checks import allowed as metric_range
+from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost import CostModel
-from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
+from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.scenarios import Scenario, get_scenario
 from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, P99_METRIC, analyze_runs
 from stepserve.sweep.live import LiveOptions, run_target_points, target_points
+from stepserve.sweep.predict import predict_points
 from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
 from stepserve.sweep.runner import run_points, stderr_log, timed_workload
 from stepserve.sweep.spec import (
@@ -72,6 +75,8 @@ class SweepOptions:
     json_out: str | None = None
     report: str | None = None  # a folder for the HTML report
     quiet: bool = False
+    pools: str | None = None  # a pools file: every point becomes that deployment
+    predict: str | None = None  # a cost file: the live points again on the simulator
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class SweepPlan:
     axes: list[Axis]
     x_axis: str
     points: list[SweepPoint]
+    pools: Mapping[str, Any] | None = None  # the pools file's contents (simulator only)
 
 
 def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunConfig]:
@@ -115,7 +121,10 @@ def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
     if options.scenario_runs is not None:
         raise ValueError("--scenario-runs: a live server runs its own config; with "
                          "--target the scenario gives only the workload")
-    if options.config.given:
+    if options.pools:
+        raise ValueError("--pools: a live server runs its own deployment; start it with "
+                         "`stepserve serve --pools FILE` and sweep its load")
+    if options.config.given and not options.predict:
         named = ", ".join(["--config"] * bool(options.config.config_file)
                           + sorted(options.config.settings))
         raise ValueError(f"{named}: engine settings cannot be changed on a live server; "
@@ -137,6 +146,9 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     """Everything but the runs: points, load, cost model (None against a live target)."""
     axes = [parse_vary(v) for v in options.vary]
     live = options.live
+    if options.predict and not live:
+        raise ValueError("--predict FILE compares a live sweep (--target URL) with the "
+                         "simulator; to sweep the simulator alone, use --cost FILE")
     if live:
         check_live_sweep(options, axes)
     base_load = WorkloadOverrides(num_requests=options.requests, seed=options.seed)
@@ -149,6 +161,8 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
             raise ValueError("--scenario and --workload exclude each other")
         if not live:
             runs = _file_runs(options) if options.configs else _scenario_runs(scenario, options)
+            if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
+                scenario = with_cost(scenario, cost_setup_for(options.cost))
             cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
 
         def make_workload(load: WorkloadOverrides) -> Workload:
@@ -178,7 +192,11 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
         x_axis, points = target_points(live.target, axes)
     else:
         x_axis, points = build_points(runs, axes)
-    return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points)
+    pools = None
+    if options.pools and not live:
+        pools = load_pools_file(options.pools, options.config.apply())
+    return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points,
+                     pools)
 
 
 def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOptions,
@@ -190,7 +208,8 @@ def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOp
                          options.max_p99_rise, plan.x_axis)
     return SweepResult(
         scenario=plan.name, description=plan.description,
-        cost_model=plan.cost.describe() if plan.cost else None,
+        cost_model=plan.cost.describe() if plan.cost else
+        (f"predicted with {options.predict}" if options.predict else None),
         target=options.live.target if options.live else "sim",
         requests_per_point=options.requests, duration_s_per_point=options.duration_s,
         stopped=stopped, x_axis=plan.x_axis, axes=plan.axes,
@@ -228,10 +247,13 @@ def run_sweep(options: SweepOptions) -> int:
         if options.live:
             runs, stopped = run_target_points(options.live, plan.points, plan.make_workload,
                                               options.duration_s, log)
+            if options.predict and runs:
+                runs += predict_points(options.predict, options.config.apply(),
+                                       plan.points, runs, plan.make_workload, log)
         else:
             assert plan.cost is not None and plan.blocks is not None
             runs, stopped = run_points(plan.points, plan.make_workload, plan.cost,
-                                       plan.blocks, log)
+                                       plan.blocks, log, plan.pools)
         result = sweep_result(plan, runs, options, stopped)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
         return report_error(e)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stepserve.bench.results import BenchResult
+from stepserve.bench.vllm_result import bench_result_from_vllm
 from stepserve.cli_errors import UsageError
+from stepserve.metrics.vllm_summary import is_vllm_result
 from stepserve.sim.run import SimulateResult
 from stepserve.sweep.result import KIND, SweepResult
 from stepserve.user_files import check_output_dir, load_json
@@ -25,15 +28,8 @@ def run_report(options: ReportOptions) -> int:
     """Check the result, write the report, say where; the exit status."""
     check_output_dir("--out", options.out)  # before reading and plotting
     result = load_json(options.result, "result file")
-    if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
-        raise UsageError(f"{options.result}: not a sweep, simulate or bench result (no runs "
-                         "list)")
-    if not result["runs"]:
-        raise UsageError(f"{options.result}: the result has no runs: nothing to plot")
-    for i, run in enumerate(result["runs"]):
-        if not isinstance(run, dict) or not isinstance(run.get("summary"), dict):
-            raise UsageError(f"{options.result}: runs[{i}] is not a run (an object with a "
-                             "\"summary\" object)")
+    if not is_vllm_result(result):  # a flat vLLM result is one run: load_result reads it
+        _check_runs(result, options.result)
     from stepserve.sweep.report import write_report
 
     try:
@@ -49,10 +45,25 @@ def run_report(options: ReportOptions) -> int:
     return 0
 
 
+def _check_runs(result: Any, where: str) -> None:
+    if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
+        raise UsageError(f"{where}: not a sweep, simulate, bench or vLLM bench result (no "
+                         "runs list, no vLLM result keys)")
+    if not result["runs"]:
+        raise UsageError(f"{where}: the result has no runs: nothing to plot")
+    for i, run in enumerate(result["runs"]):
+        if not isinstance(run, dict) or not isinstance(run.get("summary"), dict):
+            raise UsageError(f"{where}: runs[{i}] is not a run (an object with a "
+                             "\"summary\" object)")
+
+
 def load_result(data: Mapping[str, Any], where: str
                 ) -> SimulateResult | SweepResult | BenchResult:
     """A result file of any version as its type: a sweep names its kind, a bench run its
-    target; anything else with runs is read as a simulate result."""
+    target, a `vllm bench serve --save-result` file its flat keys; anything else with
+    runs is read as a simulate result."""
+    if is_vllm_result(data):
+        return bench_result_from_vllm(data, Path(where).stem)
     if data.get("kind") == KIND:
         return SweepResult.from_json(data, where)
     runs = data["runs"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stepserve.config import EngineConfig
 from stepserve.sim.cost import CostModel
@@ -50,19 +51,22 @@ def timed_workload(workload: Workload, duration_s: float | None,
 def run_points(points: list[SweepPoint],
                make_workload: Callable[[WorkloadOverrides], Workload],
                cost_model: CostModel, blocks_for_config: Callable[[EngineConfig], int],
-               log: Callable[[str], None] | None = None
+               log: Callable[[str], None] | None = None,
+               pools: Mapping[str, Any] | None = None
                ) -> tuple[list[SweepPointResult], str | None]:
-    """Simulate each point. Points with the same load share one generated request list.
+    """Simulate each point (with `pools`: the pools file's deployment over its config).
+    Points with the same load share one generated request list.
     Returns (runs, "interrupted" or None): Ctrl-C keeps the points simulated before it."""
     runs: list[SweepPointResult] = []
     try:
-        _simulate(points, make_workload, cost_model, blocks_for_config, log, runs)
+        _simulate(points, make_workload, cost_model, blocks_for_config, log, runs, pools)
     except KeyboardInterrupt:
         return runs, "interrupted"
     return runs, None
 
 
-def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs) -> None:
+def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs,
+              pools) -> None:
     specs_cache: dict[WorkloadOverrides, tuple[Workload, list]] = {}
     for i, p in enumerate(points, 1):
         key = p.workload_overrides
@@ -72,7 +76,7 @@ def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs) -
         workload, specs = specs_cache[key]
         started = time.perf_counter()
         run = run_config(p.label, p.config, specs, cost_model, blocks_for_config(p.config),
-                         workload.closed_loop_concurrency)
+                         workload.closed_loop_concurrency, pools=pools)
         runs.append(SweepPointResult(run, SweepCoords(p.series, p.run, p.x, p.values)))
         if log:
             s = run.summary

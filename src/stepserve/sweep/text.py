@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stepserve.sweep.knee import KneeResult, group_series
+from stepserve.sweep.predict import agreement
 
 if TYPE_CHECKING:
     from stepserve.sweep.result import SweepResult
@@ -43,6 +44,9 @@ def format_knees(result: SweepResult) -> str:
                 f"{_num(s.metric(other)):>10} {_count(s.preemptions):>7}  "
                 f"{'ok' if knee.slo_met[i] else 'miss'}{mark}")
         lines += _verdict(result, knee, metric)
+    both = agreement(result.knees)
+    if both:
+        lines += ["", both]
     return "\n".join(lines)
 
 

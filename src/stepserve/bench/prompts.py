@@ -1,0 +1,119 @@
+"""The prompt each bench request sends, of its spec's length.
+
+Text by default, as `vllm bench serve` sends it: with a tokenizer (`--tokenizer`, else
+the target's model when it loads here: a stepserve model name or a local directory, as
+vLLM's tokenizer defaults to the model), text that encodes to exactly `prompt_len`
+tokens (random words encoded, cut to length, decoded and re-encoded until the count
+holds, as vLLM's random dataset fits its prompts); without one, `prompt_len` common
+English words, about one token each on BPE tokenizers. Token ids only when asked
+(`--token-id-prompts`): exactly `prompt_len` ids, which some servers refuse.
+
+Every prompt is drawn from its request's own seed, so two requests share no long prefix
+(a server's prefix cache would otherwise serve most of every prompt) and a run is
+reproducible.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from stepserve.workload.spec import RequestSpec
+
+if TYPE_CHECKING:
+    from stepserve.model.tokenizer import Tokenizer
+
+WORDS = tuple(
+    "the of and to in is was he for it with as his on be at by had are but from or "
+    "she an they which you one were all we her there been if more when will would who so "
+    "no time up out them some could him into its then two now may only see made over new "
+    "after also did many down way most well back year work life day good long world part "
+    "small great place old same head night house light point water hand open".split())
+FIT_TRIES = 8  # decode/encode rounds before a text's length is taken as it stands
+
+
+def token_prompt(spec: RequestSpec, vocab: int = 500) -> list[int]:
+    """A deterministic prompt of exactly spec.prompt_len token ids in [10, vocab)."""
+    span = max(vocab - 10, 1)
+    return [10 + (spec.index * 31 + k * 7) % span for k in range(spec.prompt_len)]
+
+
+def _rng(spec: RequestSpec, seed: int) -> random.Random:
+    return random.Random(seed * 1_000_003 + spec.index)
+
+
+def word_prompt(spec: RequestSpec, seed: int = 0) -> str:
+    """spec.prompt_len words drawn from WORDS with the request's own seed."""
+    rng = _rng(spec, seed)
+    return " ".join(rng.choice(WORDS) for _ in range(spec.prompt_len))
+
+
+def exact_text(tokenizer: Tokenizer, n: int, rng: random.Random) -> str:
+    """Text that `tokenizer` encodes (without special tokens) to n tokens: random words
+    until there are enough tokens, then the first n tokens decoded, re-encoded and cut
+    again until the count holds (a cut can re-encode to another count at its edge)."""
+    words: list[str] = []
+    ids: list[int] = []
+    while len(ids) < n:  # about a token a word: grow by what is missing
+        words += [rng.choice(WORDS) for _ in range(n - len(ids))]
+        ids = tokenizer.encode(" ".join(words), add_special_tokens=False)
+    text = ""
+    for _ in range(FIT_TRIES):
+        text = tokenizer.decode(ids[:n])
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == n:
+            return text
+        if len(ids) < n:  # the cut merged tokens: add a word and cut again
+            ids = tokenizer.encode(text + " " + rng.choice(WORDS), add_special_tokens=False)
+    return text
+
+
+class PromptMaker:
+    """The prompt of each spec: token ids, exact-length text (with a tokenizer) or
+    words."""
+
+    def __init__(self, token_ids: bool = False, tokenizer: Tokenizer | None = None,
+                 seed: int = 0, vocab: int = 500) -> None:
+        self.token_ids = token_ids
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.vocab = vocab
+
+    def fit_to_model(self, model: str) -> None:
+        """Text prompts without a tokenizer take the model's, if it loads here."""
+        if self.token_ids or self.tokenizer is not None:
+            return
+        try:
+            self.tokenizer = load_tokenizer(model)
+        except Exception:  # not installed, not here, unreadable: words, about a token each
+            self.tokenizer = None
+
+    def __call__(self, spec: RequestSpec) -> str | list[int]:
+        if self.token_ids:
+            return token_prompt(spec, self.vocab)
+        if self.tokenizer is not None:
+            return exact_text(self.tokenizer, spec.prompt_len, _rng(spec, self.seed))
+        return word_prompt(spec, self.seed)
+
+    def describe(self) -> str:
+        if self.token_ids:
+            return "token-id prompts"
+        return "text prompts" + (" of exact token length" if self.tokenizer else
+                                 " (words, about a token each: no tokenizer loaded)")
+
+
+def load_tokenizer(name: str) -> Tokenizer:
+    """A stepserve model name or a local Hugging Face directory's tokenizer; UsageError
+    when it cannot be loaded."""
+    from stepserve.cli_errors import UsageError
+
+    try:
+        from stepserve.model.presets import resolve_model
+        from stepserve.model.tokenizer import Tokenizer
+    except ImportError as e:
+        raise UsageError(f"--tokenizer {name!r}: needs the model extra "
+                         f"(pip install -e '.[model]'): {e}") from None
+    try:
+        return Tokenizer(resolve_model(name))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--tokenizer {name!r}: {e}") from None

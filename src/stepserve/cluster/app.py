@@ -1,0 +1,170 @@
+"""The ingress: the single-process server's API (the same handlers, errors and
+streaming: server/serving.py) over a ClusterEngine, plus the cluster's /health (every
+replica, and `/health/{engine}` for one) and one /metrics merging every replica's.
+
+    /health            200 while every pool has a live replica; each replica's state
+    /health/{engine}   that replica's own answer (200, or 503 with the reason)
+    /metrics           every replica's series labelled engine="<index>", pool="<name>"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine
+from stepserve.cluster.metrics_merge import merge_metrics
+from stepserve.cluster.registry import ROUTERS
+from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from stepserve.server.api import add_error_handlers
+from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
+from stepserve.server.openapi import install_openapi
+from stepserve.server.prompts import ServingContext
+from stepserve.server.protocol import ModelCard, ModelList
+from stepserve.server.serving import create_chat_completion, create_completion
+
+log = logging.getLogger("stepserve.cluster")
+REPLICA_CALL_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    max_prompt_chars: int
+    retry_after_s: int = 1
+    shutdown_timeout_s: float = 30.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+
+def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings) -> FastAPI:
+    s = settings
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.async_engine = cluster  # http_server's graceful shutdown drains it
+        app.state.shutdown_timeout_s = s.shutdown_timeout_s
+        app.state.ctx = ServingContext(cluster, s.model_name, s.max_model_len, s.vocab_size,
+                                       s.retry_after_s, s.max_request_bytes,
+                                       s.max_prompt_chars)
+        try:
+            yield
+        finally:
+            await cluster.drain(s.shutdown_timeout_s)
+            await cluster.stop()
+            app.state.ctx.workers.shutdown(wait=False)
+
+    app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
+    add_error_handlers(app)
+    install_openapi(app)
+
+    @app.middleware("http")
+    async def remember_headers(request: Request, call_next):
+        token = REQUEST_HEADERS.set({k.lower(): v for k, v in request.headers.items()})
+        try:
+            return await call_next(request)
+        finally:
+            REQUEST_HEADERS.reset(token)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(request.app.state.ctx, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request.app.state.ctx, request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        return ModelList(data=[ModelCard(id=s.model_name,
+                                         max_model_len=s.max_model_len)]).model_dump()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return await cluster_health(cluster)
+
+    @app.get("/health/{engine}")
+    async def replica_health(engine: int) -> Response:
+        return await one_replica_health(cluster, engine)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> Response:
+        return Response(await cluster_metrics(cluster),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def live_replicas(cluster: ClusterEngine) -> list[tuple[str, int]]:
+    """(pool, engine index) of every replica the routers see, by engine index."""
+    out = []
+    for pool in cluster.handles:
+        router = ROUTERS.get(pool)
+        out += [(pool, st.engine) for st in (router.replica_stats() if router else ())]
+    return sorted(out, key=lambda p: p[1])
+
+
+async def call_replica(cluster: ClusterEngine, pool: str, engine: int, method: str):
+    handle = getattr(cluster.handles[pool], method)
+    response = handle.remote(target=engine)
+    try:
+        return await asyncio.wait_for(response, REPLICA_CALL_TIMEOUT_S)
+    except BaseException:
+        response.cancel()
+        raise
+
+
+async def _health_of(cluster: ClusterEngine, pool: str, engine: int) -> dict:
+    try:
+        return await call_replica(cluster, pool, engine, "health")
+    except Exception as e:
+        return {"engine": engine, "pool": pool, "status": "unreachable",
+                "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+
+
+async def cluster_health(cluster: ClusterEngine) -> Response:
+    if not cluster.accepting:
+        return APIError(503, "the server is shutting down", UNAVAILABLE,
+                        code="shutting_down").response()
+    replicas = live_replicas(cluster)
+    answers = await asyncio.gather(*(_health_of(cluster, p, e) for p, e in replicas))
+    up = {a["pool"] for a in answers if a.get("status") == "ok"}
+    down = [p for p in cluster.handles if p not in up]
+    body = {"status": "ok" if not down else "degraded", "replicas": answers}
+    if down:
+        body["pools_without_live_replica"] = down
+    return JSONResponse(body, status_code=200 if not down else 503)
+
+
+async def one_replica_health(cluster: ClusterEngine, engine: int) -> Response:
+    pools = {e: p for p, e in live_replicas(cluster)}
+    if engine not in pools:
+        known = ", ".join(str(e) for e in sorted(pools)) or "none"
+        return APIError(404, f"no live replica with engine index {engine} (live: {known})",
+                        NOT_FOUND, code="replica_not_found").response()
+    answer = await _health_of(cluster, pools[engine], engine)
+    return JSONResponse(answer, status_code=200 if answer.get("status") == "ok" else 503)
+
+
+async def cluster_metrics(cluster: ClusterEngine) -> str:
+    replicas = live_replicas(cluster)
+
+    async def text_of(pool: str, engine: int) -> tuple[int, str, str] | None:
+        try:
+            return engine, pool, await call_replica(cluster, pool, engine, "metrics_text")
+        except Exception as e:
+            log.warning("metrics of replica %d (%s): %s", engine, pool, e)
+            return None
+
+    texts = [t for t in await asyncio.gather(*(text_of(p, e) for p, e in replicas)) if t]
+    live = "\n".join(f'stepserve:cluster_replicas_live{{pool="{p}"}} '
+                     f"{sum(1 for q, _ in replicas if q == p)}" for p in cluster.handles)
+    return (merge_metrics(texts) + "# HELP stepserve:cluster_replicas_live replicas the "
+            "ingress routes to\n# TYPE stepserve:cluster_replicas_live gauge\n" + live + "\n")

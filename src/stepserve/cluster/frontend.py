@@ -1,0 +1,224 @@
+"""ClusterEngine: the ingress's engine. serving.py's handlers talk to it as they talk to
+the single-process server's AsyncEngine (add, abort, drain); it picks each request's pool
+by the deployment's rules and hands the request to that pool's Ray Serve deployment,
+whose request router picks the replica (request_router.py).
+
+Every accepted request gets exactly one final output, whatever happens to its replica:
+* the replica's own outputs, ending with its final one;
+* a replica that dies mid-request: a final "error" output naming the replica;
+* an abort (client gone, drain cut): the replica's stream is cancelled (the replica
+  aborts the request) and the handler gets a final "abort" output at once.
+A replica that dies before it admitted a request costs nothing: the request is sent
+again (Ray Serve's router no longer offers the dead replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepserve.clock import WallClock
+from stepserve.cluster.messages import Admission
+from stepserve.config import EngineConfig
+from stepserve.request import SamplingParams
+from stepserve.routing.pools import Deployment
+from stepserve.routing.view import RouteRequest
+from stepserve.server.streams import (
+    EngineUnavailable,
+    RequestFailed,
+    RequestRejected,
+    RequestStream,
+    StreamOutput,
+)
+
+log = logging.getLogger("stepserve.cluster")
+
+# the headers (lower-cased) of the HTTP request being handled, for header routing rules
+REQUEST_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "stepserve_request_headers", default=None)
+ADMIT_TRIES = 3  # sends of a request whose replica died before admitting it
+
+
+@dataclass
+class IngressModel:
+    """What the handlers read of `engine.engine`: the tokenizer, the engine config the
+    pools start from (requests are checked against it) and a clock."""
+
+    tokenizer: Any
+    config: EngineConfig
+    clock: WallClock = field(default_factory=WallClock)
+
+
+@dataclass
+class _Live:
+    stream: RequestStream
+    pump: asyncio.Task
+    generator: Any  # ray.serve DeploymentResponseGenerator
+    admission: Admission
+    last: StreamOutput | None = None
+
+
+class ClusterEngine:
+    def __init__(self, deployment: Deployment, handles: Mapping[str, Any],
+                 model: IngressModel) -> None:
+        self.deployment = deployment
+        self.handles = dict(handles)  # pool name -> its deployment's handle
+        self.engine = model
+        self.accepting = True
+        self.fault: str | None = None  # a cluster has no single engine to die
+        self._live: dict[str, _Live] = {}
+        self._all_ended = asyncio.Event()
+        self._all_ended.set()
+        self._drain_cut = asyncio.Event()
+
+    @property
+    def is_running(self) -> bool:
+        return True
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
+    def route_of(self, prompt_ids: list[int], params: SamplingParams) -> RouteRequest:
+        return RouteRequest(len(prompt_ids), params.max_tokens, params.priority,
+                            params.tenant, REQUEST_HEADERS.get() or {})
+
+    # ---- requests ----
+    async def add(self, prompt_ids: list[int], params: SamplingParams, *,
+                  streamed: bool = True, request_id: str | None = None,
+                  arrival_time: float | None = None) -> RequestStream:
+        """Send to a replica of the request's pool; return its stream once admitted.
+        Raises RequestRejected, RequestFailed or EngineUnavailable as AsyncEngine.add
+        does. (The replica stamps its own arrival time.)"""
+        if not self.accepting:
+            raise EngineUnavailable("the server is shutting down")
+        route = self.route_of(prompt_ids, params)
+        pool = self.deployment.pool_for(route)
+        rid = request_id or f"ing-{uuid.uuid4().hex}"
+        generator, admission = await self._admit(pool, rid, prompt_ids, params, streamed,
+                                                 route)
+        stream = RequestStream(rid, len(prompt_ids))
+        pump = asyncio.ensure_future(self._pump(rid))
+        self._live[rid] = _Live(stream, pump, generator, admission)
+        self._all_ended.clear()
+        return stream
+
+    async def _admit(self, pool: str, rid: str, prompt_ids: list[int],
+                     params: SamplingParams, streamed: bool, route: RouteRequest):
+        from ray.exceptions import RayActorError
+
+        handle = self.handles[pool].options(stream=True)
+        died: Exception | None = None
+        for _ in range(ADMIT_TRIES):
+            generator = handle.generate.remote(prompt_ids, params, streamed, rid,
+                                               route=route)
+            try:
+                admission = await generator.__anext__()
+            except RayActorError as e:  # died before admitting it: send it again
+                died = e
+                continue
+            except StopAsyncIteration:
+                raise RequestFailed(f"pool {pool!r}: the replica answered nothing") from None
+            except BaseException:
+                generator.cancel()
+                raise
+            _raise_for(admission)
+            return generator, admission
+        raise RequestFailed(f"pool {pool!r}: replicas died before taking the request "
+                            f"({_brief(died)})")
+
+    async def _pump(self, rid: str) -> None:
+        """Move the replica's outputs into the handler's stream until the final one."""
+        live = self._live[rid]
+        try:
+            async for out in live.generator:
+                live.last = out
+                live.stream.put(out)
+                if out.finished:
+                    return
+            self._end(live, "error", f"{_where(live)} ended the stream without a final "
+                                     "output")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("request %s: %s failed: %s", rid, _where(live), _brief(e))
+            self._end(live, "error", f"{_where(live)} failed while running the request: "
+                                     f"{_brief(e)}")
+        finally:
+            self._forget(rid)
+
+    def abort(self, request_id: str, message: str = "aborted by the client") -> None:
+        """End a request now: cancel its replica stream, give the handler a final
+        "abort" output. No-op if it already ended."""
+        live = self._live.get(request_id)
+        if live is None:
+            return
+        live.pump.cancel()
+        live.generator.cancel()
+        self._end(live, "abort", message)
+        self._forget(request_id)
+
+    @staticmethod
+    def _end(live: _Live, reason: str, message: str) -> None:
+        last = live.last
+        live.stream.put(StreamOutput(
+            "", live.stream.num_prompt_tokens, last.num_output_tokens if last else 0,
+            finished=True, finish_reason=reason, message=message,
+            full_text=last.full_text if last and last.full_text else ""))
+
+    def _forget(self, rid: str) -> None:
+        self._live.pop(rid, None)
+        if not self._live:
+            self._all_ended.set()
+
+    # ---- shutdown ----
+    async def drain(self, timeout_s: float) -> tuple[int, int]:
+        """Stop admitting; let live requests finish for up to `timeout_s`, then abort the
+        rest. Returns (finished during the drain, aborted)."""
+        self.accepting = False
+        before = len(self._live)
+        if before:
+            waits = [asyncio.ensure_future(e.wait()) for e in (self._all_ended,
+                                                                self._drain_cut)]
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+        left = list(self._live)
+        for rid in left:
+            self.abort(rid, f"server shutting down (no finish within the {timeout_s:g} s "
+                            "drain)")
+        return before - len(left), len(left)
+
+    def cut_drain(self) -> None:
+        self._drain_cut.set()
+
+    async def stop(self) -> None:
+        for rid in list(self._live):
+            self.abort(rid, "server stopped")
+
+
+def _raise_for(admission: Admission) -> None:
+    if admission.error is None:
+        return
+    if admission.error == "rejected":
+        raise RequestRejected(admission.message, admission.reason)
+    if admission.error == "failed":
+        raise RequestFailed(admission.message)
+    raise EngineUnavailable(f"engine {admission.engine} ({admission.pool}): "
+                            f"{admission.message}")
+
+
+def _where(live: _Live) -> str:
+    a = live.admission
+    return f"replica engine={a.engine} (pool {a.pool})"
+
+
+def _brief(error: BaseException | None) -> str:
+    """The first line of an error (Ray's carry the remote traceback below it)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,70 @@
+"""What crosses the Ray seam between the ingress and a replica, as typed values: the
+first item of every generate stream (Admission) and the load a replica reports for the
+router (ReplicaStats, sent as the plain dict Ray Serve's routing stats must be)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from stepserve.routing.view import ReplicaView
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """How to build one replica's engine (the deployment's constructor argument)."""
+
+    model_dir: str
+    model_name: str
+    config: dict[str, Any]  # the pool's engine config, YAML-shaped (config_load.to_dict)
+    pool: str
+    first_engine: int  # the engine index of the pool's replica of rank 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    torch_threads: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Whether the replica's engine took the request. `error`: None (taken), "rejected"
+    (RequestRejected, with its `reason`), "failed" (RequestFailed) or "unavailable"."""
+
+    engine: int
+    pool: str
+    error: str | None = None
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    engine: int  # the replica's index in the whole deployment (the `engine` label)
+    pool: str
+    pid: int
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    requests_admitted: int = 0  # since the replica (process) started
+    fault: str | None = None  # why its engine loop died
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReplicaStats | None:
+        """None for a replica that has not reported yet (an empty dict)."""
+        if not data or "engine" not in data:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def view(self, outstanding: int | None = None) -> ReplicaView:
+        """The router's view. `outstanding`: requests the ingress has in flight there,
+        fresher than the reported queue (reports come every routing-stats period)."""
+        if outstanding is None:
+            return ReplicaView(self.engine, self.pool, self.waiting, self.running,
+                               self.kv_usage)
+        running = min(self.running, outstanding)
+        return ReplicaView(self.engine, self.pool, outstanding - running, running,
+                           self.kv_usage)

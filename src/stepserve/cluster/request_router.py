@@ -1,0 +1,104 @@
+"""StepserveRequestRouter: Ray Serve's custom request router for a pool's deployment. It
+decides with stepserve.routing, the same PoolRouter the simulator's replicas use, over a
+ReplicaView of each live replica:
+
+* the replica's engine index, pool, running count and KV usage, as it reported them
+  (`record_routing_stats`, every routing-stats period);
+* its outstanding requests counted here, as they are sent and as they end, so a burst
+  of requests sent between two reports does not all see the same stale queue.
+
+A call with `target=<engine index>` (the ingress's per-replica /health and /metrics)
+goes to that replica; a call with no `route` to any of them.
+
+Ray Serve builds one router per deployment in the ingress process; each registers itself
+in registry.ROUTERS under its pool so the ingress can list the live replicas.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from stepserve.cluster.messages import ReplicaStats
+from stepserve.config import EngineConfig
+from stepserve.config_load import apply_nested
+from stepserve.routing.pools import Deployment, PoolRouter, load_deployment
+from stepserve.routing.view import ReplicaView
+
+GENERATE = "generate"
+
+
+def deployment_of(pools_file: str | None, base: dict[str, Any]) -> Deployment:
+    """The Deployment from what the router is given (JSON: Ray passes it on as is): the
+    engine config the pools start from and the pools file, read here again."""
+    config = apply_nested(EngineConfig(), base)
+    return Deployment.single(config) if pools_file is None else \
+        load_deployment(pools_file, config)
+
+
+class StepserveRequestRouter(RequestRouter):
+    def initialize_state(self, pool: str = "default", base: dict[str, Any] | None = None,
+                         pools_file: str | None = None, seed: int = 0, **_: Any) -> None:
+        self.pool = pool
+        self.pool_router = PoolRouter(deployment_of(pools_file, base or {}), seed)
+        self._outstanding: dict[ReplicaID, int] = defaultdict(int)
+        self._sent: dict[str, ReplicaID] = {}  # internal request id -> replica
+        from stepserve.cluster import registry  # not a global: see registry.py
+
+        registry.ROUTERS[pool] = self
+
+    # ---- what the ingress reads ----
+    def replica_stats(self) -> list[ReplicaStats]:
+        """The live replicas that have reported, by engine index."""
+        stats = [ReplicaStats.from_dict(r.routing_stats)
+                 for r in list(self.curr_replicas.values())]
+        return sorted((s for s in stats if s is not None), key=lambda s: s.engine)
+
+    # ---- Ray Serve's calls ----
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        ranked = sorted(candidate_replicas, key=self._order)
+        target = kwargs.get("target")
+        if target is not None:
+            return [[r for r in ranked if self._engine_of(r) == target]]
+        route = kwargs.get("route")
+        if route is None or not ranked:
+            return [ranked]
+        views = [self._view(r, i) for i, r in enumerate(ranked)]
+        return [[ranked[self.pool_router.pick(views, route)]]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: Any) -> None:
+        if pending_request.metadata.call_method == GENERATE:
+            self._outstanding[replica_id] += 1
+            self._sent[pending_request.metadata.internal_request_id] = replica_id
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        sent_to = self._sent.pop(internal_request_id, None)
+        if sent_to is not None and self._outstanding[sent_to] > 0:
+            self._outstanding[sent_to] -= 1
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._outstanding.pop(replica_id, None)
+
+    # ---- views ----
+    def _view(self, replica: RunningReplica, position: int) -> ReplicaView:
+        stats = ReplicaStats.from_dict(replica.routing_stats)
+        outstanding = self._outstanding.get(replica.replica_id, 0)
+        if stats is None:  # not reported yet (just started): what is known here
+            return ReplicaView(position, self.pool, outstanding, 0, 0.0)
+        return stats.view(outstanding)
+
+    @staticmethod
+    def _engine_of(replica: RunningReplica) -> int | None:
+        stats = ReplicaStats.from_dict(replica.routing_stats)
+        return None if stats is None else stats.engine
+
+    def _order(self, replica: RunningReplica) -> tuple[int, str]:
+        engine = self._engine_of(replica)
+        return (engine if engine is not None else 1 << 30, replica.replica_id.unique_id)

@@ -1,0 +1,107 @@
+"""A `vllm bench serve --save-result` file (or ours, written with `stepserve bench
+--save-result`) as a RunSummary, so `stepserve doctor` and `stepserve report` read it.
+
+Such a file is one flat object: `completed`, `duration`, `request_throughput`, ...,
+latencies in milliseconds as `{mean,median,std,pNN}_{ttft,tpot,itl,e2el}_ms`
+(bench/vllm_result.py lists the keys and their definitions). It is recognised by its
+keys, not its name. Milliseconds become seconds; `median` is P50; a percentile the file
+lacks (vLLM writes P99 only by default) is computed from the per-request lists when the
+file has them (`--save-detailed`: `ttfts`, `itls`, `output_lens`, `errors`), else left
+None. A run with no completed request has no latencies (vLLM writes 0.0 there).
+
+It is the client's view only: no queue, batch, KV or preemption numbers, so the rules
+that need the server's side cannot run on it (`alerts.unevaluable` names them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from stepserve.metrics.percentiles import mean, percentile, ratio
+from stepserve.metrics.run_summary import RunSummary
+
+VLLM_MARKERS = ("completed", "duration", "request_throughput")
+# vLLM's metric name -> ours
+METRIC_NAMES = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
+
+
+def is_vllm_result(data: Any) -> bool:
+    """A flat vLLM bench result: every marker key, and no `runs` list (ours has one)."""
+    return isinstance(data, dict) and "runs" not in data \
+        and all(k in data for k in VLLM_MARKERS)
+
+
+def _number(data: Mapping[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else None
+
+
+def _seconds(data: Mapping[str, Any], key: str) -> float | None:
+    ms = _number(data, key)
+    return None if ms is None else ms / 1000.0
+
+
+def _per_request(data: Mapping[str, Any]) -> dict[str, list[float]] | None:
+    """Each completed request's TTFT, TPOT, ITL gaps and E2EL from the detailed lists
+    (E2EL = TTFT + its gaps, as vLLM's latency is the last chunk's time), or None."""
+    ttfts, itls, outs, errors = (data.get(k) for k in ("ttfts", "itls", "output_lens",
+                                                         "errors"))
+    if not all(isinstance(x, list) for x in (ttfts, itls, outs, errors)):
+        return None
+    values: dict[str, list[float]] = {"ttft": [], "tpot": [], "itl": [], "e2el": []}
+    for ttft, gaps, n, error in zip(ttfts, itls, outs, errors, strict=False):
+        if error or not isinstance(gaps, list):
+            continue
+        e2el = float(ttft) + float(sum(gaps))
+        values["ttft"].append(float(ttft))
+        values["itl"] += [float(g) for g in gaps]
+        values["e2el"].append(e2el)
+        if isinstance(n, int) and n > 1:
+            values["tpot"].append((e2el - float(ttft)) / (n - 1))
+    return values
+
+
+def _latencies(data: Mapping[str, Any]) -> dict[str, float | None]:
+    raw = _per_request(data)
+    out: dict[str, float | None] = {}
+    for theirs, ours in METRIC_NAMES.items():
+        values = raw[theirs] if raw else []
+        median = _seconds(data, f"median_{theirs}_ms")
+        stats = {"mean": _seconds(data, f"mean_{theirs}_ms"),
+                 "p50": median if median is not None else _seconds(data, f"p50_{theirs}_ms")}
+        for p in (95, 99):
+            stats[f"p{p}"] = _seconds(data, f"p{p}_{theirs}_ms")
+        if values:
+            stats["mean"] = stats["mean"] if stats["mean"] is not None else mean(values)
+            for p in (50, 95, 99):
+                if stats[f"p{p}"] is None:
+                    stats[f"p{p}"] = percentile(values, p)
+            if theirs == "itl":
+                out["itl_max_s"] = max(values)
+        out.update({f"{ours}_{k}_s": v for k, v in stats.items()})
+    for name in ("e2e", "ttft", "tpot"):
+        out[f"p99_p50_{name}_ratio"] = ratio(out[f"{name}_p99_s"], out[f"{name}_p50_s"])
+    return out
+
+
+def vllm_summary(data: Mapping[str, Any]) -> RunSummary:
+    """The RunSummary of a vLLM result: the client's fields it carries (module doc)."""
+    completed, failed = _number(data, "completed"), _number(data, "failed")
+    if failed is None and isinstance(data.get("errors"), list):
+        failed = float(sum(1 for e in data["errors"] if e))
+    prompt, output = _number(data, "total_input_tokens"), _number(data, "total_output_tokens")
+    goodput, duration = _number(data, "request_goodput"), _number(data, "duration")
+    values: dict[str, Any] = {
+        "requests_total": None if completed is None or failed is None else completed + failed,
+        "requests_finished": completed, "requests_failed": failed,
+        "output_tokens": output, "prompt_tokens": prompt, "duration_s": duration,
+        "throughput_tokens_per_s": _number(data, "output_throughput"),
+        "throughput_requests_per_s": _number(data, "request_throughput")}
+    if completed:  # vLLM writes 0.0 for the latencies of a run where none completed
+        values.update(_latencies(data))
+    values["goodput_requests_per_s"] = goodput
+    values["goodput_requests"] = None if goodput is None or duration is None \
+        else round(goodput * duration)
+    return RunSummary.of(**values)
