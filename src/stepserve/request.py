@@ -8,7 +8,7 @@ Prefill, chunked prefill, recompute after preemption and decode are the same rul
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepserve import request_limits as limits
 from stepserve.request_limits import check_range
@@ -41,6 +41,16 @@ class FinishReason(str, enum.Enum):
     TIMED_OUT = "timed_out"
     ERROR = "error"
 
+    @property
+    def completed(self) -> bool:
+        """Ended by its own stop condition or its length: a completed request (vLLM's
+        request_success with finished_reason stop or length). The one definition."""
+        return self.value in COMPLETED_REASONS
+
+
+# the finish reasons of a completed request, as the strings results and servers carry
+COMPLETED_REASONS = ("stop", "length")
+
 
 class RejectReason(str, enum.Enum):
     """Why admission refused a request (FinishReason.REJECTED), for counters and HTTP codes."""
@@ -62,39 +72,55 @@ FINISH_REASON_OF = {
 
 @dataclass
 class SamplingParams:
-    """What the client asked for. Scheduling hints (priority, tenant) ride along,
-    as in vLLM's `priority` argument and OpenAI's `user` field."""
+    """What the client asked for, with vLLM's names, defaults and ranges (each bounded in
+    request_limits.py). Scheduling hints (priority, tenant) ride along, as in vLLM's
+    `priority` argument and OpenAI's `user` field.
 
-    max_tokens: int = 16
+    `max_tokens=None`: as many as max_model_len leaves after the prompt (the engine core
+    resolves it). `top_k` 0 or -1: off. `n > 1`: n child requests of the same prompt
+    (vLLM's parallel sampling; `child_params`). `logprobs`/`prompt_logprobs`: how many
+    top alternatives to return per output/prompt token (0: only the token's own)."""
+
+    max_tokens: int | None = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    n: int = 1
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     priority: int = 0  # lower runs first, as in vLLM
     tenant: str = "default"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
-        self.stop = tuple(self.stop)
-        self.stop_token_ids = tuple(self.stop_token_ids)
+        self.stop = tuple(self.stop or ())
+        self.stop_token_ids = tuple(self.stop_token_ids or ())
         if self.top_k == -1 and not isinstance(self.top_k, bool):
             self.top_k = 0  # vLLM's spelling of "off"
-        problems = [p for p in (
-            check_range("max_tokens", self.max_tokens, 1, limits.MAX_TOKENS_MAX, integer=True),
-            check_range("temperature", self.temperature, 0.0, limits.TEMPERATURE_MAX),
-            check_range("top_k", self.top_k, 0, limits.TOP_K_MAX, integer=True,
-                        note=" (0 or -1: off)"),
-            check_range("priority", self.priority, limits.PRIORITY_MIN, limits.PRIORITY_MAX,
-                        integer=True),
-            None if self.seed is None else check_range(
-                "seed", self.seed, limits.SEED_MIN, limits.SEED_MAX, integer=True),
-        ) if p is not None]
+        problems = [p for p in self._range_problems() if p is not None]
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             problems.append(f"top_p = {self.top_p!r}: must be a number in (0, 1]")
+        rep = self.repetition_penalty
+        if not (isinstance(rep, (int, float)) and not isinstance(rep, bool)
+                and 0.0 < rep <= limits.REPETITION_PENALTY_MAX):
+            problems.append(f"repetition_penalty = {rep!r}: must be a number in (0, "
+                            f"{limits.REPETITION_PENALTY_MAX:g}]")
+        if (isinstance(self.max_tokens, int) and isinstance(self.min_tokens, int)
+                and self.min_tokens > self.max_tokens):
+            problems.append(f"min_tokens = {self.min_tokens}: must be <= max_tokens = "
+                            f"{self.max_tokens}")
         problems += _list_problems("stop", self.stop, str, limits.STOP_MAX_COUNT,
                                    limits.STOP_MAX_CHARS)
         problems += _list_problems("stop_token_ids", self.stop_token_ids, int,
@@ -104,6 +130,58 @@ class SamplingParams:
                             f"characters")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _range_problems(self) -> tuple[str | None, ...]:
+        optional = (("max_tokens", self.max_tokens, 1, limits.MAX_TOKENS_MAX),
+                    ("seed", self.seed, limits.SEED_MIN, limits.SEED_MAX),
+                    ("logprobs", self.logprobs, 0, limits.LOGPROBS_MAX),
+                    ("prompt_logprobs", self.prompt_logprobs, 0, limits.LOGPROBS_MAX))
+        return (
+            check_range("temperature", self.temperature, 0.0, limits.TEMPERATURE_MAX),
+            check_range("top_k", self.top_k, 0, limits.TOP_K_MAX, integer=True,
+                        note=" (0 or -1: off)"),
+            check_range("min_p", self.min_p, 0.0, 1.0),
+            check_range("n", self.n, 1, limits.N_MAX, integer=True),
+            check_range("min_tokens", self.min_tokens, 0, limits.MAX_TOKENS_MAX,
+                        integer=True),
+            check_range("presence_penalty", self.presence_penalty, limits.PENALTY_MIN,
+                        limits.PENALTY_MAX),
+            check_range("frequency_penalty", self.frequency_penalty, limits.PENALTY_MIN,
+                        limits.PENALTY_MAX),
+            check_range("priority", self.priority, limits.PRIORITY_MIN, limits.PRIORITY_MAX,
+                        integer=True),
+            *(None if value is None else check_range(name, value, low, high, integer=True)
+              for name, value, low, high in optional),
+        )
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The params of child `index` of an n > 1 request, as vLLM's parallel sampling makes
+    them: n = 1, and a seeded parent gives child i the seed `seed + i` (wrapped into
+    int64), so the n samples differ from each other yet the whole answer is reproducible."""
+    seed = params.seed
+    if seed is not None:
+        seed += index
+        if seed > limits.SEED_MAX:
+            seed -= 1 << 64
+    return replace(params, n=1, seed=seed)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position's log-probabilities: the token there (sampled, or the prompt's), its
+    logprob and rank (1: the most likely), and the `top` most likely (token id, logprob)
+    pairs in order, as many as the request asked for."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
 
 
 def _list_problems(name: str, items: tuple, kind: type, max_count: int,
@@ -132,6 +210,8 @@ class Request:
     eos_token_id: int | None = None
     request_class: str = ""  # workload class name, for per-class metrics
     length_estimate: int | None = None  # expected output length (srpt); None: max_tokens
+    parent_id: str | None = None  # n > 1: the request this one is child `index` of
+    index: int = 0
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -139,6 +219,10 @@ class Request:
     finish_reason: FinishReason | None = None
     finish_message: str = ""
     reject_reason: RejectReason | None = None  # set when admission refused it
+    # asked-for log-probabilities (None unless the params ask): one per output token, and
+    # one per prompt token after the first (the engine core appends what the runner gives)
+    output_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
     # timestamps (clock seconds)
     first_scheduled_time: float | None = None
@@ -155,10 +239,16 @@ class Request:
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)
+        # None until the engine core resolves max_tokens=None against max_model_len
         self.max_tokens = self.sampling_params.max_tokens
+        self.min_tokens = self.sampling_params.min_tokens
         self.priority = self.sampling_params.priority
         self.tenant = self.sampling_params.tenant
         self.stop_token_ids = self.sampling_params.stop_token_ids
+        if self.sampling_params.logprobs is not None:
+            self.output_logprobs = []
+        if self.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = []
 
     @property
     def num_tokens(self) -> int:

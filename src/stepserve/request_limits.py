@@ -12,6 +12,8 @@ Why these numbers:
   or context, so nothing downstream sizes a buffer from them.
 * Per-token work grows with the stop strings (each is searched after every token):
   a few dozen short strings cost nothing, a hundred thousand slow every stream.
+* `n` children each hold a whole sequence of KV and a batch slot: a hundred is already
+  far past any sensible use; top logprobs cost a top-k over the vocabulary per token.
 * `user` is a tenant *name* for the fair-share policy; the table of tenants is bounded
   separately (core/policies.py), this bounds each key.
 * Bodies: the largest legitimate body is a prompt of max_model_len token ids or text
@@ -32,6 +34,11 @@ STOP_MAX_COUNT = 32  # OpenAI allows 4; vLLM has no limit
 STOP_MAX_CHARS = 1024  # per stop string
 STOP_TOKEN_IDS_MAX_COUNT = 1024
 TENANT_MAX_CHARS = 256  # the `user` field
+N_MAX = 128  # parallel samples of one request (each holds its own KV; vLLM allows 16384)
+LOGPROBS_MAX = 20  # top logprobs per token (vLLM's default --max-logprobs; OpenAI's 20)
+PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # presence / frequency (OpenAI's and vLLM's range)
+REPETITION_PENALTY_MAX = 100.0  # vLLM: any finite value > 0; past ~2 it only scrambles
+REQUEST_ID_MAX_CHARS = 256  # a client's request_id (vLLM extra field) or X-Request-Id
 MESSAGES_MAX_COUNT = 2048  # chat messages per request
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 MAX_REQUEST_BYTES_MAX = 1 << 30

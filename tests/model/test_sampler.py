@@ -5,8 +5,20 @@ from __future__ import annotations
 import torch
 
 from stepserve.model import sampler as sampler_mod
-from stepserve.model.sampler import sample
-from stepserve.request import SamplingParams
+from stepserve.model.sampler import sample as sample_rows
+from stepserve.request import Request, SamplingParams
+
+
+def rows(params, num_outputs, prompt=(3,), outputs=None):
+    """Requests for the sampler: row b with `num_outputs[b]` output tokens so far."""
+    return [Request(f"r{b}", list(prompt), p, 0.0, eos_token_id=2,
+                    output_token_ids=list(outputs[b]) if outputs else [5] * k)
+            for b, (p, k) in enumerate(zip(params, num_outputs, strict=True))]
+
+
+def sample(x, params, num_outputs):
+    """The old call shape: token ids of rows with only params and output counts."""
+    return sample_rows(x.clone(), rows(params, num_outputs)).token_ids
 
 
 def logits(b=6, v=1000, seed=0) -> torch.Tensor:

@@ -98,14 +98,14 @@ def _sabotage(monkeypatch, engine, rng: random.Random) -> FaultyRunner:
 
     real_init, real_token = sse.Chunks.__init__, sse.Chunks.token
 
-    def init(self, rid, created, model, body):
-        real_init(self, rid, created, model, body)
+    def init(self, rid, created, model, body, *args, **kwargs):
+        real_init(self, rid, created, model, body, *args, **kwargs)
         self.sabotaged = body.user == STREAM_MARK
 
-    def token(self, text, out):
+    def token(self, out):
         if getattr(self, "sabotaged", False) and out.num_output_tokens >= 4:
             raise RuntimeError("injected stream renderer fault")
-        return real_token(self, text, out)
+        return real_token(self, out)
 
     monkeypatch.setattr(sse.Chunks, "__init__", init)
     monkeypatch.setattr(sse.Chunks, "token", token)

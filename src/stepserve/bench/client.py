@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-COMPLETED = ("stop", "length")
+from stepserve.request import COMPLETED_REASONS
 
 
 @dataclass
@@ -42,7 +42,7 @@ class RequestRecord:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.finish_reason in COMPLETED
+        return self.error is None and self.finish_reason in COMPLETED_REASONS
 
     @property
     def num_output_tokens(self) -> int:

@@ -20,7 +20,7 @@ from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.run_summary import REQUEST_FIELDS, STEP_FIELDS, RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import summarize
-from stepserve.request import Request, SamplingParams
+from stepserve.request import COMPLETED_REASONS, Request, SamplingParams
 
 if TYPE_CHECKING:
     from stepserve.sim.run import RunResult
@@ -33,7 +33,7 @@ def record_of(req: Request, index: int, warmup: bool, scheduled_s: float, t0: fl
     times = [t - t0 for t in req.token_times]
     end = req.finish_time if req.finish_time is not None else \
         (req.token_times[-1] if req.token_times else None)
-    ok = reason in ("stop", "length")
+    ok = reason in COMPLETED_REASONS
     return RequestRecord(
         index=index, request_class=request_class, prompt_len=req.num_prompt_tokens,
         max_tokens=req.sampling_params.max_tokens, warmup=warmup, scheduled_s=scheduled_s,

@@ -248,9 +248,7 @@ def table_rows(summary: RunSummary) -> list[tuple[str, str]]:
         ms = [summary.metric(f"{name}_{s}_s") for s in ("mean", "p50", "p95", "p99")]
         rows.append((f"{name} ms mean/p50/p95/p99",
                      " / ".join("-" if v is None else f"{v * 1000:.2f}" for v in ms)))
-    for k in SCRAPE_KEYS:
-        if k in ("metrics_source", "scrape_samples"):  # not numbers, or not worth a row
-            continue
+    for k in SCRAPE_KEYS[:-2]:
         if (value := summary.metric(k)) is not None:
             rows.append((k, _fmt(value)))
     return rows

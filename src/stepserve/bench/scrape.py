@@ -40,8 +40,8 @@ __all__ = ["SCRAPE_KEYS", "Samples", "Scraper", "Snapshot", "parse_prometheus",
 SCRAPE_KEYS = ("waiting_max", "running_max", "kv_usage_max", "preemptions",
                "waiting_p50", "waiting_nonzero_share", "waiting_growth", "waiting_trend_rise",
                "server_requests_finished", "server_generation_tokens",
-               "server_prompt_tokens", "metrics_source", "scrape_samples", "mean_step_s",
-               "step_p50_s", "step_p99_s")
+               "server_prompt_tokens", "mean_step_s", "step_p50_s", "step_p99_s",
+               "metrics_source", "scrape_samples")  # the two not numbers last
 # summary key -> the counter whose increase over the run it is
 _COUNTER_KEYS = {"preemptions": "preemptions", "server_requests_finished": "requests_finished",
                  "server_generation_tokens": "generation_tokens",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     add_quantization_argument(p)
+    p.add_argument("--api-key", action="append", type=api_key, default=None, metavar="KEY",
+                   help="require `Authorization: Bearer KEY` on every route but /health, "
+                        "/metrics and /version (repeat for several keys; default: the "
+                        "VLLM_API_KEY environment variable, as vLLM)")
     p.add_argument("--uvicorn-log-level", default=None,
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="the HTTP server's log level (default: --log-level)")
@@ -95,6 +100,20 @@ def seed_number(text: str) -> int:
     return seed
 
 
+def api_key(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an API key cannot be empty")
+    return text
+
+
+def api_keys_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key, else VLLM_API_KEY from the environment (vLLM reads the same one)."""
+    if args.api_key:
+        return tuple(args.api_key)
+    env = os.environ.get("VLLM_API_KEY", "").strip()
+    return (env,) if env else ()
+
+
 def serve_command(args: argparse.Namespace) -> int:
     return run_serve(ServeOptions(
         model=args.model_tag or args.model, served_model_name=args.served_model_name,
@@ -103,7 +122,8 @@ def serve_command(args: argparse.Namespace) -> int:
         retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
         max_request_bytes=args.max_request_bytes, log_level=args.log_level,
         uvicorn_log_level=args.uvicorn_log_level, seed=args.seed,
-        pools=args.pools, ray_address=args.ray_address, config=config_overrides(args)))
+        pools=args.pools, ray_address=args.ray_address, config=config_overrides(args),
+        api_keys=api_keys_of(args)))
 
 
 # ---- the job (server/ is the place for it; it lives here until that package is free) ----
@@ -126,6 +146,7 @@ class ServeOptions:
     config: ConfigOverrides = ConfigOverrides()
     pools: str | None = None  # a pools file: the replicas run on Ray Serve (cluster/)
     ray_address: str | None = None  # the Ray cluster to run them on (cluster/)
+    api_keys: tuple[str, ...] = ()  # Bearer tokens every non-public route requires
 
 
 def run_serve(options: ServeOptions) -> int:
@@ -158,7 +179,7 @@ def run_serve(options: ServeOptions) -> int:
     name = o.served_model_name or str(o.model)
     app = create_app(engine, model_name=name, retry_after_s=o.retry_after_s,
                      shutdown_timeout_s=o.shutdown_timeout_s,
-                     max_request_bytes=o.max_request_bytes)
+                     max_request_bytes=o.max_request_bytes, api_keys=o.api_keys)
     print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1 "
           f"({engine.runner.describe()})", file=sys.stderr)
     server = make_server(app, o.host, o.port, log_level=o.uvicorn_log_level or o.log_level)

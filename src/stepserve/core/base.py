@@ -193,6 +193,8 @@ class SchedulerBase:
             if len(output) >= req.max_tokens:
                 self._end(req, RequestStatus.FINISHED_LENGTH)
                 ended = True
+            elif len(output) < req.min_tokens:
+                continue  # no stop before min_tokens (vLLM's check_stop)
             elif tok == req.eos_token_id and not req.sampling_params.ignore_eos:
                 self._end(req, RequestStatus.FINISHED_STOPPED)
                 ended = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stepserve.request import Request
+from stepserve.request import Request, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -73,10 +73,17 @@ class SchedulerOutput:
 @dataclass(slots=True)
 class RunnerOutput:
     """What the runner did: a sampled token per scheduled request (None where the chunk
-    did not reach the end of the sequence), and how long the step took."""
+    did not reach the end of the sequence), and how long the step took.
+
+    Only for requests whose params ask (else None, and None throughout for a runner that
+    computes none, like the simulator's): `logprobs[i]`, those of request i's sampled
+    token; `prompt_logprobs[i]`, those of the prompt tokens this step's chunk predicted
+    (positions after the ones the request already holds)."""
 
     sampled_token_ids: list[int | None]
     elapsed_s: float
+    logprobs: list[TokenLogprobs | None] | None = None
+    prompt_logprobs: list[list[TokenLogprobs] | None] | None = None
 
 
 @dataclass(slots=True)

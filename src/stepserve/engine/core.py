@@ -85,7 +85,11 @@ class EngineCore:
     # ---- requests ----
     def add_request(self, request: Request) -> bool:
         """Queue `request`; False if admission refused it (it is then finished, with its
-        reason, and appears in no StepResult)."""
+        reason, and appears in no StepResult). max_tokens=None becomes what max_model_len
+        leaves after the prompt (at least 1: a prompt that fills the context is refused)."""
+        if request.max_tokens is None:
+            request.max_tokens = max(self.config.scheduler.max_model_len
+                                     - request.num_prompt_tokens, 1)
         if self.scheduler.add_request(request):
             return True
         self.scheduler.finished.remove(request)  # answered here, not again in a result
@@ -121,6 +125,8 @@ class EngineCore:
         if pending.out is None or pending.result is None:
             return StepResult(None, [], sched.take_finished())
         emitted = sched.update_from_output(pending.out, pending.result)
+        if pending.result.logprobs is not None or pending.result.prompt_logprobs is not None:
+            _keep_logprobs(pending.out, pending.result)
         if self.on_tokens is not None and emitted:
             self.on_tokens(emitted)
         (record,) = sched.take_step_records()
@@ -135,3 +141,19 @@ class EngineCore:
         if self._failed_in_a_row >= MAX_CONSECUTIVE_STEP_FAILURES:
             raise EngineDead(f"{self._failed_in_a_row} engine steps failed in a row; the "
                              f"last: {message}") from error
+
+
+def _keep_logprobs(out: SchedulerOutput, result: RunnerOutput) -> None:
+    """Append the step's logprobs to their requests: a sampled token's only if the token
+    was appended (not for a request aborted while the step ran), so each request holds
+    exactly one entry per output token."""
+    for i, req in enumerate(out.requests):
+        if result.prompt_logprobs is not None and req.prompt_logprobs is not None:
+            found = result.prompt_logprobs[i]
+            if found:
+                req.prompt_logprobs += found
+        lp = result.logprobs[i] if result.logprobs is not None else None
+        kept = req.output_logprobs
+        if lp is not None and kept is not None and len(kept) < len(req.output_token_ids) \
+                and req.output_token_ids[-1] == lp.token_id:
+            kept.append(lp)

@@ -4,6 +4,7 @@
     llm = LLM(model="default", max_num_seqs=64, preemption_mode="swap")
     outs = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=16))
     outs[0].outputs[0].text
+    llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=None))
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from stepserve.config_load import ConfigOverrides
 from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
-from stepserve.request import SamplingParams
+from stepserve.request import Request, SamplingParams
 
 Prompt = str | dict[str, Any] | list[int]
 
@@ -57,29 +58,59 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
-                  else list(sampling_params))
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        params = _params_for(sampling_params, len(prompts))
+        return self._run([_prompt_input(p) for p in prompts], params, use_tqdm)
+
+    def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: one conversation (a list of {"role", "content"} messages) or
+        a list of them, each rendered with the model's chat template, then generated like
+        `generate`; outputs in input order."""
+        if messages and isinstance(messages[0], dict):
+            conversations = [messages]
+        else:
+            conversations = list(messages)  # type: ignore[arg-type]
+        tok = self.engine.tokenizer
+        prompts: list[str | list[int]] = [
+            tok.encode(tok.apply_chat_template([dict(m) for m in c], add_generation_prompt),
+                       add_special_tokens=False) for c in conversations]
+        return self._run(prompts, _params_for(sampling_params, len(prompts)), use_tqdm)
+
+    def _run(self, prompts: list[str | list[int]], params: list[SamplingParams],
+             use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine
-        requests = []
-        for prompt, p in zip(prompts, params):
-            req = engine.add_request(_prompt_input(prompt), p)
-            requests.append(req)
-            if req.is_finished:  # rejected at once: undo the batch, say why
-                for r in requests[:-1]:
-                    engine.abort_request(r.request_id)
-                engine.release(requests)
-                raise ValueError(f"prompt {len(requests) - 1}: {req.finish_message}")
-        bar = tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm,
+        groups: list[list[Request]] = []
+        for k, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            group = engine.add_parallel(prompt, p)
+            groups.append(group)
+            if group[0].is_finished:  # rejected at once: undo the batch, say why
+                for g in groups[:-1]:
+                    for r in g:
+                        engine.abort_request(r.request_id)
+                for g in groups:
+                    engine.release(g)
+                raise ValueError(f"prompt {k}: {group[0].finish_message}")
+        total = sum(len(g) for g in groups)
+        bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm,
                    leave=False, mininterval=0.5)
         run_to_completion(engine, lambda result: bar.update(len(result.finished)))
         bar.close()
-        outputs = [engine.output_of(r) for r in requests]
-        engine.release(requests)
+        outputs = [engine.output_of(g) for g in groups]
+        for g in groups:
+            engine.release(g)
         return outputs
+
+
+def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                count: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    params = ([sampling_params] * count if isinstance(sampling_params, SamplingParams)
+              else list(sampling_params))
+    if len(params) != count:
+        raise ValueError(f"{count} prompts but {len(params)} sampling params")
+    return params
 
 
 def _prompt_input(prompt: Prompt) -> str | list[int]:

@@ -11,7 +11,7 @@ simulator uses; only the runner differs (a torch model instead of a cost model).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from stepserve.clock import Clock, WallClock
@@ -20,14 +20,19 @@ from stepserve.config_load import ConfigOverrides
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import StepResult
 from stepserve.engine.core import EngineCore
-from stepserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from stepserve.engine.outputs import (
+    CompletionOutput,
+    RequestMetrics,
+    RequestOutput,
+    logprobs_list,
+)
 from stepserve.engine.step_budget import (
     cpu_step_budget,
     hardware_base,
     prefill_params,
     runner_hardware,
 )
-from stepserve.request import Request, RequestStatus, SamplingParams
+from stepserve.request import Request, RequestStatus, SamplingParams, child_params
 
 log = logging.getLogger("stepserve.engine")
 
@@ -84,6 +89,7 @@ class LLMEngine:
         self.tokenizer = self.runner.tokenizer
         self._prompts: dict[str, str | None] = {}
         self._detok: dict[str, object] = {}  # request id -> IncrementalDetokenizer
+        self._children: dict[str, set[str]] = {}  # n > 1: parent id -> live children
         self._counter = 0
 
     @property
@@ -94,34 +100,77 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
                     stream_text: bool = False) -> Request:
-        """Queue a prompt (text or token ids). A request the scheduler rejects comes back
-        already finished, with status FINISHED_REJECTED and the reason in finish_message
-        (and is in no StepResult)."""
+        """Queue a prompt (text or token ids) with n = 1 (`add_parallel` takes any n). A
+        request the scheduler rejects comes back already finished, with status
+        FINISHED_REJECTED and the reason in finish_message (and is in no StepResult)."""
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(f"n = {params.n}: add_request queues one sequence; use "
+                             "add_parallel for n > 1")
+        (request,) = self.add_parallel(prompt, params, request_id, arrival_time,
+                                       stream_text)
+        return request
+
+    def add_parallel(self, prompt: str | list[int], params: SamplingParams | None = None,
+                     request_id: str | None = None, arrival_time: float | None = None,
+                     stream_text: bool = False) -> list[Request]:
+        """Queue a prompt as `params.n` sequences, as vLLM V1 does: n child requests of the
+        same prompt with their own KV (ids `"{i}_{request_id}"`, `child_params` seeds);
+        n = 1 is the request itself. Returns the children in index order; if admission
+        refused one, the ones before it are aborted and only the refused one (finished)
+        comes back. `abort_request(request_id)` aborts every child."""
         params = params or SamplingParams()
         if request_id is None:
             request_id = f"req-{self._counter}"
             self._counter += 1
+        ids, text = self._prompt_ids(prompt)
+        arrival = self.clock.now() if arrival_time is None else arrival_time
+        if params.n == 1:
+            return [self._add(Request(request_id, ids, params, arrival_time=arrival,
+                                      eos_token_id=self.runner.eos_token_id), text,
+                              stream_text)]
+        children: list[Request] = []
+        for k in range(params.n):
+            child = self._add(Request(f"{k}_{request_id}", list(ids), child_params(params, k),
+                                      arrival_time=arrival,
+                                      eos_token_id=self.runner.eos_token_id,
+                                      parent_id=request_id, index=k), text, stream_text)
+            if child.is_finished:
+                for c in children:
+                    self.core.abort_request(c.request_id, "a sibling was refused")
+                self.release(children)
+                return [child]
+            children.append(child)
+        self._children[request_id] = {c.request_id for c in children}
+        return children
+
+    def _prompt_ids(self, prompt: str | list[int]) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
-            ids, text = self.tokenizer.encode(prompt), prompt
-        else:
-            ids, text = list(prompt), None
-            vocab = self.runner.args.vocab_size
-            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab}); "
-                                 f"got {bad[:5]}")
-        request = Request(request_id, ids, params,
-                          arrival_time=self.clock.now() if arrival_time is None else arrival_time,
-                          eos_token_id=self.runner.eos_token_id)
-        self._prompts[request_id] = text
+            return self.tokenizer.encode(prompt), prompt
+        ids = list(prompt)
+        vocab = self.runner.args.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); "
+                             f"got {bad[:5]}")
+        return ids, None
+
+    def _add(self, request: Request, text: str | None, stream_text: bool) -> Request:
+        params = request.sampling_params
+        self._prompts[request.request_id] = text
         if params.stop or stream_text:
-            self._detok[request_id] = self.tokenizer.detokenizer(ids)
+            self._detok[request.request_id] = self.tokenizer.detokenizer(
+                request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
         if not self.core.add_request(request):
             self.release([request])
         return request
 
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
-        return self.core.abort_request(request_id, message)
+        """End a live request; a parent's id (n > 1) ends every child still running."""
+        children = self._children.get(request_id)
+        if children is None:
+            return self.core.abort_request(request_id, message)
+        return any([self.core.abort_request(c, message) for c in sorted(children)])
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -152,28 +201,53 @@ class LLMEngine:
                                               f"detokenizing failed: {type(e).__name__}: {e}")
 
     def _check_stop_strings(self, req: Request, detok) -> None:
-        if req.is_finished or not req.sampling_params.stop:
-            return
+        params = req.sampling_params
+        if req.is_finished or not params.stop or req.num_output_tokens <= params.min_tokens:
+            return  # as vLLM: no stop string ends a request before min_tokens
         text = detok.text
-        for stop in req.sampling_params.stop:
+        for stop in params.stop:
             if stop and stop in text[-(len(stop) + 64):]:
                 self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED,
                                               f"stop string {stop!r}")
                 return
 
     # ---- results ----
+    def decode_output(self, req: Request) -> str:
+        """All of `req`'s output tokens as text (special tokens as its params say)."""
+        return self.tokenizer.decode(req.output_token_ids,
+                                     req.sampling_params.skip_special_tokens)
+
     def text_of(self, req: Request) -> str:
-        """The completion text, cut before a stop string that ended it."""
+        """The completion text, cut before the first stop string in it (after it, with
+        include_stop_str_in_output)."""
         detok = self._detok.get(req.request_id)
-        text = detok.text if detok is not None else \
-            self.tokenizer.decode(req.output_token_ids)
-        for stop in req.sampling_params.stop:
-            k = text.find(stop) if stop else -1
-            if k >= 0:
-                text = text[:k]
+        text = detok.text if detok is not None else self.decode_output(req)
+        params = req.sampling_params
+        found = [(k, stop) for stop in params.stop if stop and (k := text.find(stop)) >= 0]
+        if found:
+            k, stop = min(found)
+            text = text[:k + len(stop)] if params.include_stop_str_in_output else text[:k]
         return text
 
-    def output_of(self, req: Request) -> RequestOutput:
+    def output_of(self, requests: Request | Sequence[Request]) -> RequestOutput:
+        """One request's output in vLLM's shape; the children of an n > 1 request (in
+        index order) make one output with n completions."""
+        group = [requests] if isinstance(requests, Request) else list(requests)
+        first = group[0]
+        decode = self._token_text
+        prompt_lp = logprobs_list(first.prompt_logprobs, decode)
+        if prompt_lp is not None:
+            prompt_lp = [None, *prompt_lp]
+        finished = all(r.is_finished for r in group)
+        return RequestOutput(
+            request_id=first.parent_id or first.request_id,
+            prompt=self._prompts.get(first.request_id), prompt_token_ids=first.prompt_token_ids,
+            outputs=[self._completion(r) for r in group], finished=finished,
+            metrics=RequestMetrics.of(first),
+            message="; ".join(dict.fromkeys(r.finish_message for r in group if r.finish_message)),
+            prompt_logprobs=prompt_lp)
+
+    def _completion(self, req: Request) -> CompletionOutput:
         stop_reason = None
         if req.finish_message.startswith("stop string"):
             stop_reason = next((s for s in req.sampling_params.stop
@@ -181,15 +255,22 @@ class LLMEngine:
         elif req.status is RequestStatus.FINISHED_STOPPED and req.output_token_ids:
             stop_reason = req.output_token_ids[-1]
         reason = req.finish_reason.value if req.finish_reason else None
-        return RequestOutput(
-            request_id=req.request_id, prompt=self._prompts.get(req.request_id),
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=[CompletionOutput(0, self.text_of(req), list(req.output_token_ids),
-                                      reason, stop_reason)],
-            finished=req.is_finished, metrics=RequestMetrics.of(req), message=req.finish_message)
+        found = req.output_logprobs
+        return CompletionOutput(
+            req.index, self.text_of(req), list(req.output_token_ids), reason, stop_reason,
+            None if found is None else sum(lp.logprob for lp in found),
+            logprobs_list(found, self._token_text))
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def release(self, requests: Iterable[Request]) -> None:
-        """Forget per-request text state of ended requests."""
+        """Forget per-request text state of ended requests (and of a parent whose
+        children have all been released)."""
         for r in requests:
             self._prompts.pop(r.request_id, None)
             self._detok.pop(r.request_id, None)
+            if r.parent_id is not None and (kids := self._children.get(r.parent_id)):
+                kids.discard(r.request_id)
+                if not kids:
+                    del self._children[r.parent_id]

@@ -1,10 +1,24 @@
-"""What the engine hands back, in vLLM's shape: RequestOutput.outputs[0].text."""
+"""What the engine hands back, in vLLM's shape: RequestOutput.outputs[i].text, and, when
+asked, logprobs as vLLM gives them: per position a dict {token id: Logprob} holding the
+token there and the top alternatives (prompt logprobs start with None: the first prompt
+token has no context to be predicted from)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from stepserve.request import Request
+from stepserve.request import Request, TokenLogprobs
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PositionLogprobs = dict[int, Logprob]
 
 
 @dataclass
@@ -14,6 +28,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # stop, length, abort, rejected, timed_out
     stop_reason: str | int | None = None  # the stop string or token that ended it
+    cumulative_logprob: float | None = None  # with logprobs: the sum of the tokens'
+    logprobs: list[PositionLogprobs] | None = None
 
 
 @dataclass
@@ -40,3 +56,18 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     message: str = ""  # why it ended, when it did not end normally
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+
+def position_logprobs(lp: TokenLogprobs, decode: Callable[[int], str]) -> PositionLogprobs:
+    """One position as vLLM's dict: the token itself first, then the top ones."""
+    out = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
+    for rank, (tid, value) in enumerate(lp.top, start=1):
+        if tid not in out:
+            out[tid] = Logprob(value, rank, decode(tid))
+    return out
+
+
+def logprobs_list(found: Sequence[TokenLogprobs] | None,
+                  decode: Callable[[int], str]) -> list[PositionLogprobs] | None:
+    return None if found is None else [position_logprobs(lp, decode) for lp in found]

@@ -37,7 +37,6 @@ COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finis
             "prefill_only_steps", "zero_decode_steps", "active_sequence_steps",
             "held_slot_steps")
 HISTOGRAMS = ("ttft", "e2e", "tpot", "step_time")
-COMPLETED_REASONS = ("stop", "length")  # requests_finished: an abort is not a finished request
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from stepserve.request import FinishReason, Request
 
-COMPLETED_REASONS = (FinishReason.STOP, FinishReason.LENGTH)
 UNCLASSIFIED = "unclassified"  # class name for requests without a request_class
 
 
@@ -45,7 +44,7 @@ class RequestLatencies:
 
     @property
     def completed(self) -> bool:
-        return self.finish_reason in COMPLETED_REASONS
+        return self.finish_reason is not None and self.finish_reason.completed
 
 
 def request_metrics(req: Request) -> RequestLatencies:

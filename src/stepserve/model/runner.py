@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,7 +43,7 @@ from stepserve.model.paged_attention import (
     decode_first_order,
 )
 from stepserve.model.presets import resolve_gguf, resolve_model
-from stepserve.model.sampler import sample
+from stepserve.model.sampler import sample, token_logprobs
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
 from stepserve.request import Request
@@ -190,46 +191,108 @@ class TorchRunner:
         # Swap out first: the device blocks it frees may be the targets of this swap in.
         self.kv.copy_blocks_to_cpu(sched_out.swap_out)
         self.kv.copy_blocks_from_cpu(sched_out.swap_in)
-        sampled: list[int | None] = [None] * len(sched_out.requests)
+        out = RunnerOutput([None] * len(sched_out.requests), 0.0)
         scheduled = [i for i, n in enumerate(sched_out.num_scheduled_tokens) if n > 0]
         if scheduled:
-            self._forward_and_sample(sched_out, scheduled, sampled)
-        elif self.device.type == "cuda":
+            self._forward_and_sample(sched_out, scheduled, out)
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return RunnerOutput(sampled_token_ids=sampled, elapsed_s=time.perf_counter() - t0)
+        out.elapsed_s = time.perf_counter() - t0
+        return out
 
     def _forward_and_sample(self, sched_out: SchedulerOutput, scheduled: list[int],
-                            sampled: list[int | None]) -> None:
-        requests, counts = sched_out.requests, sched_out.num_scheduled_tokens
-        ends = [requests[i].num_computed_tokens + counts[i] for i in scheduled]
-        decoding = [requests[i].is_decoding for i in scheduled]
-        order = [scheduled[j] for j in decode_first_order(decoding, ends)]
-        starts, lens, tables, input_ids = [], [], [], []
-        sample_rows, sample_of = [], []  # flat row of each sampling sequence, its index
-        for i in order:
-            req, n = requests[i], counts[i]
-            start = req.num_computed_tokens
-            if start + n > req.num_tokens:
-                raise ValueError(f"request {req.request_id}: {n} tokens scheduled at "
-                                 f"{start} but it has only {req.num_tokens}")
-            starts.append(start)
-            lens.append(n)
-            tables.append(sched_out.block_tables[i])
-            input_ids += _new_tokens(req, start, n)
-            if start + n == req.num_tokens:
-                sample_rows.append(len(input_ids) - 1)
-                sample_of.append(i)
-        meta, positions = build_attention_metadata(starts, lens, tables, self.block_size,
-                                                   self.device, self.args.sliding_window,
-                                                   self.gather_buffers, sum(decoding))
-        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        logits = self.model(ids, positions, meta, self.kv, rows)
-        if not sample_of:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            return
-        params = [requests[i].sampling_params for i in sample_of]
-        indices = [requests[i].num_output_tokens for i in sample_of]
-        for i, tok in zip(sample_of, sample(logits, params, indices), strict=True):
-            sampled[i] = tok
+                            out: RunnerOutput) -> None:
+        requests = sched_out.requests
+        b = _build_batch(sched_out, scheduled)
+        meta, positions = build_attention_metadata(b.starts, b.lens, b.tables,
+                                                   self.block_size, self.device,
+                                                   self.args.sliding_window,
+                                                   self.gather_buffers, b.num_decoding)
+        ids = torch.tensor(b.input_ids, dtype=torch.long, device=self.device)
+        rows = torch.tensor(b.sample_rows + [row for _, row, _ in b.prompt_rows],
+                            dtype=torch.long, device=self.device)
+        if not b.prompt_rows:
+            logits = self.model(ids, positions, meta, self.kv, rows)
+        else:
+            logits = self._with_prompt_logprobs(ids, positions, meta, rows, b, out,
+                                                requests)
+        if b.sample_of:
+            sampled = sample(logits, [requests[i] for i in b.sample_of])
+            for k, i in enumerate(b.sample_of):
+                out.sampled_token_ids[i] = sampled.token_ids[k]
+                if sampled.logprobs[k] is not None:
+                    if out.logprobs is None:
+                        out.logprobs = [None] * len(requests)
+                    out.logprobs[i] = sampled.logprobs[k]
+
+    @torch.inference_mode()
+    def _with_prompt_logprobs(self, ids, positions, meta, rows, b: _Batch,
+                              out: RunnerOutput, requests: list[Request]) -> torch.Tensor:
+        """The sampling rows' logits; on the way, the logprobs of the prompt tokens this
+        chunk predicts, for the requests that ask (their logits in slices of
+        PROMPT_LOGITS_ROWS rows: a whole chunk's [tokens, vocab] could be gigabytes)."""
+        model = self.model
+        hidden = model.norm(model.hidden_states(ids, positions, meta, self.kv)
+                            .index_select(0, rows))
+        num_sample = len(b.sample_rows)
+        found = []
+        for a in range(0, len(b.prompt_rows), PROMPT_LOGITS_ROWS):
+            part = b.prompt_rows[a:a + PROMPT_LOGITS_ROWS]
+            logits = model.logits(hidden[num_sample + a:num_sample + a + len(part)])
+            found += token_logprobs(logits, [target for _, _, target in part],
+                                    [requests[i].sampling_params.prompt_logprobs or 0
+                                     for i, _, _ in part])
+        out.prompt_logprobs = [None] * len(requests)
+        for (i, _, _), lp in zip(b.prompt_rows, found, strict=True):
+            per = out.prompt_logprobs[i]
+            if per is None:
+                per = out.prompt_logprobs[i] = []
+            per.append(lp)
+        return model.logits(hidden[:num_sample])
+
+
+PROMPT_LOGITS_ROWS = 256
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One step's flattened ragged batch, in decode-first order."""
+
+    starts: list[int] = field(default_factory=list)
+    lens: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    input_ids: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)  # flat row of each sampling seq
+    sample_of: list[int] = field(default_factory=list)  # and its index in the step
+    # (index in the step, flat row, the prompt token that row predicts)
+    prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
+    num_decoding: int = 0
+
+
+def _build_batch(sched_out: SchedulerOutput, scheduled: list[int]) -> _Batch:
+    requests, counts = sched_out.requests, sched_out.num_scheduled_tokens
+    ends = [requests[i].num_computed_tokens + counts[i] for i in scheduled]
+    decoding = [requests[i].is_decoding for i in scheduled]
+    b = _Batch(num_decoding=sum(decoding))
+    for i in (scheduled[j] for j in decode_first_order(decoding, ends)):
+        req, n = requests[i], counts[i]
+        start = req.num_computed_tokens
+        if start + n > req.num_tokens:
+            raise ValueError(f"request {req.request_id}: {n} tokens scheduled at "
+                             f"{start} but it has only {req.num_tokens}")
+        base = len(b.input_ids)
+        b.starts.append(start)
+        b.lens.append(n)
+        b.tables.append(sched_out.block_tables[i])
+        b.input_ids += _new_tokens(req, start, n)
+        if req.prompt_logprobs is not None:
+            # position p predicts prompt token p + 1; positions already scored (before a
+            # recompute, say) are not scored again
+            prompt = req.prompt_token_ids
+            first = max(start, len(req.prompt_logprobs))
+            b.prompt_rows += [(i, base + p - start, prompt[p + 1])
+                              for p in range(first, min(start + n, len(prompt) - 1))]
+        if start + n == req.num_tokens:
+            b.sample_rows.append(len(b.input_ids) - 1)
+            b.sample_of.append(i)
+    return b

@@ -1,5 +1,19 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, one call for
-the whole batch.
+"""Batched sampling for one step, in vLLM V1's order:
+
+    raw logits ──> logprobs of the model's own output (vLLM's default logprobs_mode,
+     │             "raw_logprobs": log_softmax before any of the processing below)
+     ├─ min_tokens: EOS and the stop token ids masked while the output is shorter
+     ├─ penalties: repetition over prompt + output tokens (a positive logit divided by
+     │   the penalty, a negative one multiplied), then frequency (times the token's count
+     │   in the output) and presence (once per token in the output) subtracted
+     ├─ greedy rows: argmax of the penalised logits
+     └─ random rows: / temperature, min_p (drop tokens under min_p x the top
+         probability), top-k, top-p, then one draw
+
+So "logprobs" are those of the distribution the model produced for the very forward pass
+that sampled the token (not a recomputation), before sampling settings reshaped it; that
+is what vLLM returns by default and what a transformers forward pass of the same tokens
+gives.
 
 Random rows draw by inverse CDF (one uniform per row, `searchsorted` on the cumulative
 probabilities) instead of `torch.multinomial` or an exponential race: on 2 CPU cores and
@@ -16,10 +30,11 @@ composition, preemption or recompute, and the runner keeps no per-request state.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from stepserve.request import SamplingParams
+from stepserve.request import Request, TokenLogprobs
 
 TOP_P_CANDIDATES = 256
 
@@ -83,21 +98,107 @@ def _sample_random(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     return out
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-           sample_indices: Sequence[int]) -> list[int]:
-    """Token ids for logits `[B, V]` (float32). `sample_indices[b]` is how many tokens
-    row b's request has generated so far (it keys the seeded generator)."""
-    temps = [p.temperature for p in params]
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]  # per row; None where the request asked none
+
+
+@torch.inference_mode()  # the model's logits are inference tensors, changed in place
+def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
+    """The next token of each request, from its row of `logits` `[B, V]` (float32, the
+    model's raw output; changed in place). Row b belongs to `requests[b]`, whose params,
+    prompt and output so far drive the processing; its number of output tokens keys its
+    seeded generator."""
+    params = [r.sampling_params for r in requests]
+    want = [b for b, p in enumerate(params) if p.logprobs is not None]
+    raw = logits.index_select(0, torch.tensor(want, device=logits.device)) if want else None
+    if raw is not None:
+        raw = raw.clone()  # the processing below works in place
+    mask_stop_tokens(logits, requests)
+    apply_penalties(logits, requests)
     out = logits.argmax(dim=-1)
     random_rows = [b for b, p in enumerate(params) if p.temperature > 0 and p.top_k != 1]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
-        t = torch.tensor([temps[b] for b in random_rows], device=logits.device)
+        t = torch.tensor([params[b].temperature for b in random_rows], device=logits.device)
         x = logits.index_select(0, rows) / t[:, None]
+        min_p = [params[b].min_p for b in random_rows]
+        if any(min_p):
+            x = apply_min_p(x, torch.tensor(min_p, device=x.device, dtype=x.dtype))
         top_k = torch.tensor([params[b].top_k for b in random_rows], device=logits.device)
         top_p = torch.tensor([params[b].top_p for b in random_rows], device=logits.device,
                              dtype=logits.dtype)
         u = _row_uniforms([params[b].seed for b in random_rows],
-                          [sample_indices[b] for b in random_rows])
+                          [requests[b].num_output_tokens for b in random_rows])
         out[rows] = _sample_random(x, top_k, top_p, u)
-    return out.tolist()
+    token_ids = out.tolist()
+    logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+    if raw is not None:
+        found = token_logprobs(raw, [token_ids[b] for b in want],
+                               [params[b].logprobs or 0 for b in want])
+        for b, lp in zip(want, found, strict=True):
+            logprobs[b] = lp
+    return SamplerOutput(token_ids, logprobs)
+
+
+def mask_stop_tokens(logits: torch.Tensor, requests: Sequence[Request]) -> None:
+    """min_tokens: a request with fewer output tokens than that cannot end yet, so its
+    EOS and stop token ids get -inf (EOS even under ignore_eos, as vLLM)."""
+    for b, req in enumerate(requests):
+        if req.num_output_tokens >= req.min_tokens:
+            continue
+        ids = list(req.stop_token_ids)
+        if req.eos_token_id is not None:
+            ids.append(req.eos_token_id)
+        if ids:
+            logits[b, torch.tensor(ids, device=logits.device)] = float("-inf")
+
+
+def apply_penalties(logits: torch.Tensor, requests: Sequence[Request]) -> None:
+    """vLLM's (and OpenAI's) penalties, in place, on the rows whose params set any:
+    repetition over every token of the prompt and the output; frequency and presence over
+    the output's tokens."""
+    vocab = logits.shape[-1]
+    for b, req in enumerate(requests):
+        p = req.sampling_params
+        if not p.has_penalties:
+            continue
+        row = logits[b]
+        output = torch.tensor(req.output_token_ids, dtype=torch.long, device=row.device)
+        if p.repetition_penalty != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+            seen[torch.tensor(req.prompt_token_ids, dtype=torch.long, device=row.device)] = True
+            seen[output] = True
+            hit = row[seen]
+            row[seen] = torch.where(hit > 0, hit / p.repetition_penalty,
+                                    hit * p.repetition_penalty)
+        if output.numel() and (p.frequency_penalty or p.presence_penalty):
+            counts = torch.bincount(output, minlength=vocab).to(row.dtype)
+            row -= p.frequency_penalty * counts
+            row -= p.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def apply_min_p(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop the tokens whose probability is under min_p times the row's top probability
+    (after temperature, as vLLM)."""
+    probs = torch.softmax(x, dim=-1)
+    floor = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return x.masked_fill(probs < floor, float("-inf"))
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int],
+                   num_top: Sequence[int]) -> list[TokenLogprobs]:
+    """Row r's log-probability of `token_ids[r]`, its rank (how many tokens are at least
+    as likely, as vLLM counts), and the `num_top[r]` most likely tokens."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(list(token_ids), dtype=torch.long, device=lp.device)
+    chosen = lp.gather(1, ids[:, None])
+    ranks = (lp >= chosen).sum(dim=-1).tolist()
+    k = max(num_top, default=0)
+    top_v, top_i = (lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long()))
+    top_v, top_i, chosen_l = top_v.tolist(), top_i.tolist(), chosen.squeeze(1).tolist()
+    return [TokenLogprobs(t, chosen_l[r], ranks[r],
+                          tuple(zip(top_i[r][:num_top[r]], top_v[r][:num_top[r]],
+                                    strict=True)))
+            for r, t in enumerate(token_ids)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -21,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.async_engine import AsyncEngine
+from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -34,6 +36,7 @@ from stepserve.server.openapi import install_openapi
 from stepserve.server.prompts import ServingContext
 from stepserve.server.protocol import ErrorResponse, HealthStatus, ModelCard, ModelList
 from stepserve.server.serving import create_chat_completion, create_completion
+from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.server")
 
@@ -45,12 +48,14 @@ REJECTION_OF_CODE = {"queue_full": "queue_full", "context_length_exceeded": "too
 
 def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
                shutdown_timeout_s: float = 30.0,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               api_keys: Sequence[str] = ()) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
     app starts). `model_name`: the name clients pass as `model` (default: the model
     directory's name). `retry_after_s`: the Retry-After of a 429.
     `shutdown_timeout_s`: how long a graceful shutdown lets in-flight requests finish.
-    `max_request_bytes`: bodies over it get 413.
+    `max_request_bytes`: bodies over it get 413. `api_keys`: when given, every route but
+    /health, /metrics, /version and the docs needs one as a Bearer token (auth.py).
 
     If the engine loop dies, `/health` answers 503 with the reason and the app calls
     `app.state.request_exit()` (set by http_server.StepServeServer) so the process exits
@@ -95,6 +100,9 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
     add_error_handlers(app)
     install_openapi(app)
+    install_tokenize_routes(app)
+    if api_keys:
+        app.add_middleware(ApiKeyAuth, keys=list(api_keys))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

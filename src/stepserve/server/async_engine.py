@@ -145,7 +145,7 @@ class AsyncEngine:
             request_id = f"srv-{self._counter}"
             self._counter += 1
         assert self._loop is not None
-        stream = RequestStream(request_id, len(prompt_ids))
+        stream = RequestStream(request_id, len(prompt_ids), params.n)
         admitted = self._loop.create_future()
         arrival = self.engine.clock.now() if arrival_time is None else arrival_time
         self._live[request_id] = stream
@@ -192,6 +192,6 @@ class AsyncEngine:
                 fut.set_exception(err)
         for stream, out in outputs:
             stream.put(out)  # appends to a slot: nothing here can fail one stream for all
-            if out.finished:
+            if out.finished and stream.all_put:
                 self._forget(stream.request_id)
 

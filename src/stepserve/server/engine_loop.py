@@ -139,27 +139,34 @@ class EngineLoop:
             if cmd is None:
                 return True
             if isinstance(cmd, AbortCommand):
-                if cmd.request_id in self._tracked:
-                    self.engine.abort_request(cmd.request_id, cmd.message)
+                if cmd.request_id in self._tracked or cmd.request_id in self._parents():
+                    self.engine.abort_request(cmd.request_id, cmd.message)  # n > 1: all
             else:
                 self._admissions.append((cmd.admitted, self._admit(cmd)))
         return False
+
+    def _parents(self) -> set[str]:
+        return {t.request.parent_id for t in self._tracked.values()
+                if t.request.parent_id is not None}
 
     def _admit(self, cmd: AddCommand) -> BaseException | None:
         """Hand one request to the engine; the admission error, or None if it was taken."""
         engine = self.engine
         try:
-            req = engine.add_request(cmd.prompt_ids, cmd.params, cmd.request_id,
-                                     arrival_time=cmd.arrival_time, stream_text=cmd.streamed)
+            children = engine.add_parallel(cmd.prompt_ids, cmd.params, cmd.request_id,
+                                           arrival_time=cmd.arrival_time,
+                                           stream_text=cmd.streamed)
         except ValueError as e:
             return RequestRejected(str(e))
         except Exception as e:  # not the client's fault, and not queued: a 500 for it alone
             log.exception("admitting request %s failed", cmd.request_id)
             return RequestFailed(f"{type(e).__name__}: {e}")
-        if req.is_finished:  # refused at admission (the engine released its text state)
-            why = req.reject_reason.value if req.reject_reason else "invalid"
-            return RequestRejected(req.finish_message, why)
-        self._tracked[req.request_id] = Tracked.of(req, cmd.stream, cmd.streamed)
+        refused = children[0]
+        if refused.is_finished:  # refused at admission (the engine released its text state)
+            why = refused.reject_reason.value if refused.reject_reason else "invalid"
+            return RequestRejected(refused.finish_message, why)
+        for req in children:  # n > 1: n sequences answered on one stream
+            self._tracked[req.request_id] = Tracked.of(req, cmd.stream, cmd.streamed)
         return None
 
     def _collect_tokens(self, emitted: list[Request]) -> None:
@@ -205,7 +212,7 @@ class EngineLoop:
         must extend what was sent (the incremental detokenizer's text); it differs from
         a plain decode only by bytes still held back at the end (an unfinished
         character), which the plain decode shows."""
-        plain = self.engine.tokenizer.decode(req.output_token_ids)
+        plain = self.engine.decode_output(req)
         if not streamed and not req.sampling_params.stop:
             return plain  # what text_of gives when there is no detokenizer
         text = self.engine.text_of(req)

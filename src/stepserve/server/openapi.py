@@ -1,8 +1,8 @@
-"""The OpenAPI document: the two POST endpoints read their bodies by hand (size limit,
-bounded JSON parsing, body.py), so FastAPI cannot see their request models; this adds
-them, with every bound of protocol.py, and every status the endpoints can answer, each
-with its body's schema. Schema-driven clients and fuzzers (schemathesis) generate
-valid and invalid requests from it.
+"""The OpenAPI document: the POST endpoints (generation, /tokenize, /detokenize) read
+their bodies by hand (size limit, bounded JSON parsing, body.py), so FastAPI cannot see
+their request models; this adds them, with every bound of protocol.py, and every status
+the endpoints can answer, each with its body's schema. Schema-driven clients and fuzzers
+(schemathesis) generate valid and invalid requests from it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from pydantic import BaseModel
 
 from stepserve.server.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     ErrorResponse,
 )
+from stepserve.server.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+)
+from stepserve.server.tokenize import BODY_ROUTES
 
 REF = "#/components/schemas/{model}"
 
@@ -105,6 +108,16 @@ def install_openapi(app: FastAPI) -> None:
                                         "content": {"application/json": {"schema": body}}}
             operation["responses"] = {"200": ok, **{code: _json(error, why) for code, why
                                                     in ERROR_STATUSES.items()}}
+        for path, (request_models, response_model) in BODY_ROUTES.items():
+            bodies = [_add_schema(components, m) for m in request_models]
+            body = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+            operation = doc["paths"][path]["post"]
+            operation["requestBody"] = {"required": True,
+                                        "content": {"application/json": {"schema": body}}}
+            answer = _add_schema(components, response_model, "serialization")
+            operation["responses"] = {"200": _json(answer, "the answer"),
+                                      **{code: _json(error, why) for code, why
+                                         in ERROR_STATUSES.items()}}
         if ctx is None:
             return doc  # not cached: the served model's limits are not known yet
         _served_limits(components, ctx.model_name, ctx.max_model_len, ctx.vocab_size)

@@ -41,13 +41,22 @@ class ServingContext:
         return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
 
 
-def check_common(ctx: ServingContext, body: _Sampling) -> None:
-    if body.model != ctx.model_name:
-        raise APIError(404, f"model {body.model!r} does not exist; this server serves "
+def check_model(ctx: ServingContext, model: str | None) -> None:
+    """`model` is optional (as in vLLM); when given it must be the served one."""
+    if model is not None and model != ctx.model_name:
+        raise APIError(404, f"model {model!r} does not exist; this server serves "
                             f"{ctx.model_name!r} (see GET /v1/models)", param="model",
                        code="model_not_found")
-    if body.n != 1:
-        raise bad_request(f"n = {body.n}: only n = 1 is supported", "n", "unsupported_value")
+
+
+def check_common(ctx: ServingContext, body: _Sampling) -> None:
+    check_model(ctx, body.model)
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of < body.n:
+        raise bad_request(f"best_of = {best_of}: must be >= n = {body.n}", "best_of")
+    if best_of is not None and best_of > body.n and body.stream:
+        raise bad_request("best_of > n cannot be streamed (the best are known at the end)",
+                          "best_of", "unsupported_value")
     policy = ctx.engine.engine.config.scheduler.policy
     if body.priority and policy != "priority":  # vLLM refuses it too
         raise bad_request(f"priority = {body.priority}, but this server schedules by "
@@ -84,14 +93,26 @@ def _check_text_size(ctx: ServingContext, num_chars: int, param: str) -> None:
             param, "context_length_exceeded")
 
 
-def sampling_params(body: _Sampling, max_tokens: int) -> SamplingParams:
+def sampling_params(body: _Sampling, max_tokens: int, logprobs: int | None = None,
+                    prompt_logprobs: int | None = None, n: int | None = None
+                    ) -> SamplingParams:
+    """The engine's params from a body (OpenAI's fields, then vLLM's extra ones); `n`
+    when the engine runs more sequences than the body's n (best_of)."""
     try:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=max(body.top_k or 0, 0), seed=body.seed, stop=body.stop_strings(),
-            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+            top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0, seed=body.seed,
+            stop=body.stop_strings(), stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos, n=n or body.n, min_tokens=body.min_tokens,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None
+            else body.repetition_penalty,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=body.skip_special_tokens,
+            include_stop_str_in_output=body.include_stop_str_in_output,
             priority=body.priority, tenant=body.user or "default")
     except ValueError as e:
         raise bad_request(str(e)) from None
@@ -117,14 +138,15 @@ async def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> lis
     return list(prompt)
 
 
-async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
+async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
+                      add_generation_prompt: bool = True) -> list[int]:
     import jinja2
 
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     _check_text_size(ctx, sum(len(m["content"]) for m in messages), "messages")
     tokenizer = ctx.engine.engine.tokenizer
     try:
-        return await ctx.off_loop(tokenizer.encode_chat, messages)
+        return await ctx.off_loop(tokenizer.encode_chat, messages, add_generation_prompt)
     except jinja2.TemplateError as e:
         raise bad_request(f"the chat template rejected the messages: {e}", "messages") \
             from None

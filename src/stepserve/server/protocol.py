@@ -1,19 +1,32 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
-Requests are strict (no "10" for 10, no "true" for true) and closed (an unknown field is
-a 400 naming it). Fields OpenAI defines that this engine cannot honour (logprobs,
-penalties, echo, tools ...) are accepted only at their neutral value, so a client that
-sends the default still works and one that relies on the feature hears it clearly.
-Scheduling hints ride along as in vLLM: `priority`, and the tenant from `user`.
+Requests are strict (no "10" for 10, no "true" for true) and bounded (request_limits.py).
+An unknown field is accepted and ignored with a logged warning naming it, as vLLM does
+(SGLang and TGI ignore them too), so bodies built for vLLM (the openai SDK's
+`extra_body`) work. vLLM's extra sampling fields are honoured: min_p, top_k,
+repetition_penalty, min_tokens, stop_token_ids, ignore_eos, skip_special_tokens,
+include_stop_str_in_output, prompt_logprobs, request_id, priority. Fields OpenAI defines
+that this engine cannot honour (logit_bias, suffix, tools ...) are accepted only at their
+neutral value, so a client that sends the default still works and one that relies on the
+feature hears it clearly. The tenant for fair share comes from `user`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
 
 from stepserve import request_limits as lim
 from stepserve.server.errors import bad_request
@@ -22,9 +35,34 @@ from stepserve.server.errors import bad_request
 StopString = Annotated[str, Field(max_length=lim.STOP_MAX_CHARS)]
 TokenId = Annotated[int, Field(ge=0, le=lim.INT32_MAX)]
 
+log = logging.getLogger("stepserve.server")
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+# how much of the unknown field names one warning shows (a body can hold thousands)
+WARN_FIELDS_MAX, WARN_NAME_CHARS = 8, 64
+
+
+class _Lenient(BaseModel):
+    """Unknown fields are ignored with a warning naming them (vLLM's behaviour)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _warn_unknown(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        result = handler(data)
+        if isinstance(data, dict):
+            known = cls.model_fields
+            unknown = [str(k) for k in data if k not in known]
+            if unknown:
+                shown = [k[:WARN_NAME_CHARS] for k in unknown[:WARN_FIELDS_MAX]]
+                more = f" and {len(unknown) - len(shown)} more" if len(unknown) > len(shown) \
+                    else ""
+                log.warning("The following fields were present in the request but ignored: "
+                            "%s%s", shown, more)
+        return result
+
+
+class _Request(_Lenient):
 
     # Defined by OpenAI, not supported here: allowed only at these neutral values.
     _NEUTRAL: dict[str, tuple[Any, ...]] = {}
@@ -41,35 +79,44 @@ class _Request(BaseModel):
         return self
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class StreamOptions(_Lenient):
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
 class _Sampling(_Request):
-    """Fields both endpoints share."""
+    """Fields both endpoints share (OpenAI's, then vLLM's extra ones)."""
 
-    model: str = Field(max_length=1024)
+    model: str | None = Field(None, max_length=1024,
+                              description="optional: the served model (see /v1/models)")
     max_tokens: int | None = Field(None, ge=1, le=lim.MAX_TOKENS_MAX)
     temperature: float | None = Field(None, ge=0.0, le=lim.TEMPERATURE_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, le=lim.TOP_K_MAX, description="0 or -1: off (vLLM)")
     seed: int | None = Field(None, ge=lim.SEED_MIN, le=lim.SEED_MAX)
     stop: StopString | list[StopString] | None = Field(None, max_length=lim.STOP_MAX_COUNT)
-    stop_token_ids: list[TokenId] | None = Field(None, max_length=lim.STOP_TOKEN_IDS_MAX_COUNT)
-    ignore_eos: bool = False
-    n: int = Field(1, ge=1, le=lim.INT32_MAX)
+    n: int = Field(1, ge=1, le=lim.N_MAX, description="parallel samples (choices)")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=lim.TENANT_MAX_CHARS,
                              description="the tenant for the fair-share policy")
+    frequency_penalty: float | None = Field(None, ge=lim.PENALTY_MIN, le=lim.PENALTY_MAX)
+    presence_penalty: float | None = Field(None, ge=lim.PENALTY_MIN, le=lim.PENALTY_MAX)
+    logit_bias: dict[str, float] | None = Field(None, max_length=300)
+    # vLLM's extra sampling fields
+    top_k: int | None = Field(None, ge=-1, le=lim.TOP_K_MAX, description="0 or -1: off (vLLM)")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=lim.REPETITION_PENALTY_MAX)
+    min_tokens: int = Field(0, ge=0, le=lim.MAX_TOKENS_MAX)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=lim.STOP_TOKEN_IDS_MAX_COUNT)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=lim.LOGPROBS_MAX)
+    request_id: str | None = Field(None, max_length=lim.REQUEST_ID_MAX_CHARS,
+                                   description="the response id's suffix (vLLM)")
     priority: int = Field(0, ge=lim.PRIORITY_MIN, le=lim.PRIORITY_MAX,
                           description="lower runs first (priority policy), as in vLLM")
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(None, max_length=300)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -77,33 +124,31 @@ class _Sampling(_Request):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
-_NEUTRAL_SHARED: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0),
-    "logit_bias": (None, {}),
-}
+_NEUTRAL_SHARED: dict[str, tuple[Any, ...]] = {"logit_bias": (None, {})}
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]] = Field(
         description="one prompt: text or token ids (a list of one prompt is accepted)")
+    max_tokens: int | None = Field(None, ge=0, le=lim.MAX_TOKENS_MAX,
+                                   description="0 only with echo (the prompt's logprobs)")
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    best_of: int | None = Field(None, ge=1, le=lim.INT32_MAX)
+    logprobs: int | None = Field(None, ge=0, le=lim.LOGPROBS_MAX)
+    best_of: int | None = Field(None, ge=1, le=lim.N_MAX,
+                                description="run this many, return the n likeliest "
+                                            "(not streamed)")
     suffix: str | None = Field(None, max_length=lim.STOP_MAX_CHARS)
 
-    _NEUTRAL = {**_NEUTRAL_SHARED, "echo": (False,), "logprobs": (None,),
-                "best_of": (None, 1), "suffix": (None, "")}
+    _NEUTRAL = {**_NEUTRAL_SHARED, "suffix": (None, "")}
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class TextPart(_Lenient):
 
     type: Literal["text"]
     text: str
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Message(_Lenient):
 
     content: str | list[TextPart] | None
     name: str | None = Field(None, max_length=lim.TENANT_MAX_CHARS)
@@ -144,7 +189,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=lim.MESSAGES_MAX_COUNT)
     max_completion_tokens: int | None = Field(None, ge=1, le=lim.MAX_TOKENS_MAX)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=lim.LOGPROBS_MAX)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -153,81 +198,11 @@ class ChatCompletionRequest(_Sampling):
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
 
-    _NEUTRAL = {**_NEUTRAL_SHARED, "logprobs": (None, False), "top_logprobs": (None, 0),
-                "tools": (None, []), "tool_choice": (None, "none"),
+    _NEUTRAL = {**_NEUTRAL_SHARED, "tools": (None, []), "tool_choice": (None, "none"),
                 "response_format": (None, {"type": "text"})}
 
 
-# ---- responses ----
-
-class UsageInfo(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChatResponseMessage
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-
-
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: DeltaMessage
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
-
+# ---- responses (the generation endpoints' bodies: responses.py) ----
 
 class ModelCard(BaseModel):
     id: str

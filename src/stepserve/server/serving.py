@@ -1,24 +1,18 @@
-"""The two generation endpoints: turn a validated body into a prompt and SamplingParams,
-submit it, and answer as one JSON body or as server-sent events.
-
-Outcomes map to statuses before any header is sent whenever possible: the handler waits
-for a request's first output before it starts a stream, so a queue timeout is still a
-clean 503. Failures after the stream began are an SSE error event, then `[DONE]`.
+"""The two generation endpoints: turn a validated body into a prompt and SamplingParams
+(the checks that need the model are in prompts.py), submit it, and hand it to its
+`Answer` (answer.py): one JSON body of n choices, or server-sent events.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from stepserve.request import SamplingParams
+from stepserve.server.answer import Answer
 from stepserve.server.body import VALUE_SLACK, parse_json, read_limited
 from stepserve.server.errors import (
     RATE_LIMIT,
@@ -28,6 +22,7 @@ from stepserve.server.errors import (
     bad_request,
     from_validation_error,
 )
+from stepserve.server.logprobs import LogprobRenderer
 from stepserve.server.prompts import (
     ServingContext,
     chat_prompt,
@@ -36,42 +31,39 @@ from stepserve.server.prompts import (
     completion_prompt,
     sampling_params,
 )
-from stepserve.server.protocol import (
-    ChatChoice,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatResponseMessage,
-    CompletionChoice,
-    CompletionRequest,
-    CompletionResponse,
-    UsageInfo,
-)
-from stepserve.server.sse import SSE_DONE, ChatChunks, Chunks, CompletionChunks
+from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from stepserve.server.sse import ChatChunks, CompletionChunks, Echo
 from stepserve.server.streams import (
     EngineUnavailable,
     RequestFailed,
     RequestRejected,
     RequestStream,
-    StreamOutput,
 )
 
 log = logging.getLogger("stepserve.server")
 
 
-async def parse_body(ctx: ServingContext, request: Request,
-                     model: type[BaseModel]) -> BaseModel:
-    """Content type, size, UTF-8 and JSON checks (body.py), then strict validation; each
-    failure a 4xx."""
+async def read_json(ctx: ServingContext, request: Request) -> object:
+    """Content type, size, UTF-8 and JSON checks (body.py); each failure a 4xx."""
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise APIError(415, f"Content-Type must be application/json, got {ctype!r}",
                        param=None, code="unsupported_media_type")
     raw = await read_limited(request, ctx.max_request_bytes)
-    data = await parse_json(raw, ctx.max_model_len + VALUE_SLACK)
+    return await parse_json(raw, ctx.max_model_len + VALUE_SLACK)
+
+
+def validate(data: object, model: type[BaseModel]) -> BaseModel:
+    """Strict validation of a parsed body; a 400 naming the first problem."""
     try:
         return model.model_validate(data, strict=True)
     except ValidationError as e:
         raise from_validation_error(e) from None
+
+
+async def parse_body(ctx: ServingContext, request: Request,
+                     model: type[BaseModel]) -> BaseModel:
+    return validate(await read_json(ctx, request), model)
 
 
 async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
@@ -94,42 +86,6 @@ async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
                        code=code) from None
 
 
-def ended_error(out: StreamOutput) -> APIError | None:
-    """The error for a request that ended abnormally (None: it completed)."""
-    if out.finish_reason in ("stop", "length"):
-        return None
-    if out.finish_reason == "timed_out":
-        return APIError(503, f"the server is overloaded: the request {out.message}; retry "
-                             "later", UNAVAILABLE, code="queue_timeout")
-    if out.finish_reason == "abort":
-        return APIError(503, f"request aborted: {out.message}", UNAVAILABLE,
-                        code="aborted")
-    return APIError(500, f"internal error: {out.message}", SERVER_ERROR, code="engine_error")
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def next_output(ctx: ServingContext, request: Request,
-                      stream: RequestStream) -> StreamOutput | None:
-    """The stream's next output, or None if the client went away first (the request is
-    aborted then)."""
-    get = asyncio.ensure_future(stream.__anext__())
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not get.done():
-            get.cancel()
-            ctx.engine.abort(stream.request_id)
-    return get.result() if get.done() and not get.cancelled() else None
-
-
 # ---- the endpoints ----
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
@@ -139,13 +95,29 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     check_common(ctx, body)
     ids = await completion_prompt(ctx, body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
+    only_prompt = max_tokens == 0
+    if only_prompt and not body.echo:
+        raise bad_request("max_tokens = 0: must be at least 1 (0 only with echo: the "
+                          "prompt's logprobs without generating)", "max_tokens")
+    max_tokens = max(max_tokens, 1)  # echo with 0: one token is generated, not shown
     check_length(ctx, ids, max_tokens, "max_tokens", "prompt")
-    stream = await submit(ctx, ids, sampling_params(body, max_tokens), body.stream, arrival)
-    return await _answer(ctx, request, stream, body, "cmpl", CompletionChunks,
-                         lambda rid, created, out: CompletionResponse(
-        id=rid, created=created, model=ctx.model_name,
-        choices=[CompletionChoice(text=out.full_text or "", finish_reason=out.finish_reason)],
-        usage=UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)))
+    prompt_lp = body.prompt_logprobs
+    if prompt_lp is None and body.echo and body.logprobs is not None:
+        prompt_lp = body.logprobs  # echo's logprobs start with the prompt's, as vLLM
+    best_of = body.best_of if body.best_of is not None and body.best_of > body.n else None
+    # best_of ranks the sequences by their tokens' logprobs: computed even when not shown
+    logprobs = body.logprobs if best_of is None or body.logprobs is not None else 0
+    params = sampling_params(body, max_tokens, logprobs, prompt_lp, best_of)
+    echo = None
+    if body.echo:
+        text = body.prompt if isinstance(body.prompt, str) else \
+            body.prompt[0] if isinstance(body.prompt, list) and body.prompt \
+            and isinstance(body.prompt[0], str) else \
+            await ctx.off_loop(ctx.engine.engine.tokenizer.decode, ids)
+        echo = Echo(text, ids, only_prompt)
+    answer = Answer(ctx, body, "cmpl", _renderer(ctx, body.logprobs, prompt_lp), echo)
+    stream = await submit(ctx, ids, params, body.stream, arrival)
+    return await answer.send(request, stream, CompletionChunks, answer.completion)
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
@@ -153,92 +125,24 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     body = await parse_body(ctx, request, ChatCompletionRequest)
     assert isinstance(body, ChatCompletionRequest)
     check_common(ctx, body)
+    if body.top_logprobs and not body.logprobs:
+        raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     ids = await chat_prompt(ctx, body)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:  # as vLLM: whatever room the context leaves
         max_tokens = max(ctx.max_model_len - len(ids), 1)
     check_length(ctx, ids, max_tokens, param, "messages")
-    stream = await submit(ctx, ids, sampling_params(body, max_tokens), body.stream, arrival)
-    return await _answer(ctx, request, stream, body, "chatcmpl", ChatChunks,
-                         lambda rid, created, out: ChatCompletionResponse(
-        id=rid, created=created, model=ctx.model_name,
-        choices=[ChatChoice(message=ChatResponseMessage(content=out.full_text or ""),
-                            finish_reason=out.finish_reason)],
-        usage=UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)))
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
+    answer = Answer(ctx, body, "chatcmpl", _renderer(ctx, logprobs, body.prompt_logprobs))
+    stream = await submit(ctx, ids, params, body.stream, arrival)
+    return await answer.send(request, stream, ChatChunks, answer.chat)
 
 
-async def _answer(ctx: ServingContext, request: Request, stream: RequestStream,
-                  body: CompletionRequest | ChatCompletionRequest, id_prefix: str,
-                  chunks: type[Chunks],
-                  response: Callable[[str, int, StreamOutput], BaseModel]) -> Response:
-    """Both endpoints' answer: server-sent events when the body asks for a stream, else
-    the request's final output as `response(id, created, output)`."""
-    rid = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-    try:
-        if body.stream:
-            return await _start_stream(ctx, request, stream,
-                                       chunks(rid, created, ctx.model_name, body))
-        out = await _final(ctx, request, stream)
-        if out is None:
-            return Response(status_code=499)  # nobody is listening
-        return JSONResponse(response(rid, created, out).model_dump())
-    except BaseException:
-        # A fault (or cancellation) in this handler: the request must not run on unread.
-        # The error itself becomes a 500 in OpenAI's shape (api.py's handler).
-        if not stream.finished:
-            ctx.engine.abort(stream.request_id, "the request's handler failed")
-        raise
-
-
-async def _final(ctx: ServingContext, request: Request,
-                 stream: RequestStream) -> StreamOutput | None:
-    out = await next_output(ctx, request, stream)  # unstreamed: the only output is the last
-    if out is not None and (err := ended_error(out)) is not None:
-        raise err
-    return out
-
-
-# ---- streaming ----
-
-async def _start_stream(ctx: ServingContext, request: Request, stream: RequestStream,
-                        chunks: Chunks) -> Response:
-    first = await next_output(ctx, request, stream)
-    if first is None:
-        return Response(status_code=499)
-    if first.finished and (err := ended_error(first)) is not None:
-        raise err  # still before any header: a proper status
-    return StreamingResponse(_events(ctx, stream, first, chunks),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
-
-
-async def _events(ctx: ServingContext, stream: RequestStream, first: StreamOutput,
-                  chunks: Chunks) -> AsyncIterator[str]:
-    out = first
-    try:
-        yield chunks.head(first)
-        while True:
-            if out.finished:
-                err = ended_error(out)
-                if err is None:
-                    yield chunks.tail(out)
-                else:
-                    if out.text:
-                        yield chunks.token(out.text, out)
-                    yield err.sse_event()
-                break
-            if out.text:
-                yield chunks.token(out.text, out)
-            out = await stream.__anext__()
-        yield SSE_DONE
-    except Exception as e:  # a fault rendering this stream ends it alone, with an error
-        log.exception("streaming %s failed", stream.request_id)
-        yield APIError(500, f"internal error while streaming: {type(e).__name__}: {e}",
-                       SERVER_ERROR, code="internal_error").sse_event()
-        yield SSE_DONE
-    finally:
-        if not stream.finished:  # the client went away (the task was cancelled)
-            ctx.engine.abort(stream.request_id)
+def _renderer(ctx: ServingContext, logprobs: int | None,
+              prompt_logprobs: int | None) -> LogprobRenderer | None:
+    if logprobs is None and prompt_logprobs is None:
+        return None
+    return LogprobRenderer(ctx.engine.engine.tokenizer, logprobs or 0)
 

@@ -1,20 +1,25 @@
 """Server-sent events of one streamed request, in OpenAI's chunk shapes: `Chunks` renders
-the first event (chat: the assistant role), one per token, and the last (finish reason,
-then usage when asked for). `CompletionChunks` and `ChatChunks` give the two endpoints'
-chunk models."""
+the first events (chat: the assistant role, once per choice), one per output (a choice's
+new text and its tokens' logprobs), each choice's last (its finish reason), then the
+usage when asked for. `CompletionChunks` and `ChatChunks` give the two endpoints' chunk
+models; with n > 1 the choices' chunks interleave, each tagged with its index."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
 from stepserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from stepserve.server.responses import (
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     CompletionChoice,
-    CompletionRequest,
     CompletionResponse,
     DeltaMessage,
     UsageInfo,
@@ -24,47 +29,90 @@ from stepserve.server.streams import StreamOutput
 SSE_DONE = "data: [DONE]\n\n"
 
 
+@dataclass
+class Echo:
+    """A completion that starts with its prompt (echo): the prompt's text and ids; with
+    `only_prompt` (max_tokens = 0) the generated token is not shown."""
+
+    text: str
+    prompt_ids: list[int]
+    only_prompt: bool = False
+
+
 class Chunks:
-    """Renders one request's SSE events. Token chunks come from a template made once
-    from the pydantic chunk model (only the text changes), so a token costs one
-    json.dumps; the first, last and usage chunks are rendered by pydantic."""
+    """Renders one request's SSE events. A plain text chunk of choice 0 comes from a
+    template made once from the pydantic chunk model (only the text changes), so a token
+    costs one json.dumps; everything else is rendered by pydantic."""
 
     SENTINEL = "\x00stepserve-text\x00"
 
     def __init__(self, rid: str, created: int, model: str,
-                 body: CompletionRequest | ChatCompletionRequest) -> None:
+                 body: CompletionRequest | ChatCompletionRequest,
+                 renderer: LogprobRenderer | None = None, echo: Echo | None = None) -> None:
         opts = body.stream_options
         self.include_usage = bool(opts and opts.include_usage)
         self.continuous_usage = bool(opts and opts.continuous_usage_stats)
         self.rid, self.created, self.model = rid, created, model
-        data = self._chunk(self.SENTINEL, None, None).model_dump_json()
+        self.n = body.n
+        self.renderer = renderer
+        self.echo = echo
+        self._completion_tokens: dict[int, int] = {}
+        self._offsets: dict[int, int] = {}  # completions: text offset of the next token
+        self._started: set[int] = set()  # choices that sent a chunk of their own
+        self.num_prompt_tokens = 0
+        data = self._chunk(0, self.SENTINEL, None, None, None).model_dump_json()
         self._prefix, self._suffix = data.split(json.dumps(self.SENTINEL))
 
     def head(self, first: StreamOutput) -> str:
+        self.num_prompt_tokens = first.num_prompt_tokens
         return ""
 
-    def token(self, text: str, out: StreamOutput) -> str:
-        if self.continuous_usage:
-            return self._event(self._chunk(text, None, self._usage(out)))
-        return f"data: {self._prefix}{json.dumps(text)}{self._suffix}\n\n"
+    def wants_chunk(self, out: StreamOutput) -> bool:
+        return bool(out.text or out.logprobs) or (self.echo is not None
+                                                   and out.index not in self._started)
+
+    def token(self, out: StreamOutput) -> str:
+        """A chunk of choice `out.index`'s new text (and its tokens' logprobs)."""
+        self._completion_tokens[out.index] = out.num_output_tokens
+        plain = (out.index == 0 and not self.continuous_usage and self.renderer is None
+                 and (self.echo is None or 0 in self._started))
+        self._started.add(out.index)
+        if plain:
+            return f"data: {self._prefix}{json.dumps(out.text)}{self._suffix}\n\n"
+        text, logprobs = self._content(out)
+        usage = self._usage_of(out) if self.continuous_usage else None
+        return self._event(self._chunk(out.index, text, None, usage, logprobs))
 
     def tail(self, out: StreamOutput) -> str:
-        usage = self._usage(out) if self.continuous_usage else None
-        events = [self._event(self._chunk(out.text, out.finish_reason, usage))]
-        if self.include_usage:
-            events.append(self._event(self._usage_chunk(self._usage(out))))
-        return "".join(events)
+        """Choice `out.index`'s last chunk (its finish reason)."""
+        self._completion_tokens[out.index] = out.num_output_tokens
+        self._started.add(out.index)
+        text, logprobs = self._content(out)
+        usage = self._usage_of(out) if self.continuous_usage else None
+        return self._event(self._chunk(out.index, text, out.finish_reason, usage, logprobs))
 
-    @staticmethod
-    def _usage(out: StreamOutput) -> UsageInfo:
+    def usage(self) -> str:
+        """After every choice ended: the usage chunk, when asked for."""
+        if not self.include_usage:
+            return ""
+        total = sum(self._completion_tokens.values())
+        if self.echo is not None and self.echo.only_prompt:
+            total = 0
+        return self._event(self._usage_chunk(UsageInfo.of(self.num_prompt_tokens, total)))
+
+    def _content(self, out: StreamOutput):
+        """The text and the logprobs block a chunk of `out` carries."""
+        raise NotImplementedError
+
+    def _usage_of(self, out: StreamOutput) -> UsageInfo:
         return UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)
 
     @staticmethod
     def _event(chunk: BaseModel) -> str:
         return f"data: {chunk.model_dump_json()}\n\n"
 
-    def _chunk(self, text: str, finish_reason: str | None, usage: UsageInfo | None
-               ) -> BaseModel:
+    def _chunk(self, index: int, text: str, finish_reason: str | None,
+               usage: UsageInfo | None, logprobs) -> BaseModel:
         raise NotImplementedError
 
     def _usage_chunk(self, usage: UsageInfo) -> BaseModel:
@@ -72,9 +120,25 @@ class Chunks:
 
 
 class CompletionChunks(Chunks):
-    def _chunk(self, text, finish_reason, usage):
+    def _content(self, out):
+        echo = self.echo
+        first = echo is not None and out.index not in self._offsets
+        text = "" if echo is not None and echo.only_prompt else out.text
+        entries = [] if echo is not None and echo.only_prompt else output_entries(out.logprobs)
+        if first:
+            text = echo.text + text
+            entries = prompt_entries(echo.prompt_ids, out.prompt_logprobs) + entries
+        if self.renderer is None:
+            self._offsets.setdefault(out.index, 0)
+            return text, None
+        block, self._offsets[out.index] = self.renderer.completion(
+            entries, self._offsets.get(out.index, 0))
+        return text, block
+
+    def _chunk(self, index, text, finish_reason, usage, logprobs):
         return CompletionResponse(id=self.rid, created=self.created, model=self.model,
-                                  choices=[CompletionChoice(text=text,
+                                  choices=[CompletionChoice(index=index, text=text,
+                                                            logprobs=logprobs,
                                                             finish_reason=finish_reason)],
                                   usage=usage)
 
@@ -85,17 +149,25 @@ class CompletionChunks(Chunks):
 
 class ChatChunks(Chunks):
     def head(self, first: StreamOutput) -> str:
+        super().head(first)
         usage = UsageInfo.of(first.num_prompt_tokens, 0) if self.continuous_usage else None
-        return self._event(self._make(DeltaMessage(role="assistant", content=""), None, usage))
+        return "".join(self._event(self._make(i, DeltaMessage(role="assistant", content=""),
+                                              None, usage, None)) for i in range(self.n))
 
-    def _chunk(self, text, finish_reason, usage):
+    def _content(self, out):
+        if self.renderer is None or not out.logprobs:
+            return out.text, None
+        return out.text, self.renderer.chat(out.logprobs)
+
+    def _chunk(self, index, text, finish_reason, usage, logprobs):
         delta = DeltaMessage(content=text) if text or finish_reason is None else DeltaMessage()
-        return self._make(delta, finish_reason, usage)
+        return self._make(index, delta, finish_reason, usage, logprobs)
 
-    def _make(self, delta: DeltaMessage, finish_reason: str | None, usage: UsageInfo | None
-              ) -> ChatCompletionChunk:
+    def _make(self, index: int, delta: DeltaMessage, finish_reason: str | None,
+              usage: UsageInfo | None, logprobs) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
-                                   choices=[ChatChunkChoice(delta=delta,
+                                   choices=[ChatChunkChoice(index=index, delta=delta,
+                                                            logprobs=logprobs,
                                                             finish_reason=finish_reason)],
                                    usage=usage)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from stepserve.request import RejectReason
+from stepserve.request import RejectReason, TokenLogprobs
 
 
 class RequestRejected(Exception):
@@ -34,7 +34,8 @@ class EngineUnavailable(Exception):
 
 @dataclass(slots=True)
 class StreamOutput:
-    """What one request got in one engine step (or at its end)."""
+    """What one sequence of a request (choice `index`; n > 1 requests have n) got in one
+    engine step (or at its end)."""
 
     text: str  # new text since the previous output (streamed requests only)
     num_prompt_tokens: int
@@ -43,29 +44,53 @@ class StreamOutput:
     finish_reason: str | None = None  # stop, length, abort, timed_out, error
     message: str = ""  # why it ended, when it did not end normally
     full_text: str | None = None  # final output only: the whole completion
+    index: int = 0
+    # asked-for logprobs of the tokens since the previous output (final, unstreamed: all)
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the first output
+
+    def merge_into(self, older: StreamOutput) -> None:
+        """Make this output also carry `older`'s, which the handler has not taken."""
+        self.text = older.text + self.text
+        if older.logprobs:
+            self.logprobs = older.logprobs + (self.logprobs or [])
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = older.prompt_logprobs
 
 
 class RequestStream:
-    """The handler's side of one request: `async for out in stream`.
+    """The handler's side of one request: `async for out in stream`, outputs of its `n`
+    sequences interleaved (each tagged with its index); done once all n have ended.
 
-    Outputs the handler has not taken yet are merged into one (texts joined, counts and
-    end state from the newer), as vLLM's RequestOutputCollector does: a client that
-    falls behind gets bigger chunks instead of a growing backlog of tiny ones, and the
-    event loop wakes once per request however many steps it missed."""
+    Outputs the handler has not taken yet are merged, per sequence, into one (texts
+    joined, counts and end state from the newer), as vLLM's RequestOutputCollector does:
+    a client that falls behind gets bigger chunks instead of a growing backlog of tiny
+    ones, and the event loop wakes once per request however many steps it missed."""
 
-    def __init__(self, request_id: str, num_prompt_tokens: int) -> None:
+    def __init__(self, request_id: str, num_prompt_tokens: int, n: int = 1) -> None:
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
-        self._pending: StreamOutput | None = None
+        self.n = n
+        self._pending: dict[int, StreamOutput] = {}
         self._ready = asyncio.Event()
-        self.finished = False  # the handler has taken the final output
+        self._ended = 0  # sequences whose final output the handler has taken
+        self._finals_put = 0
+        self.finished = False  # the handler has taken every final output
 
     def put(self, out: StreamOutput) -> None:
         """Event loop only."""
-        if self._pending is not None:
-            out.text = self._pending.text + out.text
-        self._pending = out
+        if out.finished:
+            self._finals_put += 1
+        older = self._pending.pop(out.index, None)
+        if older is not None:
+            out.merge_into(older)
+        self._pending[out.index] = out
         self._ready.set()
+
+    @property
+    def all_put(self) -> bool:
+        """Every sequence's final output has been put (the engine is done with it)."""
+        return self._finals_put >= self.n
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -73,11 +98,14 @@ class RequestStream:
     async def __anext__(self) -> StreamOutput:
         if self.finished:
             raise StopAsyncIteration
-        while self._pending is None:
+        while not self._pending:
             await self._ready.wait()
             self._ready.clear()
-        out, self._pending = self._pending, None
-        self._ready.clear()
+        index = next(iter(self._pending))
+        out = self._pending.pop(index)
+        if not self._pending:
+            self._ready.clear()
         if out.finished:
-            self.finished = True
+            self._ended += 1
+            self.finished = self._ended >= self.n
         return out

@@ -1,11 +1,12 @@
-"""What the engine thread keeps of one admitted request for its handler: how much text
-was sent, what is held back, and how its outputs (a delta, the final answer) are made."""
+"""What the engine thread keeps of one admitted sequence for its handler (a request, or
+one child of an n > 1 request): how much text and how many logprobs were sent, what is
+held back, and how its outputs (a delta, the final answer) are made."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepserve.request import Request
+from stepserve.request import Request, TokenLogprobs
 from stepserve.server.streams import RequestStream, StreamOutput
 
 
@@ -16,14 +17,20 @@ class Tracked:
     streamed: bool
     holdback: int  # characters held back: they might be the start of a stop string
     sent: int = 0  # characters of text already sent
+    logprobs_sent: int = 0  # output logprobs already sent
+    prompt_sent: bool = False  # prompt logprobs already sent
 
     @classmethod
     def of(cls, request: Request, stream: RequestStream, streamed: bool) -> Tracked:
-        stops = request.sampling_params.stop
-        return cls(request, stream, streamed, max((len(s) for s in stops), default=1) - 1)
+        params = request.sampling_params
+        longest = max((len(s) for s in params.stop), default=1)
+        # with include_stop_str_in_output the stop string itself is sent: nothing to hold
+        holdback = 0 if params.include_stop_str_in_output else longest - 1
+        return cls(request, stream, streamed, holdback)
 
     def delta(self, text_of) -> StreamOutput:
-        """The text that became safe to send since the last delta."""
+        """The text that became safe to send since the last delta, and the logprobs of
+        the tokens since then."""
         req = self.request
         text = ""
         full = text_of(req)
@@ -31,17 +38,33 @@ class Tracked:
         if end > self.sent:
             text = full[self.sent:end]
             self.sent = end
-        return StreamOutput(text, req.num_prompt_tokens, req.num_output_tokens)
+        return self._with_logprobs(StreamOutput(text, req.num_prompt_tokens,
+                                                req.num_output_tokens, index=req.index))
 
     def final(self, full: str) -> StreamOutput:
         """The request's one final output, `full` being its whole completion."""
         req = self.request
         reason = req.finish_reason.value if req.finish_reason else "error"
-        return StreamOutput(full[self.sent:] if self.streamed else "", req.num_prompt_tokens,
-                            req.num_output_tokens, True, reason, req.finish_message, full)
+        return self._with_logprobs(StreamOutput(
+            full[self.sent:] if self.streamed else "", req.num_prompt_tokens,
+            req.num_output_tokens, True, reason, req.finish_message, full, req.index))
 
     def error(self, message: str) -> StreamOutput:
         """A final output for a request that could not be finished normally."""
         req = self.request
         return StreamOutput("", req.num_prompt_tokens, req.num_output_tokens, True, "error",
-                            message, "")
+                            message, "", req.index)
+
+    def _with_logprobs(self, out: StreamOutput) -> StreamOutput:
+        req = self.request
+        if req.output_logprobs is not None:
+            out.logprobs = _new(req.output_logprobs, self.logprobs_sent)
+            self.logprobs_sent = len(req.output_logprobs)
+        if req.prompt_logprobs is not None and not self.prompt_sent:
+            out.prompt_logprobs = list(req.prompt_logprobs)
+            self.prompt_sent = True
+        return out
+
+
+def _new(items: list[TokenLogprobs], start: int) -> list[TokenLogprobs]:
+    return items[start:]

@@ -1,0 +1,230 @@
+"""Answering one admitted request: its n sequences' final outputs as one JSON body, or
+server-sent events as they come; a request that ended abnormally becomes an error (a
+proper status while no header is sent, an SSE error event after).
+
+Outcomes map to statuses before any header is sent whenever possible: the handler waits
+for a request's first output before it starts a stream, so a queue timeout is still a
+clean 503. Failures after the stream began are an SSE error event, then `[DONE]`. A
+failure of one of n sequences ends the whole request (its siblings are aborted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from stepserve import request_limits as lim
+from stepserve.request import COMPLETED_REASONS
+from stepserve.server.errors import SERVER_ERROR, UNAVAILABLE, APIError
+from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
+from stepserve.server.prompts import ServingContext
+from stepserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _Sampling,
+)
+from stepserve.server.responses import (
+    ChatChoice,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionResponse,
+    UsageInfo,
+)
+from stepserve.server.sse import SSE_DONE, Chunks, Echo
+from stepserve.server.streams import RequestStream, StreamOutput
+
+log = logging.getLogger("stepserve.server")
+
+
+def ended_error(out: StreamOutput) -> APIError | None:
+    """The error for a request that ended abnormally (None: it completed)."""
+    if out.finish_reason in COMPLETED_REASONS:
+        return None
+    if out.finish_reason == "timed_out":
+        return APIError(503, f"the server is overloaded: the request {out.message}; retry "
+                             "later", UNAVAILABLE, code="queue_timeout")
+    if out.finish_reason == "abort":
+        return APIError(503, f"request aborted: {out.message}", UNAVAILABLE,
+                        code="aborted")
+    return APIError(500, f"internal error: {out.message}", SERVER_ERROR, code="engine_error")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def next_output(ctx: ServingContext, request: Request,
+                      stream: RequestStream) -> StreamOutput | None:
+    """The stream's next output, or None if the client went away first (the request is
+    aborted then)."""
+    get = asyncio.ensure_future(stream.__anext__())
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait((get, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not get.done():
+            get.cancel()
+            ctx.engine.abort(stream.request_id)
+    return get.result() if get.done() and not get.cancelled() else None
+
+
+def response_id(request: Request, body: _Sampling, prefix: str) -> str:
+    """`{prefix}-{id}`: the X-Request-Id header, else the body's request_id (vLLM), else
+    a random one."""
+    given = request.headers.get("x-request-id") or body.request_id
+    if given and len(given) <= lim.REQUEST_ID_MAX_CHARS:
+        return f"{prefix}-{given}"
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class Answer:
+    """How one request is answered: one JSON body of its n choices, or server-sent
+    events."""
+
+    def __init__(self, ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
+                 prefix: str, renderer: LogprobRenderer | None = None,
+                 echo: Echo | None = None) -> None:
+        self.ctx, self.body, self.prefix = ctx, body, prefix
+        self.renderer, self.echo = renderer, echo
+        self.created = int(time.time())
+
+    async def send(self, request: Request, stream: RequestStream, chunks: type[Chunks],
+                   response: Callable[[str, list[StreamOutput]], BaseModel]) -> Response:
+        ctx = self.ctx
+        rid = response_id(request, self.body, self.prefix)
+        try:
+            if self.body.stream:
+                return await _start_stream(ctx, request, stream, chunks(
+                    rid, self.created, ctx.model_name, self.body, self.renderer, self.echo))
+            outs = await _finals(ctx, request, stream)
+            if outs is None:
+                return Response(status_code=499)  # nobody is listening
+            return JSONResponse(response(rid, outs).model_dump())
+        except BaseException:
+            # A fault (or cancellation) in this handler: the request must not run on
+            # unread. The error itself becomes a 500 in OpenAI's shape (api.py's handler).
+            if not stream.finished:
+                ctx.engine.abort(stream.request_id, "the request's handler failed")
+            raise
+
+    def _usage(self, outs: list[StreamOutput]) -> UsageInfo:
+        made = sum(o.num_output_tokens for o in outs)
+        if self.echo is not None and self.echo.only_prompt:
+            made = 0
+        return UsageInfo.of(outs[0].num_prompt_tokens, made)
+
+    def completion(self, rid: str, outs: list[StreamOutput]) -> CompletionResponse:
+        usage = self._usage(outs)  # best_of: every sequence run counts
+        if len(outs) > self.body.n:  # best_of: the n with the highest total logprob
+            outs = sorted(outs, key=lambda o: -sum(lp.logprob for lp in o.logprobs or ()))
+            outs = outs[:self.body.n]
+            for k, o in enumerate(outs):
+                o.index = k
+        return CompletionResponse(id=rid, created=self.created, model=self.ctx.model_name,
+                                  choices=[self._completion_choice(o) for o in outs],
+                                  usage=usage)
+
+    def _completion_choice(self, out: StreamOutput) -> CompletionChoice:
+        echo, body, renderer = self.echo, self.body, self.renderer
+        only_prompt = echo is not None and echo.only_prompt
+        text = "" if only_prompt else out.full_text or ""
+        entries = [] if only_prompt else output_entries(out.logprobs)
+        if echo is not None:
+            text = echo.text + text
+            entries = prompt_entries(echo.prompt_ids, out.prompt_logprobs) + entries
+        choice = CompletionChoice(index=out.index, text=text, finish_reason=out.finish_reason)
+        if renderer is not None and body.logprobs is not None:  # type: ignore[union-attr]
+            choice.logprobs = renderer.completion(entries, 0)[0]
+        if renderer is not None and body.prompt_logprobs is not None:
+            choice.prompt_logprobs = renderer.vllm_prompt(
+                echo.prompt_ids if echo else [], out.prompt_logprobs or [])
+        return choice
+
+    def chat(self, rid: str, outs: list[StreamOutput]) -> ChatCompletionResponse:
+        renderer, body = self.renderer, self.body
+        answer = ChatCompletionResponse(
+            id=rid, created=self.created, model=self.ctx.model_name, usage=self._usage(outs),
+            choices=[ChatChoice(index=o.index,
+                                message=ChatResponseMessage(content=o.full_text or ""),
+                                finish_reason=o.finish_reason,
+                                logprobs=renderer.chat(o.logprobs or [])
+                                if renderer is not None and body.logprobs else None)
+                     for o in outs])
+        if renderer is not None and body.prompt_logprobs is not None and outs:
+            found = outs[0].prompt_logprobs or []
+            answer.prompt_logprobs = renderer.vllm_prompt(range(len(found) + 1), found)
+        return answer
+
+
+async def _finals(ctx: ServingContext, request: Request,
+                  stream: RequestStream) -> list[StreamOutput] | None:
+    """The final output of each of the request's n sequences, by index (unstreamed: the
+    only outputs are the last ones); None if the client went away."""
+    finals: dict[int, StreamOutput] = {}
+    while not stream.finished:
+        out = await next_output(ctx, request, stream)
+        if out is None:
+            return None
+        if (err := ended_error(out)) is not None:
+            if not stream.finished:
+                ctx.engine.abort(stream.request_id, "a sibling sequence failed")
+            raise err
+        finals[out.index] = out
+    return [finals[i] for i in sorted(finals)]
+
+
+# ---- streaming ----
+
+async def _start_stream(ctx: ServingContext, request: Request, stream: RequestStream,
+                        chunks: Chunks) -> Response:
+    first = await next_output(ctx, request, stream)
+    if first is None:
+        return Response(status_code=499)
+    if first.finished and (err := ended_error(first)) is not None:
+        raise err  # still before any header: a proper status
+    return StreamingResponse(_events(ctx, stream, first, chunks),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def _events(ctx: ServingContext, stream: RequestStream, first: StreamOutput,
+                  chunks: Chunks) -> AsyncIterator[str]:
+    out = first
+    try:
+        yield chunks.head(first)
+        while True:
+            if out.finished:
+                err = ended_error(out)
+                if err is not None:
+                    if out.text:
+                        yield chunks.token(out)
+                    yield err.sse_event()
+                    break
+                yield chunks.tail(out)
+                if stream.finished:
+                    yield chunks.usage()
+                    break
+            elif chunks.wants_chunk(out):
+                yield chunks.token(out)
+            out = await stream.__anext__()
+        yield SSE_DONE
+    except Exception as e:  # a fault rendering this stream ends it alone, with an error
+        log.exception("streaming %s failed", stream.request_id)
+        yield APIError(500, f"internal error while streaming: {type(e).__name__}: {e}",
+                       SERVER_ERROR, code="internal_error").sse_event()
+        yield SSE_DONE
+    finally:
+        if not stream.finished:  # the client went away (the task was cancelled)
+            ctx.engine.abort(stream.request_id)

@@ -1,0 +1,60 @@
+"""`--api-key`: every route needs `Authorization: Bearer KEY` except the public ones,
+as in vLLM (its AuthenticationMiddleware): /health, /ping, /load, /version, /metrics and
+the API docs stay open, so probes and Prometheus work without the key. A missing or wrong
+key gets 401 in OpenAI's error shape (the openai client raises AuthenticationError).
+
+Keys are compared as SHA-256 digests with `secrets.compare_digest`, so the time an answer
+takes says nothing about how much of a guess was right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from stepserve.server.errors import APIError
+
+PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/docs", "/redoc",
+                "/openapi.json")
+AUTH_ERROR = "authentication_error"
+
+
+def is_public(path: str) -> bool:
+    """Exactly a public path or below it (`/healthz` is not `/health`)."""
+    return any(path == p or path.startswith(p + "/") for p in PUBLIC_PATHS)
+
+
+class ApiKeyAuth:
+    """Pure ASGI middleware: checks the bearer token of every non-public HTTP request."""
+
+    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+        if not keys or not all(keys):
+            raise ValueError("api keys must be non-empty strings")
+        self.app = app
+        self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    def authorized(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        ok = False
+        for known in self._digests:  # every key compared: no early exit to time
+            ok |= secrets.compare_digest(digest, known)
+        return ok
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS" \
+                or is_public(scope["path"]) or self.authorized(Headers(scope=scope)):
+            await self.app(scope, receive, send)
+            return
+        given = "authorization" in Headers(scope=scope)
+        message = ("Incorrect API key provided" if given else
+                   "Missing API key: send `Authorization: Bearer <key>`")
+        response = APIError(401, message, AUTH_ERROR, code="invalid_api_key",
+                            headers={"WWW-Authenticate": "Bearer"}).response()
+        await response(scope, receive, send)
