@@ -28,6 +28,15 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gguf_dir(tiny_dir, tmp_path_factory) -> Path:
+    """The tiny model as a GGUF and its float32 reference directory (tests/tiny_gguf.py)."""
+    pytest.importorskip("gguf")
+    from tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(tiny_dir, tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="session")
 def default_dir() -> Path:
     """The converted SmolLM2 in the user's cache (converted on first use, ~30 s)."""
     from stepserve.model.presets import resolve_model

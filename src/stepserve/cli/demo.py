@@ -18,9 +18,10 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="the seed's night-report job on a real model and "
                                            "in the simulator")
     p.add_argument("--model", default="default", help="model preset or HF directory")
-    p.add_argument("--requests", type=int, default=192, help="real-engine requests")
-    p.add_argument("--short", type=int, default=3, help="short output length (tokens)")
-    p.add_argument("--long", type=int, default=300, help="long output length (tokens)")
+    d = DemoOptions()
+    p.add_argument("--requests", type=int, default=d.requests, help="real-engine requests")
+    p.add_argument("--short", type=int, default=d.short, help="short output length (tokens)")
+    p.add_argument("--long", type=int, default=d.long, help="long output length (tokens)")
     p.add_argument("--sim-requests", type=int, default=6400, help="simulated requests")
     p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
     p.add_argument("--cost", metavar="constant|roofline|FILE",

@@ -23,6 +23,7 @@ from stepserve.config_load import (
     parse_bool,
 )
 from stepserve.engine.dtypes import DTYPE_CHOICES
+from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
 
 PREFIX_CACHING_WARNING = (
     "warning: --enable-prefix-caching: stepserve has no prefix cache, so every prompt is "
@@ -108,3 +109,14 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
                         help="weights and KV cache dtype, as vLLM takes it: auto (float32 on "
                              "CPU, the checkpoint's float16/bfloat16 on CUDA, a float32 "
                              "checkpoint as float16), half = float16, float = float32")
+
+
+# ---- --quantization ----
+
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
+                        help="weight mode: auto (the GGUF's own Q4_1 groups through "
+                             "stepserve's kernels where the model has a GGUF and the CPU "
+                             "runs them, else float), none (float weights at --dtype), "
+                             "q4_1, int4 (torch int4pack), int8 (torch int8pack); see "
+                             "docs/guide.md")

@@ -7,6 +7,7 @@ import argparse
 from stepserve.cli.engine_flags import (
     add_config_arguments,
     add_dtype_argument,
+    add_quantization_argument,
     config_overrides,
 )
 from stepserve.cli_errors import reports_usage_errors
@@ -28,6 +29,7 @@ def add_generate_parser(subparsers) -> argparse.ArgumentParser:
     add_dtype_argument(g)
     g.add_argument("--device", default="cpu")
     g.add_argument("--config", help="engine config YAML")
+    add_quantization_argument(g)
     add_config_arguments(g)
     g.set_defaults(func=generate_command)
     return g
@@ -39,4 +41,4 @@ def generate_command(args: argparse.Namespace) -> int:
         prompt=args.prompt, model=args.model, chat=args.chat, max_tokens=args.max_tokens,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         stop=tuple(args.stop), ignore_eos=args.ignore_eos, dtype=args.dtype,
-        device=args.device, config=config_overrides(args)))
+        quantization=args.quantization, device=args.device, config=config_overrides(args)))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from stepserve.cli.engine_flags import (
     add_config_arguments,
     add_dtype_argument,
+    add_quantization_argument,
     config_overrides,
 )
 from stepserve.config import ConfigError
@@ -50,6 +51,7 @@ def add_serve_parser(subparsers) -> None:
                         f"(default {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    add_quantization_argument(p)
     p.add_argument("--api-key", action="append", type=api_key, default=None, metavar="KEY",
                    help="require `Authorization: Bearer KEY` on every route but /health, "
                         "/metrics and /version (repeat for several keys; default: the "
@@ -115,7 +117,8 @@ def api_keys_of(args: argparse.Namespace) -> tuple[str, ...]:
 def serve_command(args: argparse.Namespace) -> int:
     return run_serve(ServeOptions(
         model=args.model_tag or args.model, served_model_name=args.served_model_name,
-        host=args.host, port=args.port, dtype=args.dtype, device=args.device,
+        host=args.host, port=args.port, dtype=args.dtype,
+        quantization=args.quantization, device=args.device,
         retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
         max_request_bytes=args.max_request_bytes, log_level=args.log_level,
         uvicorn_log_level=args.uvicorn_log_level, seed=args.seed,
@@ -132,6 +135,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "auto"  # vLLM's values (engine_flags.DTYPE_CHOICES)
+    quantization: str = "auto"  # weight mode (model/modes.py)
     device: str = "cpu"
     seed: int = 0  # the engine's random numbers at startup
     retry_after_s: int = 1  # Retry-After of a 429 (queue full)
@@ -163,11 +167,12 @@ def run_serve(options: ServeOptions) -> int:
                         "%(message)s")
     try:
         check_can_listen(o.host, o.port)  # before minutes of model loading
-        config = o.config.apply()
+        o.config.apply()  # a bad setting fails before minutes of model loading
         dtype = resolve_dtype(o.dtype, o.model, o.device)
         seed_engine(o.seed)
-        engine = LLMEngine(o.model, config, dtype=dtype, device=o.device,
-                           strict_max_model_len=o.config.sets("max_model_len"))
+        engine = LLMEngine(o.model, o.config, dtype=dtype, device=o.device,
+                           strict_max_model_len=o.config.sets("max_model_len"),
+                           quantization=o.quantization)
     except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ class GenerateOptions:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     dtype: str = "auto"  # vLLM's values (engine/dtypes.py)
+    quantization: str = "auto"  # weight mode (model/modes.py)
     device: str = "cpu"
     config: ConfigOverrides = ConfigOverrides()
 
@@ -57,13 +58,14 @@ def run_generate(options: GenerateOptions) -> int:
     o = options
     check_device(o.device)
     try:
-        config = o.config.apply()
+        o.config.apply()  # a bad setting fails before the model loads
         params = SamplingParams(max_tokens=o.max_tokens, temperature=o.temperature,
                                 top_p=o.top_p, top_k=o.top_k, seed=o.seed,
                                 stop=tuple(o.stop), ignore_eos=o.ignore_eos)
-        engine = LLMEngine(o.model, config, device=o.device,
+        engine = LLMEngine(o.model, o.config, device=o.device,
                            dtype=resolve_dtype(o.dtype, o.model, o.device),
-                           strict_max_model_len=o.config.sets("max_model_len"))
+                           strict_max_model_len=o.config.sets("max_model_len"),
+                           quantization=o.quantization)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         return report_error(e)
     prompt = o.prompt

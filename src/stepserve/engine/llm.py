@@ -16,6 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from stepserve.config import EngineConfig
+from stepserve.config_load import ConfigOverrides
 from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
@@ -31,12 +32,15 @@ class LLM:
 
     def __init__(self, model: str | Path = "default", *, dtype: str = "float32",
                  device: str = "cpu", config: EngineConfig | None = None,
-                 num_kv_blocks: int | None = None, **settings: Any) -> None:
+                 num_kv_blocks: int | None = None, quantization: str | None = "auto",
+                 **settings: Any) -> None:
         if num_kv_blocks is not None:
             settings["num_gpu_blocks"] = num_kv_blocks
-        config = (config or EngineConfig()).replace(**settings) if settings else \
-            (config or EngineConfig())
-        self.engine = LLMEngine(model, config, dtype=dtype, device=device)
+        # Without a config, the settings go on the hardware's defaults (step_budget.py).
+        chosen: EngineConfig | ConfigOverrides = ConfigOverrides(settings=settings) \
+            if config is None else config.replace(**settings) if settings else config
+        self.engine = LLMEngine(model, chosen, dtype=dtype, device=device,
+                                quantization=quantization)
 
     @property
     def scheduler(self):

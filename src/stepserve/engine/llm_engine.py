@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stepserve.clock import Clock, WallClock
 from stepserve.config import ConfigError, EngineConfig
+from stepserve.config_load import ConfigOverrides
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import StepResult
 from stepserve.engine.core import EngineCore
@@ -25,30 +26,52 @@ from stepserve.engine.outputs import (
     RequestOutput,
     logprobs_list,
 )
+from stepserve.engine.step_budget import (
+    cpu_step_budget,
+    hardware_base,
+    prefill_params,
+    runner_hardware,
+)
 from stepserve.request import Request, RequestStatus, SamplingParams, child_params
 
 log = logging.getLogger("stepserve.engine")
 
 
 class LLMEngine:
-    def __init__(self, model: str | Path = "default", config: EngineConfig | None = None, *,
+    def __init__(self, model: str | Path = "default",
+                 config: EngineConfig | ConfigOverrides | None = None, *,
                  dtype: str = "float32", device: str = "cpu", clock: Clock | None = None,
-                 runner=None, strict_max_model_len: bool = False) -> None:
-        """`runner`: reuse an already loaded TorchRunner (its weights and KV store) instead
-        of loading `model` again; this engine gets a fresh KV block manager over it.
-        A max_model_len beyond the model's is lowered to it, or with
-        `strict_max_model_len` (the user chose it) refused, as vLLM does."""
+                 runner=None, strict_max_model_len: bool = False,
+                 quantization: str | None = "auto") -> None:
+        """`config`: a complete EngineConfig is used as it is; settings (ConfigOverrides,
+        or None for none) are applied on the hardware's scheduling defaults
+        (step_budget.py). `runner`: reuse an already loaded TorchRunner (its weights and
+        KV store) instead of loading `model` again; this engine gets a fresh KV block
+        manager over it. A max_model_len beyond the model's is lowered to it, or with
+        `strict_max_model_len` (the user chose it) refused, as vLLM does.
+        `quantization`: the weight mode (model/modes.py)."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
-        config = config or EngineConfig()
+        overrides = ConfigOverrides() if config is None else config
+        if isinstance(overrides, ConfigOverrides):
+            config = overrides.apply()  # the user's settings on the plain defaults
+        assert isinstance(config, EngineConfig)
         if config.replicas > 1:  # one engine here; replicas run on Ray Serve (cluster/)
             raise ValueError(
                 f"replicas = {config.replicas}: LLM and LLMEngine run one engine in this "
                 f"process; serve replicas with `stepserve serve --replicas {config.replicas}` "
                 "(Ray Serve: pip install -e '.[cluster]')")
         if runner is None:
-            runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device)
+            runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device,
+                                             quantization=quantization)
         self.runner = runner
+        self.step_budget = None
+        if isinstance(overrides, ConfigOverrides):
+            self.step_budget = cpu_step_budget(runner_hardware(runner),
+                                               prefill_params(runner.args))
+            config = overrides.apply(hardware_base(self.step_budget, config))
+            if self.step_budget is not None:
+                log.info("CPU scheduling defaults: %s", self.step_budget.describe())
         limit = self.runner.args.max_position_embeddings
         if limit and config.scheduler.max_model_len > limit:
             if strict_max_model_len:

@@ -9,6 +9,11 @@ Map (nothing is imported here, so `import stepserve.model` stays torch-free):
     cpu_linear.py      optional oneDNN-prepacked projections for CPU
     weights.py         safetensors loading into the fused layout
     gguf_convert.py    one-time GGUF -> safetensors conversion (the default model)
+    quant.py           GGUF Q4_1/Q8_0 matrices; linear layers on them (ours, torch int4/int8)
+    ggml_kernels.py    builds and loads ggml_kernels.c: float32 matmuls on GGUF groups
+    gguf_weights.py    the GGUF packed once into our layout; a model with quantised layers
+    modes.py           quantization x dtype: which mode "auto" picks, weight bytes
+    agreement.py       greedy agreement of one weight mode with another
     tiny.py            the random-weight "tiny" preset
     presets.py         model names, the cache directory, resolve_model / list_models
     tokenizer.py       tokenizer.json + chat template + streaming detokenizer

