@@ -56,3 +56,21 @@ def test_every_command_has_its_module_in_cli():
     (sub,) = [a for a in parser._actions if a.dest == "command"]
     assert set(sub.choices) == COMMANDS
     assert {p.stem for p in (SRC / "cli").glob("*.py")} >= COMMANDS
+
+
+def test_every_command_prints_its_help():
+    """argparse formats help texts with %: a bare "80%" in a setting's help would crash
+    `--help` of every command that takes the engine flags."""
+    import contextlib
+    import io
+
+    import pytest
+
+    from stepserve.cli import main
+
+    for command in sorted(COMMANDS):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as ended:
+            main([command, "--help"])
+        assert ended.value.code == 0, command
+        assert "usage:" in out.getvalue(), command

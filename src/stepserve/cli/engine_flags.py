@@ -63,14 +63,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         kind = meta["kind"]
         if kind is bool:
             group.add_argument(*flags, dest=f.name, type=bool_flag, nargs="?", const=True,
-                               default=None, help=meta["help"])
+                               default=None, help=meta["help"].replace("%", "%%"))
             group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                                action="store_false", help=argparse.SUPPRESS)
         else:
             reader = TEXT_VALUES.get(f.name)
             group.add_argument(*flags, dest=f.name, default=None, choices=meta["choices"],
                                type=_text_type(reader) if reader else kind,
-                               help=meta["help"])
+                               help=meta["help"].replace("%", "%%"))
     group.add_argument("--enable-prefix-caching", type=bool_flag, nargs="?", const=True,
                        default=None, help="accepted for vLLM compatibility; stepserve has "
                        "no prefix cache, so true only prints a warning")

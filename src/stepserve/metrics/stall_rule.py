@@ -1,0 +1,78 @@
+"""The rule issue 11 added to the seed's: prefill-heavy steps that stall decoding (a wave
+of prompts prefilled in one multi-second step while every running sequence waits), with
+the step times as evidence and a smaller step budget, computed from them, as the action.
+"""
+
+from __future__ import annotations
+
+from stepserve.metrics.finding import Finding
+from stepserve.metrics.rule import RuleSettings, rule
+from stepserve.metrics.run_summary import RunSummary
+
+S = RunSummary
+
+STALL_RATIO = 5.0  # the slow steps (or token gaps) over this many decode steps: a stall
+STALL_PREFILL_SHARE_MIN = 0.2  # below it prompts are too small a share to stall anything
+STALL_TARGET_RATIO = 3.0  # advice: a budget whose fullest step costs ~3 decode steps
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _prefill_share(s: RunSummary) -> float | None:
+    """Prefill's share of the computed tokens; from a client's token counts (prompts /
+    prompts + outputs) where no engine or scrape measured it."""
+    if s.prefill_token_share is not None:
+        return s.prefill_token_share
+    if s.prompt_tokens and s.output_tokens is not None:
+        return s.prompt_tokens / (s.prompt_tokens + s.output_tokens)
+    return None
+
+
+def _stall_budget(budget: int, pace: float, stall: float) -> int:
+    """A step budget whose fullest step costs about STALL_TARGET_RATIO decode steps, if
+    a prefill-heavy step's time grows with its tokens: a power of two, at least 64."""
+    want = budget * STALL_TARGET_RATIO * pace / stall
+    power = 64
+    while power * 2 <= want:
+        power *= 2
+    return min(power, budget)
+
+
+@rule((S.step_p99_s, S.itl_p99_s), (S.decode_step_p50_s, S.tpot_p50_s),
+      (S.prefill_token_share, S.prompt_tokens))
+def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    stall, stall_name = ((s.step_p99_s, "step time P99") if s.step_p99_s is not None
+                         else (s.itl_p99_s, "ITL P99"))
+    pace, pace_name = ((s.decode_step_p50_s, "median decode step")
+                       if s.decode_step_p50_s is not None else (s.tpot_p50_s, "TPOT P50"))
+    share = _prefill_share(s)
+    if stall is None or not pace or share is None or stall <= STALL_RATIO * pace:
+        return None
+    if share < STALL_PREFILL_SHARE_MIN:
+        return None  # prompts are a small share of the work: long steps come from elsewhere
+    seen = [f"{stall_name} {stall:.3g} s is {stall / pace:.0f}x the {pace_name} "
+            f"({pace:.3g} s; alert over {STALL_RATIO:g}x)",
+            f"prefill is {_pct(share)} of the tokens"]
+    if s.step_max_s is not None:
+        seen.append(f"the longest step took {s.step_max_s:.3g} s")
+    if s.ttft_p50_s is not None:
+        seen.append(f"TTFT P50 {s.ttft_p50_s:.3g} s")
+    budget = cfg.max_num_batched_tokens
+    if budget is not None:
+        new = _stall_budget(budget, pace, stall)
+        change = (f"lower max_num_batched_tokens from {budget} toward {new} (where a step's "
+                  f"time grows with its tokens, that makes the fullest step ~"
+                  f"{STALL_TARGET_RATIO:g} decode steps) and long_prefill_token_threshold "
+                  f"to {max(new // 2, 1)}")
+    else:
+        change = ("lower max_num_batched_tokens (the step budget) to what this machine "
+                  "prefills in a few decode steps, and cap each request's chunk "
+                  "(long_prefill_token_threshold)")
+    return Finding(
+        "prefill_stalls_decode", "warning",
+        "; ".join(seen) + ": prefill-heavy steps stall decoding",
+        f"{change}, budget_order decode_first; check the choice on this machine's step "
+        "times first: `stepserve profile --out cost.json`, then `stepserve sweep --cost "
+        "cost.json --vary max_num_batched_tokens=...` on this workload")
