@@ -60,12 +60,15 @@ def test_rate_sweep_on_our_server_finds_the_knee_and_writes_the_report(
     # server keeps up), 1.5x and 20x (both saturate it). Past capacity, throughput stays at
     # the server's rate while the first-token wait of a fixed request count grows with the
     # arrival rate, about N * (1/capacity - 1/rate): from N/(3 capacity) to 0.95
-    # N/capacity, nearly 3x. The thresholds leave room for a shared 2-core machine, where
-    # the probe can misjudge the capacity by a third.
+    # N/capacity, nearly 3x. Throughput is not quite flat past capacity on this engine:
+    # with the CPU step budget a burst prefills many short prompts per step, so 20x still
+    # gains ~35% over 1.5x (measured in CI: +54% below capacity, +35% above); a gain under
+    # 45% counts as flat. The thresholds leave room for a shared 2-core machine, where the
+    # probe can misjudge the capacity by a third.
     rates = [round(capacity * f, 1) for f in (0.5, 1.5, 20)]
     rc = cli(["sweep", "--target", small_server.url, "--workload", str(workload),
               "--vary", "rate=" + ",".join(map(str, rates)), "--requests", str(REQUESTS),
-              "--min-throughput-gain", "0.2", "--max-p99-rise", "0.3",
+              "--min-throughput-gain", "0.45", "--max-p99-rise", "0.3",
               "--metrics-interval-s", "0.1", "--quiet",
               "--json", str(out), "--report", str(report)])
     text = capsys.readouterr().out
