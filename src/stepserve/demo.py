@@ -218,7 +218,7 @@ def run_demo(options: DemoOptions) -> int:
     say("")
     say(f"continuous / static throughput: CPU measured {sp_real:.2f}x against a step-count "
         f"cap of {cap_real.speedup_cap:.2f}x (static slot utilisation "
-        f"{cap_real.slot_utilization * 100:.1f}%); {sim[0].describe} simulated "
+        f"{cap_real.slot_utilization * 100:.1f}%); {'H100' if options.cost is None else sim[0].describe} simulated "
         f"{sp_sim:.2f}x against "
         f"a cap of {cap_sim.speedup_cap:.2f}x.")
     say("why they differ: on a CPU a step's cost grows with the batch, so static batching's "
