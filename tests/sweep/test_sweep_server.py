@@ -62,8 +62,8 @@ def test_rate_sweep_on_our_server_finds_the_knee_and_writes_the_report(
     # arrival rate, about N * (1/capacity - 1/rate): from N/(3 capacity) to 0.95
     # N/capacity, nearly 3x. Throughput is not quite flat past capacity on this engine:
     # with the CPU step budget a burst prefills many short prompts per step, so 20x still
-    # gains ~35% over 1.5x (measured in CI: +54% below capacity, +35% above); a gain under
-    # 45% counts as flat. The thresholds leave room for a shared 2-core machine, where the
+    # gains 22-35% over 1.5x (two CI runs: +54%/+35% and +35%/+22%); a gain under 45%
+    # counts as flat, so the knee is at 1.5x or at 20x, never below capacity. The thresholds leave room for a shared 2-core machine, where the
     # probe can misjudge the capacity by a third.
     rates = [round(capacity * f, 1) for f in (0.5, 1.5, 20)]
     rc = cli(["sweep", "--target", small_server.url, "--workload", str(workload),
@@ -93,7 +93,9 @@ def test_rate_sweep_on_our_server_finds_the_knee_and_writes_the_report(
     # saturated: the queue builds higher at 20x capacity than at half of it
     assert runs[2]["summary"]["waiting_max"] > runs[0]["summary"]["waiting_max"]
     (knee,) = result["knees"]
-    assert knee["knee_index"] == 2, text
+    # past capacity (1.5x or 20x: where it lands depends on how much a burst still gains
+    # on this machine, +22% to +35% over 1.5x in CI runs)
+    assert knee["knee_index"] in (1, 2), text
     assert knee["recommended_index"] is not None
     assert knee["recommended_index"] < knee["knee_index"]
     assert "<- knee" in text
