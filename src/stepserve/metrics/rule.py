@@ -99,3 +99,11 @@ def rule(*needs: tuple[Any, ...]) -> Callable[[Check], Rule]:
         return Rule(check, groups)
 
     return declare
+
+
+S = RunSummary  # a rule's inputs are its fields: @rule((S.preemptions,))
+
+
+def pct(x: float) -> str:
+    """A share as a rule's evidence writes it: 0.1234 -> "12.3%"."""
+    return f"{x:.1%}"

@@ -8,11 +8,9 @@ Thresholds come from the seed's post-mortems ("复盘要点") and its tail-laten
 from __future__ import annotations
 
 from stepserve.metrics.finding import Finding
-from stepserve.metrics.rule import Rule, RuleSettings, rule
+from stepserve.metrics.rule import Rule, RuleSettings, S, pct, rule
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.stall_rule import prefill_stalls_decode
-
-S = RunSummary  # a rule's inputs are its fields: S.preemptions
 
 ACTIVE_RATIO_MIN = 0.30  # incident 1: active sequences / concurrency
 SLOT_UTILIZATION_MIN = 0.50  # below it continuous batching is worth >= 2x
@@ -28,10 +26,6 @@ TPOT_NORMAL_STEPS = 1.5  # TPOT P50 within this many mean steps is "normal"
 PREFILL_TOKEN_SHARE_MIN = 0.5  # prefill fills the steps: most computed tokens are prefill
 
 
-def _pct(x: float) -> str:
-    return f"{x:.1%}"
-
-
 @rule((S.active_ratio_p50, S.active_ratio_mean))
 def low_active_ratio(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     median, mean = s.active_ratio_p50, s.active_ratio_mean
@@ -39,10 +33,10 @@ def low_active_ratio(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     if r is None or r >= ACTIVE_RATIO_MIN:
         return None
     if median is not None:
-        tail = f" (mean {_pct(mean)})" if mean is not None else ""
-        seen = f"in the median step only {_pct(r)} of the held batch slots produced a token{tail}"
+        tail = f" (mean {pct(mean)})" if mean is not None else ""
+        seen = f"in the median step only {pct(r)} of the held batch slots produced a token{tail}"
     else:
-        seen = f"on the mean over steps only {_pct(r)} of the held batch slots produced a token"
+        seen = f"on the mean over steps only {pct(r)} of the held batch slots produced a token"
     return Finding(
         "low_active_ratio", "warning",
         f"{seen}; alert threshold {ACTIVE_RATIO_MIN:.0%}",
@@ -60,7 +54,7 @@ def low_slot_utilization(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None
     cap = f"; the cap on a continuous-batching speedup is about 1/{u:.3f} = {1 / u:.1f}x" \
         if u > 0 else ""
-    evidence = (f"slot utilisation {_pct(u)} (useful output / held slots x steps), below "
+    evidence = (f"slot utilisation {pct(u)} (useful output / held slots x steps), below "
                 f"{SLOT_UTILIZATION_MIN:.0%}{cap}")
     if cfg.batching == "continuous":
         action = ("the batch is already continuous, so held slots idle for another reason: "
@@ -82,10 +76,10 @@ def chunk_cap_eats_budget(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None
     seen = []
     if prefill is not None:
-        seen.append(f"{_pct(prefill)} of steps were prefill-only (alert over "
+        seen.append(f"{pct(prefill)} of steps were prefill-only (alert over "
                     f"{PREFILL_STEP_SHARE_MAX:.0%})")
     if zero is not None:
-        seen.append(f"{_pct(zero)} of steps gave decode-ready sequences no token (alert over "
+        seen.append(f"{pct(zero)} of steps gave decode-ready sequences no token (alert over "
                     f"{ZERO_DECODE_STEP_SHARE_MAX:.0%})")
     budget, threshold = cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold
     if budget is not None and threshold is not None:
@@ -139,7 +133,7 @@ def preemption_nonzero(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         parts.append(f"{int(s.recomputed_tokens)} tokens recomputed")
     if s.preemptions_on_long_share is not None:
         threshold = s.long_request_threshold if s.long_request_threshold is not None else "?"
-        parts.append(f"{_pct(s.preemptions_on_long_share)} of preemptions hit requests with "
+        parts.append(f"{pct(s.preemptions_on_long_share)} of preemptions hit requests with "
                      f"over {threshold} output tokens")
     return Finding(
         "preemption_nonzero", "warning", ", ".join(parts),
@@ -184,7 +178,7 @@ def _capacity_limit(s: RunSummary, cfg: RuleSettings, running: float) -> str | N
     if running >= seqs * replicas:
         return f"running peaked at {running:g} = max_num_seqs {seqs} x {replicas} replica(s)"
     if preempted or (kv is not None and kv >= KV_FULL):
-        kv_text = f", KV usage peaked at {_pct(kv)}" if kv is not None else ""
+        kv_text = f", KV usage peaked at {pct(kv)}" if kv is not None else ""
         return (f"running peaked at {running:g}, below max_num_seqs {seqs} x {replicas} "
                 f"replica(s): KV blocks were the limit ({int(preempted or 0)} "
                 f"preemptions{kv_text})")
@@ -205,7 +199,7 @@ def running_below_offered(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     offered_text = f"; up to {offered:g} requests were in the engine" if offered else ""
     return Finding(
         "running_below_offered", "warning",
-        f"requests queued in {_pct(queued)} of the samples (median {median:g}, "
+        f"requests queued in {pct(queued)} of the samples (median {median:g}, "
         f"peak {s.waiting_max}); {why}{offered_text}: running capacity is below the "
         "offered concurrency",
         "size replicas by peak concurrency over what one replica holds (`stepserve plan "
@@ -231,7 +225,7 @@ def tail_ttft_from_prefill(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         "tail_ttft_from_prefill", "warning",
         f"TTFT P99/P50 = {r:.1f}{both} "
         f"while TPOT P50 = {tpot:.4f} s stays within {TPOT_NORMAL_STEPS:g}x of the mean "
-        f"step ({step:.4f} s) and prefill is {_pct(prefill)} of the computed tokens: long "
+        f"step ({step:.4f} s) and prefill is {pct(prefill)} of the computed tokens: long "
         "prompt prefill is squeezing the budget",
         "chunk long prompts: long_prefill_token_threshold below max_num_batched_tokens, "
         "max_num_partial_prefills 1; cap request length or route long prompts to their "

@@ -6,18 +6,12 @@ the step times as evidence and a smaller step budget, computed from them, as the
 from __future__ import annotations
 
 from stepserve.metrics.finding import Finding
-from stepserve.metrics.rule import RuleSettings, rule
+from stepserve.metrics.rule import RuleSettings, S, pct, rule
 from stepserve.metrics.run_summary import RunSummary
-
-S = RunSummary
 
 STALL_RATIO = 5.0  # the slow steps (or token gaps) over this many decode steps: a stall
 STALL_PREFILL_SHARE_MIN = 0.2  # below it prompts are too small a share to stall anything
 STALL_TARGET_RATIO = 3.0  # advice: a budget whose fullest step costs ~3 decode steps
-
-
-def _pct(x: float) -> str:
-    return f"{x:.1%}"
 
 
 def _prefill_share(s: RunSummary) -> float | None:
@@ -54,7 +48,7 @@ def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None  # prompts are a small share of the work: long steps come from elsewhere
     seen = [f"{stall_name} {stall:.3g} s is {stall / pace:.0f}x the {pace_name} "
             f"({pace:.3g} s; alert over {STALL_RATIO:g}x)",
-            f"prefill is {_pct(share)} of the tokens"]
+            f"prefill is {pct(share)} of the tokens"]
     if s.step_max_s is not None:
         seen.append(f"the longest step took {s.step_max_s:.3g} s")
     if s.ttft_p50_s is not None:
