@@ -22,13 +22,11 @@ from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine
 from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
-from stepserve.server.api import add_error_handlers
+from stepserve.server.api import add_error_handlers, add_openai_routes
 from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
 from stepserve.server.openapi import install_openapi
 from stepserve.server.prompts import ServingContext
-from stepserve.server.protocol import ModelCard, ModelList
-from stepserve.server.serving import create_chat_completion, create_completion
 
 log = logging.getLogger("stepserve.cluster")
 REPLICA_CALL_TIMEOUT_S = 5.0
@@ -77,18 +75,7 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings) -> Fas
         finally:
             REQUEST_HEADERS.reset(token)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await create_completion(request.app.state.ctx, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(request.app.state.ctx, request)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict:
-        return ModelList(data=[ModelCard(id=s.model_name,
-                                         max_model_len=s.max_model_len)]).model_dump()
+    add_openai_routes(app)
 
     @app.get("/health")
     async def health() -> Response:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -70,32 +70,13 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         llm_engine = engine() if callable(engine) and not hasattr(engine, "step") else engine
-        name = model_name or llm_engine.runner.model_path.name
-        metrics = ServerMetrics(name, llm_engine.config.scheduler)
-        async_engine = AsyncEngine(llm_engine, metrics, on_fatal)
-        async_engine.start()
-        app.state.metrics = metrics
-        app.state.async_engine = async_engine
-        max_len = llm_engine.config.scheduler.max_model_len
-        app.state.ctx = ServingContext(
-            async_engine, name, max_len, llm_engine.runner.args.vocab_size, retry_after_s,
-            max_request_bytes, max_len * llm_engine.tokenizer.max_token_bytes())
+        async_engine = _start_serving(app, llm_engine, model_name, on_fatal, retry_after_s,
+                                      max_request_bytes)
         app.state.shutdown_timeout_s = shutdown_timeout_s
-        # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
-        # server: take it out of the cyclic GC's reach, or every full collection walks it
-        # (0.18 s on the event loop, seen after one allocation-heavy request body).
-        gc.collect()
-        gc.freeze()
-        log.info("serving %s (max_model_len %d)", name, max_len)
         try:
             yield
         finally:
-            finished, aborted = await async_engine.drain(shutdown_timeout_s)
-            if finished or aborted:
-                log.info("shutdown: %d in-flight requests finished, %d aborted", finished,
-                         aborted)
-            await async_engine.stop()
-            app.state.ctx.workers.shutdown(wait=False)
+            await _stop_serving(app, async_engine, shutdown_timeout_s)
 
     app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
     add_error_handlers(app)
@@ -103,6 +84,47 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     install_tokenize_routes(app)
     if api_keys:
         app.add_middleware(ApiKeyAuth, keys=list(api_keys))
+    add_openai_routes(app)
+    _add_health_and_metrics_routes(app)
+    return app
+
+
+def _start_serving(app: FastAPI, llm_engine, model_name: str | None,
+                   on_fatal: Callable[[str], None], retry_after_s: int,
+                   max_request_bytes: int) -> AsyncEngine:
+    """Start the engine thread and put what the handlers read on `app.state`."""
+    name = model_name or llm_engine.runner.model_path.name
+    metrics = ServerMetrics(name, llm_engine.config.scheduler)
+    async_engine = AsyncEngine(llm_engine, metrics, on_fatal)
+    async_engine.start()
+    app.state.metrics = metrics
+    app.state.async_engine = async_engine
+    max_len = llm_engine.config.scheduler.max_model_len
+    app.state.ctx = ServingContext(
+        async_engine, name, max_len, llm_engine.runner.args.vocab_size, retry_after_s,
+        max_request_bytes, max_len * llm_engine.tokenizer.max_token_bytes())
+    # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
+    # server: take it out of the cyclic GC's reach, or every full collection walks it
+    # (0.18 s on the event loop, seen after one allocation-heavy request body).
+    gc.collect()
+    gc.freeze()
+    log.info("serving %s (max_model_len %d)", name, max_len)
+    return async_engine
+
+
+async def _stop_serving(app: FastAPI, async_engine: AsyncEngine,
+                        shutdown_timeout_s: float) -> None:
+    """Let in-flight requests finish (or abort them), then end the engine thread."""
+    finished, aborted = await async_engine.drain(shutdown_timeout_s)
+    if finished or aborted:
+        log.info("shutdown: %d in-flight requests finished, %d aborted", finished, aborted)
+    await async_engine.stop()
+    app.state.ctx.workers.shutdown(wait=False)
+
+
+def add_openai_routes(app: FastAPI) -> None:
+    """/v1/completions, /v1/chat/completions and /v1/models over `app.state.ctx` (the
+    ServingContext its lifespan sets: one engine's, or the cluster ingress's)."""
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -119,6 +141,11 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
         ctx: ServingContext = request.app.state.ctx
         return ModelList(data=[ModelCard(id=ctx.model_name,
                                          max_model_len=ctx.max_model_len)]).model_dump()
+
+
+def _add_health_and_metrics_routes(app: FastAPI) -> None:
+    """/health (503 with the reason when the engine is down or shutting down) and
+    /metrics of the one engine."""
 
     @app.get("/health", response_model=HealthStatus,
              responses={503: {"model": ErrorResponse,
@@ -141,8 +168,6 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     async def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.render(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    return app
 
 
 def _count_rejection(request: Request, err: APIError) -> None:

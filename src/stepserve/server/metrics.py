@@ -75,97 +75,128 @@ def buckets_1_2_5(top: int) -> tuple[float, ...]:
         scale *= 10
 
 
+class _Series:
+    """Makes one app's series: each in its registry, with vLLM's labels set."""
+
+    def __init__(self, registry: CollectorRegistry, label_values: tuple[str, str]) -> None:
+        self.registry = registry
+        self.values = label_values
+
+    def gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(P + name, doc, LABELS, registry=self.registry).labels(*self.values)
+
+    def counter(self, name: str, doc: str) -> Counter:
+        return Counter(P + name, doc, LABELS, registry=self.registry).labels(*self.values)
+
+    def hist(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+        return Histogram(P + name, doc, LABELS, registry=self.registry, buckets=buckets
+                         ).labels(*self.values)
+
+    def by(self, name: str, doc: str, label: str) -> Counter:
+        """A counter with one more label (its children are made as they are counted)."""
+        return Counter(P + name, doc, [*LABELS, label], registry=self.registry)
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, scheduler: SchedulerConfig | None = None,
                  engine: str = "0") -> None:
         """`engine`: the value of the `engine` label (vLLM's engine index)."""
         disable_created_metrics()  # no *_created series (process-wide; vLLM does the same)
-        self.registry = r = CollectorRegistry()
+        self.registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            r.register(collector)
-        values = (model_name, engine)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(P + name, doc, LABELS, registry=r).labels(*values)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(P + name, doc, LABELS, registry=r).labels(*values)
-
-        def hist(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(P + name, doc, LABELS, registry=r, buckets=buckets
-                             ).labels(*values)
-
-        self.running = gauge("num_requests_running", "requests in the running batch")
-        self.waiting = gauge("num_requests_waiting", "requests waiting to be scheduled")
-        self.swapped = gauge("num_requests_swapped", "requests swapped out to the CPU pool")
-        self.kv_usage = gauge("kv_cache_usage_perc", "share of KV blocks in use (0..1)")
-        self.blocks_used = gauge("num_gpu_blocks_used", "KV blocks in use")
-        self.blocks_total = gauge("num_gpu_blocks", "KV blocks in the device pool")
-        self.preemptions = counter("num_preemptions", "preemptions (swap or recompute)")
-        self.prompt_tokens = counter("prompt_tokens", "prompt tokens of requests that "
-                                     "produced their first token")
-        self.generation_tokens = counter("generation_tokens", "generated tokens")
-        self.success = Counter(P + "request_success", "requests ended, by finish reason",
-                               [*LABELS, "finished_reason"], registry=r)
-        self.rejected = Counter(P + "request_rejected", "requests refused, by reason "
-                                "(queue_full, too_long, empty_prompt, invalid, "
-                                "unknown_model, shutting_down)",
-                                [*LABELS, "reason"], registry=r)
-        self.ttft = hist("time_to_first_token_seconds", "time to first token, observed when "
-                         "it comes out (aborted requests too)", TTFT_BUCKETS)
-        self.itl = hist("inter_token_latency_seconds", "gap between consecutive tokens, "
-                        "observed as each comes out (aborted requests too)", TOKEN_BUCKETS)
-        self.tpot = hist("request_time_per_output_token_seconds",
-                         "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS)
-        self.e2e = hist("e2e_request_latency_seconds", "arrival to last token",
-                        REQUEST_BUCKETS)
-        self.queue = hist("request_queue_time_seconds", "arrival to first scheduled",
-                          REQUEST_BUCKETS)
-        self.prefill = hist("request_prefill_time_seconds", "first scheduled to first token",
-                            REQUEST_BUCKETS)
-        self.decode = hist("request_decode_time_seconds", "first token to last token",
-                           REQUEST_BUCKETS)
-        self.inference = hist("request_inference_time_seconds", "first scheduled to last "
-                              "token (prefill + decode)", REQUEST_BUCKETS)
-        token_buckets = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
-        self.request_prompt_tokens = hist("request_prompt_tokens", "prompt tokens of each "
-                                          "completed request", token_buckets)
-        self.request_generation_tokens = hist("request_generation_tokens", "generated "
-                                              "tokens of each completed request",
-                                              token_buckets)
-        self.iteration_tokens = hist("iteration_tokens_total", "tokens computed per step",
-                                     ITERATION_BUCKETS)
-        # the seed's signals
-        self.steps = counter("steps", "engine steps executed")
-        self.prefill_only_steps = counter("prefill_only_steps", "steps with prefill tokens "
-                                          "and no decode token")
-        self.zero_decode_steps = counter("zero_decode_steps", "steps where sequences were "
-                                         "ready to decode but got no decode token")
-        self.prefill_share = gauge("prefill_step_share", "prefill-only steps / steps "
-                                   "(seed alert: > 0.7)")
-        self.zero_decode_share = gauge("zero_decode_step_share", "zero-decode steps / steps "
-                                       "(seed alert: > 0.1)")
-        self.active = gauge("num_sequences_active", "sequences that produced a token in "
-                            "the last step")
-        self.slots_held = gauge("num_slots_held", "batch slots held in the last step")
-        self.active_ratio = gauge("active_concurrency_ratio", "sum of active sequences / sum "
-                                  "of slots held over all steps (seed alert: < 0.3)")
-        self.step_duration = hist("step_duration_seconds", "engine step wall time (schedule, "
-                                  "execute, update)", STEP_BUCKETS)
-        self.active_sequence_steps = counter(
-            "active_sequence_steps", "sum over steps of the sequences that produced a token")
-        self.held_slot_steps = counter("held_slot_steps",
-                                       "sum over steps of the batch slots held")
+            self.registry.register(collector)
+        self.label_values = (model_name, engine)
+        make = _Series(self.registry, self.label_values)
+        # registered in this order, which is the order /metrics lists them in
+        self._add_levels(make)
+        self._add_counters(make)
+        self._add_latencies(make)
+        self._add_request_sizes(make, scheduler.max_model_len if scheduler else 4096)
+        self._add_seed_signals(make)
         if scheduler is not None:
             Gauge(P + "scheduler_config_info", "scheduler settings (as labels)",
-                  [*LABELS, *CONFIG_INFO_FIELDS], registry=r).labels(
-                *values, *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
-        self.label_values = values
+                  [*LABELS, *CONFIG_INFO_FIELDS], registry=self.registry).labels(
+                *self.label_values,
+                *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
         for reason in FINISH_REASONS:
-            self.success.labels(*values, reason)
+            self.success.labels(*self.label_values, reason)
         self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
         self._sum_active = self._sum_slots = 0
         self._preemptions_seen = 0
+
+    def _add_levels(self, make: _Series) -> None:
+        """Set from the engine thread's snapshot (on_state)."""
+        self.running = make.gauge("num_requests_running", "requests in the running batch")
+        self.waiting = make.gauge("num_requests_waiting", "requests waiting to be scheduled")
+        self.swapped = make.gauge("num_requests_swapped",
+                                  "requests swapped out to the CPU pool")
+        self.kv_usage = make.gauge("kv_cache_usage_perc", "share of KV blocks in use (0..1)")
+        self.blocks_used = make.gauge("num_gpu_blocks_used", "KV blocks in use")
+        self.blocks_total = make.gauge("num_gpu_blocks", "KV blocks in the device pool")
+
+    def _add_counters(self, make: _Series) -> None:
+        self.preemptions = make.counter("num_preemptions", "preemptions (swap or recompute)")
+        self.prompt_tokens = make.counter("prompt_tokens", "prompt tokens of requests that "
+                                          "produced their first token")
+        self.generation_tokens = make.counter("generation_tokens", "generated tokens")
+        self.success = make.by("request_success", "requests ended, by finish reason",
+                               "finished_reason")
+        self.rejected = make.by("request_rejected", "requests refused, by reason "
+                                "(queue_full, too_long, empty_prompt, invalid, "
+                                "unknown_model, shutting_down)", "reason")
+
+    def _add_latencies(self, make: _Series) -> None:
+        """TTFT and ITL observed per token (on_token); the rest per completed request."""
+        self.ttft = make.hist("time_to_first_token_seconds", "time to first token, observed "
+                              "when it comes out (aborted requests too)", TTFT_BUCKETS)
+        self.itl = make.hist("inter_token_latency_seconds", "gap between consecutive tokens, "
+                             "observed as each comes out (aborted requests too)",
+                             TOKEN_BUCKETS)
+        self.tpot = make.hist("request_time_per_output_token_seconds",
+                              "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS)
+        self.e2e = make.hist("e2e_request_latency_seconds", "arrival to last token",
+                             REQUEST_BUCKETS)
+        self.queue = make.hist("request_queue_time_seconds", "arrival to first scheduled",
+                               REQUEST_BUCKETS)
+        self.prefill = make.hist("request_prefill_time_seconds",
+                                 "first scheduled to first token", REQUEST_BUCKETS)
+        self.decode = make.hist("request_decode_time_seconds", "first token to last token",
+                                REQUEST_BUCKETS)
+        self.inference = make.hist("request_inference_time_seconds", "first scheduled to "
+                                   "last token (prefill + decode)", REQUEST_BUCKETS)
+
+    def _add_request_sizes(self, make: _Series, max_model_len: int) -> None:
+        token_buckets = buckets_1_2_5(max_model_len)
+        self.request_prompt_tokens = make.hist("request_prompt_tokens", "prompt tokens of "
+                                               "each completed request", token_buckets)
+        self.request_generation_tokens = make.hist("request_generation_tokens", "generated "
+                                                   "tokens of each completed request",
+                                                   token_buckets)
+        self.iteration_tokens = make.hist("iteration_tokens_total",
+                                          "tokens computed per step", ITERATION_BUCKETS)
+
+    def _add_seed_signals(self, make: _Series) -> None:
+        """The seed's own signals, fed per step (on_steps)."""
+        self.steps = make.counter("steps", "engine steps executed")
+        self.prefill_only_steps = make.counter("prefill_only_steps", "steps with prefill "
+                                               "tokens and no decode token")
+        self.zero_decode_steps = make.counter("zero_decode_steps", "steps where sequences "
+                                              "were ready to decode but got no decode token")
+        self.prefill_share = make.gauge("prefill_step_share", "prefill-only steps / steps "
+                                        "(seed alert: > 0.7)")
+        self.zero_decode_share = make.gauge("zero_decode_step_share", "zero-decode steps / "
+                                            "steps (seed alert: > 0.1)")
+        self.active = make.gauge("num_sequences_active", "sequences that produced a token "
+                                 "in the last step")
+        self.slots_held = make.gauge("num_slots_held", "batch slots held in the last step")
+        self.active_ratio = make.gauge("active_concurrency_ratio", "sum of active sequences / "
+                                       "sum of slots held over all steps (seed alert: < 0.3)")
+        self.step_duration = make.hist("step_duration_seconds", "engine step wall time "
+                                       "(schedule, execute, update)", STEP_BUCKETS)
+        self.active_sequence_steps = make.counter(
+            "active_sequence_steps", "sum over steps of the sequences that produced a token")
+        self.held_slot_steps = make.counter("held_slot_steps",
+                                            "sum over steps of the batch slots held")
 
     # ---- fed by the engine thread ----
     def on_state(self, state) -> None:
