@@ -245,6 +245,12 @@ class Request:
         self.priority = self.sampling_params.priority
         self.tenant = self.sampling_params.tenant
         self.stop_token_ids = self.sampling_params.stop_token_ids
+        # the tokens that end it once min_tokens are out: its stop ids, and EOS unless
+        # ignore_eos (one set lookup per sampled token in the scheduler's update)
+        stops = set(self.stop_token_ids)
+        if self.eos_token_id is not None and not self.sampling_params.ignore_eos:
+            stops.add(self.eos_token_id)
+        self.stop_ids = frozenset(stops)
         if self.sampling_params.logprobs is not None:
             self.output_logprobs = []
         if self.sampling_params.prompt_logprobs is not None:

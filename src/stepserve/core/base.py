@@ -1,8 +1,11 @@
 """What every scheduler shares, whatever its batching: admission checks, the request
 lifecycle (every request ends exactly once, with a reason), applying a runner's output,
-and one StepRecord per executed step. Subclasses decide only `schedule()`."""
+and one StepRecord per executed step. Subclasses decide only how a batch is filled
+(`fill`)."""
 
 from __future__ import annotations
+
+from operator import attrgetter
 
 from stepserve.clock import Clock
 from stepserve.config import ConfigError, EngineConfig
@@ -12,6 +15,9 @@ from stepserve.core.policies import make_policy
 from stepserve.request import FINISH_REASON_OF, RejectReason, Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
+_REQUEST_ID = attrgetter("request_id")
+_FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
+_FINISHED_STOPPED = RequestStatus.FINISHED_STOPPED
 
 
 class SchedulerBase:
@@ -158,51 +164,62 @@ class SchedulerBase:
         """When schedule() may have work again without a new arrival (None: not by itself)."""
         return None
 
-    def _new_output(self) -> SchedulerOutput:
+    # ---- forming a step's batch ----
+    def schedule(self) -> SchedulerOutput:
+        """This step's batch: queue timeouts first, then the subclass's `fill`; the
+        block tables of the batch are looked up once it is formed."""
+        now = self.clock.now()
         out = SchedulerOutput(step_index=self._step_index)
         self._step_index += 1
         if self._freed_ids:
             out.finished_request_ids = self._freed_ids
             self._freed_ids = []
+        if self.qc.max_queue_time_s and self.waiting:
+            self._expire_waiting(now)
+        self.fill(out, now)
+        out.block_tables = list(map(self.kv.block_tables.__getitem__,
+                                    map(_REQUEST_ID, out.requests)))
         return out
+
+    def fill(self, out: SchedulerOutput, now: float) -> None:
+        """Put this step's requests into `out` (the batching policy of a subclass)."""
+        raise NotImplementedError
 
     # ---- applying a step ----
     def update_from_output(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
         """Advance each scheduled request, append sampled tokens, end the ones that hit a
         stop condition, and record the step. Returns the requests that got a token."""
         now = self.clock.now()
-        sampled = result.sampled_token_ids
-        on_tokens = self.policy.on_tokens if self.policy.tracks_tokens else None
+        requests, counts = out.requests, out.num_scheduled_tokens
+        if self.policy.tracks_tokens:  # fair share counts each tenant's computed tokens
+            on_tokens = self.policy.on_tokens
+            for req, n in zip(requests, counts):
+                if req.status is _RUNNING:
+                    on_tokens(req, n)
         emitted: list[Request] = []
-        ended = False
+        emit = emitted.append
+        ended: list[Request] = []
         # No max_model_len check here: admission guarantees prompt + max_tokens fits it.
-        for i, req in enumerate(out.requests):
+        # (With _schedule_running, the hottest loop of a simulation: locals, no indexing.)
+        for req, n, tok in zip(requests, counts, result.sampled_token_ids):
             if req.status is not _RUNNING:
                 continue  # ended (aborted) while the step ran
-            n = out.num_scheduled_tokens[i]
             req.num_computed_tokens += n
-            if on_tokens is not None:
-                on_tokens(req, n)
-            tok = sampled[i]
             if tok is None:
                 continue
             output = req.output_token_ids
             output.append(tok)
             req.token_times.append(now)
-            emitted.append(req)
+            emit(req)
             if len(output) >= req.max_tokens:
-                self._end(req, RequestStatus.FINISHED_LENGTH)
-                ended = True
-            elif len(output) < req.min_tokens:
-                continue  # no stop before min_tokens (vLLM's check_stop)
-            elif tok == req.eos_token_id and not req.sampling_params.ignore_eos:
-                self._end(req, RequestStatus.FINISHED_STOPPED)
-                ended = True
-            elif req.stop_token_ids and tok in req.stop_token_ids:
-                self._end(req, RequestStatus.FINISHED_STOPPED)
-                ended = True
-        if ended:
-            self.running = [r for r in self.running if r.status is _RUNNING]
+                self._end(req, _FINISHED_LENGTH)
+                ended.append(req)
+            elif tok in req.stop_ids and len(output) >= req.min_tokens:
+                # EOS (unless ignore_eos) or a stop id; none before min_tokens (vLLM)
+                self._end(req, _FINISHED_STOPPED)
+                ended.append(req)
+        for req in ended:  # a few per step: list.remove beats rebuilding `running`
+            self.running.remove(req)
         self.step_records.append(StepRecord(
             index=out.step_index, start_s=now - result.elapsed_s, duration_s=result.elapsed_s,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,

@@ -39,11 +39,7 @@ class StaticBatchScheduler(SchedulerBase):
         del self.waiting[:taken]
         self.batch_size = taken
 
-    def schedule(self) -> SchedulerOutput:
-        now = self.clock.now()
-        out = self._new_output()
-        if self.qc.max_queue_time_s and self.waiting:
-            self._expire_waiting(now)
+    def fill(self, out: SchedulerOutput, now: float) -> None:
         if not self.running:
             self.batch_size = 0
             if self._batch_ready(now):
@@ -67,12 +63,11 @@ class StaticBatchScheduler(SchedulerBase):
             out.num_decode_ready = len(self.running)
             for req in self.running[:budget]:
                 self._take(out, req, 1, decoding=True)
-        return out
 
     def _take(self, out: SchedulerOutput, req: Request, n: int, decoding: bool) -> None:
         if not self.kv.allocate_slots(req, n):
             raise RuntimeError(f"request {req.request_id} outgrew the KV reserved for its batch")
-        out.add(req, n, self.kv.block_tables[req.request_id], decoding)
+        out.add(req, n, decoding)
 
 
 class DynamicBatchScheduler(StaticBatchScheduler):

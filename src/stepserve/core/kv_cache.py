@@ -2,8 +2,8 @@
 and per-request block tables.
 
 Invariant (checked by `check_integrity`): for each pool, free blocks + blocks referenced
-by some block table == total blocks, every referenced block has ref count equal to the
-number of tables holding it, and no block is both free and referenced.
+by some block table == total blocks, a block is held (the pool's `held` set) iff exactly
+one table holds it (blocks are never shared), and no block is both free and held.
 
 Allocation is check-then-commit: a method that can run out of blocks returns False (or
 an empty result) and changes nothing; a broken invariant raises.
@@ -23,12 +23,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockPool:
-    """A fixed set of block ids with ref counts and a LIFO free list."""
+    """A fixed set of block ids, each free or held by exactly one block table (blocks are
+    never shared: there is no prefix caching), with a LIFO free list."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self.ref_count = [0] * num_blocks
+        self.held: set[int] = set()
 
     @property
     def num_free(self) -> int:
@@ -37,20 +38,20 @@ class BlockPool:
     def take(self, n: int) -> list[int]:
         if n > len(self.free):
             raise KVCacheError(f"take({n}) with only {len(self.free)} free blocks")
-        out = self.free[-n:] if n else []
+        out = self.free[len(self.free) - n:]
         del self.free[len(self.free) - n:]
-        for b in out:
-            self.ref_count[b] = 1
+        self.held.update(out)
         return out
 
     def release(self, blocks: list[int]) -> None:
-        ref = self.ref_count
-        for b in blocks:
-            if ref[b] <= 0:
-                raise KVCacheError(f"block {b} released with ref count {ref[b]}")
-            ref[b] -= 1
-            if ref[b] == 0:
-                self.free.append(b)
+        # Set operations, not a loop: a finished request releases its whole table.
+        held = self.held
+        if not held.issuperset(blocks) or len(set(blocks)) != len(blocks):
+            stray = sorted(set(blocks) - held) or sorted(b for b in blocks
+                                                         if blocks.count(b) > 1)
+            raise KVCacheError(f"block {stray[0]} released but not held (or released twice)")
+        held.difference_update(blocks)
+        self.free.extend(blocks)
 
 
 class KVCacheManager:
@@ -160,8 +161,10 @@ class KVCacheManager:
             if len(free) != len(pool.free):
                 raise KVCacheError(f"{name} free list holds a block twice")
             for b in range(pool.num_blocks):
-                if counts[b] != pool.ref_count[b]:
-                    raise KVCacheError(f"{name} block {b}: ref count {pool.ref_count[b]} but "
+                if counts[b] > 1:
+                    raise KVCacheError(f"{name} block {b}: {counts[b]} tables hold it")
+                if (counts[b] == 1) != (b in pool.held):
+                    raise KVCacheError(f"{name} block {b}: held={b in pool.held} but "
                                        f"{counts[b]} tables hold it")
                 if (b in free) == (counts[b] > 0):
                     raise KVCacheError(f"{name} block {b}: free={b in free} refs={counts[b]}")

@@ -24,7 +24,8 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     # per scheduled request: its device blocks, covering what this step computes (the KV
-    # manager's own list: runners read it, never change it)
+    # manager's own list: runners read it, never change it); filled once the batch is
+    # formed (SchedulerBase.schedule)
     block_tables: list[list[int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
@@ -34,15 +35,13 @@ class SchedulerOutput:
     num_decode_ready: int = 0  # running requests that wanted a decode token this step
     slots_held: int = 0  # batch slots occupied or reserved (for slot utilisation)
 
-    def add(self, request: Request, num_tokens: int, block_table: list[int],
-            decoding: bool) -> None:
+    def add(self, request: Request, num_tokens: int, decoding: bool) -> None:
         """Put `request` in this step's batch to compute `num_tokens` tokens (1 when it is
-        decoding); `block_table` must already cover them."""
+        decoding); its blocks must already cover them."""
         request.sched_step = self.step_index
         request.sched_tokens = num_tokens
         self.requests.append(request)
         self.num_scheduled_tokens.append(num_tokens)
-        self.block_tables.append(block_table)
         if decoding:
             self.num_decode_tokens += 1
         else:
@@ -57,7 +56,7 @@ class SchedulerOutput:
             self.num_decode_tokens -= given
         else:
             self.num_prefill_tokens -= given
-        del self.requests[k], self.num_scheduled_tokens[k], self.block_tables[k]
+        del self.requests[k], self.num_scheduled_tokens[k]
         request.sched_step = -1
         return given
 

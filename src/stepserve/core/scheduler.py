@@ -52,15 +52,10 @@ class Scheduler(SchedulerBase):
         self.budget_order = make_budget_order(self.sc.budget_order, self.sc)
         self.preemption = make_preemption(self.sc.preemption_mode)
 
-    def schedule(self) -> SchedulerOutput:
-        now = self.clock.now()
-        out = self._new_output()
-        if self.qc.max_queue_time_s and self.waiting:
-            self._expire_waiting(now)
+    def fill(self, out: SchedulerOutput, now: float) -> None:
         out.slots_held = min(self.sc.max_num_seqs,
                              len(self.running) + len(self.waiting) + len(self.swapped))
         self.budget_order.fill(self, out, now)
-        return out
 
     # ---- running sequences ----
     def schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
@@ -93,12 +88,19 @@ class Scheduler(SchedulerBase):
         for req in self.running[:]:
             if req.sched_step == step or (made_room and req.status is not _RUNNING):
                 continue  # scheduled in an earlier pass of this step, or a victim
-            decoding = is_decoding(req)
-            if decoding:
+            if is_decoding(req):
                 if not decodes:
                     continue
                 num_decode_ready += 1
-                n = 1
+                if budget <= 0:
+                    continue
+                # The common case, first: its next token fits in the blocks it holds.
+                table = tables[req.request_id]
+                if req.num_computed_tokens < len(table) * bs:
+                    add(req, 1, True)
+                    budget -= 1
+                    continue
+                n, decoding = 1, True
             else:
                 if not prefills:
                     continue
@@ -108,16 +110,19 @@ class Scheduler(SchedulerBase):
                     if not chunked:
                         continue
                     n = budget
-            if budget <= 0 or n <= 0:
-                continue
-            table = tables.get(req.request_id)
-            if table is None or req.num_computed_tokens + n > len(table) * bs:
-                budget += self._make_room(req, n, out, now)
-                made_room = True
-                if req.status is not _RUNNING:
-                    continue  # it was the victim itself
-                table = tables[req.request_id]
-            add(req, n, table, decoding)
+                if budget <= 0 or n <= 0:
+                    continue
+                decoding = False
+                table = tables.get(req.request_id)
+                if table is not None and req.num_computed_tokens + n <= len(table) * bs:
+                    add(req, n, False)
+                    budget -= n
+                    continue
+            budget += self._make_room(req, n, out, now)
+            made_room = True
+            if req.status is not _RUNNING:
+                continue  # it was the victim itself
+            add(req, n, decoding)
             budget -= n
         out.num_decode_ready += num_decode_ready
         return budget
@@ -173,7 +178,7 @@ class Scheduler(SchedulerBase):
                 n = min(req.num_tokens - req.num_computed_tokens, self.sc.chunk_cap, budget)
             if not self.kv.allocate_slots(req, n):
                 continue  # back on the device; it runs next step
-            out.add(req, n, self.kv.block_tables[req.request_id], decoding)
+            out.add(req, n, decoding)
             budget -= n
         return budget
 
@@ -210,7 +215,9 @@ class Scheduler(SchedulerBase):
         chunked = sc.enable_chunked_prefill
         threshold = sc.long_prefill_token_threshold
         reserve_all = self.preemption.reserves_worst_case
-        partial, long_partial = self._partial_counts(out.step_index) if chunked else (0, 0)
+        # Prompts left mid-prefill, counted when a chunk first needs them (a prompt that
+        # fits whole, the usual case, never does): -1 until then.
+        partial = long_partial = -1
         admitted: list[Request] = []
         for req in self.waiting:
             if len(self.running) >= sc.max_num_seqs or budget <= 0:
@@ -220,6 +227,8 @@ class Scheduler(SchedulerBase):
             if chunked:
                 n = min(remaining, sc.chunk_cap, budget)
                 if n < remaining:  # it will be left mid-prefill
+                    if partial < 0:
+                        partial, long_partial = self._partial_counts(out.step_index)
                     if partial >= sc.max_num_partial_prefills or \
                             (is_long and long_partial >= sc.max_long_partial_prefills):
                         continue  # let shorter prompts behind it go first
@@ -237,7 +246,7 @@ class Scheduler(SchedulerBase):
             admitted.append(req)
             # A waiting request holds no KV (new, or its KV was dropped), so it needs
             # its whole prompt (plus any output) and is never decoding.
-            out.add(req, n, self.kv.block_tables[req.request_id], decoding=False)
+            out.add(req, n, decoding=False)
             budget -= n
         if admitted:
             k = len(admitted)

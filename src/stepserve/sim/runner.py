@@ -15,22 +15,24 @@ SIM_TOKEN = 1
 class SimRunner:
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
-        self.target_len: dict[str, int] = {}  # request id -> output length before EOS
+        # request id -> how many output tokens it holds when it samples EOS (its workload
+        # output length - 1)
+        self.eos_after: dict[str, int] = {}
 
     def register(self, request_id: str, output_len: int) -> None:
-        self.target_len[request_id] = output_len
+        self.eos_after[request_id] = output_len - 1
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        target = self.target_len
+        eos_after = self.eos_after
         for rid in out.finished_request_ids:
-            target.pop(rid, None)
-        sampled: list[int | None] = []
-        append = sampled.append
-        for req, n in zip(out.requests, out.num_scheduled_tokens):
-            if req.num_computed_tokens + n < req.num_prompt_tokens + len(req.output_token_ids):
-                append(None)  # a prefill chunk that does not reach the end samples nothing
-            elif len(req.output_token_ids) + 1 >= target[req.request_id]:
-                append(SIM_EOS)
-            else:
-                append(SIM_TOKEN)
+            eos_after.pop(rid, None)
+        # A chunk that does not reach the end of the sequence samples nothing (None); a
+        # sequence at its workload length samples EOS. (One expression per request: the
+        # simulator runs this for every request in every step.)
+        sampled: list[int | None] = [
+            None if req.num_computed_tokens + n < req.num_prompt_tokens + (
+                num_output := len(req.output_token_ids))
+            else SIM_EOS if num_output >= eos_after[req.request_id]
+            else SIM_TOKEN
+            for req, n in zip(out.requests, out.num_scheduled_tokens)]
         return RunnerOutput(sampled, self.cost_model.step_time(out))
