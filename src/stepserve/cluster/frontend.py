@@ -28,6 +28,7 @@ from stepserve.config import EngineConfig
 from stepserve.request import SamplingParams
 from stepserve.routing.pools import Deployment
 from stepserve.routing.view import RouteRequest
+from stepserve.server.drain import drain_live
 from stepserve.server.streams import (
     EngineUnavailable,
     RequestFailed,
@@ -186,18 +187,8 @@ class ClusterEngine:
         """Stop admitting; let live requests finish for up to `timeout_s`, then abort the
         rest. Returns (finished during the drain, aborted)."""
         self.accepting = False
-        before = len(self._live)
-        if before:
-            waits = [asyncio.ensure_future(e.wait()) for e in (self._all_ended,
-                                                                self._drain_cut)]
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-        left = list(self._live)
-        for rid in left:
-            self.abort(rid, f"server shutting down (no finish within the {timeout_s:g} s "
-                            "drain)")
-        return before - len(left), len(left)
+        return await drain_live(self._live, self._all_ended, self._drain_cut, self.abort,
+                                timeout_s)
 
     def cut_drain(self) -> None:
         self._drain_cut.set()

@@ -26,12 +26,12 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stepserve.request import SamplingParams
+from stepserve.server.drain import drain_live
 from stepserve.server.engine_loop import (
     AbortCommand,
     AddCommand,
@@ -45,8 +45,6 @@ from stepserve.server.streams import EngineUnavailable, RequestStream
 if TYPE_CHECKING:
     from stepserve.engine.llm_engine import LLMEngine
     from stepserve.server.metrics import ServerMetrics
-
-log = logging.getLogger("stepserve.server")
 
 
 class AsyncEngine:
@@ -101,23 +99,10 @@ class AsyncEngine:
         """Stop admitting; let live requests finish for up to `timeout_s`, then abort the
         rest. Returns (finished during the drain, aborted)."""
         self.accepting = False
-        before = set(self._live)
-        if before and self._all_ended is not None and self._drain_cut is not None:
-            waits = [asyncio.ensure_future(e.wait()) for e in (self._all_ended,
-                                                                self._drain_cut)]
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-        left = list(self._live)
-        for rid in left:
-            self.abort(rid, f"server shutting down (no finish within the {timeout_s:g} s "
-                            f"drain)")
-        if left and self._all_ended is not None:
-            try:
-                await asyncio.wait_for(self._all_ended.wait(), 10.0)
-            except asyncio.TimeoutError:
-                log.warning("%d requests did not end after their abort", len(self._live))
-        return len(before) - len(left), len(left)
+        if self._all_ended is None or self._drain_cut is None:
+            return 0, 0  # never started: nothing is live
+        return await drain_live(self._live, self._all_ended, self._drain_cut, self.abort,
+                                timeout_s)
 
     def cut_drain(self) -> None:
         """Abort a drain in progress at once (a second shutdown signal). Event loop only."""
