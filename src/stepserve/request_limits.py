@@ -57,6 +57,17 @@ def check_range(name: str, value: object, low: float | None, high: float | None,
     return None
 
 
+def priority_refusal(priority: int, policy: str) -> str | None:
+    """Why a request's `priority` cannot be taken under scheduling `policy` (None: it
+    can). vLLM refuses a priority under fcfs rather than ignore it; so do the server
+    (a 400) and `LLM.generate` (ValueError)."""
+    if not priority or policy == "priority":
+        return None
+    return (f"priority = {priority}, but the scheduling policy is {policy!r}: priority is "
+            "only taken under the priority policy (--scheduling-policy priority, or "
+            "LLM(..., scheduling_policy='priority'))")
+
+
 def _span(low: float | None, high: float | None) -> str:
     if low is not None and high is not None:
         return f" in [{low:g}, {high:g}]" if isinstance(low, float) or isinstance(high, float) \

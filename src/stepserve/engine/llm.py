@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
 from stepserve.request import Request, SamplingParams
+from stepserve.request_limits import priority_refusal
 
 Prompt = str | dict[str, Any] | list[int]
 
@@ -37,10 +39,14 @@ class LLM:
         if num_kv_blocks is not None:
             settings["num_gpu_blocks"] = num_kv_blocks
         # Without a config, the settings go on the hardware's defaults (step_budget.py).
-        chosen: EngineConfig | ConfigOverrides = ConfigOverrides(settings=settings) \
+        overrides = ConfigOverrides(settings=settings)
+        chosen: EngineConfig | ConfigOverrides = overrides \
             if config is None else config.replace(**settings) if settings else config
+        # A max_model_len the model cannot reach is an error when asked for, as in vLLM
+        # and `serve`; the default is lowered to the model's.
         self.engine = LLMEngine(model, chosen, dtype=dtype, device=device,
-                                quantization=quantization)
+                                quantization=quantization,
+                                strict_max_model_len=overrides.sets("max_model_len"))
 
     @property
     def scheduler(self):
@@ -52,13 +58,23 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None
+                 ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. A prompt the
-        engine cannot take (too long, empty) raises ValueError before anything runs."""
+        engine cannot take (too long, empty) raises ValueError before anything runs.
+        `priority`: one per prompt (lower runs first), as vLLM's; only under the priority
+        scheduling policy (otherwise ValueError, as vLLM raises)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = _params_for(sampling_params, len(prompts))
+        if priority is not None:
+            params = _with_priority(params, priority)
+        policy = self.engine.config.scheduler.policy
+        for p in params:
+            refusal = priority_refusal(p.priority, policy)
+            if refusal:
+                raise ValueError(refusal)
         return self._run([_prompt_input(p) for p in prompts], params, use_tqdm)
 
     def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
@@ -111,6 +127,13 @@ def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | Non
     if len(params) != count:
         raise ValueError(f"{count} prompts but {len(params)} sampling params")
     return params
+
+
+def _with_priority(params: list[SamplingParams], priority: Sequence[int]
+                   ) -> list[SamplingParams]:
+    if len(priority) != len(params):
+        raise ValueError(f"{len(params)} prompts but {len(priority)} priorities")
+    return [dataclasses.replace(p, priority=k) for p, k in zip(params, priority, strict=True)]
 
 
 def _prompt_input(prompt: Prompt) -> str | list[int]:

@@ -78,7 +78,7 @@ class LLMEngine:
                 raise ConfigError(
                     f"max_model_len = {config.scheduler.max_model_len} is more than the model "
                     f"allows: {limit} (max_position_embeddings in its config.json); lower "
-                    "--max-model-len")
+                    "max_model_len (--max-model-len)")
             config = config.replace(max_model_len=limit)  # the model cannot go further
         if runner.num_cpu_blocks != config.cache.num_cpu_blocks:  # sized by swap_space
             config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)

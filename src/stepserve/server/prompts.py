@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stepserve.request import SamplingParams
+from stepserve.request_limits import priority_refusal
 from stepserve.server.errors import APIError, bad_request
 from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -57,11 +58,9 @@ def check_common(ctx: ServingContext, body: _Sampling) -> None:
     if best_of is not None and best_of > body.n and body.stream:
         raise bad_request("best_of > n cannot be streamed (the best are known at the end)",
                           "best_of", "unsupported_value")
-    policy = ctx.engine.engine.config.scheduler.policy
-    if body.priority and policy != "priority":  # vLLM refuses it too
-        raise bad_request(f"priority = {body.priority}, but this server schedules by "
-                          f"{policy!r}: priority is only taken under the priority policy "
-                          "(--scheduling-policy priority)", "priority", "unsupported_value")
+    refusal = priority_refusal(body.priority, ctx.engine.engine.config.scheduler.policy)
+    if refusal:
+        raise bad_request(refusal, "priority", "unsupported_value")
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true",
                           "stream_options")
