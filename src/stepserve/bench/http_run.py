@@ -71,11 +71,15 @@ class HttpRun:
 
 
 async def _settle(scraper: Scraper, client: httpx.AsyncClient) -> None:
+    """Scrape until the target is idle; a failed scrape is skipped, two in a row end it
+    (a target that went away is not waited on)."""
+    failed = 0
     for _ in range(SETTLE_TRIES):
         snap = await scraper.scrape_once(client)
-        if snap is None:
+        failed = failed + 1 if snap is None else 0
+        if failed >= 2:
             return
-        if not any(snap.level(key) for key in ("running", "waiting")):
+        if snap is not None and not any(snap.level(key) for key in ("running", "waiting")):
             return
         await asyncio.sleep(SETTLE_PAUSE_S)
 
@@ -98,17 +102,17 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
         target = HttpTarget(url, out.model, timeout_s, endpoint=plan.shape.endpoint)
         scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 \
             else None
-        if scraper is not None and await scraper.scrape_once(client) is None:
-            scraper = None  # no usable /metrics: the run goes on without it
         out.scraper = scraper
+        # no usable /metrics: the run goes on without them (the summary says why)
+        polling = scraper is not None and await scraper.start(client)
         stop = asyncio.Event()
-        poll = asyncio.create_task(scraper.run(client, stop)) if scraper else None
+        poll = asyncio.create_task(scraper.run(client, stop)) if polling else None
         try:
             await run_http(target, plan, records, client, on_done=on_done)
         finally:
             stop.set()
             if poll is not None:
                 await asyncio.gather(poll, return_exceptions=True)
-            if scraper is not None:
                 await _settle(scraper, client)
-            out.scrape = RunSummary.from_json(scrape_summary(out.snapshots))
+            out.scrape = RunSummary.from_json(scrape_summary(
+                out.snapshots, scraper.failures if scraper else ()))

@@ -251,6 +251,9 @@ def table_rows(summary: RunSummary) -> list[tuple[str, str]]:
     for k in SCRAPE_KEYS[:-2]:
         if (value := summary.metric(k)) is not None:
             rows.append((k, _fmt(value)))
+    if summary.scrape_failures:
+        rows.append(("scrape_failures", f"{summary.scrape_failures:g} (skipped; the first: "
+                     f"{(summary.scrape_error or '')[:100]})"))
     return rows
 
 

@@ -14,17 +14,23 @@ Summary keys (None where the target exposes no such series):
   queue rules read them; metrics_source ("stepserve", "vllm", "sglang", "tgi" or None),
   scrape_samples; mean_step_s, step_p50_s, step_p99_s: the engine's step time over the
   run, from its step-time histogram (ours and TGI's; vLLM and SGLang publish none).
+  Only when some scrape failed: scrape_failures (how many) and scrape_error (the first).
+
+A failed scrape (unreachable, reset, an HTTP error, text with no known series) is
+skipped and counted, never fatal, as `doctor --url` does (metrics/live.py): the first
+is tried twice, and when both fail the run goes on without /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
-from stepserve.metrics.live import level_summary
+from stepserve.metrics.live import SCRAPE_TIMEOUT_S, LiveScrapeError, level_summary
 from stepserve.metrics.prom_sources import KNOWN_PREFIXES
 from stepserve.metrics.prometheus import (
     Samples,
@@ -50,28 +56,49 @@ _COUNTER_KEYS = {"preemptions": "preemptions", "server_requests_finished": "requ
 
 @dataclass
 class Scraper:
-    """Polls `url` every `interval_s` until stopped; keeps every snapshot."""
+    """Polls `url` every `interval_s` until stopped; keeps every snapshot that worked and
+    one line per scrape that failed."""
 
     url: str
     interval_s: float = 0.5
     snapshots: list[Snapshot] = field(default_factory=list)
-    error: str | None = None
+    failures: list[str] = field(default_factory=list)
+    attempts: int = 0
 
     async def scrape_once(self, client: httpx.AsyncClient) -> Snapshot | None:
+        """One scrape; None (and a line in `failures`) when it failed."""
+        self.attempts += 1
         try:
-            resp = await client.get(self.url, timeout=5.0)
-        except httpx.HTTPError as e:
-            self.error = f"{type(e).__name__}: {e}"
-            return None
-        if resp.status_code != 200:
-            self.error = f"HTTP {resp.status_code}"
-            return None
-        snap = Snapshot(time.perf_counter(), parse_prometheus(resp.text))
-        if snap.source() is None:
-            self.error = f"no series with a known prefix ({KNOWN_PREFIXES})"
+            snap = await self._fetch(client)
+        except LiveScrapeError as e:
+            self.failures.append(f"scrape {self.attempts}: {e}")
             return None
         self.snapshots.append(snap)
         return snap
+
+    async def _fetch(self, client: httpx.AsyncClient) -> Snapshot:
+        try:
+            resp = await client.get(self.url, timeout=SCRAPE_TIMEOUT_S)
+        except httpx.HTTPError as e:
+            raise LiveScrapeError(f"{type(e).__name__}: {e}") from None
+        if resp.status_code != 200:
+            raise LiveScrapeError(f"HTTP {resp.status_code}")
+        try:
+            snap = Snapshot(time.perf_counter(), parse_prometheus(resp.text))
+        except Exception as e:  # a text the parser cannot read at all is a failed scrape
+            raise LiveScrapeError(f"unreadable metrics text ({type(e).__name__}: {e})"
+                                  ) from None
+        if snap.source() is None:
+            raise LiveScrapeError(f"no series with a known prefix ({KNOWN_PREFIXES})")
+        return snap
+
+    async def start(self, client: httpx.AsyncClient) -> bool:
+        """The scrape before the run, retried once at once; False when both failed (the
+        target has no usable /metrics: the run goes on without them)."""
+        for _ in range(2):
+            if await self.scrape_once(client) is not None:
+                return True
+        return False
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -81,13 +108,16 @@ class Scraper:
                 await self.scrape_once(client)
 
     def summary(self) -> dict:
-        return scrape_summary(self.snapshots)
+        return scrape_summary(self.snapshots, self.failures)
 
 
-def scrape_summary(snapshots: list[Snapshot]) -> dict:
-    """The SCRAPE_KEYS from snapshots in time order (first = before the run, last = after)."""
+def scrape_summary(snapshots: list[Snapshot], failures: Sequence[str] = ()) -> dict:
+    """The SCRAPE_KEYS from snapshots in time order (first = before the run, last = after),
+    and scrape_failures / scrape_error when some of `failures` (lines) are there."""
     out: dict = {k: None for k in SCRAPE_KEYS}
     out["scrape_samples"] = len(snapshots)
+    if failures:
+        out.update(scrape_failures=len(failures), scrape_error=failures[0])
     if not snapshots or (source := snapshots[0].source()) is None:
         return out
     out["metrics_source"] = source.name

@@ -38,17 +38,18 @@ Samples = dict[tuple[str, frozenset], float]
 def parse_prometheus(text: str) -> Samples:
     """{(sample name, frozenset of (label, value)): value}. The strict parser refuses a
     whole text for one bad line; then each line is read alone and bad ones skipped, so
-    one odd series does not blind a reader to the rest."""
+    one odd series does not blind a reader to the rest. (prometheus_client's parser
+    raises IndexError, not ValueError, on some garbage: both are a bad text.)"""
     try:
         return _samples(text)
-    except ValueError:
+    except (ValueError, IndexError):
         pass
     out: Samples = {}
     for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             try:
                 out.update(_samples(line + "\n"))
-            except ValueError:
+            except (ValueError, IndexError):
                 continue
     return out
 

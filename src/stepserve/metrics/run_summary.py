@@ -110,6 +110,8 @@ class RunSummary:
     window_s: float | None = None
     scrape_samples: float | None = None
     metrics_source: str | None = None  # stepserve, vllm, sglang, tgi, or engine
+    scrape_failures: float | None = None  # scrapes that failed and were skipped
+    scrape_error: str | None = None  # the first of them
     generation_tokens: float | None = None
     server_requests_finished: float | None = None
     server_generation_tokens: float | None = None

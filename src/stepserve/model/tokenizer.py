@@ -4,7 +4,7 @@ adds (special tokens, BOS handling, the chat template), without importing transf
 `IncrementalDetokenizer` turns a stream of token ids into text deltas for streaming:
 byte-level BPE splits one multi-byte character over several tokens, so a delta is only
 released once the bytes decode to whole characters. It steps `tokenizers`' DecodeStream
-(the prefix/read offset scheme of TGI and vLLM, in Rust): 1.6-4x less time per token
+(the prefix/read offset scheme of TGI and vLLM, in Rust): 1.6-6x less time per token
 than `WindowDetokenizer`, the same scheme in Python, with the same deltas on real text
 (benchmarks/detok.py); on broken UTF-8 it is the one whose deltas add up to decoding
 the output alone. The Python one stays for tokenizers < 0.21, which lack
