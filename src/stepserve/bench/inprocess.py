@@ -80,78 +80,105 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
     """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. Returns
     (records, engine keys, binned step records or None). A KeyboardInterrupt
     stops the run; what ended so far is returned and `interrupted[0]` is set."""
-    clock = engine.clock
-    t0 = clock.now()
-    issued: list[tuple[int, Request]] = []
-    steps: list[StepRecord] = []
-    live = 0  # issued and not yet ended
-    next_i = 0
-    n = len(plan.specs)
-    start_measure: float | None = None
-
-    def issue(i: int, arrival: float) -> None:
-        spec = plan.specs[i]
-        params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
-                                ignore_eos=plan.ignore_eos, priority=spec.priority,
-                                tenant=spec.tenant)
-        nonlocal live
-        req = engine.add_request(token_prompt(spec, engine.runner.args.vocab_size), params,
-                                 request_id=f"bench-{spec.index}", arrival_time=arrival)
-        issued.append((i, req))
-        if req.is_finished:  # refused at admission
-            if on_done is not None:
-                on_done(RequestRecord(index=-1))
-        else:
-            live += 1
-
-    def may_issue(i: int) -> bool:
-        nonlocal start_measure
-        if plan.duration_s is None or i < plan.warmup:
-            return True
-        start_measure = start_measure if start_measure is not None else clock.now()
-        return clock.now() - start_measure <= plan.duration_s
-
+    load = _WallClockLoad(plan, engine, on_done)
     try:
-        while True:
-            now = clock.now()
-            if plan.concurrency is None:
-                while next_i < n and t0 + plan.specs[next_i].arrival_s <= now:
-                    if not may_issue(next_i):
-                        n = next_i
-                        break
-                    issue(next_i, t0 + plan.specs[next_i].arrival_s)
-                    next_i += 1
-            else:  # due, and a slot free (rate inf: a closed loop)
-                while next_i < n and live < plan.concurrency and \
-                        t0 + plan.specs[next_i].arrival_s <= now:
-                    if not may_issue(next_i):
-                        n = next_i
-                        break
-                    issue(next_i, now)
-                    next_i += 1
-            if engine.has_unfinished():
-                result = engine.step()
-                if result.ran:
-                    steps.append(result.record)
-                live -= len(result.finished)
-                if on_done is not None:
-                    for _ in result.finished:
-                        on_done(RequestRecord(index=-1))
-            elif next_i < n:
-                time.sleep(max(0.0, min(0.05, t0 + plan.specs[next_i].arrival_s - now)))
-            else:
-                break
+        load.run()
     except KeyboardInterrupt:
         if interrupted is not None:
             interrupted[0] = True
-    records = []
-    for i, req in issued:
-        spec = plan.specs[i]
-        rec = record_of(req, spec.index, i < plan.warmup, spec.arrival_s, t0,
-                        spec.request_class)
-        if not req.is_finished:
-            rec.error, rec.status = "interrupted before the response ended", 200
-        records.append(rec)
-    series = step_timeseries(steps, t0=t0) if steps else None
-    full = summarize([r for _, r in issued], steps, clock.now() - t0)
+    records = load.records()
+    series = step_timeseries(load.steps, t0=load.t0) if load.steps else None
+    full = summarize([r for _, r in load.issued], load.steps, load.clock.now() - load.t0)
     return records, engine_keys(full), series
+
+
+class _WallClockLoad:
+    """One run of a plan through an LLMEngine on the wall clock: the requests issued
+    (with their index in the plan), the step records, how many are in flight."""
+
+    def __init__(self, plan: LoadPlan, engine,
+                 on_done: Callable[[RequestRecord], None] | None) -> None:
+        self.plan = plan
+        self.engine = engine
+        self.on_done = on_done
+        self.clock = engine.clock
+        self.t0 = self.clock.now()
+        self.issued: list[tuple[int, Request]] = []
+        self.steps: list[StepRecord] = []
+        self.live = 0  # issued and not yet ended
+        self.next_i = 0
+        self.n = len(plan.specs)  # lowered when the plan's duration runs out
+        self._measure_start: float | None = None
+
+    def run(self) -> None:
+        """Issue what is due and step, until every request issued has ended."""
+        while True:
+            now = self.clock.now()
+            self._issue_due(now)
+            if self.engine.has_unfinished():
+                self._step()
+            elif self.next_i < self.n:
+                time.sleep(max(0.0, min(0.05, self._due_at(self.next_i) - now)))
+            else:
+                return
+
+    def _due_at(self, i: int) -> float:
+        return self.t0 + self.plan.specs[i].arrival_s
+
+    def _issue_due(self, now: float) -> None:
+        """Every request whose arrival is due (open loop); with a concurrency, only while
+        a slot is free, arriving now (rate inf: a closed loop)."""
+        closed = self.plan.concurrency is not None
+        while self.next_i < self.n and self._due_at(self.next_i) <= now:
+            if closed and self.live >= self.plan.concurrency:
+                return
+            if not self._within_duration(self.next_i):
+                self.n = self.next_i
+                return
+            self._issue(self.next_i, now if closed else self._due_at(self.next_i))
+            self.next_i += 1
+
+    def _within_duration(self, i: int) -> bool:
+        """Warm-up requests always go; the rest only until the plan's duration, timed from
+        the first measured one, has passed."""
+        if self.plan.duration_s is None or i < self.plan.warmup:
+            return True
+        if self._measure_start is None:
+            self._measure_start = self.clock.now()
+        return self.clock.now() - self._measure_start <= self.plan.duration_s
+
+    def _issue(self, i: int, arrival: float) -> None:
+        spec = self.plan.specs[i]
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
+                                ignore_eos=self.plan.ignore_eos, priority=spec.priority,
+                                tenant=spec.tenant)
+        prompt = token_prompt(spec, self.engine.runner.args.vocab_size)
+        req = self.engine.add_request(prompt, params, request_id=f"bench-{spec.index}",
+                                      arrival_time=arrival)
+        self.issued.append((i, req))
+        if not req.is_finished:
+            self.live += 1
+        elif self.on_done is not None:  # refused at admission
+            self.on_done(RequestRecord(index=-1))
+
+    def _step(self) -> None:
+        result = self.engine.step()
+        if result.ran:
+            self.steps.append(result.record)
+        self.live -= len(result.finished)
+        if self.on_done is not None:
+            for _ in result.finished:
+                self.on_done(RequestRecord(index=-1))
+
+    def records(self) -> list[RequestRecord]:
+        """Every request issued, as the client would have seen it; one still running was
+        cut short by an interrupt."""
+        out = []
+        for i, req in self.issued:
+            spec = self.plan.specs[i]
+            rec = record_of(req, spec.index, i < self.plan.warmup, spec.arrival_s, self.t0,
+                            spec.request_class)
+            if not req.is_finished:
+                rec.error, rec.status = "interrupted before the response ended", 200
+            out.append(rec)
+        return out
