@@ -4,7 +4,8 @@ the `quantization` modes.
 Two steps, like the float path's conversion: `pack_gguf` reads the GGUF once and writes
 its tensors in our layout (fused, un-permuted, scales split from quants) to a safetensors
 file in the model's cache directory; `load_packed_model` builds the model from that file
-in a second. (gguf-py's reader spends seconds parsing the 49k-token vocabulary alone.)
+in a second. The GGUF is read by gguf_file.py (gguf-py's reader spends seconds parsing
+the 49k-token vocabulary alone).
 The configuration comes from the converted Hugging Face directory: the same config.json
 the float path and the reference read.
 
@@ -39,6 +40,7 @@ from torch import nn
 
 from stepserve.model.config import ModelArgs, load_model_args
 from stepserve.model.ggml_kernels import load_kernels
+from stepserve.model.gguf_file import read_gguf
 from stepserve.model.llama import LlamaModel
 from stepserve.model.quant import (
     Q4_1,
@@ -89,12 +91,8 @@ class GGUFTensor:
 
 
 def read_gguf_tensors(path: Path) -> dict[str, GGUFTensor]:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    return {t.name: GGUFTensor(t.name, t.tensor_type.name,
-                               tuple(int(d) for d in reversed(t.shape)), t.data)
-            for t in reader.tensors}
+    return {t.name: GGUFTensor(t.name, t.type_name, t.shape, t.data)
+            for t in read_gguf(path).tensors.values()}
 
 
 def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ GROUP = 32
 Q4_1, Q8_0 = "Q4_1", "Q8_0"
 _BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}  # a GGUF block: scales then quants
 _SCALES_PER_GROUP = {Q4_1: 2, Q8_0: 1}
-_KERNEL_FORMAT = {Q4_1: FMT_Q4_1, Q8_0: FMT_Q8_0}
+KERNEL_FORMAT = {Q4_1: FMT_Q4_1, Q8_0: FMT_Q8_0}
 GEMM_SCRATCH_BYTES = 8 << 20  # the BLAS path dequantises at most this much at a time
 
 
@@ -141,7 +141,7 @@ class GGUFLinear(nn.Module):
                  scratch: DequantScratch, gemm_rows: int) -> None:
         super().__init__()
         self.fmt = weight.fmt
-        self.kernel_format = _KERNEL_FORMAT[weight.fmt]
+        self.kernel_format = KERNEL_FORMAT[weight.fmt]
         self.out_features, self.in_features = weight.shape
         self.register_buffer("qs", weight.qs)
         self.register_buffer("scales", weight.scales)
@@ -209,7 +209,7 @@ class GGUFEmbedding(nn.Module):
         if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < self.num_embeddings:
             raise IndexError(f"token id out of range [0, {self.num_embeddings})")
         out = torch.empty(flat.numel(), self.embedding_dim)
-        self.kernels.dequantize(_KERNEL_FORMAT[self.fmt], self.qs, self.scales,
+        self.kernels.dequantize(KERNEL_FORMAT[self.fmt], self.qs, self.scales,
                                 self.embedding_dim, out, rows=flat)
         return out.view(*ids.shape, self.embedding_dim)
 
