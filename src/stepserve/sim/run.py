@@ -124,13 +124,6 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "",
                      latency_samples=measured.latency_samples)
 
 
-def deployment_for(config: EngineConfig, pools: Mapping[str, Any] | None
-                   ) -> Deployment | None:
-    """The pools file's deployment over `config` (its settings go on top of it), or None
-    without one; ConfigError names what is wrong."""
-    return None if pools is None else deployment_from(pools, config)
-
-
 def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
     """The KV pool a run derives (from kv_cache_memory, or max_num_seqs x max_model_len)
     must hold a block and fit in memory: the block manager lists every free block."""
@@ -145,6 +138,18 @@ def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
         "kv_cache_memory, or change block_size, max_num_seqs or max_model_len")
 
 
+def checked_deployment(config: EngineConfig, num_gpu_blocks: int,
+                       pools: Mapping[str, Any] | None) -> Deployment | None:
+    """The pools file's deployment over `config` (its settings go on top of it; None
+    without one), once every KV pool the run would build is known to fit: the config's
+    own, then each pool's. UsageError or ConfigError names what is wrong."""
+    check_num_gpu_blocks(config, num_gpu_blocks)
+    deployment = None if pools is None else deployment_from(pools, config)
+    for pool in deployment.pools if deployment else ():
+        check_num_gpu_blocks(pool.config, pool.config.cache.num_gpu_blocks or num_gpu_blocks)
+    return deployment
+
+
 def simulate_run(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
                  cost_model: CostModel, num_gpu_blocks: int,
                  closed_loop_concurrency: int | None, note: str = "",
@@ -153,10 +158,7 @@ def simulate_run(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
     """One config on the simulator (with `pools`: the pools file's deployment over it):
     its result, and the simulation itself beside it for callers that need the requests
     (bench --sim)."""
-    deployment = deployment_for(config, pools)
-    for pool in deployment.pools if deployment else ():
-        check_num_gpu_blocks(pool.config, pool.config.cache.num_gpu_blocks or num_gpu_blocks)
-    check_num_gpu_blocks(config, num_gpu_blocks)
+    deployment = checked_deployment(config, num_gpu_blocks, pools)
     sim = simulate(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
                    progress=progress, deployment=deployment)
     return run_result(name, config, sim, note, deployment), sim
@@ -274,16 +276,16 @@ def run_all(name: str, description: str, workload: Workload, specs: Sequence[Req
             ) -> SimulateResult:
     """Every run of `runs` on the same requests; `pools` (a pools file's contents) makes
     each run's config the base of that deployment."""
-    for spec in runs:  # every run's KV pool and deployment, before the first run starts
-        check_num_gpu_blocks(spec.config, blocks_for_config(spec.config))
-        deployment_for(spec.config, pools)
+    # every run's KV pools and deployment, checked before the first run starts
+    blocks = [blocks_for_config(spec.config) for spec in runs]
+    deployments = [checked_deployment(spec.config, n, pools) for spec, n in zip(runs, blocks)]
     results = []
-    for spec in runs:
+    for spec, num_gpu_blocks, deployment in zip(runs, blocks, deployments):
         progress = progress_factory(spec.name, len(specs)) if progress_factory else None
-        results.append(run_config(spec.name, spec.config, specs, cost_model,
-                                  blocks_for_config(spec.config),
-                                  workload.closed_loop_concurrency, spec.note, progress,
-                                  pools))
+        sim = simulate(spec.config, specs, cost_model, num_gpu_blocks,
+                       workload.closed_loop_concurrency, progress=progress,
+                       deployment=deployment)
+        results.append(run_result(spec.name, spec.config, sim, spec.note, deployment))
     comparison = None
     if compare:
         concurrency = workload.closed_loop_concurrency or \
