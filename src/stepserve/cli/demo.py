@@ -22,7 +22,7 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=d.requests, help="real-engine requests")
     p.add_argument("--short", type=int, default=d.short, help="short output length (tokens)")
     p.add_argument("--long", type=int, default=d.long, help="long output length (tokens)")
-    p.add_argument("--sim-requests", type=int, default=6400, help="simulated requests")
+    p.add_argument("--sim-requests", type=int, default=d.sim_requests, help="simulated requests")
     p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
     p.add_argument("--cost", metavar="constant|roofline|FILE",
                    help="the simulator's cost model: a `stepserve profile` file predicts "
