@@ -10,8 +10,9 @@ on the default model's GGUF (`--gguf`), each driven by the same client, `stepser
 
 * random: `--num-prompts` requests of `--input-len` prompt / `--output-len` output tokens
   at each concurrency in `--concurrency` (default 1, 8, 32);
-* night-report: the job of `stepserve demo` (its prompts' length, outputs of 3 or 300
-  tokens, ~10/64 long, 64 in flight, `--night-requests` requests), as a workload file.
+* night-report: the shape of `stepserve demo`'s job (its ~20-token prompts, ~10/64 of
+  the requests 100x longer, 64 in flight, `--night-requests` requests) with outputs of 3
+  or 300 tokens (the demo's 1 or 100: a 1-token output has no TPOT), as a workload file.
 
 llama-server gets `--parallel` = the largest concurrency (a slot per request in flight),
 `--ctx-size` = that many slots of `--slot-ctx` tokens, and `--threads` = torch's thread
@@ -62,8 +63,8 @@ class Cell:
 
 
 def night_report_workload(path: Path, requests: int) -> Path:
-    """The demo's job (stepserve/demo.py: ~20-token prompts, 3 or 300 output tokens, 10
-    of 64 long, 64 in flight) as a workload file."""
+    """The demo's job shape (stepserve/demo.py: ~20-token prompts, 10 of 64 long, 64 in
+    flight) with 3 or 300 output tokens, as a workload file."""
     path.write_text(json.dumps({
         "name": "demo-night-report", "seed": 0, "num_requests": requests,
         "arrival": {"closed_loop": {"concurrency": 64}},
