@@ -245,12 +245,9 @@ class Request:
         self.priority = self.sampling_params.priority
         self.tenant = self.sampling_params.tenant
         self.stop_token_ids = self.sampling_params.stop_token_ids
-        # the tokens that end it once min_tokens are out: its stop ids, and EOS unless
-        # ignore_eos (one set lookup per sampled token in the scheduler's update)
-        stops = set(self.stop_token_ids)
-        if self.eos_token_id is not None and not self.sampling_params.ignore_eos:
-            stops.add(self.eos_token_id)
-        self.stop_ids = frozenset(stops)
+        # what ends it once min_tokens are out: its stop ids, and EOS unless ignore_eos
+        eos = self.eos_token_id is not None and not self.sampling_params.ignore_eos
+        self.stop_ids = frozenset(self.stop_token_ids + ((self.eos_token_id,) if eos else ()))
         if self.sampling_params.logprobs is not None:
             self.output_logprobs = []
         if self.sampling_params.prompt_logprobs is not None:
@@ -266,9 +263,8 @@ class Request:
         token (anything else to compute is prefill: a prompt, a chunk, a recompute).
         The one definition of "decoding"; the scheduler calls it millions of times a run,
         hence one len() and no num_tokens property."""
-        num_output = len(self.output_token_ids)
-        return num_output > 0 and \
-            self.num_prompt_tokens + num_output - self.num_computed_tokens == 1
+        n = len(self.output_token_ids)
+        return n > 0 and self.num_prompt_tokens + n - self.num_computed_tokens == 1
 
     @property
     def num_output_tokens(self) -> int:
