@@ -24,14 +24,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import attrgetter, mul
 from typing import Any
 
 from stepserve.core.output import SchedulerOutput
-from stepserve.sim.cost import CostModel
+from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens
 
 SCHEMA = "stepserve.cost/1"
-_COMPUTED = attrgetter("num_computed_tokens")
 _NOT_ONE = (1).__ne__
 TERMS = ("step", "seq", "token", "token_hi", "kv_read", "attn", "swap")
 UNITS = {"step": "ms per step", "seq": "us per sequence", "token": "us per token",
@@ -46,24 +44,17 @@ def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
     one query over the cached KV) reads start + 1 keys; a prefill chunk of n tokens after
     `start` computed ones attends to n * start + n (n + 1) / 2 (an integer)."""
     counts = out.num_scheduled_tokens
-    starts = list(map(_COMPUTED, out.requests))
+    starts = computed_tokens(out)
     tokens = sum(counts)
-    ones = counts.count(1)
-    if ones == out.num_decode_tokens:
+    if counts.count(1) == out.num_decode_tokens:
         # Every decode computes 1 token; when as many entries have 1 token as the batch
-        # has decodes, those are the decodes: sum at C speed (this runs every step).
+        # has decodes, those are the decodes (no per-request call: this runs every step).
         prefill = list(map(_NOT_ONE, counts))
-        pre_n, pre_start = list(compress(counts, prefill)), list(compress(starts, prefill))
-        kv_read = sum(starts) - sum(pre_start) + ones
-        attn = float(sum(map(mul, pre_n, pre_start))
-                     + (sum(map(mul, pre_n, pre_n)) + sum(pre_n)) // 2)
     else:  # built by hand: ask each request
-        kv_read, attn = 0, 0.0
-        for req, n, start in zip(out.requests, counts, starts):
-            if req.is_decoding:
-                kv_read += start + 1
-            else:
-                attn += n * (start + (n + 1) * 0.5)
+        prefill = [not req.is_decoding for req in out.requests]
+    pre_n, pre_start = list(compress(counts, prefill)), list(compress(starts, prefill))
+    kv_read = sum(starts) - sum(pre_start) + len(counts) - len(pre_n)
+    attn = float(causal_pairs(pre_n, pre_start))
     over = tokens - knee_tokens if tokens > knee_tokens else 0
     swaps = len(out.swap_in) + len(out.swap_out)
     return (1.0, float(len(out.requests)), float(tokens), float(over), float(kv_read), attn,

@@ -11,9 +11,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter, mul
 
 from stepserve.core.output import SchedulerOutput
+
+_COMPUTED = attrgetter("num_computed_tokens")
+
+
+def computed_tokens(out: SchedulerOutput) -> list[int]:
+    """Each scheduled request's tokens already computed (where its chunk starts)."""
+    return list(map(_COMPUTED, out.requests))
+
+
+def causal_pairs(counts: Sequence[int], starts: Sequence[int]) -> int:
+    """Query x key pairs of causal attention: n new tokens after `start` computed ones
+    attend to start + 1 .. start + n keys, n * start + n (n + 1) / 2 in all. Summed with
+    map() at C speed: the cost models run this for every step of a simulation."""
+    return sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + sum(counts)) // 2
 
 
 class CostModel:

@@ -13,14 +13,11 @@ gain, and why a CPU (where compute grows with batch) sees less of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter, mul
 
 from stepserve.core.output import SchedulerOutput
 from stepserve.plan.model_specs import ModelSpec
-from stepserve.sim.cost import CostModel
+from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens
 from stepserve.sim.hardware import HardwareSpec
-
-_COMPUTED = attrgetter("num_computed_tokens")
 
 
 @dataclass(frozen=True)
@@ -37,13 +34,10 @@ class RooflineCost(CostModel):
         object.__setattr__(self, "_byte_rate", hw.memory_bandwidth * hw.bandwidth_efficiency)
 
     def step_time(self, out: SchedulerOutput) -> float:
-        # Per request: n new tokens after `start` computed ones attend to start + 1 ..
-        # start + n keys: n * start + n (n + 1) / 2 in all (an integer). Summed with
-        # map() at C speed: this runs for every step of a simulation.
         counts = out.num_scheduled_tokens
-        starts = list(map(_COMPUTED, out.requests))
+        starts = computed_tokens(out)
         tokens = sum(counts)
-        attn = sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + tokens) // 2
+        attn = causal_pairs(counts, starts)
         context = sum(starts) + tokens
         flops = self._flops_per_token * tokens + self._attn_coeff * attn
         bytes_moved = self.model.weight_bytes + context * self.model.kv_bytes_per_token
