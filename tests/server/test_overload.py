@@ -53,20 +53,28 @@ def test_burst_over_max_waiting_gets_429_and_accepted_ones_complete():
 
 @pytest.mark.slow
 def test_queue_timeout_is_503():
-    with serve(make_engine(max_num_seqs=1, max_queue_time_s=0.05)) as s:
+    # The first request holds the only slot for ~1,000 decode steps (seconds on the tiny
+    # model): the others are sent once its first token is out, so they must time out
+    # however fast or slow the machine is.
+    with serve(make_engine(max_num_seqs=1, max_queue_time_s=0.05, max_model_len=1024,
+                           num_gpu_blocks=256)) as s:
         async def go():
             async with httpx.AsyncClient(timeout=120) as client:
-                first = asyncio.ensure_future(client.post(s.url + "/v1/completions",
-                                                          json=LONG))
-                await asyncio.sleep(0.2)  # the first one now holds the only slot
-                rest = await asyncio.gather(*(client.post(
-                    s.url + "/v1/completions", json={**LONG, "max_tokens": 4,
-                                                     "stream": stream})
-                    for stream in (False, True)))
-                return await first, rest
+                body = {**LONG, "max_tokens": 1000, "stream": True}
+                async with client.stream("POST", s.url + "/v1/completions",
+                                         json=body) as first:
+                    lines = first.aiter_lines()
+                    while not (await anext(lines)).startswith("data: "):
+                        pass  # the first token: it holds the slot now
+                    rest = await asyncio.gather(*(client.post(
+                        s.url + "/v1/completions", json={**LONG, "max_tokens": 4,
+                                                         "stream": stream})
+                        for stream in (False, True)))
+                    tail = [line async for line in lines]
+                return first.status_code, tail, rest
 
-        first, rest = asyncio.run(go())
-        assert first.status_code == 200
+        status, tail, rest = asyncio.run(go())
+        assert status == 200 and "data: [DONE]" in tail
         for r in rest:
             assert r.status_code == 503
             err = r.json()["error"]
@@ -96,13 +104,16 @@ def test_stream_disconnect_frees_blocks(served):
     assert ended(served, "abort") == before + 1
 
 
-def test_unstreamed_client_timeout_frees_blocks(served):
-    before = ended(served, "abort")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(served.url + "/v1/completions", json={**LONG, "max_tokens": 240},
-                   timeout=httpx.Timeout(60, read=0.3))
-    served.wait_idle(timeout=10)
-    assert ended(served, "abort") == before + 1
+def test_unstreamed_client_timeout_frees_blocks():
+    # 4,000 decode steps take seconds on the tiny model: the client's 0.3 s read timeout
+    # comes first on any machine (240 tokens took under 0.3 s on a quiet one).
+    with serve(make_engine(max_model_len=4096)) as s:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(s.url + "/v1/completions", json={**LONG, "max_tokens": 4000},
+                       timeout=httpx.Timeout(60, read=0.3))
+        s.wait_idle(timeout=10)
+        assert ended(s, "abort") == 1
+        assert _blocks_used(s) == 0
 
 
 def _read_stream(url: str, body: dict, out: list) -> None:
