@@ -14,6 +14,13 @@ on the default model's GGUF (`--gguf`), each driven by the same client, `stepser
   the requests 100x longer, 64 in flight, `--night-requests` requests) with outputs of 3
   or 300 tokens (the demo's 1 or 100: a 1-token output has no TPOT), as a workload file.
 
+Every load draws its prompts from its own seed (`--seed`: 1 for the first load, 2 for the
+next, ...): with one seed, request i of each load would send the same words, and
+llama-server, which keeps each slot's last prompt and gives a request the slot sharing
+the longest prefix, would serve the later loads' prompts from its cache (it did: TTFT
+150 ms at 8 concurrent against 528 ms at 1) while stepserve, with no prefix cache,
+computes every prompt. Both servers are compared on prompts neither has seen.
+
 llama-server gets `--parallel` = the largest concurrency (a slot per request in flight),
 `--ctx-size` = that many slots of `--slot-ctx` tokens, and `--threads` = torch's thread
 count unless `--threads` says otherwise. The table: output tok/s, TTFT P50/P99, TPOT
@@ -62,11 +69,11 @@ class Cell:
     wall_s: float
 
 
-def night_report_workload(path: Path, requests: int) -> Path:
+def night_report_workload(path: Path, requests: int, seed: int) -> Path:
     """The demo's job shape (stepserve/demo.py: ~20-token prompts, 10 of 64 long, 64 in
     flight) with 3 or 300 output tokens, as a workload file."""
     path.write_text(json.dumps({
-        "name": "demo-night-report", "seed": 0, "num_requests": requests,
+        "name": "demo-night-report", "seed": seed, "num_requests": requests,
         "arrival": {"closed_loop": {"concurrency": 64}},
         "classes": [{"name": "short", "share": 54, "prompt": {"fixed": 20},
                      "output": {"fixed": 3}},
@@ -76,12 +83,16 @@ def night_report_workload(path: Path, requests: int) -> Path:
 
 
 def loads(args: argparse.Namespace, tmp: Path) -> list[Load]:
+    """The loads in order, each with its own prompt seed (1, 2, ...: see the docstring)."""
     out = [Load(f"c={c}", ("--random-input-len", str(args.input_len), "--random-output-len",
                            str(args.output_len), "--num-prompts", str(args.num_prompts),
-                           "--max-concurrency", str(c)), c) for c in args.concurrency]
+                           "--max-concurrency", str(c), "--seed", str(seed)), c)
+           for seed, c in enumerate(args.concurrency, start=1)]
     if args.night_requests:
-        workload = night_report_workload(tmp / "night.yaml", args.night_requests)
-        out.append(Load("night-report", ("--workload", str(workload)), 64))
+        seed = len(out) + 1
+        workload = night_report_workload(tmp / "night.yaml", args.night_requests, seed)
+        out.append(Load("night-report", ("--workload", str(workload), "--seed", str(seed)),
+                        64))
     return out
 
 

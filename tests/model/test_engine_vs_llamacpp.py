@@ -56,3 +56,24 @@ sys.exit(main())
         (s, load) for s in ("llama.cpp", "stepserve") for load in ("c=1", "c=4", "night-report")]
     assert all(c["summary"]["throughput_tokens_per_s"] > 0 for c in cells)
     assert result.stdout.count("ratio") >= 3
+
+
+def test_every_load_sends_prompts_of_its_own_seed(tmp_path):
+    """llama-server serves a prompt it has seen from a slot's cache: loads that shared a
+    seed would send it the same prompts again (request i of each load), and it would be
+    timed on cache hits against stepserve's full prefills."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_vs_llamacpp", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(concurrency=[1, 8, 32], input_len=128, output_len=64,
+                              num_prompts=96, night_requests=192)
+    todo = module.loads(args, tmp_path)
+    seeds = [load.bench_args[load.bench_args.index("--seed") + 1] for load in todo]
+    assert [load.name for load in todo] == ["c=1", "c=8", "c=32", "night-report"]
+    assert len(set(seeds)) == len(todo)
+    night = json.loads((tmp_path / "night.yaml").read_text())
+    assert str(night["seed"]) == seeds[-1]
