@@ -110,13 +110,15 @@ class SchedulerBase:
         return [r for r in dict.fromkeys(touched)
                 if self.finish_request(r.request_id, RequestStatus.FINISHED_ERROR, message)]
 
-    def _end(self, request: Request, status: RequestStatus, message: str = "") -> None:
+    def _end(self, request: Request, status: RequestStatus, message: str = "",
+             now: float | None = None) -> None:
+        """End `request` (at `now`, default the clock's time): free its blocks, log it."""
         if request.is_finished:
             raise RuntimeError(f"request {request.request_id} ended twice")
         request.status = status
         request.finish_reason = FINISH_REASON_OF[status]
         request.finish_message = message
-        request.finish_time = self.clock.now()
+        request.finish_time = self.clock.now() if now is None else now
         self.kv.free(request)
         del self.requests[request.request_id]
         self.finished.append(request)

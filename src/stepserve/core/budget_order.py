@@ -38,6 +38,9 @@ class BudgetOrder:
     """Interface: `fill` runs the steps in this order's sequence, passing the budget on."""
 
     name = ""
+    # With nothing waiting or swapped and every running request decoding, a step gives
+    # each decode one token while the budget lasts (what core/decode_run.py relies on).
+    plain_decode_steps = False
 
     def __init__(self, sc: SchedulerConfig) -> None:
         self.max_num_batched_tokens = sc.max_num_batched_tokens
@@ -51,6 +54,7 @@ class DecodeFirst(BudgetOrder):
     swapped ones, before new prompts: a running sequence never waits behind a new one."""
 
     name = "decode_first"
+    plain_decode_steps = True
 
     def fill(self, steps: SchedulingSteps, out: SchedulerOutput, now: float) -> None:
         budget = steps.schedule_running(out, self.max_num_batched_tokens, now)
@@ -63,6 +67,7 @@ class PrefillFirst(BudgetOrder):
     under the seed's rule "decode 预算 = 总预算 - 本步 prefill chunk", then swapped ones."""
 
     name = "prefill_first"
+    plain_decode_steps = True
 
     def __init__(self, sc: SchedulerConfig) -> None:
         super().__init__(sc)

@@ -34,7 +34,8 @@ from stepserve.clock import Clock
 from stepserve.config import EngineConfig
 from stepserve.core import make_scheduler
 from stepserve.core.base import SchedulerBase
-from stepserve.core.output import RunnerOutput, SchedulerOutput, StepResult
+from stepserve.core.decode_run import Sampler, run_decodes
+from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord, StepResult
 from stepserve.request import Request
 
 log = logging.getLogger("stepserve.engine")
@@ -66,6 +67,20 @@ class PendingStep:
     @property
     def elapsed_s(self) -> float:
         return self.result.elapsed_s if self.result is not None else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRunResult:
+    """Several decode-only steps done at once (`EngineCore.run_decodes`): their records,
+    the requests that ended in them (in order), when the last one completed, and the
+    requests that had ended before, for the runner to drop (as the next step's
+    SchedulerOutput.finished_request_ids would have told it)."""
+
+    records: list[StepRecord]
+    finished: list[Request]
+    end_s: float
+    released_ids: list[str]
+    straddles: bool  # see core/decode_run.DecodeRun
 
 
 class EngineCore:
@@ -131,6 +146,24 @@ class EngineCore:
             self.on_tokens(emitted)
         (record,) = sched.take_step_records()
         return StepResult(record, emitted, sched.take_finished())
+
+    def run_decodes(self, start: float, until: float,
+                    step_time: Callable[[int, int], float], sampler: Sampler,
+                    stop_at_first_end: bool = False,
+                    straddle: bool = False) -> DecodeRunResult | None:
+        """The simulator's fast path: the decode-only steps from `start` that complete
+        before `until`, worked out at once where the scheduler's steps are plain
+        (core/decode_run.py), with the runner's side given as `step_time` and `sampler`.
+        None: none could be; step() as usual."""
+        if self.on_tokens is not None:
+            return None  # the hook wants every step's tokens as they come
+        sched = self.scheduler
+        run = run_decodes(sched, start, until, step_time, sampler, stop_at_first_end,
+                          straddle)
+        if run is None:
+            return None
+        return DecodeRunResult(sched.take_step_records(), sched.take_finished(), run.end_s,
+                               run.released_ids, run.straddles)
 
     def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
         self._failed_in_a_row += 1

@@ -75,8 +75,17 @@ class CalibratedCost(CostModel):
         object.__setattr__(self, "_c", tuple(self.coefficients.get(t, 0.0) for t in TERMS))
 
     def step_time(self, out: SchedulerOutput) -> float:
+        return self._time(step_terms(out, self.knee_tokens))
+
+    def decode_step_time(self, batch: int, computed: int) -> float:
+        # step_terms of `batch` decodes: each reads its computed tokens + 1 keys; no
+        # prefill attention, no swaps
+        over = batch - self.knee_tokens if batch > self.knee_tokens else 0
+        return self._time((1.0, float(batch), float(batch), float(over),
+                           float(computed + batch), 0.0, 0.0))
+
+    def _time(self, x: tuple[float, ...]) -> float:
         c = self._c  # type: ignore[attr-defined]
-        x = step_terms(out, self.knee_tokens)
         return (c[0] + c[1] * x[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4] + c[5] * x[5]
                 + c[6] * x[6])
 

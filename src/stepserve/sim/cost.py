@@ -38,6 +38,12 @@ class CostModel:
     def step_time(self, out: SchedulerOutput) -> float:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def decode_step_time(self, batch: int, computed: int) -> float | None:
+        """Exactly what `step_time` returns for a step of `batch` decodes whose requests
+        hold `computed` computed tokens in all (a decode run's steps, core/decode_run.py);
+        None where a model cannot tell without the batch (the simulator then steps)."""
+        return None
+
     def describe(self) -> str:
         return self.name
 
@@ -48,6 +54,9 @@ class ConstantCost(CostModel):
     name = "constant"
 
     def step_time(self, out: SchedulerOutput) -> float:
+        return self.seconds_per_step
+
+    def decode_step_time(self, batch: int, computed: int) -> float:
         return self.seconds_per_step
 
     def describe(self) -> str:

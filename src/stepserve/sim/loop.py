@@ -14,6 +14,7 @@ deployment's rules, then a replica in it, from each replica's view of its load.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,9 @@ class Replica:
     steps: list[StepRecord] = field(default_factory=list)
     pending: PendingStep | None = None  # the step in flight
     wakeup_at: float | None = None
+    in_run = False  # a decode run is in flight (its steps are already applied)
+    run_straddles = False  # and its last step completes after the next event
+    run_finished: list[Request] = field(default_factory=list)  # told when it completes
 
     def view(self) -> ReplicaView:
         sched = self.core.scheduler
@@ -67,7 +71,7 @@ def make_request(spec: RequestSpec, arrival: float) -> Request:
                    request_class=spec.request_class, length_estimate=spec.length_estimate)
 
 
-_STEP, _ARRIVAL, _WAKE = 0, 1, 2
+_STEP, _ARRIVAL, _WAKE, _RUN_END = 0, 1, 2, 3
 
 
 class _EventLoop:
@@ -76,7 +80,7 @@ class _EventLoop:
     def __init__(self, deployment: Deployment, specs: Sequence[RequestSpec],
                  cost_model: CostModel, num_gpu_blocks: int,
                  closed_loop_concurrency: int | None,
-                 progress: Callable[[int], None] | None) -> None:
+                 progress: Callable[[int], None] | None, decode_runs: bool = True) -> None:
         self.clock = VirtualClock()
         self.specs = specs
         self.replicas = []
@@ -87,6 +91,11 @@ class _EventLoop:
             self.replicas.append(Replica(i, pool.name, core, runner))
         self.router = PoolRouter(deployment)
         self.closed_loop = closed_loop_concurrency
+        # Decode runs (core/decode_run.py) need a cost model that prices a decode-only
+        # step from its counts, and no outside event that a run could hide: with several
+        # replicas, a closed-loop client may send one a request while another is in a run.
+        self.decode_runs = decode_runs and cost_model.decode_step_time(1, 1) is not None \
+            and (len(self.replicas) == 1 or not closed_loop_concurrency)
         self.progress = progress
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
         self.seq = 0
@@ -124,8 +133,10 @@ class _EventLoop:
         return rep
 
     def kick(self, rep: Replica, t: float) -> None:
-        """Begin the replica's next step if it is idle and has work."""
-        if rep.pending is not None or not rep.core.has_unfinished():
+        """Begin the replica's next step (or decode run) if it is idle and has work."""
+        if rep.pending is not None or rep.in_run or not rep.core.has_unfinished():
+            return
+        if self.decode_runs and rep.wakeup_at is None and self.run_decodes(rep, t):
             return
         pending = rep.core.begin_step()
         if pending.ran:
@@ -137,6 +148,21 @@ class _EventLoop:
         if wake is not None and rep.wakeup_at != wake:
             rep.wakeup_at = wake
             self.push(max(wake, t), _WAKE, rep.index)
+
+    def run_decodes(self, rep: Replica, t: float) -> bool:
+        """Do the replica's decode-only steps up to the next event at once, if its steps
+        are plain; they complete (and their ended requests are told) at _RUN_END."""
+        until = self.events[0][0] if self.events else math.inf
+        run = rep.core.run_decodes(t, until, rep.runner.decode_step_time, rep.runner.sampler,
+                                   stop_at_first_end=bool(self.closed_loop), straddle=True)
+        if run is None:
+            return False
+        rep.steps.extend(run.records)
+        rep.runner.release(run.released_ids)
+        rep.in_run, rep.run_finished = True, run.finished
+        rep.run_straddles = run.straddles
+        self.push(run.end_s, _RUN_END, rep.index)
+        return True
 
     def run(self) -> None:
         events, replicas = self.events, self.replicas
@@ -156,6 +182,11 @@ class _EventLoop:
                     result = rep.core.complete_step(pending)
                     rep.steps.append(result.record)
                     self.on_ended(result.finished)
+                elif kind == _RUN_END:
+                    rep.in_run = False
+                    if rep.run_straddles:  # what arrived while its last step ran
+                        rep.steps[-1].num_waiting = len(rep.core.scheduler.waiting)
+                    self.on_ended(rep.run_finished)
                 else:
                     rep.wakeup_at = None
                 touched.append(rep)
@@ -179,12 +210,13 @@ class _EventLoop:
 def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: CostModel,
              num_gpu_blocks: int, closed_loop_concurrency: int | None = None,
              progress: Callable[[int], None] | None = None,
-             deployment: Deployment | None = None) -> SimResult:
+             deployment: Deployment | None = None, decode_runs: bool = True) -> SimResult:
     """Run `specs` through the deployment's replicas (default: `config.replicas` alike,
     behind `config.router`); returns every request and step. A pool's config that sets
-    num_gpu_blocks keeps it; the others get `num_gpu_blocks`."""
+    num_gpu_blocks keeps it; the others get `num_gpu_blocks`. `decode_runs=False` steps
+    every step one by one (same results, slower: the check that they are the same)."""
     loop = _EventLoop(deployment or Deployment.single(config), specs, cost_model,
-                      num_gpu_blocks, closed_loop_concurrency, progress)
+                      num_gpu_blocks, closed_loop_concurrency, progress, decode_runs)
     loop.run()
     for rep in loop.replicas:
         if rep.core.has_unfinished():

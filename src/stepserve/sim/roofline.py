@@ -37,8 +37,14 @@ class RooflineCost(CostModel):
         counts = out.num_scheduled_tokens
         starts = computed_tokens(out)
         tokens = sum(counts)
-        attn = causal_pairs(counts, starts)
-        context = sum(starts) + tokens
+        return self._time(tokens, causal_pairs(counts, starts), sum(starts) + tokens)
+
+    def decode_step_time(self, batch: int, computed: int) -> float:
+        # causal_pairs of `batch` one-token chunks: computed + batch, as is the context
+        return self._time(batch, computed + batch, computed + batch)
+
+    def _time(self, tokens: int, attn: int, context: int) -> float:
+        """The step's time from its integer work counts (one formula for both paths)."""
         flops = self._flops_per_token * tokens + self._attn_coeff * attn
         bytes_moved = self.model.weight_bytes + context * self.model.kv_bytes_per_token
         compute = flops / self._flops_rate

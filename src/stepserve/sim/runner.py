@@ -5,11 +5,15 @@ scheduler sees exactly what it would see from a real model."""
 
 from __future__ import annotations
 
+from operator import attrgetter, sub
+
+from stepserve.core.decode_run import Sampler
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.sim.cost import CostModel
 
 SIM_EOS = 0
 SIM_TOKEN = 1
+_ID = attrgetter("request_id")
 
 
 class SimRunner:
@@ -18,14 +22,24 @@ class SimRunner:
         # request id -> how many output tokens it holds when it samples EOS (its workload
         # output length - 1)
         self.eos_after: dict[str, int] = {}
+        eos_after = self.eos_after
+        # A decode run's view of the same rule: the steps in which each request samples
+        # SIM_TOKEN before its first EOS.
+        self.sampler = Sampler(SIM_TOKEN, SIM_EOS, lambda batch, held: list(
+            map(sub, map(eos_after.__getitem__, map(_ID, batch)), held)))
+        self.decode_step_time = cost_model.decode_step_time
 
     def register(self, request_id: str, output_len: int) -> None:
         self.eos_after[request_id] = output_len - 1
 
+    def release(self, request_ids: list[str]) -> None:
+        """Forget requests that ended (what `execute` does with finished_request_ids)."""
+        for rid in request_ids:
+            self.eos_after.pop(rid, None)
+
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         eos_after = self.eos_after
-        for rid in out.finished_request_ids:
-            eos_after.pop(rid, None)
+        self.release(out.finished_request_ids)
         # A chunk that does not reach the end of the sequence samples nothing (None); a
         # sequence at its workload length samples EOS. (One expression per request: the
         # simulator runs this for every request in every step.)

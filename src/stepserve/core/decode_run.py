@@ -1,0 +1,260 @@
+"""Decode runs: a stretch of decode-only steps of the continuous scheduler worked out at
+once, the simulator's fast path (sim/loop.py).
+
+When nothing waits, nothing is swapped out and every running request is decoding, every
+step of the continuous scheduler is the same: each running request gets one token, in
+admission order; one that has filled its last block takes one more block; one that
+reaches its end leaves. Nothing else changes until something comes from outside (an
+arrival). So the steps up to the next outside event follow from the first, touching in
+each step only the requests that take a block or end in it (a few), instead of every
+request in every step; the others are brought up to date once, when the run ends.
+
+`run_decodes` leaves exactly what stepping would have left: the same tokens, token and
+finish times, finish reasons, KV block ids taken and freed in the same order, step
+records and indices, policy counters and finished log (tests/sim/test_decode_run.py
+runs whole simulations both ways and compares all of it). Where the steps are not plain
+(see `decoding_batch`), or a block would run out (schedule() preempts then), it does
+nothing and schedule() does the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from operator import attrgetter, sub
+
+from stepserve.core.output import StepRecord
+from stepserve.core.scheduler import Scheduler
+from stepserve.request import Request, RequestStatus
+
+_RUNNING = RequestStatus.RUNNING
+_LENGTH, _STOPPED = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED
+_is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget
+# attribute getters: map() over them runs at C speed (a run starts thousands of times)
+_OUTPUT = attrgetter("output_token_ids")
+_COMPUTED = attrgetter("num_computed_tokens")
+_MAX_TOKENS = attrgetter("max_tokens")
+_MIN_TOKENS = attrgetter("min_tokens")
+_STOP_IDS = attrgetter("stop_ids")
+_ID = attrgetter("request_id")
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """The runner's side of a decode run: request i of the batch samples `token` in the
+    run's first `plain_steps(batch, held)[i]` steps and `eos` in every step after
+    (`held[i]`: the output tokens it holds now)."""
+
+    token: int
+    eos: int
+    plain_steps: Callable[[list[Request], list[int]], list[int]]
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    steps: int
+    end_s: float  # when the last step completed
+    released_ids: list[str]  # requests ended before the run, for the runner to drop
+    # the last step completes at or after `until`: its record's num_waiting must count
+    # what arrives while it runs (the caller sets it when the step completes)
+    straddles: bool = False
+
+
+def decoding_batch(sched: Scheduler) -> list[Request] | None:
+    """The running requests when the next step is a plain decode-only step; else None.
+    Plain: continuous batching, a budget order that serves every decode, nothing swapped
+    out, every running request decoding, all within the token budget, and nothing
+    waiting, or only requests that cannot be admitted (every batch slot is taken) and
+    cannot time out (no max_queue_time_s)."""
+    if type(sched) is not Scheduler or not sched.budget_order.plain_decode_steps:
+        return None
+    running = sched.running
+    if sched.swapped or not running or len(running) > sched.sc.max_num_batched_tokens:
+        return None
+    if sched.waiting and (len(running) < sched.sc.max_num_seqs
+                          or sched.qc.max_queue_time_s):
+        return None
+    if not all(map(_is_decoding, running)):
+        return None
+    return running
+
+
+def _end_steps(batch: list[Request], held: list[int], plain: list[int], sampler: Sampler
+               ) -> tuple[list[int], list[bool]]:
+    """The step of the run in which each request ends, and whether by length
+    (update_from_output's rules: the length first, then a stop id once min_tokens are
+    out)."""
+    token, eos = sampler.token, sampler.eos
+    at_length = list(map(sub, map(_MAX_TOKENS, batch), held))
+    first_eos = [p + 1 for p in plain]
+    if not any(map(_MIN_TOKENS, batch)) and \
+            all(map(frozenset((eos,)).__eq__, map(_STOP_IDS, batch))):
+        final = list(map(min, at_length, first_eos))  # the usual case: EOS ends it
+    else:
+        final = []
+        for req, end, first, had in zip(batch, at_length, first_eos, held):
+            stops = req.stop_ids
+            may_stop = max(1, req.min_tokens - had)  # the first step with min_tokens out
+            if token in stops and may_stop < first:
+                end = min(end, may_stop)
+            if eos in stops:
+                end = min(end, max(may_stop, first))
+            final.append(end)
+    return final, list(map(int.__eq__, final, at_length))
+
+
+def run_decodes(sched: Scheduler, start: float, until: float,
+                step_time: Callable[[int, int], float], sampler: Sampler,
+                stop_at_first_end: bool = False, straddle: bool = False) -> DecodeRun | None:
+    """Apply, from `start`, the decode-only steps that begin before `until` (the next
+    outside event) and complete before it; with `straddle`, also the one that completes
+    at or after it, as the last, if no request ends in it and the policy counts no
+    tokens (an arrival while it runs sees the replica as schedule() left it: the step's
+    blocks taken, nobody gone, no tokens counted yet). `step_time(n, computed)`: the
+    duration of a step of n decodes whose requests hold `computed` computed tokens in
+    all. `stop_at_first_end`: the run ends with the first step in which a request ends
+    (a closed-loop client answers it before the next step; so too where requests wait
+    for a batch slot: the next step admits them). None, and nothing changed: no step
+    could be applied."""
+    batch = decoding_batch(sched)
+    if batch is None:
+        return None
+    run = _Run(sched, batch, sampler)
+    stop_at_first_end = stop_at_first_end or run.num_waiting > 0
+    straddle = straddle and not sched.policy.tracks_tokens
+    released, sched._freed_ids = sched._freed_ids, []
+    t, straddles = start, False
+    while run.n and t < until:
+        duration = step_time(run.n, run.computed)
+        end_s = t + duration
+        straddling = not end_s < until
+        if straddling and (not straddle or run.final[run.ending[run.e]] == run.step + 1):
+            break
+        if not run.take_blocks():
+            break  # schedule() preempts for this step
+        straddles = straddling
+        active = run.n
+        run.times.append(end_s)
+        run.computed += active
+        run.end_requests(end_s)
+        run.record(end_s, duration, active)
+        t = end_s
+        if straddles or (stop_at_first_end and run.n < active):
+            break
+    if not run.step:
+        sched._freed_ids = released + sched._freed_ids
+        return None
+    run.catch_up_the_rest()
+    return DecodeRun(run.step, t, released, straddles)
+
+
+class _Run:
+    """One decode run's state while run_decodes applies its steps: when each request
+    ends and takes its next blocks, worked out once; the steps done so far."""
+
+    def __init__(self, sched: Scheduler, batch: list[Request], sampler: Sampler) -> None:
+        self.sched, self.batch, self.sampler = sched, batch, sampler
+        kv = self.kv = sched.kv
+        self.block_size, self.gpu = kv.block_size, kv.gpu
+        held = list(map(len, map(_OUTPUT, batch)))
+        plain = sampler.plain_steps(batch, held)
+        if min(plain) < 0:
+            plain = [p if p > 0 else 0 for p in plain]
+        self.plain = plain
+        self.final, self.by_length = _end_steps(batch, held, plain, sampler)
+        done = list(map(_COMPUTED, batch))
+        # A request takes its next block in the step after `room` more tokens (its blocks'
+        # free slots), then every block_size steps.
+        self.room = list(map(sub, map(self.block_size.__mul__, map(len, map(
+            kv.block_tables.__getitem__, map(_ID, batch)))), done))
+        # Batch positions in the order they end, and in the order they first take a block
+        # (stable sorts: batch order within a step, as schedule() and update_from_output go).
+        positions = range(len(batch))
+        self.ending = sorted(positions, key=self.final.__getitem__)
+        self.taking = sorted(positions, key=self.room.__getitem__)
+        self.again: dict[int, list[int]] = {}  # step -> positions taking another block then
+        self.n = len(batch)  # requests still running
+        self.computed = sum(done)
+        self.step0 = sched._step_index
+        self.num_waiting = len(sched.waiting)
+        self.times: list[float] = []  # each applied step's end
+        self.step = self.e = self.k = 0  # steps applied; next in `ending`; next in `taking`
+
+    def take_blocks(self) -> bool:
+        """Give the next step's block takers a block each and count the step as applied;
+        False, and nothing taken, where the free blocks do not suffice."""
+        step, room, taking, final = self.step, self.room, self.taking, self.final
+        k = self.k
+        while k < len(taking) and room[taking[k]] == step:
+            k += 1
+        takers = [i for i in taking[self.k:k] if final[i] > step] + self.again.pop(step + 1, [])
+        if len(takers) > len(self.gpu.free):
+            return False
+        self.step = step = step + 1
+        self.k = k
+        if takers:
+            takers.sort()
+            tables, batch, bs = self.kv.block_tables, self.batch, self.block_size
+            for i in takers:
+                tables[batch[i].request_id].extend(self.gpu.take(1))
+                if step + bs <= final[i]:
+                    self.again.setdefault(step + bs, []).append(i)
+        return True
+
+    def end_requests(self, end_s: float) -> None:
+        """End the requests whose last step is the one just applied (at `end_s`)."""
+        ending, final, step = self.ending, self.final, self.step
+        while self.e < len(ending) and final[ending[self.e]] == step:
+            i = ending[self.e]
+            self.e += 1
+            req = self.batch[i]
+            _catch_up(self.sched, [req], [self.plain[i]], step, self.times, self.sampler,
+                      self.step0)
+            self.computed -= req.num_computed_tokens
+            self.sched._end(req, _LENGTH if self.by_length[i] else _STOPPED, now=end_s)
+            self.n -= 1
+
+    def record(self, end_s: float, duration: float, active: int) -> None:
+        """The StepRecord schedule() and update_from_output would have left for the step."""
+        waiting, sched = self.num_waiting, self.sched
+        sched.step_records.append(StepRecord(
+            index=self.step0 + self.step - 1, start_s=end_s - duration, duration_s=duration,
+            num_prefill_tokens=0, num_decode_tokens=active, num_scheduled_seqs=active,
+            num_decode_ready=active, num_running=self.n, num_waiting=waiting,
+            num_swapped=0, num_preempted=0, kv_usage=self.kv.usage,
+            slots_held=min(sched.sc.max_num_seqs, active + waiting), num_active=active))
+
+    def catch_up_the_rest(self) -> None:
+        """Bring the requests still running up to date and the step index on."""
+        sched, step = self.sched, self.step
+        if self.n < len(self.batch):
+            left = [i for i in range(len(self.batch)) if self.final[i] > step]
+            sched.running = [r for r in sched.running if r.status is _RUNNING]
+            _catch_up(sched, [self.batch[i] for i in left], [self.plain[i] for i in left],
+                      step, self.times, self.sampler, self.step0)
+        else:
+            _catch_up(sched, self.batch, self.plain, step, self.times, self.sampler,
+                      self.step0)
+        sched._step_index = self.step0 + step
+
+
+def _catch_up(sched: Scheduler, requests: list[Request], plain: list[int], steps: int,
+              times: list[float], sampler: Sampler, step0: int) -> None:
+    """Bring `requests` up to date after `steps` steps of the run: what update_from_output
+    (and the schedule() before it) would have done to each, step by step. (`times`: the
+    run's step ends so far, at least `steps` of them.)"""
+    tokens = [sampler.token] * steps
+    token_times = times if steps == len(times) else times[:steps]
+    last = step0 + steps - 1
+    on_tokens = sched.policy.on_tokens if sched.policy.tracks_tokens else None
+    for req, p in zip(requests, plain):
+        req.num_computed_tokens += steps
+        if p >= steps:
+            req.output_token_ids += tokens
+        else:  # it samples EOS within the run and goes on (ignore_eos, min_tokens)
+            req.output_token_ids += tokens[:p] + [sampler.eos] * (steps - p)
+        req.token_times += token_times
+        req.sched_step = last
+        req.sched_tokens = 1
+        if on_tokens is not None:
+            on_tokens(req, steps)
