@@ -8,7 +8,7 @@ float32 path is a scalar loop ~10x slower than a float32 GEMM; `_weight_int8pack
 one scale per row, not per group of 32. These kernels read the GGUF's groups as they are
 and compute in float32 (see the exactness note in the C file).
 
-Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~1 s); the library's name carries a
+Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s); the library's name carries a
 hash of the source and flags, so an edit rebuilds it. Where the machine is not x86-64 with
 AVX2, or no compiler works, `load_kernels()` raises `KernelsUnavailable` with the reason.
 """
@@ -27,8 +27,12 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("ggml_kernels.c")
-CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+# decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul: one library.
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("ggml_kernels.c", "decode_kernels.c"))
+# -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
+# both); the explicit _mm256_fmadd_ps calls stay FMAs.
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
+          "-fPIC", "-std=gnu11")
 FMT_Q4_1, FMT_Q8_0 = 0, 1  # the C side's enum
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -71,7 +75,7 @@ def _compiler() -> str:
 
 
 def _build(cache_dir: Path) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"".join(s.read_bytes() for s in SOURCES)
     cc = _compiler()
     digest = hashlib.sha256(source + " ".join((cc, *CFLAGS)).encode()).hexdigest()[:16]
     lib = cache_dir / f"ggml_kernels-{digest}.so"
@@ -81,7 +85,7 @@ def _build(cache_dir: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
     os.close(fd)
     try:
-        result = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+        result = subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True,
                                 text=True, timeout=120)
         if result.returncode != 0:
             raise KernelsUnavailable(f"building the GGUF kernels with {cc} failed: "
@@ -97,7 +101,7 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
 class GGMLKernels:
-    """Typed wrappers around the library's two entry points."""
+    """Typed wrappers around the library's entry points."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -108,6 +112,10 @@ class GGMLKernels:
         self._dequantize = lib.ggml_dequantize
         self._dequantize.argtypes = [ctypes.c_int, _P, _P, _I64, _P, _I64, _P, ctypes.c_int]
         self._dequantize.restype = None
+        self.decode_layers = lib.decode_layers  # fused_decode.py passes raw pointers
+        self.decode_layers.argtypes = [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64,
+                                       _P, _P, _P, _P, _I64, _P, _P, _P, ctypes.c_int]
+        self.decode_layers.restype = None
 
     def matmul(self, fmt: int, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:

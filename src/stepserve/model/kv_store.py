@@ -159,3 +159,25 @@ def default_kv_budget(device: str | torch.device = "cpu", cpu_fraction: float = 
     capped = " (capped)" if budget == cpu_cap else ""
     return KVBudget(budget, f"{cpu_fraction:.0%} of {source}, at most "
                             f"{cpu_cap / GiB:.0f} GiB{capped}")
+
+
+def kv_blocks(args: ModelArgs, block_size: int, device: torch.device,
+              num_gpu_blocks: int | None, kv_cache_memory: int | None,
+              gpu_memory_utilization: float | None) -> tuple[KVBudget, int]:
+    """The KV budget and its device blocks, from the first setting given: a block count,
+    a byte size, a memory fraction, else the default. Call after the weights are loaded.
+    ValueError where the budget holds no block."""
+    if num_gpu_blocks is not None:
+        return KVBudget(num_gpu_blocks * block_size * args.kv_bytes_per_token,
+                        "num_gpu_blocks as configured"), num_gpu_blocks
+    if kv_cache_memory:
+        budget = KVBudget(kv_cache_memory, "kv_cache_memory as configured")
+    elif gpu_memory_utilization:
+        budget = utilization_kv_budget(gpu_memory_utilization, device)
+    else:
+        budget = default_kv_budget(device)
+    blocks = num_blocks_for_memory(budget.num_bytes, args, block_size)
+    if blocks < 1:
+        raise ValueError(f"KV budget {budget.num_bytes} bytes holds no block of {block_size} "
+                         f"tokens ({args.kv_bytes_per_token} bytes/token)")
+    return budget, blocks

@@ -121,6 +121,9 @@ class LlamaModel(nn.Module):
         # A head module that replaces lm_head / the tied embedding in `logits`: oneDNN's
         # prepacked copy (cpu_linear.py) or a quantised one (gguf_weights.py).
         self.packed_head: nn.Module | None = None
+        # fused_decode.FusedDecoder: all layers of a decode-only step in one C call (set
+        # by the runner where the weights allow; None: the torch path always).
+        self.fused_decode = None
 
     def pack_for_cpu(self) -> None:
         """Prepack every float projection and the lm_head for oneDNN (see cpu_linear.py). A
@@ -138,6 +141,9 @@ class LlamaModel(nn.Module):
         """Last-layer hidden states [T, hidden] (before the final norm) of every token."""
         x = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        fused = self.fused_decode
+        if fused is not None and fused.applies(meta, kv):
+            return fused.run(x, cos, sin, meta, kv)
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv.layer(i)
             x = layer(x, cos, sin, k_cache, v_cache, meta)

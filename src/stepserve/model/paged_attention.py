@@ -79,6 +79,10 @@ class AttentionMetadata:
     decode: list[DecodeGroup]  # consecutive runs of the decode rows
     prefill: PrefillGroup | None
     buffers: GatherBuffers | None = None  # None: allocate per gather
+    # The decode rows' block tables [num_decode, width] and context lengths [num_decode]
+    # (the new token included), for the fused decode kernel (fused_decode.py).
+    decode_tables: torch.Tensor | None = None
+    decode_lens: torch.Tensor | None = None
 
 
 def _pad_tables(tables: list[list[int]], width: int, device: torch.device) -> torch.Tensor:
@@ -142,7 +146,9 @@ def build_attention_metadata(starts: list[int], num_tokens: list[int],
         mask = _window_mask(kpos[None, None, :], qpos[:, :, None], sliding_window)
         prefill = PrefillGroup(tables[num_decode:, :w].to(device), pad_index.to(device), max_q,
                                mask[:, None].to(device))
-    meta = AttentionMetadata(slots.to(device), num_decode, decode, prefill, buffers)
+    meta = AttentionMetadata(slots.to(device), num_decode, decode, prefill, buffers,
+                             tables[:num_decode].contiguous().to(device),
+                             torch.tensor(ends[:num_decode], dtype=torch.long, device=device))
     return meta, positions.to(device)
 
 

@@ -23,14 +23,10 @@ from stepserve.config import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.model.config import ModelArgs
 from stepserve.model.cpu_linear import packing_available
-from stepserve.model.gguf_weights import load_packed_model
-from stepserve.model.kv_store import (
-    KVBudget,
-    KVStore,
-    default_kv_budget,
-    num_blocks_for_memory,
-    utilization_kv_budget,
-)
+from stepserve.model.fused_decode import FusedDecoder
+from stepserve.model.ggml_kernels import load_kernels
+from stepserve.model.gguf_weights import GEMM_ROWS, load_packed_model
+from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
 from stepserve.model.modes import (
     choose_quantization,
@@ -84,22 +80,9 @@ class TorchRunner:
         self.model = self._load_model(model, dtype, linear_backend, quantization)
         self.args: ModelArgs = self.model.args
         self.tokenizer = Tokenizer(self.model_path)
-        if num_gpu_blocks is None:
-            if kv_cache_memory:
-                self.kv_budget = KVBudget(kv_cache_memory, "kv_cache_memory as configured")
-            elif gpu_memory_utilization:
-                self.kv_budget = utilization_kv_budget(gpu_memory_utilization, self.device)
-            else:
-                self.kv_budget = default_kv_budget(self.device)
-            num_gpu_blocks = num_blocks_for_memory(self.kv_budget.num_bytes, self.args,
-                                                   block_size)
-            if num_gpu_blocks < 1:
-                raise ValueError(f"KV budget {self.kv_budget.num_bytes} bytes holds no block "
-                                 f"of {block_size} tokens "
-                                 f"({self.args.kv_bytes_per_token} bytes/token)")
-        else:
-            self.kv_budget = KVBudget(num_gpu_blocks * block_size * self.args.kv_bytes_per_token,
-                                      "num_gpu_blocks as configured")
+        self.kv_budget, num_gpu_blocks = kv_blocks(self.args, block_size, self.device,
+                                                   num_gpu_blocks, kv_cache_memory,
+                                                   gpu_memory_utilization)
         if swap_space_gib:  # vLLM's --swap-space: GiB of CPU blocks
             num_cpu_blocks = num_blocks_for_memory(int(swap_space_gib * (1 << 30)), self.args,
                                                    block_size)
@@ -130,7 +113,10 @@ class TorchRunner:
                              f"apply with quantization = {self.quantization!r}")
         assert gguf is not None  # choose_quantization checked
         self.linear_backend = "torch"
-        return load_packed_model(gguf, self.model_path, self.quantization, dtype)
+        loaded = load_packed_model(gguf, self.model_path, self.quantization, dtype)
+        if self.quantization == "q4_1" and self.device.type == "cpu":
+            loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels(), GEMM_ROWS)
+        return loaded
 
     def _choose_backend(self, wanted: str) -> str:
         usable = self.device.type == "cpu" and packing_available()

@@ -1,0 +1,184 @@
+/* Every decoder layer of a decode-only step in one call (fused_decode.py drives it): a
+ * batch of B sequences with one new token each, float32, weights as ggml_kernels.c holds
+ * them (Q4_1 / Q8_0 groups) or plain float32 rows. Per layer:
+ *
+ *   h = rms_norm(x) * w_in;  qkv = h @ Wqkv.T;  RoPE on q and k;  k, v -> paged cache;
+ *   a = softmax(q . K / sqrt(d)) V over the sequence's cache;  x += a @ Wo.T;
+ *   h = rms_norm(x) * w_post;  g, u = h @ Wgu.T;  x += (silu(g) * u) @ Wdown.T
+ *
+ * The same operations as llama.py's torch path, in the same rounding steps (built with
+ * -ffp-contract=off: nothing is fused that torch computes as two roundings); only the
+ * order of the sums (norms, attention dots, the softmax denominator) differs, as between
+ * any two kernels. What this saves is the ~40 small torch ops and the Python around them
+ * per layer: at batch 1 they cost more than the matrix products.
+ *
+ * Weights: `layers` holds LAYER_WORDS int64 per layer: input norm, post norm (float*),
+ * then (format, quants, scales) for qkv, o, gate_up and down; format FMT_F32 means quants
+ * is a float32 [N, K] matrix and scales is unused.
+ * KV cache: [num_layers, 2, num_blocks, block_size, kv_heads, head_dim] (kv_store.py).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                 const uint16_t *scales, int64_t N, float *y, int num_threads);
+
+enum { FMT_F32 = 2 };
+enum { LAYER_WORDS = 14 };
+/* dims: hidden, heads, kv_heads, head_dim, intermediate, num_blocks, block_size, window */
+enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_BLOCKS, D_BLOCK_SIZE, D_WINDOW };
+
+static float dot(const float *a, const float *b, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    __m256 v = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++)
+        r += a[i] * b[i];
+    return r;
+}
+
+/* y [M, N] = x [M, K] @ W.T for a float32 W [N, K]. */
+static void matmul_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
+                       float *y, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && N >= 64)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < M; i++)
+            y[i * N + n] = dot(x + i * K, w + n * K, K);
+}
+
+static void project(const int64_t *p, const float *x, int64_t M, int64_t K, int64_t N,
+                    float *y, int num_threads) {
+    if (p[0] == FMT_F32)
+        matmul_f32(x, M, K, (const float *)(intptr_t)p[1], N, y, num_threads);
+    else
+        ggml_matmul((int)p[0], x, M, K, (const uint8_t *)(intptr_t)p[1],
+                    (const uint16_t *)(intptr_t)p[2], N, y, num_threads);
+}
+
+/* out = w * (x * rsqrt(mean(x^2) + eps)), row by row (the reference's roundings). */
+static void rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps,
+                     float *out) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *xi = x + i * D;
+        const float r = 1.0f / sqrtf(dot(xi, xi, D) / (float)D + eps);
+        for (int64_t j = 0; j < D; j++)
+            out[i * D + j] = w[j] * (xi[j] * r);
+    }
+}
+
+/* Half-split RoPE in place on `heads` heads of one token: x*cos + rotate(x)*sin. */
+static void rope(float *x, int64_t heads, int64_t hd, const float *cos, const float *sin) {
+    const int64_t half = hd / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * hd;
+        for (int64_t j = 0; j < half; j++) {
+            const float a = v[j], b = v[j + half];
+            v[j] = a * cos[j] + (-b) * sin[j];
+            v[j + half] = b * cos[j + half] + a * sin[j + half];
+        }
+    }
+}
+
+/* out [hd] = softmax(q . k_p * scale) . v_p over positions lo..hi-1 of one sequence's
+ * paged cache (kv head `g`); `scores` holds hi - lo floats. */
+static void attend(const float *q, const float *k, const float *v, const int64_t *table,
+                   int64_t lo, int64_t hi, int64_t g, const int64_t *dims, float scale,
+                   float *scores, float *out) {
+    const int64_t bs = dims[D_BLOCK_SIZE], kvh = dims[D_KV_HEADS], hd = dims[D_HEAD_DIM];
+    float mx = -INFINITY;
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t slot = table[p / bs] * bs + p % bs;
+        const float s = dot(q, k + (slot * kvh + g) * hd, hd) * scale;
+        scores[p - lo] = s;
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.0f;
+    for (int64_t p = 0; p < hi - lo; p++) {
+        scores[p] = expf(scores[p] - mx);
+        sum += scores[p];
+    }
+    for (int64_t j = 0; j < hd; j++)
+        out[j] = 0.0f;
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t slot = table[p / bs] * bs + p % bs;
+        const float *vp = v + (slot * kvh + g) * hd, w = scores[p - lo] / sum;
+        for (int64_t j = 0; j < hd; j++)
+            out[j] += w * vp[j];
+    }
+}
+
+static void attention(const float *qkv, float *k, float *v, const int64_t *tables,
+                      int64_t table_width, const int64_t *ctx_lens, int64_t B,
+                      const int64_t *dims, float scale, float *out, int num_threads) {
+    const int64_t heads = dims[D_HEADS], kvh = dims[D_KV_HEADS], hd = dims[D_HEAD_DIM];
+    const int64_t row = (heads + 2 * kvh) * hd, window = dims[D_WINDOW];
+    int64_t longest = 1;
+    for (int64_t b = 0; b < B; b++)
+        longest = ctx_lens[b] > longest ? ctx_lens[b] : longest;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1 && B * heads > 1)
+    {
+        float *scores = malloc((size_t)longest * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < B * heads; t++) {
+            const int64_t b = t / heads, h = t % heads, hi = ctx_lens[b];
+            const int64_t lo = window > 0 && hi > window ? hi - window : 0;
+            attend(qkv + b * row + h * hd, k, v, tables + b * table_width, lo, hi,
+                   h / (heads / kvh), dims, scale, scores, out + (b * heads + h) * hd);
+        }
+        free(scores);
+    }
+}
+
+/* x [B, hidden] (the embeddings in, the last layer's output out, residual included). */
+void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dims,
+                   float eps, float scale, float *x, int64_t B, const float *cos,
+                   const float *sin, const int64_t *slots, const int64_t *tables,
+                   int64_t table_width, const int64_t *ctx_lens, float *kv, float *scratch,
+                   int num_threads) {
+    const int64_t D = dims[D_HIDDEN], heads = dims[D_HEADS], kvh = dims[D_KV_HEADS];
+    const int64_t hd = dims[D_HEAD_DIM], I = dims[D_INTER], row = (heads + 2 * kvh) * hd;
+    const int64_t cache = dims[D_BLOCKS] * dims[D_BLOCK_SIZE] * kvh * hd;
+    float *h = scratch, *qkv = h + B * D, *att = qkv + B * row, *gu = att + B * heads * hd;
+    float *act = gu + B * 2 * I, *y = act + B * I;
+    for (int64_t l = 0; l < num_layers; l++) {
+        const int64_t *w = layers + l * LAYER_WORDS;
+        float *k = kv + l * 2 * cache, *v = k + cache;
+        rms_norm(x, (const float *)(intptr_t)w[0], B, D, eps, h);
+        project(w + 2, h, B, D, row, qkv, num_threads);
+        for (int64_t b = 0; b < B; b++) {
+            float *t = qkv + b * row;
+            rope(t, heads + kvh, hd, cos + b * hd, sin + b * hd);
+            float *kd = k + slots[b] * kvh * hd, *vd = v + slots[b] * kvh * hd;
+            for (int64_t j = 0; j < kvh * hd; j++) {
+                kd[j] = t[heads * hd + j];
+                vd[j] = t[(heads + kvh) * hd + j];
+            }
+        }
+        attention(qkv, k, v, tables, table_width, ctx_lens, B, dims, scale, att, num_threads);
+        project(w + 5, att, B, heads * hd, D, y, num_threads);
+        for (int64_t j = 0; j < B * D; j++)
+            x[j] = x[j] + y[j];
+        rms_norm(x, (const float *)(intptr_t)w[1], B, D, eps, h);
+        project(w + 8, h, B, D, 2 * I, gu, num_threads);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < I; j++) {
+                const float g = gu[b * 2 * I + j];
+                act[b * I + j] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + j];
+            }
+        project(w + 11, act, B, I, D, y, num_threads);
+        for (int64_t j = 0; j < B * D; j++)
+            x[j] = x[j] + y[j];
+    }
+}
