@@ -10,7 +10,12 @@ import torch
 
 from stepserve.core.output import SchedulerOutput
 from stepserve.model.fused_decode import FusedDecoder
-from stepserve.model.ggml_kernels import kernels_unavailable_reason, load_kernels
+from stepserve.model.ggml_kernels import (
+    ISA_ENV,
+    available_isas,
+    kernels_unavailable_reason,
+    load_kernels,
+)
 from stepserve.model.paged_attention import build_attention_metadata
 from stepserve.model.profile import measure_step
 from stepserve.model.runner import TorchRunner
@@ -43,10 +48,13 @@ def decode_step(runner, ctx_lens, window=None, seed=0):
     return meta, positions, ids
 
 
+@pytest.mark.parametrize("isa", available_isas())
 @pytest.mark.parametrize("ctx_lens,window", [([1], None), ([5, 17, 2, 40], None),
                                              ([33, 9, 12], 6)])
-def test_fused_layers_equal_the_torch_path(gguf_dir, ctx_lens, window):
+def test_fused_layers_equal_the_torch_path(gguf_dir, ctx_lens, window, isa, monkeypatch):
+    monkeypatch.setenv(ISA_ENV, isa)  # every kernel the runner loads is this build's
     runner = q4_runner(gguf_dir)
+    assert runner.model.fused_decode.kernels.isa == isa
     model = runner.model
     fused = model.fused_decode
     assert isinstance(fused, FusedDecoder)
@@ -65,7 +73,9 @@ def test_fused_layers_equal_the_torch_path(gguf_dir, ctx_lens, window):
     assert not torch.equal(kv_fused, kv_before)  # the step's K/V were written
 
 
-def test_greedy_tokens_equal_the_torch_path(gguf_dir, driver):
+@pytest.mark.parametrize("isa", available_isas())
+def test_greedy_tokens_equal_the_torch_path(gguf_dir, driver, isa, monkeypatch):
+    monkeypatch.setenv(ISA_ENV, isa)
     prompts = [torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(n))
                .tolist() for n in (1, 9, 33, 17)]
     fused = q4_runner(gguf_dir)

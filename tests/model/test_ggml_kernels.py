@@ -68,3 +68,27 @@ def test_a_cpu_without_avx2_is_named(fresh_cache, monkeypatch):
     monkeypatch.setattr(ggml_kernels.platform, "machine", lambda: "aarch64")
     ggml_kernels._load.cache_clear()
     assert "x86-64" in kernels_unavailable_reason()
+
+
+def test_the_instruction_set_is_chosen_and_checked(monkeypatch):
+    avx512 = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    monkeypatch.delenv(ggml_kernels.ISA_ENV, raising=False)
+    monkeypatch.setattr(ggml_kernels, "_cpu_flags", lambda: avx512)
+    assert ggml_kernels.choose_isa() == "avx512"
+    assert ggml_kernels.available_isas() == ["avx2", "avx512"]
+    monkeypatch.setenv(ggml_kernels.ISA_ENV, "avx2")
+    assert ggml_kernels.choose_isa() == "avx2"
+    monkeypatch.setattr(ggml_kernels, "_cpu_flags", lambda: {"avx2", "fma", "f16c", "avx512f"})
+    monkeypatch.delenv(ggml_kernels.ISA_ENV)
+    assert ggml_kernels.choose_isa() == "avx2"
+    with pytest.raises(KernelsUnavailable, match="lacks: avx512bw, avx512vl, avx512dq"):
+        ggml_kernels.choose_isa("avx512")
+    with pytest.raises(KernelsUnavailable, match="must be one of avx2, avx512"):
+        ggml_kernels.choose_isa("sse")
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ggml_kernels.available_isas())
+def test_each_build_has_its_own_library(fresh_cache, isa):
+    kernels = ggml_kernels.load_kernels(isa=isa)
+    assert kernels.isa == isa and kernels.path.name.startswith(f"ggml_kernels-{isa}-")

@@ -15,7 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q8_0, kernels_unavailable_reason
+from stepserve.model.ggml_kernels import (
+    FMT_Q4_1,
+    FMT_Q8_0,
+    available_isas,
+    kernels_unavailable_reason,
+)
 from stepserve.model.quant import (
     Q4_1,
     Q8_0,
@@ -31,7 +36,8 @@ gguf = pytest.importorskip("gguf")
 needs_kernels = pytest.mark.skipif(kernels_unavailable_reason() is not None,
                                    reason=str(kernels_unavailable_reason()))
 ROUNDINGS = 4 * 2.0 ** -24
-SHAPES = [(200, 576), (37, 1536), (49, 64)]  # N not a multiple of the kernel's 16-row task
+# N not a multiple of the kernel's 16-row task; 96: an odd number of groups
+SHAPES = [(200, 576), (37, 1536), (49, 64), (23, 96)]
 
 
 def gguf_blocks(fmt: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -80,14 +86,18 @@ def test_row_selection_and_fusion_move_whole_rows(fmt):
     assert torch.equal(fused.dequantize(), torch.cat([wa[index], wb]))
 
 
+ISAS = available_isas() or ["avx2"]  # each build this CPU runs (AVX2, AVX-512)
+
+
 @needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", [Q4_1, Q8_0])
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_kernel_dequantizes_bit_for_bit(fmt, n, k):
+def test_kernel_dequantizes_bit_for_bit(fmt, n, k, isa):
     from stepserve.model.ggml_kernels import load_kernels
 
     m, want = matrix(fmt, n, k)
-    kernels = load_kernels()
+    kernels = load_kernels(isa=isa)
     fmt_id = FMT_Q4_1 if fmt == Q4_1 else FMT_Q8_0
     assert torch.equal(kernels.dequantize(fmt_id, m.qs, m.scales, k, torch.empty(n, k)), want)
     rows = torch.tensor([n - 1, 0, 3, 3])
@@ -96,17 +106,18 @@ def test_kernel_dequantizes_bit_for_bit(fmt, n, k):
 
 
 @needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", [Q4_1, Q8_0])
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 40])
-def test_linear_is_float32_math_on_the_dequantized_weights(fmt, n, k, rows):
+def test_linear_is_float32_math_on_the_dequantized_weights(fmt, n, k, rows, isa):
     """Both paths: the kernel (few rows) and dequantise + BLAS GEMM (from gemm_rows up)."""
     from stepserve.model.ggml_kernels import load_kernels
 
     m, w = matrix(fmt, n, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    kernel = GGUFLinear(m, None, load_kernels(), DequantScratch(), gemm_rows=1 << 30)
-    gemm = GGUFLinear(m, None, load_kernels(), DequantScratch(), gemm_rows=1)
+    kernel = GGUFLinear(m, None, load_kernels(isa=isa), DequantScratch(), gemm_rows=1 << 30)
+    gemm = GGUFLinear(m, None, load_kernels(isa=isa), DequantScratch(), gemm_rows=1)
     assert_float32_product(kernel(x), x, w)
     assert torch.equal(gemm(x), F.linear(x, w))  # the same GEMM on the same weights
     assert kernel(x.view(1, rows, k)).shape == (1, rows, n)

@@ -30,6 +30,22 @@ enum { LAYER_WORDS = 14 };
 /* dims: hidden, heads, kv_heads, head_dim, intermediate, num_blocks, block_size, window */
 enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_BLOCKS, D_BLOCK_SIZE, D_WINDOW };
 
+#ifdef __AVX512F__
+static float dot(const float *a, const float *b, int64_t n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i + 16 <= n; i += 16)
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; i < n; i++)
+        r += a[i] * b[i];
+    return r;
+}
+#else
 static float dot(const float *a, const float *b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -48,6 +64,8 @@ static float dot(const float *a, const float *b, int64_t n) {
         r += a[i] * b[i];
     return r;
 }
+
+#endif
 
 /* y [M, N] = x [M, K] @ W.T for a float32 W [N, K]. */
 static void matmul_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N,

@@ -1,6 +1,8 @@
 /* Matrix products on GGUF-quantised weights (Q4_1, Q8_0) for x86-64 with AVX2, FMA and
- * F16C, in float32. Built on first use by ggml_kernels.py (gcc -O3 -fopenmp) and called
- * through ctypes. The OpenMP runtime is torch's own (same soname, already loaded), so
+ * F16C, in float32. Where the CPU has AVX-512 (F, BW, VL, DQ) it is built with it, and
+ * the __AVX512F__ sections replace the 8-lane loops with 16-lane ones (the same
+ * dequantised weights; only the order of the sums changes). Built on first use by
+ * ggml_kernels.py (gcc -O3 -fopenmp) and called through ctypes. The OpenMP runtime is torch's own (same soname, already loaded), so
  * these loops and torch's ops share one thread pool.
  *
  * Exactness: each weight is dequantised in registers to exactly the float32 that gguf-py
@@ -93,6 +95,71 @@ INLINE void dequant_group(int fmt, const uint8_t *qs, const float *sc, int64_t g
     }
 }
 
+#ifdef __AVX512F__
+/* The 32 weights of group g as two vectors of 16 (elements 0-15, 16-31), the same
+ * float32 values as dequant_group: Q4_1 fma(q, d, m); Q8_0 d * q, exact (an 11-bit d
+ * times an 8-bit q). */
+INLINE void dequant_group16(int fmt, const uint8_t *qs, const float *sc, int64_t g,
+                            __m512 w[2]) {
+    if (fmt == FMT_Q4_1) {
+        /* The group's 16 possible weights fma(k, d, m), k = 0..15, then a lookup: vpermps
+         * reads only the low 4 bits of each index lane, so the widened bytes index the low
+         * nibbles (elements 0-15) as they are and, shifted right by 4, the high ones. */
+        const __m512 d = _mm512_set1_ps(sc[2 * g]), m = _mm512_set1_ps(sc[2 * g + 1]);
+        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 table = _mm512_fmadd_ps(k, d, m);
+        const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16 * g)));
+        w[0] = _mm512_permutexvar_ps(raw, table);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table);
+    } else {
+        const __m512 d = _mm512_set1_ps(sc[g]);
+        const __m128i a = _mm_loadu_si128((const __m128i *)(qs + QK * g));
+        const __m128i b = _mm_loadu_si128((const __m128i *)(qs + QK * g + 16));
+        w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)), d);
+        w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), d);
+    }
+}
+
+/* y[i * ldy] = sum_k x[i * ldx + k] * w[k] for `rows` activation rows (<= MAX_ROWS) and
+ * one weight row, 16 lanes at a time. With few rows two groups go per iteration, each
+ * into accumulators of its own, so that enough independent FMA chains are in flight (the
+ * accumulator indices stay compile-time constants: a runtime index spills them). */
+INLINE void dot_rows(int fmt, int rows, const float *x, int64_t ldx, const uint8_t *qs,
+                     const float *sc, int64_t groups, float *y, int64_t ldy) {
+    const int pairs = rows <= 2 ? 2 : 1;
+    __m512 acc[MAX_ROWS * 4];
+    for (int a = 0; a < rows * 2 * pairs; a++)
+        acc[a] = _mm512_setzero_ps();
+    int64_t g = 0;
+    for (; g + pairs <= groups; g += pairs)
+        for (int p = 0; p < pairs; p++) {
+            __m512 w[2];
+            dequant_group16(fmt, qs, sc, g + p, w);
+            const float *xg = x + (g + p) * QK;
+            for (int i = 0; i < rows; i++)
+                for (int j = 0; j < 2; j++) {
+                    __m512 *a = acc + (i * pairs + p) * 2 + j;
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(xg + i * ldx + 16 * j), w[j], *a);
+                }
+        }
+    for (; g < groups; g++) {  /* an odd group count with pairs == 2 */
+        __m512 w[2];
+        dequant_group16(fmt, qs, sc, g, w);
+        const float *xg = x + g * QK;
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < 2; j++) {
+                __m512 *a = acc + i * pairs * 2 + j;
+                *a = _mm512_fmadd_ps(_mm512_loadu_ps(xg + i * ldx + 16 * j), w[j], *a);
+            }
+    }
+    for (int i = 0; i < rows; i++) {
+        __m512 s = acc[i * pairs * 2];
+        for (int a = 1; a < pairs * 2; a++)
+            s = _mm512_add_ps(s, acc[i * pairs * 2 + a]);
+        y[i * ldy] = _mm512_reduce_add_ps(s);
+    }
+}
+#else
 /* y[i * ldy] = sum_k x[i * ldx + k] * w[k] for `rows` activation rows (<= MAX_ROWS) and
  * one weight row. Few rows get several accumulators each, so that enough independent
  * FMA chains are in flight to hide the FMA latency. */
@@ -120,6 +187,8 @@ INLINE void dot_rows(int fmt, int rows, const float *x, int64_t ldx, const uint8
     }
 }
 
+#endif
+
 #define DOT_ROWS_CASES(fmt)                                                             \
     switch (rows) {                                                                     \
     case 1: dot_rows(fmt, 1, xi, K, wq, sc, groups, yi, N); break;                      \
@@ -137,10 +206,17 @@ INLINE void dequant_row(int fmt, const uint8_t *wq, const uint16_t *wsc, int64_t
     float sc[groups * scales_per_group(fmt)];
     halves_to_floats(wsc, groups * scales_per_group(fmt), sc);
     for (int64_t g = 0; g < groups; g++) {
+#ifdef __AVX512F__
+        __m512 v[2];
+        dequant_group16(fmt, wq, sc, g, v);
+        _mm512_storeu_ps(out + g * QK, v[0]);
+        _mm512_storeu_ps(out + g * QK + 16, v[1]);
+#else
         __m256 v[4];
         dequant_group(fmt, wq, sc, g, v);
         for (int j = 0; j < 4; j++)
             _mm256_storeu_ps(out + g * QK + 8 * j, v[j]);
+#endif
     }
 }
 
@@ -163,6 +239,31 @@ INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uin
     }
 }
 
+#ifdef __AVX512F__
+/* y[i * ldy + c] = x[i] . w[c] for `rows` (<= 4) activation rows and `cols` (<= 2) float
+ * weight rows (K % 16 == 0): 8 accumulators of 16 lanes, nothing but loads and FMAs in
+ * the loop. */
+INLINE void tile_dot(int rows, int cols, const float *x, int64_t K, const float *w,
+                     float *y, int64_t ldy) {
+    __m512 acc[4][2];
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < cols; c++)
+            acc[i][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 wv[2];
+        for (int c = 0; c < cols; c++)
+            wv[c] = _mm512_loadu_ps(w + c * K + k);
+        for (int i = 0; i < rows; i++) {
+            const __m512 xv = _mm512_loadu_ps(x + i * K + k);
+            for (int c = 0; c < cols; c++)
+                acc[i][c] = _mm512_fmadd_ps(xv, wv[c], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < cols; c++)
+            y[i * ldy + c] = _mm512_reduce_add_ps(acc[i][c]);
+}
+#else
 /* y[i * ldy + c] = x[i] . w[c] for `rows` (<= 4) activation rows and `cols` (<= 2) float
  * weight rows: 8 accumulators, enough independent FMA chains to keep both FMA pipes
  * busy, and nothing but loads and FMAs in the loop. */
@@ -186,6 +287,8 @@ INLINE void tile_dot(int rows, int cols, const float *x, int64_t K, const float 
         for (int c = 0; c < cols; c++)
             y[i * ldy + c] = hsum(acc[i][c]);
 }
+
+#endif
 
 #define TILE_CASES(cols)                                                                \
     switch (rows) {                                                                     \

@@ -8,9 +8,11 @@ float32 path is a scalar loop ~10x slower than a float32 GEMM; `_weight_int8pack
 one scale per row, not per group of 32. These kernels read the GGUF's groups as they are
 and compute in float32 (see the exactness note in the C file).
 
-Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s); the library's name carries a
-hash of the source and flags, so an edit rebuilds it. Where the machine is not x86-64 with
-AVX2, or no compiler works, `load_kernels()` raises `KernelsUnavailable` with the reason.
+Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s), plus `-mavx512f -mavx512bw
+-mavx512vl -mavx512dq` where the CPU has them (16-lane loops; `STEPSERVE_KERNEL_ISA=avx2`
+loads the AVX2 build anyway); the library's name carries the ISA and a hash of the source
+and flags, so an edit rebuilds it. Where the machine is not x86-64 with AVX2, or no
+compiler works, `load_kernels()` raises `KernelsUnavailable` with the reason.
 """
 
 from __future__ import annotations
@@ -30,9 +32,15 @@ import torch
 # decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul: one library.
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("ggml_kernels.c", "decode_kernels.c"))
 # -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
-# both); the explicit _mm256_fmadd_ps calls stay FMAs.
+# both); the explicit fmadd intrinsics stay FMAs.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
           "-fPIC", "-std=gnu11")
+# Each instruction set the library is built for: its extra flags and the CPU flags it needs.
+ISAS = {"avx2": ((), ()),
+        "avx512": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                    "-mprefer-vector-width=512"),
+                   ("avx512f", "avx512bw", "avx512vl", "avx512dq"))}
+ISA_ENV = "STEPSERVE_KERNEL_ISA"  # avx2 or avx512: which build to load (default: the best)
 FMT_Q4_1, FMT_Q8_0 = 0, 1  # the C side's enum
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -66,6 +74,28 @@ def _check_cpu() -> None:
                                  f"{torch.backends.cpu.get_cpu_capability()})")
 
 
+def choose_isa(wanted: str | None = None) -> str:
+    """The build to load: `wanted` (else $STEPSERVE_KERNEL_ISA, else the widest this CPU
+    runs). KernelsUnavailable for a name not in ISAS or an ISA this CPU lacks."""
+    wanted = wanted or os.environ.get(ISA_ENV) or None
+    flags = _cpu_flags() or set()
+    if wanted is None:
+        return "avx512" if all(f in flags for f in ISAS["avx512"][1]) else "avx2"
+    if wanted not in ISAS:
+        raise KernelsUnavailable(f"{ISA_ENV} = {wanted!r}: must be one of {', '.join(ISAS)}")
+    missing = [f for f in ISAS[wanted][1] if f not in flags]
+    if missing:
+        raise KernelsUnavailable(f"the {wanted} kernels need CPU flags this CPU lacks: "
+                                 f"{', '.join(missing)}")
+    return wanted
+
+
+def available_isas() -> list[str]:
+    """The builds this CPU runs, narrowest first (tests and benchmarks run each)."""
+    flags = _cpu_flags() or set()
+    return [isa for isa, (_, needs) in ISAS.items() if all(f in flags for f in needs)]
+
+
 def _compiler() -> str:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
@@ -74,19 +104,20 @@ def _compiler() -> str:
                              "was found (install gcc, or set CC)")
 
 
-def _build(cache_dir: Path) -> Path:
+def _build(cache_dir: Path, isa: str) -> Path:
     source = b"".join(s.read_bytes() for s in SOURCES)
     cc = _compiler()
-    digest = hashlib.sha256(source + " ".join((cc, *CFLAGS)).encode()).hexdigest()[:16]
-    lib = cache_dir / f"ggml_kernels-{digest}.so"
+    flags = (*CFLAGS, *ISAS[isa][0])
+    digest = hashlib.sha256(source + " ".join((cc, *flags)).encode()).hexdigest()[:16]
+    lib = cache_dir / f"ggml_kernels-{isa}-{digest}.so"
     if lib.is_file():
         return lib
     cache_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
     os.close(fd)
     try:
-        result = subprocess.run([cc, *CFLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True,
-                                text=True, timeout=120)
+        result = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES)],
+                                capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             raise KernelsUnavailable(f"building the GGUF kernels with {cc} failed: "
                                      f"{result.stderr.strip()[-500:]}")
@@ -103,8 +134,8 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 class GGMLKernels:
     """Typed wrappers around the library's entry points."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, isa: str = "avx2") -> None:
+        self.path, self.isa = path, isa
         lib = ctypes.CDLL(str(path))
         self._matmul = lib.ggml_matmul
         self._matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _P, _P, _I64, _P, ctypes.c_int]
@@ -152,12 +183,13 @@ def _self_test(kernels: GGMLKernels) -> None:
 
 
 @cache
-def _load(cache_dir: str) -> GGMLKernels | KernelsUnavailable:
+def _load(cache_dir: str, isa: str | None) -> GGMLKernels | KernelsUnavailable:
     """The kernels, or why not: a failure is remembered too (once per process, not a
     compiler run per model load)."""
     try:
         _check_cpu()
-        kernels = GGMLKernels(_build(Path(cache_dir)))
+        isa = choose_isa(isa)
+        kernels = GGMLKernels(_build(Path(cache_dir), isa), isa)
         _self_test(kernels)
     except KernelsUnavailable as e:
         return e
@@ -166,13 +198,14 @@ def _load(cache_dir: str) -> GGMLKernels | KernelsUnavailable:
     return kernels
 
 
-def load_kernels(cache_dir: Path | None = None) -> GGMLKernels:
-    """The kernels, built into `cache_dir` (default: <cache root>/kernels) on first use."""
+def load_kernels(cache_dir: Path | None = None, isa: str | None = None) -> GGMLKernels:
+    """The kernels for `isa` (default: choose_isa's), built into `cache_dir` (default:
+    <cache root>/kernels) on first use."""
     if cache_dir is None:
         from stepserve.model.presets import cache_root
 
         cache_dir = cache_root() / "kernels"
-    loaded = _load(str(cache_dir))
+    loaded = _load(str(cache_dir), isa or os.environ.get(ISA_ENV) or None)
     if isinstance(loaded, KernelsUnavailable):
         raise KernelsUnavailable(str(loaded))
     return loaded
