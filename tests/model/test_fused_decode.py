@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stepserve.core.output import SchedulerOutput
-from stepserve.model.fused_decode import FusedDecoder
+from stepserve.model.fused_decode import MAX_BATCH, FusedDecoder
 from stepserve.model.ggml_kernels import (
     ISA_ENV,
     available_isas,
@@ -89,12 +89,12 @@ def test_greedy_tokens_equal_the_torch_path(gguf_dir, driver, isa, monkeypatch):
 def test_runner_takes_the_fused_path_only_for_small_decode_only_steps(gguf_dir):
     runner = q4_runner(gguf_dir)
     fused = runner.model.fused_decode
-    assert fused is not None and fused.max_batch == 64
+    assert fused is not None and fused.max_batch == MAX_BATCH
     measure_step(runner, 3, 10, repeats=2, warmup=1)
     assert fused.steps == 3
     measure_step(runner, 2, 10, prefill_tokens=5, repeats=2, warmup=0)  # a chunk rides along
     assert fused.steps == 3
-    fused.max_batch = 3  # from max_batch rows up the projections' GEMM path is faster
+    fused.max_batch = 3  # from max_batch rows up the torch path runs
     measure_step(runner, 3, 10, repeats=1, warmup=0)
     assert fused.steps == 3
 

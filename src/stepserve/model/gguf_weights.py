@@ -56,11 +56,15 @@ from stepserve.model.rope import inv_frequencies
 
 PACKED_FORMAT = "stepserve-gguf-packed/1"
 # From this many activation rows up, GGUFLinear dequantises and runs a BLAS GEMM instead
-# of its own kernel. SmolLM2's gate_up / down on one core, 30 distinct matrices, ms per
-# matrix (kernel / dequantise + GEMM / float32 GEMM):
+# of its own kernel, per kernel build. AVX2, measured on an AVX2-only machine: SmolLM2's
+# gate_up / down on one core, 30 distinct matrices, ms per matrix (kernel / dequantise +
+# GEMM / float32 GEMM):
 #   M=1  0.18/0.37/0.50   M=8  0.57/0.85/1.15   M=32 1.84/2.04/2.10
 #   M=64 3.80/3.74/3.97   M=128 8.3/7.5/6.9     M=256 17.4/14.5/14.8
-GEMM_ROWS = 64
+# AVX-512 (AMD EPYC, 2 threads, whole prefill steps of the default model, kernel against
+# dequantise + GEMM from 64 rows): 64 rows 80 vs 180 ms, 256: 300 vs 382, 1,024: 1,759 vs
+# 1,913: the kernel at every size.
+GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
 _QUANTISED_TYPES = (Q4_1, Q8_0)
 
 # GGUF tensor -> (our parameter, number of heads whose rows to un-permute)
@@ -212,7 +216,8 @@ class _Builder:
     def linear(self, name: str) -> nn.Module:
         m = self.matrix(name)
         if m is not None and self.quantization == "q4_1":
-            return GGUFLinear(m, None, self.kernels, self.scratch, GEMM_ROWS)
+            return GGUFLinear(m, None, self.kernels, self.scratch,
+                              GEMM_ROWS[self.kernels.isa])
         if m is not None and m.fmt == Q4_1 and self.quantization == "int4":
             return Int4PackLinear(m, None, self.dtype)
         if m is not None and m.fmt == Q4_1 and self.quantization == "int8":
@@ -253,7 +258,7 @@ def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
         model.embed_tokens = GGUFEmbedding(embed, build.kernels)
         if args.tie_word_embeddings:  # the head reads the same groups, not a copy
             model.packed_head = GGUFLinear(embed, None, build.kernels, build.scratch,
-                                           GEMM_ROWS)
+                                           GEMM_ROWS[build.kernels.isa])
     else:
         model.embed_tokens = nn.Embedding.from_pretrained(build.float_weight("embed_tokens"),
                                                           freeze=True)

@@ -25,7 +25,7 @@ from stepserve.model.config import ModelArgs
 from stepserve.model.cpu_linear import packing_available
 from stepserve.model.fused_decode import FusedDecoder
 from stepserve.model.ggml_kernels import load_kernels
-from stepserve.model.gguf_weights import GEMM_ROWS, load_packed_model
+from stepserve.model.gguf_weights import load_packed_model
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
 from stepserve.model.modes import (
@@ -115,7 +115,7 @@ class TorchRunner:
         self.linear_backend = "torch"
         loaded = load_packed_model(gguf, self.model_path, self.quantization, dtype)
         if self.quantization == "q4_1" and self.device.type == "cpu":
-            loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels(), GEMM_ROWS)
+            loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels())
         return loaded
 
     def _choose_backend(self, wanted: str) -> str:
