@@ -11,6 +11,8 @@ Map (nothing is imported here, so `import stepserve.model` stays torch-free):
     gguf_convert.py    one-time GGUF -> safetensors conversion (the default model)
     quant.py           GGUF Q4_1/Q8_0 matrices; linear layers on them (ours, torch int4/int8)
     ggml_kernels.py    builds and loads ggml_kernels.c: float32 matmuls on GGUF groups
+    fused_decode.py    a decode-only step's layers in one C call (decode_kernels.c)
+    omp.py             freeing a thread's OpenMP workers before another thread steps
     gguf_weights.py    the GGUF packed once into our layout; a model with quantised layers
     modes.py           quantization x dtype: which mode "auto" picks, weight bytes
     agreement.py       greedy agreement of one weight mode with another

@@ -22,8 +22,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                 const uint16_t *scales, int64_t N, float *y, int num_threads);
+void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                      const uint16_t *scales, int64_t N, float *y, float *panel);
+int64_t ggml_panel_floats(int64_t M, int64_t K);
 
 enum { FMT_F32 = 2 };
 enum { LAYER_WORDS = 14 };
@@ -67,22 +68,23 @@ static float dot(const float *a, const float *b, int64_t n) {
 
 #endif
 
-/* y [M, N] = x [M, K] @ W.T for a float32 W [N, K]. */
+/* This thread's share of y [M, N] = x [M, K] @ W.T for a float32 W [N, K] (an orphaned
+ * `omp for`, ending with the team's barrier). */
 static void matmul_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
-                       float *y, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && N >= 64)
+                       float *y) {
+#pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++)
         for (int64_t i = 0; i < M; i++)
             y[i * N + n] = dot(x + i * K, w + n * K, K);
 }
 
 static void project(const int64_t *p, const float *x, int64_t M, int64_t K, int64_t N,
-                    float *y, int num_threads) {
+                    float *y, float *panel) {
     if (p[0] == FMT_F32)
-        matmul_f32(x, M, K, (const float *)(intptr_t)p[1], N, y, num_threads);
+        matmul_f32(x, M, K, (const float *)(intptr_t)p[1], N, y);
     else
-        ggml_matmul((int)p[0], x, M, K, (const uint8_t *)(intptr_t)p[1],
-                    (const uint16_t *)(intptr_t)p[2], N, y, num_threads);
+        ggml_matmul_team((int)p[0], x, M, K, (const uint8_t *)(intptr_t)p[1],
+                         (const uint16_t *)(intptr_t)p[2], N, y, panel);
 }
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)), row by row (the reference's roundings). */
@@ -137,29 +139,32 @@ static void attend(const float *q, const float *k, const float *v, const int64_t
     }
 }
 
+/* This thread's share of the step's attention: one (sequence, head) pair a task, each
+ * over its own context (`scores`: room for the longest). Ends with the team's barrier. */
 static void attention(const float *qkv, float *k, float *v, const int64_t *tables,
                       int64_t table_width, const int64_t *ctx_lens, int64_t B,
-                      const int64_t *dims, float scale, float *out, int num_threads) {
+                      const int64_t *dims, float scale, float *out, float *scores) {
     const int64_t heads = dims[D_HEADS], kvh = dims[D_KV_HEADS], hd = dims[D_HEAD_DIM];
     const int64_t row = (heads + 2 * kvh) * hd, window = dims[D_WINDOW];
-    int64_t longest = 1;
-    for (int64_t b = 0; b < B; b++)
-        longest = ctx_lens[b] > longest ? ctx_lens[b] : longest;
-#pragma omp parallel num_threads(num_threads) if (num_threads > 1 && B * heads > 1)
-    {
-        float *scores = malloc((size_t)longest * sizeof(float));
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < B * heads; t++) {
-            const int64_t b = t / heads, h = t % heads, hi = ctx_lens[b];
-            const int64_t lo = window > 0 && hi > window ? hi - window : 0;
-            attend(qkv + b * row + h * hd, k, v, tables + b * table_width, lo, hi,
-                   h / (heads / kvh), dims, scale, scores, out + (b * heads + h) * hd);
-        }
-        free(scores);
+    for (int64_t t = 0; t < B * heads; t++) {
+        const int64_t b = t / heads, h = t % heads, hi = ctx_lens[b];
+        const int64_t lo = window > 0 && hi > window ? hi - window : 0;
+        attend(qkv + b * row + h * hd, k, v, tables + b * table_width, lo, hi,
+               h / (heads / kvh), dims, scale, scores, out + (b * heads + h) * hd);
     }
 }
 
-/* x [B, hidden] (the embeddings in, the last layer's output out, residual included). */
+static void add_to(float *x, const float *y, int64_t n) {
+    for (int64_t j = 0; j < n; j++)
+        x[j] = x[j] + y[j];
+}
+
+/* x [B, hidden] (the embeddings in, the last layer's output out, residual included).
+ * One OpenMP team for the whole call: the matrix products and attention are shared out
+ * with `omp for`, the small row-wise steps run on one thread (`omp single`), each ending
+ * with the team's barrier. (A team per product cost ~50 us each when the caller is not
+ * the process's first thread, as the server's engine thread is: 120 a step.) */
 void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dims,
                    float eps, float scale, float *x, int64_t B, const float *cos,
                    const float *sin, const int64_t *slots, const int64_t *tables,
@@ -170,33 +175,50 @@ void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dim
     const int64_t cache = dims[D_BLOCKS] * dims[D_BLOCK_SIZE] * kvh * hd;
     float *h = scratch, *qkv = h + B * D, *att = qkv + B * row, *gu = att + B * heads * hd;
     float *act = gu + B * 2 * I, *y = act + B * I;
-    for (int64_t l = 0; l < num_layers; l++) {
-        const int64_t *w = layers + l * LAYER_WORDS;
-        float *k = kv + l * 2 * cache, *v = k + cache;
-        rms_norm(x, (const float *)(intptr_t)w[0], B, D, eps, h);
-        project(w + 2, h, B, D, row, qkv, num_threads);
-        for (int64_t b = 0; b < B; b++) {
-            float *t = qkv + b * row;
-            rope(t, heads + kvh, hd, cos + b * hd, sin + b * hd);
-            float *kd = k + slots[b] * kvh * hd, *vd = v + slots[b] * kvh * hd;
-            for (int64_t j = 0; j < kvh * hd; j++) {
-                kd[j] = t[heads * hd + j];
-                vd[j] = t[(heads + kvh) * hd + j];
+    int64_t longest = 1, widest = D > I ? D : I;
+    for (int64_t b = 0; b < B; b++)
+        longest = ctx_lens[b] > longest ? ctx_lens[b] : longest;
+    widest = widest > heads * hd ? widest : heads * hd;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+    {
+        const int64_t floats = ggml_panel_floats(B, widest);
+        float *panel = floats ? aligned_alloc(64, (size_t)floats * sizeof(float)) : NULL;
+        float *scores = malloc((size_t)longest * sizeof(float));
+        for (int64_t l = 0; l < num_layers; l++) {
+            const int64_t *w = layers + l * LAYER_WORDS;
+            float *k = kv + l * 2 * cache, *v = k + cache;
+#pragma omp single
+            rms_norm(x, (const float *)(intptr_t)w[0], B, D, eps, h);
+            project(w + 2, h, B, D, row, qkv, panel);
+#pragma omp single
+            for (int64_t b = 0; b < B; b++) {
+                float *t = qkv + b * row;
+                rope(t, heads + kvh, hd, cos + b * hd, sin + b * hd);
+                float *kd = k + slots[b] * kvh * hd, *vd = v + slots[b] * kvh * hd;
+                for (int64_t j = 0; j < kvh * hd; j++) {
+                    kd[j] = t[heads * hd + j];
+                    vd[j] = t[(heads + kvh) * hd + j];
+                }
             }
+            attention(qkv, k, v, tables, table_width, ctx_lens, B, dims, scale, att, scores);
+            project(w + 5, att, B, heads * hd, D, y, panel);
+#pragma omp single
+            {
+                add_to(x, y, B * D);
+                rms_norm(x, (const float *)(intptr_t)w[1], B, D, eps, h);
+            }
+            project(w + 8, h, B, D, 2 * I, gu, panel);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t j = 0; j < I; j++) {
+                    const float g = gu[b * 2 * I + j];
+                    act[b * I + j] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + j];
+                }
+            project(w + 11, act, B, I, D, y, panel);
+#pragma omp single
+            add_to(x, y, B * D);
         }
-        attention(qkv, k, v, tables, table_width, ctx_lens, B, dims, scale, att, num_threads);
-        project(w + 5, att, B, heads * hd, D, y, num_threads);
-        for (int64_t j = 0; j < B * D; j++)
-            x[j] = x[j] + y[j];
-        rms_norm(x, (const float *)(intptr_t)w[1], B, D, eps, h);
-        project(w + 8, h, B, D, 2 * I, gu, num_threads);
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < I; j++) {
-                const float g = gu[b * 2 * I + j];
-                act[b * I + j] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + j];
-            }
-        project(w + 11, act, B, I, D, y, num_threads);
-        for (int64_t j = 0; j < B * D; j++)
-            x[j] = x[j] + y[j];
+        free(scores);
+        free(panel);
     }
 }

@@ -325,27 +325,40 @@ INLINE void matmul_panels(int fmt, const float *x, int64_t M, int64_t K, const u
     }
 }
 
-/* y [M, N] = x [M, K] @ W.T, W [N, K] quantised as `fmt`. */
-void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                 const uint16_t *scales, int64_t N, float *y, int num_threads) {
+/* The share of y [M, N] = x [M, K] @ W.T that falls to the calling thread of the
+ * enclosing OpenMP team (an orphaned `omp for`; alone outside any parallel region), W
+ * [N, K] quantised as `fmt`. `panel`: PANEL * K floats of this thread's own where
+ * M >= PANEL_ROWS (ggml_panel_floats), else unused. Ends with the team's barrier. */
+void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                      const uint16_t *scales, int64_t N, float *y, float *panel) {
     const int64_t chunk = 16; /* output features per task */
     const int64_t tasks = (N + chunk - 1) / chunk;
     const int panels = M >= PANEL_ROWS;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        if (panels && fmt == FMT_Q4_1)
+            matmul_panels(FMT_Q4_1, x, M, K, qs, scales, n0, n1, N, y, panel);
+        else if (panels)
+            matmul_panels(FMT_Q8_0, x, M, K, qs, scales, n0, n1, N, y, panel);
+        else if (fmt == FMT_Q4_1)
+            matmul_rows(FMT_Q4_1, x, M, K, qs, scales, n0, n1, N, y);
+        else
+            matmul_rows(FMT_Q8_0, x, M, K, qs, scales, n0, n1, N, y);
+    }
+}
+
+/* The panel buffer a thread needs for ggml_matmul_team with M rows of K (0: none). */
+int64_t ggml_panel_floats(int64_t M, int64_t K) { return M >= PANEL_ROWS ? PANEL * K : 0; }
+
+/* y [M, N] = x [M, K] @ W.T, W [N, K] quantised as `fmt`, on a team of its own. */
+void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                 const uint16_t *scales, int64_t N, float *y, int num_threads) {
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
-        float *panel = panels ? aligned_alloc(32, (size_t)(PANEL * K * sizeof(float))) : NULL;
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tasks; t++) {
-            const int64_t n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-            if (panel && fmt == FMT_Q4_1)
-                matmul_panels(FMT_Q4_1, x, M, K, qs, scales, n0, n1, N, y, panel);
-            else if (panel)
-                matmul_panels(FMT_Q8_0, x, M, K, qs, scales, n0, n1, N, y, panel);
-            else if (fmt == FMT_Q4_1)
-                matmul_rows(FMT_Q4_1, x, M, K, qs, scales, n0, n1, N, y);
-            else
-                matmul_rows(FMT_Q8_0, x, M, K, qs, scales, n0, n1, N, y);
-        }
+        const int64_t floats = ggml_panel_floats(M, K);
+        float *panel = floats ? aligned_alloc(64, (size_t)floats * sizeof(float)) : NULL;
+        ggml_matmul_team(fmt, x, M, K, qs, scales, N, y, panel);
         free(panel);
     }
 }

@@ -73,6 +73,10 @@ class AsyncEngine:
         self._all_ended = asyncio.Event()
         self._all_ended.set()
         self._drain_cut = asyncio.Event()
+        # the engine thread's OpenMP pool must be the only one (model/omp.py)
+        from stepserve.model.omp import release_openmp_pool
+
+        release_openmp_pool()
         self._thread = threading.Thread(target=self._worker.run, name="stepserve-engine",
                                         daemon=True)
         self._thread.start()
