@@ -65,6 +65,7 @@ def test_fused_layers_equal_the_torch_path(gguf_dir, ctx_lens, window, isa, monk
         got = model.hidden_states(ids, positions, meta, runner.kv).clone()
         kv_fused = runner.kv.kv.clone()
         assert fused.steps == 1
+        assert "decode" not in vars(meta)  # the torch path's groups were never built
         runner.kv.kv.copy_(kv_before)
         model.fused_decode = None
         want = model.hidden_states(ids, positions, meta, runner.kv)
