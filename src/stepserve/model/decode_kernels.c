@@ -163,8 +163,7 @@ static void add_to(float *x, const float *y, int64_t n) {
 /* x [B, hidden] (the embeddings in, the last layer's output out, residual included).
  * One OpenMP team for the whole call: the matrix products and attention are shared out
  * with `omp for`, the small row-wise steps run on one thread (`omp single`), each ending
- * with the team's barrier. (A team per product cost ~50 us each when the caller is not
- * the process's first thread, as the server's engine thread is: 120 a step.) */
+ * with the team's barrier: one fork and join a step instead of 120 (four a layer). */
 void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dims,
                    float eps, float scale, float *x, int64_t B, const float *cos,
                    const float *sin, const int64_t *slots, const int64_t *tables,
@@ -209,11 +208,11 @@ void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dim
             }
             project(w + 8, h, B, D, 2 * I, gu, panel);
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++)
-                for (int64_t j = 0; j < I; j++) {
-                    const float g = gu[b * 2 * I + j];
-                    act[b * I + j] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + j];
-                }
+            for (int64_t t = 0; t < B * I; t++) {
+                const int64_t b = t / I, j = t % I;
+                const float g = gu[b * 2 * I + j];
+                act[t] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + j];
+            }
             project(w + 11, act, B, I, D, y, panel);
 #pragma omp single
             add_to(x, y, B * D);
