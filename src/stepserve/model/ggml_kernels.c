@@ -32,6 +32,12 @@
 #define PANEL_ROWS 4 /* from this many activation rows on, the many-rows path */
 #endif
 #define INLINE static inline __attribute__((always_inline))
+#ifndef WROWS
+#define WROWS 4      /* weight rows per pass for a single activation row (AVX-512) */
+#endif
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 16  /* how far ahead that pass asks for its weight rows */
+#endif
 
 enum { FMT_Q4_1 = 0, FMT_Q8_0 = 1 };
 
@@ -222,11 +228,49 @@ INLINE void dequant_row(int fmt, const uint8_t *wq, const uint16_t *wsc, int64_t
 
 /* Few activation rows: each weight row against all M rows, MAX_ROWS at a time, its
  * groups dequantised in registers (a weight row stays in L1 between row groups). */
+#ifdef __AVX512F__
+/* One activation row against R weight rows (y[0..R-1], R <= 8): 2R independent FMA
+ * chains, each x vector loaded once for all R rows. */
+INLINE void dot_1xr(int fmt, int R, const float *x, const uint8_t *qs, int64_t row_qs,
+                    const float *sc, int64_t row_sc, int64_t groups, float *y) {
+    __m512 acc[16];
+    for (int r = 0; r < 2 * R; r++)
+        acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const __m512 x0 = _mm512_loadu_ps(x + g * QK), x1 = _mm512_loadu_ps(x + g * QK + 16);
+        for (int r = 0; r < R; r++) {
+            __m512 w[2];
+            dequant_group16(fmt, qs + r * row_qs, sc + r * row_sc, g, w);
+            acc[2 * r] = _mm512_fmadd_ps(x0, w[0], acc[2 * r]);
+            acc[2 * r + 1] = _mm512_fmadd_ps(x1, w[1], acc[2 * r + 1]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[2 * r], acc[2 * r + 1]));
+}
+#endif
+
 INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                         const uint16_t *scales, int64_t n0, int64_t n1, int64_t N, float *y) {
     const int64_t groups = K / QK;
     const int per = scales_per_group(fmt);
     float sc[groups * per];
+#ifdef __AVX512F__
+    if (M == 1) {  /* a decode of one sequence: WROWS weight rows per pass */
+        float scr[WROWS * groups * per];
+        const int64_t row_qs = groups * qs_bytes_per_group(fmt), row_sc = groups * per;
+        for (; n0 + WROWS <= n1; n0 += WROWS) {
+            /* Streaming from memory, not computing, is the limit here: ask for the rows
+             * PREFETCH_ROWS ahead (they may lie past this task's end: harmless hints). */
+            const char *ahead = (const char *)(qs + (n0 + PREFETCH_ROWS) * row_qs);
+            for (int64_t b = 0; b < WROWS * row_qs; b += 64)
+                _mm_prefetch(ahead + b, _MM_HINT_T0);
+            _mm_prefetch((const char *)(scales + (n0 + PREFETCH_ROWS) * row_sc), _MM_HINT_T0);
+            halves_to_floats(scales + n0 * row_sc, WROWS * row_sc, scr);
+            dot_1xr(fmt, WROWS, x, qs + n0 * row_qs, row_qs, scr, row_sc, groups, y + n0);
+        }
+    }
+#endif
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wq = qs + n * groups * qs_bytes_per_group(fmt);
         halves_to_floats(scales + n * groups * per, groups * per, sc);
