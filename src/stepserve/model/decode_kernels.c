@@ -17,10 +17,10 @@
  * is a float32 [N, K] matrix and scales is unused.
  * KV cache: [num_layers, 2, num_blocks, block_size, kv_heads, head_dim] (kv_store.py).
  */
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
+
+#include "ggml_groups.h"
 
 void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                       const uint16_t *scales, int64_t N, float *y, float *panel);
@@ -31,42 +31,20 @@ enum { LAYER_WORDS = 14 };
 /* dims: hidden, heads, kv_heads, head_dim, intermediate, num_blocks, block_size, window */
 enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_BLOCKS, D_BLOCK_SIZE, D_WINDOW };
 
-#ifdef __AVX512F__
 static float dot(const float *a, const float *b, int64_t n) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    vec acc0 = vzero(), acc1 = vzero();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    for (; i + 2 * VLEN <= n; i += 2 * VLEN) {
+        acc0 = vfmadd(vload(a + i), vload(b + i), acc0);
+        acc1 = vfmadd(vload(a + i + VLEN), vload(b + i + VLEN), acc1);
     }
-    for (; i + 16 <= n; i += 16)
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; i + VLEN <= n; i += VLEN)
+        acc0 = vfmadd(vload(a + i), vload(b + i), acc0);
+    float r = vsum(vadd(acc0, acc1));
     for (; i < n; i++)
         r += a[i] * b[i];
     return r;
 }
-#else
-static float dot(const float *a, const float *b, int64_t n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 v = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float r = _mm_cvtss_f32(s);
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
-
-#endif
 
 /* This thread's share of y [M, N] = x [M, K] @ W.T for a float32 W [N, K] (an orphaned
  * `omp for`, ending with the team's barrier). */

@@ -2,36 +2,18 @@
  * F16C, in float32. Where the CPU has AVX-512 (F, BW, VL, DQ) it is built with it, and
  * the __AVX512F__ sections replace the 8-lane loops with 16-lane ones (the same
  * dequantised weights; only the order of the sums changes). Built on first use by
- * ggml_kernels.py (gcc -O3 -fopenmp) and called through ctypes. The OpenMP runtime is torch's own (same soname, already loaded), so
- * these loops and torch's ops share one thread pool.
+ * ggml_kernels.py (gcc -O3 -fopenmp) and called through ctypes. The OpenMP runtime is
+ * torch's own (same soname, already loaded), so these loops and torch's ops share it.
  *
- * Exactness: each weight is dequantised in registers to exactly the float32 that gguf-py
- * (and so transformers, the reference) produces:
- *   Q4_1  w = d * q + m   d * q is exact in float32 (an 11-bit d times a 4-bit q), so
- *                         fma(q, d, m) rounds once, as numpy's (d * q) + m does;
- *   Q8_0  w = d * q       exact (computed as d * (q + 128) - 128 d, see dequant_group).
- * Products and sums are float32 FMAs: only the summation order differs from a BLAS GEMM
- * on the dequantised matrix (as any two GEMMs differ).
- *
- * Layout (quant.py builds it from the GGUF blocks), one row per output feature, K % 32 == 0:
- *   Q4_1  qs uint8 [N, K/2]: 16 bytes per group of 32; byte j holds element j in its low
- *         nibble and element j + 16 in its high nibble (the GGUF order);
- *         scales fp16 [N, K/32, 2]: (d, m) per group.
- *   Q8_0  qs int8 [N, K]; scales fp16 [N, K/32]: d per group.
- * The GGUF interleaves scales and quants in 20- and 34-byte blocks; loading an fp16 from
- * such a block costs a slow scalar insert per group, so quant.py splits them once.
+ * How weights are laid out and why they equal the reference's: ggml_groups.h.
  */
-#include <immintrin.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-#define QK 32
 #define MAX_ROWS 8   /* activation rows per register block (few-rows path) */
 #define PANEL 4      /* weight rows dequantised together (many-rows path) */
 #ifndef PANEL_ROWS
 #define PANEL_ROWS 4 /* from this many activation rows on, the many-rows path */
 #endif
-#define INLINE static inline __attribute__((always_inline))
 #ifndef WROWS
 #define WROWS 4      /* weight rows per pass for a single activation row (AVX-512) */
 #endif
@@ -39,93 +21,9 @@
 #define PREFETCH_ROWS 16  /* how far ahead that pass asks for its weight rows */
 #endif
 
-enum { FMT_Q4_1 = 0, FMT_Q8_0 = 1 };
-
-INLINE int scales_per_group(int fmt) { return fmt == FMT_Q4_1 ? 2 : 1; }
-INLINE int64_t qs_bytes_per_group(int fmt) { return fmt == FMT_Q4_1 ? QK / 2 : QK; }
-
-INLINE float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* One row's fp16 scales as float32 (n values). */
-INLINE void halves_to_floats(const uint16_t *h, int64_t n, float *out) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    for (; i < n; i++)
-        out[i] = _cvtsh_ss(h[i]);
-}
-
-/* Byte shuffles that widen bytes to int32 within each 128-bit lane: with a group's 16
- * bytes in both lanes, WIDEN_0 makes bytes 0-3 | 4-7 and WIDEN_1 bytes 8-11 | 12-15 into
- * eight int32. (One in-lane vpshufb each: cheaper than vpmovzxbd, which crosses lanes.) */
-#define Z -1
-#define WIDEN_0 _mm256_setr_epi8(0, Z, Z, Z, 1, Z, Z, Z, 2, Z, Z, Z, 3, Z, Z, Z, \
-                                 4, Z, Z, Z, 5, Z, Z, Z, 6, Z, Z, Z, 7, Z, Z, Z)
-#define WIDEN_1 _mm256_setr_epi8(8, Z, Z, Z, 9, Z, Z, Z, 10, Z, Z, Z, 11, Z, Z, Z, \
-                                 12, Z, Z, Z, 13, Z, Z, Z, 14, Z, Z, Z, 15, Z, Z, Z)
-
-INLINE __m256i load_both_lanes(const uint8_t *p) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-}
-
-/* The 32 weights of group g as four vectors of 8 (elements 0-7, 8-15, 16-23, 24-31). */
-INLINE void dequant_group(int fmt, const uint8_t *qs, const float *sc, int64_t g, __m256 w[4]) {
-    const __m256i widen0 = WIDEN_0, widen1 = WIDEN_1;
-    if (fmt == FMT_Q4_1) {
-        const __m256 d = _mm256_broadcast_ss(sc + 2 * g), m = _mm256_broadcast_ss(sc + 2 * g + 1);
-        const __m256i mask = _mm256_set1_epi8(0x0F);
-        const __m256i raw = load_both_lanes(qs + 16 * g);
-        const __m256i lo = _mm256_and_si256(raw, mask);  /* elements 0-15 */
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);  /* 16-31 */
-        w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, widen0)), d, m);
-        w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, widen1)), d, m);
-        w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, widen0)), d, m);
-        w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, widen1)), d, m);
-    } else {
-        /* q + 128 as an unsigned byte u, then w = d * u - 128 d: d * u and 128 d are exact
-         * and so is their difference d * q, so the fma rounds nothing. */
-        const __m256 d = _mm256_broadcast_ss(sc + g);
-        const __m256 offset = _mm256_mul_ps(d, _mm256_set1_ps(-128.0f));
-        const __m256i flip = _mm256_set1_epi8((char)0x80);
-        const __m256i a = _mm256_xor_si256(load_both_lanes(qs + QK * g), flip);
-        const __m256i b = _mm256_xor_si256(load_both_lanes(qs + QK * g + 16), flip);
-        w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(a, widen0)), d, offset);
-        w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(a, widen1)), d, offset);
-        w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, widen0)), d, offset);
-        w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, widen1)), d, offset);
-    }
-}
+#include "ggml_groups.h"
 
 #ifdef __AVX512F__
-/* The 32 weights of group g as two vectors of 16 (elements 0-15, 16-31), the same
- * float32 values as dequant_group: Q4_1 fma(q, d, m); Q8_0 d * q, exact (an 11-bit d
- * times an 8-bit q). */
-INLINE void dequant_group16(int fmt, const uint8_t *qs, const float *sc, int64_t g,
-                            __m512 w[2]) {
-    if (fmt == FMT_Q4_1) {
-        /* The group's 16 possible weights fma(k, d, m), k = 0..15, then a lookup: vpermps
-         * reads only the low 4 bits of each index lane, so the widened bytes index the low
-         * nibbles (elements 0-15) as they are and, shifted right by 4, the high ones. */
-        const __m512 d = _mm512_set1_ps(sc[2 * g]), m = _mm512_set1_ps(sc[2 * g + 1]);
-        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512 table = _mm512_fmadd_ps(k, d, m);
-        const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16 * g)));
-        w[0] = _mm512_permutexvar_ps(raw, table);
-        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table);
-    } else {
-        const __m512 d = _mm512_set1_ps(sc[g]);
-        const __m128i a = _mm_loadu_si128((const __m128i *)(qs + QK * g));
-        const __m128i b = _mm_loadu_si128((const __m128i *)(qs + QK * g + 16));
-        w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)), d);
-        w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), d);
-    }
-}
-
 /* y[i * ldy] = sum_k x[i * ldx + k] * w[k] for `rows` activation rows (<= MAX_ROWS) and
  * one weight row, 16 lanes at a time. With few rows two groups go per iteration, each
  * into accumulators of its own, so that enough independent FMA chains are in flight (the
@@ -207,24 +105,6 @@ INLINE void dot_rows(int fmt, int rows, const float *x, int64_t ldx, const uint8
     default: dot_rows(fmt, 8, xi, K, wq, sc, groups, yi, N); break;                     \
     }
 
-INLINE void dequant_row(int fmt, const uint8_t *wq, const uint16_t *wsc, int64_t K, float *out) {
-    const int64_t groups = K / QK;
-    float sc[groups * scales_per_group(fmt)];
-    halves_to_floats(wsc, groups * scales_per_group(fmt), sc);
-    for (int64_t g = 0; g < groups; g++) {
-#ifdef __AVX512F__
-        __m512 v[2];
-        dequant_group16(fmt, wq, sc, g, v);
-        _mm512_storeu_ps(out + g * QK, v[0]);
-        _mm512_storeu_ps(out + g * QK + 16, v[1]);
-#else
-        __m256 v[4];
-        dequant_group(fmt, wq, sc, g, v);
-        for (int j = 0; j < 4; j++)
-            _mm256_storeu_ps(out + g * QK + 8 * j, v[j]);
-#endif
-    }
-}
 
 /* Few activation rows: each weight row against all M rows, MAX_ROWS at a time, its
  * groups dequantised in registers (a weight row stays in L1 between row groups). */
@@ -283,56 +163,29 @@ INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uin
     }
 }
 
-#ifdef __AVX512F__
 /* y[i * ldy + c] = x[i] . w[c] for `rows` (<= 4) activation rows and `cols` (<= 2) float
- * weight rows (K % 16 == 0): 8 accumulators of 16 lanes, nothing but loads and FMAs in
- * the loop. */
+ * weight rows (K % VLEN == 0): 8 accumulators, enough independent FMA chains to keep
+ * both FMA pipes busy, and nothing but loads and FMAs in the loop. */
 INLINE void tile_dot(int rows, int cols, const float *x, int64_t K, const float *w,
                      float *y, int64_t ldy) {
-    __m512 acc[4][2];
+    vec acc[4][2];
     for (int i = 0; i < rows; i++)
         for (int c = 0; c < cols; c++)
-            acc[i][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __m512 wv[2];
+            acc[i][c] = vzero();
+    for (int64_t k = 0; k < K; k += VLEN) {
+        vec wv[2];
         for (int c = 0; c < cols; c++)
-            wv[c] = _mm512_loadu_ps(w + c * K + k);
+            wv[c] = vload(w + c * K + k);
         for (int i = 0; i < rows; i++) {
-            const __m512 xv = _mm512_loadu_ps(x + i * K + k);
+            const vec xv = vload(x + i * K + k);
             for (int c = 0; c < cols; c++)
-                acc[i][c] = _mm512_fmadd_ps(xv, wv[c], acc[i][c]);
+                acc[i][c] = vfmadd(xv, wv[c], acc[i][c]);
         }
     }
     for (int i = 0; i < rows; i++)
         for (int c = 0; c < cols; c++)
-            y[i * ldy + c] = _mm512_reduce_add_ps(acc[i][c]);
+            y[i * ldy + c] = vsum(acc[i][c]);
 }
-#else
-/* y[i * ldy + c] = x[i] . w[c] for `rows` (<= 4) activation rows and `cols` (<= 2) float
- * weight rows: 8 accumulators, enough independent FMA chains to keep both FMA pipes
- * busy, and nothing but loads and FMAs in the loop. */
-INLINE void tile_dot(int rows, int cols, const float *x, int64_t K, const float *w,
-                     float *y, int64_t ldy) {
-    __m256 acc[4][2];
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < cols; c++)
-            acc[i][c] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 8) {
-        __m256 wv[2];
-        for (int c = 0; c < cols; c++)
-            wv[c] = _mm256_loadu_ps(w + c * K + k);
-        for (int i = 0; i < rows; i++) {
-            const __m256 xv = _mm256_loadu_ps(x + i * K + k);
-            for (int c = 0; c < cols; c++)
-                acc[i][c] = _mm256_fmadd_ps(xv, wv[c], acc[i][c]);
-        }
-    }
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < cols; c++)
-            y[i * ldy + c] = hsum(acc[i][c]);
-}
-
-#endif
 
 #define TILE_CASES(cols)                                                                \
     switch (rows) {                                                                     \

@@ -31,6 +31,7 @@ import torch
 
 # decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul: one library.
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("ggml_kernels.c", "decode_kernels.c"))
+HEADERS = (Path(__file__).with_name("ggml_groups.h"),)  # included: in the hash, not compiled
 # -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
 # both); the explicit fmadd intrinsics stay FMAs.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
@@ -105,7 +106,7 @@ def _compiler() -> str:
 
 
 def _build(cache_dir: Path, isa: str) -> Path:
-    source = b"".join(s.read_bytes() for s in SOURCES)
+    source = b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS))
     cc = _compiler()
     flags = (*CFLAGS, *ISAS[isa][0])
     digest = hashlib.sha256(source + " ".join((cc, *flags)).encode()).hexdigest()[:16]
