@@ -52,7 +52,6 @@ class Sampler:
 
 @dataclass(frozen=True)
 class DecodeRun:
-    steps: int
     end_s: float  # when the last step completed
     released_ids: list[str]  # requests ended before the run, for the runner to drop
     # the last step completes at or after `until`: its record's num_waiting must count
@@ -145,7 +144,7 @@ def run_decodes(sched: Scheduler, start: float, until: float,
         sched._freed_ids = released + sched._freed_ids
         return None
     run.catch_up_the_rest()
-    return DecodeRun(run.step, t, released, straddles)
+    return DecodeRun(t, released, straddles)
 
 
 class _Run:
@@ -227,14 +226,12 @@ class _Run:
     def catch_up_the_rest(self) -> None:
         """Bring the requests still running up to date and the step index on."""
         sched, step = self.sched, self.step
-        if self.n < len(self.batch):
-            left = [i for i in range(len(self.batch)) if self.final[i] > step]
+        batch, plain = self.batch, self.plain
+        if self.n < len(batch):  # some ended in the run: only the others remain
+            left = [i for i in range(len(batch)) if self.final[i] > step]
+            batch, plain = [batch[i] for i in left], [plain[i] for i in left]
             sched.running = [r for r in sched.running if r.status is _RUNNING]
-            _catch_up(sched, [self.batch[i] for i in left], [self.plain[i] for i in left],
-                      step, self.times, self.sampler, self.step0)
-        else:
-            _catch_up(sched, self.batch, self.plain, step, self.times, self.sampler,
-                      self.step0)
+        _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
         sched._step_index = self.step0 + step
 
 

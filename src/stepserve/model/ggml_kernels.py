@@ -79,11 +79,11 @@ def choose_isa(wanted: str | None = None) -> str:
     """The build to load: `wanted` (else $STEPSERVE_KERNEL_ISA, else the widest this CPU
     runs). KernelsUnavailable for a name not in ISAS or an ISA this CPU lacks."""
     wanted = wanted or os.environ.get(ISA_ENV) or None
-    flags = _cpu_flags() or set()
     if wanted is None:
-        return "avx512" if all(f in flags for f in ISAS["avx512"][1]) else "avx2"
+        return (available_isas() or ["avx2"])[-1]
     if wanted not in ISAS:
         raise KernelsUnavailable(f"{ISA_ENV} = {wanted!r}: must be one of {', '.join(ISAS)}")
+    flags = _cpu_flags() or set()
     missing = [f for f in ISAS[wanted][1] if f not in flags]
     if missing:
         raise KernelsUnavailable(f"the {wanted} kernels need CPU flags this CPU lacks: "
