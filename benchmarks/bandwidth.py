@@ -1,17 +1,21 @@
 """Decode steps of the default model against the memory-bandwidth floor, per weight mode.
 
 1. This machine's memory bandwidth: a plain torch copy of `--copy-mb` MB, repeated; GB/s
-   counts the bytes read plus the bytes written (STREAM's convention); best and median.
+   counts the bytes read plus the bytes written (STREAM's convention), best of the
+   repeats. Measured at the start of every round, next to the steps it is the floor of:
+   on a shared machine the bandwidth a neighbour leaves moves by half within minutes
+   (this EPYC: 37-44 GB/s mostly, now and then 64-72), so a floor from one moment
+   against steps from another would compare two machines.
 2. For each weight mode (`--modes quantization/dtype,...`, see stepserve/model/modes.py):
    `TorchRunner.execute` decode steps at batch 1, 2, 4, 8, 16, 32 and context `--context`
    (`stepserve.model.profile.measure_step`), and one prefill chunk of `--prefill`
    tokens alone. The floor of a step is the bytes of weights it streams once (every
    layer, the final norm and the head; the embedding only when tied to the head) divided
-   by the best copy bandwidth; the table prints each median step and its ratio to that
-   floor. The issue's goal: batch-1 decode within 1.5x of its floor.
-   Sizes run in rounds, every mode back to back within a round, and each cell is the
-   median over rounds of the per-round medians: on a shared machine a burst of load then
-   hits every mode alike.
+   by the copy bandwidth; the table prints each median step and its ratio to the floor.
+   The issue's goal: batch-1 decode within 1.5x of its floor.
+   Sizes run in rounds, every mode back to back within a round; a cell is the median
+   over rounds of the per-round median step, and its ratio the median over rounds of the
+   step against that round's own floor.
 3. `--agreement N`: greedy agreement of each mode with none/float32 (the float32 path on
    the same dequantised weights) over N prompts x `--agreement-tokens` tokens
    (stepserve/model/agreement.py: free-running sequences, teacher-forced flips).
@@ -32,13 +36,15 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from stepserve.model.modes import streamed_weight_nbytes
+from stepserve.model.modes import QUANTIZATIONS, streamed_weight_nbytes
 from stepserve.model.profile import measure_step
 from stepserve.model.runner import TorchRunner
+from stepserve.model.weights import DTYPES
 
 DEFAULT_MODES = "none/float32,q4_1/float32,int4/bfloat16,int8/bfloat16,none/bfloat16"
 BATCHES = (1, 2, 4, 8, 16, 32)
 GOAL_BATCH1_RATIO = 1.5
+COPY_REPEATS = 10  # copies a round's bandwidth is the best of
 
 
 @dataclass(frozen=True)
@@ -57,11 +63,19 @@ class ModeRun:
     load_s: float
     decode_ms: dict[int, float] = field(default_factory=dict)  # batch -> median step
     decode_rounds_ms: dict[int, list[float]] = field(default_factory=dict)
+    floor_ratio: dict[int, float] = field(default_factory=dict)  # batch -> median ratio
     prefill_ms: float | None = None
     agreement: dict[str, object] | None = None
 
-    def floor_ms(self, bandwidth: Bandwidth) -> float:
-        return self.streamed_bytes / (bandwidth.best_gbs * 1e9) * 1e3
+    def floor_ms(self, gbs: float) -> float:
+        return self.streamed_bytes / (gbs * 1e9) * 1e3
+
+    def summarise(self, rounds_gbs: list[float]) -> None:
+        """Each cell's median step, and its median ratio to its own round's floor."""
+        self.decode_ms = {b: statistics.median(v) for b, v in self.decode_rounds_ms.items()}
+        self.floor_ratio = {
+            b: statistics.median(ms / self.floor_ms(gbs) for ms, gbs in zip(v, rounds_gbs))
+            for b, v in self.decode_rounds_ms.items()}
 
 
 def measure_bandwidth(copy_mb: int, repeats: int) -> Bandwidth:
@@ -85,36 +99,42 @@ def load_runner(mode: str, blocks: int) -> tuple[TorchRunner, float]:
 
 
 def time_modes(runners: dict[str, TorchRunner], runs: dict[str, ModeRun], batches: list[int],
-               context: int, prefill: int, rounds: int, repeats: int) -> None:
+               context: int, prefill: int, rounds: int, repeats: int,
+               copy_mb: int) -> list[Bandwidth]:
+    """Every round: the copy bandwidth, then each batch size in every mode."""
+    bandwidths = []
     for r in range(rounds):
+        bandwidths.append(measure_bandwidth(copy_mb, COPY_REPEATS))
         for b in batches:
             for mode, runner in runners.items():
                 t = measure_step(runner, b, context, repeats=repeats)
                 runs[mode].decode_rounds_ms.setdefault(b, []).append(t.median_s * 1e3)
-        print(f"  round {r + 1}/{rounds} decode done", flush=True)
+        print(f"  round {r + 1}/{rounds}: copy {bandwidths[-1].best_gbs:.1f} GB/s, decode "
+              "done", flush=True)
     for mode, runner in runners.items():
         run = runs[mode]
-        run.decode_ms = {b: statistics.median(v) for b, v in run.decode_rounds_ms.items()}
+        run.summarise([bw.best_gbs for bw in bandwidths])
         if prefill:
             t = measure_step(runner, 0, context, prefill_tokens=prefill,
                              repeats=max(2, repeats // 3))
             run.prefill_ms = t.median_s * 1e3
+    return bandwidths
 
 
-def format_table(runs: list[ModeRun], bandwidth: Bandwidth, batches: list[int],
+def format_table(runs: list[ModeRun], median_gbs: float, batches: list[int],
                  prefill: int) -> str:
     head = (f"{'mode':<16}{'weights':>9}{'floor':>8}" + "".join(f"{f'b={b}':>15}" for b in batches)
             + (f"{f'prefill {prefill}':>14}" if prefill else ""))
     lines = [head, "-" * len(head)]
     for run in runs:
-        floor = run.floor_ms(bandwidth)
-        cells = "".join(f"{run.decode_ms[b]:>8.1f} {run.decode_ms[b] / floor:>5.1f}x"
+        cells = "".join(f"{run.decode_ms[b]:>8.1f} {run.floor_ratio[b]:>5.2f}x"
                         for b in batches)
         pre = f"{run.prefill_ms:>12.0f}ms" if run.prefill_ms is not None else ""
-        lines.append(f"{run.mode:<16}{run.streamed_bytes / 1e6:>7.0f}MB{floor:>6.1f}ms"
-                     f"{cells}{pre}")
-    lines.append("cells: median decode step (ms) and its ratio to the floor = streamed "
-                 f"weight bytes / {bandwidth.best_gbs:.1f} GB/s")
+        lines.append(f"{run.mode:<16}{run.streamed_bytes / 1e6:>7.0f}MB"
+                     f"{run.floor_ms(median_gbs):>6.1f}ms{cells}{pre}")
+    lines.append("cells: median decode step (ms) and its median ratio to its round's floor "
+                 "(streamed weight bytes / that round's copy bandwidth); floor column: at "
+                 f"the rounds' median, {median_gbs:.1f} GB/s")
     return "\n".join(lines)
 
 
@@ -157,14 +177,21 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    batches = [int(b) for b in args.batches.split(",")]
+    for mode in modes:
+        quantization, _, dtype = mode.partition("/")
+        if quantization not in ("none", *QUANTIZATIONS) or dtype not in DTYPES:
+            ap.error(f"--modes: {mode!r} is not quantization/dtype (quantization one of "
+                     f"none, {', '.join(QUANTIZATIONS)}; dtype one of {', '.join(DTYPES)})")
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        ap.error(f"--batches: {args.batches!r} is not a comma-separated list of integers")
+    if not modes or not batches or min(batches) < 1:
+        ap.error("--modes and --batches need at least one entry; batch sizes are >= 1")
     t_start = time.perf_counter()
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()})", flush=True)
-    bandwidth = measure_bandwidth(args.copy_mb, 20)
-    print(f"memory bandwidth, torch copy of {args.copy_mb} MB x {bandwidth.repeats}: best "
-          f"{bandwidth.best_gbs:.1f} GB/s, median {bandwidth.median_gbs:.1f} GB/s", flush=True)
     blocks = max(batches) * -(-(args.context + 1) // 16) + -(-args.prefill // 16) + 8
     runners, runs = {}, {}
     for mode in modes:
@@ -174,7 +201,11 @@ def main() -> None:
                              load_s)
         print(f"  {mode}: loaded in {load_s:.1f} s, {runs[mode].streamed_bytes / 1e6:.0f} MB "
               "streamed per step", flush=True)
-    time_modes(runners, runs, batches, args.context, args.prefill, args.rounds, args.repeats)
+    bandwidths = time_modes(runners, runs, batches, args.context, args.prefill, args.rounds,
+                            args.repeats, args.copy_mb)
+    median_gbs = statistics.median(bw.best_gbs for bw in bandwidths)
+    print(f"memory bandwidth, torch copy of {args.copy_mb} MB, best of {COPY_REPEATS} per "
+          f"round: {', '.join(f'{bw.best_gbs:.1f}' for bw in bandwidths)} GB/s", flush=True)
     if args.agreement:
         from stepserve.model.agreement import agreement_prompts, measure_agreement
 
@@ -188,11 +219,11 @@ def main() -> None:
                                                      args.agreement_tokens).summary()
     gc.collect()
     print("")
-    print(format_table(list(runs.values()), bandwidth, batches, args.prefill))
+    print(format_table(list(runs.values()), median_gbs, batches, args.prefill))
     batch1 = [r for r in runs.values() if 1 in r.decode_ms]
     if batch1:
         best = min(batch1, key=lambda r: r.decode_ms[1])
-        ratio = best.decode_ms[1] / best.floor_ms(bandwidth)
+        ratio = best.floor_ratio[1]
         print(f"fastest batch-1 mode {best.mode}: {ratio:.2f}x its floor (goal <= "
               f"{GOAL_BATCH1_RATIO}x: {'met' if ratio <= GOAL_BATCH1_RATIO else 'NOT met'})")
     if args.agreement:
@@ -205,9 +236,10 @@ def main() -> None:
                 f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                 if v not in (None, 0) and k != "json"),
                 "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "bandwidth": asdict(bandwidth), "batches": batches, "context": args.context,
+                "bandwidth_rounds": [asdict(bw) for bw in bandwidths],
+                "median_gbs": median_gbs, "batches": batches, "context": args.context,
                 "prefill_tokens": args.prefill,
-                "modes": [asdict(r) | {"floor_ms": r.floor_ms(bandwidth)}
+                "modes": [asdict(r) | {"floor_ms_at_median": r.floor_ms(median_gbs)}
                           for r in runs.values()]}, f, indent=2)
 
 

@@ -26,8 +26,14 @@ pytest.importorskip("gguf")
 BS = 4
 
 
-def q4_runner(gguf_dir, **kw) -> TorchRunner:
-    return TorchRunner(gguf_dir, block_size=BS, num_gpu_blocks=160, quantization="q4_1", **kw)
+# Each kernel build with the exact mode, and the int8-activation mode where a build has it.
+MODES = ([("q4_1", isa) for isa in available_isas()]
+         + [("q4_1_q8", isa) for isa in available_isas() if isa == "avx512_vnni"])
+
+
+def q4_runner(gguf_dir, quantization="q4_1", **kw) -> TorchRunner:
+    return TorchRunner(gguf_dir, block_size=BS, num_gpu_blocks=160, quantization=quantization,
+                       **kw)
 
 
 def decode_step(runner, ctx_lens, window=None, seed=0):
@@ -48,12 +54,13 @@ def decode_step(runner, ctx_lens, window=None, seed=0):
     return meta, positions, ids
 
 
-@pytest.mark.parametrize("isa", available_isas())
+@pytest.mark.parametrize("quantization,isa", MODES)
 @pytest.mark.parametrize("ctx_lens,window", [([1], None), ([5, 17, 2, 40], None),
                                              ([33, 9, 12], 6)])
-def test_fused_layers_equal_the_torch_path(gguf_dir, ctx_lens, window, isa, monkeypatch):
+def test_fused_layers_equal_the_torch_path(gguf_dir, ctx_lens, window, quantization, isa,
+                                           monkeypatch):
     monkeypatch.setenv(ISA_ENV, isa)  # every kernel the runner loads is this build's
-    runner = q4_runner(gguf_dir)
+    runner = q4_runner(gguf_dir, quantization)
     assert runner.model.fused_decode.kernels.isa == isa
     model = runner.model
     fused = model.fused_decode
@@ -69,18 +76,20 @@ def test_fused_layers_equal_the_torch_path(gguf_dir, ctx_lens, window, isa, monk
         runner.kv.kv.copy_(kv_before)
         model.fused_decode = None
         want = model.hidden_states(ids, positions, meta, runner.kv)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(kv_fused, runner.kv.kv, rtol=1e-5, atol=1e-5)
+    # Rounding-level: the order of sums, and the kernel's own vectorised exp (within 1 ulp,
+    # as torch's is; not the same one) in softmax and SiLU, over every layer.
+    torch.testing.assert_close(got, want, rtol=5e-5, atol=5e-5)
+    torch.testing.assert_close(kv_fused, runner.kv.kv, rtol=5e-5, atol=5e-5)
     assert not torch.equal(kv_fused, kv_before)  # the step's K/V were written
 
 
-@pytest.mark.parametrize("isa", available_isas())
-def test_greedy_tokens_equal_the_torch_path(gguf_dir, driver, isa, monkeypatch):
+@pytest.mark.parametrize("quantization,isa", MODES)
+def test_greedy_tokens_equal_the_torch_path(gguf_dir, driver, quantization, isa, monkeypatch):
     monkeypatch.setenv(ISA_ENV, isa)
     prompts = [torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(n))
                .tolist() for n in (1, 9, 33, 17)]
-    fused = q4_runner(gguf_dir)
-    plain = q4_runner(gguf_dir)
+    fused = q4_runner(gguf_dir, quantization)
+    plain = q4_runner(gguf_dir, quantization)
     plain.model.fused_decode = None
     want = driver(plain, prompts, 12, chunk=5)
     assert driver(fused, prompts, 12, chunk=5) == want

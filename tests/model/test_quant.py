@@ -109,7 +109,7 @@ def test_kernel_dequantizes_bit_for_bit(fmt, n, k, isa):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", [Q4_1, Q8_0])
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 13, 40])
 def test_linear_is_float32_math_on_the_dequantized_weights(fmt, n, k, rows, isa):
     """Both paths: the kernel (few rows) and dequantise + BLAS GEMM (from gemm_rows up)."""
     from stepserve.model.ggml_kernels import load_kernels

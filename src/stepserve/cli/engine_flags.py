@@ -118,5 +118,7 @@ def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
                         help="weight mode: auto (the GGUF's own Q4_1 groups through "
                              "stepserve's kernels where the model has a GGUF and the CPU "
                              "runs them, else float), none (float weights at --dtype), "
-                             "q4_1, int4 (torch int4pack), int8 (torch int8pack); see "
+                             "q4_1, q4_1_q8 (q4_1 with int8 activations: llama.cpp's "
+                             "arithmetic, AVX-512 VNNI), int4 (torch int4pack), int8 "
+                             "(torch int8pack); see "
                              "docs/guide.md")

@@ -20,7 +20,13 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <omp.h>
+
 #include "ggml_groups.h"
+
+#ifndef PREFETCH_NEXT
+#define PREFETCH_NEXT 16  /* rows of the next product asked for ahead (prefetch_start) */
+#endif
 
 void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                       const uint16_t *scales, int64_t N, float *y, float *panel);
@@ -65,6 +71,26 @@ static void project(const int64_t *p, const float *x, int64_t M, int64_t K, int6
                          (const uint16_t *)(intptr_t)p[2], N, y, panel);
 }
 
+/* Hints for the first PREFETCH_NEXT rows of this thread's share of the projection `p`
+ * (N rows of K), issued right after the previous product: the weights then stream in
+ * while the team syncs and runs the small steps in between, when memory would idle.
+ * The share is ggml_matmul_team's: 16-row tasks, split as libgomp's static schedule. */
+static void prefetch_start(const int64_t *p, int64_t N, int64_t K) {
+    const int64_t tasks = (N + 15) / 16, nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t q = tasks / nt, r = tasks % nt, first = 16 * (t * q + (t < r ? t : r));
+    const int64_t rows = N - first < PREFETCH_NEXT ? N - first : PREFETCH_NEXT;
+    if (rows <= 0)
+        return;
+    const int64_t row_qs = p[0] == FMT_F32 ? 4 * K : p[0] == FMT_Q8_0 ? K : K / 2;
+    const int64_t row_sc = p[0] == FMT_F32 ? 0 : p[0] == FMT_Q8_0 ? K / 16 : K / 8;
+    const char *qs = (const char *)(intptr_t)p[1] + first * row_qs;
+    const char *sc = (const char *)(intptr_t)p[2] + first * row_sc;
+    for (int64_t b = 0; b < rows * row_qs; b += 64)
+        _mm_prefetch(qs + b, _MM_HINT_T0);
+    for (int64_t b = 0; b < rows * row_sc; b += 64)
+        _mm_prefetch(sc + b, _MM_HINT_T0);
+}
+
 /* out = w * (x * rsqrt(mean(x^2) + eps)), row by row (the reference's roundings). */
 static void rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps,
                      float *out) {
@@ -89,31 +115,76 @@ static void rope(float *x, int64_t heads, int64_t hd, const float *cos, const fl
     }
 }
 
+/* e[i] = exp(e[i] - mx) for i < n, and their sum. */
+static float exp_shifted(float *e, int64_t n, float mx) {
+    vec acc = vzero();
+    int64_t i = 0;
+    for (; i + VLEN <= n; i += VLEN) {
+        const vec t = vexp(vadd(vload(e + i), vset1(-mx)));
+        vstore(e + i, t);
+        acc = vadd(acc, t);
+    }
+    float sum = vsum(acc);
+    for (; i < n; i++) {  /* the tail through a padded vector: the same exp */
+        float one[VLEN] = {0};
+        one[0] = e[i] - mx;
+        vstore(one, vexp(vload(one)));
+        e[i] = one[0];
+        sum += e[i];
+    }
+    return sum;
+}
+
+/* Hints that the n floats at p will be read soon. */
+static inline void prefetch_row(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64 / sizeof(float))
+        _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
+/* o[j] += w * v[j], j < n (the softmax-weighted sum of V rows). */
+static void axpy(float *restrict o, const float *restrict v, float w, int64_t n) {
+    int64_t j = 0;
+    for (; j + VLEN <= n; j += VLEN)
+        vstore(o + j, vadd(vload(o + j), vmul(vset1(w), vload(v + j))));
+    for (; j < n; j++)
+        o[j] += w * v[j];
+}
+
 /* out [hd] = softmax(q . k_p * scale) . v_p over positions lo..hi-1 of one sequence's
- * paged cache (kv head `g`); `scores` holds hi - lo floats. */
+ * paged cache (kv head `g`); `scores` holds hi - lo floats. The cache is walked a block
+ * at a time (no division per position). */
 static void attend(const float *q, const float *k, const float *v, const int64_t *table,
                    int64_t lo, int64_t hi, int64_t g, const int64_t *dims, float scale,
                    float *scores, float *out) {
     const int64_t bs = dims[D_BLOCK_SIZE], kvh = dims[D_KV_HEADS], hd = dims[D_HEAD_DIM];
+    const int64_t stride = kvh * hd;  /* floats from one cache slot to the next */
     float mx = -INFINITY;
-    for (int64_t p = lo; p < hi; p++) {
-        const int64_t slot = table[p / bs] * bs + p % bs;
-        const float s = dot(q, k + (slot * kvh + g) * hd, hd) * scale;
-        scores[p - lo] = s;
-        mx = s > mx ? s : mx;
+    for (int64_t p = lo; p < hi;) {
+        const int64_t off = p % bs, n = bs - off < hi - p ? bs - off : hi - p;
+        const int64_t first = (table[p / bs] * bs + off) * kvh + g;
+        const float *kp = k + first * hd;
+        /* The cache is cold by now (a step streams every layer's weights in between):
+         * ask for the next block's K rows and this block's V rows ahead of use. */
+        const int64_t next = p + n < hi ? (table[(p + n) / bs] * bs) * kvh + g : -1;
+        for (int64_t j = 0; j < n; j++) {
+            if (next >= 0)
+                prefetch_row(k + (next + j * kvh) * hd, hd);
+            prefetch_row(v + (first + j * kvh) * hd, hd);
+            const float s = dot(q, kp + j * stride, hd) * scale;
+            scores[p - lo + j] = s;
+            mx = s > mx ? s : mx;
+        }
+        p += n;
     }
-    float sum = 0.0f;
-    for (int64_t p = 0; p < hi - lo; p++) {
-        scores[p] = expf(scores[p] - mx);
-        sum += scores[p];
-    }
+    const float sum = exp_shifted(scores, hi - lo, mx);
     for (int64_t j = 0; j < hd; j++)
         out[j] = 0.0f;
-    for (int64_t p = lo; p < hi; p++) {
-        const int64_t slot = table[p / bs] * bs + p % bs;
-        const float *vp = v + (slot * kvh + g) * hd, w = scores[p - lo] / sum;
-        for (int64_t j = 0; j < hd; j++)
-            out[j] += w * vp[j];
+    for (int64_t p = lo; p < hi;) {
+        const int64_t off = p % bs, n = bs - off < hi - p ? bs - off : hi - p;
+        const float *vp = v + ((table[p / bs] * bs + off) * kvh + g) * hd;
+        for (int64_t i = 0; i < n; i++)
+            axpy(out, vp + i * stride, scores[p - lo + i] / sum, hd);
+        p += n;
     }
 }
 
@@ -130,6 +201,28 @@ static void attention(const float *qkv, float *k, float *v, const int64_t *table
         const int64_t lo = window > 0 && hi > window ? hi - window : 0;
         attend(qkv + b * row + h * hd, k, v, tables + b * table_width, lo, hi,
                h / (heads / kvh), dims, scale, scores, out + (b * heads + h) * hd);
+    }
+}
+
+/* This thread's share of act [B, I] = silu(g) * u, gu [B, 2I] = (g, u) per row; I % VLEN
+ * == 0 (else the scalar loop), as in torch: g / (1 + exp(-g)), then times u. */
+static void silu_mul(const float *gu, int64_t B, int64_t I, float *act) {
+    const int64_t per_row = I % VLEN == 0 ? I / VLEN : 0;
+    if (per_row) {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < B * per_row; t++) {
+            const int64_t b = t / per_row, j = t % per_row * VLEN;
+            const vec g = vload(gu + b * 2 * I + j), u = vload(gu + b * 2 * I + I + j);
+            const vec e = vexp(vsub(vzero(), g));
+            vstore(act + b * I + j, vmul(vdiv(g, vadd(vset1(1.0f), e)), u));
+        }
+        return;
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < B * I; t++) {
+        const int64_t b = t / I, j = t % I;
+        const float g = gu[b * 2 * I + j];
+        act[t] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + j];
     }
 }
 
@@ -167,6 +260,7 @@ void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dim
 #pragma omp single
             rms_norm(x, (const float *)(intptr_t)w[0], B, D, eps, h);
             project(w + 2, h, B, D, row, qkv, panel);
+            prefetch_start(w + 5, D, heads * hd);
 #pragma omp single
             for (int64_t b = 0; b < B; b++) {
                 float *t = qkv + b * row;
@@ -179,19 +273,18 @@ void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dim
             }
             attention(qkv, k, v, tables, table_width, ctx_lens, B, dims, scale, att, scores);
             project(w + 5, att, B, heads * hd, D, y, panel);
+            prefetch_start(w + 8, 2 * I, D);
 #pragma omp single
             {
                 add_to(x, y, B * D);
                 rms_norm(x, (const float *)(intptr_t)w[1], B, D, eps, h);
             }
             project(w + 8, h, B, D, 2 * I, gu, panel);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < B * I; t++) {
-                const int64_t b = t / I, j = t % I;
-                const float g = gu[b * 2 * I + j];
-                act[t] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + j];
-            }
+            prefetch_start(w + 11, D, I);
+            silu_mul(gu, B, I, act);
             project(w + 11, act, B, I, D, y, panel);
+            if (l + 1 < num_layers)
+                prefetch_start(w + LAYER_WORDS + 2, row, D);
 #pragma omp single
             add_to(x, y, B * D);
         }

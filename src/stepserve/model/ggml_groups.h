@@ -27,7 +27,9 @@
 #define QK 32
 #define INLINE static inline __attribute__((always_inline))
 
-enum { FMT_Q4_1 = 0, FMT_Q8_0 = 1 };
+/* FMT_Q4_1_Q8: Q4_1 weights with int8 activations (ggml_act8.c); 2 is decode_kernels.c's
+ * float32 rows. */
+enum { FMT_Q4_1 = 0, FMT_Q8_0 = 1, FMT_Q4_1_Q8 = 3 };
 
 INLINE int scales_per_group(int fmt) { return fmt == FMT_Q4_1 ? 2 : 1; }
 INLINE int64_t qs_bytes_per_group(int fmt) { return fmt == FMT_Q4_1 ? QK / 2 : QK; }
@@ -49,6 +51,17 @@ typedef __m512 vec;
 #define vfmadd _mm512_fmadd_ps
 #define vadd _mm512_add_ps
 #define vsum _mm512_reduce_add_ps
+#define vset1 _mm512_set1_ps
+#define vmul _mm512_mul_ps
+#define vsub _mm512_sub_ps
+#define vdiv _mm512_div_ps
+#define vmin _mm512_min_ps
+#define vmax _mm512_max_ps
+#define vstore _mm512_storeu_ps
+typedef __m512i vint;
+#define vcvt_int _mm512_cvtps_epi32  /* to nearest even */
+#define vcvt_float _mm512_cvtepi32_ps
+#define vpow2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23))
 #else
 typedef __m256 vec;
 #define VLEN 8
@@ -57,7 +70,38 @@ typedef __m256 vec;
 #define vfmadd _mm256_fmadd_ps
 #define vadd _mm256_add_ps
 #define vsum hsum
+#define vset1 _mm256_set1_ps
+#define vmul _mm256_mul_ps
+#define vsub _mm256_sub_ps
+#define vdiv _mm256_div_ps
+#define vmin _mm256_min_ps
+#define vmax _mm256_max_ps
+#define vstore _mm256_storeu_ps
+typedef __m256i vint;
+#define vcvt_int _mm256_cvtps_epi32
+#define vcvt_float _mm256_cvtepi32_ps
+#define vpow2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23))
 #endif
+
+/* exp(x) a vector at a time, within 2 ulp of expf (Cephes' polynomial after splitting
+ * off x = n ln2 + r, |r| <= ln2 / 2); x is clamped to [-87.3, 88.3], where the result
+ * stays a normal float (exp(-inf) gives ~1e-38, not 0). Softmax and SiLU use it, as
+ * torch's own kernels use a vectorised exp (not libm's expf either). */
+INLINE vec vexp(vec x) {
+    x = vmax(vmin(x, vset1(88.3f)), vset1(-87.3f));
+    const vint n = vcvt_int(vmul(x, vset1(1.44269504088896341f)));
+    const vec nf = vcvt_float(n);
+    vec r = vfmadd(nf, vset1(-0.693359375f), x);  /* ln2 in two parts: exact n * hi */
+    r = vfmadd(nf, vset1(2.12194440e-4f), r);
+    vec y = vset1(1.9875691500e-4f);
+    y = vfmadd(y, r, vset1(1.3981999507e-3f));
+    y = vfmadd(y, r, vset1(8.3334519073e-3f));
+    y = vfmadd(y, r, vset1(4.1665795894e-2f));
+    y = vfmadd(y, r, vset1(1.6666665459e-1f));
+    y = vfmadd(y, r, vset1(5.0000001201e-1f));
+    y = vadd(vfmadd(y, vmul(r, r), r), vset1(1.0f));
+    return vmul(y, vpow2(n));
+}
 
 /* One row's fp16 scales as float32 (n values). */
 INLINE void halves_to_floats(const uint16_t *h, int64_t n, float *out) {

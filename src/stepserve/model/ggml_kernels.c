@@ -12,7 +12,10 @@
 #define MAX_ROWS 8   /* activation rows per register block (few-rows path) */
 #define PANEL 4      /* weight rows dequantised together (many-rows path) */
 #ifndef PANEL_ROWS
-#define PANEL_ROWS 4 /* from this many activation rows on, the many-rows path */
+/* From this many activation rows on, the many-rows path. Measured on the EPYC (Zen 5),
+ * fused decode steps: 9 against 4 took 4-8 rows 15-20% less time in both builds (b=6
+ * AVX-512 12.2 -> 10.1 ms, AVX2 17.7 -> 14.6), 16 rows the same. */
+#define PANEL_ROWS 9
 #endif
 #ifndef WROWS
 #define WROWS 4      /* weight rows per pass for a single activation row (AVX-512) */
@@ -22,6 +25,9 @@
 #endif
 
 #include "ggml_groups.h"
+
+void ggml_matmul_act8_team(const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                           const uint16_t *scales, int64_t N, float *y);
 
 #ifdef __AVX512F__
 /* y[i * ldy] = sum_k x[i * ldx + k] * w[k] for `rows` activation rows (<= MAX_ROWS) and
@@ -109,24 +115,56 @@ INLINE void dot_rows(int fmt, int rows, const float *x, int64_t ldx, const uint8
 /* Few activation rows: each weight row against all M rows, MAX_ROWS at a time, its
  * groups dequantised in registers (a weight row stays in L1 between row groups). */
 #ifdef __AVX512F__
-/* One activation row against R weight rows (y[0..R-1], R <= 8): 2R independent FMA
- * chains, each x vector loaded once for all R rows. */
-INLINE void dot_1xr(int fmt, int R, const float *x, const uint8_t *qs, int64_t row_qs,
-                    const float *sc, int64_t row_sc, int64_t groups, float *y) {
+/* M activation rows (x, ldx apart) against R weight rows: y[i * ldy + r]. 2MR independent
+ * FMA chains; each x vector loaded once for all R rows and each weight group dequantised
+ * once for all M (M * R <= 8: the accumulators, x and w stay in the 32 registers). */
+INLINE void dot_mxr(int fmt, int M, int R, const float *x, int64_t ldx, const uint8_t *qs,
+                    int64_t row_qs, const float *sc, int64_t row_sc, int64_t groups, float *y,
+                    int64_t ldy) {
     __m512 acc[16];
-    for (int r = 0; r < 2 * R; r++)
-        acc[r] = _mm512_setzero_ps();
+    for (int a = 0; a < 2 * M * R; a++)
+        acc[a] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-        const __m512 x0 = _mm512_loadu_ps(x + g * QK), x1 = _mm512_loadu_ps(x + g * QK + 16);
+        __m512 xv[8];
+        for (int i = 0; i < M; i++) {
+            xv[2 * i] = _mm512_loadu_ps(x + i * ldx + g * QK);
+            xv[2 * i + 1] = _mm512_loadu_ps(x + i * ldx + g * QK + 16);
+        }
         for (int r = 0; r < R; r++) {
             __m512 w[2];
             dequant_group16(fmt, qs + r * row_qs, sc + r * row_sc, g, w);
-            acc[2 * r] = _mm512_fmadd_ps(x0, w[0], acc[2 * r]);
-            acc[2 * r + 1] = _mm512_fmadd_ps(x1, w[1], acc[2 * r + 1]);
+            for (int i = 0; i < M; i++) {
+                __m512 *a = acc + 2 * (i * R + r);
+                a[0] = _mm512_fmadd_ps(xv[2 * i], w[0], a[0]);
+                a[1] = _mm512_fmadd_ps(xv[2 * i + 1], w[1], a[1]);
+            }
         }
     }
-    for (int r = 0; r < R; r++)
-        y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[2 * r], acc[2 * r + 1]));
+    for (int i = 0; i < M; i++)
+        for (int r = 0; r < R; r++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(
+                _mm512_add_ps(acc[2 * (i * R + r)], acc[2 * (i * R + r) + 1]));
+}
+
+/* Rows n0.. of y for M <= 4 activation rows, R weight rows a pass (R * M <= 8), asking
+ * for the weight rows PREFETCH_ROWS ahead (past the task's end too: harmless hints);
+ * returns the first row not done (fewer than R left). */
+INLINE int64_t passes_mxr(int fmt, int M, int R, const float *x, int64_t K,
+                          const uint8_t *qs, const uint16_t *scales, int64_t n0, int64_t n1,
+                          int64_t N, float *y) {
+    const int64_t groups = K / QK, per = scales_per_group(fmt);
+    const int64_t row_qs = groups * qs_bytes_per_group(fmt), row_sc = groups * per;
+    float scr[8 * groups * per];
+    for (; n0 + R <= n1; n0 += R) {
+        /* Streaming from memory, not computing, is the limit here. */
+        const char *ahead = (const char *)(qs + (n0 + PREFETCH_ROWS) * row_qs);
+        for (int64_t b = 0; b < R * row_qs; b += 64)
+            _mm_prefetch(ahead + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(scales + (n0 + PREFETCH_ROWS) * row_sc), _MM_HINT_T0);
+        halves_to_floats(scales + n0 * row_sc, R * row_sc, scr);
+        dot_mxr(fmt, M, R, x, K, qs + n0 * row_qs, row_qs, scr, row_sc, groups, y + n0, N);
+    }
+    return n0;
 }
 #endif
 
@@ -136,20 +174,15 @@ INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uin
     const int per = scales_per_group(fmt);
     float sc[groups * per];
 #ifdef __AVX512F__
-    if (M == 1) {  /* a decode of one sequence: WROWS weight rows per pass */
-        float scr[WROWS * groups * per];
-        const int64_t row_qs = groups * qs_bytes_per_group(fmt), row_sc = groups * per;
-        for (; n0 + WROWS <= n1; n0 += WROWS) {
-            /* Streaming from memory, not computing, is the limit here: ask for the rows
-             * PREFETCH_ROWS ahead (they may lie past this task's end: harmless hints). */
-            const char *ahead = (const char *)(qs + (n0 + PREFETCH_ROWS) * row_qs);
-            for (int64_t b = 0; b < WROWS * row_qs; b += 64)
-                _mm_prefetch(ahead + b, _MM_HINT_T0);
-            _mm_prefetch((const char *)(scales + (n0 + PREFETCH_ROWS) * row_sc), _MM_HINT_T0);
-            halves_to_floats(scales + n0 * row_sc, WROWS * row_sc, scr);
-            dot_1xr(fmt, WROWS, x, qs + n0 * row_qs, row_qs, scr, row_sc, groups, y + n0);
-        }
-    }
+    /* A few sequences' decode: R weight rows a pass, M * R <= 8 (WROWS for one row). */
+    if (M == 1)
+        n0 = passes_mxr(fmt, 1, WROWS, x, K, qs, scales, n0, n1, N, y);
+    else if (M == 2)
+        n0 = passes_mxr(fmt, 2, 4, x, K, qs, scales, n0, n1, N, y);
+    else if (M == 3)
+        n0 = passes_mxr(fmt, 3, 2, x, K, qs, scales, n0, n1, N, y);
+    else if (M == 4)
+        n0 = passes_mxr(fmt, 4, 2, x, K, qs, scales, n0, n1, N, y);
 #endif
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wq = qs + n * groups * qs_bytes_per_group(fmt);
@@ -228,6 +261,10 @@ INLINE void matmul_panels(int fmt, const float *x, int64_t M, int64_t K, const u
  * M >= PANEL_ROWS (ggml_panel_floats), else unused. Ends with the team's barrier. */
 void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                       const uint16_t *scales, int64_t N, float *y, float *panel) {
+    if (fmt == FMT_Q4_1_Q8) {
+        ggml_matmul_act8_team(x, M, K, qs, scales, N, y);
+        return;
+    }
     const int64_t chunk = 16; /* output features per task */
     const int64_t tasks = (N + chunk - 1) / chunk;
     const int panels = M >= PANEL_ROWS;
@@ -264,12 +301,12 @@ void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *q
  * The embedding lookup and the prefill path (dequantise, then a BLAS GEMM) use it. */
 void ggml_dequantize(int fmt, const uint8_t *qs, const uint16_t *scales, int64_t K,
                      const int64_t *rows, int64_t count, float *out, int num_threads) {
-    const int64_t groups = K / QK;
-    const int64_t row_qs = groups * qs_bytes_per_group(fmt), row_sc = groups * scales_per_group(fmt);
+    const int64_t groups = K / QK, wf = fmt == FMT_Q8_0 ? FMT_Q8_0 : FMT_Q4_1;
+    const int64_t row_qs = groups * qs_bytes_per_group(wf), row_sc = groups * scales_per_group(wf);
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && count >= 64)
     for (int64_t r = 0; r < count; r++) {
         const int64_t n = rows ? rows[r] : r;
-        if (fmt == FMT_Q4_1)
+        if (fmt != FMT_Q8_0)  /* FMT_Q4_1_Q8's weights are Q4_1 */
             dequant_row(FMT_Q4_1, qs + n * row_qs, scales + n * row_sc, K, out + r * K);
         else
             dequant_row(FMT_Q8_0, qs + n * row_qs, scales + n * row_sc, K, out + r * K);

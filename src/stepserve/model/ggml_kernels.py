@@ -30,19 +30,22 @@ from pathlib import Path
 import torch
 
 # decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul: one library.
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("ggml_kernels.c", "decode_kernels.c"))
+SOURCES = tuple(Path(__file__).with_name(n)
+                for n in ("ggml_kernels.c", "ggml_act8.c", "decode_kernels.c"))
 HEADERS = (Path(__file__).with_name("ggml_groups.h"),)  # included: in the hash, not compiled
 # -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
 # both); the explicit fmadd intrinsics stay FMAs.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
           "-fPIC", "-std=gnu11")
 # Each instruction set the library is built for: its extra flags and the CPU flags it needs.
+# avx512_vnni is the avx512 build plus the int8 dot products of the q4_1_q8 mode.
+_AVX512 = (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vector-width=512"),
+           ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
 ISAS = {"avx2": ((), ()),
-        "avx512": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                    "-mprefer-vector-width=512"),
-                   ("avx512f", "avx512bw", "avx512vl", "avx512dq"))}
+        "avx512": _AVX512,
+        "avx512_vnni": ((*_AVX512[0], "-mavx512vnni"), (*_AVX512[1], "avx512_vnni"))}
 ISA_ENV = "STEPSERVE_KERNEL_ISA"  # avx2 or avx512: which build to load (default: the best)
-FMT_Q4_1, FMT_Q8_0 = 0, 1  # the C side's enum
+FMT_Q4_1, FMT_Q8_0, FMT_Q4_1_Q8 = 0, 1, 3  # the C side's enum (ggml_groups.h)
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -144,6 +147,8 @@ class GGMLKernels:
         self._dequantize = lib.ggml_dequantize
         self._dequantize.argtypes = [ctypes.c_int, _P, _P, _I64, _P, _I64, _P, ctypes.c_int]
         self._dequantize.restype = None
+        # Whether this build runs FMT_Q4_1_Q8 (int8 activations, AVX-512 VNNI).
+        self.has_act8 = bool(lib.ggml_has_act8())
         self.decode_layers = lib.decode_layers  # fused_decode.py passes raw pointers
         self.decode_layers.argtypes = [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64,
                                        _P, _P, _P, _P, _I64, _P, _P, _P, ctypes.c_int]

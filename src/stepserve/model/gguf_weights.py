@@ -42,6 +42,7 @@ from stepserve.model.config import ModelArgs, load_model_args
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_file import read_gguf
 from stepserve.model.llama import LlamaModel
+from stepserve.model.modes import GGUF_KERNEL_MODES
 from stepserve.model.quant import (
     Q4_1,
     Q8_0,
@@ -64,7 +65,7 @@ PACKED_FORMAT = "stepserve-gguf-packed/1"
 # AVX-512 (AMD EPYC, 2 threads, whole prefill steps of the default model, kernel against
 # dequantise + GEMM from 64 rows): 64 rows 80 vs 180 ms, 256: 300 vs 382, 1,024: 1,759 vs
 # 1,913: the kernel at every size.
-GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
+GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62, "avx512_vnni": 1 << 62}
 _QUANTISED_TYPES = (Q4_1, Q8_0)
 
 # GGUF tensor -> (our parameter, number of heads whose rows to un-permute)
@@ -196,10 +197,10 @@ class _Builder:
                  quantization: str, dtype: torch.dtype) -> None:
         self.state, self.types = state, types
         self.quantization, self.dtype = quantization, dtype
-        if quantization == "q4_1":
+        if quantization in GGUF_KERNEL_MODES:
             if dtype != torch.float32:
-                raise ValueError("quantization = 'q4_1' computes in float32 (the GGUF "
-                                 "kernels); use dtype = 'float32', or 'int4' for bfloat16")
+                raise ValueError(f"quantization = {quantization!r} computes in float32 (the "
+                                 "GGUF kernels); use dtype = 'float32', or 'int4' for bfloat16")
             self.kernels = load_kernels()
             self.scratch = DequantScratch()
 
@@ -215,9 +216,9 @@ class _Builder:
 
     def linear(self, name: str) -> nn.Module:
         m = self.matrix(name)
-        if m is not None and self.quantization == "q4_1":
-            return GGUFLinear(m, None, self.kernels, self.scratch,
-                              GEMM_ROWS[self.kernels.isa])
+        if m is not None and self.quantization in GGUF_KERNEL_MODES:
+            return GGUFLinear(m, None, self.kernels, self.scratch, GEMM_ROWS[self.kernels.isa],
+                              int8_activations=self.quantization == "q4_1_q8")
         if m is not None and m.fmt == Q4_1 and self.quantization == "int4":
             return Int4PackLinear(m, None, self.dtype)
         if m is not None and m.fmt == Q4_1 and self.quantization == "int8":
@@ -235,7 +236,7 @@ class _Builder:
 def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
                       dtype: str = "float32") -> LlamaModel:
     """The model in `model_dir`'s configuration with `gguf_path`'s weights, projections run
-    as `quantization` says ("q4_1", "int4" or "int8"); packs the GGUF on first use. CPU."""
+    as `quantization` says (modes.QUANTIZATIONS); packs the GGUF on first use. CPU."""
     args = load_model_args(model_dir, dtype)
     path = packed_path(model_dir, gguf_path)
     packed = _read_packed(path, gguf_path)
@@ -254,7 +255,7 @@ def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
             f"layers.{i}.post_attention_layernorm")
     model.norm.weight = build.norm_weight("norm")
     embed = build.matrix("embed_tokens")
-    if embed is not None and quantization == "q4_1":
+    if embed is not None and quantization in GGUF_KERNEL_MODES:
         model.embed_tokens = GGUFEmbedding(embed, build.kernels)
         if args.tie_word_embeddings:  # the head reads the same groups, not a copy
             model.packed_head = GGUFLinear(embed, None, build.kernels, build.scratch,

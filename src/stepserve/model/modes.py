@@ -4,6 +4,8 @@
     none          float32   float32 GEMM (today's path)      float32
     none          bfloat16  bfloat16 GEMM                    bfloat16
     q4_1          float32   GGUF Q4_1 groups, our kernels    GGUF Q8_0 groups, our kernels
+    q4_1_q8       float32   the same, activations rounded    as q4_1
+                            to int8 per group (VNNI)
     int4          bfloat16  torch int4pack (bf16 scales)     dequantised, bfloat16
     int4          float32   torch int4pack, scalar fp32 loop dequantised, float32
     int8          bf16/f32  torch int8pack (per-row re-quantised)  dequantised
@@ -13,7 +15,9 @@ kernels that build here) and none elsewhere, with the reason it fell back: q4_1 
 fastest mode whose greedy output equals the float32 reference on the same dequantised
 weights (tests/model/test_quantized_smollm2.py; the agreement over many prompts is in
 docs/benchmarks.md); int4 and int8 change the weights or round activations to bfloat16,
-and flip greedy tokens.
+and flip greedy tokens; q4_1_q8 rounds the projections' activations to 8 bits
+(llama.cpp's arithmetic for Q4_1, on AVX-512 VNNI: faster, and greedy tokens flip now and
+then: the rate is in docs/benchmarks.md). Those are opt-in.
 
 This module imports no torch at load time: the CLI reads `QUANTIZATION_CHOICES` from it.
 """
@@ -27,11 +31,13 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-QUANTIZATIONS = ("q4_1", "int4", "int8")  # the quantised modes (quant.py has their layers)
+QUANTIZATIONS = ("q4_1", "q4_1_q8", "int4", "int8")  # quantised modes (quant.py: the layers)
+GGUF_KERNEL_MODES = ("q4_1", "q4_1_q8")  # the modes our kernels run (GGUFLinear)
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATIONS)
 _DESCRIPTIONS = {
     "none": "float",
     "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)",
+    "q4_1_q8": "GGUF Q4_1/Q8_0, int8 activations (stepserve VNNI kernels)",
     "int4": "int4 (torch int4pack)",
     "int8": "int8 per-row (torch int8pack)",
 }
@@ -62,13 +68,20 @@ def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
     if gguf is None:
         raise ValueError(f"quantization = {wanted!r} loads the model's GGUF weights, and this "
                          "model has no GGUF source (the default model has one)")
-    if wanted == "q4_1":
+    if wanted in GGUF_KERNEL_MODES:
         if dtype != "float32":
-            raise ValueError(f"quantization = 'q4_1' computes in float32, not {dtype} "
+            raise ValueError(f"quantization = {wanted!r} computes in float32, not {dtype} "
                              "(for bfloat16 activations use quantization = 'int4')")
         reason = kernels_unavailable_reason()
+        if reason is None and wanted == "q4_1_q8":
+            from stepserve.model.ggml_kernels import load_kernels
+
+            if not load_kernels().has_act8:
+                reason = (f"its int8 kernels need AVX-512 VNNI, and the {load_kernels().isa} "
+                          "build has none (this CPU lacks avx512_vnni, or "
+                          "STEPSERVE_KERNEL_ISA chose a narrower build)")
         if reason is not None:
-            raise ValueError(f"quantization = 'q4_1' is unavailable here: {reason}")
+            raise ValueError(f"quantization = {wanted!r} is unavailable here: {reason}")
     return wanted, None
 
 

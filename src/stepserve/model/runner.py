@@ -29,6 +29,7 @@ from stepserve.model.gguf_weights import load_packed_model
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
 from stepserve.model.modes import (
+    GGUF_KERNEL_MODES,
     choose_quantization,
     describe_quantization,
     weight_nbytes,
@@ -114,7 +115,7 @@ class TorchRunner:
         assert gguf is not None  # choose_quantization checked
         self.linear_backend = "torch"
         loaded = load_packed_model(gguf, self.model_path, self.quantization, dtype)
-        if self.quantization == "q4_1" and self.device.type == "cpu":
+        if self.quantization in GGUF_KERNEL_MODES and self.device.type == "cpu":
             loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels())
         return loaded
 
