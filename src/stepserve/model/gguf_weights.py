@@ -41,6 +41,7 @@ from torch import nn
 from stepserve.model.config import ModelArgs, load_model_args
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_file import read_gguf
+from stepserve.model.huge_pages import move_to_huge_pages
 from stepserve.model.llama import LlamaModel
 from stepserve.model.modes import GGUF_KERNEL_MODES
 from stepserve.model.quant import (
@@ -269,4 +270,6 @@ def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
     leftover = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if leftover:
         raise ValueError(f"{gguf_path.name}: no weights for {', '.join(leftover[:5])}")
+    if quantization in GGUF_KERNEL_MODES:
+        move_to_huge_pages(model)  # before anything (the fused decoder) takes pointers
     return model.requires_grad_(False).eval()
