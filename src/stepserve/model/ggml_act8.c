@@ -97,50 +97,80 @@ INLINE __m128i load_tail_scales(const uint16_t *p, int64_t left) {
                      : _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)p), one, 2);
 }
 
-/* y[r] = row r of the R weight rows at `qs` and `scales` (consecutive rows) . the
- * quantised row `xa`. */
-INLINE void dot_act8(int R, const uint8_t *xa, int64_t K, const uint8_t *qs,
-                     const uint16_t *scales, float *y) {
+/* y[i * ldy + r] = weight row r (of R consecutive rows at `qs`, `scales`) . quantised
+ * activation row i (of MT, row_bytes apart from `xa`); MT * R <= 8 accumulators. Each
+ * weight block is unpacked once for all MT rows, each activation block loaded once for
+ * all R. */
+INLINE void dot_act8(int MT, int R, const uint8_t *xa, int64_t row_bytes, int64_t K,
+                     const uint8_t *qs, const uint16_t *scales, float *y, int64_t ldy) {
     const int64_t blocks = act8_blocks(K), groups = K / QK, row_qs = groups * 16;
-    const int8_t *xq = (const int8_t *)xa;
-    const float *dx = (const float *)(xq + blocks * 128), *sx = dx + blocks * 16;
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     const __m512i d_lanes = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     const __m512i m_lanes = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
-    __m512 acc[A8_WROWS];
-    for (int r = 0; r < R; r++)
-        acc[r] = _mm512_setzero_ps();
+    __m512 acc[8];
+    for (int a = 0; a < MT * R; a++)
+        acc[a] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t left = groups - b * GROUPS_PER_BLOCK;
         const int full = left >= GROUPS_PER_BLOCK;
-        const __m512i xlo = _mm512_load_si512(xq + b * 128);
-        const __m512i xhi = _mm512_load_si512(xq + b * 128 + 64);
-        const __m512 dxv = _mm512_loadu_ps(dx + b * 16), sxv = _mm512_loadu_ps(sx + b * 16);
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = qs + r * row_qs + b * 64;
             const __m512i w = full ? _mm512_loadu_si512(wp) : load_tail_groups(wp, left);
             const __m512i lo = _mm512_and_si512(w, nibble);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
-            const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
-                _mm512_setzero_si512(), lo, xlo), hi, xhi);
             /* The block's (d, m) pairs, fp16 -> float. */
             const uint16_t *sp = scales + (r * groups + b * GROUPS_PER_BLOCK) * 2;
             const __m512 s = _mm512_castps256_ps512(_mm256_cvtph_ps(
                 full ? _mm_loadu_si128((const __m128i *)sp) : load_tail_scales(sp, left)));
             const __m512 dw = _mm512_permutexvar_ps(d_lanes, s);
             const __m512 mw = _mm512_permutexvar_ps(m_lanes, s);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dxv), acc[r]);
-            acc[r] = _mm512_fmadd_ps(mw, sxv, acc[r]);
+            for (int i = 0; i < MT; i++) {
+                const int8_t *xq = (const int8_t *)(xa + i * row_bytes);
+                const float *dx = (const float *)(xq + blocks * 128), *sx = dx + blocks * 16;
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), lo, _mm512_load_si512(xq + b * 128)), hi,
+                    _mm512_load_si512(xq + b * 128 + 64));
+                __m512 *a = acc + i * R + r;
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                     _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b * 16)), *a);
+                *a = _mm512_fmadd_ps(mw, _mm512_loadu_ps(sx + b * 16), *a);
+            }
         }
     }
-    for (int r = 0; r < R; r++)
-        y[r] = _mm512_reduce_add_ps(acc[r]);
+    for (int i = 0; i < MT; i++)
+        for (int r = 0; r < R; r++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[i * R + r]);
 }
 
-/* Rows n0..n1-1 of y [M, N] = x @ W.T from the quantised activations `xa`. */
+#define ACT8_TILE_CASES(mt)                                                             \
+    switch (mt) {                                                                       \
+    case 1: dot_act8(1, 1, xi, row_bytes, K, w, ws, yi, N); break;                      \
+    case 2: dot_act8(2, 1, xi, row_bytes, K, w, ws, yi, N); break;                      \
+    case 3: dot_act8(3, 1, xi, row_bytes, K, w, ws, yi, N); break;                      \
+    case 4: dot_act8(4, 1, xi, row_bytes, K, w, ws, yi, N); break;                      \
+    case 5: dot_act8(5, 1, xi, row_bytes, K, w, ws, yi, N); break;                      \
+    case 6: dot_act8(6, 1, xi, row_bytes, K, w, ws, yi, N); break;                      \
+    case 7: dot_act8(7, 1, xi, row_bytes, K, w, ws, yi, N); break;                      \
+    default: dot_act8(8, 1, xi, row_bytes, K, w, ws, yi, N); break;                     \
+    }
+
+/* Rows n0..n1-1 of y [M, N] = x @ W.T from the quantised activations `xa`. One activation
+ * row: A8_WROWS weight rows a pass, streamed with prefetching. Several: tiles of up to 8
+ * activation rows, each tile against every weight row of the task (16 rows) before the
+ * next, so that the tile (8 x 3 KB at K = 1536) and the rows stay in L1 together. */
 static void rows_act8(const uint8_t *xa, int64_t M, int64_t K, const uint8_t *qs,
                       const uint16_t *scales, int64_t n0, int64_t n1, int64_t N, float *y) {
     const int64_t groups = K / QK, row_qs = groups * 16, row_bytes = act8_row_bytes(K);
+    if (M > 1) {
+        for (int64_t i0 = 0; i0 < M; i0 += 8)
+            for (int64_t n = n0; n < n1; n++) {
+                const uint8_t *xi = xa + i0 * row_bytes, *w = qs + n * row_qs;
+                const uint16_t *ws = scales + n * groups * 2;
+                float *yi = y + i0 * N + n;
+                ACT8_TILE_CASES(M - i0)
+            }
+        return;
+    }
     for (int64_t n = n0; n < n1;) {
         const int R = n1 - n >= A8_WROWS ? A8_WROWS : 1;
         /* Streaming weights is the limit: ask for the rows A8_PREFETCH_ROWS ahead (past
@@ -149,17 +179,11 @@ static void rows_act8(const uint8_t *xa, int64_t M, int64_t K, const uint8_t *qs
         for (int64_t b = 0; b < R * row_qs; b += 64)
             _mm_prefetch(ahead + b, _MM_HINT_T0);
         _mm_prefetch((const char *)(scales + (n + A8_PREFETCH_ROWS) * groups * 2), _MM_HINT_T0);
-        const uint8_t *w = qs + n * row_qs;
-        const uint16_t *ws = scales + n * groups * 2;
-        for (int64_t i = 0; i < M; i++) {
-            float out[A8_WROWS];
-            if (R == A8_WROWS)
-                dot_act8(A8_WROWS, xa + i * row_bytes, K, w, ws, out);
-            else
-                dot_act8(1, xa + i * row_bytes, K, w, ws, out);
-            for (int r = 0; r < R; r++)
-                y[i * N + n + r] = out[r];
-        }
+        if (R == A8_WROWS)
+            dot_act8(1, A8_WROWS, xa, row_bytes, K, qs + n * row_qs, scales + n * groups * 2,
+                     y + n, N);
+        else
+            dot_act8(1, 1, xa, row_bytes, K, qs + n * row_qs, scales + n * groups * 2, y + n, N);
         n += R;
     }
 }
