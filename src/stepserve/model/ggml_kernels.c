@@ -25,6 +25,7 @@
 #endif
 
 #include "ggml_groups.h"
+#include "ggml_panels.h"
 
 void ggml_matmul_act8_team(const float *x, int64_t M, int64_t K, const uint8_t *qs,
                            const uint16_t *scales, int64_t N, float *y);
@@ -112,8 +113,6 @@ INLINE void dot_rows(int fmt, int rows, const float *x, int64_t ldx, const uint8
     }
 
 
-/* Few activation rows: each weight row against all M rows, MAX_ROWS at a time, its
- * groups dequantised in registers (a weight row stays in L1 between row groups). */
 #ifdef __AVX512F__
 /* M activation rows (x, ldx apart) against R weight rows: y[i * ldy + r]. 2MR independent
  * FMA chains; each x vector loaded once for all R rows and each weight group dequantised
@@ -168,6 +167,8 @@ INLINE int64_t passes_mxr(int fmt, int M, int R, const float *x, int64_t K,
 }
 #endif
 
+/* Few activation rows: each weight row against all M rows, MAX_ROWS at a time, its
+ * groups dequantised in registers (a weight row stays in L1 between row groups). */
 INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                         const uint16_t *scales, int64_t n0, int64_t n1, int64_t N, float *y) {
     const int64_t groups = K / QK;
@@ -192,65 +193,6 @@ INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uin
             const float *xi = x + i0 * K;
             float *yi = y + i0 * N + n;
             DOT_ROWS_CASES(fmt)
-        }
-    }
-}
-
-/* y[i * ldy + c] = x[i] . w[c] for `rows` (<= 4) activation rows and `cols` (<= 2) float
- * weight rows (K % VLEN == 0): 8 accumulators, enough independent FMA chains to keep
- * both FMA pipes busy, and nothing but loads and FMAs in the loop. */
-INLINE void tile_dot(int rows, int cols, const float *x, int64_t K, const float *w,
-                     float *y, int64_t ldy) {
-    vec acc[4][2];
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < cols; c++)
-            acc[i][c] = vzero();
-    for (int64_t k = 0; k < K; k += VLEN) {
-        vec wv[2];
-        for (int c = 0; c < cols; c++)
-            wv[c] = vload(w + c * K + k);
-        for (int i = 0; i < rows; i++) {
-            const vec xv = vload(x + i * K + k);
-            for (int c = 0; c < cols; c++)
-                acc[i][c] = vfmadd(xv, wv[c], acc[i][c]);
-        }
-    }
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < cols; c++)
-            y[i * ldy + c] = vsum(acc[i][c]);
-}
-
-#define TILE_CASES(cols)                                                                \
-    switch (rows) {                                                                     \
-    case 1: tile_dot(1, cols, xi, K, wc, yi, N); break;                                 \
-    case 2: tile_dot(2, cols, xi, K, wc, yi, N); break;                                 \
-    case 3: tile_dot(3, cols, xi, K, wc, yi, N); break;                                 \
-    default: tile_dot(4, cols, xi, K, wc, yi, N); break;                                \
-    }
-
-/* Many activation rows: PANEL weight rows at a time are dequantised once into `panel`
- * (float32, L1-sized) and multiplied by every activation row in 4 x 2 tiles. */
-INLINE void matmul_panels(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                          const uint16_t *scales, int64_t n0, int64_t n1, int64_t N,
-                          float *y, float *panel) {
-    const int64_t row_qs = K / QK * qs_bytes_per_group(fmt);
-    const int64_t row_sc = K / QK * scales_per_group(fmt);
-    for (int64_t n = n0; n < n1; n += PANEL) {
-        const int64_t np = n1 - n < PANEL ? n1 - n : PANEL;
-        for (int64_t r = 0; r < np; r++)
-            dequant_row(fmt, qs + (n + r) * row_qs, scales + (n + r) * row_sc, K, panel + r * K);
-        for (int64_t i0 = 0; i0 < M; i0 += 4) {
-            const int rows = (int)(M - i0 < 4 ? M - i0 : 4);
-            const float *xi = x + i0 * K;
-            for (int64_t c = 0; c < np; c += 2) {
-                const float *wc = panel + c * K;
-                float *yi = y + i0 * N + n + c;
-                if (np - c >= 2) {
-                    TILE_CASES(2)
-                } else {
-                    TILE_CASES(1)
-                }
-            }
         }
     }
 }

@@ -9,8 +9,9 @@ one scale per row, not per group of 32. These kernels read the GGUF's groups as 
 and compute in float32 (see the exactness note in the C file).
 
 Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s), plus `-mavx512f -mavx512bw
--mavx512vl -mavx512dq` where the CPU has them (16-lane loops; `STEPSERVE_KERNEL_ISA=avx2`
-loads the AVX2 build anyway); the library's name carries the ISA and a hash of the source
+-mavx512vl -mavx512dq` where the CPU has them (16-lane loops), plus `-mavx512vnni` where it
+has that too (the int8 products of the q4_1_q8 mode, ggml_act8.c); `STEPSERVE_KERNEL_ISA`
+loads a narrower build anyway; the library's name carries the ISA and a hash of the source
 and flags, so an edit rebuilds it. Where the machine is not x86-64 with AVX2, or no
 compiler works, `load_kernels()` raises `KernelsUnavailable` with the reason.
 """
@@ -32,7 +33,8 @@ import torch
 # decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul: one library.
 SOURCES = tuple(Path(__file__).with_name(n)
                 for n in ("ggml_kernels.c", "ggml_act8.c", "decode_kernels.c"))
-HEADERS = (Path(__file__).with_name("ggml_groups.h"),)  # included: in the hash, not compiled
+# included: in the hash, not compiled
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("ggml_groups.h", "ggml_panels.h"))
 # -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
 # both); the explicit fmadd intrinsics stay FMAs.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
@@ -44,7 +46,7 @@ _AVX512 = (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vec
 ISAS = {"avx2": ((), ()),
         "avx512": _AVX512,
         "avx512_vnni": ((*_AVX512[0], "-mavx512vnni"), (*_AVX512[1], "avx512_vnni"))}
-ISA_ENV = "STEPSERVE_KERNEL_ISA"  # avx2 or avx512: which build to load (default: the best)
+ISA_ENV = "STEPSERVE_KERNEL_ISA"  # a key of ISAS: which build to load (default: the widest)
 FMT_Q4_1, FMT_Q8_0, FMT_Q4_1_Q8 = 0, 1, 3  # the C side's enum (ggml_groups.h)
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
