@@ -9,7 +9,8 @@
  * The same operations as llama.py's torch path, in the same rounding steps (built with
  * -ffp-contract=off: nothing is fused that torch computes as two roundings); only the
  * order of the sums (norms, attention dots, the softmax denominator) differs, as between
- * any two kernels. What this saves is the ~40 small torch ops and the Python around them
+ * any two kernels, and exp is our vectorised one (ggml_groups.h, within 1 ulp; torch's
+ * is its own too). What this saves is the ~40 small torch ops and the Python around them
  * per layer: at batch 1 they cost more than the matrix products.
  *
  * Weights: `layers` holds LAYER_WORDS int64 per layer: input norm, post norm (float*),
