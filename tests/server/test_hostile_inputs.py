@@ -176,8 +176,13 @@ def _check_hostile_inputs_fast(server) -> None:
     # "One step's worth" of delay at most, with room for a noisy 2-core machine: the worst
     # gap while hostile requests were parsed is within the worst ordinary gap plus one step
     # and a scheduling allowance.
+    # Every case is sent twice, so a stall one of them causes shows up at least twice;
+    # a lone longer gap is the shared machine (a neighbour taking the core for ~0.1 s,
+    # seen in CI), so the second-worst gap is held to the allowance and the worst to 0.5 s.
     allowance = max(before) + step + 0.1
-    assert max(during) <= allowance, (max(during), max(before), step)
+    worst, second = sorted(during)[-1], sorted(during)[-2]
+    assert second <= allowance, (second, max(before), step)
+    assert worst <= 0.5, (worst, max(before), step)
 
     assert httpx.get(server.url + "/health").status_code == 200
     server.wait_idle()
