@@ -75,21 +75,20 @@ static void project(const int64_t *p, const float *x, int64_t M, int64_t K, int6
 /* Hints for the first PREFETCH_NEXT rows of this thread's share of the projection `p`
  * (N rows of K), issued right after the previous product: the weights then stream in
  * while the team syncs and runs the small steps in between, when memory would idle.
- * The share is ggml_matmul_team's: 16-row tasks, split as libgomp's static schedule. */
+ * The share is ggml_matmul_team's: TASK_ROWS-row tasks, split as libgomp's static
+ * schedule. */
 static void prefetch_start(const int64_t *p, int64_t N, int64_t K) {
-    const int64_t tasks = (N + 15) / 16, nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t q = tasks / nt, r = tasks % nt, first = 16 * (t * q + (t < r ? t : r));
+    const int64_t tasks = (N + TASK_ROWS - 1) / TASK_ROWS;
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t q = tasks / nt, r = tasks % nt, first = TASK_ROWS * (t * q + (t < r ? t : r));
     const int64_t rows = N - first < PREFETCH_NEXT ? N - first : PREFETCH_NEXT;
     if (rows <= 0)
         return;
-    const int64_t row_qs = p[0] == FMT_F32 ? 4 * K : p[0] == FMT_Q8_0 ? K : K / 2;
-    const int64_t row_sc = p[0] == FMT_F32 ? 0 : p[0] == FMT_Q8_0 ? K / 16 : K / 8;
-    const char *qs = (const char *)(intptr_t)p[1] + first * row_qs;
-    const char *sc = (const char *)(intptr_t)p[2] + first * row_sc;
-    for (int64_t b = 0; b < rows * row_qs; b += 64)
-        _mm_prefetch(qs + b, _MM_HINT_T0);
-    for (int64_t b = 0; b < rows * row_sc; b += 64)
-        _mm_prefetch(sc + b, _MM_HINT_T0);
+    const int fmt = (int)p[0];
+    const int64_t row_qs = fmt == FMT_F32 ? 4 * K : K / QK * qs_bytes_per_group(fmt);
+    const int64_t row_sc = fmt == FMT_F32 ? 0 : K / QK * scales_per_group(fmt) * 2;  /* fp16 */
+    prefetch_bytes((const char *)(intptr_t)p[1] + first * row_qs, rows * row_qs);
+    prefetch_bytes((const char *)(intptr_t)p[2] + first * row_sc, rows * row_sc);
 }
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)), row by row (the reference's roundings). */
@@ -126,20 +125,17 @@ static float exp_shifted(float *e, int64_t n, float mx) {
         acc = vadd(acc, t);
     }
     float sum = vsum(acc);
-    for (; i < n; i++) {  /* the tail through a padded vector: the same exp */
-        float one[VLEN] = {0};
-        one[0] = e[i] - mx;
-        vstore(one, vexp(vload(one)));
-        e[i] = one[0];
-        sum += e[i];
+    if (i < n) {  /* the tail through one padded vector: the same exp */
+        float tail[VLEN] = {0};
+        for (int64_t j = i; j < n; j++)
+            tail[j - i] = e[j] - mx;
+        vstore(tail, vexp(vload(tail)));
+        for (int64_t j = i; j < n; j++) {
+            e[j] = tail[j - i];
+            sum += e[j];
+        }
     }
     return sum;
-}
-
-/* Hints that the n floats at p will be read soon. */
-static inline void prefetch_row(const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 64 / sizeof(float))
-        _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
 
 /* o[j] += w * v[j], j < n (the softmax-weighted sum of V rows). */
@@ -169,8 +165,8 @@ static void attend(const float *q, const float *k, const float *v, const int64_t
         const int64_t next = p + n < hi ? (table[(p + n) / bs] * bs) * kvh + g : -1;
         for (int64_t j = 0; j < n; j++) {
             if (next >= 0)
-                prefetch_row(k + (next + j * kvh) * hd, hd);
-            prefetch_row(v + (first + j * kvh) * hd, hd);
+                prefetch_bytes(k + (next + j * kvh) * hd, hd * (int64_t)sizeof(float));
+            prefetch_bytes(v + (first + j * kvh) * hd, hd * (int64_t)sizeof(float));
             const float s = dot(q, kp + j * stride, hd) * scale;
             scores[p - lo + j] = s;
             mx = s > mx ? s : mx;

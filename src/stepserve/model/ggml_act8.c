@@ -156,7 +156,7 @@ INLINE void dot_act8(int MT, int R, const uint8_t *xa, int64_t row_bytes, int64_
 
 /* Rows n0..n1-1 of y [M, N] = x @ W.T from the quantised activations `xa`. One activation
  * row: A8_WROWS weight rows a pass, streamed with prefetching. Several: tiles of up to 8
- * activation rows, each tile against every weight row of the task (16 rows) before the
+ * activation rows, each tile against every weight row of the task (TASK_ROWS) before the
  * next, so that the tile (8 x 3 KB at K = 1536) and the rows stay in L1 together. */
 static void rows_act8(const uint8_t *xa, int64_t M, int64_t K, const uint8_t *qs,
                       const uint16_t *scales, int64_t n0, int64_t n1, int64_t N, float *y) {
@@ -175,9 +175,7 @@ static void rows_act8(const uint8_t *xa, int64_t M, int64_t K, const uint8_t *qs
         const int R = n1 - n >= A8_WROWS ? A8_WROWS : 1;
         /* Streaming weights is the limit: ask for the rows A8_PREFETCH_ROWS ahead (past
          * this task's end too: harmless hints). */
-        const char *ahead = (const char *)(qs + (n + A8_PREFETCH_ROWS) * row_qs);
-        for (int64_t b = 0; b < R * row_qs; b += 64)
-            _mm_prefetch(ahead + b, _MM_HINT_T0);
+        prefetch_bytes(qs + (n + A8_PREFETCH_ROWS) * row_qs, R * row_qs);
         _mm_prefetch((const char *)(scales + (n + A8_PREFETCH_ROWS) * groups * 2), _MM_HINT_T0);
         if (R == A8_WROWS)
             dot_act8(1, A8_WROWS, xa, row_bytes, K, qs + n * row_qs, scales + n * groups * 2,
@@ -197,7 +195,7 @@ void ggml_matmul_act8_team(const float *x, int64_t M, int64_t K, const uint8_t *
     _Alignas(64) uint8_t small[bytes <= SMALL_ACT8 ? bytes : 64];
     uint8_t *xa = bytes <= SMALL_ACT8 ? small : aligned_alloc(64, (size_t)bytes);
     act8_quantize(x, M, K, xa);
-    const int64_t chunk = 16, tasks = (N + chunk - 1) / chunk;
+    const int64_t chunk = TASK_ROWS, tasks = (N + chunk - 1) / chunk;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; t++)
         rows_act8(xa, M, K, qs, scales, t * chunk, t * chunk + chunk < N ? t * chunk + chunk : N,

@@ -31,8 +31,19 @@
  * float32 rows. */
 enum { FMT_Q4_1 = 0, FMT_Q8_0 = 1, FMT_Q4_1_Q8 = 3 };
 
-INLINE int scales_per_group(int fmt) { return fmt == FMT_Q4_1 ? 2 : 1; }
-INLINE int64_t qs_bytes_per_group(int fmt) { return fmt == FMT_Q4_1 ? QK / 2 : QK; }
+/* The weights' sizes; FMT_Q4_1_Q8's weights are Q4_1. */
+INLINE int scales_per_group(int fmt) { return fmt == FMT_Q8_0 ? 1 : 2; }
+INLINE int64_t qs_bytes_per_group(int fmt) { return fmt == FMT_Q8_0 ? QK : QK / 2; }
+
+/* Output rows (weight rows) per task of a product's `omp for`: ggml_matmul_team's and
+ * ggml_act8.c's tasks, which decode_kernels.c's prefetch_start follows. */
+#define TASK_ROWS 16
+
+/* Hints that the n bytes at p will be read soon, a cache line at a time. */
+INLINE void prefetch_bytes(const void *p, int64_t n) {
+    for (int64_t b = 0; b < n; b += 64)
+        _mm_prefetch((const char *)p + b, _MM_HINT_T0);
+}
 
 INLINE float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

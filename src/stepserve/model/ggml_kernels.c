@@ -156,9 +156,7 @@ INLINE int64_t passes_mxr(int fmt, int M, int R, const float *x, int64_t K,
     float scr[8 * groups * per];
     for (; n0 + R <= n1; n0 += R) {
         /* Streaming from memory, not computing, is the limit here. */
-        const char *ahead = (const char *)(qs + (n0 + PREFETCH_ROWS) * row_qs);
-        for (int64_t b = 0; b < R * row_qs; b += 64)
-            _mm_prefetch(ahead + b, _MM_HINT_T0);
+        prefetch_bytes(qs + (n0 + PREFETCH_ROWS) * row_qs, R * row_qs);
         _mm_prefetch((const char *)(scales + (n0 + PREFETCH_ROWS) * row_sc), _MM_HINT_T0);
         halves_to_floats(scales + n0 * row_sc, R * row_sc, scr);
         dot_mxr(fmt, M, R, x, K, qs + n0 * row_qs, row_qs, scr, row_sc, groups, y + n0, N);
@@ -207,8 +205,7 @@ void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8
         ggml_matmul_act8_team(x, M, K, qs, scales, N, y);
         return;
     }
-    const int64_t chunk = 16; /* output features per task */
-    const int64_t tasks = (N + chunk - 1) / chunk;
+    const int64_t chunk = TASK_ROWS, tasks = (N + chunk - 1) / chunk;
     const int panels = M >= PANEL_ROWS;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; t++) {
@@ -243,12 +240,12 @@ void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *q
  * The embedding lookup and the prefill path (dequantise, then a BLAS GEMM) use it. */
 void ggml_dequantize(int fmt, const uint8_t *qs, const uint16_t *scales, int64_t K,
                      const int64_t *rows, int64_t count, float *out, int num_threads) {
-    const int64_t groups = K / QK, wf = fmt == FMT_Q8_0 ? FMT_Q8_0 : FMT_Q4_1;
-    const int64_t row_qs = groups * qs_bytes_per_group(wf), row_sc = groups * scales_per_group(wf);
+    const int64_t groups = K / QK;
+    const int64_t row_qs = groups * qs_bytes_per_group(fmt), row_sc = groups * scales_per_group(fmt);
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && count >= 64)
     for (int64_t r = 0; r < count; r++) {
         const int64_t n = rows ? rows[r] : r;
-        if (fmt != FMT_Q8_0)  /* FMT_Q4_1_Q8's weights are Q4_1 */
+        if (fmt != FMT_Q8_0)  /* FMT_Q4_1 or FMT_Q4_1_Q8 (Q4_1 weights too) */
             dequant_row(FMT_Q4_1, qs + n * row_qs, scales + n * row_sc, K, out + r * K);
         else
             dequant_row(FMT_Q8_0, qs + n * row_qs, scales + n * row_sc, K, out + r * K);

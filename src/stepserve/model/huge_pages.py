@@ -23,13 +23,13 @@ import sys
 import torch
 from torch import nn
 
+from stepserve.model.quant import GGUFEmbedding, GGUFLinear
+
 ALIGN = 64  # bytes: a cache line, and the kernels' vector loads
 _BUFFERS = ("qs", "scales")
 
 
 def _modules_with_buffers(model: nn.Module) -> list[nn.Module]:
-    from stepserve.model.quant import GGUFEmbedding, GGUFLinear
-
     return [m for m in model.modules() if isinstance(m, (GGUFLinear, GGUFEmbedding))]
 
 

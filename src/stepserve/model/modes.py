@@ -76,8 +76,9 @@ def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
         if reason is None and wanted == "q4_1_q8":
             from stepserve.model.ggml_kernels import load_kernels
 
-            if not load_kernels().has_act8:
-                reason = (f"its int8 kernels need AVX-512 VNNI, and the {load_kernels().isa} "
+            kernels = load_kernels()
+            if not kernels.has_act8:
+                reason = (f"its int8 kernels need AVX-512 VNNI, and the {kernels.isa} "
                           "build has none (this CPU lacks avx512_vnni, or "
                           "STEPSERVE_KERNEL_ISA chose a narrower build)")
         if reason is not None:
