@@ -4,7 +4,7 @@
    counts the bytes read plus the bytes written (STREAM's convention), best of the
    repeats. Measured at the start of every round, next to the steps it is the floor of:
    on a shared machine the bandwidth a neighbour leaves moves by half within minutes
-   (this EPYC: 37-44 GB/s mostly, now and then 64-72), so a floor from one moment
+   (this EPYC: 35-47 GB/s mostly, now and then 58-73), so a floor from one moment
    against steps from another would compare two machines.
 2. For each weight mode (`--modes quantization/dtype,...`, see stepserve/model/modes.py):
    `TorchRunner.execute` decode steps at batch 1, 2, 4, 8, 16, 32 and context `--context`
