@@ -44,12 +44,10 @@ class RunningIngress:
         return openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0,
                              **kwargs)
 
-    def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=30).json()
-
     def replicas(self) -> dict[int, dict]:
-        """{engine index: its /health answer} of the live replicas."""
-        return {r["engine"]: r for r in self.health()["replicas"]}
+        """{engine index: its own health answer} of the live replicas."""
+        answer = httpx.get(self.url + "/cluster/replicas", timeout=30).json()
+        return {r["engine"]: r for r in answer["replicas"]}
 
     def admitted(self) -> dict[int, int]:
         return {e: r["requests_admitted"] for e, r in self.replicas().items()}

@@ -1,6 +1,7 @@
 """`serve --replicas N --api-key K`: the ingress asks for the key as the single-process
-server does (401 in OpenAI's shape; /health, /metrics and /version open). Runs without
-Ray: the ingress app over a stand-in for the cluster."""
+server does (401 in OpenAI's shape; /health, /metrics and /version open), and each
+replica's detail (/cluster/replicas) is behind it. Runs without Ray: the ingress app over
+a stand-in for the cluster."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from stepserve.cluster.app import IngressSettings, create_ingress_app  # noqa: E
 
 
 class NoCluster:
-    """What the ingress app's lifespan touches, and nothing else."""
+    """What the ingress app's lifespan and health routes touch, and nothing else."""
+
+    handles: dict = {}  # no pools: nothing to ask a replica
+    accepting = True
 
     async def drain(self, timeout_s: float) -> None:
         return None
@@ -33,3 +37,13 @@ def test_the_ingress_checks_the_api_key():
         assert client.get("/v1/models", headers={"Authorization": "Bearer secret"}
                           ).status_code == 200
         assert client.get("/version").status_code != 401
+
+
+def test_each_replicas_detail_needs_the_key_and_the_probe_does_not():
+    settings = IngressSettings("tiny", 256, 512, 4096, api_keys=("secret",))
+    with TestClient(create_ingress_app(NoCluster(), settings)) as client:
+        assert client.get("/cluster/replicas").status_code == 401
+        detail = client.get("/cluster/replicas", headers={"Authorization": "Bearer secret"})
+        assert detail.status_code == 200 and detail.json()["replicas"] == []
+        assert client.get("/health").json() == {"status": "ok"}
+        assert client.head("/health").status_code == 200

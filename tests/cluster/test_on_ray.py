@@ -5,7 +5,9 @@ tiny-model replicas behind the ingress, driven by the official openai client and
 * requests are spread as the router says: round-robin alternates, least-outstanding
   sends short requests away from the replica busy with a long one;
 * pool rules: long prompts and a header go to `offline`, chat to `online`;
-* /metrics merges every replica (engine and pool labels), /health per replica;
+* /metrics merges every replica (engine and pool labels); /health and /health/{engine}
+  say only ok, each replica's detail is /cluster/replicas;
+* /tokenize, /detokenize, /version; bodies the parser refuses are a 400;
 * nothing listens outside 127.0.0.1;
 * a replica killed mid-run: its in-flight requests end with an error naming it, the
   others complete, new requests go to the live replica, Ray Serve restarts it.
@@ -209,11 +211,29 @@ def test_metrics_merge_every_replica_with_engine_and_pool_labels(pooled):
     assert 'stepserve:cluster_replicas_live{pool="online"} 2' in text
 
 
-def test_health_per_replica(pooled):
-    one = httpx.get(pooled.url + "/health/2")
-    assert one.status_code == 200 and one.json()["pool"] == "offline"
+def test_public_health_says_only_ok_and_the_replicas_are_behind_the_api(pooled):
+    for path in ("/health", "/health/2"):
+        got = httpx.get(pooled.url + path)
+        assert (got.status_code, got.json()) == (200, {"status": "ok"}), path
+        assert httpx.head(pooled.url + path).status_code == 200, path
     missing = httpx.get(pooled.url + "/health/9")
-    assert missing.status_code == 404 and "live: 0, 1, 2" in missing.json()["error"]["message"]
+    assert missing.status_code == 404 and "pid" not in missing.text
+    detail = httpx.get(pooled.url + "/cluster/replicas").json()
+    assert detail["status"] == "ok" and {r["engine"] for r in detail["replicas"]} == {0, 1, 2}
+    assert pooled.replicas()[2]["pool"] == "offline" and pooled.replicas()[2]["pid"] > 0
+
+
+def test_utility_routes_and_refused_bodies_through_the_ingress(rr):
+    got = httpx.post(rr.url + "/tokenize", json={"prompt": "hello"}).json()
+    back = httpx.post(rr.url + "/detokenize", json={"tokens": got["tokens"]}).json()
+    assert got["count"] == len(got["tokens"]) > 0 and back == {"prompt": "hello"}
+    assert "version" in httpx.get(rr.url + "/version").json()
+    for raw in (b'{"prompt": "ab\\ud800cd", "max_tokens": 4}',
+                b'{"prompt": "ab", "max_tokens": ' + b"9" * 5000 + b"}"):
+        r = httpx.post(rr.url + "/v1/completions", content=raw,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400 and set(r.json()["error"]) == {
+            "message", "type", "param", "code"}, r.text
 
 
 def test_nothing_listens_outside_the_loopback(rr, pooled):

@@ -1,10 +1,16 @@
 """The ingress: the single-process server's API (the same handlers, errors and
-streaming: server/serving.py) over a ClusterEngine, plus the cluster's /health (every
-replica, and `/health/{engine}` for one) and one /metrics merging every replica's.
+streaming: server/serving.py; /tokenize, /detokenize and /version: server/tokenize.py)
+over a ClusterEngine, plus the cluster's health and one /metrics merging every replica's.
 
-    /health            200 while every pool has a live replica; each replica's state
-    /health/{engine}   that replica's own answer (200, or 503 with the reason)
-    /metrics           every replica's series labelled engine="<index>", pool="<name>"
+    /health             public probe: 200 {"status": "ok"} while every pool has a live
+                        replica, else 503 with a short reason (GET and HEAD)
+    /health/{engine}    public probe of one replica, the same shape
+    /cluster/replicas   every replica's own answer (pid, load, state): needs the API key
+                        when one is set, as every non-public route (server/auth.py)
+    /metrics            every replica's series labelled engine="<index>", pool="<name>"
+
+The probes say only healthy or not: who runs where (pids, error texts carrying Ray's
+internals) is for operators, behind the key.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
 from stepserve.server.openapi import install_openapi
 from stepserve.server.prompts import ServingContext
+from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.cluster")
 REPLICA_CALL_TIMEOUT_S = 5.0
@@ -76,6 +83,7 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings) -> Fas
             REQUEST_HEADERS.reset(token)
 
     add_openai_routes(app)
+    install_tokenize_routes(app)
 
     @app.get("/health")
     async def health() -> Response:
@@ -84,6 +92,15 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings) -> Fas
     @app.get("/health/{engine}")
     async def replica_health(engine: int) -> Response:
         return await one_replica_health(cluster, engine)
+
+    # probes that send HEAD get GET's status (uvicorn drops the body); out of the
+    # OpenAPI document, where the pair would share one operation id
+    for path, probe in (("/health", health), ("/health/{engine}", replica_health)):
+        app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
+
+    @app.get("/cluster/replicas")
+    async def replicas() -> Response:
+        return await replica_detail(cluster)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
@@ -120,28 +137,47 @@ async def _health_of(cluster: ClusterEngine, pool: str, engine: int) -> dict:
                 "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
 
 
-async def cluster_health(cluster: ClusterEngine) -> Response:
-    if not cluster.accepting:
-        return APIError(503, "the server is shutting down", UNAVAILABLE,
-                        code="shutting_down").response()
+async def _answers(cluster: ClusterEngine) -> tuple[list[dict], list[str]]:
+    """Every live replica's own health answer, and the pools none of them serves."""
     replicas = live_replicas(cluster)
     answers = await asyncio.gather(*(_health_of(cluster, p, e) for p, e in replicas))
     up = {a["pool"] for a in answers if a.get("status") == "ok"}
-    down = [p for p in cluster.handles if p not in up]
-    body = {"status": "ok" if not down else "degraded", "replicas": answers}
+    return list(answers), [p for p in cluster.handles if p not in up]
+
+
+def _unhealthy(reason: str, code: str) -> Response:
+    return APIError(503, reason, UNAVAILABLE, code=code).response()
+
+
+async def cluster_health(cluster: ClusterEngine) -> Response:
+    if not cluster.accepting:
+        return _unhealthy("the server is shutting down", "shutting_down")
+    _, down = await _answers(cluster)
     if down:
-        body["pools_without_live_replica"] = down
-    return JSONResponse(body, status_code=200 if not down else 503)
+        return _unhealthy(f"no live replica in pool(s): {', '.join(down)}",
+                          "no_live_replica")
+    return JSONResponse({"status": "ok"})
 
 
 async def one_replica_health(cluster: ClusterEngine, engine: int) -> Response:
     pools = {e: p for p, e in live_replicas(cluster)}
     if engine not in pools:
-        known = ", ".join(str(e) for e in sorted(pools)) or "none"
-        return APIError(404, f"no live replica with engine index {engine} (live: {known})",
-                        NOT_FOUND, code="replica_not_found").response()
-    answer = await _health_of(cluster, pools[engine], engine)
-    return JSONResponse(answer, status_code=200 if answer.get("status") == "ok" else 503)
+        return APIError(404, f"no live replica with engine index {engine}", NOT_FOUND,
+                        code="replica_not_found").response()
+    status = (await _health_of(cluster, pools[engine], engine)).get("status")
+    if status != "ok":
+        return _unhealthy(f"replica {engine}: {status}", "replica_down")
+    return JSONResponse({"status": "ok"})
+
+
+async def replica_detail(cluster: ClusterEngine) -> Response:
+    """What the probes leave out: each replica's answer (200 while every pool has a
+    live replica, else 503)."""
+    answers, down = await _answers(cluster)
+    body = {"status": "ok" if not down else "degraded", "replicas": answers}
+    if down:
+        body["pools_without_live_replica"] = down
+    return JSONResponse(body, status_code=200 if not down else 503)
 
 
 async def cluster_metrics(cluster: ClusterEngine) -> str:
