@@ -5,7 +5,8 @@ model.
 * /tokenize, /detokenize and /version answer as the single server does, errors included;
 * bodies the parser must refuse (a lone surrogate, an integer of 5,000 digits) are a 400
   in OpenAI's error shape, not a 500;
-* HEAD /health answers as GET does; the public /health says only "ok";
+* HEAD /health answers as GET does; the public /health says only "ok", or 503 with a
+  short reason (the replicas' detail is /cluster/replicas);
 * /openapi.json is served.
 """
 
@@ -114,3 +115,17 @@ def test_openapi_document_is_served(ingress):
         warnings.simplefilter("error")  # e.g. two routes with one operation id
         r = ingress.get("/openapi.json")
     assert r.status_code == 200 and "/tokenize" in r.json()["paths"]
+
+
+def test_a_pool_without_a_live_replica_is_a_short_503():
+    cluster = ClusterEngine(Deployment.single(BASE), {"spare": None}, IngressModel(None, BASE))
+    settings = IngressSettings(MODEL, 256, 512, 4096)
+    with TestClient(create_ingress_app(cluster, settings)) as client:
+        probe = client.get("/health")
+        assert probe.status_code == 503 and probe.json()["error"] == {
+            "message": "no live replica in pool(s): spare", "type":
+            "service_unavailable_error", "param": None, "code": "no_live_replica"}
+        assert client.head("/health").status_code == 503
+        detail = client.get("/cluster/replicas")
+        assert detail.status_code == 503
+        assert detail.json()["pools_without_live_replica"] == ["spare"]
