@@ -1,11 +1,12 @@
-"""Test factories shared by every test folder (STYLE.md habit 8)."""
+"""Test factories shared by every test folder: `make_scheduler(**overrides)` and
+`make_requests(n, ...)` build the objects, `step` and `run_until_done` drive them by hand."""
 
 from __future__ import annotations
 
 from stepserve.clock import VirtualClock
 from stepserve.config import EngineConfig
 from stepserve.core import make_scheduler as _make_scheduler
-from stepserve.core.base import SchedulerBase
+from stepserve.core.base import SchedulerBase, integrity_checks_on
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.request import Request, SamplingParams
@@ -68,6 +69,8 @@ def step(sched: SchedulerBase, runner: FakeRunner | None = None) -> SchedulerOut
     result = runner.execute(out)
     sched.clock.advance(result.elapsed_s)
     sched.update_from_output(out, result)
+    if integrity_checks_on():
+        sched.check_integrity()
     return out
 
 

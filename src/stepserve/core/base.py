@@ -5,11 +5,12 @@ and one StepRecord per executed step. Subclasses decide only how a batch is fill
 
 from __future__ import annotations
 
+import os
 from operator import attrgetter
 
 from stepserve.clock import Clock
 from stepserve.config import ConfigError, EngineConfig
-from stepserve.core.kv_cache import KVCacheManager, blocks_for
+from stepserve.core.kv_cache import KVCacheError, KVCacheManager, blocks_for
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.policies import make_policy
 from stepserve.request import FINISH_REASON_OF, RejectReason, Request, RequestStatus
@@ -18,6 +19,15 @@ _RUNNING = RequestStatus.RUNNING
 _REQUEST_ID = attrgetter("request_id")
 _FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 _FINISHED_STOPPED = RequestStatus.FINISHED_STOPPED
+
+# The debug switch: with this environment variable set to 1, the engine core checks the
+# scheduler's blocks and queues after every step (`check_integrity`), so a leak or a
+# double free raises at the step that made it. The test suite runs with it on.
+CHECK_INTEGRITY_ENV = "STEPSERVE_CHECK_INTEGRITY"
+
+
+def integrity_checks_on() -> bool:
+    return os.environ.get(CHECK_INTEGRITY_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 class SchedulerBase:
@@ -161,6 +171,22 @@ class SchedulerBase:
     # ---- state ----
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def check_integrity(self) -> None:
+        """Raise KVCacheError unless the blocks and the queues agree: the block manager's
+        own invariant, every live request in exactly one queue, and blocks held only by
+        live requests (a table left behind by an ended request is a leak)."""
+        kv = self.kv
+        kv.check_integrity()
+        queued = [r.request_id for q in (self.waiting, self.running, self.swapped) for r in q]
+        if len(set(queued)) != len(queued) or set(queued) != set(self.requests):
+            raise KVCacheError(f"queues hold {len(queued)} requests ({len(set(queued))} "
+                               f"distinct), the live table {len(self.requests)}")
+        owners = set(kv.block_tables) | set(kv.cpu_tables)
+        leaked = owners - set(self.requests)
+        if leaked:
+            raise KVCacheError(f"blocks held by ended or unknown request "
+                               f"{sorted(leaked)[0]!r}")
 
     def next_wakeup_time(self) -> float | None:
         """When schedule() may have work again without a new arrival (None: not by itself)."""

@@ -150,27 +150,31 @@ class KVCacheManager:
 
     # ---- invariants ----
     def check_integrity(self) -> None:
-        """Raise KVCacheError unless every block is exactly free or referenced."""
+        """Raise KVCacheError unless every block is exactly free or referenced by one
+        table. Set operations over the held blocks, not a loop over the pool: cheap
+        enough to run after every step (the debug switch, engine/core.py)."""
         for name, pool, tables in (("device", self.gpu, self.block_tables),
                                    ("cpu", self.cpu, self.cpu_tables)):
-            counts = [0] * pool.num_blocks
-            for table in tables.values():
-                for b in table:
-                    counts[b] += 1
+            referenced = [b for table in tables.values() for b in table]
+            refs = set(referenced)
+            if len(refs) != len(referenced):
+                dup = next(b for b in referenced if referenced.count(b) > 1)
+                raise KVCacheError(f"{name} block {dup}: {referenced.count(dup)} tables "
+                                   f"hold it")
             free = set(pool.free)
             if len(free) != len(pool.free):
                 raise KVCacheError(f"{name} free list holds a block twice")
-            for b in range(pool.num_blocks):
-                if counts[b] > 1:
-                    raise KVCacheError(f"{name} block {b}: {counts[b]} tables hold it")
-                if (counts[b] == 1) != (b in pool.held):
-                    raise KVCacheError(f"{name} block {b}: held={b in pool.held} but "
-                                       f"{counts[b]} tables hold it")
-                if (b in free) == (counts[b] > 0):
-                    raise KVCacheError(f"{name} block {b}: free={b in free} refs={counts[b]}")
-            used = sum(1 for c in counts if c)
-            if used + len(free) != pool.num_blocks:
-                raise KVCacheError(f"{name}: free {len(free)} + used {used} != "
+            if refs != pool.held:
+                stray = sorted(refs ^ pool.held)[0]
+                raise KVCacheError(f"{name} block {stray}: held={stray in pool.held} but "
+                                   f"{int(stray in refs)} tables hold it")
+            if free & refs:
+                both = sorted(free & refs)[0]
+                raise KVCacheError(f"{name} block {both}: free and held by a table")
+            if len(refs) + len(free) != pool.num_blocks or \
+                    (pool.num_blocks and (min(free | refs, default=0) < 0
+                                          or max(free | refs, default=0) >= pool.num_blocks)):
+                raise KVCacheError(f"{name}: free {len(free)} + used {len(refs)} != "
                                    f"total {pool.num_blocks}")
 
     @property

@@ -33,7 +33,7 @@ from typing import Protocol
 from stepserve.clock import Clock
 from stepserve.config import EngineConfig
 from stepserve.core import make_scheduler
-from stepserve.core.base import SchedulerBase
+from stepserve.core.base import SchedulerBase, integrity_checks_on
 from stepserve.core.decode_run import Sampler, run_decodes
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord, StepResult
 from stepserve.request import Request
@@ -96,6 +96,7 @@ class EngineCore:
         self.scheduler: SchedulerBase = make_scheduler(config, clock, num_gpu_blocks)
         self.on_tokens = on_tokens
         self._failed_in_a_row = 0
+        self.check_integrity = integrity_checks_on()
 
     # ---- requests ----
     def add_request(self, request: Request) -> bool:
@@ -138,6 +139,8 @@ class EngineCore:
     def complete_step(self, pending: PendingStep) -> StepResult:
         sched = self.scheduler
         if pending.out is None or pending.result is None:
+            if self.check_integrity:
+                sched.check_integrity()
             return StepResult(None, [], sched.take_finished())
         emitted = sched.update_from_output(pending.out, pending.result)
         if pending.result.logprobs is not None or pending.result.prompt_logprobs is not None:
@@ -145,6 +148,8 @@ class EngineCore:
         if self.on_tokens is not None and emitted:
             self.on_tokens(emitted)
         (record,) = sched.take_step_records()
+        if self.check_integrity:
+            sched.check_integrity()
         return StepResult(record, emitted, sched.take_finished())
 
     def run_decodes(self, start: float, until: float,
@@ -162,6 +167,8 @@ class EngineCore:
                           straddle)
         if run is None:
             return None
+        if self.check_integrity:
+            sched.check_integrity()
         return DecodeRunResult(sched.take_step_records(), sched.take_finished(), run.end_s,
                                run.released_ids, run.straddles)
 
