@@ -151,3 +151,30 @@ def test_summarize_has_every_key_other_tools_rely_on():
     required |= {f"{n}_{stat}_s" for n in ("ttft", "tpot", "itl", "e2e", "queue_time")
                  for stat in ("mean", "p50", "p95", "p99")}
     assert required <= set(s.to_json())
+
+
+def _record(i: int, prefill: int, decode: int, ready: int) -> StepRecord:
+    return StepRecord(index=i, start_s=i * 0.01, duration_s=0.01, num_prefill_tokens=prefill,
+                      num_decode_tokens=decode, num_scheduled_seqs=1, num_decode_ready=ready,
+                      num_running=ready, num_waiting=0, num_swapped=0, num_preempted=0,
+                      kv_usage=0.1, slots_held=max(ready, 1), num_active=decode)
+
+
+def test_one_step_classification_for_live_metrics_and_summaries():
+    pytest.importorskip("prometheus_client")
+    from stepserve.server.metrics import ServerMetrics
+
+    records = [_record(0, 512, 0, 0), _record(1, 512, 0, 3), _record(2, 100, 3, 3),
+               _record(3, 0, 4, 4), _record(4, 0, 0, 0)]
+    assert [r.kind for r in records] == ["prefill_only", "prefill_only", "mixed",
+                                         "decode_only", "empty"]
+    assert [r.is_zero_decode for r in records] == [False, True, False, False, False]
+    live = ServerMetrics("m")
+    live.on_steps(records)
+    summary = step_summary(records)
+    samples = {m.name: m.samples[0].value for m in live.registry.collect() if m.samples}
+    assert summary.prefill_step_share == pytest.approx(2 / 5)
+    assert summary.zero_decode_step_share == pytest.approx(1 / 5)
+    assert samples["stepserve:prefill_step_share"] == pytest.approx(summary.prefill_step_share)
+    assert samples["stepserve:zero_decode_step_share"] == pytest.approx(
+        summary.zero_decode_step_share)

@@ -104,6 +104,24 @@ class StepRecord:
     slots_held: int
     num_active: int  # sequences that produced an output token this step
 
+    # The one classification of a step, read by the live metrics and the summaries alike.
+    @property
+    def kind(self) -> str:
+        """"prefill_only", "decode_only", "mixed" or "empty" (no token computed)."""
+        prefill, decode = self.num_prefill_tokens > 0, self.num_decode_tokens > 0
+        if prefill and decode:
+            return "mixed"
+        return "prefill_only" if prefill else "decode_only" if decode else "empty"
+
+    @property
+    def is_prefill_only(self) -> bool:
+        return self.num_prefill_tokens > 0 and self.num_decode_tokens == 0
+
+    @property
+    def is_zero_decode(self) -> bool:
+        """Sequences were ready to decode and none did: the step starved decode."""
+        return self.num_decode_ready > 0 and self.num_decode_tokens == 0
+
 
 @dataclass(frozen=True, slots=True)
 class StepResult:

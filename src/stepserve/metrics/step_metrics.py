@@ -119,10 +119,8 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
                                sum(s.slots_held for s in held)),
         active_ratio_p50=percentile(active_ratios, 50),
         active_ratio_mean=mean(active_ratios),
-        prefill_step_share=ratio(
-            sum(1 for s in recs if s.num_prefill_tokens > 0 and s.num_decode_tokens == 0), n),
-        zero_decode_step_share=ratio(
-            sum(1 for s in recs if s.num_decode_ready > 0 and s.num_decode_tokens == 0), n),
+        prefill_step_share=ratio(sum(1 for s in recs if s.is_prefill_only), n),
+        zero_decode_step_share=ratio(sum(1 for s in recs if s.is_zero_decode), n),
         prefill_token_share=ratio(prefill_tok, prefill_tok + decode_tok),
         prefill_tokens_computed=prefill_tok,
         decode_tokens_computed=decode_tok,

@@ -222,10 +222,10 @@ class ServerMetrics:
             self.held_slot_steps.inc(s.slots_held)
             self.iteration_tokens.observe(s.num_prefill_tokens + s.num_decode_tokens)
             self.generation_tokens.inc(s.num_active)
-            if s.num_prefill_tokens > 0 and s.num_decode_tokens == 0:
+            if s.is_prefill_only:
                 self._n_prefill_only += 1
                 self.prefill_only_steps.inc()
-            if s.num_decode_ready > 0 and s.num_decode_tokens == 0:
+            if s.is_zero_decode:
                 self._n_zero_decode += 1
                 self.zero_decode_steps.inc()
             self.active.set(s.num_active)
