@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from stepserve.model import ggml_kernels
+from stepserve.model import ggml_kernels, kernel_cache
 from stepserve.model.ggml_kernels import KernelsUnavailable, kernels_unavailable_reason
 from stepserve.model.runner import TorchRunner
 
@@ -49,14 +49,15 @@ def test_no_compiler_falls_back_with_the_reason(fresh_cache, tmp_path, monkeypat
 def test_a_failing_compiler_is_reported_and_tried_once(fresh_cache, tmp_path, monkeypatch):
     calls = tmp_path / "calls"
     cc = tmp_path / "broken-cc"
-    cc.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'cc: error: no AVX2 here' >&2\n"
+    cc.write_text(f"#!/bin/sh\necho \"$1\" >> {calls}\necho 'cc: error: no AVX2 here' >&2\n"
                   "exit 1\n")
     cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("CC", str(cc))
     for _ in range(3):
         with pytest.raises(KernelsUnavailable, match="no AVX2 here"):
             ggml_kernels.load_kernels()
-    assert len(calls.read_text().split()) == 1
+    # Its version asked once (the build key), one build tried.
+    assert calls.read_text().split() == ["--version", kernel_cache.CFLAGS[0]]
     assert not [p for p in os.listdir(fresh_cache / "kernels")]  # no half-built library
 
 

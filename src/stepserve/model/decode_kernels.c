@@ -13,9 +13,8 @@
  * is its own too). What this saves is the ~40 small torch ops and the Python around them
  * per layer: at batch 1 they cost more than the matrix products.
  *
- * Weights: `layers` holds LAYER_WORDS int64 per layer: input norm, post norm (float*),
- * then (format, quants, scales) for qkv, o, gate_up and down; format FMT_F32 means quants
- * is a float32 [N, K] matrix and scales is unused.
+ * Weights, sizes and scratch: one struct decode_layer per layer, struct decode_dims and
+ * struct decode_scratch (kernel_abi.h, the layout Python reads from the library).
  * KV cache: [num_layers, 2, num_blocks, block_size, kv_heads, head_dim] (kv_store.py).
  */
 #include <math.h>
@@ -24,19 +23,11 @@
 #include <omp.h>
 
 #include "ggml_groups.h"
+#include "ggml_team.h"
 
 #ifndef PREFETCH_NEXT
 #define PREFETCH_NEXT 16  /* rows of the next product asked for ahead (prefetch_start) */
 #endif
-
-void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                      const uint16_t *scales, int64_t N, float *y, float *panel);
-int64_t ggml_panel_floats(int64_t M, int64_t K);
-
-enum { FMT_F32 = 2 };
-enum { LAYER_WORDS = 14 };
-/* dims: hidden, heads, kv_heads, head_dim, intermediate, num_blocks, block_size, window */
-enum { D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_INTER, D_BLOCKS, D_BLOCK_SIZE, D_WINDOW };
 
 static float dot(const float *a, const float *b, int64_t n) {
     vec acc0 = vzero(), acc1 = vzero();
@@ -63,13 +54,13 @@ static void matmul_f32(const float *x, int64_t M, int64_t K, const float *w, int
             y[i * N + n] = dot(x + i * K, w + n * K, K);
 }
 
-static void project(const int64_t *p, const float *x, int64_t M, int64_t K, int64_t N,
-                    float *y, float *panel) {
-    if (p[0] == FMT_F32)
-        matmul_f32(x, M, K, (const float *)(intptr_t)p[1], N, y);
+static void project(const struct decode_projection *p, const float *x, int64_t M,
+                    int64_t K, int64_t N, float *y, const struct team_buffers *buf) {
+    if (p->format == FMT_F32)
+        matmul_f32(x, M, K, (const float *)(intptr_t)p->qs, N, y);
     else
-        ggml_matmul_team((int)p[0], x, M, K, (const uint8_t *)(intptr_t)p[1],
-                         (const uint16_t *)(intptr_t)p[2], N, y, panel);
+        ggml_matmul_team((int)p->format, x, M, K, (const uint8_t *)(intptr_t)p->qs,
+                         (const uint16_t *)(intptr_t)p->scales, N, y, buf);
 }
 
 /* Hints for the first PREFETCH_NEXT rows of this thread's share of the projection `p`
@@ -77,18 +68,18 @@ static void project(const int64_t *p, const float *x, int64_t M, int64_t K, int6
  * while the team syncs and runs the small steps in between, when memory would idle.
  * The share is ggml_matmul_team's: TASK_ROWS-row tasks, split as libgomp's static
  * schedule. */
-static void prefetch_start(const int64_t *p, int64_t N, int64_t K) {
+static void prefetch_start(const struct decode_projection *p, int64_t N, int64_t K) {
     const int64_t tasks = (N + TASK_ROWS - 1) / TASK_ROWS;
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t q = tasks / nt, r = tasks % nt, first = TASK_ROWS * (t * q + (t < r ? t : r));
     const int64_t rows = N - first < PREFETCH_NEXT ? N - first : PREFETCH_NEXT;
     if (rows <= 0)
         return;
-    const int fmt = (int)p[0];
+    const int fmt = (int)p->format;
     const int64_t row_qs = fmt == FMT_F32 ? 4 * K : K / QK * qs_bytes_per_group(fmt);
     const int64_t row_sc = fmt == FMT_F32 ? 0 : K / QK * scales_per_group(fmt) * 2;  /* fp16 */
-    prefetch_bytes((const char *)(intptr_t)p[1] + first * row_qs, rows * row_qs);
-    prefetch_bytes((const char *)(intptr_t)p[2] + first * row_sc, rows * row_sc);
+    prefetch_bytes((const char *)(intptr_t)p->qs + first * row_qs, rows * row_qs);
+    prefetch_bytes((const char *)(intptr_t)p->scales + first * row_sc, rows * row_sc);
 }
 
 /* out = w * (x * rsqrt(mean(x^2) + eps)), row by row (the reference's roundings). */
@@ -151,9 +142,9 @@ static void axpy(float *restrict o, const float *restrict v, float w, int64_t n)
  * paged cache (kv head `g`); `scores` holds hi - lo floats. The cache is walked a block
  * at a time (no division per position). */
 static void attend(const float *q, const float *k, const float *v, const int64_t *table,
-                   int64_t lo, int64_t hi, int64_t g, const int64_t *dims, float scale,
-                   float *scores, float *out) {
-    const int64_t bs = dims[D_BLOCK_SIZE], kvh = dims[D_KV_HEADS], hd = dims[D_HEAD_DIM];
+                   int64_t lo, int64_t hi, int64_t g, const struct decode_dims *dims,
+                   float scale, float *scores, float *out) {
+    const int64_t bs = dims->block_size, kvh = dims->kv_heads, hd = dims->head_dim;
     const int64_t stride = kvh * hd;  /* floats from one cache slot to the next */
     float mx = -INFINITY;
     for (int64_t p = lo; p < hi;) {
@@ -189,9 +180,10 @@ static void attend(const float *q, const float *k, const float *v, const int64_t
  * over its own context (`scores`: room for the longest). Ends with the team's barrier. */
 static void attention(const float *qkv, float *k, float *v, const int64_t *tables,
                       int64_t table_width, const int64_t *ctx_lens, int64_t B,
-                      const int64_t *dims, float scale, float *out, float *scores) {
-    const int64_t heads = dims[D_HEADS], kvh = dims[D_KV_HEADS], hd = dims[D_HEAD_DIM];
-    const int64_t row = (heads + 2 * kvh) * hd, window = dims[D_WINDOW];
+                      const struct decode_dims *dims, float scale, float *out,
+                      float *scores) {
+    const int64_t heads = dims->heads, kvh = dims->kv_heads, hd = dims->head_dim;
+    const int64_t row = (heads + 2 * kvh) * hd, window = dims->window;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < B * heads; t++) {
         const int64_t b = t / heads, h = t % heads, hi = ctx_lens[b];
@@ -228,36 +220,51 @@ static void add_to(float *x, const float *y, int64_t n) {
         x[j] = x[j] + y[j];
 }
 
+/* Whether any projection of the step runs the int8-activation kernels. */
+static int uses_act8(const struct decode_layer *w, int64_t num_layers) {
+    int any = 0;
+    for (int64_t l = 0; l < num_layers; l++)
+        any |= w[l].qkv.format == FMT_Q4_1_Q8 || w[l].o.format == FMT_Q4_1_Q8
+               || w[l].gate_up.format == FMT_Q4_1_Q8 || w[l].down.format == FMT_Q4_1_Q8;
+    return any;
+}
+
 /* x [B, hidden] (the embeddings in, the last layer's output out, residual included).
  * One OpenMP team for the whole call: the matrix products and attention are shared out
  * with `omp for`, the small row-wise steps run on one thread (`omp single`), each ending
- * with the team's barrier: one fork and join a step instead of 120 (four a layer). */
-void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dims,
-                   float eps, float scale, float *x, int64_t B, const float *cos,
-                   const float *sin, const int64_t *slots, const int64_t *tables,
-                   int64_t table_width, const int64_t *ctx_lens, float *kv, float *scratch,
-                   int num_threads) {
-    const int64_t D = dims[D_HIDDEN], heads = dims[D_HEADS], kvh = dims[D_KV_HEADS];
-    const int64_t hd = dims[D_HEAD_DIM], I = dims[D_INTER], row = (heads + 2 * kvh) * hd;
-    const int64_t cache = dims[D_BLOCKS] * dims[D_BLOCK_SIZE] * kvh * hd;
-    float *h = scratch, *qkv = h + B * D, *att = qkv + B * row, *gu = att + B * heads * hd;
-    float *act = gu + B * 2 * I, *y = act + B * I;
+ * with the team's barrier: one fork and join a step instead of 120 (four a layer).
+ * KERNEL_OUT_OF_MEMORY (nothing written) where a thread's buffers could not be
+ * allocated. */
+int decode_layers(const struct decode_layer *layers, int64_t num_layers,
+                  const struct decode_dims *dims, float eps, float scale, float *x, int64_t B,
+                  const float *cos, const float *sin, const int64_t *slots,
+                  const int64_t *tables, int64_t table_width, const int64_t *ctx_lens,
+                  float *kv, float *scratch, int num_threads) {
+    const int64_t D = dims->hidden, heads = dims->heads, kvh = dims->kv_heads;
+    const int64_t hd = dims->head_dim, I = dims->intermediate, row = (heads + 2 * kvh) * hd;
+    const int64_t cache = dims->num_blocks * dims->block_size * kvh * hd;
+    const struct decode_scratch s = decode_scratch_layout(dims, B);
+    float *h = scratch + s.h, *qkv = scratch + s.qkv, *att = scratch + s.att;
+    float *gu = scratch + s.gu, *act = scratch + s.act, *y = scratch + s.y;
     int64_t longest = 1, widest = D > I ? D : I;
     for (int64_t b = 0; b < B; b++)
         longest = ctx_lens[b] > longest ? ctx_lens[b] : longest;
     widest = widest > heads * hd ? widest : heads * hd;
+    const int act8 = uses_act8(layers, num_layers);
+    int missing = 0;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
-        const int64_t floats = ggml_panel_floats(B, widest);
-        float *panel = floats ? aligned_alloc(64, (size_t)floats * sizeof(float)) : NULL;
+        struct team_buffers buf = team_buffers_alloc(B, widest, act8);
         float *scores = malloc((size_t)longest * sizeof(float));
-        for (int64_t l = 0; l < num_layers; l++) {
-            const int64_t *w = layers + l * LAYER_WORDS;
+        const int lacking = team_buffers_missing(&buf, B, widest, act8) || !scores;
+        const int skip = team_any_missing(lacking, &missing);
+        for (int64_t l = 0; !skip && l < num_layers; l++) {
+            const struct decode_layer *w = layers + l;
             float *k = kv + l * 2 * cache, *v = k + cache;
 #pragma omp single
-            rms_norm(x, (const float *)(intptr_t)w[0], B, D, eps, h);
-            project(w + 2, h, B, D, row, qkv, panel);
-            prefetch_start(w + 5, D, heads * hd);
+            rms_norm(x, (const float *)(intptr_t)w->input_norm, B, D, eps, h);
+            project(&w->qkv, h, B, D, row, qkv, &buf);
+            prefetch_start(&w->o, D, heads * hd);
 #pragma omp single
             for (int64_t b = 0; b < B; b++) {
                 float *t = qkv + b * row;
@@ -269,23 +276,24 @@ void decode_layers(const int64_t *layers, int64_t num_layers, const int64_t *dim
                 }
             }
             attention(qkv, k, v, tables, table_width, ctx_lens, B, dims, scale, att, scores);
-            project(w + 5, att, B, heads * hd, D, y, panel);
-            prefetch_start(w + 8, 2 * I, D);
+            project(&w->o, att, B, heads * hd, D, y, &buf);
+            prefetch_start(&w->gate_up, 2 * I, D);
 #pragma omp single
             {
                 add_to(x, y, B * D);
-                rms_norm(x, (const float *)(intptr_t)w[1], B, D, eps, h);
+                rms_norm(x, (const float *)(intptr_t)w->post_norm, B, D, eps, h);
             }
-            project(w + 8, h, B, D, 2 * I, gu, panel);
-            prefetch_start(w + 11, D, I);
+            project(&w->gate_up, h, B, D, 2 * I, gu, &buf);
+            prefetch_start(&w->down, D, I);
             silu_mul(gu, B, I, act);
-            project(w + 11, act, B, I, D, y, panel);
+            project(&w->down, act, B, I, D, y, &buf);
             if (l + 1 < num_layers)
-                prefetch_start(w + LAYER_WORDS + 2, row, D);
+                prefetch_start(&layers[l + 1].qkv, row, D);
 #pragma omp single
             add_to(x, y, B * D);
         }
         free(scores);
-        free(panel);
+        team_buffers_free(&buf);
     }
+    return missing ? KERNEL_OUT_OF_MEMORY : KERNEL_OK;
 }

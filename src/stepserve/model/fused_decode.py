@@ -20,25 +20,36 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stepserve.model.ggml_kernels import GGMLKernels
+from stepserve.model.ggml_kernels import FMT_F32, FMT_Q4_1_Q8, GGMLKernels
+from stepserve.model.kernel_abi import PROJECTIONS
+from stepserve.model.kernel_args import tensor_pointer
 from stepserve.model.kv_store import KVStore
 from stepserve.model.llama import LlamaModel, RMSNorm
 from stepserve.model.paged_attention import AttentionMetadata
 from stepserve.model.quant import GGUFLinear
 
-FMT_F32 = 2  # decode_kernels.c: a float32 [N, K] weight
+__all__ = ["FMT_F32", "MAX_BATCH", "FusedDecoder"]
+
 MAX_BATCH = 256  # decode rows from which the torch path runs (vLLM's default max_num_seqs)
-_PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+# Each projection of kernel_abi.h's struct decode_layer, by its module in a layer.
+_MODULES = dict(zip(PROJECTIONS, ("self_attn.qkv_proj", "self_attn.o_proj",
+                                  "mlp.gate_up_proj", "mlp.down_proj"), strict=True))
+_F32, _I64 = torch.float32, torch.int64
 
 
-def _projection_words(module: nn.Module) -> list[int] | None:
-    """(format, quants, scales) pointers of a projection, or None if the kernel cannot
-    run it."""
+def _projection(module: nn.Module, kernels: GGMLKernels) -> tuple[int, int, int] | None:
+    """(format, quants, scales) of a projection for struct decode_projection, or None if
+    the kernel cannot run it."""
     if isinstance(module, GGUFLinear) and module.bias is None:
-        return [module.kernel_format, module.qs.data_ptr(), module.scales.data_ptr()]
+        if module.kernel_format == FMT_Q4_1_Q8 and not kernels.has_act8:
+            return None
+        qs, scales, _ = kernels.weights("decode_layers", module.kernel_format, module.qs,
+                                        module.scales, module.in_features,
+                                        module.out_features)
+        return module.kernel_format, qs, scales
     if (type(module) is nn.Linear and module.bias is None
             and module.weight.dtype == torch.float32 and module.weight.is_contiguous()):
-        return [FMT_F32, module.weight.data_ptr(), 0]
+        return FMT_F32, tensor_pointer("decode_layers' weight", module.weight, _F32), 0
     return None
 
 
@@ -54,18 +65,17 @@ class FusedDecoder:
                  max_batch: int) -> None:
         a = model.args
         self.kernels, self.max_batch = kernels, max_batch
-        self.layers = torch.tensor(layer_words, dtype=torch.int64)
+        self.layers = torch.tensor(layer_words, dtype=_I64)
         self.num_layers = a.num_layers
         self.eps, self.scale = float(a.rms_norm_eps), a.head_dim ** -0.5
-        self.hidden = a.hidden_size
-        self._dims_head = [a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim,
-                           a.intermediate_size]
+        self.hidden, self.head_dim, self.kv_heads = a.hidden_size, a.head_dim, a.num_kv_heads
+        self._sizes = {"hidden": a.hidden_size, "heads": a.num_heads,
+                       "kv_heads": a.num_kv_heads, "head_dim": a.head_dim,
+                       "intermediate": a.intermediate_size}
         self.window = a.sliding_window or 0
-        self._per_row = (2 * a.hidden_size + (2 * a.num_heads + 2 * a.num_kv_heads) * a.head_dim
-                         + 3 * a.intermediate_size)
         self._scratch = torch.empty(0)
         self._dims: torch.Tensor | None = None
-        self._dims_key: tuple[int, int] | None = None
+        self._dims_key: tuple[int, int, int] | None = None
         self.steps = 0  # decode steps run fused (tests check the path is taken)
 
     @classmethod
@@ -81,12 +91,13 @@ class FusedDecoder:
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if not all(_norm_ok(n) for n in norms):
                 return None
-            words += [n.weight.data_ptr() for n in norms]
-            for name in _PROJECTIONS:
-                w = _projection_words(layer.get_submodule(name))
-                if w is None:
-                    return None
-                words += w
+            found = {p: _projection(layer.get_submodule(m), kernels) for p, m in _MODULES.items()}
+            projections = {p: v for p, v in found.items() if v is not None}
+            if len(projections) < len(found):
+                return None
+            inp, post = (tensor_pointer("decode_layers' norm", n.weight, _F32, (a.hidden_size,))
+                         for n in norms)
+            words += kernels.layout.layer_words(inp, post, projections)
         return cls(model, kernels, words, max_batch)
 
     def applies(self, meta: AttentionMetadata, kv: KVStore) -> bool:
@@ -96,30 +107,44 @@ class FusedDecoder:
                 and kv.kv.device.type == "cpu")
 
     def _dims_for(self, kv: KVStore) -> torch.Tensor:
-        key = (kv.num_blocks, kv.block_size)
+        """struct decode_dims, laid out as the library says."""
+        key = (kv.num_blocks, kv.block_size, self.window)
         if self._dims is None or self._dims_key != key:
-            self._dims = torch.tensor([*self._dims_head, *key, self.window], dtype=torch.int64)
-            self._dims_key = key
+            words = self.kernels.layout.dims.words(**self._sizes, num_blocks=kv.num_blocks,
+                                                   block_size=kv.block_size, window=self.window)
+            self._dims, self._dims_key = torch.tensor(words, dtype=_I64), key
         return self._dims
 
-    def _scratch_for(self, rows: int) -> torch.Tensor:
-        need = rows * self._per_row
+    def _scratch_for(self, dims: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
+        need = self.kernels.scratch_floats(dims, rows)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need)
-        return self._scratch
+        return self._scratch, need
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             meta: AttentionMetadata, kv: KVStore) -> torch.Tensor:
         """Every layer on x [B, hidden] (modified in place and returned); writes the step's
         K/V into `kv`. Call only where `applies` is true."""
-        b = x.shape[0]
+        b, hd, what = x.shape[0], self.head_dim, "decode_layers"
         tables, lens = meta.decode_tables, meta.decode_lens
-        assert tables is not None and lens is not None and x.is_contiguous()
+        assert tables is not None and lens is not None
         cos, sin = cos.contiguous(), sin.contiguous()
-        self.kernels.decode_layers(
-            self.layers.data_ptr(), self.num_layers, self._dims_for(kv).data_ptr(), self.eps,
-            self.scale, x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
-            meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-            kv.kv.data_ptr(), self._scratch_for(b).data_ptr(), torch.get_num_threads())
+        dims = self._dims_for(kv)
+        scratch, need = self._scratch_for(dims, b)
+        status = self.kernels.decode_layers_raw(
+            tensor_pointer(f"{what}' layers", self.layers, _I64,
+                           (self.num_layers * self.kernels.layout.layer.size,)),
+            self.num_layers, tensor_pointer(f"{what}' dims", dims, _I64), self.eps,
+            self.scale, tensor_pointer(f"{what}' x", x, _F32, (b, self.hidden)), b,
+            tensor_pointer(f"{what}' cos", cos, _F32, (b, hd)),
+            tensor_pointer(f"{what}' sin", sin, _F32, (b, hd)),
+            tensor_pointer(f"{what}' slot_mapping", meta.slot_mapping, _I64, (b,)),
+            tensor_pointer(f"{what}' decode_tables", tables, _I64, (b, None)), tables.shape[1],
+            tensor_pointer(f"{what}' decode_lens", lens, _I64, (b,)),
+            tensor_pointer(f"{what}' kv", kv.kv, _F32, (self.num_layers, 2, kv.num_blocks,
+                                                           kv.block_size, self.kv_heads, hd)),
+            tensor_pointer(f"{what}' scratch", scratch, _F32, at_least=need),
+            torch.get_num_threads())
+        self.kernels.check_status(status, what)
         self.steps += 1
         return x

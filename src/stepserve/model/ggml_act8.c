@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "ggml_groups.h"
+#include "ggml_team.h"
 
 #ifndef A8_WROWS
 #define A8_WROWS 4  /* weight rows per pass over an activation row */
@@ -186,27 +187,38 @@ static void rows_act8(const uint8_t *xa, int64_t M, int64_t K, const uint8_t *qs
     }
 }
 
+/* The heap buffer (64-aligned) a thread needs for ggml_matmul_act8_team with M rows of K
+ * (0: the quantised rows fit on its stack). */
+int64_t ggml_act8_heap_bytes(int64_t M, int64_t K) {
+    const int64_t bytes = M * act8_row_bytes(K);
+    return bytes <= SMALL_ACT8 ? 0 : bytes;
+}
+
 /* The calling thread's share of y [M, N] = x [M, K] @ W.T (an orphaned `omp for`, ending
  * with the team's barrier), W Q4_1. Every thread quantises all of x for itself: M * K
- * roundings against the M * K * N / threads products of its share. */
+ * roundings against the M * K * N / threads products of its share. `heap`: this thread's
+ * ggml_act8_heap_bytes(M, K) bytes (or more), where that is not 0. */
 void ggml_matmul_act8_team(const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                           const uint16_t *scales, int64_t N, float *y) {
+                           const uint16_t *scales, int64_t N, float *y, uint8_t *heap) {
     const int64_t bytes = M * act8_row_bytes(K);
     _Alignas(64) uint8_t small[bytes <= SMALL_ACT8 ? bytes : 64];
-    uint8_t *xa = bytes <= SMALL_ACT8 ? small : aligned_alloc(64, (size_t)bytes);
+    uint8_t *xa = bytes <= SMALL_ACT8 ? small : heap;
     act8_quantize(x, M, K, xa);
     const int64_t chunk = TASK_ROWS, tasks = (N + chunk - 1) / chunk;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; t++)
         rows_act8(xa, M, K, qs, scales, t * chunk, t * chunk + chunk < N ? t * chunk + chunk : N,
                   N, y);
-    if (xa != small)
-        free(xa);
 }
 #else
+int64_t ggml_act8_heap_bytes(int64_t M, int64_t K) {
+    (void)M; (void)K;
+    return 0;
+}
+
 void ggml_matmul_act8_team(const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                           const uint16_t *scales, int64_t N, float *y) {
-    (void)x; (void)M; (void)K; (void)qs; (void)scales; (void)N; (void)y;
-    abort();  /* ggml_kernels.py never passes FMT_Q4_1_Q8 to a build without VNNI */
+                           const uint16_t *scales, int64_t N, float *y, uint8_t *heap) {
+    (void)x; (void)M; (void)K; (void)qs; (void)scales; (void)N; (void)y; (void)heap;
+    abort();  /* unreachable: the Python side refuses FMT_Q4_1_Q8 where has_act8 is 0 */
 }
 #endif

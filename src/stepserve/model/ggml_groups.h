@@ -24,12 +24,10 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kernel_abi.h"  /* the formats' ids */
+
 #define QK 32
 #define INLINE static inline __attribute__((always_inline))
-
-/* FMT_Q4_1_Q8: Q4_1 weights with int8 activations (ggml_act8.c); 2 is decode_kernels.c's
- * float32 rows. */
-enum { FMT_Q4_1 = 0, FMT_Q8_0 = 1, FMT_Q4_1_Q8 = 3 };
 
 /* The weights' sizes; FMT_Q4_1_Q8's weights are Q4_1. */
 INLINE int scales_per_group(int fmt) { return fmt == FMT_Q8_0 ? 1 : 2; }

@@ -26,9 +26,7 @@
 
 #include "ggml_groups.h"
 #include "ggml_panels.h"
-
-void ggml_matmul_act8_team(const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                           const uint16_t *scales, int64_t N, float *y);
+#include "ggml_team.h"
 
 #ifdef __AVX512F__
 /* y[i * ldy] = sum_k x[i * ldx + k] * w[k] for `rows` activation rows (<= MAX_ROWS) and
@@ -197,14 +195,16 @@ INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uin
 
 /* The share of y [M, N] = x [M, K] @ W.T that falls to the calling thread of the
  * enclosing OpenMP team (an orphaned `omp for`; alone outside any parallel region), W
- * [N, K] quantised as `fmt`. `panel`: PANEL * K floats of this thread's own where
- * M >= PANEL_ROWS (ggml_panel_floats), else unused. Ends with the team's barrier. */
+ * [N, K] quantised as `fmt`. `buf`: this thread's own buffers (team_buffers_alloc) for
+ * at least M rows of K. Ends with the team's barrier. */
 void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                      const uint16_t *scales, int64_t N, float *y, float *panel) {
+                      const uint16_t *scales, int64_t N, float *y,
+                      const struct team_buffers *buf) {
     if (fmt == FMT_Q4_1_Q8) {
-        ggml_matmul_act8_team(x, M, K, qs, scales, N, y);
+        ggml_matmul_act8_team(x, M, K, qs, scales, N, y, buf->act8);
         return;
     }
+    float *panel = buf->panel;
     const int64_t chunk = TASK_ROWS, tasks = (N + chunk - 1) / chunk;
     const int panels = M >= PANEL_ROWS;
 #pragma omp for schedule(static)
@@ -224,16 +224,20 @@ void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8
 /* The panel buffer a thread needs for ggml_matmul_team with M rows of K (0: none). */
 int64_t ggml_panel_floats(int64_t M, int64_t K) { return M >= PANEL_ROWS ? PANEL * K : 0; }
 
-/* y [M, N] = x [M, K] @ W.T, W [N, K] quantised as `fmt`, on a team of its own. */
-void ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                 const uint16_t *scales, int64_t N, float *y, int num_threads) {
+/* y [M, N] = x [M, K] @ W.T, W [N, K] quantised as `fmt`, on a team of its own.
+ * KERNEL_OUT_OF_MEMORY (y untouched) where a thread's buffers could not be allocated. */
+int ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
+                const uint16_t *scales, int64_t N, float *y, int num_threads) {
+    const int act8 = fmt == FMT_Q4_1_Q8, needed = team_buffers_needed(M, K, act8);
+    int missing = 0;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
-        const int64_t floats = ggml_panel_floats(M, K);
-        float *panel = floats ? aligned_alloc(64, (size_t)floats * sizeof(float)) : NULL;
-        ggml_matmul_team(fmt, x, M, K, qs, scales, N, y, panel);
-        free(panel);
+        struct team_buffers buf = team_buffers_alloc(M, K, act8);
+        if (!needed || !team_any_missing(team_buffers_missing(&buf, M, K, act8), &missing))
+            ggml_matmul_team(fmt, x, M, K, qs, scales, N, y, &buf);
+        team_buffers_free(&buf);
     }
+    return missing ? KERNEL_OUT_OF_MEMORY : KERNEL_OK;
 }
 
 /* out [count, K] = the float32 weights of rows `rows` of W (rows == NULL: rows 0..count-1).

@@ -1,58 +1,55 @@
-"""The GGUF matrix kernels (ggml_kernels.c): built once with the system C compiler into the
-cache directory, loaded with ctypes, checked against torch before first use.
+"""The GGUF matrix kernels (ggml_kernels.c and the files beside it): built once with the
+system C compiler into the cache folder (kernel_cache.py: only a library this user alone
+owns is loaded), loaded with ctypes, their layout checked against kernel_abi.h
+(kernel_abi.py), checked against torch before first use.
 
 Why our own kernels: torch's CPU weight-only kernels do not fit the GGUF's Q4_1 on an AVX2
 machine. `_weight_int4pack_mm_for_cpu` vectorises only bfloat16 (activations, scales and
 output all rounded to bfloat16, so even the weights are no longer the GGUF's), and its
 float32 path is a scalar loop ~10x slower than a float32 GEMM; `_weight_int8pack_mm` holds
 one scale per row, not per group of 32. These kernels read the GGUF's groups as they are
-and compute in float32 (see the exactness note in the C file).
+and compute in float32 (see the exactness note in ggml_groups.h).
 
 Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s), plus `-mavx512f -mavx512bw
 -mavx512vl -mavx512dq` where the CPU has them (16-lane loops), plus `-mavx512vnni` where it
 has that too (the int8 products of the q4_1_q8 mode, ggml_act8.c); `STEPSERVE_KERNEL_ISA`
-loads a narrower build anyway; the library's name carries the ISA and a hash of the source
-and flags, so an edit rebuilds it. Where the machine is not x86-64 with AVX2, or no
-compiler works, `load_kernels()` raises `KernelsUnavailable` with the reason.
+loads a narrower build anyway. Where the machine is not x86-64 with AVX2, no compiler
+works, or the library's layout differs from kernel_abi.h, `load_kernels()` raises
+`KernelsUnavailable` with the reason. Every tensor is checked before its pointer crosses
+(kernel_args.py); a kernel that could not allocate raises MemoryError.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
 import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
-# decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul: one library.
-SOURCES = tuple(Path(__file__).with_name(n)
-                for n in ("ggml_kernels.c", "ggml_act8.c", "decode_kernels.c"))
-# included: in the hash, not compiled
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("ggml_groups.h", "ggml_panels.h"))
-# -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
-# both); the explicit fmadd intrinsics stay FMAs.
-CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
-          "-fPIC", "-std=gnu11")
-# Each instruction set the library is built for: its extra flags and the CPU flags it needs.
-# avx512_vnni is the avx512 build plus the int8 dot products of the q4_1_q8 mode.
-_AVX512 = (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vector-width=512"),
-           ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
-ISAS = {"avx2": ((), ()),
-        "avx512": _AVX512,
-        "avx512_vnni": ((*_AVX512[0], "-mavx512vnni"), (*_AVX512[1], "avx512_vnni"))}
+from stepserve.model.kernel_abi import (
+    FMT_F32,
+    FMT_Q4_1,
+    FMT_Q4_1_Q8,
+    FMT_Q8_0,
+    KERNEL_OK,
+    KERNEL_OUT_OF_MEMORY,
+    KernelsUnavailable,
+    read_layout,
+)
+from stepserve.model.kernel_args import KernelArgumentError, tensor_pointer
+from stepserve.model.kernel_cache import ISAS, load_library, remove_old_builds
+
+__all__ = ["FMT_F32", "FMT_Q4_1", "FMT_Q4_1_Q8", "FMT_Q8_0", "ISAS", "ISA_ENV",
+           "GGMLKernels", "KernelArgumentError", "KernelsUnavailable", "available_isas",
+           "choose_isa", "kernels_unavailable_reason", "load_kernels"]
+
 ISA_ENV = "STEPSERVE_KERNEL_ISA"  # a key of ISAS: which build to load (default: the widest)
-FMT_Q4_1, FMT_Q8_0, FMT_Q4_1_Q8 = 0, 1, 3  # the C side's enum (ggml_groups.h)
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-
-
-class KernelsUnavailable(RuntimeError):
-    """The GGUF kernels cannot run here (the message says why)."""
 
 
 def _cpu_flags() -> set[str] | None:
@@ -102,75 +99,102 @@ def available_isas() -> list[str]:
     return [isa for isa, (_, needs) in ISAS.items() if all(f in flags for f in needs)]
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    raise KernelsUnavailable("the GGUF kernels are built on first use and no C compiler "
-                             "was found (install gcc, or set CC)")
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+GROUP = 32  # weights per GGUF group: K is a multiple of it
+# Per format: the quants' dtype, quant bytes and scales per group (ggml_groups.h's layout).
+_WEIGHTS = {FMT_Q4_1: (torch.uint8, 16, 2), FMT_Q4_1_Q8: (torch.uint8, 16, 2),
+            FMT_Q8_0: (torch.int8, 32, 1)}
 
 
-def _build(cache_dir: Path, isa: str) -> Path:
-    source = b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS))
-    cc = _compiler()
-    flags = (*CFLAGS, *ISAS[isa][0])
-    digest = hashlib.sha256(source + " ".join((cc, *flags)).encode()).hexdigest()[:16]
-    lib = cache_dir / f"ggml_kernels-{isa}-{digest}.so"
-    if lib.is_file():
-        return lib
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
-    os.close(fd)
-    try:
-        result = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES)],
-                                capture_output=True, text=True, timeout=120)
-        if result.returncode != 0:
-            raise KernelsUnavailable(f"building the GGUF kernels with {cc} failed: "
-                                     f"{result.stderr.strip()[-500:]}")
-        os.replace(tmp, lib)  # atomic: a concurrent build's copy is as good as ours
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
-
-
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
+    """The ctypes function `fn`, typed."""
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
 
 
 class GGMLKernels:
-    """Typed wrappers around the library's entry points."""
+    """Typed wrappers around the library's entry points; each checks its tensors before
+    their pointers cross (kernel_args.py) and turns a kernel's status into an exception."""
 
-    def __init__(self, path: Path, isa: str = "avx2") -> None:
+    def __init__(self, lib: ctypes.CDLL, path: Path, isa: str = "avx2") -> None:
         self.path, self.isa = path, isa
-        lib = ctypes.CDLL(str(path))
-        self._matmul = lib.ggml_matmul
-        self._matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _P, _P, _I64, _P, ctypes.c_int]
-        self._matmul.restype = None
-        self._dequantize = lib.ggml_dequantize
-        self._dequantize.argtypes = [ctypes.c_int, _P, _P, _I64, _P, _I64, _P, ctypes.c_int]
-        self._dequantize.restype = None
+        self.layout = read_layout(lib, str(path))  # KernelsUnavailable on a mismatch
+        self._matmul = _entry(lib.ggml_matmul, [_INT, _P, _I64, _I64, _P, _P, _I64, _P, _INT],
+                              _INT)
+        self._dequantize = _entry(lib.ggml_dequantize,
+                                  [_INT, _P, _P, _I64, _P, _I64, _P, _INT], None)
+        self._scratch_floats = _entry(lib.decode_scratch_floats, [_P, _I64], _I64)
+        # fused_decode.py checks its tensors (it knows the model's sizes) and calls this.
+        self.decode_layers_raw = _entry(
+            lib.decode_layers, [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64, _P, _P,
+                                _P, _P, _I64, _P, _P, _P, _INT], _INT)
         # Whether this build runs FMT_Q4_1_Q8 (int8 activations, AVX-512 VNNI).
         self.has_act8 = bool(lib.ggml_has_act8())
-        self.decode_layers = lib.decode_layers  # fused_decode.py passes raw pointers
-        self.decode_layers.argtypes = [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64,
-                                       _P, _P, _P, _P, _I64, _P, _P, _P, ctypes.c_int]
-        self.decode_layers.restype = None
+
+    @staticmethod
+    def check_status(status: int, what: str) -> None:
+        if status == KERNEL_OUT_OF_MEMORY:
+            raise MemoryError(f"{what}: the kernels could not allocate their per-thread "
+                              "buffers (out of memory); nothing was computed")
+        if status != KERNEL_OK:
+            raise RuntimeError(f"{what} returned the unknown status {status}")
+
+    def weights(self, what: str, fmt: int, qs: torch.Tensor, scales: torch.Tensor,
+                k: int, n: int | None = None) -> tuple[int, int, int]:
+        """(quants, scales) pointers of a [n, k] matrix in `fmt`, and n (None: as many
+        rows as `qs` holds)."""
+        if fmt not in _WEIGHTS:
+            raise KernelArgumentError(f"{what}: weight format {fmt} is not one of "
+                                      f"{sorted(_WEIGHTS)}")
+        if k <= 0 or k % GROUP:
+            raise KernelArgumentError(f"{what}: K = {k} must be a positive multiple of {GROUP}")
+        dtype, qs_per_group, scales_per_group = _WEIGHTS[fmt]
+        if n is None:
+            n = qs.numel() // (k // GROUP * qs_per_group)
+        groups = n * (k // GROUP)
+        return (tensor_pointer(f"{what}'s quants", qs, dtype, numel=groups * qs_per_group),
+                tensor_pointer(f"{what}'s scales", scales, torch.float16,
+                               numel=groups * scales_per_group), n)
 
     def matmul(self, fmt: int, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:
         """out [M, N] = x [M, K] @ W.T. Every tensor contiguous on the CPU; x, out float32."""
+        if fmt == FMT_Q4_1_Q8 and not self.has_act8:
+            raise KernelArgumentError(f"ggml_matmul: the {self.isa} build has no int8-"
+                                      "activation kernels (they need avx512_vnni)")
+        px = tensor_pointer("ggml_matmul's x", x, torch.float32, ndim=2)
         m, k = x.shape
-        self._matmul(fmt, x.data_ptr(), m, k, qs.data_ptr(), scales.data_ptr(),
-                     out.shape[1], out.data_ptr(), torch.get_num_threads())
+        pq, ps, n = self.weights("ggml_matmul", fmt, qs, scales, k)
+        py = tensor_pointer("ggml_matmul's out", out, torch.float32, (m, n))
+        self.check_status(self._matmul(fmt, px, m, k, pq, ps, n, py, torch.get_num_threads()),
+                          "ggml_matmul")
         return out
 
     def dequantize(self, fmt: int, qs: torch.Tensor, scales: torch.Tensor, k: int,
                    out: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """out [R, K] = rows `rows` (int64; None: the first R) of W as float32."""
-        self._dequantize(fmt, qs.data_ptr(), scales.data_ptr(), k,
-                         None if rows is None else rows.data_ptr(), out.shape[0],
-                         out.data_ptr(), torch.get_num_threads())
+        po = tensor_pointer("ggml_dequantize's out", out, torch.float32, (None, k))
+        count = out.shape[0]
+        pq, ps, n = self.weights("ggml_dequantize", fmt, qs, scales, k)
+        pr = None
+        if rows is not None:
+            pr = tensor_pointer("ggml_dequantize's rows", rows, torch.int64, (count,))
+            bounds = torch.aminmax(rows) if count else None
+            if bounds is not None and (int(bounds.min) < 0 or int(bounds.max) >= n):
+                raise KernelArgumentError(f"ggml_dequantize: a row index is out of range "
+                                          f"[0, {n})")
+        elif count > n:
+            raise KernelArgumentError(f"ggml_dequantize: {count} rows asked of a {n}-row "
+                                      "matrix")
+        self._dequantize(fmt, pq, ps, k, pr, count, po, torch.get_num_threads())
         return out
+
+    def scratch_floats(self, dims: torch.Tensor, rows: int) -> int:
+        """The float32 scratch decode_layers needs for `rows` rows (its layout is the
+        library's: kernel_abi.h)."""
+        ptr = tensor_pointer("decode_scratch_floats' dims", dims, torch.int64,
+                             (self.layout.dims.size,))
+        return int(self._scratch_floats(ptr, rows))
 
 
 def _self_test(kernels: GGMLKernels) -> None:
@@ -197,11 +221,14 @@ def _load(cache_dir: str, isa: str | None) -> GGMLKernels | KernelsUnavailable:
     try:
         _check_cpu()
         isa = choose_isa(isa)
-        kernels = GGMLKernels(_build(Path(cache_dir), isa), isa)
+        library = load_library(Path(cache_dir), isa)
+        kernels = GGMLKernels(library.lib, library.path, isa)
         _self_test(kernels)
+        if library.cache_dir is not None:
+            remove_old_builds(library.cache_dir)
     except KernelsUnavailable as e:
         return e
-    except (OSError, subprocess.SubprocessError) as e:  # unwritable cache, a hung compiler
+    except (OSError, subprocess.SubprocessError) as e:  # an unreadable source, a hung compiler
         return KernelsUnavailable(f"the GGUF kernels could not be built: {e}")
     return kernels
 

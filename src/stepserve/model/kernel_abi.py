@@ -1,0 +1,142 @@
+"""The kernel library's interface as Python sees it (kernel_abi.h, defined once there).
+
+The enums and the version are read from the header itself at import (quant.py and the
+tests need the format ids before any library is built); the structs' sizes and field
+offsets are read from the loaded library (`read_layout`), whose own copy of the enums and
+version must match the header's. A library that differs in any of them, or whose structs
+hold fields Python does not fill, is refused with `KernelsUnavailable` saying what
+differs: the caller falls back as for a library that could not be built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+HEADER = Path(__file__).with_name("kernel_abi.h")
+VERSION_NAME = "STEPSERVE_ABI_VERSION"
+# The fields Python fills, by name; their order and offsets are the library's.
+DIMS_FIELDS = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "num_blocks",
+               "block_size", "window")
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+LAYER_FIELDS = ("input_norm", "post_norm",
+                *(f"{p}.{f}" for p in PROJECTIONS for f in ("format", "qs", "scales")))
+_WORD = 8  # every struct field is an int64
+
+
+class KernelsUnavailable(RuntimeError):
+    """The GGUF kernels cannot run here (the message says why)."""
+
+
+@cache
+def header_constants() -> dict[str, int]:
+    """The header's enum members (one `NAME = value,` a line) and its ABI version."""
+    text = HEADER.read_text()
+    found = {m[1]: int(m[2]) for m in re.finditer(r"^\s*([A-Z][A-Z0-9_]*) = (-?\d+),",
+                                                   text, re.MULTILINE)}
+    version = re.search(rf"^#define {VERSION_NAME} (\d+)$", text, re.MULTILINE)
+    if version is None or not found:
+        raise RuntimeError(f"{HEADER} lost its {VERSION_NAME} or its enums")
+    return {VERSION_NAME: int(version[1]), **found}
+
+
+_HEADER = header_constants()
+ABI_VERSION = _HEADER[VERSION_NAME]
+FMT_Q4_1, FMT_Q8_0 = _HEADER["FMT_Q4_1"], _HEADER["FMT_Q8_0"]
+FMT_F32, FMT_Q4_1_Q8 = _HEADER["FMT_F32"], _HEADER["FMT_Q4_1_Q8"]
+KERNEL_OK, KERNEL_OUT_OF_MEMORY = _HEADER["KERNEL_OK"], _HEADER["KERNEL_OUT_OF_MEMORY"]
+
+
+@dataclass(frozen=True)
+class StructLayout:
+    """A struct of int64 fields as the library lays it out: `size` words, each field's
+    word index."""
+
+    name: str
+    size: int
+    fields: dict[str, int]
+
+    def words(self, **values: int) -> list[int]:
+        """The struct's words with every field set (a missing one is a bug: KeyError)."""
+        out = [0] * self.size
+        for name, index in self.fields.items():
+            out[index] = values[name]
+        return out
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """What a loaded library says about its interface, checked against Python's."""
+
+    version: int
+    dims: StructLayout
+    layer: StructLayout
+
+    def layer_words(self, input_norm: int, post_norm: int,
+                    projections: dict[str, tuple[int, int, int]]) -> list[int]:
+        """One layer's words; `projections`: (format, quants, scales) by PROJECTIONS name."""
+        values = {"input_norm": input_norm, "post_norm": post_norm}
+        for p, triple in projections.items():
+            values.update(zip((f"{p}.format", f"{p}.qs", f"{p}.scales"), triple, strict=True))
+        return self.layer.words(**values)
+
+
+def library_entries(lib: ctypes.CDLL) -> dict[str, int] | None:
+    """Every (name, value) the library exports; None where it exports none (built before
+    the layout was exported, or not ours)."""
+    try:
+        entry = lib.stepserve_abi_entry
+    except AttributeError:
+        return None
+    entry.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_char_p),
+                      ctypes.POINTER(ctypes.c_int64)]
+    entry.restype = ctypes.c_int
+    name, value, out = ctypes.c_char_p(), ctypes.c_int64(), {}
+    while entry(len(out), ctypes.byref(name), ctypes.byref(value)):
+        out[(name.value or b"").decode()] = value.value
+    return out
+
+
+def _struct(entries: dict[str, int], name: str, wanted: tuple[str, ...],
+            where: str) -> StructLayout:
+    prefix = name + "."
+    offsets = {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix)}
+    missing = [f for f in wanted if f not in offsets]
+    extra = sorted(set(offsets) - set(wanted))
+    size = entries.get(name, -1)
+    if missing or extra:
+        raise KernelsUnavailable(
+            f"the kernel library {where} lays out struct {name} differently: "
+            + "; ".join(filter(None, (missing and f"no field {', '.join(missing)}",
+                                      extra and f"fields Python does not fill: "
+                                                f"{', '.join(extra)}"))))
+    indices = sorted(offsets.values())
+    if size != _WORD * len(wanted) or indices != list(range(0, size, _WORD)):
+        raise KernelsUnavailable(
+            f"the kernel library {where} lays out struct {name} in {size} bytes at offsets "
+            f"{indices}; Python fills {len(wanted)} int64 fields")
+    return StructLayout(name, size // _WORD, {f: offsets[f] // _WORD for f in wanted})
+
+
+def read_layout(lib: ctypes.CDLL, where: str) -> KernelLayout:
+    """The layout of the library loaded from `where`, or KernelsUnavailable naming what
+    differs from kernel_abi.h."""
+    entries = library_entries(lib)
+    if entries is None:
+        raise KernelsUnavailable(f"the kernel library {where} exports no layout "
+                                 "(stepserve_abi_entry): not built from these sources")
+    version = entries.get(VERSION_NAME)
+    if version != ABI_VERSION:
+        raise KernelsUnavailable(f"the kernel library {where} has ABI version {version}; "
+                                 f"this stepserve reads version {ABI_VERSION} (remove the "
+                                 "library to rebuild it)")
+    differ = [f"{k} = {entries.get(k)} (expected {v})" for k, v in _HEADER.items()
+              if entries.get(k) != v]
+    if differ:
+        raise KernelsUnavailable(f"the kernel library {where} disagrees with kernel_abi.h: "
+                                 + ", ".join(differ))
+    return KernelLayout(version, _struct(entries, "decode_dims", DIMS_FIELDS, where),
+                        _struct(entries, "decode_layer", LAYER_FIELDS, where))
