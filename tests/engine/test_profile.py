@@ -33,6 +33,9 @@ def test_profile_writes_a_valid_cost_file(cost_file, capsys):
     assert len(data["grid"]) >= 10
     assert all(p["min_s"] <= p["median_s"] <= p["max_s"] for p in data["grid"])
     assert {"median", "p90", "max", "points"} <= set(data["fit_error"])
+    # the engine's own work around the model: per step, per sequence, per request joining
+    assert set(data["engine_overhead"]) == {"step_s", "seq_s", "join_s"}
+    assert "scheduling overhead" in cost.describe() and "joining the batch" in cost.describe()
 
 
 @pytest.mark.slow

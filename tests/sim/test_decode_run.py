@@ -1,7 +1,7 @@
 """Decode runs (core/decode_run.py): the simulator's fast path must leave exactly what
 stepping one step at a time leaves, and must actually be taken."""
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +14,7 @@ from stepserve.engine.core import EngineCore
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.request import Request, SamplingParams
 from stepserve.sim.calibrated import CalibratedCost
-from stepserve.sim.cost import ConstantCost
+from stepserve.sim.cost import ConstantCost, SchedulingOverhead
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.loop import simulate
 from stepserve.sim.roofline import RooflineCost
@@ -25,7 +25,14 @@ COSTS = {
     "constant": ConstantCost(0.02),
     "roofline": RooflineCost(get_hardware("h100"), get_model_spec("llama-3-8b")),
     "calibrated": CalibratedCost({"step": 0.006, "seq": 2e-4, "token": 6e-5, "token_hi": 1e-5,
-                                  "kv_read": 2e-7, "attn": 1e-9, "swap": 5e-5}, 16),
+                                  "kv_read": 2e-7, "attn": 1e-9, "swap": 5e-5,
+                                  "join": 3e-4}, 16),
+    # scheduling overhead: per sequence, and per join (the runner's count of who joined
+    # must come out the same when decode runs skip its steps)
+    "constant+overhead": ConstantCost(0.02, SchedulingOverhead(2e-5, 4e-4)),
+    "roofline+overhead": RooflineCost(replace(get_hardware("h100"), seq_overhead_s=5e-5,
+                                              join_overhead_s=4e-4),
+                                      get_model_spec("llama-3-8b")),
 }
 
 

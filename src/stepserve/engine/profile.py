@@ -7,7 +7,9 @@ copies for swap. Each point is warmed up, then timed `repeats` times; the median
 fitted, the spread (min, max) kept. The engine's own per-step work around the model
 (scheduling, sampling bookkeeping, detokenizing, Python) is measured by running a real
 workload through LLMEngine and subtracting the runner's time from each step's wall time;
-it adds to the fixed and per-sequence terms.
+fitted on the step's sequences and on the requests that joined its batch (new or
+recomputed ones), it adds to the fixed, per-sequence and join terms: the
+scheduling overhead that makes a continuous engine's steps dearer than a static batch's.
 
 Every fourth grid point is held out: the model fitted on the others predicts them, and
 that error is the fit error reported. The final coefficients come from all points.
@@ -25,6 +27,7 @@ from typing import Any
 from stepserve.core.output import SchedulerOutput
 from stepserve.request import Request, SamplingParams
 from stepserve.sim.calibrated import TERMS, CalibratedCost, fit, relative_errors, step_terms
+from stepserve.sim.cost import computed_tokens, joining
 from stepserve.sim.cost_options import this_host
 
 
@@ -130,18 +133,21 @@ def _time_grid(runner, points: list[GridPoint], opts: ProfileOptions,
     return times
 
 
-def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float]:
-    """(per step, per sequence) seconds the engine spends around runner.execute, from a
-    small closed-loop run: step wall time minus the runner's time, fitted on sequences."""
+def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]:
+    """(per step, per sequence, per join) seconds the engine spends around
+    runner.execute, from a small closed-loop run: step wall time minus the runner's time,
+    fitted on the step's sequences and the requests joining its batch."""
     from stepserve.config import EngineConfig
     from stepserve.engine.drive import run_closed_loop
     from stepserve.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(config=EngineConfig().replace(max_model_len=256), runner=runner)
     spent: list[float] = []
+    joins: list[int] = []
     execute = runner.execute
 
     def timed(out):
+        joins.append(joining(computed_tokens(out)))
         t0 = time.perf_counter()
         try:
             return execute(out)
@@ -169,8 +175,10 @@ def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float]:
     finally:
         runner.execute = execute
     extra = [w - s for w, s in zip(walls, spent, strict=True)]
-    coef = fit([(1.0, float(n), 0, 0, 0, 0, 0) for n in seqs], [max(e, 1e-6) for e in extra])
-    return coef.get("step", 0.0), coef.get("seq", 0.0)
+    coef = fit([(1.0, float(n), 0, 0, 0, 0, 0, float(j)) for n, j in zip(seqs, joins,
+                                                                         strict=True)],
+               [max(e, 1e-6) for e in extra])
+    return coef.get("step", 0.0), coef.get("seq", 0.0), coef.get("join", 0.0)
 
 
 def _blocks_needed(points: list[GridPoint], block_size: int) -> int:
@@ -215,7 +223,7 @@ def profile(opts: ProfileOptions,
         medians.append(statistics.median(times))
         records.append({"point": p.label(), **vars(p), "median_s": medians[-1],
                         "min_s": min(times), "max_s": max(times)})
-    step_s, seq_s = _engine_overhead(runner, opts)
+    step_s, seq_s, join_s = _engine_overhead(runner, opts)
     held = [i for i in range(len(rows)) if i % 4 == 3]
     train = [i for i in range(len(rows)) if i % 4 != 3]
     partial = CalibratedCost(fit([rows[i] for i in train], [medians[i] for i in train]),
@@ -225,6 +233,8 @@ def profile(opts: ProfileOptions,
     coefficients = fit(rows, medians)
     coefficients["step"] = coefficients.get("step", 0.0) + step_s
     coefficients["seq"] = coefficients.get("seq", 0.0) + seq_s
+    if join_s > 0:
+        coefficients["join"] = coefficients.get("join", 0.0) + join_s
     held_out = {"median": statistics.median(errors), "p90": errors[int(0.9 * (len(errors) - 1))],
                 "max": errors[-1], "points": len(errors)}
     meta = {**machine(opts.device), "model": opts.model, "model_path": str(runner.model_path),
@@ -233,9 +243,10 @@ def profile(opts: ProfileOptions,
             "kv_cache_bytes": default_kv_budget(opts.device).num_bytes,
             "kv_bytes_per_token": runner.args.kv_bytes_per_token,
             "block_size": opts.block_size, "grid": records, "fit_error": held_out,
-            "engine_overhead": {"step_s": step_s, "seq_s": seq_s}}
+            "engine_overhead": {"step_s": step_s, "seq_s": seq_s, "join_s": join_s}}
     cost = CalibratedCost(coefficients, opts.knee_tokens, meta)
-    return ProfileResult(cost, records, held_out, {"step": step_s, "seq": seq_s})
+    return ProfileResult(cost, records, held_out,
+                         {"step": step_s, "seq": seq_s, "join": join_s})
 
 
 def report(result: ProfileResult) -> str:
@@ -243,7 +254,8 @@ def report(result: ProfileResult) -> str:
     e, cost = result.held_out_error, result.cost
     lines = [f"step cost model ({cost.describe()}), t = sum of:", *cost.explain(),
              f"  of which the engine around the model: {result.overhead['step'] * 1e3:.3g} "
-             f"ms per step, {result.overhead['seq'] * 1e6:.3g} us per sequence",
+             f"ms per step, {result.overhead['seq'] * 1e6:.3g} us per sequence, "
+             f"{result.overhead.get('join', 0.0) * 1e6:.3g} us per request joining the batch",
              f"fit error on {e['points']} held-out grid points: median {e['median']:.1%}, "
              f"p90 {e['p90']:.1%}, max {e['max']:.1%}"]
     return "\n".join(lines)

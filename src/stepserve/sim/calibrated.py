@@ -12,6 +12,8 @@ cost per unit of work, fitted to the real engine's step times (`stepserve profil
       + attn     x prefill attn  per (query x key) pair of a prefill chunk's causal
                                  attention: n x (start + (n + 1) / 2)
       + swap     x blocks        per KV block copied between device and CPU
+      + join     x joins         per request joining the batch (its chunk starts at token
+                                 0: new, or recomputed): the engine re-forming its batch
 
 Coefficients are fitted by non-negative least squares on relative error (a 5 ms step
 and a 2 s step count alike), so each stays a cost, never a credit. JSON in and out
@@ -27,22 +29,27 @@ from itertools import compress
 from typing import Any
 
 from stepserve.core.output import SchedulerOutput
-from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens
+from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens, joining
 
 SCHEMA = "stepserve.cost/1"
 _NOT_ONE = (1).__ne__
-TERMS = ("step", "seq", "token", "token_hi", "kv_read", "attn", "swap")
+TERMS = ("step", "seq", "token", "token_hi", "kv_read", "attn", "swap", "join")
 UNITS = {"step": "ms per step", "seq": "us per sequence", "token": "us per token",
          "token_hi": "us per token past the knee", "kv_read": "ns per KV token read",
-         "attn": "ns per attention pair", "swap": "us per block copied"}
+         "attn": "ns per attention pair", "swap": "us per block copied",
+         "join": "us per request joining the batch"}
 SCALE = {"step": 1e3, "seq": 1e6, "token": 1e6, "token_hi": 1e6, "kv_read": 1e9,
-         "attn": 1e9, "swap": 1e6}
+         "attn": 1e9, "swap": 1e6, "join": 1e6}
+# The terms that grow with the batch the engine re-forms, not with the model's work:
+# the scheduling overhead (sim/cost.py), named in describe().
+SCHEDULING_TERMS = ("seq", "join")
 
 
 def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
     """The work of one step, in the order of TERMS. A decode (the runner's decode path:
     one query over the cached KV) reads start + 1 keys; a prefill chunk of n tokens after
-    `start` computed ones attends to n * start + n (n + 1) / 2 (an integer)."""
+    `start` computed ones attends to n * start + n (n + 1) / 2 (an integer); a request
+    joins the batch when its chunk starts at token 0 (sim/cost.py, `joining`)."""
     counts = out.num_scheduled_tokens
     starts = computed_tokens(out)
     tokens = sum(counts)
@@ -58,7 +65,7 @@ def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
     over = tokens - knee_tokens if tokens > knee_tokens else 0
     swaps = len(out.swap_in) + len(out.swap_out)
     return (1.0, float(len(out.requests)), float(tokens), float(over), float(kv_read), attn,
-            float(swaps))
+            float(swaps), float(joining(starts)))
 
 
 @dataclass(frozen=True)
@@ -79,19 +86,22 @@ class CalibratedCost(CostModel):
 
     def decode_step_time(self, batch: int, computed: int) -> float:
         # step_terms of `batch` decodes: each reads its computed tokens + 1 keys; no
-        # prefill attention, no swaps
+        # prefill attention, no swaps, nobody joining
         over = batch - self.knee_tokens if batch > self.knee_tokens else 0
         return self._time((1.0, float(batch), float(batch), float(over),
-                           float(computed + batch), 0.0, 0.0))
+                           float(computed + batch), 0.0, 0.0, 0.0))
 
     def _time(self, x: tuple[float, ...]) -> float:
         c = self._c  # type: ignore[attr-defined]
         return (c[0] + c[1] * x[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4] + c[5] * x[5]
-                + c[6] * x[6])
+                + c[6] * x[6] + c[7] * x[7])
 
     def describe(self) -> str:
         where = self.meta.get("model", "?"), self.meta.get("hardware", "?")
-        return f"calibrated on {where[0]} / {where[1]} ({self.meta.get('date', 'undated')})"
+        overhead = ", ".join(f"{self.coefficients.get(t, 0.0) * SCALE[t]:.3g} {UNITS[t]}"
+                             for t in SCHEDULING_TERMS)
+        return (f"calibrated on {where[0]} / {where[1]} ({self.meta.get('date', 'undated')}); "
+                f"scheduling overhead {overhead}")
 
     def explain(self) -> list[str]:
         """One line per term: its coefficient in a readable unit."""

@@ -1,12 +1,20 @@
 """Cost models: how long one step takes, given the batch.
 
-* ConstantCost: every step takes the same time (the seed's 24-26 ms engine step).
+* ConstantCost: every step takes the same time (the night-report job's 24-26 ms engine
+  step), plus the scheduling overhead below.
 * RooflineCost: max(compute time, memory time) + a fixed overhead, from a hardware spec
   (peak FLOP/s, memory bandwidth, efficiencies) and a model spec (parameters, layers,
   KV layout). Prefill is compute-bound, small-batch decode is memory-bound: this is why
   a continuous batch of 64 costs a GPU about what a batch of 10 does.
 * CalibratedCost (calibrated.py): a fit of this machine's measured step times, from
   `stepserve profile`.
+
+Every model adds the engine's scheduling overhead (`SchedulingOverhead`): work that grows
+with the batch it re-forms each step, not with the tokens the model computes. This is
+where continuous batching pays for re-forming the batch every step: a static batch's
+steps after its short members finish carry only its few live sequences, a continuous
+batch's steps carry all of them, so a continuous engine's steps are slower and its gain
+over static batching stays below the step-count cap (`plan speedup`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,53 @@ def causal_pairs(counts: Sequence[int], starts: Sequence[int]) -> int:
     return sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + sum(counts)) // 2
 
 
+def joining(starts: list[int]) -> int:
+    """Requests joining the batch, from each one's computed tokens: those at 0."""
+    return starts.count(0)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:g} us"
+
+
+@dataclass(frozen=True)
+class SchedulingOverhead:
+    """The engine's own work in a step that grows with the batch it re-forms:
+
+    * `per_seq_s` per scheduled sequence: the scheduler's pass over it (blocks, budget),
+      its row of the step's inputs, its sampling and output bookkeeping;
+    * `per_join_s` per request joining the batch: one whose step starts its sequence
+      from the first token (new, or resumed after its KV was dropped for recompute): its
+      state set up, and torn down again when it leaves (one charge for both, at the
+      join). A swapped-in request is priced by its block copies instead.
+
+    A decode-only step has no joins, so a decode run (core/decode_run.py) prices the same
+    as stepping; nothing but the batch itself is needed to count them (`joining`)."""
+
+    per_seq_s: float = 0.0
+    per_join_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("per_seq_s", "per_join_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value < 10.0):
+                raise ValueError(f"scheduling overhead {name} = {value!r}: must be seconds "
+                                 "in [0, 10)")
+
+    def time(self, seqs: int, joins: int) -> float:
+        return self.per_seq_s * seqs + self.per_join_s * joins
+
+    def describe(self) -> str:
+        """'' when there is none; else how it is charged, e.g. for `cost model: ...`."""
+        parts = [f"{_ms(self.per_seq_s)} per scheduled sequence"] if self.per_seq_s else []
+        if self.per_join_s:
+            parts.append(f"{_ms(self.per_join_s)} per request joining the batch")
+        return f"scheduling overhead {' + '.join(parts)}" if parts else ""
+
+
+NO_OVERHEAD = SchedulingOverhead()
+
+
 class CostModel:
     name = ""
 
@@ -41,7 +96,8 @@ class CostModel:
     def decode_step_time(self, batch: int, computed: int) -> float | None:
         """Exactly what `step_time` returns for a step of `batch` decodes whose requests
         hold `computed` computed tokens in all (a decode run's steps, core/decode_run.py);
-        None where a model cannot tell without the batch (the simulator then steps)."""
+        None where a model cannot tell without the batch (the
+        simulator then steps)."""
         return None
 
     def describe(self) -> str:
@@ -51,13 +107,20 @@ class CostModel:
 @dataclass(frozen=True)
 class ConstantCost(CostModel):
     seconds_per_step: float = 0.025
+    overhead: SchedulingOverhead = NO_OVERHEAD
     name = "constant"
 
     def step_time(self, out: SchedulerOutput) -> float:
-        return self.seconds_per_step
+        overhead = self.overhead
+        if not overhead.per_join_s:  # the usual case: no pass over the batch
+            return self.seconds_per_step + overhead.per_seq_s * len(out.requests)
+        return self.seconds_per_step + overhead.time(len(out.requests),
+                                                     joining(computed_tokens(out)))
 
     def decode_step_time(self, batch: int, computed: int) -> float:
-        return self.seconds_per_step
+        return self.seconds_per_step + self.overhead.per_seq_s * batch
 
     def describe(self) -> str:
-        return f"constant {self.seconds_per_step * 1000:g} ms per step"
+        extra = self.overhead.describe()
+        return f"constant {self.seconds_per_step * 1000:g} ms per step" + (
+            f" + {extra}" if extra else "")
