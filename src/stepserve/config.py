@@ -24,6 +24,7 @@ from stepserve.limits import (
     MAX_REPLICAS,
     MAX_SECONDS,
 )
+from stepserve.user_files import preview
 
 
 class ConfigError(UsageError):
@@ -70,17 +71,17 @@ def check_value(section: str, name: str, value: Any, meta: dict[str, Any]) -> An
         or (kind is str and isinstance(value, str))
     )
     if not ok_type:
-        raise ConfigError(f"{key} = {value!r}: wrong type, must be {_allowed(meta)}")
+        raise ConfigError(f"{key} = {preview(value)}: wrong type, must be {_allowed(meta)}")
     if kind is float:
         value = float(value)
         if math.isnan(value) or math.isinf(value):
-            raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+            raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
     if meta["choices"] and value not in meta["choices"]:
-        raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+        raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
     if meta["lo"] is not None and value < meta["lo"]:
-        raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+        raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
     if meta["hi"] is not None and value > meta["hi"]:
-        raise ConfigError(f"{key} = {value!r}: must be {_allowed(meta)}")
+        raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
     return value
 
 

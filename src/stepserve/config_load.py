@@ -23,7 +23,7 @@ from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.config import SECTIONS, ConfigError, EngineConfig
-from stepserve.user_files import load_yaml
+from stepserve.user_files import load_yaml, preview
 
 TOP_LEVEL = ("replicas", "router")
 # vLLM's names of settings we name otherwise (its flags and config-file keys)
@@ -49,16 +49,16 @@ def parse_size(text: str) -> int:
     `4GB` (decimal). ValueError naming what is allowed otherwise."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
-        raise ValueError(f"{text!r} is not a size; write bytes (4294967296) or with a unit: "
+        raise ValueError(f"{preview(text)} is not a size; write bytes (4294967296) or with a unit: "
                          "4GiB, 512MiB, 4G (binary, as vLLM), 4GB or 4g (decimal)")
     number, unit, iec, byte = m.groups()
     if iec and not unit:
-        raise ValueError(f"{text!r} is not a size: 'iB' needs a unit before it (KiB, MiB, "
+        raise ValueError(f"{preview(text)} is not a size: 'iB' needs a unit before it (KiB, MiB, "
                          "GiB, TiB)")
     binary = bool(iec) or (unit.isupper() and not byte)
     scale = (1024 if binary else 1000) ** _POWER[unit.lower()]
     if "." in number and scale == 1:
-        raise ValueError(f"{text!r}: a number of bytes must be whole")
+        raise ValueError(f"{preview(text)}: a number of bytes must be whole")
     return int(float(number) * scale) if "." in number else int(number) * scale
 
 
@@ -102,7 +102,7 @@ def apply_flat(base: EngineConfig, changes: dict[str, Any]) -> EngineConfig:
             continue
         section = _owner_of(key)
         if section is None:
-            raise ConfigError(f"unknown setting {key!r}; known settings: {', '.join(_all_keys())}")
+            raise ConfigError(f"unknown setting {preview(key)}; known settings: {', '.join(_all_keys())}")
         nested.setdefault(section, {})[key] = value
     return apply_nested(base, nested)
 
@@ -123,7 +123,7 @@ def apply_nested(base: EngineConfig, data: dict[str, Any],
             continue
         if key in SECTIONS:
             if not isinstance(value, dict):
-                raise ConfigError(f"{key}: must be a mapping of settings, got {value!r}")
+                raise ConfigError(f"{key}: must be a mapping of settings, got {preview(value)}")
             cls = SECTIONS[key]
             names = {f.name for f in dataclasses.fields(cls)}
             value = {setting_name(str(sub)): v for sub, v in value.items()}
@@ -140,7 +140,7 @@ def apply_nested(base: EngineConfig, data: dict[str, Any],
     for key, value in flat.items():
         section = _owner_of(key)
         if section is None:
-            raise ConfigError(f"unknown setting {key!r}; known settings: {', '.join(_all_keys())}")
+            raise ConfigError(f"unknown setting {preview(key)}; known settings: {', '.join(_all_keys())}")
         sections.setdefault(section, {})[key] = _value_of(key, value)
     kwargs: dict[str, Any] = dict(top)
     for section, values in sections.items():
@@ -179,7 +179,7 @@ def parse_bool(text: str) -> bool:
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected true or false, got {text!r}")
+    raise ValueError(f"expected true or false, got {preview(text)}")
 
 
 def config_fields() -> Iterator[tuple[str, dataclasses.Field]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,36 @@ def read_text(path: str | Path, what: str) -> str:
                          f"{e.start})") from None
 
 
+# A message quotes a user's value by its first characters: the value may be a whole
+# file's worth of list (aliases or not), and its full repr would be the message.
+PREVIEW_CHARS = 60
+
+
+class _Preview(reprlib.Repr):
+    """repr with every container cut to its first few items, nested at most three deep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 4
+        self.maxstring = self.maxother = PREVIEW_CHARS
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 200:  # repr of a 5,000-digit int is an error, not a string
+            return f"<an integer of {x.bit_length():,} bits>"
+        return super().repr_int(x, level)
+
+
+_PREVIEW = _Preview()
+
+
+def preview(value: Any) -> str:
+    """`repr(value)` as a message quotes a user's value: at most PREVIEW_CHARS characters
+    (a longer one cut and ended with '...'), however large the value."""
+    text = _PREVIEW.repr(value)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 3] + "..."
+
+
 def json_error(e: json.JSONDecodeError) -> str:
     return f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
 
@@ -67,15 +98,68 @@ def yaml_error(e: yaml.YAMLError) -> str:
 
 
 def load_yaml(path: str | Path, what: str) -> Any:
-    """A user's YAML file, parsed (safe_load: plain data only)."""
+    """A user's YAML file, parsed (the safe loader: plain data only). Anchors and aliases
+    are read, but a file whose aliases would repeat more than MAX_ALIAS_VALUES values, or
+    refer to a value from inside itself, is refused before any value is built."""
     text = read_text(path, what)
     try:
-        return yaml.safe_load(text)
+        return _parse_yaml(text)
     except yaml.YAMLError as e:
         raise UsageError(f"{what} {str(path)!r}: {yaml_error(e)}") from None
     except (RecursionError, ValueError) as e:  # nested too deeply; a 5,000-digit number
         raise UsageError(f"{what} {str(path)!r}: not valid YAML ({type(e).__name__}: "
                          f"{e})") from None
+    except _AliasBomb as e:
+        raise UsageError(f"{what} {str(path)!r}: {e}") from None
+
+
+# Aliases let a short file stand for a huge value (nine nested lists of ten aliases are a
+# billion), which any walk or message over the value then expands. Merging shared
+# defaults into each class repeats a few hundred values at most.
+MAX_ALIAS_VALUES = 100_000
+
+
+class _AliasBomb(Exception):
+    """The file's aliases expand too far, or a value contains itself."""
+
+
+def _parse_yaml(text: str) -> Any:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+        repeated = _expanded_size(node, sizes, set()) - len(sizes)
+        if repeated > MAX_ALIAS_VALUES:
+            raise _AliasBomb(f"its aliases (*name) repeat {repeated:,} values, more than "
+                             f"the {MAX_ALIAS_VALUES:,} allowed; write the values out")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values `node` holds with every alias written out (each distinct node
+    sized once: a node an alias shares keeps its size in `sizes`)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        mark = node.start_mark
+        raise _AliasBomb(f"the value at line {mark.line + 1}, column {mark.column + 1} "
+                         "contains an alias of itself; a value cannot hold itself")
+    open_.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = []
+    total = 1 + sum(_expanded_size(child, sizes, open_) for child in children)
+    open_.discard(key)
+    sizes[key] = total
+    return total
 
 
 def check_output_file(flag: str, path: str | Path | None) -> None:

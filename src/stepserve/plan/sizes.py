@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from stepserve.user_files import preview
+
 DECIMAL_UNITS: dict[str, int] = {"kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
 BINARY_UNITS: dict[str, int] = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 UNITS: dict[str, int] = {"": 1, "b": 1, **DECIMAL_UNITS, **BINARY_UNITS}
@@ -40,21 +42,21 @@ def parse_size(text: str | int) -> int:
     """Bytes in `text`. Fractions of a byte after scaling are dropped ("1.3GiB")."""
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
-            raise ValueError(f"size {text!r} is negative; expected {ACCEPTED_FORMS}")
+            raise ValueError(f"size {preview(text)} is negative; expected {ACCEPTED_FORMS}")
         return text
     if not isinstance(text, str):
-        raise ValueError(f"size {text!r} is not text; expected {ACCEPTED_FORMS}")
+        raise ValueError(f"size {preview(text)} is not text; expected {ACCEPTED_FORMS}")
     match = _SIZE_RE.match(text)
     if match is None or match.group(2).lower() not in UNITS:
-        raise ValueError(f"cannot read size {text!r}: expected {ACCEPTED_FORMS}")
+        raise ValueError(f"cannot read size {preview(text)}: expected {ACCEPTED_FORMS}")
     number, unit = match.group(1), match.group(2).lower()
     try:
         value = Decimal(number)
     except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-        raise ValueError(f"cannot read size {text!r}: expected {ACCEPTED_FORMS}") from None
+        raise ValueError(f"cannot read size {preview(text)}: expected {ACCEPTED_FORMS}") from None
     scale = UNITS[unit]
     if scale == 1 and value != value.to_integral_value():
-        raise ValueError(f"size {text!r} is not a whole number of bytes; expected {ACCEPTED_FORMS}")
+        raise ValueError(f"size {preview(text)} is not a whole number of bytes; expected {ACCEPTED_FORMS}")
     return int(value * scale)
 
 
@@ -64,7 +66,7 @@ def format_size(num_bytes: int) -> str:
     Exact spellings round-trip through `parse_size`; approximate ones carry a "~".
     """
     if isinstance(num_bytes, bool) or not isinstance(num_bytes, int) or num_bytes < 0:
-        raise ValueError(f"format_size needs a non-negative integer, got {num_bytes!r}")
+        raise ValueError(f"format_size needs a non-negative integer, got {preview(num_bytes)}")
     for name, scale in _DISPLAY:
         if num_bytes >= scale and num_bytes % scale == 0:
             return f"{num_bytes // scale} {name}"

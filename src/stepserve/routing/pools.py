@@ -29,6 +29,7 @@ from stepserve.config import ConfigError, EngineConfig
 from stepserve.config_load import apply_nested
 from stepserve.routing.routers import Router, make_router
 from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.user_files import preview
 
 DEPLOYMENT_KEYS = ("pools", "routing")
 RULE_KEYS = ("prompt_tokens_over", "max_tokens_over", "priority_at_least", "tenant", "header")
@@ -136,9 +137,12 @@ def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
         raise ConfigError("routing: must be a mapping with `default` and `rules`")
     names = [p.name for p in pools]
     default = routing.get("default", names[0])
-    rules = tuple(_rule(i, r, names) for i, r in enumerate(routing.get("rules") or ()))
+    raw_rules = routing.get("rules") or []
+    if not isinstance(raw_rules, list):
+        raise ConfigError(f"routing.rules = {preview(raw_rules)}: must be a list of rules")
+    rules = tuple(_rule(i, r, names) for i, r in enumerate(raw_rules))
     if default not in names:
-        raise ConfigError(f"routing.default = {default!r}: not a pool ({', '.join(names)})")
+        raise ConfigError(f"routing.default = {preview(default)}: not a pool ({', '.join(names)})")
     return Deployment(pools, rules, default, common.router)
 
 
@@ -147,7 +151,7 @@ def _pool(name: Any, spec: Any, common: EngineConfig) -> Pool:
         raise ConfigError(f"pools.{name}: must be a mapping of settings")
     replicas = spec.get("replicas", 1)
     if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
-        raise ConfigError(f"pools.{name}.replicas = {replicas!r}: must be an integer in "
+        raise ConfigError(f"pools.{name}.replicas = {preview(replicas)}: must be an integer in "
                           f"[1, 64]")
     try:
         config = apply_nested(common, {k: v for k, v in spec.items() if k != "replicas"})
@@ -162,14 +166,19 @@ def _rule(i: int, data: Any, pools: list[str]) -> Rule:
         raise ConfigError(f"{where}: needs `pool`, one of {', '.join(pools)}")
     unknown = set(data) - {"pool", *RULE_KEYS}
     if unknown or len(data) < 2:
+        got = sorted(preview(k) for k in set(data) - {"pool"})
         raise ConfigError(f"{where}: conditions are {', '.join(RULE_KEYS)}; got "
-                          f"{sorted(set(data) - {'pool'})}")
+                          f"[{', '.join(got)}]")
     for key in ("prompt_tokens_over", "max_tokens_over", "priority_at_least"):
         value = data.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ConfigError(f"{where}.{key} = {value!r}: must be an integer")
+            raise ConfigError(f"{where}.{key} = {preview(value)}: must be an integer")
     tenants = data.get("tenant", ())
-    tenants = (tenants,) if isinstance(tenants, str) else tuple(tenants)
+    tenants = (tenants,) if isinstance(tenants, str) else tenants
+    if not isinstance(tenants, (list, tuple)) or not all(isinstance(t, str) for t in tenants):
+        raise ConfigError(f"{where}.tenant = {preview(data.get('tenant'))}: must be a tenant "
+                          "name or a list of them")
+    tenants = tuple(tenants)
     header = data.get("header")
     if header is not None:
         if not isinstance(header, Mapping) or len(header) != 1:

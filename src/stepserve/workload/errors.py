@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stepserve.cli_errors import UsageError
+from stepserve.user_files import preview
 
 
 class WorkloadError(UsageError):
@@ -25,9 +26,9 @@ def check_int(field: str, value: Any, lo: int | None = None, hi: int | None = No
         allowed = "an integer" + (f" >= {lo}" if lo is not None else "") \
             + (f" <= {hi}" if hi is not None else "")
     if not isinstance(value, int) or isinstance(value, bool):
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
     return value
 
 
@@ -37,14 +38,14 @@ def check_positive(field: str, value: Any, *, allow_zero: bool = False,
     allowed = "a finite number " + (">= 0" if allow_zero else "> 0") \
         + (f" and <= {hi:.10g}" if hi is not None else "")
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
     if isinstance(value, int) and value > 1e308:
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")  # float() would overflow
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")  # float() would overflow
     number = float(value)
     if math.isnan(number) or math.isinf(number) or number < 0 or (number == 0 and not allow_zero):
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
     if hi is not None and number > hi:
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
     return number
 
 
@@ -52,22 +53,22 @@ def check_range(field: str, value: Any, lo: float, hi: float) -> float:
     """A finite number in [lo, hi], returned as float."""
     allowed = f"a finite number in [{lo:.10g}, {hi:.10g}]"
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
     if not lo <= value <= hi:  # NaN fails every comparison; a huge int compares exactly
-        raise WorkloadError(f"{field} = {value!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
     return float(value)
 
 
 def check_str(field: str, value: Any) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value:
-        raise WorkloadError(f"{field} = {value!r}: must be a non-empty string")
+        raise WorkloadError(f"{field} = {preview(value)}: must be a non-empty string")
     return value
 
 
 def check_mapping(field: str, value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise WorkloadError(f"{field} = {value!r}: must be a mapping (key: value)")
+        raise WorkloadError(f"{field} = {preview(value)}: must be a mapping (key: value)")
     return value
 
 
@@ -77,10 +78,10 @@ def check_keys(field: str, data: Mapping[str, Any], allowed: Iterable[str],
     allowed = list(allowed)
     for key in data:
         if key not in allowed:
-            raise WorkloadError(f"{field}: unknown key {key!r}; allowed keys: {', '.join(allowed)}")
+            raise WorkloadError(f"{field}: unknown key {preview(key)}; allowed keys: {', '.join(allowed)}")
     for key in required:
         if key not in data:
-            raise WorkloadError(f"{field}: missing required key {key!r}")
+            raise WorkloadError(f"{field}: missing required key {preview(key)}")
 
 
 def one_key(field: str, data: Any, choices: Iterable[str]) -> tuple[str, Any]:
@@ -88,10 +89,10 @@ def one_key(field: str, data: Any, choices: Iterable[str]) -> tuple[str, Any]:
     choices = list(choices)
     allowed = "a mapping with exactly one of: " + ", ".join(choices)
     if not isinstance(data, Mapping) or len(data) != 1:
-        raise WorkloadError(f"{field} = {data!r}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(data)}: must be {allowed}")
     ((key, value),) = data.items()
     if key not in choices:
-        raise WorkloadError(f"{field}: unknown key {key!r}; allowed keys: {', '.join(choices)}")
+        raise WorkloadError(f"{field}: unknown key {preview(key)}; allowed keys: {', '.join(choices)}")
     return key, value
 
 

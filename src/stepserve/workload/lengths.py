@@ -21,7 +21,7 @@ from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.limits import MAX_LEN, MAX_WEIGHT
-from stepserve.user_files import read_text
+from stepserve.user_files import preview, read_text
 from stepserve.workload.errors import (
     WorkloadError,
     check_int,
@@ -112,17 +112,17 @@ class LogNormal(LengthDist):
         check_positive("lognormal.p50", self.p50)
         check_positive("lognormal.p99", self.p99)
         if self.p50 < 1:
-            raise WorkloadError(f"lognormal.p50 = {self.p50!r}: must be >= 1 (a token count)")
+            raise WorkloadError(f"lognormal.p50 = {preview(self.p50)}: must be >= 1 (a token count)")
         if self.p99 > MAX_LEN:
-            raise WorkloadError(f"lognormal.p99 = {self.p99!r}: must be <= {MAX_LEN} tokens")
+            raise WorkloadError(f"lognormal.p99 = {preview(self.p99)}: must be <= {MAX_LEN} tokens")
         if self.p99 < self.p50:
             raise WorkloadError(
-                f"lognormal.p99 = {self.p99!r}: must be >= lognormal.p50 = {self.p50!r}")
+                f"lognormal.p99 = {preview(self.p99)}: must be >= lognormal.p50 = {preview(self.p50)}")
         if self.max is not None:
             check_int("lognormal.max", self.max, lo=1, hi=MAX_LEN)
             if self.max < self.p50:
                 raise WorkloadError(
-                    f"lognormal.max = {self.max!r}: must be >= lognormal.p50 = {self.p50!r}, "
+                    f"lognormal.max = {preview(self.max)}: must be >= lognormal.p50 = {preview(self.p50)}, "
                     "or the median would be clipped away")
 
     @property
@@ -172,13 +172,13 @@ class Mixture(LengthDist):
     def __post_init__(self) -> None:
         parts = self.parts
         if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or not parts:
-            raise WorkloadError(f"mixture = {parts!r}: must list at least one component "
+            raise WorkloadError(f"mixture = {preview(parts)}: must list at least one component "
                                 "(weight, length distribution)")
         for i, part in enumerate(parts):
             if not isinstance(part, Sequence) or len(part) != 2 \
                     or not isinstance(part[1], LengthDist):
                 raise WorkloadError(
-                    f"mixture[{i}] = {part!r}: must be (weight, length distribution)")
+                    f"mixture[{i}] = {preview(part)}: must be (weight, length distribution)")
             check_positive(f"mixture[{i}].weight", part[0], hi=MAX_WEIGHT)
         # The weights are kept as given (so to_dict round-trips exactly); sampling uses
         # their normalised running sums.
@@ -222,7 +222,7 @@ class Empirical(LengthDist):
     def __post_init__(self) -> None:
         if isinstance(self.values, (str, bytes)) or not isinstance(self.values, Sequence) \
                 or not self.values:
-            raise WorkloadError(f"empirical = {self.values!r}: must be a non-empty list of "
+            raise WorkloadError(f"empirical = {preview(self.values)}: must be a non-empty list of "
                                 "integers >= 1")
         for i, v in enumerate(self.values):
             check_int(f"empirical[{i}]", v, lo=1, hi=MAX_LEN)
@@ -244,7 +244,7 @@ class Empirical(LengthDist):
             try:
                 value = int(line)
             except ValueError:
-                raise WorkloadError(f"empirical.file {str(p)!r} line {number} = {line!r}: must "
+                raise WorkloadError(f"empirical.file {str(p)!r} line {number} = {preview(line)}: must "
                                     "be one integer >= 1") from None
             check_int(f"empirical.file {str(p)!r} line {number}", value, lo=1, hi=MAX_LEN)
             values.append(value)

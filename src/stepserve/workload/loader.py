@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from stepserve.cli_errors import UsageError
-from stepserve.user_files import load_yaml
+from stepserve.user_files import load_yaml, preview
 from stepserve.workload.arrivals import TraceReplay
 from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed
 from stepserve.workload.parse import parse_arrival, parse_length
@@ -64,7 +64,7 @@ def workload_from_dict(data: Any, base_dir: str | Path | None = None,
                 raise WorkloadError(f"workload: missing required key {key!r} (only a trace "
                                     "arrival may leave it out)")
     if not isinstance(raw_classes, list):
-        raise WorkloadError(f"classes = {raw_classes!r}: must be a list of request classes")
+        raise WorkloadError(f"classes = {preview(raw_classes)}: must be a list of request classes")
     classes = tuple(_parse_class(c, f"classes[{i}]", base) for i, c in enumerate(raw_classes))
     return Workload(
         name=data.get("name", default_name),

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.limits import MAX_CONCURRENCY
+from stepserve.user_files import preview
 from stepserve.workload.arrivals import (
     ArrivalProcess,
     ClosedLoop,
@@ -65,11 +66,11 @@ def _length(data: Any, base_dir: Path | None) -> LengthDist:
         return Fixed(body)
     if kind == "uniform":
         if not isinstance(body, Sequence) or isinstance(body, str) or len(body) != 2:
-            raise WorkloadError(f"uniform = {body!r}: must be [lo, hi], integers >= 1")
+            raise WorkloadError(f"uniform = {preview(body)}: must be [lo, hi], integers >= 1")
         return Uniform(body[0], body[1])
     if kind == "lognormal":
         if not isinstance(body, Mapping):
-            raise WorkloadError(f"lognormal = {body!r}: must be a mapping {{p50, p99, max}}")
+            raise WorkloadError(f"lognormal = {preview(body)}: must be a mapping {{p50, p99, max}}")
         check_keys("lognormal", body, ("p50", "p99", "max"), required=("p50", "p99"))
         return LogNormal(body["p50"], body["p99"], body.get("max"))
     if kind == "mixture":
@@ -79,12 +80,12 @@ def _length(data: Any, base_dir: Path | None) -> LengthDist:
 
 def _mixture(body: Any, base_dir: Path | None) -> Mixture:
     if not isinstance(body, Sequence) or isinstance(body, str) or not body:
-        raise WorkloadError(f"mixture = {body!r}: must be a non-empty list of "
+        raise WorkloadError(f"mixture = {preview(body)}: must be a non-empty list of "
                             "{weight: w, <distribution>}")
     parts = []
     for i, entry in enumerate(body):
         if not isinstance(entry, Mapping) or "weight" not in entry:
-            raise WorkloadError(f"mixture[{i}] = {entry!r}: must be a mapping with 'weight' "
+            raise WorkloadError(f"mixture[{i}] = {preview(entry)}: must be a mapping with 'weight' "
                                 f"and one of: {', '.join(LENGTH_KINDS)}")
         rest = {k: v for k, v in entry.items() if k != "weight"}
         try:
@@ -105,7 +106,7 @@ def _empirical(body: Any, base_dir: Path | None) -> Empirical:
             path = base_dir / path
         return Empirical.from_file(path)
     if not isinstance(body, Sequence):
-        raise WorkloadError(f"empirical = {body!r}: must be a list of integers >= 1 or "
+        raise WorkloadError(f"empirical = {preview(body)}: must be a list of integers >= 1 or "
                             "{file: path}")
     return Empirical(body)  # the constructor checks and freezes it
 
@@ -124,7 +125,7 @@ def parse_arrival(data: Any, where: str = "arrival",
 
 def _arrival_body(kind: str, body: Any, allowed: tuple[str, ...], required: tuple[str, ...]) -> Any:
     if not isinstance(body, Mapping):
-        raise WorkloadError(f"{kind} = {body!r}: must be a mapping with keys "
+        raise WorkloadError(f"{kind} = {preview(body)}: must be a mapping with keys "
                             f"{', '.join(allowed)}")
     check_keys(kind, body, allowed, required)
     return body

@@ -25,6 +25,7 @@ from stepserve.limits import (
     MAX_WORKLOAD_TOKENS,
 )
 from stepserve.request_limits import PRIORITY_MAX, PRIORITY_MIN, TENANT_MAX_CHARS
+from stepserve.user_files import preview
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import (
     WorkloadError,
@@ -111,20 +112,20 @@ class RequestClass:
                 raise WorkloadError("pairs = (): a dataset class needs at least one pair")
             for i, pair in enumerate(self.pairs):
                 if len(pair) != 2:
-                    raise WorkloadError(f"pairs[{i}] = {pair!r}: must be (prompt, output)")
+                    raise WorkloadError(f"pairs[{i}] = {preview(pair)}: must be (prompt, output)")
                 check_int(f"pairs[{i}].prompt", pair[0], lo=1, hi=MAX_LEN)
                 check_int(f"pairs[{i}].output", pair[1], lo=1, hi=MAX_LEN)
         object.__setattr__(self, "share", check_positive("share", self.share, hi=MAX_WEIGHT))
         for name in ("prompt", "output"):
             if not isinstance(getattr(self, name), LengthDist):
-                raise WorkloadError(f"{name} = {getattr(self, name)!r}: must be a length "
+                raise WorkloadError(f"{name} = {preview(getattr(self, name))}: must be a length "
                                     "distribution (fixed, uniform, lognormal, mixture, "
                                     "empirical)")
         if self.max_tokens is not None:
             check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_LEN)
         check_priority_and_tenant(self.priority, self.tenant)
         if self.length_estimate not in LENGTH_ESTIMATES:
-            raise WorkloadError(f"length_estimate = {self.length_estimate!r}: must be one of "
+            raise WorkloadError(f"length_estimate = {preview(self.length_estimate)}: must be one of "
                                 f"{', '.join(LENGTH_ESTIMATES)}")
 
     def mean_tokens(self) -> float:
@@ -173,10 +174,10 @@ class Workload:
     def __post_init__(self) -> None:
         check_str("name", self.name)
         if not isinstance(self.arrival, ArrivalProcess):
-            raise WorkloadError(f"arrival = {self.arrival!r}: must be an arrival process "
+            raise WorkloadError(f"arrival = {preview(self.arrival)}: must be an arrival process "
                                 "(poisson, gamma, constant, closed_loop, trace)")
         if not isinstance(self.classes, (list, tuple)):
-            raise WorkloadError(f"classes = {self.classes!r}: must be a list of request classes")
+            raise WorkloadError(f"classes = {preview(self.classes)}: must be a list of request classes")
         classes = tuple(self.classes)
         object.__setattr__(self, "classes", classes)
         check_int("num_requests", self.num_requests, lo=1, hi=MAX_NUM_REQUESTS)
@@ -212,9 +213,9 @@ class Workload:
         seen: set[str] = set()
         for i, c in enumerate(classes):
             if not isinstance(c, RequestClass):
-                raise WorkloadError(f"classes[{i}] = {c!r}: must be a RequestClass")
+                raise WorkloadError(f"classes[{i}] = {preview(c)}: must be a RequestClass")
             if c.name in seen:
-                raise WorkloadError(f"classes[{i}].name = {c.name!r}: names must be unique")
+                raise WorkloadError(f"classes[{i}].name = {preview(c.name)}: names must be unique")
             seen.add(c.name)
 
     def _check_size(self, classes: tuple[RequestClass, ...]) -> None:

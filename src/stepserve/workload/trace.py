@@ -20,7 +20,7 @@ from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.limits import MAX_NUM_REQUESTS, MAX_SECONDS
-from stepserve.user_files import read_text
+from stepserve.user_files import preview, read_text
 from stepserve.workload.errors import WorkloadError, check_positive
 from stepserve.workload.spec import RequestSpec
 
@@ -47,15 +47,15 @@ def spec_to_record(spec: RequestSpec) -> dict[str, Any]:
 def record_to_spec(record: Any, index: int) -> RequestSpec:
     """A spec from one decoded line; raises WorkloadError naming the bad field."""
     if not isinstance(record, dict):
-        raise WorkloadError(f"{record!r}: must be a JSON object with keys "
+        raise WorkloadError(f"{preview(record)}: must be a JSON object with keys "
                             f"{', '.join(REQUIRED + OPTIONAL)}")
     for key in record:
         if key not in REQUIRED + OPTIONAL:
-            raise WorkloadError(f"unknown key {key!r}; allowed keys: "
+            raise WorkloadError(f"unknown key {preview(key)}; allowed keys: "
                                 f"{', '.join(REQUIRED + OPTIONAL)}")
     for key in REQUIRED:
         if key not in record:
-            raise WorkloadError(f"missing required key {key!r}")
+            raise WorkloadError(f"missing required key {preview(key)}")
     output_len = record["output_len"]
     check_positive("arrival_s", record["arrival_s"], allow_zero=True, hi=MAX_SECONDS)
     return RequestSpec(
