@@ -3,7 +3,11 @@
 the stream of every `stream_error_every`-th with an SSE error event after one token.
 `/v1/chat/completions` streams deltas the same way. With `api_key`, anything without
 `Authorization: Bearer <api_key>` gets 401. Every generation request's body and headers
-are kept in `settings["seen"]`. No /metrics (so the bench must do without a scrape)."""
+are kept in `settings["seen"]`. No /metrics (so the bench must do without a scrape).
+
+Hooks for tests that act at a defined point of a run (they run on the server's thread):
+`on_models()` when GET /v1/models arrives, `on_answered(n)` when the n-th stream has
+been sent whole."""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ class FakeServer:
 
 def make_app(settings: dict) -> FastAPI:
     app = FastAPI()
-    count = {"n": 0}
+    count = {"n": 0, "answered": 0}
     settings.setdefault("seen", [])
 
     def refused(request: Request) -> JSONResponse | None:
@@ -45,6 +49,8 @@ def make_app(settings: dict) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request):
+        if (hook := settings.get("on_models")) is not None:
+            hook()
         return refused(request) or \
             {"object": "list", "data": [{"id": "fake", "object": "model"}]}
 
@@ -85,6 +91,9 @@ def make_app(settings: dict) -> FastAPI:
             usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
             yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
+            count["answered"] += 1
+            if (hook := settings.get("on_answered")) is not None:
+                hook(count["answered"])
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

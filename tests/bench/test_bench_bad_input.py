@@ -1,16 +1,22 @@
 """Bad input to the client: each gives a clear message, not a traceback; server errors
-mid-run are counted; an interrupted run still writes its partial result."""
+mid-run are counted; an interrupted run still writes its partial result, whenever the
+Ctrl-C comes (start-up included: then with nothing sent)."""
 
 from __future__ import annotations
 
 import _thread
+import importlib
 import json
-import threading
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from fake_server import run_fake
 from server_harness import free_port
 
+from stepserve.bench.prompts import PromptMaker
 from stepserve.cli import main
 
 SMALL = ["--random-input-len", "4", "--random-output-len", "3", "--no-progress"]
@@ -82,24 +88,94 @@ def test_conflicting_workloads_and_bad_arrivals(capsys):
     assert "needs --target or --engine" in capsys.readouterr().err
 
 
-def test_interrupt_writes_partial_result(tmp_path, capsys):
+@pytest.fixture
+def ctrl_c() -> Iterator[Callable[[], None]]:
+    """Ctrl-C as a terminal sends it: SIGINT raises KeyboardInterrupt in the main thread,
+    also where this process inherited SIGINT ignored (a shell's background job: there
+    `_thread.interrupt_main` does nothing and the run goes on to its end)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield _thread.interrupt_main
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _partial(path: Path) -> dict:
+    summary = json.loads(path.read_text())["runs"][0]["summary"]
+    assert summary["interrupted"] is True
+    return summary
+
+
+def test_interrupt_mid_run_writes_partial_result(tmp_path, capsys, ctrl_c):
     out, table = tmp_path / "p.json", tmp_path / "p.csv"
-    with run_fake(delay_s=0.05) as fake:
-        timer = threading.Timer(1.0, _thread.interrupt_main)  # as Ctrl-C would
-        timer.start()
-        try:
-            rc = main(["bench", "--target", fake.url, "--random-input-len", "4",
-                       "--random-output-len", "40", "--no-progress", "--num-prompts", "50",
-                       "--max-concurrency", "2", "--json", str(out), "--csv", str(table)])
-        finally:
-            timer.cancel()
+
+    def after_second(n: int) -> None:
+        if n == 2:
+            ctrl_c()
+
+    with run_fake(delay_s=0.02, on_answered=after_second) as fake:
+        rc = main(["bench", "--target", fake.url, "--random-input-len", "4",
+                   "--random-output-len", "40", "--no-progress", "--num-prompts", "30",
+                   "--max-concurrency", "2", "--json", str(out), "--csv", str(table)])
     assert rc == 130
     assert "interrupted" in capsys.readouterr().err
-    s = json.loads(out.read_text())["runs"][0]["summary"]
-    assert s["interrupted"] is True
-    assert 0 < s["requests_total"] < 50 and s["requests_not_sent"] > 0
-    assert s["errors"].get("interrupted") == 2  # the two in flight were cut off
-    assert len(table.read_text().splitlines()) == 51
+    s = _partial(out)
+    assert 2 <= s["requests_total"] < 30 and s["requests_not_sent"] == 30 - s["requests_total"]
+    cut = s["errors"].get("interrupted", 0)  # those in flight (at most 2) were cut off
+    assert cut <= 2 and s["requests_finished"] + cut == s["requests_total"]
+    assert len(table.read_text().splitlines()) == 31
+
+
+def test_interrupt_at_model_discovery_writes_a_result_with_nothing_sent(tmp_path, ctrl_c):
+    out = tmp_path / "p.json"
+    with run_fake(on_models=ctrl_c) as fake:
+        assert main(["bench", "--target", fake.url, *SMALL, "--num-prompts", "5",
+                     "--json", str(out)]) == 130
+    s = _partial(out)
+    assert s["requests_total"] == 0 and s["requests_not_sent"] == 5 and s["errors"] == {}
+
+
+@pytest.mark.parametrize("where, target", [
+    ("stepserve.bench.job._progress", "--target"),  # its first use imports tqdm
+    ("stepserve.engine.llm_engine.LLMEngine", "--engine"),  # loads the model
+    ("stepserve.bench.inprocess.run_sim", "--sim"),
+])
+def test_interrupt_outside_the_event_loop_writes_a_result_with_nothing_sent(
+        where, target, monkeypatch, fake, tmp_path, ctrl_c):
+    module, name = where.rsplit(".", 1)
+    real = getattr(importlib.import_module(module), name)
+
+    def interrupted(*args, **kwargs):
+        ctrl_c()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(where, interrupted)
+    out = tmp_path / "p.json"
+    where_to = [target, fake.url] if target == "--target" else [target]
+    assert main(["bench", *where_to, *SMALL, "--num-prompts", "3", "--json", str(out)]) == 130
+    s = _partial(out)
+    assert s["requests_total"] == 0 and s["requests_finished"] == 0
+
+
+def test_interrupt_during_blocking_start_up_work_is_not_held_back(monkeypatch, fake,
+                                                                  tmp_path, ctrl_c):
+    """The prompts' tokenizer is looked up on the event loop's thread once the model is
+    known (its first load imports torch: seconds); asyncio.run's own Ctrl-C handling
+    would wait for that to end."""
+    finished = []
+
+    def slow_lookup(self: PromptMaker, model: str) -> None:
+        ctrl_c()
+        deadline = time.monotonic() + 20  # only the old handling lets it run this long
+        while time.monotonic() < deadline:
+            pass
+        finished.append(model)
+
+    monkeypatch.setattr(PromptMaker, "fit_to_model", slow_lookup)
+    out = tmp_path / "p.json"
+    assert main(["bench", "--target", fake.url, *SMALL, "--num-prompts", "3",
+                 "--json", str(out)]) == 130
+    assert not finished and _partial(out)["requests_total"] == 0
 
 
 def test_open_loop_shapes_on_fake_server(tmp_path):

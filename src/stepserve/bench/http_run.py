@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.loadgen import HttpTarget, LoadPlan, run_http
+from stepserve.bench.loadgen import HttpTarget, LoadPlan, interruptible, run_http
 from stepserve.bench.plan import BenchError
 from stepserve.bench.scrape import Scraper, scrape_summary
 from stepserve.metrics.live import live_config
@@ -98,7 +98,7 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
     async with httpx.AsyncClient(timeout=timeout, limits=limits,
                                  headers=dict(headers or {})) as client:
         out.model = await discover_model(client, url, model)
-        plan.prompts.fit_to_model(out.model)
+        interruptible(lambda: plan.prompts.fit_to_model(out.model))
         target = HttpTarget(url, out.model, timeout_s, endpoint=plan.shape.endpoint)
         scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 \
             else None

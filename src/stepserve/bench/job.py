@@ -156,17 +156,29 @@ def _progress(total: int, enabled: bool):
 def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workload,
          load: dict) -> int:
     interrupted = [False]
-    bar = _progress(len(plan.specs), options.progress)
     started = time.time()
+    # What a Ctrl-C before the load's own handling (the progress bar's import, the
+    # engine's model load, the simulator) or after it leaves: nothing sent. The
+    # target's records are filled in place, so they keep whatever was measured.
+    records = make_records(plan) if options.target else []
+    kind = options.target or ("sim" if options.sim else "engine")
+    measured: Measured = (BenchRun("", RunSummary(), target=kind, model=options.model),
+                          records, RunSummary())
+    bar = None
     try:
+        bar = _progress(len(plan.specs), options.progress)
         if options.target:
-            run, records, extra = _against_target(options, plan, bar, interrupted)
+            measured = _against_target(options, plan, records, bar, interrupted)
         elif options.sim:
-            run, records, extra = _on_sim(options, plan, bar)
+            measured = _on_sim(options, plan, bar)
         else:
-            run, records, extra = _on_engine(options, plan, bar, interrupted)
+            measured = _on_engine(options, plan, bar, interrupted)
+    except KeyboardInterrupt:
+        interrupted[0] = True
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
+    run, records, extra = measured
     if options.target:  # known once the target's model is: its tokenizer may fit them
         load = {**load, "prompts": plan.prompts.describe()}
     run = replace(run, name=workload.name, started_at=started, load=load,
@@ -178,18 +190,21 @@ Measured = tuple[BenchRun, list[RequestRecord], RunSummary]  # the run, its reco
 # target's or the engine's own fields
 
 
-def _against_target(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]
-                    ) -> Measured:
+def _against_target(options: BenchOptions, plan: LoadPlan, records: list[RequestRecord],
+                    bar, interrupted: list[bool]) -> Measured:
+    """The plan against the target, `records` (from make_records) filled in place."""
     assert options.target is not None
-    records = make_records(plan)
     http = HttpRun()
+    load = bench_http(options.target, options.model, plan, records, http,
+                      timeout_s=options.timeout_s, headers=options.shape.headers,
+                      metrics_interval_s=options.metrics_interval_s,
+                      on_done=lambda r: bar.update())
     try:
-        asyncio.run(bench_http(options.target, options.model, plan, records, http,
-                               timeout_s=options.timeout_s, headers=options.shape.headers,
-                               metrics_interval_s=options.metrics_interval_s,
-                               on_done=lambda r: bar.update()))
+        asyncio.run(load)
     except KeyboardInterrupt:
         interrupted[0] = True
+    finally:  # a Ctrl-C in asyncio.run's own set-up leaves it unstarted: not a warning
+        load.close()
     samples, series = http_extras(records, http.snapshots)
     run = BenchRun("", RunSummary(), target=options.target, model=http.model or options.model,
                    config=http.server_config(), latency_samples=samples, timeseries=series)

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 
@@ -23,6 +26,8 @@ from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord, stream_completion
 from stepserve.bench.prompts import PromptMaker
 from stepserve.workload.spec import RequestSpec
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -56,12 +61,29 @@ def make_records(plan: LoadPlan) -> list[RequestRecord]:
             for i, s in enumerate(plan.specs)]
 
 
+def interruptible(work: Callable[[], T]) -> T:
+    """`work()`, blocking the event loop's thread, with Ctrl-C raising KeyboardInterrupt
+    inside it. asyncio.run's own handler only cancels the main task, and a cancel lands
+    at the task's next await: after the blocking work (a tokenizer's first load imports
+    torch, seconds and more on a busy machine), which is start-up seeming to ignore
+    Ctrl-C. A SIGINT this process ignores (a shell's background job) stays ignored."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler) \
+            or handler is signal.default_int_handler:
+        return work()
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return work()
+    finally:  # asyncio.run's handler back (it restores the default itself when done)
+        signal.signal(signal.SIGINT, handler)
+
+
 async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestRecord],
                    client: httpx.AsyncClient,
                    on_done: Callable[[RequestRecord], None] | None = None) -> None:
     """Send every request of `plan`, filling `records` (from make_records) in place.
     Prompts are built before the clock starts, so building them delays no send."""
-    prompts = [plan.prompts(spec) for spec in plan.specs]
+    prompts = interruptible(lambda: [plan.prompts(spec) for spec in plan.specs])
     t0 = time.perf_counter()
     measure_start: list[float] = []
     slots = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None

@@ -95,10 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status. A user's mistake (UsageError, raised anywhere
     below) is one line on stderr and status 2; any other exception is a bug and keeps
-    its traceback."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    its traceback. Ctrl-C, even while the command line is read, is status 130."""
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except UsageError as e:
         return report_error(e)
