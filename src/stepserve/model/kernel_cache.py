@@ -237,14 +237,21 @@ def load_library(cache_dir: Path, isa: str) -> Library:
     except Untrusted as why:
         _warn_once(f"{why}: building the GGUF kernels in a private temporary folder "
                    "instead (every process builds its own until that is fixed)")
+    lib, path = _private_build(name, isa)
+    return Library(lib, path, None)
+
+
+@cache
+def _private_build(name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
+    """The library built in a folder of its own (mkdtemp: 0700), once per process; the
+    folder is removed once the library is loaded (the mapping outlives the file)."""
     private = Path(tempfile.mkdtemp(prefix="stepserve-kernels-"))
     try:
-        lib, path = _load_from(private, name, isa)
+        return _load_from(private, name, isa)
     except Untrusted as why:
         raise KernelsUnavailable(f"the GGUF kernels could not be built: {why}") from why
     finally:
-        shutil.rmtree(private, ignore_errors=True)  # loaded: the mapping outlives the file
-    return Library(lib, path, None)
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def remove_old_builds(cache_dir: Path) -> list[str]:
