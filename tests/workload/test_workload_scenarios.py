@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections import Counter
 
 import pytest
 
 from stepserve.workload import WorkloadError, get_workload, list_workloads
+from stepserve.workload.arrival_shapes import JobRounds, RateSchedule
 
 
 def percentile(values: list[int], q: float) -> float:
@@ -24,21 +26,44 @@ def test_every_scenario_builds_generates_and_explains_itself():
         assert len(w.generate()) == 100
 
 
-def test_night_report_is_the_seeds_64_way_job():
+def test_night_report_is_the_incidents_exact_64_way_mix():
     w = get_workload("night-report")
     assert w.closed_loop_concurrency == 64 and w.num_requests == 6400
-    assert w.shares["long"] == pytest.approx(10 / 64)
-    # over several seeds (each seed alone varies by ~0.5 points)
-    longs = total = 0
-    for seed in range(5):
-        specs = get_workload("night-report", seed=seed).generate()
-        longs += sum(s.request_class == "long" for s in specs)
-        total += len(specs)
-    assert longs / total == pytest.approx(10 / 64, abs=0.005)
+    specs = w.generate()
+    # every round of 64: 54 short then 10 long, exactly (nothing drawn: any seed alike)
+    for start in range(0, len(specs), 64):
+        outputs = [s.output_len for s in specs[start:start + 64]]
+        assert outputs == [20] * 54 + [2000] * 10
+    assert [s.index for s in specs] == list(range(6400))
+    assert {s.request_class for s in specs if s.output_len == 2000} == {"long"}
+    assert all(s.prompt_len == 128 and s.max_tokens == s.output_len for s in specs)
     outputs = [s.output_len for s in specs]
-    assert set(outputs) == {20, 2000}
     assert percentile(outputs, 0.50) == 20 and percentile(outputs, 0.99) == 2000
-    assert all(100 <= s.prompt_len <= 300 for s in specs)
+    assert get_workload("night-report", seed=3).generate() == specs
+
+
+def test_job_rounds_and_rate_schedules_check_their_shapes():
+    with pytest.raises(WorkloadError, match=r"rounds.groups\[1\].output = 0"):
+        JobRounds(groups=(("a", 1, 8, 4), ("b", 1, 8, 0)))
+    with pytest.raises(WorkloadError, match="names must be unique"):
+        JobRounds(groups=(("a", 1, 8, 4), ("a", 1, 8, 4)))
+    with pytest.raises(WorkloadError, match="the schedule starts at 0"):
+        RateSchedule(((5.0, 1.0),))
+    with pytest.raises(WorkloadError, match="must be after the point before"):
+        RateSchedule(((0.0, 1.0), (10.0, 2.0), (10.0, 3.0)))
+    with pytest.raises(WorkloadError, match="must be > 0"):
+        RateSchedule(((0.0, 1.0), (10.0, 0.0)))
+
+
+def test_a_rate_schedule_follows_its_curve():
+    ramp = RateSchedule(((0.0, 10.0), (60.0, 10.0), (120.0, 30.0)))
+    assert ramp.rate_at(30) == 10 and ramp.rate_at(90) == 20 and ramp.rate_at(500) == 30
+    times = ramp.times(20_000, random.Random(1))
+    assert times[0] == 0.0 and times == sorted(times)
+    per_window = Counter(int(t // 60) for t in times)
+    assert per_window[0] == pytest.approx(600, rel=0.1)  # 10/s for the first minute
+    assert per_window[1] == pytest.approx(1200, rel=0.1)  # rising 10 -> 30: 20/s on average
+    assert per_window[3] == pytest.approx(1800, rel=0.1)  # 30/s after the ramp
 
 
 def test_night_report_scales():

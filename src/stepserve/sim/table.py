@@ -111,6 +111,33 @@ def format_findings(findings: Sequence[Finding]) -> str:
     return "\n".join(lines)
 
 
+def format_comparison(result: SimulateResult) -> list[str]:
+    """Continuous over static against its cap, and where the rest went: the step count
+    (prefill steps, the drain at the end) and the step time (the scheduling overhead a
+    full batch pays every step, named in the cost model)."""
+    comp = result.comparison
+    assert comp is not None
+    lines = [f"continuous / static throughput: {comp.speedup:.2f}x; speedup cap for the same "
+             f"requests: {comp.speedup_cap:.2f}x ({comp.share_of_cap * 100:.0f}% of the cap "
+             "reached)"]
+    by_mode = {r.batching: r.summary for r in result.runs}
+    static, cont = by_mode.get("static"), by_mode.get("continuous")
+    if static is None or cont is None or not (static.steps and cont.steps and
+                                              static.mean_step_s and cont.mean_step_s):
+        return lines
+    by_steps = static.steps / cont.steps
+    by_time = static.mean_step_s / cont.mean_step_s
+    lines += [
+        f"  by step count: {static.steps:,.0f} static / {cont.steps:,.0f} continuous steps = "
+        f"{by_steps:.2f}x ({by_steps / comp.speedup_cap:.0%} of the cap: prefill steps and "
+        "the drain at the end)",
+        f"  by step time: {static.mean_step_s * 1e3:.1f} ms static / "
+        f"{cont.mean_step_s * 1e3:.1f} ms "
+        f"continuous mean step = x{by_time:.2f} (re-forming a full batch every step: the "
+        "cost model's scheduling overhead)"]
+    return lines
+
+
 def format_result(result: SimulateResult) -> str:
     parts = [f"scenario: {result.scenario}", f"  {result.description}",
              f"  cost model: {result.cost_model}",
@@ -121,11 +148,7 @@ def format_result(result: SimulateResult) -> str:
     by_class = format_by_class(result.runs)
     if by_class:
         parts += ["", "by request class:", by_class]
-    comp = result.comparison
-    if comp:
-        parts += ["", f"continuous / static throughput: {comp.speedup:.2f}x; speedup cap "
-                      f"for the same requests: {comp.speedup_cap:.2f}x "
-                      f"({comp.share_of_cap * 100:.0f}% of the cap reached; the rest is "
-                      f"prefill steps and the drain at the end)"]
+    if result.comparison:
+        parts += ["", *format_comparison(result)]
     parts += ["", format_findings(result.findings)]
     return "\n".join(parts)

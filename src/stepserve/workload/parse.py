@@ -15,6 +15,7 @@ Arrivals (`parse_arrival`):
     {constant: {rate: 2.0}}
     {closed_loop: {concurrency: 64}}          # `batch:` is accepted as another name
     {trace: requests.jsonl}  or  {trace: {path: requests.jsonl, concurrency: 64}}
+    {rounds: ...}, {rate_schedule: ...}       # workload/arrival_shapes.py
 
 `to_dict()` on every distribution and process writes these shapes back. Errors carry the
 YAML path given as `where`, e.g. `classes[1].output.lognormal.p99 = 10: ...`.
@@ -28,6 +29,7 @@ from typing import Any
 
 from stepserve.limits import MAX_CONCURRENCY
 from stepserve.user_files import preview
+from stepserve.workload.arrival_shapes import SHAPES
 from stepserve.workload.arrivals import (
     ArrivalProcess,
     ClosedLoop,
@@ -111,7 +113,7 @@ def _empirical(body: Any, base_dir: Path | None) -> Empirical:
     return Empirical(body)  # the constructor checks and freezes it
 
 
-ARRIVAL_KINDS = ("poisson", "gamma", "constant", "closed_loop", "batch", "trace")
+ARRIVAL_KINDS = ("poisson", "gamma", "constant", "closed_loop", "batch", "trace", *SHAPES)
 
 
 def parse_arrival(data: Any, where: str = "arrival",
@@ -142,6 +144,8 @@ def _arrival(data: Any, base_dir: Path | None) -> ArrivalProcess:
     if kind in ("closed_loop", "batch"):
         body = _arrival_body(kind, body, ("concurrency",), ("concurrency",))
         return ClosedLoop(body["concurrency"])
+    if kind in SHAPES:
+        return SHAPES[kind](body)
     concurrency = None
     if isinstance(body, Mapping):
         check_keys("trace", body, ("path", "concurrency"), ("path",))
