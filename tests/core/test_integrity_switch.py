@@ -51,9 +51,10 @@ def test_scheduler_check_sees_a_request_in_two_queues():
         sched.check_integrity()
 
 
+@pytest.mark.parametrize("full", [True, False], ids=["full", "counts"])
 @pytest.mark.parametrize("corrupt", ["double_free", "held_not_in_table", "free_and_held",
                                      "two_tables"])
-def test_block_manager_check_sees_each_corruption(corrupt):
+def test_block_manager_check_sees_each_corruption(corrupt, full):
     kv = KVCacheManager(num_gpu_blocks=8, block_size=4)
     a, b = make_requests(2, prompt_len=8)
     assert kv.allocate_slots(a, 8) and kv.allocate_slots(b, 4)
@@ -67,7 +68,7 @@ def test_block_manager_check_sees_each_corruption(corrupt):
     else:
         kv.block_tables["r1"].append(kv.block_tables["r0"][0])
     with pytest.raises(KVCacheError):
-        kv.check_integrity()
+        kv.check_integrity(full)
 
 
 def test_a_clean_run_passes_every_check():
@@ -76,3 +77,15 @@ def test_a_clean_run_passes_every_check():
         sched.add_request(r)
     run_until_done(sched)  # factories.step checks after each step
     assert sched.kv.all_free
+
+
+def test_a_swapped_block_moved_between_tables_needs_the_full_check():
+    kv = KVCacheManager(num_gpu_blocks=8, block_size=4)
+    a, b = make_requests(2, prompt_len=8)
+    assert kv.allocate_slots(a, 8) and kv.allocate_slots(b, 8)
+    # the same counts, but r1's table now names a free block instead of its own
+    held = kv.block_tables["r1"][0]
+    kv.block_tables["r1"][0] = kv.gpu.free[0]
+    kv.check_integrity(full=False)
+    with pytest.raises(KVCacheError, match=f"block {held}|block {kv.gpu.free[0]}"):
+        kv.check_integrity(full=True)
