@@ -172,19 +172,21 @@ class SchedulerBase:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, full: bool = True) -> None:
         """Raise KVCacheError unless the blocks and the queues agree: the block manager's
-        own invariant, every live request in exactly one queue, and blocks held only by
-        live requests (a table left behind by an ended request is a leak)."""
+        own invariant (`full`: the block sets, else their counts), every live request in
+        exactly one queue, and blocks held only by live requests (a table left behind by
+        an ended request is a leak)."""
         kv = self.kv
-        kv.check_integrity()
-        queued = [r.request_id for q in (self.waiting, self.running, self.swapped) for r in q]
-        if len(set(queued)) != len(queued) or set(queued) != set(self.requests):
-            raise KVCacheError(f"queues hold {len(queued)} requests ({len(set(queued))} "
-                               f"distinct), the live table {len(self.requests)}")
-        owners = set(kv.block_tables) | set(kv.cpu_tables)
-        leaked = owners - set(self.requests)
-        if leaked:
+        kv.check_integrity(full)
+        live = self.requests
+        queued = len(self.waiting) + len(self.running) + len(self.swapped)
+        if queued != len(live) or (full and {r.request_id for q in (
+                self.waiting, self.running, self.swapped) for r in q} != live.keys()):
+            raise KVCacheError(f"queues hold {queued} requests, the live table {len(live)}, "
+                               f"or they name different requests")
+        if not (kv.block_tables.keys() <= live.keys() and kv.cpu_tables.keys() <= live.keys()):
+            leaked = (kv.block_tables.keys() | kv.cpu_tables.keys()) - live.keys()
             raise KVCacheError(f"blocks held by ended or unknown request "
                                f"{sorted(leaked)[0]!r}")
 

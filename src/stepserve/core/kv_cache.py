@@ -149,35 +149,44 @@ class KVCacheManager:
         return list(zip(cpu_table, dev))
 
     # ---- invariants ----
-    def check_integrity(self) -> None:
+    def check_integrity(self, full: bool = True) -> None:
         """Raise KVCacheError unless every block is exactly free or referenced by one
-        table. Set operations over the held blocks, not a loop over the pool: cheap
-        enough to run after every step (the debug switch, engine/core.py)."""
+        table. `full=False` checks only the counts (free + held == total, and the tables
+        reference as many blocks as are held): O(requests), cheap enough for every step;
+        a leak or a double allocation changes a count. The full check compares the block
+        sets themselves."""
         for name, pool, tables in (("device", self.gpu, self.block_tables),
                                    ("cpu", self.cpu, self.cpu_tables)):
-            referenced = [b for table in tables.values() for b in table]
-            refs = set(referenced)
-            if len(refs) != len(referenced):
-                dup = next(b for b in referenced if referenced.count(b) > 1)
-                raise KVCacheError(f"{name} block {dup}: {referenced.count(dup)} tables "
-                                   f"hold it")
-            free = set(pool.free)
-            if len(free) != len(pool.free):
-                raise KVCacheError(f"{name} free list holds a block twice")
-            if refs != pool.held:
-                stray = sorted(refs ^ pool.held)[0]
-                raise KVCacheError(f"{name} block {stray}: held={stray in pool.held} but "
-                                   f"{int(stray in refs)} tables hold it")
-            if free & refs:
-                both = sorted(free & refs)[0]
-                raise KVCacheError(f"{name} block {both}: free and held by a table")
-            if len(refs) + len(free) != pool.num_blocks or \
-                    (pool.num_blocks and (min(free | refs, default=0) < 0
-                                          or max(free | refs, default=0) >= pool.num_blocks)):
-                raise KVCacheError(f"{name}: free {len(free)} + used {len(refs)} != "
-                                   f"total {pool.num_blocks}")
+            in_tables = sum(map(len, tables.values()))
+            if len(pool.held) + len(pool.free) != pool.num_blocks or \
+                    in_tables != len(pool.held):
+                raise KVCacheError(f"{name}: free {len(pool.free)} + held {len(pool.held)} "
+                                   f"!= total {pool.num_blocks}, or tables reference "
+                                   f"{in_tables} blocks")
+            if full:
+                _check_pool(name, pool, tables)
 
     @property
     def all_free(self) -> bool:
         return (self.gpu.num_free == self.gpu.num_blocks
                 and self.cpu.num_free == self.cpu.num_blocks)
+
+
+def _check_pool(name: str, pool: BlockPool, tables: dict[str, list[int]]) -> None:
+    referenced = [b for table in tables.values() for b in table]
+    refs = set(referenced)
+    if len(refs) != len(referenced):
+        dup = next(b for b in referenced if referenced.count(b) > 1)
+        raise KVCacheError(f"{name} block {dup}: {referenced.count(dup)} tables hold it")
+    free = set(pool.free)
+    if len(free) != len(pool.free):
+        raise KVCacheError(f"{name} free list holds a block twice")
+    if refs != pool.held:
+        stray = sorted(refs ^ pool.held)[0]
+        raise KVCacheError(f"{name} block {stray}: held={stray in pool.held} but "
+                           f"{int(stray in refs)} tables hold it")
+    both = free & refs
+    if both:
+        raise KVCacheError(f"{name} block {min(both)}: free and held by a table")
+    if not free.union(refs) <= set(range(pool.num_blocks)):
+        raise KVCacheError(f"{name}: a block id outside 0..{pool.num_blocks - 1}")
