@@ -21,10 +21,9 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError
+from stepserve.cli_errors import UsageError, report_error
 from stepserve.config import EngineConfig
 from stepserve.config_load import ConfigOverrides
 from stepserve.metrics.run_summary import RunSummary
@@ -38,7 +37,7 @@ from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.run import RunResult, run_config
 from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
-from stepserve.user_files import check_output_file
+from stepserve.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.workload.scenarios import get_workload
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",
@@ -277,6 +276,8 @@ def run_demo(options: DemoOptions) -> int:
                    "timing_s": {"model": clock.model_s, "fresh_cache": clock.fresh,
                                 "real_engine": clock.real_s, "simulator": clock.sim_s,
                                 "total": time.perf_counter() - clock.start}}
-        Path(options.json_out).write_text(json.dumps(payload, indent=2))
-        say(f"wrote {options.json_out}")
+        failed = write_outputs([OutputFile.text("--json", options.json_out,
+                                                lambda: json.dumps(payload, indent=2))])
+        if failed:
+            return report_error(failed)
     return 0

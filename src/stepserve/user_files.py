@@ -1,5 +1,6 @@
-"""Files the user names: reading theirs (results, workloads, configs, traces, ShareGPT)
-and checking, before any work is done, that an output path can be written.
+"""Files the user names: reading theirs (results, workloads, configs, traces, ShareGPT),
+checking before any work is done that an output path can be written, and writing outputs
+whole or not at all (`write_atomic`, `write_outputs`).
 
 Every failure is a `UsageError` that names the file (and, for JSON and YAML, the line
 and column), so a mistake costs one line and no lost run.
@@ -7,9 +8,14 @@ and column), so a mistake costs one line and no lost run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import reprlib
+import secrets
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +204,71 @@ def check_output_dir(flag: str, path: str | Path | None) -> None:
         raise UsageError(f"{where}: cannot be created, {str(existing)!r} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{where}: cannot be written, no permission in {str(existing)!r}")
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """`text` (UTF-8) as the file at `path`, whole or not at all: written to a temporary
+    file in the same folder, flushed to disk, then renamed over `path` (through a link, to
+    the file it names). On any failure the temporary file is removed and what `path` held
+    before is left as it was; the OSError is raised."""
+    target = Path(os.path.realpath(path))
+    data = text.encode("utf-8")
+    tmp = target.with_name(f".{target.name[:200]}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                 0o666)  # less the umask, as a new file gets
+    try:
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its mode
+            os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One output a command was asked for: the flag that named it, its path, and what
+    writes it there (returning the path written where that is not `path`: a folder's
+    page)."""
+
+    flag: str
+    path: str | Path | None  # None: not asked for, skipped
+    write: Callable[[str | Path], object]
+
+    @classmethod
+    def text(cls, flag: str, path: str | Path | None, render: Callable[[], str]
+             ) -> OutputFile:
+        """An output whose content is `render()`, written by `write_atomic`."""
+        return cls(flag, path, lambda p: write_atomic(p, render()))
+
+
+def write_outputs(outputs: Iterable[OutputFile]) -> str | None:
+    """Write every output, each tried whatever became of the ones before it, printing
+    `wrote PATH` for each written; one line naming each that failed and why (None when
+    all were written), for the command to end with."""
+    failed = []
+    for out in outputs:
+        if out.path is None:
+            continue
+        try:
+            written = out.write(out.path)
+        except OSError as e:
+            failed.append(f"{out.flag} {str(out.path)!r} not written ({e.strerror or e})")
+            continue
+        print(f"wrote {written or out.path}")
+    if not failed:
+        return None
+    return "; ".join(failed) + " (a file is written whole or not at all: one that was " \
+        "there before is unchanged)"

@@ -39,7 +39,7 @@ from stepserve.config_load import to_dict as config_to_dict
 from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
-from stepserve.user_files import check_output_file
+from stepserve.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.spec import Workload
 
@@ -247,18 +247,25 @@ def _report(options: BenchOptions, run: BenchRun, records: list[RequestRecord],
     print(format_table(run.name, summary))
     for f in result.findings:
         print(f"[{f.severity}] {f.rule}: {f.evidence}")
-    for path, write, what in ((options.json_out, write_json, result),
-                              (options.csv_out, write_csv, records),
-                              (options.markdown_out, write_markdown, result)):
-        if path:
-            write(path, what)
-            print(f"wrote {path}")
-    if options.save.save:
-        print(f"wrote {save_vllm_result(options.save, vllm_setup(options, run), records, slo)}")
+    failed = write_outputs(_outputs(options, run, result, records, slo))
     if summary.requests_total and not summary.requests_finished and options.target:
         print("warning: no request completed; see errors above", file=sys.stderr)
     if interrupted:
         print("interrupted: the result above and any files written are partial",
               file=sys.stderr)
+    if failed:
+        report_error(failed)
+    if interrupted:
         return EXIT_INTERRUPTED
-    return 0
+    return 2 if failed else 0
+
+
+def _outputs(options: BenchOptions, run: BenchRun, result: BenchResult,
+             records: list[RequestRecord], slo: GoodputSLO) -> list[OutputFile]:
+    """Every file the flags ask for; one that cannot be written does not stop the rest."""
+    setup = vllm_setup(options, run)
+    return [OutputFile("--json", options.json_out, lambda p: write_json(p, result)),
+            OutputFile("--csv", options.csv_out, lambda p: write_csv(p, records)),
+            OutputFile("--markdown", options.markdown_out, lambda p: write_markdown(p, result)),
+            OutputFile("--save-result", options.save.path(setup) if options.save.save else None,
+                       lambda p: save_vllm_result(options.save, setup, records, slo))]

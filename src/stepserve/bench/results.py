@@ -20,6 +20,7 @@ peak_concurrency, warmup_requests, interrupted, and the scrape fields (scrape.py
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,7 @@ from stepserve.metrics.run_data import LatencySamples
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.user_files import write_atomic
 
 LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
 SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
@@ -206,7 +208,7 @@ class BenchResult:
 # ---- writers ----
 
 def write_json(path: str | Path, result: BenchResult) -> None:
-    Path(path).write_text(json.dumps(result.to_json(), indent=2, default=str))
+    write_atomic(path, json.dumps(result.to_json(), indent=2, default=str))
 
 
 CSV_FIELDS = ("index", "request_class", "warmup", "outcome", "status", "finish_reason",
@@ -215,15 +217,21 @@ CSV_FIELDS = ("index", "request_class", "warmup", "outcome", "status", "finish_r
 
 
 def write_csv(path: str | Path, records: Sequence[RequestRecord]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_FIELDS)
-        for r in sorted(records, key=lambda r: r.index):
-            gaps = itl_s(r)
-            w.writerow([r.index, r.request_class, r.warmup, r.outcome, r.status,
-                        r.finish_reason, r.prompt_len, r.max_tokens, r.num_output_tokens,
-                        r.scheduled_s, r.send_s, r.end_s, ttft_s(r), tpot_s(r), e2e_s(r),
-                        mean(gaps), len(r.chunk_times_s), r.error or ""])
+    write_atomic(path, format_csv(records))
+
+
+def format_csv(records: Sequence[RequestRecord]) -> str:
+    """One row per request, by index, under CSV_FIELDS."""
+    out = io.StringIO(newline="")
+    w = csv.writer(out)
+    w.writerow(CSV_FIELDS)
+    for r in sorted(records, key=lambda r: r.index):
+        gaps = itl_s(r)
+        w.writerow([r.index, r.request_class, r.warmup, r.outcome, r.status,
+                    r.finish_reason, r.prompt_len, r.max_tokens, r.num_output_tokens,
+                    r.scheduled_s, r.send_s, r.end_s, ttft_s(r), tpot_s(r), e2e_s(r),
+                    mean(gaps), len(r.chunk_times_s), r.error or ""])
+    return out.getvalue()
 
 
 def _fmt(value: Any) -> str:
@@ -278,4 +286,4 @@ def format_markdown(result: BenchResult) -> str:
 
 
 def write_markdown(path: str | Path, result: BenchResult) -> None:
-    Path(path).write_text(format_markdown(result))
+    write_atomic(path, format_markdown(result))

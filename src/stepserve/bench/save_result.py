@@ -21,7 +21,7 @@ from stepserve.bench.vllm_result import (
     vllm_result,
 )
 from stepserve.cli_errors import UsageError
-from stepserve.user_files import check_output_dir, check_output_file
+from stepserve.user_files import check_output_dir, check_output_file, write_atomic
 
 
 @dataclass(frozen=True)
@@ -83,5 +83,5 @@ def save_vllm_result(options: SaveOptions, setup: VllmSetup,
                            options.metric_percentiles)
     path = options.path(setup)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(vllm_result(setup, metrics, options.detailed)))
+    write_atomic(path, json.dumps(vllm_result(setup, metrics, options.detailed)))
     return path

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from tqdm import tqdm
 
-from stepserve.cli_errors import reports_usage_errors
+from stepserve.cli_errors import report_error, reports_usage_errors
 from stepserve.limits import Range, check_flags
-from stepserve.user_files import check_output_file
+from stepserve.user_files import OutputFile, check_output_file, write_outputs
 
 PROFILE_FLAGS = {"repeats": Range(1, 1000), "warmup": Range(0, 100)}
 
@@ -51,6 +50,6 @@ def profile_command(args: argparse.Namespace) -> int:
     result = profile(opts, progress)
     bar.close()
     print(report(result))
-    Path(args.out).write_text(json.dumps(result.cost.to_json(), indent=2))
-    print(f"wrote {args.out}")
-    return 0
+    failed = write_outputs([OutputFile.text("--out", args.out,
+                                            lambda: json.dumps(result.cost.to_json(), indent=2))])
+    return report_error(failed) if failed else 0

@@ -10,17 +10,17 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from tqdm import tqdm
 
+from stepserve.cli_errors import report_error
 from stepserve.config_load import ConfigOverrides
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.run import SimulateResult, run_all, run_scenario
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
 from stepserve.sim.table import format_result
-from stepserve.user_files import check_output_file
+from stepserve.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 
@@ -58,9 +58,10 @@ def run_simulate(options: SimulateOptions) -> int:
         result = _run_workload(options, progress, pools)
     print(format_result(result))
     if options.json_out:
-        Path(options.json_out).write_text(json.dumps(result.to_json(), indent=2))
-        print(f"\nwrote {options.json_out}")
-    return 0
+        print()
+    failed = write_outputs([OutputFile.text("--json", options.json_out,
+                                            lambda: json.dumps(result.to_json(), indent=2))])
+    return report_error(failed) if failed else 0
 
 
 def _progress_factory(enabled: bool):

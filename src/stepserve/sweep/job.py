@@ -39,7 +39,12 @@ from stepserve.sweep.spec import (
     parse_vary,
 )
 from stepserve.sweep.text import format_knees
-from stepserve.user_files import check_output_dir, check_output_file
+from stepserve.user_files import (
+    OutputFile,
+    check_output_dir,
+    check_output_file,
+    write_outputs,
+)
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
@@ -262,16 +267,23 @@ def run_sweep(options: SweepOptions) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     print(format_knees(result))
-    if options.json_out:
-        Path(options.json_out).write_text(json.dumps(result.to_json(), indent=1))
-        print(f"\nwrote {options.json_out}")
-    if options.report:
-        from stepserve.sweep.report import write_report
-
-        page = write_report(result, options.report)
-        print(f"wrote {page}")
+    if options.json_out or options.report:
+        print()
+    failed = write_outputs([
+        OutputFile.text("--json", options.json_out,
+                        lambda: json.dumps(result.to_json(), indent=1)),
+        OutputFile("--report", options.report, lambda out: _write_report(result, out))])
     if stopped is not None:
         print(f"{stopped}: {len(runs)} of {len(plan.points)} points measured; the "
               "result above and any files written are partial", file=sys.stderr)
+    if failed:
+        report_error(failed)
+    if stopped is not None:
         return EXIT_INTERRUPTED if stopped == "interrupted" else 2
-    return 0
+    return 2 if failed else 0
+
+
+def _write_report(result: SweepResult, out: str | Path) -> Path:
+    from stepserve.sweep.report import write_report  # matplotlib only when asked for
+
+    return write_report(result, out)

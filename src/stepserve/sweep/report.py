@@ -29,6 +29,7 @@ from stepserve.sweep.plots import (
 )
 from stepserve.sweep.result import SweepResult
 from stepserve.sweep.text import format_knees
+from stepserve.user_files import write_atomic
 
 if TYPE_CHECKING:
     from stepserve.sim.run import SimulateResult
@@ -210,5 +211,5 @@ img{{max-width:100%}}.note{{color:#a60}}pre{{font-size:12px;background:#f6f6f6;p
 <h2>Plots</h2>{note_html}{figures}
 </body></html>"""
     path = out / "index.html"
-    path.write_text(page)
+    write_atomic(path, page)
     return path

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from stepserve.cli_errors import UsageError
-from stepserve.user_files import load_yaml, preview
+from stepserve.user_files import load_yaml, preview, write_atomic
 from stepserve.workload.arrivals import TraceReplay
 from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed
 from stepserve.workload.parse import parse_arrival, parse_length
@@ -171,5 +171,5 @@ def _class_to_dict(c: RequestClass) -> dict[str, Any]:
 def save_workload(workload: Workload, path: str | Path) -> Path:
     """Write the workload as YAML (not its requests: use `save_trace` for those)."""
     p = Path(path)
-    p.write_text(yaml.safe_dump(workload_to_dict(workload), sort_keys=False))
+    write_atomic(p, yaml.safe_dump(workload_to_dict(workload), sort_keys=False))
     return p

@@ -20,7 +20,7 @@ from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.limits import MAX_NUM_REQUESTS, MAX_SECONDS
-from stepserve.user_files import preview, read_text
+from stepserve.user_files import preview, read_text, write_atomic
 from stepserve.workload.errors import WorkloadError, check_positive
 from stepserve.workload.spec import RequestSpec
 
@@ -110,5 +110,5 @@ def save_trace(specs: Iterable[RequestSpec], path: str | Path) -> Path:
     """Write specs as JSONL (in the order given; `load_trace` sorts by arrival)."""
     p = Path(path)
     lines = [json.dumps(spec_to_record(s)) for s in specs]
-    p.write_text("".join(line + "\n" for line in lines))
+    write_atomic(p, "".join(line + "\n" for line in lines))
     return p
