@@ -18,6 +18,11 @@ Why these numbers:
   separately (core/policies.py), this bounds each key.
 * Bodies: the largest legitimate body is a prompt of max_model_len token ids or text
   (a few hundred KB at 32k tokens); `DEFAULT_MAX_REQUEST_BYTES` leaves ample room.
+* Text must be valid Unicode (`check_text`): JSON's `\\ud800` escape and Python's
+  reading of a byte that is not UTF-8 (argv, surrogateescape) both make a lone
+  surrogate, which no tokenizer, log line or UTF-8 response can carry.
+* A min_tokens request masks its stop tokens and EOS until it has that many: a stop set
+  covering the whole vocabulary leaves it nothing to sample (`stop_tokens_refusal`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,44 @@ def check_range(name: str, value: object, low: float | None, high: float | None,
     if (low is not None and not value >= low) or (high is not None and not value <= high):
         return f"{name} = {value!r}: must be {kind}{_span(low, high)}{note}"
     return None
+
+
+def check_text(field: str, text: str) -> str | None:
+    """A problem description if `text` is not valid Unicode (None: fine): a lone
+    surrogate, the only str a UTF-8 encoder refuses. Never quotes the text (a message
+    holding the surrogate could not be printed or sent either)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        byte = f"; U+{code:04X} is also how Python reads the byte 0x{code - 0xDC00:02X}, " \
+            "which is not UTF-8" if 0xDC80 <= code <= 0xDCFF else ""
+        return (f"{field}: the character at index {e.start} is a lone surrogate "
+                f"(U+{code:04X}); text must be valid Unicode, where a surrogate is only "
+                f"half of a pair (in JSON, a \\ud800-\\udbff escape followed by a "
+                f"\\udc00-\\udfff one{byte})")
+    return None
+
+
+def stop_tokens_refusal(stop_token_ids: tuple[int, ...] | list[int], min_tokens: int,
+                        vocab_size: int, eos_token_id: int | None) -> str | None:
+    """Why these stop token ids cannot be taken by a model of `vocab_size` tokens (None:
+    they can): an id outside the vocabulary, or, with min_tokens, a stop set that masks
+    every token (the sampler masks EOS too, even under ignore_eos, as vLLM)."""
+    bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        return f"stop_token_ids must be in [0, {vocab_size}); got {bad[:5]}"
+    if min_tokens <= 0 or len(stop_token_ids) + 1 < vocab_size:
+        return None
+    masked = set(stop_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
+    if len(masked) < vocab_size:
+        return None
+    eos = f" and EOS (id {eos_token_id})" if eos_token_id is not None else ""
+    return (f"stop_token_ids{eos} cover the whole vocabulary of {vocab_size} tokens, and "
+            f"min_tokens = {min_tokens} masks them all until then: nothing could be "
+            f"generated; leave some tokens out of stop_token_ids or set min_tokens = 0")
 
 
 def priority_refusal(priority: int, policy: str) -> str | None:

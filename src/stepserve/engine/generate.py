@@ -9,6 +9,7 @@ from stepserve.cli_errors import UsageError, report_error
 from stepserve.config import ConfigError
 from stepserve.config_load import ConfigOverrides
 from stepserve.engine.dtypes import resolve_dtype
+from stepserve.request_limits import check_text
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,22 @@ def check_device(name: str) -> None:
         raise UsageError(f"--device {name!r}: MPS is not available here; use --device cpu")
 
 
+def check_texts(options: GenerateOptions) -> None:
+    """The prompt and stop strings are valid Unicode (argv reads a byte that is not UTF-8
+    as a lone surrogate), checked before the model loads."""
+    for flag, text in (("--prompt", options.prompt), *(("--stop", s) for s in options.stop)):
+        problem = check_text(flag, text)
+        if problem:
+            raise UsageError(problem)
+
+
 def run_generate(options: GenerateOptions) -> int:
     """Print the completion, then its timing on stderr; the exit status."""
     from stepserve.engine.llm_engine import LLMEngine
     from stepserve.request import SamplingParams
 
     o = options
+    check_texts(o)
     check_device(o.device)
     try:
         o.config.apply()  # a bad setting fails before the model loads

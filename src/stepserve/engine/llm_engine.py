@@ -33,6 +33,7 @@ from stepserve.engine.step_budget import (
     runner_hardware,
 )
 from stepserve.request import Request, RequestStatus, SamplingParams, child_params
+from stepserve.request_limits import check_text, stop_tokens_refusal
 
 log = logging.getLogger("stepserve.engine")
 
@@ -120,6 +121,12 @@ class LLMEngine:
         refused one, the ones before it are aborted and only the refused one (finished)
         comes back. `abort_request(request_id)` aborts every child."""
         params = params or SamplingParams()
+        # inputs this model cannot take (request_limits.py says why), as the server's 400
+        refusal = (check_text("prompt", prompt) if isinstance(prompt, str) else None) or \
+            stop_tokens_refusal(params.stop_token_ids, params.min_tokens,
+                                self.runner.args.vocab_size, self.runner.eos_token_id)
+        if refusal:
+            raise ValueError(refusal)
         if request_id is None:
             request_id = f"req-{self._counter}"
             self._counter += 1

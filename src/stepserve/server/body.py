@@ -15,6 +15,18 @@ budget, so its cost is bounded by the budget, not the body; it runs on a worker 
 and gives the GIL back every few milliseconds. Too many values: a 400. Otherwise the C
 parser takes it. Only then does pydantic validate, over a bounded number of values.
 Duplicate keys and the non-JSON constants NaN/Infinity are refused.
+
+Two things the C parser would let through are refused here, at the root, for every
+endpoint, naming the JSON path of the value (`messages.0.content`) in `param`:
+* an integer literal longer than any field takes: Python's int() of a long literal
+  costs time quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop
+  for 0.27 s) and over 4,300 digits it raises. The int hook keeps such a literal as a
+  marker instead. The hook is a Python call per integer (about 5x the C parser's cost on
+  a list of token ids), so a body of more than INLINE_VALUES values is parsed on the
+  worker thread, where those calls let the GIL go back to the loop;
+* a lone surrogate: JSON's `\\ud800` escape decodes to one, and no tokenizer, log line or
+  UTF-8 response can carry it (request_limits.check_text). Only a body holding such an
+  escape is walked for it.
 """
 
 from __future__ import annotations
@@ -27,26 +39,38 @@ from typing import Any
 
 from starlette.requests import Request
 
+from stepserve.request_limits import check_text
 from stepserve.server.errors import APIError, bad_request
 
 # Values a body may hold besides the prompt's token ids: 2,048 messages of a few values,
 # 32 stop strings, 1,024 stop token ids, 300 logit biases and the scalar fields.
 VALUE_SLACK = 16384
 
-# One thread counts the values of heavy bodies: they queue rather than pile up.
+# Bodies of at most this many values are parsed on the event loop (a few ms at most,
+# with the int hook's Python call per integer); larger ones on the worker thread.
+INLINE_VALUES = 4096
+
+# The widest integer field is a 64-bit seed: 19 digits (and a sign).
+INT_LITERAL_MAX_DIGITS = 20
+
+# One thread parses the heavy bodies: they queue rather than pile up.
 _HEAVY = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepserve-json")
 
 
 class _BodyError(ValueError):
-    pass
+    def __init__(self, message: str, param: str | None = None,
+                 code: str = "invalid_json") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
-        keys = [k for k, _ in pairs]
-        dup = next(k for k in keys if keys.count(k) > 1)
-        raise _BodyError(f"duplicate key {dup!r} in a JSON object")
+        seen: set[str] = set()  # a set, not keys.count: linear in the object's size
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _BodyError(f"duplicate key {dup[:64]!r} in a JSON object")
     return out
 
 
@@ -54,11 +78,36 @@ def _no_constant(name: str) -> Any:
     raise _BodyError(f"{name} is not valid JSON (numbers must be finite)")
 
 
-_DECODER_HOOKS = dict(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+class _LongLiteral:
+    """Where an integer literal of more than INT_LITERAL_MAX_DIGITS digits was: kept in
+    its value's place so the walk can name the field."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _decode(text: str) -> tuple[Any, bool]:
+    """The JSON value, and whether it holds a `_LongLiteral`."""
+    long_literals: list[_LongLiteral] = []
+
+    def bounded_int(literal: str) -> int | _LongLiteral:
+        digits = len(literal) - (literal[0] == "-")
+        if digits <= INT_LITERAL_MAX_DIGITS:
+            return int(literal)
+        long_literals.append(_LongLiteral(digits))
+        return long_literals[-1]
+
+    value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                       parse_int=bounded_int)
+    return value, bool(long_literals)
+
 
 # one token per match: a whole string (skipped: its content is not structure), or one of
 # the characters that start a value
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{,]')
+
+# an escape that may decode to half of a surrogate pair (\uD800-\uDFFF)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _too_many_values(raw: bytes, budget: int) -> bool:
@@ -77,11 +126,49 @@ def _parse(raw: bytes, text: str, budget: int, counted: bool) -> Any:
         raise _BodyError(f"the body holds more than {budget} JSON values; a request needs "
                          f"far fewer (a prompt of at most max_model_len token ids plus "
                          f"{VALUE_SLACK} for the other fields)")
-    return json.loads(text, **_DECODER_HOOKS)
+    value, long_literal = _decode(text)
+    if long_literal or _SURROGATE_ESCAPE.search(raw):
+        _check_values(value)
+    return value
+
+
+def _check_values(value: Any) -> None:
+    """Each string valid Unicode and each integer literal within bounds, or the first
+    one that is not (in document order) as a 400 naming its path; the walk is over a
+    value already bounded in size (the value budget)."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            _check_text(path, item)
+        elif isinstance(item, _LongLiteral):
+            where = ".".join(path) or None
+            raise _BodyError(f"{where or 'the body'}: an integer literal of {item.digits} "
+                             f"digits; no field takes one of more than {INT_LITERAL_MAX_DIGITS} digits "
+                             f"(the widest, seed, is a 64-bit integer)", where,
+                             "invalid_value")
+        elif isinstance(item, dict):
+            for key in item:
+                _check_text(path, key, "a key of ")
+            stack.extend((v, (*path, k[:64])) for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((v, (*path, str(i))) for i, v in reversed(list(enumerate(item)))
+                         if isinstance(v, (str, list, dict, _LongLiteral)))
+
+
+def _check_text(path: tuple[str, ...], text: str, what: str = "") -> None:
+    if text.isascii():
+        return
+    where = ".".join(path) or None
+    problem = check_text(what + (where or "the body"), text)
+    if problem:
+        raise _BodyError(problem, where, "invalid_value")
 
 
 async def read_limited(request: Request, max_bytes: int) -> bytes:
-    """The raw body, refused with 413 as soon as it is known to exceed `max_bytes`."""
+    """The raw body, refused with 413 as soon as it is known to exceed `max_bytes`, and
+    with 415 if it comes compressed (the limits above count the bytes as sent)."""
+    check_content_encoding(request.headers.get("content-encoding"))
     too_big = APIError(413, f"the request body exceeds {max_bytes} bytes (the server's "
                             f"--max-request-bytes)", param=None, code="body_too_large")
     length = request.headers.get("content-length")
@@ -96,8 +183,19 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def check_content_encoding(encoding: str | None) -> None:
+    """Only identity: a compressed body would otherwise be read as text ("not valid
+    UTF-8"), and inflating one would escape the byte limit."""
+    if encoding is None or encoding.strip().lower() in ("", "identity"):
+        return
+    raise APIError(415, f"Content-Encoding {encoding[:64]!r} is not supported: send the "
+                        f"body uncompressed (only 'identity' is accepted)",
+                   param=None, code="unsupported_media_type")
+
+
 async def parse_json(raw: bytes, value_budget: int) -> Any:
-    """The body's JSON value; a 400 for invalid UTF-8 or JSON, or too many values."""
+    """The body's JSON value; a 400 for invalid UTF-8 or JSON, too many values, an
+    integer literal too long for any field, or a lone surrogate in a string."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -105,12 +203,13 @@ async def parse_json(raw: bytes, value_budget: int) -> Any:
                           "invalid_encoding") from None
     structural = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
     try:
-        if structural <= value_budget:
+        if structural <= min(INLINE_VALUES, value_budget):
             return _parse(raw, text, value_budget, counted=True)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_HEAVY, _parse, raw, text, value_budget, False)
+        return await loop.run_in_executor(_HEAVY, _parse, raw, text, value_budget,
+                                          structural <= value_budget)
     except _BodyError as e:
-        raise bad_request(str(e), None, "invalid_json") from None
+        raise bad_request(str(e), e.param, e.code) from None
     except json.JSONDecodeError as e:
         raise bad_request(f"the body is not valid JSON: {e.msg} at line {e.lineno} column "
                           f"{e.colno}", None, "invalid_json") from None

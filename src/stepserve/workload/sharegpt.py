@@ -14,7 +14,9 @@ or a local Hugging Face directory) when given, else estimated as one token per
 CHARS_PER_TOKEN characters (the description says which). `output_len` fixes every
 output length instead of the completion's. Pairs are dropped as vLLM drops them: prompt
 or output under MIN_LEN tokens, prompt over MAX_PROMPT_LEN, or both over MAX_TOTAL_LEN;
-the counts of what was dropped and why are kept for the description.
+the counts of what was dropped and why are kept for the description. A turn whose text
+is not valid Unicode (a lone surrogate, `\\ud800` in the JSON) is an error naming the
+conversation, with or without a tokenizer.
 
 Prompts themselves are not kept: the bench sends token-id prompts of exactly the
 counted length (a scheduler sees lengths, not words; stepserve has no prefix cache).
@@ -30,6 +32,7 @@ from typing import Any
 
 from stepserve.cli_errors import UsageError
 from stepserve.limits import MAX_LEN
+from stepserve.request_limits import check_text
 from stepserve.user_files import load_json
 from stepserve.workload.errors import WorkloadError, check_int
 from stepserve.workload.lengths import Empirical
@@ -100,7 +103,7 @@ def load_sharegpt(path: str | Path, tokenizer: str | None = None,
     count, counted_by = _counter(tokenizer)
     pairs: list[tuple[int, int]] = []
     dropped: Counter[str] = Counter()
-    for item in data:
+    for i, item in enumerate(data):
         turns = item.get("conversations", item.get("conversation")) \
             if isinstance(item, dict) else None
         if not isinstance(turns, list) or len(turns) < 2:
@@ -110,6 +113,11 @@ def load_sharegpt(path: str | Path, tokenizer: str | None = None,
         if prompt is None or completion is None:
             dropped["without a text value"] += 1
             continue
+        for turn, text in (("prompt", prompt), ("completion", completion)):
+            # refused with or without a tokenizer: a file is usable or not, whichever counts
+            problem = check_text(f"{where}: conversation {i}, its {turn} turn", text)
+            if problem:
+                raise WorkloadError(problem)
         n_prompt = count(prompt)
         n_output = output_len if output_len is not None else count(completion)
         if n_prompt < MIN_LEN or n_output < MIN_LEN:
