@@ -3,6 +3,7 @@ where there is one; afterwards the server is healthy and holds no KV block."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx
@@ -12,12 +13,23 @@ from server_harness import MODEL
 OK_PROMPT = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
 OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+TOKENIZE, DETOKENIZE = "/tokenize", "/detokenize"
 JSON = {"content-type": "application/json"}
 
 
 def body(base: dict, **changes) -> bytes:
     data = {**base, **changes}
     return json.dumps({k: v for k, v in data.items() if v is not ...}).encode()
+
+
+def literal(base: dict, field: str, text: str) -> bytes:
+    """`base` with `field` written as the JSON text `text` (json.dumps cannot write an
+    integer past Python's int-string limit)."""
+    return json.dumps({**base, field: "<literal>"}).replace('"<literal>"', text).encode()
+
+
+TINY_EOS = 2  # the tiny model's EOS id (its vocabulary: 512)
+LONE = "ab\ud800cd"  # json.dumps writes the escape \ud800 with no low half after it
 
 
 # (name, path, raw body, headers, status, param (None: no field to name), words in message)
@@ -93,6 +105,44 @@ CASES = [
      "priority", "integer"),
     ("max_completion_tokens too big", CHAT, body(OK_CHAT, max_completion_tokens=5000), JSON,
      400, "max_completion_tokens", "5000"),
+    # text that is not valid Unicode: the JSON path of the string is named
+    ("lone surrogate in a prompt", COMPLETIONS, body(OK_PROMPT, prompt=LONE), JSON, 400,
+     "prompt", "lone surrogate (U+D800)"),
+    ("lone surrogate in a content part", CHAT, body(OK_CHAT, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "ok"},
+                                     {"type": "text", "text": LONE}]}]), JSON, 400,
+     "messages.0.content.1.text", "valid Unicode"),
+    ("lone low surrogate in a stop string", COMPLETIONS,
+     body(OK_PROMPT, stop=["fine", "\udc80"]), JSON, 400, "stop.1", "U+DC80"),
+    ("lone surrogate in /tokenize", TOKENIZE, body({"prompt": LONE}), JSON, 400, "prompt",
+     "lone surrogate"),
+    # integer literals longer than any field takes
+    ("5,000-digit max_tokens", COMPLETIONS, literal(OK_PROMPT, "max_tokens", "9" * 5000),
+     JSON, 400, "max_tokens", "5000 digits"),
+    ("21-digit negative seed", COMPLETIONS, literal(OK_PROMPT, "seed", "-" + "9" * 21), JSON,
+     400, "seed", "21 digits"),
+    ("5,000-digit token id to /detokenize", DETOKENIZE,
+     literal({"tokens": [1]}, "tokens", f"[1, {'9' * 5000}]"), JSON, 400, "tokens.1",
+     "5000 digits"),
+    # /tokenize and /detokenize bounded like a prompt
+    ("text over max_model_len tokens to /tokenize", TOKENIZE, body({"prompt": "hi " * 400}),
+     JSON, 400, "prompt", "max_model_len = 256"),
+    ("chat over max_model_len tokens to /tokenize", TOKENIZE,
+     body({"messages": [{"role": "user", "content": "hi " * 400}]}), JSON, 400, "messages",
+     "max_model_len = 256"),
+    ("more ids than max_model_len to /detokenize", DETOKENIZE, body({"tokens": [5] * 300}),
+     JSON, 400, "tokens", "max_model_len = 256"),
+    # refused, not ignored
+    ("legacy functions", CHAT, body(OK_CHAT, functions=[{"name": "f"}]), JSON, 400,
+     "functions", "not supported"),
+    ("legacy function_call", CHAT, body(OK_CHAT, function_call={"name": "f"}), JSON, 400,
+     "function_call", "not supported"),
+    ("gzip-encoded body", COMPLETIONS, gzip.compress(body(OK_PROMPT)),
+     {**JSON, "content-encoding": "gzip"}, 415, None, "only 'identity'"),
+    ("stop_token_ids and EOS cover the vocabulary, with min_tokens", COMPLETIONS,
+     body(OK_PROMPT, stop_token_ids=[t for t in range(512) if t != TINY_EOS], min_tokens=1),
+     JSON, 400,
+     "stop_token_ids", "whole vocabulary"),
 ]
 
 

@@ -4,6 +4,7 @@ up by more than about one engine step (nothing heavy runs on the event loop)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 
@@ -40,6 +41,17 @@ def numeric_cases() -> list[tuple]:
             body = f'{text}, "{field}": {literal}}}'.encode()
             cases.append((f"{field}={label}", path, body, JSON, 400))
     return cases
+
+
+def with_literal(base: dict, field: str, literal: str) -> bytes:
+    """`base` with `field` set to a JSON literal as written (json.dumps cannot write a
+    5,000-digit integer: Python's int-string limit)."""
+    return json.dumps({**base, field: "<literal>"}).replace('"<literal>"', literal).encode()
+
+
+LONE = "ab\ud800cd"  # json.dumps writes it as the escape \ud800 with no low half after it
+DIGITS_5000 = "9" * 5000
+VOCAB = 512  # the tiny model's
 
 
 def nested(depth: int) -> bytes:
@@ -90,6 +102,27 @@ CASES = numeric_cases() + [
     ("logit_bias with 10k entries", CHAT,
      raw(CHAT_BODY, logit_bias={str(i): 1.0 for i in range(10_000)}), JSON, 400),
     ("model name of 1 MB", COMPLETIONS, raw(PROMPT, model="m" * 1_000_000), JSON, 400),
+    # text that is not valid Unicode (a lone surrogate), wherever it is
+    ("lone surrogate in a prompt", COMPLETIONS, raw(PROMPT, prompt=LONE), JSON, 400),
+    ("lone surrogate in chat content", CHAT,
+     raw(CHAT_BODY, messages=[{"role": "user", "content": LONE}]), JSON, 400),
+    ("lone surrogate in a content part", CHAT,
+     raw(CHAT_BODY, messages=[{"role": "user", "content": [{"type": "text", "text": LONE}]}]),
+     JSON, 400),
+    ("lone surrogate echoed", COMPLETIONS, raw(PROMPT, prompt=LONE, echo=True), JSON, 400),
+    ("lone surrogate in a stop string", COMPLETIONS, raw(PROMPT, stop=[LONE]), JSON, 400),
+    # integer literals past Python's int-string limit (4,300 digits)
+    ("5,000-digit max_tokens", COMPLETIONS, with_literal(PROMPT, "max_tokens", DIGITS_5000),
+     JSON, 400),
+    ("5,000-digit seed", COMPLETIONS, with_literal(PROMPT, "seed", DIGITS_5000), JSON, 400),
+    # features refused, not ignored
+    ("legacy functions", CHAT, raw(CHAT_BODY, functions=[{"name": "f", "parameters": {}}]),
+     JSON, 400),
+    ("legacy function_call", CHAT, raw(CHAT_BODY, function_call="auto"), JSON, 400),
+    ("gzip-encoded body", COMPLETIONS, gzip.compress(raw(PROMPT)),
+     {**JSON, "content-encoding": "gzip"}, 415),
+    ("stop_token_ids over the whole vocabulary with min_tokens", COMPLETIONS,
+     raw(PROMPT, stop_token_ids=list(range(VOCAB)), min_tokens=2), JSON, 400),
 ]
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stepserve.request import SamplingParams
-from stepserve.request_limits import priority_refusal
+from stepserve.request_limits import priority_refusal, stop_tokens_refusal
 from stepserve.server.errors import APIError, bad_request
 from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -64,10 +64,10 @@ def check_common(ctx: ServingContext, body: _Sampling) -> None:
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true",
                           "stream_options")
-    bad = [t for t in body.stop_token_ids or () if t >= ctx.vocab_size]
-    if bad:
-        raise bad_request(f"stop_token_ids must be in [0, {ctx.vocab_size}); got {bad[:5]}",
-                          "stop_token_ids")
+    refusal = stop_tokens_refusal(body.stop_token_ids or (), body.min_tokens,
+                                  ctx.vocab_size, ctx.engine.engine.runner.eos_token_id)
+    if refusal:
+        raise bad_request(refusal, "stop_token_ids")
 
 
 def check_length(ctx: ServingContext, ids: list[int], max_tokens: int, param: str,
@@ -84,12 +84,23 @@ def check_length(ctx: ServingContext, ids: list[int], max_tokens: int, param: st
                           "context_length_exceeded")
 
 
-def _check_text_size(ctx: ServingContext, num_chars: int, param: str) -> None:
+def check_text_size(ctx: ServingContext, num_chars: int, param: str) -> None:
+    """Before tokenizing: a text no prompt of max_model_len tokens can be is refused
+    without the work."""
     if num_chars > ctx.max_prompt_chars:
         raise bad_request(
             f"the prompt has {num_chars} characters; no text over {ctx.max_prompt_chars} "
             f"characters fits in max_model_len = {ctx.max_model_len} tokens of this model",
             param, "context_length_exceeded")
+
+
+def check_token_count(ctx: ServingContext, count: int, param: str) -> None:
+    """A token sequence (to tokenize or detokenize) is no longer than a prompt can be, as
+    vLLM's /tokenize and /detokenize refuse one over max_model_len."""
+    if count > ctx.max_model_len:
+        raise bad_request(f"{param} has {count} tokens, over max_model_len = "
+                          f"{ctx.max_model_len} (no prompt of this model is longer)", param,
+                          "context_length_exceeded")
 
 
 def sampling_params(body: _Sampling, max_tokens: int, logprobs: int | None = None,
@@ -128,7 +139,7 @@ async def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> lis
         if not prompt:
             raise bad_request("the prompt is empty; at least one token is required",
                               "prompt", "empty_prompt")
-        _check_text_size(ctx, len(prompt), "prompt")
+        check_text_size(ctx, len(prompt), "prompt")
         return await ctx.off_loop(ctx.engine.engine.tokenizer.encode, prompt)
     bad = [t for t in prompt if not 0 <= t < ctx.vocab_size]
     if bad:
@@ -142,7 +153,7 @@ async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
     import jinja2
 
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    _check_text_size(ctx, sum(len(m["content"]) for m in messages), "messages")
+    check_text_size(ctx, sum(len(m["content"]) for m in messages), "messages")
     tokenizer = ctx.engine.engine.tokenizer
     try:
         return await ctx.off_loop(tokenizer.encode_chat, messages, add_generation_prompt)

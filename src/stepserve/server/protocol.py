@@ -6,9 +6,9 @@ An unknown field is accepted and ignored with a logged warning naming it, as vLL
 `extra_body`) work. vLLM's extra sampling fields are honoured: min_p, top_k,
 repetition_penalty, min_tokens, stop_token_ids, ignore_eos, skip_special_tokens,
 include_stop_str_in_output, prompt_logprobs, request_id, priority. Fields OpenAI defines
-that this engine cannot honour (logit_bias, suffix, tools ...) are accepted only at their
-neutral value, so a client that sends the default still works and one that relies on the
-feature hears it clearly. The tenant for fair share comes from `user`.
+that this engine cannot honour (logit_bias, suffix, tools, functions ...) are accepted
+only at their neutral value, so a client that sends the default still works and one that
+relies on the feature hears it clearly. The tenant for fair share comes from `user`.
 """
 
 from __future__ import annotations
@@ -192,6 +192,9 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=lim.LOGPROBS_MAX)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    # OpenAI's older spelling of tools and tool_choice: refused alike, not ignored
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     store: bool | None = None
@@ -199,6 +202,7 @@ class ChatCompletionRequest(_Sampling):
     service_tier: str | None = None
 
     _NEUTRAL = {**_NEUTRAL_SHARED, "tools": (None, []), "tool_choice": (None, "none"),
+                "functions": (None, []), "function_call": (None, "none"),
                 "response_format": (None, {"type": "text"})}
 
 

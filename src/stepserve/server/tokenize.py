@@ -1,9 +1,12 @@
 """vLLM's utility endpoints: `POST /tokenize` (a prompt, or chat messages through the
 chat template, to token ids), `POST /detokenize` (ids to text) and `GET /version`, in
 vLLM's request and response shapes. Bodies go through the same size and value limits as
-the generation endpoints; tokenizing runs on a worker thread."""
+the generation endpoints, and a text or id list is bounded like a prompt (the text-size
+check first, then max_model_len tokens, as vLLM); tokenizing runs on a worker thread."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
@@ -13,9 +16,18 @@ from starlette.responses import JSONResponse, Response
 from stepserve import __version__
 from stepserve import request_limits as lim
 from stepserve.server.errors import bad_request
-from stepserve.server.prompts import ServingContext, chat_prompt, check_model
+from stepserve.server.prompts import (
+    ServingContext,
+    chat_prompt,
+    check_model,
+    check_text_size,
+    check_token_count,
+)
 from stepserve.server.protocol import ChatCompletionRequest, TokenId, _Lenient
 from stepserve.server.serving import parse_body, read_json, validate
+
+if TYPE_CHECKING:
+    from stepserve.model.tokenizer import Tokenizer
 
 
 class TokenizeCompletionRequest(_Lenient):
@@ -70,11 +82,14 @@ def install_tokenize_routes(app: FastAPI) -> None:
         assert isinstance(body, (TokenizeChatRequest, TokenizeCompletionRequest))
         check_model(ctx, body.model)
         if isinstance(body, TokenizeChatRequest):
-            ids = await chat_prompt(ctx, body, body.add_generation_prompt)
+            ids, param = await chat_prompt(ctx, body, body.add_generation_prompt), "messages"
         else:
             assert isinstance(body, TokenizeCompletionRequest)
+            check_text_size(ctx, len(body.prompt), "prompt")
             ids = await ctx.off_loop(tok.encode, body.prompt, body.add_special_tokens)
-        strs = [tok.id_to_token(i) or "" for i in ids] if body.return_token_strs else None
+            param = "prompt"
+        check_token_count(ctx, len(ids), param)
+        strs = await ctx.off_loop(_token_strs, tok, ids) if body.return_token_strs else None
         return JSONResponse({"count": len(ids), "max_model_len": ctx.max_model_len,
                              "tokens": ids, "token_strs": strs})
 
@@ -85,6 +100,7 @@ def install_tokenize_routes(app: FastAPI) -> None:
         body = await parse_body(ctx, request, DetokenizeRequest)
         assert isinstance(body, DetokenizeRequest)
         check_model(ctx, body.model)
+        check_token_count(ctx, len(body.tokens), "tokens")
         bad = [t for t in body.tokens if t >= ctx.vocab_size]
         if bad:
             raise bad_request(f"tokens must be in [0, {ctx.vocab_size}); got {bad[:5]}",
@@ -95,3 +111,7 @@ def install_tokenize_routes(app: FastAPI) -> None:
     @app.get("/version", response_model=VersionResponse)
     async def version() -> dict:
         return {"version": __version__}
+
+
+def _token_strs(tok: Tokenizer, ids: list[int]) -> list[str]:
+    return [tok.id_to_token(i) or "" for i in ids]
