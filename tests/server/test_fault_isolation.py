@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 
 import httpx
 import openai
@@ -155,7 +154,10 @@ async def _stream(client, ids: list[int], max_tokens: int, user: str | None,
 @pytest.mark.parametrize("seed", [1, 2])
 def test_faults_end_exactly_the_requests_they_touch(monkeypatch, offline_llm, seed):
     rng = random.Random(seed)
-    engine = make_engine()
+    # Four a step: a failed step ends at most four requests however the staggered
+    # arrivals batch (on a busy machine more of them overlap), and 32 requests of 12-47
+    # tokens take over 200 steps, so the faults' steps come.
+    engine = make_engine(max_num_seqs=4)
     runner = _sabotage(monkeypatch, engine, rng)
     jobs = _jobs(rng, offline_llm.tokenizer)
     with serve(engine) as served:
@@ -196,8 +198,9 @@ def test_faults_end_exactly_the_requests_they_touch(monkeypatch, offline_llm, se
     engine_failed = sum(1 for ids, *_ in jobs
                         if tuple(ids) in runner.failed_prompts or ids[0] == DETOK_MARK)
     assert errors_counted == engine_failed
-    ok = sum(1 for outcome, _ in results if outcome == "ok")  # 13-14 in the seeds here
-    assert ok >= 4  # enough survivors for "the others finish correctly" to mean something
+    # at least 8: five faulty steps of at most four requests, four sabotaged (9-12 here)
+    ok = sum(1 for outcome, _ in results if outcome == "ok")
+    assert ok >= 8  # enough survivors for "the others finish correctly" to mean something
 
 
 KILL_AFTER_STEPS = 12
@@ -226,15 +229,12 @@ def test_a_dead_engine_loop_answers_everyone_and_exits_nonzero():
             finally:
                 await client.close()
 
-        t0 = time.monotonic()
         results = asyncio.run(run_all())
         assert [r[0] for r in results] == ["error"] * 8, results
         assert all("injected scheduler fault" in r[1] for r in results), results
-        code = server.proc.wait(timeout=15)
-        exited_after = time.monotonic() - t0
+        code = server.proc.wait(timeout=60)  # it exits by itself, without a signal
         out = server.output()
     assert code == 1, out
-    assert exited_after < 15
     assert "engine failed: AssertionError: injected scheduler fault" in out
     assert "exit status 1" in out
 
