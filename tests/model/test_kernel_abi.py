@@ -74,6 +74,17 @@ def test_a_library_of_another_layout_is_refused_with_the_reason(tmp_path, monkey
     assert reason in str(kernels_unavailable_reason())
 
 
+def test_a_library_with_the_layout_but_not_the_kernels_is_refused(tmp_path):
+    cache = tmp_path / "kernels"
+    cache.mkdir(mode=0o700)
+    abi = next(f for f in kernel_cache.SOURCES if f.name == "kernel_abi.c")
+    subprocess.run([kernel_cache.compiler(), "-shared", "-fPIC", "-o",
+                    str(cache / kernel_cache.library_name(ggml_kernels.choose_isa())),
+                    str(abi)], check=True)
+    with pytest.raises(KernelsUnavailable, match="lacks an entry point"):
+        ggml_kernels.load_kernels(cache)
+
+
 def decode_batch(runner: TorchRunner, ctx_lens: list[int]):
     """One decode token per sequence over random K/V: (x, cos, sin, meta)."""
     g = torch.Generator().manual_seed(3)

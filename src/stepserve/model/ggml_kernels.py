@@ -119,6 +119,13 @@ class GGMLKernels:
     def __init__(self, lib: ctypes.CDLL, path: Path, isa: str = "avx2") -> None:
         self.path, self.isa = path, isa
         self.layout = read_layout(lib, str(path))  # KernelsUnavailable on a mismatch
+        try:
+            self._bind(lib)
+        except AttributeError as e:  # the layout matched, an entry point is missing
+            raise KernelsUnavailable(f"the kernel library {path} lacks an entry point: "
+                                     f"{e}") from e
+
+    def _bind(self, lib: ctypes.CDLL) -> None:
         self._matmul = _entry(lib.ggml_matmul, [_INT, _P, _I64, _I64, _P, _P, _I64, _P, _INT],
                               _INT)
         self._dequantize = _entry(lib.ggml_dequantize,
