@@ -143,8 +143,6 @@ def test_a_window_with_under_two_good_scrapes_is_an_error(capsys):
 
 
 def test_label_values_with_commas_and_quotes_survive_a_scrape():
-    import httpx
-
     from stepserve.config import SchedulerConfig
     from stepserve.metrics.live import fetch
     from stepserve.server.metrics import ServerMetrics
@@ -152,8 +150,8 @@ def test_label_values_with_commas_and_quotes_survive_a_scrape():
     name = 'org/model,v2 "chat"'
     metrics = ServerMetrics(name, SchedulerConfig(max_num_seqs=7), engine="1")
     metrics.waiting.set(2)
-    with metrics_server([metrics.render().decode()]) as url, httpx.Client() as client:
-        snap = fetch(client, url + "/metrics")
+    with metrics_server([metrics.render().decode()]) as url:
+        snap = fetch(url + "/metrics")
     ours = [dict(ls) for n, ls in snap.samples if n.startswith("stepserve:")]
     assert ours and {(ls["model_name"], ls["engine"]) for ls in ours} == {(name, "1")}
     assert snap.level("waiting") == 2.0

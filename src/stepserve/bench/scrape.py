@@ -16,22 +16,23 @@ Summary keys (None where the target exposes no such series):
   run, from its step-time histogram (ours and TGI's; vLLM and SGLang publish none).
   Only when some scrape failed: scrape_failures (how many) and scrape_error (the first).
 
-A failed scrape (unreachable, reset, an HTTP error, text with no known series) is
-skipped and counted, never fatal, as `doctor --url` does (metrics/live.py): the first
-is tried twice, and when both fail the run goes on without /metrics.
+A failed scrape (unreachable, reset, an HTTP error, text with no known series, or past
+a limit: the deadline of a whole scrape, the body's size, the count of series) is skipped
+and counted, never fatal, as `doctor --url` does: both read a target through
+metrics/bounded_scrape.py. The first is tried twice, and when both fail the run goes on
+without /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
-from stepserve.metrics.live import SCRAPE_TIMEOUT_S, LiveScrapeError, level_summary
-from stepserve.metrics.prom_sources import KNOWN_PREFIXES
+from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
+from stepserve.metrics.live import level_summary
 from stepserve.metrics.prometheus import (
     Samples,
     Snapshot,
@@ -61,6 +62,7 @@ class Scraper:
 
     url: str
     interval_s: float = 0.5
+    limits: ScrapeLimits | None = None  # None: bounded_scrape.SCRAPE_LIMITS
     snapshots: list[Snapshot] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     attempts: int = 0
@@ -69,27 +71,11 @@ class Scraper:
         """One scrape; None (and a line in `failures`) when it failed."""
         self.attempts += 1
         try:
-            snap = await self._fetch(client)
+            snap = await fetch_snapshot(client, self.url, self.limits)
         except LiveScrapeError as e:
             self.failures.append(f"scrape {self.attempts}: {e}")
             return None
         self.snapshots.append(snap)
-        return snap
-
-    async def _fetch(self, client: httpx.AsyncClient) -> Snapshot:
-        try:
-            resp = await client.get(self.url, timeout=SCRAPE_TIMEOUT_S)
-        except httpx.HTTPError as e:
-            raise LiveScrapeError(f"{type(e).__name__}: {e}") from None
-        if resp.status_code != 200:
-            raise LiveScrapeError(f"HTTP {resp.status_code}")
-        try:
-            snap = Snapshot(time.perf_counter(), parse_prometheus(resp.text))
-        except Exception as e:  # a text the parser cannot read at all is a failed scrape
-            raise LiveScrapeError(f"unreadable metrics text ({type(e).__name__}: {e})"
-                                  ) from None
-        if snap.source() is None:
-            raise LiveScrapeError(f"no series with a known prefix ({KNOWN_PREFIXES})")
         return snap
 
     async def start(self, client: httpx.AsyncClient) -> bool:

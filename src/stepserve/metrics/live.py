@@ -3,10 +3,11 @@ fields the alert rules read (metrics/rules.py), for `stepserve doctor --url`.
 
 Levels (gauges) are read at every scrape; counters and histograms as the increase from
 the first scrape to the last, so every key describes the window only. A scrape that fails
-inside the window (a timeout, a 503, a half-written answer) is skipped and reported, not
-fatal; the first is tried twice, and a window needs two scrapes that worked. Which series feed a
-key depends on the server (metrics/prometheus.py names them per source); a key the server
-has no series for stays None, and the rules reading it stay silent.
+inside the window (a 503, a half-written answer, or one past bounded_scrape.py's deadline,
+body size or series count) is skipped and reported, not fatal; the first is tried twice,
+and a window needs two scrapes that worked. Which series feed a key depends on the server
+(metrics/prometheus.py names them per source); a key the server has no series for stays
+None, and the rules reading it stay silent.
 
 Summary keys:
   window_s, scrape_samples, metrics_source (stepserve, vllm, sglang, tgi);
@@ -37,6 +38,7 @@ Summary keys:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,21 +46,16 @@ from typing import Any
 
 import httpx
 
+from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
 from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
-from stepserve.metrics.prom_sources import KNOWN_PREFIXES, LEVELS
-from stepserve.metrics.prometheus import (
-    Snapshot,
-    counter_delta,
-    histogram_delta,
-    parse_prometheus,
-)
+from stepserve.metrics.prom_sources import LEVELS
+from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import longest_monotonic_rise
 from stepserve.urls import check_http_url
 
 WINDOW_S = 10.0
 INTERVAL_S = 1.0
-SCRAPE_TIMEOUT_S = 5.0
 
 LIVE_KEYS = (
     "window_s", "scrape_samples", "metrics_source",
@@ -74,10 +71,6 @@ LIVE_KEYS = (
 )
 
 
-class LiveScrapeError(Exception):
-    """The target cannot be scraped: unreachable, an HTTP error, or no known metrics."""
-
-
 def metrics_url(url: str) -> str:
     """`http://HOST:PORT` (or one already ending in /metrics) to its /metrics URL;
     UsageError naming --url when it is not an http(s) URL."""
@@ -85,21 +78,14 @@ def metrics_url(url: str) -> str:
     return url if url.endswith("/metrics") else url + "/metrics"
 
 
-def fetch(client: httpx.Client, url: str) -> Snapshot:
-    """One scrape of `url` (a /metrics URL)."""
-    try:
-        resp = client.get(url)
-    except httpx.HTTPError as e:
-        raise LiveScrapeError(f"cannot reach {url} ({type(e).__name__}: {e}); expected a "
-                              "running server that serves Prometheus metrics there") from None
-    if resp.status_code != 200:
-        raise LiveScrapeError(f"{url} answered HTTP {resp.status_code}; expected 200 with "
-                              "Prometheus metrics")
-    snap = Snapshot(time.monotonic(), parse_prometheus(resp.text))
-    if snap.source() is None:
-        raise LiveScrapeError(f"{url} has no series with a known prefix ({KNOWN_PREFIXES}); "
-                              "expected the /metrics of stepserve, vLLM, SGLang or TGI")
-    return snap
+def fetch(url: str, limits: ScrapeLimits | None = None) -> Snapshot:
+    """One scrape of `url` (a /metrics URL), bounded as every scrape is."""
+
+    async def once() -> Snapshot:
+        async with httpx.AsyncClient() as client:
+            return await fetch_snapshot(client, url, limits)
+
+    return asyncio.run(once())
 
 
 @dataclass
@@ -115,35 +101,42 @@ class ScrapeWindow:
 def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTERVAL_S
                   ) -> ScrapeWindow:
     """Scrapes evenly spread over `window_s`, about every `interval_s`, at least two (the
-    first at once, the last at the window's end). A failed scrape is skipped; the first
-    one is retried once at once (a target that is not there is reported without waiting
-    out the window), and LiveScrapeError comes when fewer than two scrapes worked."""
+    first at once, the last at the window's end). A failed scrape (bounded_scrape.py's
+    limits included) is skipped; the first one is retried once at once (a target that is
+    not there is reported without waiting out the window), and LiveScrapeError comes
+    when fewer than two scrapes worked."""
     if window_s <= 0 or interval_s <= 0:
         raise LiveScrapeError(f"window {window_s:g} s, interval {interval_s:g} s: both must "
                               "be positive")
     target = metrics_url(url)
     n = max(2, round(window_s / interval_s) + 1)
-    out = ScrapeWindow([])
-    with httpx.Client(timeout=SCRAPE_TIMEOUT_S) as client:
-        t0 = time.monotonic()
-        for i in range(n):
-            wait = t0 + window_s * i / (n - 1) - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            _scrape_once(client, target, out, retry=i == 0)
+    out = asyncio.run(_scrape_window(target, window_s, n))
     if len(out.snapshots) < 2:
         raise LiveScrapeError(f"only {len(out.snapshots)} of {out.attempts} scrapes of "
                               f"{target} worked; a window needs two. {out.failures[-1]}")
     return out
 
 
-def _scrape_once(client: httpx.Client, target: str, out: ScrapeWindow, retry: bool) -> None:
+async def _scrape_window(target: str, window_s: float, n: int) -> ScrapeWindow:
+    out = ScrapeWindow([])
+    async with httpx.AsyncClient() as client:
+        t0 = time.monotonic()
+        for i in range(n):
+            wait = t0 + window_s * i / (n - 1) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await _scrape_once(client, target, out, retry=i == 0)
+    return out
+
+
+async def _scrape_once(client: httpx.AsyncClient, target: str, out: ScrapeWindow,
+                       retry: bool) -> None:
     """One scrape into `out`; with `retry` (the window's first) a second try, and a
     LiveScrapeError when both fail."""
     for attempt in range(2 if retry else 1):
         out.attempts += 1
         try:
-            out.snapshots.append(fetch(client, target))
+            out.snapshots.append(await fetch_snapshot(client, target))
             return
         except LiveScrapeError as e:
             out.failures.append(f"scrape {out.attempts}: {e}")

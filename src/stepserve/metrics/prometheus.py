@@ -54,6 +54,12 @@ def parse_prometheus(text: str) -> Samples:
     return out
 
 
+def count_samples(text: str) -> int:
+    """How many sample lines (series) `text` holds: lines neither blank nor comments."""
+    return sum(1 for line in text.split("\n")
+               if line.strip() and not line.lstrip().startswith("#"))
+
+
 def _samples(text: str) -> Samples:
     out: Samples = {}
     for family in text_string_to_metric_families(text):

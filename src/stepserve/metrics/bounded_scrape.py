@@ -1,0 +1,122 @@
+"""One scrape of a server's `/metrics`, bounded whatever the server does: `doctor --url`
+(live.py) and `bench` (bench/scrape.py) both read a target through `fetch_snapshot`.
+
+A server may be slow, broken or hostile, and the reader must still come back soon with a
+bounded amount of memory. So a scrape has `ScrapeLimits`:
+
+  deadline_s: the whole scrape (connecting, the headers, every byte of the body), not a
+      wait per read: a server that sends one byte every two seconds is cut off there;
+  max_body_bytes: the body as read, after gzip or deflate are undone, counted while it
+      streams in: an endless body, or a small gzip that expands a thousandfold, stops at
+      the cap with nothing more kept;
+  max_series: sample lines, counted before parsing (prometheus_client takes about 60 us
+      a line): a page with a million series is refused, not parsed for a minute.
+
+A scrape past a limit fails with a `LiveScrapeError` that names the limit, as an
+unreachable server or an HTTP error does; the callers skip it and report it. A real
+server's page is far inside them: vLLM's is a few thousand series, a few hundred KB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from dataclasses import dataclass
+
+import httpx
+
+from stepserve.metrics.prom_sources import KNOWN_PREFIXES
+from stepserve.metrics.prometheus import Snapshot, count_samples, parse_prometheus
+
+
+@dataclass(frozen=True)
+class ScrapeLimits:
+    deadline_s: float = 5.0
+    max_body_bytes: int = 16 << 20  # 16 MiB: some 100,000 lines of vLLM's length
+    max_series: int = 50_000  # ten times a cluster ingress's merged page
+
+
+SCRAPE_LIMITS = ScrapeLimits()
+
+
+class LiveScrapeError(Exception):
+    """The target cannot be scraped: unreachable, an HTTP error, a limit passed, or no
+    known metrics."""
+
+
+async def fetch_snapshot(client: httpx.AsyncClient, url: str,
+                         limits: ScrapeLimits | None = None) -> Snapshot:
+    """One scrape of `url` (a /metrics URL) within `limits` (SCRAPE_LIMITS by default,
+    read at each call); LiveScrapeError saying what went wrong."""
+    limits = limits or SCRAPE_LIMITS
+    try:
+        body = await asyncio.wait_for(_get(client, url, limits), limits.deadline_s)
+    except asyncio.TimeoutError:
+        raise LiveScrapeError(f"{url} did not send its metrics within {limits.deadline_s:g} "
+                              "s, the deadline of a whole scrape") from None
+    except httpx.HTTPError as e:
+        raise LiveScrapeError(f"cannot reach {url} ({type(e).__name__}: {e}); expected a "
+                              "running server that serves Prometheus metrics there") from None
+    t_s = time.monotonic()
+    # parsing takes a while on a big page: off the event loop, which may be sending load
+    samples = await asyncio.to_thread(_parse, url, body.decode("utf-8", "replace"), limits)
+    snap = Snapshot(t_s, samples)
+    if snap.source() is None:
+        raise LiveScrapeError(f"{url} has no series with a known prefix ({KNOWN_PREFIXES}); "
+                              "expected the /metrics of stepserve, vLLM, SGLang or TGI")
+    return snap
+
+
+async def _get(client: httpx.AsyncClient, url: str, limits: ScrapeLimits) -> bytes:
+    headers = {"Accept-Encoding": "gzip"}  # the one compression Prometheus servers use
+    async with client.stream("GET", url, headers=headers,
+                             timeout=limits.deadline_s) as resp:
+        if resp.status_code != 200:
+            raise LiveScrapeError(f"{url} answered HTTP {resp.status_code}; expected 200 "
+                                  "with Prometheus metrics")
+        return await _read_body(resp, url, limits.max_body_bytes)
+
+
+async def _read_body(resp: httpx.Response, url: str, cap: int) -> bytes:
+    """The body with its Content-Encoding undone, at most `cap` bytes of it (and of what
+    came over the wire)."""
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        inflate = None
+    elif encoding in ("gzip", "x-gzip", "deflate"):
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if "gzip" in encoding
+                                     else zlib.MAX_WBITS)
+    else:
+        raise LiveScrapeError(f"{url} sent its metrics as {encoding!r}; expected them "
+                              "plain or gzip")
+    parts: list[bytes] = []
+    size = wire = 0
+    try:
+        async for raw in resp.aiter_raw():
+            wire += len(raw)
+            data = raw
+            while data:
+                piece = data if inflate is None else inflate.decompress(data, cap - size + 1)
+                data = b"" if inflate is None else inflate.unconsumed_tail
+                size += len(piece)
+                if size > cap or wire > cap:
+                    raise LiveScrapeError(f"{url} sent more than {cap:,} bytes of metrics"
+                                          f"{'' if inflate is None else ' (unpacked)'}; a "
+                                          "scrape reads at most that")
+                parts.append(piece)
+    except zlib.error as e:
+        raise LiveScrapeError(f"{url} sent a broken {encoding} body ({e})") from None
+    return b"".join(parts)
+
+
+def _parse(url: str, text: str, limits: ScrapeLimits) -> dict:
+    series = count_samples(text)
+    if series > limits.max_series:
+        raise LiveScrapeError(f"{url} has {series:,} series, more than the "
+                              f"{limits.max_series:,} a scrape reads")
+    try:
+        return parse_prometheus(text)
+    except Exception as e:  # a text the parser cannot read at all is a failed scrape
+        raise LiveScrapeError(f"{url} sent unreadable metrics text ({type(e).__name__}: "
+                              f"{e})") from None
