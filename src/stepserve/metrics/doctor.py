@@ -40,7 +40,7 @@ from stepserve.metrics.prometheus import Snapshot
 from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
-from stepserve.metrics.summary_checks import impossible_values
+from stepserve.metrics.summary_checks import impossible_values, wrong_types
 from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
 from stepserve.user_files import load_json
 
@@ -111,6 +111,9 @@ def _run(where: str, i: int, item: Any) -> tuple[str, dict, str | None, dict]:
 def _checked(path: str, name: str, summary: dict, batching: str | None,
              config: dict) -> Run:
     """The run, unless its summary or config holds a value no run can have."""
+    wrong = wrong_types(summary, config)
+    if wrong:
+        raise UsageError(f"{path}: run {name}: values of the wrong type: {'; '.join(wrong)}")
     problems = impossible_values(summary, "summary.") + impossible_values(config, "config.")
     if problems:
         raise UsageError(f"{path}: run {name}: impossible values: {'; '.join(problems)}")

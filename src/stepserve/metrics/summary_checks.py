@@ -1,11 +1,16 @@
 """Which values a run's summary (summary.py's keys, or a bench or live summary) and its
 config can hold, so `stepserve doctor` refuses a file with impossible ones instead of
-reasoning from them (a negative preemption count, a share of 1.5, a NaN latency).
+reasoning from them (a negative preemption count, a share of 1.5, a NaN latency) or
+passing over them in silence (`"ttft_p99_s": "high"`: no rule could read it).
 
-Numbers are classed by their key's name: the queue's fitted slopes may be negative;
-shares and ratios of held slots are in [0, 1]; every other number (counts, tokens,
-seconds, throughputs, P99/P50 ratios, settings) is >= 0. Every number must be finite.
-Strings, booleans and nulls are not checked: the rules ignore what is not a number.
+Types: each RunSummary field holds its kind (a number, a string, true or false, an
+object) or null (not measured); so do the config settings the advice names. Keys the
+doctor does not read are not checked.
+
+Ranges: numbers are classed by their key's name: the queue's fitted slopes may be
+negative; shares and ratios of held slots are in [0, 1]; every other number (counts,
+tokens, seconds, throughputs, P99/P50 ratios, settings) is >= 0. Every number must be
+finite.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+
+from stepserve.metrics.run_summary import FIELD_KINDS
+from stepserve.user_files import preview
 
 # fitted slopes of the waiting queue: a queue that drains has a negative one
 SIGNED_KEYS = frozenset({"waiting_growth", "waiting_trend_rise"})
@@ -53,5 +61,56 @@ def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
             continue
         lo, hi, text = allowed(str(key))
         if _bad(value, lo, hi):
-            problems.append(f"{prefix}{key} = {value!r}: must be {text}")
+            problems.append(f"{prefix}{key} = {preview(value)}: must be {text}")
     return problems
+
+
+# the config settings the advice reads (rule.RuleSettings), top level or one section deep
+ADVICE_SETTINGS = {"batching": str, "budget_order": str, "max_num_seqs": float,
+                   "max_num_batched_tokens": float, "long_prefill_token_threshold": float,
+                   "replicas": float}
+_KIND_TEXT = {float: "a number", str: "a string", bool: "true or false",
+              dict: "an object"}
+
+
+def wrong_types(summary: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """`summary.key = value (a string): must be a number (or null)` for each value the
+    doctor reads that is not of its field's kind; the config's advice settings likewise,
+    as `config.section.key`."""
+    problems = [_wrong(f"summary.{key}", value, FIELD_KINDS[key])
+                for key, value in summary.items() if key in FIELD_KINDS]
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            problems += [_wrong(f"config.{key}.{sub}", v, ADVICE_SETTINGS[sub])
+                         for sub, v in value.items() if sub in ADVICE_SETTINGS]
+        elif key in ADVICE_SETTINGS:
+            problems.append(_wrong(f"config.{key}", value, ADVICE_SETTINGS[key]))
+    return [p for p in problems if p]
+
+
+def _wrong(where: str, value: Any, kind: type) -> str:
+    if value is None or _is_kind(value, kind):
+        return ""
+    return f"{where} = {preview(value)} ({_json_type(value)}): must be {_KIND_TEXT[kind]} " \
+        "(or null)"
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _json_type(value: Any) -> str:
+    """What the value is, as JSON names it."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
