@@ -183,7 +183,7 @@ def check_output_file(flag: str, path: str | Path | None) -> None:
         raise UsageError(f"{where}: cannot be written, its folder {str(parent)!r} {what}")
     if p.exists() and not os.access(p, os.W_OK):
         raise UsageError(f"{where}: cannot be written (no permission)")
-    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK):  # write_atomic creates a file beside it
         raise UsageError(f"{where}: cannot be written, no permission to create files in "
                          f"{str(parent)!r}")
 

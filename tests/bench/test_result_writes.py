@@ -136,3 +136,16 @@ def test_sweep_writes_its_report_when_its_json_fails(tmp_path, monkeypatch, caps
     assert f"wrote {report / 'index.html'}" in captured.out
     (line,) = [line for line in captured.err.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: --json {str(result)!r} not written")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write in any folder")
+def test_a_file_in_a_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    (folder / "r.json").write_text(EARLIER)
+    folder.chmod(0o555)  # the file can be written, but nothing created beside it
+    try:
+        with pytest.raises(user_files.UsageError, match="no permission to create files in"):
+            user_files.check_output_file("--json", folder / "r.json")
+    finally:
+        folder.chmod(0o755)
