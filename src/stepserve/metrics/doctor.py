@@ -42,7 +42,7 @@ from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values, wrong_types
 from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
-from stepserve.user_files import load_json
+from stepserve.user_files import load_json, preview
 
 # --window-s and --interval-s: a millisecond to a month; at most MAX_SCRAPES snapshots
 # are kept (each is a parsed /metrics page)
@@ -104,7 +104,7 @@ def _run(where: str, i: int, item: Any) -> tuple[str, dict, str | None, dict]:
         raise UsageError(f"{where}.config must be an object, got {type(config).__name__}")
     batching = item.get("batching")
     if batching is not None and not isinstance(batching, str):
-        raise UsageError(f"{where}.batching must be a string, got {batching!r}")
+        raise UsageError(f"{where}.batching must be a string, got {preview(batching)}")
     return str(item.get("name", f"run {i}")), summary, batching, config
 
 
