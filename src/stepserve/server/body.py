@@ -7,14 +7,15 @@ parser and 0.79 s in pydantic's, all on the event loop while every stream waited
 pydantic checks a list's `max_length` only after validating every item.
 
 So: the number of JSON values is at most the number of structural characters
-(`,` `[` `{`) plus one. A body under the value budget (enough for the longest legitimate
-prompt plus every other bounded field) is parsed at once by the C parser, cheap by
-construction. A body over it (string contents can hold those characters too) is counted
-exactly, outside its strings, by a regex scan that stops as soon as the count passes the
-budget, so its cost is bounded by the budget, not the body; it runs on a worker thread
-and gives the GIL back every few milliseconds. Too many values: a 400. Otherwise the C
-parser takes it. Only then does pydantic validate, over a bounded number of values.
-Duplicate keys and the non-JSON constants NaN/Infinity are refused.
+(`,` `[` `{`) plus one. A body of at most INLINE_VALUES values is parsed at once on the
+event loop, cheap by construction. A larger one goes to a worker thread; if it may hold
+more than the value budget (enough for the longest legitimate prompt plus every other
+bounded field; string contents can hold those characters too), its values are first
+counted exactly, outside its strings, by a regex scan that stops as soon as the count
+passes the budget, so its cost is bounded by the budget, not the body, and it gives the
+GIL back every few milliseconds. Too many values: a 400. Otherwise the C parser takes
+it. Only then does pydantic validate, over a bounded number of values. Duplicate keys
+and the non-JSON constants NaN/Infinity are refused.
 
 Two things the C parser would let through are refused here, at the root, for every
 endpoint, naming the JSON path of the value (`messages.0.content`) in `param`:
@@ -22,8 +23,8 @@ endpoint, naming the JSON path of the value (`messages.0.content`) in `param`:
   costs time quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop
   for 0.27 s) and over 4,300 digits it raises. The int hook keeps such a literal as a
   marker instead. The hook is a Python call per integer (about 5x the C parser's cost on
-  a list of token ids), so a body of more than INLINE_VALUES values is parsed on the
-  worker thread, where those calls let the GIL go back to the loop;
+  a list of token ids), which is why larger bodies are parsed on the worker thread,
+  where those calls also let the GIL go back to the loop;
 * a lone surrogate: JSON's `\\ud800` escape decodes to one, and no tokenizer, log line or
   UTF-8 response can carry it (request_limits.check_text). Only a body holding such an
   escape is walked for it.
@@ -144,9 +145,9 @@ def _check_values(value: Any) -> None:
         elif isinstance(item, _LongLiteral):
             where = ".".join(path) or None
             raise _BodyError(f"{where or 'the body'}: an integer literal of {item.digits} "
-                             f"digits; no field takes one of more than {INT_LITERAL_MAX_DIGITS} digits "
-                             f"(the widest, seed, is a 64-bit integer)", where,
-                             "invalid_value")
+                             f"digits; no field takes one of more than "
+                             f"{INT_LITERAL_MAX_DIGITS} digits (the widest, seed, is a "
+                             f"64-bit integer)", where, "invalid_value")
         elif isinstance(item, dict):
             for key in item:
                 _check_text(path, key, "a key of ")
