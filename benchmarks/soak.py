@@ -14,11 +14,19 @@ The server's own counters must account for every request: the increase of
 stepserve:request_success (by finished_reason) plus stepserve:request_rejected equals the
 number sent. (A hung request the deadline cancelled before the server read it is counted
 by neither: with hung requests the totals may differ.) Goals: 0 lost, 0 hung, 0 KV
-blocks in use once idle, every request counted by the server (exit status 1 if one is
-missed); RSS growth < 5% is reported beside them.
+blocks in use once idle, every request counted by the server, and /health answering
+200 within 1 s throughout (exit status 1 if one is missed); RSS growth < 5% is reported
+beside them.
+
+Hostile connections are held open beside the load all along, warm-up included (always;
+0 turns them off): `--idle-connections` (1,000) that never send a byte, and `--slowloris`
+(50) that send a request head a byte at a time, each opened again as soon as the server
+closes it (benchmarks/hostile.py). /health is probed on a fresh connection every 0.25 s,
+and its worst time is printed.
 
     python benchmarks/soak.py --json soak.json
     python benchmarks/soak.py --requests 200 --preemption-mode swap --num-cpu-blocks 256
+    python benchmarks/soak.py --idle-connections 0 --slowloris 0   (the load alone)
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostile import HEALTH_GOAL_S, HostileClients, HostileReport
 from soak_harness import (
     ABORTED,
     COMPLETED,
@@ -70,12 +79,17 @@ class SoakConfig:
     max_model_len: int = 512
     preemption_mode: str = "recompute"
     num_cpu_blocks: int = 0  # swap preemption's CPU pool
+    idle_connections: int = 1000  # held open beside the load, sending nothing
+    slowloris: int = 50  # held open beside the load, sending a head a byte at a time
+    header_timeout_s: float | None = None  # the server's --header-timeout (None: default)
 
     def serve_flags(self) -> list[str]:
+        timeout = [] if self.header_timeout_s is None else \
+            ["--header-timeout", f"{self.header_timeout_s:g}"]
         return ["--num-gpu-blocks", str(self.num_gpu_blocks), "--max-num-seqs",
                 str(self.max_num_seqs), "--max-model-len", str(self.max_model_len),
                 "--preemption-mode", self.preemption_mode,
-                "--num-cpu-blocks", str(self.num_cpu_blocks)]
+                "--num-cpu-blocks", str(self.num_cpu_blocks), *timeout]
 
 
 @dataclass
@@ -94,6 +108,7 @@ class SoakResult:
     server_exit_status: int  # after SIGINT (a graceful shutdown): 0
     output_tokens: int
     duration_s: float
+    hostile: HostileReport  # the connections held beside the load, and /health's times
     problems: list[str] = field(default_factory=list)  # the first few non-answers, verbatim
 
     @property
@@ -123,6 +138,7 @@ class SoakResult:
         return {"0 lost": self.lost == 0, "0 hung": self.hung == 0,
                 "0 leaked blocks": self.blocks_used_after == 0,
                 "server counted every request": self.accounted,
+                f"/health 200 within {HEALTH_GOAL_S:g} s": self.hostile.health_ok,
                 f"RSS growth < {RSS_GROWTH_GOAL:.0%}": self.rss_growth < RSS_GROWTH_GOAL}
 
     @property
@@ -167,20 +183,21 @@ def run_soak(config: SoakConfig) -> SoakResult:
     server = ServerProcess(config.serve_flags())
     try:
         server.wait_healthy()
-        load(server, config, config.warmup, config.seed + 1)
-        base = wait_idle(server, server.samples(), 0, config.idle_timeout_s)
-        rss_before = server.rss_kb()
-        t0 = time.perf_counter()
-        outcomes = load(server, config, config.requests, config.seed)
-        duration = time.perf_counter() - t0
-        after = wait_idle(server, base, config.requests, config.idle_timeout_s)
-        rss_after = server.rss_kb()
+        with HostileClients(server.url, config.idle_connections, config.slowloris) as bad:
+            load(server, config, config.warmup, config.seed + 1)
+            base = wait_idle(server, server.samples(), 0, config.idle_timeout_s)
+            rss_before = server.rss_kb()
+            t0 = time.perf_counter()
+            outcomes = load(server, config, config.requests, config.seed)
+            duration = time.perf_counter() - t0
+            after = wait_idle(server, base, config.requests, config.idle_timeout_s)
+            rss_after = server.rss_kb()
     finally:
         exit_status = server.stop()
     return SoakResult(
         sent=config.requests, outcomes=tally(outcomes, config.requests),
         **server_side(base, after), rss_before_kb=rss_before, rss_after_kb=rss_after,
-        server_exit_status=exit_status, duration_s=duration,
+        server_exit_status=exit_status, duration_s=duration, hostile=bad.report,
         output_tokens=sum(o.output_tokens for o in outcomes),
         problems=[o.detail for o in outcomes if o.detail][:10])
 
@@ -226,6 +243,16 @@ def print_report(config: SoakConfig, r: SoakResult) -> None:
     print(f"  total         {r.server_total:>7,}   sent {r.sent:,}")
     for p in r.problems:
         print(f"  ! {p}")
+    h = r.hostile
+    print(f"\nbeside the load: {h.idle} idle connections ({h.idle_opened:,} opened, "
+          f"{h.idle_closed:,} closed by the server), {h.slowloris} slowloris ("
+          f"{h.slowloris_opened:,} opened, {h.slowloris_408:,} cut with 408), "
+          f"{h.refused:,} refused")
+    print(f"/health: {h.health_probes:,} probes, {h.health_failures} failed, worst "
+          f"{h.health_max_s * 1000:.0f} ms, P99 {h.health_p99_s * 1000:.0f} ms "
+          f"(goal < {HEALTH_GOAL_S * 1000:.0f} ms)")
+    for p in h.problems:
+        print(f"  ! {p}")
     print("\ngoals: " + ", ".join(f"{g} {'met' if ok else 'MISSED'}"
                                    for g, ok in r.goals().items()))
 
@@ -245,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
                        default=getattr(SoakConfig, name), help="the server's setting")
     p.add_argument("--preemption-mode", default=SoakConfig.preemption_mode,
                    choices=["recompute", "swap"])
+    p.add_argument("--idle-connections", type=int, default=SoakConfig.idle_connections,
+                   help="connections held open beside the load, sending nothing (0: none)")
+    p.add_argument("--slowloris", type=int, default=SoakConfig.slowloris,
+                   help="connections held open beside the load, sending a request head "
+                        "a byte at a time (0: none)")
+    p.add_argument("--header-timeout", type=float, dest="header_timeout_s",
+                   help="the server's --header-timeout (default: the server's)")
     p.add_argument("--json", metavar="OUT", help="also write every number as JSON")
     args = vars(p.parse_args(argv))
     out = args.pop("json")

@@ -54,6 +54,9 @@ MAX_KV_BYTES_PER_TOKEN = 1 << 26
 MAX_REPLICAS = 1024
 # a user file read whole (results, workloads, traces, ShareGPT): ShareGPT itself is ~0.7 GB
 MAX_FILE_BYTES = 2 << 30
+# a request head (request line and headers) the HTTP server reads: 16 MiB, 16x Go's
+# default, 1,024x Node's (the heads of real clients are well under 8 KiB)
+MAX_HEADER_BYTES = 16 << 20
 
 
 def describe_range(lo: float, hi: float, kind: type, inf_ok: bool = False) -> str:
@@ -99,5 +102,6 @@ RATE = Range(MIN_RATE, MAX_RATE, float)
 SEED = Range(0, MAX_SEED)
 CONCURRENCY = Range(1, MAX_CONCURRENCY)
 SECONDS = Range(1e-3, MAX_SECONDS, float)
+WAIT_SECONDS = Range(0.0, MAX_SECONDS, float)  # a wait where 0 means "none at all"
 LENGTH = Range(1, MAX_LEN)
 STEP_MS = Range(1e-3, 60_000.0, float)  # a constant cost model's step: 1 us to a minute

@@ -19,10 +19,16 @@ from stepserve.cli.engine_flags import (
     add_quantization_argument,
     config_overrides,
 )
+from stepserve.cli_errors import reports_usage_errors
 from stepserve.config import ConfigError
 from stepserve.config_load import ConfigOverrides
-from stepserve.limits import MAX_SEED
+from stepserve.limits import MAX_SECONDS, MAX_SEED, WAIT_SECONDS, Range
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
+from stepserve.server.connection_limits import FLAGS as LIMIT_FLAGS
+from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
+
+SHUTDOWN_TIMEOUT = WAIT_SECONDS  # 0: abort in-flight requests at once
+RETRY_AFTER = Range(0, MAX_SECONDS)
 
 
 def add_serve_parser(subparsers) -> None:
@@ -44,7 +50,10 @@ def add_serve_parser(subparsers) -> None:
                    help="Retry-After seconds of a 429 (queue full)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGINT/SIGTERM, how long in-flight requests may finish before "
-                        "they are aborted")
+                        "they are aborted (0: at once)")
+    for field, spec in LIMIT_FLAGS.items():  # connections: server/connection_limits.py
+        p.add_argument(spec.flag, dest=field, type=spec.allowed.kind, default=None,
+                       metavar=spec.metavar, help=spec.help)
     p.add_argument("--max-request-bytes", type=request_bytes,
                    default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
                    help="largest request body accepted; larger ones get 413 "
@@ -114,7 +123,12 @@ def api_keys_of(args: argparse.Namespace) -> tuple[str, ...]:
     return (env,) if env else ()
 
 
+@reports_usage_errors
 def serve_command(args: argparse.Namespace) -> int:
+    given = {field: getattr(args, field) for field in LIMIT_FLAGS
+             if getattr(args, field) is not None}
+    # the cap checked against the open-file limit now, not after minutes of loading
+    limits = fit_to_descriptors(ConnectionLimits(**given))
     return run_serve(ServeOptions(
         model=args.model_tag or args.model, served_model_name=args.served_model_name,
         host=args.host, port=args.port, dtype=args.dtype,
@@ -123,7 +137,7 @@ def serve_command(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes, log_level=args.log_level,
         uvicorn_log_level=args.uvicorn_log_level, seed=args.seed,
         pools=args.pools, ray_address=args.ray_address, config=config_overrides(args),
-        api_keys=api_keys_of(args)))
+        api_keys=api_keys_of(args), limits=limits))
 
 
 # ---- the job (server/ is the place for it; it lives here until that package is free) ----
@@ -147,6 +161,11 @@ class ServeOptions:
     pools: str | None = None  # a pools file: the replicas run on Ray Serve (cluster/)
     ray_address: str | None = None  # the Ray cluster to run them on (cluster/)
     api_keys: tuple[str, ...] = ()  # Bearer tokens every non-public route requires
+    limits: ConnectionLimits = ConnectionLimits()  # what one connection may hold
+
+    def __post_init__(self) -> None:
+        SHUTDOWN_TIMEOUT.check("--shutdown-timeout", self.shutdown_timeout_s)
+        RETRY_AFTER.check("--retry-after", self.retry_after_s)
 
 
 def run_serve(options: ServeOptions) -> int:
@@ -182,7 +201,8 @@ def run_serve(options: ServeOptions) -> int:
                      max_request_bytes=o.max_request_bytes, api_keys=o.api_keys)
     print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1 "
           f"({engine.runner.describe()})", file=sys.stderr)
-    server = make_server(app, o.host, o.port, log_level=o.uvicorn_log_level or o.log_level)
+    server = make_server(app, o.host, o.port, log_level=o.uvicorn_log_level or o.log_level,
+                         limits=o.limits)
     server.run()
     if server.exit_code:
         fault = app.state.async_engine.fault

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
@@ -147,10 +147,11 @@ def _add_health_and_metrics_routes(app: FastAPI) -> None:
     """/health (503 with the reason when the engine is down or shutting down) and
     /metrics of the one engine."""
 
-    @app.get("/health", response_model=HealthStatus,
-             responses={503: {"model": ErrorResponse,
-                              "description": "engine down (with the reason) or shutting "
-                                             "down"}})
+    # HEAD too, as probes (and vLLM's /health) use it: the same status, no body
+    @app.api_route("/health", methods=["GET", "HEAD"], response_model=HealthStatus,
+                   responses={503: {"model": ErrorResponse,
+                                    "description": "engine down (with the reason) or "
+                                                   "shutting down"}})
     async def health(request: Request) -> Response:
         eng: AsyncEngine = request.app.state.async_engine
         if not eng.is_running:
@@ -193,6 +194,14 @@ def add_error_handlers(app: FastAPI) -> None:
                        kind, code=str(exc.detail).lower().replace(" ", "_"),
                        headers=dict(exc.headers or {}))
         return err.response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # the client left (or its connection was cut: a stalled body gets its 408 from
+        # guarded_protocol.py) before its body arrived: nothing to answer, nothing to log
+        log.debug("%s %s: the client went away before its body arrived", request.method,
+                  request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

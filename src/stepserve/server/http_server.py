@@ -11,6 +11,10 @@ could say it stopped) is dropped.
 
 If the engine loop dies, the app calls `request_exit()`: the server shuts down the same
 way and `exit_code` is 1, for a supervisor to restart it.
+
+Every connection goes through `guarded_protocol.py` (uvicorn's httptools protocol with
+`ConnectionLimits`: head size, head and body timeouts, idle keep-alive, a connection cap),
+so no client can hold the server by how it connects or how slowly it sends.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+
+from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
+from stepserve.server.guarded_protocol import guarded_protocol
 
 log = logging.getLogger("stepserve.server")
 
@@ -72,7 +79,14 @@ class StepServeServer(uvicorn.Server):
 
 
 def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000,
-                log_level: str = "info", **config_kwargs) -> StepServeServer:
+                log_level: str = "info", limits: ConnectionLimits | None = None,
+                **config_kwargs) -> StepServeServer:
+    """The server for `app`; `limits` (default: ConnectionLimits()) bound every
+    connection, the connection cap fitted to the open-file limit (raised to its hard
+    value here; a cap that cannot fit is a UsageError)."""
+    limits = fit_to_descriptors(limits or ConnectionLimits())
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            http=guarded_protocol(limits),
+                            timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]
                             timeout_graceful_shutdown=5, **config_kwargs)
     return StepServeServer(config, app)
