@@ -6,6 +6,12 @@ Outcomes map to statuses before any header is sent whenever possible: the handle
 for a request's first output before it starts a stream, so a queue timeout is still a
 clean 503. Failures after the stream began are an SSE error event, then `[DONE]`. A
 failure of one of n sequences ends the whole request (its siblings are aborted).
+
+An answer that can be big (logprobs, echo, n > 1) is rendered on a worker thread, never
+on the event loop: its JSON body, and each batch of its server-sent events. Its size is
+bounded before it runs (logprob_budget.py); rendering it still takes a while, and on the
+loop that while would hold up every other stream's tokens. A plain stream's token chunks
+stay on the loop: one json.dumps each, cheaper than a hand-off.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from stepserve import request_limits as lim
 from stepserve.request import COMPLETED_REASONS
@@ -36,12 +44,20 @@ from stepserve.server.responses import (
     ChatResponseMessage,
     CompletionChoice,
     CompletionResponse,
+    RawBlocks,
     UsageInfo,
 )
 from stepserve.server.sse import SSE_DONE, Chunks, Echo
 from stepserve.server.streams import RequestStream, StreamOutput
 
 log = logging.getLogger("stepserve.server")
+
+# Big answers are rendered here. Two threads: one long render does not hold up the next
+# answer's, yet a burst of them queues instead of piling threads onto the interpreter
+# lock that the event loop and the engine thread need too.
+_RENDER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepserve-render")
+
+R = TypeVar("R")
 
 
 def ended_error(out: StreamOutput) -> APIError | None:
@@ -98,7 +114,16 @@ class Answer:
                  echo: Echo | None = None) -> None:
         self.ctx, self.body, self.prefix = ctx, body, prefix
         self.renderer, self.echo = renderer, echo
+        self.raw = RawBlocks()  # the rendered logprob blocks of the JSON body
         self.created = int(time.time())
+        self.big = renderer is not None or echo is not None or body.n > 1 \
+            or getattr(body, "best_of", None) is not None
+
+    async def render(self, fn: Callable[..., R], *args) -> R:
+        """`fn(*args)`: on a render thread when the answer can be big, else here."""
+        if not self.big:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(_RENDER, fn, *args)
 
     async def send(self, request: Request, stream: RequestStream, chunks: type[Chunks],
                    response: Callable[[str, list[StreamOutput]], BaseModel]) -> Response:
@@ -106,12 +131,13 @@ class Answer:
         rid = response_id(request, self.body, self.prefix)
         try:
             if self.body.stream:
-                return await _start_stream(ctx, request, stream, chunks(
+                return await self._start_stream(request, stream, chunks(
                     rid, self.created, ctx.model_name, self.body, self.renderer, self.echo))
             outs = await _finals(ctx, request, stream)
             if outs is None:
                 return Response(status_code=499)  # nobody is listening
-            return JSONResponse(response(rid, outs).model_dump())
+            body = await self.render(lambda: self.raw.dump(response(rid, outs)).encode())
+            return Response(body, media_type="application/json")
         except BaseException:
             # A fault (or cancellation) in this handler: the request must not run on
             # unread. The error itself becomes a 500 in OpenAI's shape (api.py's handler).
@@ -146,10 +172,10 @@ class Answer:
             entries = prompt_entries(echo.prompt_ids, out.prompt_logprobs) + entries
         choice = CompletionChoice(index=out.index, text=text, finish_reason=out.finish_reason)
         if renderer is not None and body.logprobs is not None:  # type: ignore[union-attr]
-            choice.logprobs = renderer.completion(entries, 0)[0]
+            choice.logprobs = self.raw.put(renderer.completion(entries, 0)[0])
         if renderer is not None and body.prompt_logprobs is not None:
-            choice.prompt_logprobs = renderer.vllm_prompt(
-                echo.prompt_ids if echo else [], out.prompt_logprobs or [])
+            choice.prompt_logprobs = self.raw.put(renderer.vllm_prompt(out.prompt_logprobs
+                                                                       or []))
         return choice
 
     def chat(self, rid: str, outs: list[StreamOutput]) -> ChatCompletionResponse:
@@ -159,13 +185,49 @@ class Answer:
             choices=[ChatChoice(index=o.index,
                                 message=ChatResponseMessage(content=o.full_text or ""),
                                 finish_reason=o.finish_reason,
-                                logprobs=renderer.chat(o.logprobs or [])
+                                logprobs=self.raw.put(renderer.chat(o.logprobs or []))
                                 if renderer is not None and body.logprobs else None)
                      for o in outs])
         if renderer is not None and body.prompt_logprobs is not None and outs:
-            found = outs[0].prompt_logprobs or []
-            answer.prompt_logprobs = renderer.vllm_prompt(range(len(found) + 1), found)
+            answer.prompt_logprobs = self.raw.put(
+                renderer.vllm_prompt(outs[0].prompt_logprobs or []))
         return answer
+
+    # ---- streaming ----
+
+    async def _start_stream(self, request: Request, stream: RequestStream,
+                            chunks: Chunks) -> Response:
+        first = await next_output(self.ctx, request, stream)
+        if first is None:
+            return Response(status_code=499)
+        if first.finished and (err := ended_error(first)) is not None:
+            raise err  # still before any header: a proper status
+        return StreamingResponse(self._events(stream, first, chunks),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def _events(self, stream: RequestStream, first: StreamOutput,
+                      chunks: Chunks) -> AsyncIterator[bytes | str]:
+        outs, opening = [first], True
+        try:
+            while True:
+                events, ended = await self.render(_render_events, chunks, outs, opening,
+                                                  stream.finished)
+                opening = False
+                if events:
+                    yield events
+                if ended:
+                    break
+                outs = await stream.take_ready()
+            yield SSE_DONE
+        except Exception as e:  # a fault rendering this stream ends it alone, with an error
+            log.exception("streaming %s failed", stream.request_id)
+            yield APIError(500, f"internal error while streaming: {type(e).__name__}: {e}",
+                           SERVER_ERROR, code="internal_error").sse_event()
+            yield SSE_DONE
+        finally:
+            if not stream.finished:  # the client went away (the task was cancelled)
+                self.ctx.engine.abort(stream.request_id)
 
 
 async def _finals(ctx: ServingContext, request: Request,
@@ -185,46 +247,23 @@ async def _finals(ctx: ServingContext, request: Request,
     return [finals[i] for i in sorted(finals)]
 
 
-# ---- streaming ----
-
-async def _start_stream(ctx: ServingContext, request: Request, stream: RequestStream,
-                        chunks: Chunks) -> Response:
-    first = await next_output(ctx, request, stream)
-    if first is None:
-        return Response(status_code=499)
-    if first.finished and (err := ended_error(first)) is not None:
-        raise err  # still before any header: a proper status
-    return StreamingResponse(_events(ctx, stream, first, chunks),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
-
-
-async def _events(ctx: ServingContext, stream: RequestStream, first: StreamOutput,
-                  chunks: Chunks) -> AsyncIterator[str]:
-    out = first
-    try:
-        yield chunks.head(first)
-        while True:
-            if out.finished:
-                err = ended_error(out)
-                if err is not None:
-                    if out.text:
-                        yield chunks.token(out)
-                    yield err.sse_event()
-                    break
-                yield chunks.tail(out)
-                if stream.finished:
-                    yield chunks.usage()
-                    break
-            elif chunks.wants_chunk(out):
-                yield chunks.token(out)
-            out = await stream.__anext__()
-        yield SSE_DONE
-    except Exception as e:  # a fault rendering this stream ends it alone, with an error
-        log.exception("streaming %s failed", stream.request_id)
-        yield APIError(500, f"internal error while streaming: {type(e).__name__}: {e}",
-                       SERVER_ERROR, code="internal_error").sse_event()
-        yield SSE_DONE
-    finally:
-        if not stream.finished:  # the client went away (the task was cancelled)
-            ctx.engine.abort(stream.request_id)
+def _render_events(chunks: Chunks, outs: list[StreamOutput], opening: bool,
+                   all_ended: bool) -> tuple[bytes, bool]:
+    """The events of outputs taken from a stream together (`opening`: the stream's first;
+    `all_ended`: every sequence's final output is among them or came before), and
+    whether the stream ends with them (done, or a sequence failed)."""
+    events = [chunks.head(outs[0])] if opening else []
+    for out in outs:
+        if out.finished:
+            err = ended_error(out)
+            if err is not None:
+                if out.text:
+                    events.append(chunks.token(out))
+                events.append(err.sse_event())
+                return "".join(events).encode(), True
+            events.append(chunks.tail(out))
+        elif chunks.wants_chunk(out):
+            events.append(chunks.token(out))
+    if all_ended:
+        events.append(chunks.usage())
+    return "".join(events).encode(), all_ended

@@ -1,4 +1,5 @@
-"""The engine's TokenLogprobs in OpenAI's shapes (and vLLM's prompt_logprobs).
+"""The engine's TokenLogprobs in OpenAI's shapes (and vLLM's prompt_logprobs), rendered
+straight to JSON text.
 
 Chat: per token {token, logprob, bytes, top_logprobs: the k most likely}. Completions
 (legacy): parallel lists of tokens, their logprobs, their offsets in the choice's text,
@@ -6,40 +7,48 @@ and per token {text: logprob} of the top k plus the token itself; with echo the 
 tokens come first, the very first one with nulls (nothing predicts it). A logprob of
 -inf is sent as -9999.0, as OpenAI and vLLM do (JSON has no infinity). Token texts are
 each token decoded alone, special tokens included.
+
+Why text: an answer may hold a few hundred thousand entries. As pydantic models they
+cost ~15 us each; as dicts they are cheaper, but every dict is an object the cyclic
+garbage collector walks, and a collection holds the interpreter lock (and so the event
+loop) for tenths of a second. Strings are cheaper still and never walked. The blocks go
+into the answer's JSON through responses.RawBlocks; responses.py's models stay their
+schema.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 
 from stepserve.request import TokenLogprobs
-from stepserve.server.responses import (
-    ChoiceLogprobs,
-    CompletionLogprobs,
-    PromptLogprobs,
-    TokenLogprob,
-    TopLogprob,
-    VllmLogprob,
-)
 
 LOGPROB_FLOOR = -9999.0
+_FLOOR_TEXT = repr(LOGPROB_FLOOR)
 
 # (token id, its logprobs; None for a prompt's first token)
 Entry = tuple[int, TokenLogprobs | None]
 
+JSONText = str  # one JSON value, rendered
 
-def _clamp(value: float) -> float:
-    return max(value, LOGPROB_FLOOR)
+
+def number(value: float) -> JSONText:
+    """A logprob as JSON; -inf (anything not finite) as the floor."""
+    return repr(value) if LOGPROB_FLOOR < value < math.inf else _FLOOR_TEXT
 
 
 class LogprobRenderer:
     """One request's renderer: `top` alternatives per token (the request's top_logprobs
-    or logprobs), token texts decoded once each."""
+    or logprobs), each token's text and its JSON pieces made once. Used by one thread at
+    a time (an answer's renders follow each other)."""
 
     def __init__(self, tokenizer, top: int) -> None:
         self.tokenizer = tokenizer
         self.top = top
         self._texts: dict[int, str] = {}
+        self._quoted: dict[int, JSONText] = {}
+        self._chat: dict[int, tuple[JSONText, JSONText]] = {}
 
     def text(self, token_id: int) -> str:
         t = self._texts.get(token_id)
@@ -48,54 +57,71 @@ class LogprobRenderer:
                                                               skip_special_tokens=False)
         return t
 
-    def chat(self, found: Sequence[TokenLogprobs]) -> ChoiceLogprobs:
-        def top(tid: int, value: float) -> TopLogprob:
-            t = self.text(tid)
-            return TopLogprob(token=t, logprob=_clamp(value), bytes=list(t.encode()))
+    def quoted(self, token_id: int) -> JSONText:
+        """The token's text as a JSON string."""
+        q = self._quoted.get(token_id)
+        if q is None:
+            q = self._quoted[token_id] = json.dumps(self.text(token_id), ensure_ascii=False)
+        return q
 
-        return ChoiceLogprobs(content=[
-            TokenLogprob(token=self.text(lp.token_id), logprob=_clamp(lp.logprob),
-                         bytes=list(self.text(lp.token_id).encode()),
-                         top_logprobs=[top(tid, v) for tid, v in lp.top[:self.top]])
-            for lp in found])
+    def _chat_entry(self, token_id: int, value: float) -> JSONText:
+        """`{"token": .., "logprob": .., "bytes": [..]` (left open for top_logprobs)."""
+        pieces = self._chat.get(token_id)
+        if pieces is None:
+            utf8 = json.dumps(list(self.text(token_id).encode()), separators=(",", ":"))
+            pieces = self._chat[token_id] = (f'{{"token":{self.quoted(token_id)},"logprob":',
+                                             f',"bytes":{utf8}')
+        return pieces[0] + number(value) + pieces[1]
 
-    def completion(self, entries: Sequence[Entry], offset: int
-                   ) -> tuple[CompletionLogprobs, int]:
-        """The legacy block for these tokens, whose text starts at `offset` in the
+    def chat(self, found: Sequence[TokenLogprobs]) -> JSONText:
+        """ChoiceLogprobs: per token {token, logprob, bytes, top_logprobs}."""
+        entry = self._chat_entry
+        return '{"content":[' + ",".join(
+            entry(lp.token_id, lp.logprob) + ',"top_logprobs":['
+            + ",".join(entry(tid, v) + "}" for tid, v in lp.top[:self.top]) + "]}"
+            for lp in found) + "]}"
+
+    def completion(self, entries: Sequence[Entry], offset: int) -> tuple[JSONText, int]:
+        """CompletionLogprobs for these tokens, whose text starts at `offset` in the
         choice's text; and the offset after them."""
-        out = CompletionLogprobs()
+        tokens: list[JSONText] = []
+        offsets: list[str] = []
+        values: list[JSONText] = []
+        tops: list[JSONText] = []
         for tid, lp in entries:
-            t = self.text(tid)
-            out.tokens.append(t)
-            out.text_offset.append(offset)
-            offset += len(t)
+            tokens.append(self.quoted(tid))
+            offsets.append(str(offset))
+            offset += len(self.text(tid))
             if lp is None:
-                out.token_logprobs.append(None)
-                out.top_logprobs.append(None)
+                values.append("null")
+                tops.append("null")
                 continue
-            out.token_logprobs.append(_clamp(lp.logprob))
+            values.append(number(lp.logprob))
             # tokens that decode alike (byte pieces of one character) share a key:
             # the likelier one keeps it
-            tops: dict[str, float] = {}
+            alternatives: dict[JSONText, JSONText] = {}
             for i, v in lp.top[:self.top]:
-                tops.setdefault(self.text(i), _clamp(v))
-            tops.setdefault(t, _clamp(lp.logprob))
-            out.top_logprobs.append(tops)
-        return out, offset
+                alternatives.setdefault(self.quoted(i), number(v))
+            alternatives.setdefault(self.quoted(tid), number(lp.logprob))
+            tops.append("{" + ",".join(f"{k}:{v}" for k, v in alternatives.items()) + "}")
+        return (f'{{"text_offset":[{",".join(offsets)}],"token_logprobs":[{",".join(values)}],'
+                f'"tokens":[{",".join(tokens)}],"top_logprobs":[{",".join(tops)}]}}', offset)
 
-    def vllm_prompt(self, prompt_ids: Sequence[int],
-                    found: Sequence[TokenLogprobs]) -> PromptLogprobs:
-        """vLLM's prompt_logprobs: None for the first token, then {token id: logprob}
-        of the prompt token and the top alternatives."""
-        out: PromptLogprobs = [None]
+    def vllm_prompt(self, found: Sequence[TokenLogprobs]) -> JSONText:
+        """vLLM's prompt_logprobs: null for the first prompt token (nothing predicts
+        it), then per token {token id: {logprob, rank, decoded_token}} of the prompt
+        token and the top alternatives."""
+        positions = ["null"]
         for lp in found:
-            entry = {str(lp.token_id): VllmLogprob(logprob=_clamp(lp.logprob), rank=lp.rank,
-                                                   decoded_token=self.text(lp.token_id))}
-            for rank, (tid, v) in enumerate(lp.top, start=1):
-                entry.setdefault(str(tid), VllmLogprob(logprob=_clamp(v), rank=rank,
-                                                       decoded_token=self.text(tid)))
-            out.append(entry)
-        return out[:len(prompt_ids)]
+            entries = [self._vllm(lp.token_id, lp.logprob, lp.rank)]
+            entries += [self._vllm(tid, v, rank) for rank, (tid, v) in
+                        enumerate(lp.top, start=1) if tid != lp.token_id]
+            positions.append("{" + ",".join(entries) + "}")
+        return "[" + ",".join(positions) + "]"
+
+    def _vllm(self, token_id: int, value: float, rank: int) -> JSONText:
+        return (f'"{token_id}":{{"logprob":{number(value)},"rank":{rank},'
+                f'"decoded_token":{self.quoted(token_id)}}}')
 
 
 def prompt_entries(prompt_ids: Sequence[int], found: Sequence[TokenLogprobs] | None

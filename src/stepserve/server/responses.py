@@ -1,13 +1,50 @@
 """Response bodies of the two generation endpoints, as pydantic models in OpenAI's
 shapes: completions and chat completions, their streamed chunks, usage, and the
-logprobs blocks (with vLLM's prompt_logprobs)."""
+logprobs blocks (with vLLM's prompt_logprobs).
+
+Logprob blocks are rendered to JSON text (logprobs.py says why) and go into an answer
+through `RawBlocks`: in the model a block's field holds a marker (a `Prebuilt` field
+takes it unvalidated), and the dumped JSON gets the block's text where the marker came
+out. The models stay the blocks' schema (/openapi.json) and what tests check answers
+against.
+"""
 
 from __future__ import annotations
 
+import re
+import secrets
 import time
-from typing import Literal
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializeAsAny, SkipValidation
+
+T = TypeVar("T")
+Prebuilt = SkipValidation[SerializeAsAny[T] | None]
+
+
+class RawBlocks:
+    """Rendered JSON blocks on their way into one answer's (or one stream's) JSON. A
+    marker holds a random nonce: no text a client sends or a model writes passes for one."""
+
+    def __init__(self) -> None:
+        self._prefix = f"stepserve-raw-{secrets.token_hex(16)}-"
+        self._marker = re.compile(f'"{self._prefix}(\\d+)"')
+        self._blocks: list[str] = []
+
+    def put(self, block: str | None) -> str | None:
+        """The marker to put in the block's field (None stays None)."""
+        if block is None:
+            return None
+        self._blocks.append(block)
+        return f"{self._prefix}{len(self._blocks) - 1}"
+
+    def dump(self, model: BaseModel) -> str:
+        """`model`'s JSON with the blocks put since the last dump in their places."""
+        text = model.model_dump_json()
+        blocks, self._blocks = self._blocks, []
+        if not blocks:
+            return text
+        return self._marker.sub(lambda m: blocks[int(m[1])], text)
 
 
 class UsageInfo(BaseModel):
@@ -46,9 +83,9 @@ PromptLogprobs = list[dict[str, VllmLogprob] | None]
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: CompletionLogprobs | None = None
+    logprobs: Prebuilt[CompletionLogprobs] = None
     finish_reason: str | None = None
-    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs: Prebuilt[PromptLogprobs] = None
 
 
 class CompletionResponse(BaseModel):
@@ -84,7 +121,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: ChoiceLogprobs | None = None
+    logprobs: Prebuilt[ChoiceLogprobs] = None
     finish_reason: str | None = None
 
 
@@ -95,7 +132,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
-    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs: Prebuilt[PromptLogprobs] = None
 
 
 class DeltaMessage(BaseModel):
@@ -106,7 +143,7 @@ class DeltaMessage(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: ChoiceLogprobs | None = None
+    logprobs: Prebuilt[ChoiceLogprobs] = None
     finish_reason: str | None = None
 
 

@@ -22,6 +22,7 @@ from stepserve.server.errors import (
     bad_request,
     from_validation_error,
 )
+from stepserve.server.logprob_budget import chat_ask, check_logprob_budget, completion_ask
 from stepserve.server.logprobs import LogprobRenderer
 from stepserve.server.prompts import (
     ServingContext,
@@ -108,6 +109,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     # best_of ranks the sequences by their tokens' logprobs: computed even when not shown
     logprobs = body.logprobs if best_of is None or body.logprobs is not None else 0
     params = sampling_params(body, max_tokens, logprobs, prompt_lp, best_of)
+    check_logprob_budget(completion_ask(body, params.n, max_tokens, only_prompt, len(ids)))
     echo = None
     if body.echo:
         text = body.prompt if isinstance(body.prompt, str) else \
@@ -133,6 +135,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     if max_tokens is None:  # as vLLM: whatever room the context leaves
         max_tokens = max(ctx.max_model_len - len(ids), 1)
     check_length(ctx, ids, max_tokens, param, "messages")
+    check_logprob_budget(chat_ask(body, param, max_tokens, len(ids)))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
     answer = Answer(ctx, body, "chatcmpl", _renderer(ctx, logprobs, body.prompt_logprobs))

@@ -2,7 +2,9 @@
 the first events (chat: the assistant role, once per choice), one per output (a choice's
 new text and its tokens' logprobs), each choice's last (its finish reason), then the
 usage when asked for. `CompletionChunks` and `ChatChunks` give the two endpoints' chunk
-models; with n > 1 the choices' chunks interleave, each tagged with its index."""
+models; with n > 1 the choices' chunks interleave, each tagged with its index. A
+completion choice's first chunk carries what comes once: the echoed prompt and vLLM's
+prompt_logprobs (when asked for)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
+from stepserve.server.logprobs import (
+    JSONText,
+    LogprobRenderer,
+    output_entries,
+    prompt_entries,
+)
 from stepserve.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -22,6 +29,7 @@ from stepserve.server.responses import (
     CompletionChoice,
     CompletionResponse,
     DeltaMessage,
+    RawBlocks,
     UsageInfo,
 )
 from stepserve.server.streams import StreamOutput
@@ -54,13 +62,15 @@ class Chunks:
         self.continuous_usage = bool(opts and opts.continuous_usage_stats)
         self.rid, self.created, self.model = rid, created, model
         self.n = body.n
+        self.body = body
         self.renderer = renderer
+        self.raw = RawBlocks()  # the rendered logprob blocks of the event being made
         self.echo = echo
         self._completion_tokens: dict[int, int] = {}
         self._offsets: dict[int, int] = {}  # completions: text offset of the next token
         self._started: set[int] = set()  # choices that sent a chunk of their own
         self.num_prompt_tokens = 0
-        data = self._chunk(0, self.SENTINEL, None, None, None).model_dump_json()
+        data = self._chunk(0, None, None, self.SENTINEL).model_dump_json()
         self._prefix, self._suffix = data.split(json.dumps(self.SENTINEL))
 
     def head(self, first: StreamOutput) -> str:
@@ -68,28 +78,33 @@ class Chunks:
         return ""
 
     def wants_chunk(self, out: StreamOutput) -> bool:
-        return bool(out.text or out.logprobs) or (self.echo is not None
-                                                   and out.index not in self._started)
+        return bool(out.text or out.logprobs) or (out.index not in self._started
+                                                   and self._opens_with_more())
+
+    def _opens_with_more(self) -> bool:
+        """Whether a choice's first chunk carries more than its text (echo)."""
+        return self.echo is not None
 
     def token(self, out: StreamOutput) -> str:
         """A chunk of choice `out.index`'s new text (and its tokens' logprobs)."""
         self._completion_tokens[out.index] = out.num_output_tokens
-        plain = (out.index == 0 and not self.continuous_usage and self.renderer is None
-                 and (self.echo is None or 0 in self._started))
+        first = out.index not in self._started
         self._started.add(out.index)
+        plain = (out.index == 0 and not self.continuous_usage and self.renderer is None
+                 and (self.echo is None or not first))
         if plain:
             return f"data: {self._prefix}{json.dumps(out.text)}{self._suffix}\n\n"
-        text, logprobs = self._content(out)
         usage = self._usage_of(out) if self.continuous_usage else None
-        return self._event(self._chunk(out.index, text, None, usage, logprobs))
+        return self._event(self._chunk(out.index, None, usage, *self._content(out, first)))
 
     def tail(self, out: StreamOutput) -> str:
         """Choice `out.index`'s last chunk (its finish reason)."""
         self._completion_tokens[out.index] = out.num_output_tokens
+        first = out.index not in self._started
         self._started.add(out.index)
-        text, logprobs = self._content(out)
         usage = self._usage_of(out) if self.continuous_usage else None
-        return self._event(self._chunk(out.index, text, out.finish_reason, usage, logprobs))
+        return self._event(self._chunk(out.index, out.finish_reason, usage,
+                                       *self._content(out, first)))
 
     def usage(self) -> str:
         """After every choice ended: the usage chunk, when asked for."""
@@ -100,19 +115,21 @@ class Chunks:
             total = 0
         return self._event(self._usage_chunk(UsageInfo.of(self.num_prompt_tokens, total)))
 
-    def _content(self, out: StreamOutput):
-        """The text and the logprobs block a chunk of `out` carries."""
+    def _content(self, out: StreamOutput, first: bool
+                 ) -> tuple[str, JSONText | None, JSONText | None]:
+        """The text, the logprobs block and the prompt_logprobs a chunk of `out` carries
+        (`first`: the choice's first chunk), the blocks rendered."""
         raise NotImplementedError
 
     def _usage_of(self, out: StreamOutput) -> UsageInfo:
         return UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)
 
-    @staticmethod
-    def _event(chunk: BaseModel) -> str:
-        return f"data: {chunk.model_dump_json()}\n\n"
+    def _event(self, chunk: BaseModel) -> str:
+        return f"data: {self.raw.dump(chunk)}\n\n"
 
-    def _chunk(self, index: int, text: str, finish_reason: str | None,
-               usage: UsageInfo | None, logprobs) -> BaseModel:
+    def _chunk(self, index: int, finish_reason: str | None, usage: UsageInfo | None,
+               text: str, logprobs: JSONText | None = None,
+               prompt_logprobs: JSONText | None = None) -> BaseModel:
         raise NotImplementedError
 
     def _usage_chunk(self, usage: UsageInfo) -> BaseModel:
@@ -120,27 +137,33 @@ class Chunks:
 
 
 class CompletionChunks(Chunks):
-    def _content(self, out):
-        echo = self.echo
-        first = echo is not None and out.index not in self._offsets
-        text = "" if echo is not None and echo.only_prompt else out.text
-        entries = [] if echo is not None and echo.only_prompt else output_entries(out.logprobs)
-        if first:
+    body: CompletionRequest
+
+    def _opens_with_more(self) -> bool:
+        return self.echo is not None or self.body.prompt_logprobs is not None
+
+    def _content(self, out, first):
+        echo, renderer = self.echo, self.renderer
+        only_prompt = echo is not None and echo.only_prompt
+        text = "" if only_prompt else out.text
+        entries = [] if only_prompt else output_entries(out.logprobs)
+        if echo is not None and first:
             text = echo.text + text
             entries = prompt_entries(echo.prompt_ids, out.prompt_logprobs) + entries
-        if self.renderer is None:
-            self._offsets.setdefault(out.index, 0)
-            return text, None
-        block, self._offsets[out.index] = self.renderer.completion(
-            entries, self._offsets.get(out.index, 0))
-        return text, block
+        block = prompt = None
+        if renderer is not None and self.body.logprobs is not None:
+            block, self._offsets[out.index] = renderer.completion(
+                entries, self._offsets.get(out.index, 0))
+        if renderer is not None and self.body.prompt_logprobs is not None and first:
+            prompt = renderer.vllm_prompt(out.prompt_logprobs or [])
+        return text, block, prompt
 
-    def _chunk(self, index, text, finish_reason, usage, logprobs):
+    def _chunk(self, index, finish_reason, usage, text, logprobs=None, prompt_logprobs=None):
+        choice = CompletionChoice(index=index, text=text, logprobs=self.raw.put(logprobs),
+                                  finish_reason=finish_reason,
+                                  prompt_logprobs=self.raw.put(prompt_logprobs))
         return CompletionResponse(id=self.rid, created=self.created, model=self.model,
-                                  choices=[CompletionChoice(index=index, text=text,
-                                                            logprobs=logprobs,
-                                                            finish_reason=finish_reason)],
-                                  usage=usage)
+                                  choices=[choice], usage=usage)
 
     def _usage_chunk(self, usage):
         return CompletionResponse(id=self.rid, created=self.created, model=self.model,
@@ -154,12 +177,12 @@ class ChatChunks(Chunks):
         return "".join(self._event(self._make(i, DeltaMessage(role="assistant", content=""),
                                               None, usage, None)) for i in range(self.n))
 
-    def _content(self, out):
+    def _content(self, out, first):
         if self.renderer is None or not out.logprobs:
-            return out.text, None
-        return out.text, self.renderer.chat(out.logprobs)
+            return out.text, None, None
+        return out.text, self.renderer.chat(out.logprobs), None
 
-    def _chunk(self, index, text, finish_reason, usage, logprobs):
+    def _chunk(self, index, finish_reason, usage, text, logprobs=None, prompt_logprobs=None):
         delta = DeltaMessage(content=text) if text or finish_reason is None else DeltaMessage()
         return self._make(index, delta, finish_reason, usage, logprobs)
 
@@ -167,7 +190,7 @@ class ChatChunks(Chunks):
               usage: UsageInfo | None, logprobs) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
                                    choices=[ChatChunkChoice(index=index, delta=delta,
-                                                            logprobs=logprobs,
+                                                            logprobs=self.raw.put(logprobs),
                                                             finish_reason=finish_reason)],
                                    usage=usage)
 

@@ -98,10 +98,23 @@ class RequestStream:
     async def __anext__(self) -> StreamOutput:
         if self.finished:
             raise StopAsyncIteration
+        await self._wait()
+        return self._take(next(iter(self._pending)))
+
+    async def take_ready(self) -> list[StreamOutput]:
+        """Every output waiting (at least one; none once finished): a handler that
+        renders them together wakes once for all n sequences' news."""
+        if self.finished:
+            return []
+        await self._wait()
+        return [self._take(index) for index in list(self._pending)]
+
+    async def _wait(self) -> None:
         while not self._pending:
             await self._ready.wait()
             self._ready.clear()
-        index = next(iter(self._pending))
+
+    def _take(self, index: int) -> StreamOutput:
         out = self._pending.pop(index)
         if not self._pending:
             self._ready.clear()
