@@ -1,4 +1,4 @@
-"""Each of the seed's rules fires on a summary crafted to trigger it, and stays silent on a
+"""Each of the incidents' rules fires on a summary crafted to trigger it, and stays silent on
 healthy one."""
 
 import dataclasses
@@ -223,16 +223,24 @@ def test_tail_ttft_is_left_to_the_queue_rule_when_requests_waited_for_slots():
     assert "running_below_offered" in [f.rule for f in diagnose(queued)]
 
 
-def test_low_active_ratio_falls_back_on_the_mean_and_says_so():
-    live = replace(crafted(active_ratio_mean=0.2), active_ratio_p50=None)
+def test_low_active_ratio_falls_back_on_slot_utilization_and_says_so():
+    # a live window has no per-step ratios: its only active ratio is slot-weighted,
+    # i.e. slot utilisation (and a per-step mean without its median is that same number)
+    live = replace(crafted(slot_utilization=0.2, active_ratio_mean=0.2), active_ratio_p50=None)
     f = rules.low_active_ratio(live)
-    assert f is not None and "mean" in f.evidence and "median" not in f.evidence
+    assert f is not None and "slot utilisation" in f.evidence and "median" not in f.evidence
     assert "20.0%" in f.evidence
+    # slot utilisation decides there, not a bare mean
+    assert rules.low_active_ratio(replace(crafted(slot_utilization=0.9, active_ratio_mean=0.1),
+                                          active_ratio_p50=None)) is None
     # strict, as the median
-    assert rules.low_active_ratio(RunSummary(active_ratio_mean=0.3)) is None
+    assert rules.low_active_ratio(RunSummary(slot_utilization=0.3)) is None
+    # a bare mean, with nothing else, is still read and named as a mean
+    f = rules.low_active_ratio(RunSummary(active_ratio_mean=0.2))
+    assert f is not None and "mean over steps" in f.evidence
     # with a median it is the median that decides, the mean only shown
     f = rules.low_active_ratio(crafted(active_ratio_p50=0.1, active_ratio_mean=0.5))
-    assert "median" in f.evidence and "(mean 50.0%)" in f.evidence
+    assert "median" in f.evidence and "(mean over steps 50.0%)" in f.evidence
     assert rules.low_active_ratio(crafted(active_ratio_p50=0.5, active_ratio_mean=0.1)) is None
 
 
@@ -241,4 +249,5 @@ def test_unevaluable_names_the_missing_inputs():
     missing = unevaluable(RunSummary(preemptions=0, waiting_growth=0.0))
     assert "queue_growing" not in missing and "preemption_nonzero" not in missing
     assert missing["capacity"] == ["p99_p50_e2e_ratio or p99_p50_ttft_ratio"]
-    assert missing["low_active_ratio"] == ["active_ratio_p50 or active_ratio_mean"]
+    assert missing["low_active_ratio"] == [
+        "active_ratio_p50 or slot_utilization or active_ratio_mean"]

@@ -30,6 +30,7 @@ class RequestLatencies:
     request_class: str
     arrival_time: float
     finish_reason: FinishReason | None  # None: still live
+    reject_reason: str | None  # a RejectReason value when admission refused it
     num_prompt_tokens: int
     num_output_tokens: int
     scheduled: bool  # ran at least once
@@ -65,7 +66,9 @@ def request_metrics(req: Request) -> RequestLatencies:
     return RequestLatencies(
         request_id=req.request_id, request_class=req.request_class or UNCLASSIFIED,
         arrival_time=arrival,
-        finish_reason=req.finish_reason, num_prompt_tokens=req.num_prompt_tokens,
+        finish_reason=req.finish_reason,
+        reject_reason=req.reject_reason.value if req.reject_reason is not None else None,
+        num_prompt_tokens=req.num_prompt_tokens,
         num_output_tokens=n_out, scheduled=req.first_scheduled_time is not None,
         ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, queue_time_s=queue, itl_s=itl,
         num_preemptions=req.num_preemptions, num_swapped_out_blocks=req.num_swapped_out_blocks,

@@ -10,6 +10,7 @@ the rule cannot run: it stays silent rather than guess, and `missing` says what 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +32,16 @@ class RuleSettings:
     long_prefill_token_threshold: int | None = None
     budget_order: str | None = None
     replicas: int | None = None
+    max_model_len: int | None = None
+    max_waiting: int | None = None
+    max_queue_time_s: float | None = None
 
     @classmethod
     def of(cls, summary: RunSummary, config: Mapping[str, Any] | None = None,
            batching: str | None = None) -> RuleSettings:
         def pick(name: str, kind: type) -> Any:
-            for value in (getattr(summary, name), _from_config(config or {}, name)):
+            # a setting no summary carries (max_model_len) comes from the config only
+            for value in (getattr(summary, name, None), _from_config(config or {}, name)):
                 if value is not None:
                     return _as(kind, value)
             return None
@@ -45,7 +50,10 @@ class RuleSettings:
                    max_num_seqs=pick("max_num_seqs", int),
                    max_num_batched_tokens=pick("max_num_batched_tokens", int),
                    long_prefill_token_threshold=pick("long_prefill_token_threshold", int),
-                   budget_order=pick("budget_order", str), replicas=pick("replicas", int))
+                   budget_order=pick("budget_order", str), replicas=pick("replicas", int),
+                   max_model_len=pick("max_model_len", int),
+                   max_waiting=pick("max_waiting", int),
+                   max_queue_time_s=pick("max_queue_time_s", float))
 
 
 def _from_config(config: Mapping[str, Any], key: str) -> Any:
@@ -60,10 +68,13 @@ def _from_config(config: Mapping[str, Any], key: str) -> Any:
 
 def _as(kind: type, value: Any) -> Any:
     """A setting of the expected kind, else None (a file may hold anything)."""
+    number = (isinstance(value, int) and not isinstance(value, bool)) \
+        or (isinstance(value, float) and math.isfinite(value))
     if kind is int:
-        whole = isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and float(value).is_integer()
-        return int(value) if whole else None
+        return int(value) if number and (isinstance(value, int) or value.is_integer()) \
+            else None
+    if kind is float:
+        return float(value) if number else None
     return value if isinstance(value, kind) else None
 
 

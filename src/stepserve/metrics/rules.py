@@ -1,70 +1,40 @@
-"""The seed's alert rules, each a small check over a RunSummary that declares the fields
-it needs (rule.py) and reads them as attributes. Each returns one Finding or None; the
-settings only sharpen the advice, e.g. name the chunk cap actually set.
+"""The incidents' alert rules, each a small check over a RunSummary that declares the
+fields it needs (rule.py) and reads them as attributes. Each returns one Finding or None;
+the settings only sharpen the advice, e.g. name the chunk cap actually set.
 
-Thresholds come from the seed's post-mortems ("复盘要点") and its tail-latency table.
+Thresholds come from the incidents' post-mortems (night-report, mixed-pool, promo-spike:
+docs/guide.md tells each story) and the tail-latency table; where a rule's early signal
+leads a later alert, the lead is measured on the run's own series (alert_times.py).
+`RULES` also holds the rules of rules_batching.py, stall_rule.py, rules_outcomes.py and
+rules_experience.py.
 """
 
 from __future__ import annotations
 
+from stepserve.metrics.alert_times import (
+    PREFILL_STEP_SHARE_MAX,
+    QUEUE_ALERT,
+    STEP_WINDOW,
+    TTFT_P99_ALERT_S,
+    ZERO_DECODE_STEP_SHARE_MAX,
+    lead,
+)
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import Rule, RuleSettings, S, pct, rule
+from stepserve.metrics.rules_batching import low_active_ratio, low_slot_utilization
+from stepserve.metrics.rules_experience import throughput_over_experience, tpot_tail
+from stepserve.metrics.rules_outcomes import rejections, timeouts
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.stall_rule import prefill_stalls_decode
 
-ACTIVE_RATIO_MIN = 0.30  # incident 1: active sequences / concurrency
-SLOT_UTILIZATION_MIN = 0.50  # below it continuous batching is worth >= 2x
-PREFILL_STEP_SHARE_MAX = 0.70  # incident 2: prefill-only steps
-ZERO_DECODE_STEP_SHARE_MAX = 0.10  # incident 2: steps that starved decode-ready sequences
-CAPACITY_TAIL_RATIO = 10.0  # incident 3: P99/P50 over this with preemptions > 0
-QUEUE_ALERT = 10  # incident 3: the queue at 10 was the early signal
+CAPACITY_TAIL_RATIO = 10.0  # promo-spike: P99/P50 over this with preemptions > 0
 QUEUE_CLIMB_MIN_STEPS = 10  # a climb over fewer steps is a burst of arrivals, not a trend
 KV_FULL = 0.95  # KV usage at which running is limited by blocks rather than slots
 WAITING_MOST_OF_RUN = 0.50  # a queue in more than half the samples
 TTFT_TAIL_RATIO = 5.0  # "mean TTFT normal, P99 high"
 TPOT_NORMAL_STEPS = 1.5  # TPOT P50 within this many mean steps is "normal"
 PREFILL_TOKEN_SHARE_MIN = 0.5  # prefill fills the steps: most computed tokens are prefill
-
-
-@rule((S.active_ratio_p50, S.active_ratio_mean))
-def low_active_ratio(s: RunSummary, cfg: RuleSettings) -> Finding | None:
-    median, mean = s.active_ratio_p50, s.active_ratio_mean
-    r = median if median is not None else mean  # a live scrape has only the mean
-    if r is None or r >= ACTIVE_RATIO_MIN:
-        return None
-    if median is not None:
-        tail = f" (mean {pct(mean)})" if mean is not None else ""
-        seen = f"in the median step only {pct(r)} of the held batch slots produced a token{tail}"
-    else:
-        seen = f"on the mean over steps only {pct(r)} of the held batch slots produced a token"
-    return Finding(
-        "low_active_ratio", "warning",
-        f"{seen}; alert threshold {ACTIVE_RATIO_MIN:.0%}",
-        "alert on active sequences / concurrency below 30% rather than GPU utilisation (in "
-        "the seed it fell to 10 of 64 by step 20, and alerting on it would have caught the "
-        "problem about a week earlier); then "
-        "compute slot utilisation and the speedup cap (`stepserve plan speedup`) before "
-        "changing the scheduler")
-
-
-@rule((S.slot_utilization,))
-def low_slot_utilization(s: RunSummary, cfg: RuleSettings) -> Finding | None:
-    u = s.slot_utilization
-    if u is None or u >= SLOT_UTILIZATION_MIN:
-        return None
-    cap = f"; the cap on a continuous-batching speedup is about 1/{u:.3f} = {1 / u:.1f}x" \
-        if u > 0 else ""
-    evidence = (f"slot utilisation {pct(u)} (useful output / held slots x steps), below "
-                f"{SLOT_UTILIZATION_MIN:.0%}{cap}")
-    if cfg.batching == "continuous":
-        action = ("the batch is already continuous, so held slots idle for another reason: "
-                  "requests waiting for KV blocks, preempted, or mid-prefill; check "
-                  "preemptions and KV capacity (`stepserve plan capacity`)")
-    else:
-        action = ("switch to continuous batching (scheduler.batching: continuous), which is "
-                  "worth 2x or more below 50%; compute the speedup cap for this length mix "
-                  "first (`stepserve plan speedup`) and promise that, not the folk 10-20x")
-    return Finding("low_slot_utilization", "warning", evidence, action)
+_TTFT_LATE = ("TTFT P99", f"passed {TTFT_P99_ALERT_S:g} s")
 
 
 @rule((S.prefill_step_share, S.zero_decode_step_share))
@@ -87,14 +57,21 @@ def chunk_cap_eats_budget(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         named = (f"the chunk cap is long_prefill_token_threshold = {threshold}"
                  f"{' (0: the whole budget)' if threshold == 0 else ''}, i.e. {cap} of "
                  f"max_num_batched_tokens = {budget}")
-        example = f"e.g. {max(budget // 4, 1)} of {budget}; the seed fixed it with 2048 of 8192"
+        example = (f"e.g. {max(budget // 4, 1)} of {budget}; the mixed-pool incident was "
+                   "fixed with a chunk cap of 2048 of 8192")
     else:
         named = "the chunk cap (long_prefill_token_threshold) leaves decode no budget"
         example = "e.g. 2048 of 8192"
     order_note = " (now prefill_first)" if cfg.budget_order == "prefill_first" else ""
+    measured = lead(s, S.alert_prefill_share_at_s,
+                    (f"the last {STEP_WINDOW} steps", f"passed {PREFILL_STEP_SHARE_MAX:.0%} "
+                     f"prefill-only or {ZERO_DECODE_STEP_SHARE_MAX:.0%} zero-decode"),
+                    S.alert_ttft_p99_at_s, _TTFT_LATE,
+                    "the mixed-pool incident reported this alert about 40 minutes ahead of "
+                    "its TTFT alert")
     return Finding(
         "chunk_cap_eats_budget", "critical",
-        "; ".join(seen) + ": the prefill chunk cap eats the step budget",
+        "; ".join(seen) + f": the prefill chunk cap eats the step budget; {measured}",
         f"{named}; set long_prefill_token_threshold below max_num_batched_tokens ({example}) "
         f"so the difference is decode's budget, max_num_partial_prefills 1, budget_order "
         f"decode_first{order_note}")
@@ -159,13 +136,17 @@ def queue_growing(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     large = trend >= 1 and peak >= max(QUEUE_ALERT, running)
     if not (sustained or large):
         return None
+    measured = lead(s, S.alert_queue_at_s, ("the waiting queue", f"reached {QUEUE_ALERT}"),
+                    S.alert_ttft_p99_at_s, _TTFT_LATE,
+                    "the promo-spike incident reported its queue about 20 minutes ahead of "
+                    "its P99 alert")
     return Finding(
         "queue_growing", "warning",
         f"the waiting queue grew by {growth:.2f} requests/s while requests arrived (fitted "
         f"rise {trend:.1f}); longest climb without a dip: +{climb:g} in {climb_s:.3g} s; "
-        f"peak {peak:g} waiting vs {running:g} running",
-        "alert on the waiting queue length (num_requests_waiting): it is the earliest "
-        "signal, about 20 minutes ahead of a P99 alert in the seed; fail fast with "
+        f"peak {peak:g} waiting vs {running:g} running; {measured}",
+        f"alert on the waiting queue length (num_requests_waiting) reaching {QUEUE_ALERT}: "
+        "it is the earliest signal, ahead of a P99 alert; fail fast with "
         "queue.max_queue_time_s and queue.max_waiting, and add capacity (replicas)")
 
 
@@ -221,19 +202,34 @@ def tail_ttft_from_prefill(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None  # requests queued for slots or KV: that rule explains the tail
     p99, p50 = s.ttft_p99_s, s.ttft_p50_s
     both = f" (P99 {p99:.3f} s, P50 {p50:.3f} s)" if p99 is not None and p50 is not None else ""
+    seen = (f"TTFT P99/P50 = {r:.1f}{both} while TPOT P50 = {tpot:.4f} s stays within "
+            f"{TPOT_NORMAL_STEPS:g}x of the mean step ({step:.4f} s) and prefill is "
+            f"{pct(prefill)} of the computed tokens")
+    budget, cap = cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold
+    if budget is not None and cap is not None and 0 < cap < budget \
+            and cfg.budget_order == "decode_first":
+        # The remedy this row names is in place: a long prompt takes one chunk of each
+        # step and the rest is left to others, so the tail is the long prompts' own
+        # prefill over several steps, the trade the mixed-pool incident's fix accepted.
+        return Finding(
+            "tail_ttft_from_prefill", "info",
+            f"{seen}; the chunk cap is already below the budget ({cap} of {budget}, decode "
+            "first), so the tail is long prompts taking several chunk steps each, not a "
+            "squeeze",
+            "if the long prompts' TTFT matters, route them to their own pool (`--pools`) or "
+            "cap request length; compare TTFT by request class")
     return Finding(
         "tail_ttft_from_prefill", "warning",
-        f"TTFT P99/P50 = {r:.1f}{both} "
-        f"while TPOT P50 = {tpot:.4f} s stays within {TPOT_NORMAL_STEPS:g}x of the mean "
-        f"step ({step:.4f} s) and prefill is {pct(prefill)} of the computed tokens: long "
-        "prompt prefill is squeezing the budget",
+        f"{seen}: long prompt prefill is squeezing the budget",
         "chunk long prompts: long_prefill_token_threshold below max_num_batched_tokens, "
-        "max_num_partial_prefills 1; cap request length or route long prompts to their "
-        "own pool")
+        "max_num_partial_prefills 1, budget_order decode_first; cap request length or route "
+        "long prompts to their own pool")
 
 
+# Findings are listed most severe first, in this order within a severity.
 RULES: tuple[Rule, ...] = (
     capacity, chunk_cap_eats_budget, queue_growing, running_below_offered,
     preemption_nonzero, prefill_stalls_decode, tail_ttft_from_prefill,
-    low_slot_utilization, low_active_ratio,
+    low_slot_utilization, low_active_ratio, rejections, timeouts, tpot_tail,
+    throughput_over_experience,
 )

@@ -28,6 +28,7 @@ class RunSummary:
     requests_total: float | None = None
     requests_finished: float | None = None  # stop or length
     requests_rejected: float | None = None
+    rejected_by_reason: dict[str, int] | None = None  # RejectReason value -> count
     requests_timed_out: float | None = None
     requests_aborted: float | None = None
     requests_failed: float | None = None  # a fault in their step (bench: an error answer)
@@ -98,6 +99,13 @@ class RunSummary:
     in_engine_max: float | None = None  # running + waiting + swapped
     kv_usage_max: float | None = None
     kv_usage_mean: float | None = None
+    # when each alert would first have fired, seconds from the run's start (alert_times.py;
+    # reported as None: measured, never fired; not reported: no series to time it)
+    alert_queue_at_s: float | None = None  # waiting queue reached 10
+    alert_ttft_p99_at_s: float | None = None  # rolling TTFT P99 over 5 s
+    alert_prefill_share_at_s: float | None = None  # prefill-only > 70% / zero-decode > 10%
+    alert_low_active_at_s: float | None = None  # active / slots held < 30%, sustained
+    alert_low_slot_util_at_s: float | None = None  # slot utilisation since the start < 50%
     # ---- the settings the doctor's advice names (sim/run.py copies them in) ----
     batching: str | None = None
     max_num_seqs: float | None = None

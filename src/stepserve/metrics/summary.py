@@ -1,15 +1,19 @@
-"""One run, summarised as a RunSummary (run_summary.py): the numbers the seed says matter.
+"""One run, summarised as a RunSummary (run_summary.py): the numbers that matter for
+serving (latency percentiles, outcomes, preemption, batch and queue levels).
 
 The request fields come from each request's RequestLatencies (request_metrics.py;
 latencies from completed requests only), the step fields from the step records
-(step_metrics.py). Measure the requests once and hand the latencies to every summary
+(step_metrics.py), and when each alert would first have fired from both
+(alert_times.py). Measure the requests once and hand the latencies to every summary
 that needs them (`summarize_latencies`, `by_class`): run_data.measure_run does.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
+from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
 from stepserve.metrics.run_summary import RunSummary
@@ -20,7 +24,8 @@ __all__ = ["LATENCIES", "RunSummary", "TimeSeries", "by_class", "request_summary
            "summarize", "summarize_by_class", "summarize_latencies", "timeseries"]
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue_time")
-LONG_REQUEST_THRESHOLD = 1200  # output tokens; the seed's "输出超过 1,200 token 的请求"
+# output tokens; the promo-spike incident's long requests ("输出超过 1,200 token 的请求")
+LONG_REQUEST_THRESHOLD = 1200
 
 
 def _latency_values(done: list[RequestLatencies]) -> dict[str, list[float]]:
@@ -52,6 +57,13 @@ def _count(ms: Sequence[RequestLatencies], reason: FinishReason) -> int:
     return sum(1 for m in ms if m.finish_reason is reason)
 
 
+def _rejected_by_reason(ms: Sequence[RequestLatencies]) -> dict[str, int]:
+    """{RejectReason value: count} of the requests admission refused, by name."""
+    reasons = Counter(m.reject_reason or "unknown" for m in ms
+                      if m.finish_reason is FinishReason.REJECTED)
+    return dict(sorted(reasons.items()))
+
+
 def request_summary(ms: Sequence[RequestLatencies], duration_s: float, *,
                     long_request_threshold: int = LONG_REQUEST_THRESHOLD) -> RunSummary:
     """The request fields of a summary (no step fields), from measured requests."""
@@ -65,6 +77,7 @@ def request_summary(ms: Sequence[RequestLatencies], duration_s: float, *,
         requests_total=len(ms),
         requests_finished=len(done),
         requests_rejected=_count(ms, FinishReason.REJECTED),
+        rejected_by_reason=_rejected_by_reason(ms),
         requests_timed_out=_count(ms, FinishReason.TIMED_OUT),
         requests_aborted=_count(ms, FinishReason.ABORT),
         requests_failed=_count(ms, FinishReason.ERROR),
@@ -93,7 +106,7 @@ def summarize_latencies(ms: Sequence[RequestLatencies], steps: Steps, duration_s
     arrivals = [m.arrival_time for m in ms]
     window = (min(arrivals), max(arrivals)) if arrivals else None
     requests = request_summary(ms, duration_s, long_request_threshold=long_request_threshold)
-    return requests.updated(step_summary(steps, window))
+    return requests.updated(step_summary(steps, window)).updated(alert_times(ms, steps))
 
 
 def summarize(requests: Sequence[Request], steps: Steps, duration_s: float, *,

@@ -1,0 +1,124 @@
+"""Rules from the tail-latency table's second and fourth rows: a TPOT tail while the
+typical stream's pace is normal (preemption, batch swings, memory pressure: lower
+concurrency, keep headroom, split pools), and high throughput with a poor experience
+(a batch too large: limit the batch, tune by the SLA).
+"""
+
+from __future__ import annotations
+
+from stepserve.metrics.alert_times import TTFT_P99_ALERT_S
+from stepserve.metrics.finding import Finding
+from stepserve.metrics.percentiles import ratio
+from stepserve.metrics.rule import RuleSettings, S, pct, rule
+from stepserve.metrics.run_summary import RunSummary
+
+# TPOT P99 over 3x its P50: the slowest streams get a token a third as often as the
+# typical one. Healthy simulated runs sit at 1.0-1.9 (the three incidents' fixed
+# configurations, the quick-start configs); the mixed-pool incident's spike was 6.8 s
+# over a 58 ms median, over 100x.
+TPOT_TAIL_RATIO = 3.0
+TPOT_MEAN_NORMAL = 1.5  # a mean within 1.5x the median: the typical stream is fine
+STEP_SWING_RATIO = 3.0  # step time P99 over 3x its P50: the batch's make-up swings
+KV_NEAR_FULL = 0.95  # KV usage at which blocks, not slots, limit the batch
+# Fewer than 9 in 10 completed requests meeting the SLO is an SLO missed (goodput is
+# counted against the SLO a bench run was given); fewer than half is critical.
+GOODPUT_SHARE_MIN = 0.90
+GOODPUT_SHARE_CRITICAL = 0.50
+# Without an SLO: a busy batch (every held slot producing) and no queue, yet the TTFT
+# P99 past the promo-spike incident's P99 alert (5 s) and over 50 steps: a first token
+# should take the few steps of its prefill once admitted, so the batch is sharing the
+# steps too thinly. (E2E is no such yardstick: a 2,000-token answer takes 2,000 steps.)
+BUSY_SLOT_UTILIZATION = 0.90
+FAR_STEPS = 50
+
+
+@rule((S.tpot_p99_s, S.p99_p50_tpot_ratio), (S.tpot_p50_s, S.p99_p50_tpot_ratio))
+def tpot_tail(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    p99, p50, mean = s.tpot_p99_s, s.tpot_p50_s, s.tpot_mean_s
+    r = ratio(p99, p50) if p99 is not None and p50 is not None else s.p99_p50_tpot_ratio
+    if r is None or r < TPOT_TAIL_RATIO:
+        return None
+    if mean is not None and p50 and mean > TPOT_MEAN_NORMAL * p50:
+        return None  # the typical stream is slow too: queueing or saturation, not a tail
+    shown = f" (P99 {p99:.3g} s, P50 {p50:.3g} s" if p99 is not None and p50 is not None \
+        else " ("
+    shown += f", mean {mean:.3g} s)" if mean is not None else ")"
+    causes, fixes = [], []
+    seqs = f" from {cfg.max_num_seqs}" if cfg.max_num_seqs is not None else ""
+    if s.preemptions:
+        causes.append(f"{int(s.preemptions)} preemptions (a preempted stream waits to be "
+                      "recomputed or swapped back in)")
+    if s.kv_usage_max is not None and s.kv_usage_max >= KV_NEAR_FULL:
+        causes.append(f"KV usage peaked at {pct(s.kv_usage_max)} (memory pressure)")
+    if causes:
+        fixes.append(f"lower concurrency (max_num_seqs{seqs}) to what KV holds with headroom "
+                     "(`stepserve plan capacity` keeps 15%)")
+    swing = ratio(s.step_p99_s, s.step_p50_s)
+    if swing is not None and swing >= STEP_SWING_RATIO:
+        causes.append(f"step time swings: P99 {s.step_p99_s:.3g} s vs P50 "
+                      f"{s.step_p50_s:.3g} s ({swing:.1f}x, the batch's make-up changes "
+                      "from step to step)")
+        fixes.append("bound what prefill takes of a step (long_prefill_token_threshold below "
+                     "max_num_batched_tokens, budget_order decode_first)")
+    fixes.append("split online and offline traffic into their own pools (`--pools`)")
+    why = "; likely causes in this run: " + "; ".join(causes) if causes else \
+        ("; none of preemption, step-time swings or KV pressure shows in this run: compare "
+         "TPOT by request class")
+    return Finding(
+        "tpot_tail", "warning",
+        f"TPOT P99/P50 = {r:.1f}{shown}: the slowest streams' pace is over "
+        f"{TPOT_TAIL_RATIO:g}x the typical one's while the mean stays normal{why}",
+        "; ".join(fixes))
+
+
+def _batch_text(s: RunSummary, cfg: RuleSettings) -> str:
+    parts = []
+    if s.slot_utilization is not None:
+        parts.append(f"slot utilisation {pct(s.slot_utilization)}")
+    if s.running_max is not None:
+        cap = f" of max_num_seqs {cfg.max_num_seqs}" if cfg.max_num_seqs is not None else ""
+        parts.append(f"running peaked at {s.running_max:g}{cap}")
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
+    seqs = f" (now {cfg.max_num_seqs})" if cfg.max_num_seqs is not None else ""
+    budget = f" (now {cfg.max_num_batched_tokens})" \
+        if cfg.max_num_batched_tokens is not None else ""
+    queued = " If requests queue (waiting > 0), add replicas instead: a smaller batch " \
+        "would queue them longer." if s.waiting_p50 else ""
+    return (f"limit the batch: lower max_num_seqs{seqs} and max_num_batched_tokens{budget} "
+            f"and tune them by the SLA, not by throughput: `stepserve sweep --vary "
+            f"max_num_seqs=... --slo {slo}` recommends the largest batch that meets it."
+            f"{queued}")
+
+
+@rule((S.goodput_requests_per_s, S.ttft_p99_s))
+def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    good, done = s.goodput_requests_per_s, s.throughput_requests_per_s
+    if good is not None:
+        share = ratio(good, done)
+        if share is None or share >= GOODPUT_SHARE_MIN:
+            return None
+        slo = f" ({s.goodput_slo})" if s.goodput_slo else ""
+        return Finding(
+            "throughput_over_experience",
+            "critical" if share < GOODPUT_SHARE_CRITICAL else "warning",
+            f"goodput {good:.3g} req/s is {pct(share)} of the {done:.3g} req/s completed: "
+            f"{pct(1 - share)} of completed requests missed the SLO{slo} (alert under "
+            f"{GOODPUT_SHARE_MIN:.0%}){_batch_text(s, cfg)}",
+            _limit_batch(s, cfg, "ttft_p99_s=..."))
+    ttft, step, busy = s.ttft_p99_s, s.mean_step_s, s.slot_utilization
+    if ttft is None or not step or busy is None or busy < BUSY_SLOT_UTILIZATION:
+        return None
+    if s.waiting_p50 is None or s.waiting_p50 > 0:
+        return None  # a queue explains the wait (the queue rules); unknown: cannot tell
+    if ttft <= TTFT_P99_ALERT_S or ttft < FAR_STEPS * step:
+        return None
+    return Finding(
+        "throughput_over_experience", "warning",
+        f"TTFT P99 {ttft:.3g} s is {ttft / step:.0f} mean steps ({step:.3g} s) at a busy "
+        f"batch with no queue{_batch_text(s, cfg)}: past the {TTFT_P99_ALERT_S:g} s P99 "
+        f"alert and over {FAR_STEPS} steps, far more than a prompt's own prefill takes",
+        _limit_batch(s, cfg, f"ttft_p99_s={TTFT_P99_ALERT_S:g}")
+        + " Give the bench an SLO (`stepserve bench --goodput ttft:MS`) to measure goodput.")
