@@ -48,6 +48,7 @@ def test_completion_ask_counts_what_the_answer_carries():
     best_of = completion_ask(completion(logprobs=0, best_of=8), 8, 16, False, 10)
     assert best_of.entries == 8 * 16 and best_of.parts == (("max_tokens (its default)",
                                                             16),)
+    assert best_of.n_param == "best_of"
 
 
 def test_chat_ask_counts_the_default_max_tokens():

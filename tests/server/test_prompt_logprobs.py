@@ -12,6 +12,15 @@ import pytest
 from server_harness import MODEL
 
 from stepserve import SamplingParams
+from stepserve.request import TokenLogprobs
+from stepserve.server.logprobs import LogprobRenderer
+from stepserve.server.responses import (
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    RawBlocks,
+)
 
 PROMPT = "The quick brown fox jumps over"
 COMPLETIONS = "/v1/completions"
@@ -104,3 +113,44 @@ def test_chat_prompt_logprobs_still_whole(served, offline_llm):
     assert_same(r.json()["prompt_logprobs"], expected)
     assert r.json()["choices"][0]["logprobs"] is None
     served.wait_idle()
+
+
+class _Tokenizer:
+    TEXTS = {1: "a", 2: "é", 3: "\ufffd", 4: "\ufffd", 5: '"q"'}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.TEXTS[ids[0]]
+
+
+def test_rendered_blocks_are_the_models_json():
+    inf = float("inf")
+    found = [TokenLogprobs(2, -0.5, 2, ((1, -0.25), (2, -0.5), (3, -1.0), (4, -2.0))),
+             TokenLogprobs(5, -inf, 5, ((1, -0.1), (3, float("nan"))))]
+    r = LogprobRenderer(_Tokenizer(), top=3)
+    chat = ChoiceLogprobs.model_validate_json(r.chat(found))
+    assert [(t.token, t.logprob, t.bytes) for t in chat.content] == [
+        ("é", -0.5, list("é".encode())), ('"q"', -9999.0, list(b'"q"'))]
+    assert [t.token for t in chat.content[0].top_logprobs] == ["a", "é", "\ufffd"]
+    assert chat.content[1].top_logprobs[1].logprob == -9999.0  # NaN: the floor too
+    block, end = r.completion([(1, None), *((lp.token_id, lp) for lp in found)], 4)
+    legacy = CompletionLogprobs.model_validate_json(block)
+    assert legacy.tokens == ["a", "é", '"q"'] and legacy.text_offset == [4, 5, 6]
+    assert end == 9 and legacy.token_logprobs == [None, -0.5, -9999.0]
+    # the two byte pieces decode alike: the likelier keeps the key
+    assert legacy.top_logprobs[1] == {"a": -0.25, "é": -0.5, "\ufffd": -1.0}
+    prompt = json.loads(r.vllm_prompt(found))
+    assert prompt[0] is None and list(prompt[1]) == ["2", "1", "3", "4"]
+    assert prompt[1]["2"] == {"logprob": -0.5, "rank": 2, "decoded_token": "é"}
+    assert prompt[2]["5"]["logprob"] == -9999.0
+
+
+def test_raw_blocks_go_where_their_markers_are():
+    raw = RawBlocks()
+    lookalike = "stepserve-raw-0123456789abcdef0123456789abcdef-0"  # not this answer's
+    answer = CompletionResponse(id="x", model=MODEL, choices=[
+        CompletionChoice(index=k, text=lookalike, logprobs=raw.put(f'{{"tokens":["{k}"]}}'),
+                         prompt_logprobs=raw.put(None)) for k in range(2)])
+    data = json.loads(raw.dump(answer))
+    assert [c["logprobs"] for c in data["choices"]] == [{"tokens": ["0"]}, {"tokens": ["1"]}]
+    assert all(c["text"] == lookalike and c["prompt_logprobs"] is None
+               for c in data["choices"])

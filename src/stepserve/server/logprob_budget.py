@@ -37,6 +37,7 @@ class LogprobAsk:
     parts: tuple[tuple[str, int], ...]  # (what, tokens)
     top: int
     param: str  # the field a refusal names
+    n_param: str = "n"  # the field n comes from (best_of, when it runs more)
 
     @property
     def tokens(self) -> int:
@@ -60,7 +61,7 @@ def completion_ask(body: CompletionRequest, n: int, max_tokens: int, only_prompt
         parts.append(("the prompt, for prompt_logprobs", num_prompt_tokens))
     top = max(body.logprobs or 0, body.prompt_logprobs or 0)
     param = "logprobs" if body.logprobs is not None else "prompt_logprobs"
-    return LogprobAsk(n, tuple(parts), top, param)
+    return LogprobAsk(n, tuple(parts), top, param, "n" if n == body.n else "best_of")
 
 
 def chat_ask(body: ChatCompletionRequest, param: str, max_tokens: int,
@@ -89,8 +90,9 @@ def check_logprob_budget(ask: LogprobAsk,
         return
     parts = " + ".join(f"{what} {count:,}" for what, count in ask.parts)
     raise bad_request(
-        f"the request asks for {ask.entries:,} logprob entries: n {ask.n} x {ask.tokens:,} "
-        f"tokens ({parts}) x {ask.top + 1} per token ({ask.top} top logprobs + the token "
-        f"itself); at most {max_entries:,} are allowed per request. Lower n, the tokens "
-        f"(max_tokens, the prompt) or the number of top logprobs", ask.param,
+        f"the request asks for {ask.entries:,} logprob entries: {ask.n_param} {ask.n} x "
+        f"{ask.tokens:,} tokens ({parts}) x {ask.top + 1} per token ({ask.top} top "
+        f"logprobs + the token itself); at most {max_entries:,} are allowed per request. "
+        f"Lower {ask.n_param}, the tokens (max_tokens, the prompt) or the number of top "
+        f"logprobs", ask.param,
         "too_many_logprobs")

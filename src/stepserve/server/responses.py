@@ -11,7 +11,6 @@ against.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from typing import Literal, TypeVar
@@ -28,7 +27,6 @@ class RawBlocks:
 
     def __init__(self) -> None:
         self._prefix = f"stepserve-raw-{secrets.token_hex(16)}-"
-        self._marker = re.compile(f'"{self._prefix}(\\d+)"')
         self._blocks: list[str] = []
 
     def put(self, block: str | None) -> str | None:
@@ -44,7 +42,12 @@ class RawBlocks:
         blocks, self._blocks = self._blocks, []
         if not blocks:
             return text
-        return self._marker.sub(lambda m: blocks[int(m[1])], text)
+        first, *rest = text.split(f'"{self._prefix}')
+        out = [first]
+        for piece in rest:  # "<k>" then the JSON after the marker string
+            k, _, after = piece.partition('"')
+            out += (blocks[int(k)], after)
+        return "".join(out)
 
 
 class UsageInfo(BaseModel):
