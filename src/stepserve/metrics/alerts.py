@@ -1,4 +1,4 @@
-"""Applying the seed's alert rules (rules.py) to runs: `diagnose` one summary, say which
+"""Applying the alert rules (rules.py) to runs: `diagnose` one summary, say which
 rules a summary cannot feed (`unevaluable`), and the findings of every run of a result
 (`findings_for`)."""
 

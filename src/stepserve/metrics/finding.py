@@ -1,5 +1,5 @@
-"""A Finding: one alert rule that fired, with the numbers it saw and what the seed says
-to do; `run` names the run it fired on where a result holds several."""
+"""A Finding: one alert rule that fired, with the numbers it saw and what to change;
+`run` names the run it fired on where a result holds several."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class Finding:
     rule: str
     severity: str  # critical | warning | info
     evidence: str  # what was seen, with the numbers
-    action: str  # what the seed says to do
+    action: str  # what to change, naming the setting
     run: str | None = None
 
     def __post_init__(self) -> None:

@@ -93,7 +93,9 @@ def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
             f"{queued}")
 
 
-@rule((S.goodput_requests_per_s, S.ttft_p99_s))
+# goodput, or every input of the judgement without an SLO
+@rule((S.goodput_requests_per_s, S.ttft_p99_s), (S.goodput_requests_per_s, S.mean_step_s),
+      (S.goodput_requests_per_s, S.slot_utilization), (S.goodput_requests_per_s, S.waiting_p50))
 def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     good, done = s.goodput_requests_per_s, s.throughput_requests_per_s
     if good is not None:

@@ -63,8 +63,9 @@ def _why_and_fix(reason: str, cfg: RuleSettings) -> tuple[str, str]:
     """(what refused them, what to change) for one reject reason."""
     if reason == RejectReason.TOO_LONG.value:
         limit = f" ({cfg.max_model_len})" if cfg.max_model_len is not None else ""
+        raise_it = f" from {cfg.max_model_len}" if cfg.max_model_len is not None else ""
         return (f"prompt + max_tokens longer than max_model_len{limit}",
-                f"raise max_model_len{limit and ' from ' + str(cfg.max_model_len)} if KV "
+                f"raise max_model_len{raise_it} if KV "
                 "holds it (`stepserve plan capacity`), or route long prompts elsewhere (their "
                 "own pool: `--pools`) and cap request length at the client")
     if reason == RejectReason.QUEUE_FULL.value:
@@ -123,6 +124,6 @@ def timeouts(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         "; ".join(seen) + f" (alert at {OUTCOME_WARN_SHARE:.0%}, critical at "
         f"{OUTCOME_CRITICAL_SHARE:.0%})",
         f"{setting} is failing requests fast, as set: the cause is running capacity below "
-        "the offered load. Add replicas (`stepserve plan capacity --peak-concurrency N`); "
+        "the offered load: add replicas (`stepserve plan capacity --peak-concurrency N`); "
         "where preemption holds requests back, lower max_num_seqs to what KV holds; raise "
         f"max_queue_time_s{raise_it} only if the latency SLO allows the longer wait")
