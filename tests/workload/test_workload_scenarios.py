@@ -81,12 +81,16 @@ def test_mixed_pool_is_30_percent_8k_summaries():
     assert statistics.mean(s.output_len for s in summaries) == pytest.approx(200, rel=0.03)
     chats = [s.prompt_len for s in specs if s.request_class == "chat"]
     assert percentile(chats, 0.5) == pytest.approx(300, rel=0.05)
+    assert get_workload("mixed-pool").arrival.rate_per_s == 0.8
     assert get_workload("mixed-pool", rate=3.0).arrival.rate_per_s == 3.0
 
 
-def test_promo_spike_matches_the_seeds_traffic():
+def test_promo_spike_is_the_evenings_traffic():
     w = get_workload("promo-spike", num_requests=20_000)
-    assert w.arrival.rate_per_s * 60 == pytest.approx(980)
+    # 660 req/min at 20:00, 980/min from 20:01 on
+    assert w.arrival.rate_at(0) * 60 == pytest.approx(660)
+    assert w.arrival.rate_at(60) * 60 == pytest.approx(980)
+    assert w.arrival.rate_at(3600) * 60 == pytest.approx(980)
     specs = w.generate()
     outputs = [s.output_len for s in specs]
     assert statistics.mean(outputs) == pytest.approx(280, rel=0.05)
@@ -94,8 +98,14 @@ def test_promo_spike_matches_the_seeds_traffic():
     assert len(over) / len(specs) == pytest.approx(0.06, abs=0.005)
     assert {s.request_class for s in over} == {"long"}  # `long` is exactly "over 1,200"
     assert all(s.prompt_len + s.max_tokens <= 4096 for s in specs)
-    gaps = [b.arrival_s - a.arrival_s for a, b in zip(specs, specs[1:], strict=False)]
+    assert percentile([s.prompt_len for s in specs], 0.5) == pytest.approx(580, rel=0.05)
+    peak = [s for s in specs if s.arrival_s >= 60]
+    gaps = [b.arrival_s - a.arrival_s for a, b in zip(peak, peak[1:], strict=False)]
     assert statistics.fmean(gaps) == pytest.approx(60 / 980, rel=0.03)
+    first_minute = [s for s in specs if s.arrival_s < 60]
+    assert len(first_minute) == pytest.approx(60 * (11 + 980 / 60) / 2, rel=0.1)
+    # the default: the first five minutes from 20:00
+    assert get_workload("promo-spike").generate()[-1].arrival_s == pytest.approx(300, rel=0.03)
 
 
 def test_promo_spike_closed_is_140_users_with_the_same_mix():
@@ -105,7 +115,9 @@ def test_promo_spike_closed_is_140_users_with_the_same_mix():
 
 
 def test_quickstart_fits_a_4k_model():
-    specs = get_workload("quickstart").generate()
+    w = get_workload("quickstart")
+    assert w.arrival.rate_per_s == 8.0  # below config A's knee (sim/scenarios.py)
+    specs = w.generate()
     assert len(specs) == 1200
     assert all(s.prompt_len + s.max_tokens <= 4096 for s in specs)
     assert Counter(s.request_class for s in specs)["document"] / 1200 == pytest.approx(0.2,

@@ -1,7 +1,9 @@
-"""The seed's incidents and quick-start configs as runnable simulations.
+"""The three incidents and the quick-start configs as runnable simulations.
 
 A Scenario is a workload, a cost model, a KV size and the configs to compare: the
-seed's config (`before`) and its fix (`after`), or the three batching modes, or A/B/C.
+incident's config (`before`) and its fix (`after`), or the three batching modes, or
+A/B/C. docs/guide.md says how each one's sizes were chosen; sim/incidents.py holds the
+figures each must reproduce.
 """
 
 from __future__ import annotations
@@ -80,10 +82,11 @@ def _night_report() -> Scenario:
     )
 
 
-def _seed_gpu_cost() -> RooflineCost:
-    # Llama-3-8B on an H100: a 2,048-token prefill chunk ~0.07 s, a 32,768-token step
-    # ~1.3 s, a decode step ~10-20 ms; ~430k tokens of KV.
-    return RooflineCost(get_hardware("h100"), get_model_spec("llama-3-8b"))
+def _mixed_pool_cost() -> RooflineCost:
+    # Qwen2.5-14B on an A100 80GB: a 300-token prefill ~0.065 s and a 2,048-token chunk
+    # ~0.4 s, as the incident measured; an 8K summary alone ~1.8 s, a 32,768-token step
+    # ~7 s; ~216k tokens of KV.
+    return RooflineCost(get_hardware("a100"), get_model_spec("qwen2.5-14b"))
 
 
 def _mixed_pool() -> Scenario:
@@ -93,37 +96,39 @@ def _mixed_pool() -> Scenario:
     fixed = bad.replace(max_num_batched_tokens=8192, long_prefill_token_threshold=2048,
                         max_num_partial_prefills=1, max_long_partial_prefills=1,
                         budget_order="decode_first")
+    spec = get_model_spec("qwen2.5-14b")
     return Scenario(
         name="mixed-pool",
-        description=("Seed incident 2: 30% 8K summaries + 70% 300-token chats; before: budget "
-                     "32768 with the chunk cap equal to it and prompts first; after: budget "
-                     "8192, chunk cap 2048, one partial prefill, decode first."),
+        description=("The mixed-pool incident: 30% 8K summaries + 70% 300-token chats at 0.8 "
+                     "req/s on Qwen2.5-14B / A100; before: budget 32768 with the chunk cap "
+                     "equal to it and prompts first; after: budget 8192, chunk cap 2048, one "
+                     "partial prefill, decode first."),
         workload=lambda: get_workload("mixed-pool"),
-        cost_model=_seed_gpu_cost,
+        cost_model=_mixed_pool_cost,
         runs=(RunSpec("before", bad, "chunk cap = budget = 32768, prefill_first"),
               RunSpec("after", fixed, "budget 8192, chunk cap 2048, decode_first")),
-        kv_cache_bytes=_seed_gpu_cost().kv_cache_bytes(),
-        kv_bytes_per_token=get_model_spec("llama-3-8b").kv_bytes_per_token,
-        # ~80% of this engine's prefill capacity: bursts queue prompts, as in the seed.
-        defaults=WorkloadOverrides(rate=6.0),
+        kv_cache_bytes=_mixed_pool_cost().kv_cache_bytes(),
+        kv_bytes_per_token=spec.kv_bytes_per_token,
     )
 
 
 def _promo_spike() -> Scenario:
-    spec = get_model_spec("qwen2.5-14b")  # 192 KiB of KV per token, the seed's figure
-    before = cfg(replicas=2, max_num_seqs=128, max_num_batched_tokens=8192,
-                 max_model_len=4096, policy="priority", preemption_mode="recompute",
-                 watermark=0.0)
+    spec = get_model_spec("qwen2.5-14b")  # 192 KiB of KV per token, the incident's figure
+    # The pool's max_num_seqs 128 over its two replicas: 64 each, so at most 128 run while
+    # 140 are in flight, as the incident reads it.
+    before = cfg(replicas=2, max_num_seqs=64, max_num_batched_tokens=8192,
+                 max_model_len=4096, policy="priority", preemption_mode="recompute")
     after = before.replace(replicas=3, max_num_seqs=40, max_waiting=24, aging_after_s=20.0)
     return Scenario(
         name="promo-spike",
-        description=("Seed incident 3: a promotion spike at ~980 req/min, mean output ~280 "
-                     "with a long tail, 38 GB of KV per replica at 192 KiB/token; before: 2 "
-                     "replicas x max_num_seqs 128; after: 3 replicas, max_num_seqs 40, "
-                     "max_waiting 24, aging 20 s."),
+        description=("The promo-spike incident: from 20:00 arrivals rise from 660 to 980 "
+                     "req/min, mean output ~280 with a long tail (6% over 1,200 tokens, low "
+                     "priority), Qwen2.5-14B on H100s, 38 GB of KV per replica at 192 "
+                     "KiB/token; before: 2 replicas x max_num_seqs 64 (128 for the pool); "
+                     "after: 3 replicas, max_num_seqs 40, max_waiting 24, aging 20 s."),
         workload=lambda: get_workload("promo-spike"),
         cost_model=lambda: RooflineCost(get_hardware("h100"), spec),
-        runs=(RunSpec("before", before, "2 replicas, max_num_seqs 128, no queue cap"),
+        runs=(RunSpec("before", before, "2 replicas x 64 (pool 128), no queue cap"),
               RunSpec("after", after, "3 replicas, max_num_seqs 40, max_waiting 24, aging 20 s")),
         kv_cache_bytes=38 * 10**9, kv_bytes_per_token=spec.kv_bytes_per_token,
     )
@@ -134,23 +139,26 @@ def _quickstart() -> Scenario:
     cost = RooflineCost(get_hardware("h100"), spec)
     return Scenario(
         name="quickstart",
-        description=("Seed quick start: one fixed load against A (small budget, moderate "
-                     "max_num_seqs), B (both large), C (chunked prefill, capped chunk and "
-                     "request length) on an H100 with Llama-3-8B."),
+        description=("The quick start: one fixed load (8 req/s, below A's knee) against A "
+                     "(small budget 512, moderate max_num_seqs 64), B (both large: 16384, "
+                     "512), C (budget 8192, chunk cap 1024 per request, max_model_len 4096) "
+                     "on an H100 with Llama-3-8B. " + QUICKSTART_KNEES),
         workload=lambda: get_workload("quickstart"),
         cost_model=lambda: cost,
-        runs=(RunSpec("A", cfg(max_num_batched_tokens=2048, max_num_seqs=64,
-                               max_model_len=4096), "low latency"),
+        runs=(RunSpec("A", cfg(max_num_batched_tokens=512, max_num_seqs=64,
+                               max_model_len=4096), "small budget: low latency"),
               RunSpec("B", cfg(max_num_batched_tokens=16384, max_num_seqs=512,
-                               max_model_len=4096), "high throughput"),
+                               max_model_len=4096), "both large: throughput"),
               RunSpec("C", cfg(max_num_batched_tokens=8192, max_num_seqs=128,
                                long_prefill_token_threshold=1024, max_model_len=4096),
-                      "chunked, capped")),
+                      "chunked, capped: steady")),
         kv_cache_bytes=cost.kv_cache_bytes(), kv_bytes_per_token=spec.kv_bytes_per_token,
-        # Loaded enough that the three differ: A queues (its budget caps prefill), B has
-        # the best throughput and the worst TPOT, C the steadiest tail.
-        defaults=WorkloadOverrides(rate=24.0),
     )
+
+
+# Where each quick-start claim stops holding, from `stepserve sweep --scenario quickstart
+# --vary rate=...` (docs/guide.md has the table).
+QUICKSTART_KNEES = "KNEES TBD"
 
 
 SCENARIOS: dict[str, Callable[[], Scenario]] = {

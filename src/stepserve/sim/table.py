@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.run_summary import RunSummary
+from stepserve.sim.incident_verdicts import format_verdict
+from stepserve.sim.incidents import format_figures
 from stepserve.sim.run import RunResult, SimulateResult
 
 
@@ -150,5 +152,8 @@ def format_result(result: SimulateResult) -> str:
         parts += ["", "by request class:", by_class]
     if result.comparison:
         parts += ["", *format_comparison(result)]
+    for block in (format_figures(result), format_verdict(result)):
+        if block:
+            parts += ["", *block]
     parts += ["", format_findings(result.findings)]
     return "\n".join(parts)

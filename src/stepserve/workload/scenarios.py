@@ -1,11 +1,11 @@
-"""Built-in workloads: the seed's three incidents and the quick-start load, by name.
+"""Built-in workloads: the three incidents and the quick-start load, by name.
 
     get_workload("night-report", num_requests=640)   # overrides go to the function
     list_workloads()                                   # ['night-report', 'mixed-pool', ...]
 
-Every function's docstring ties its numbers to the seed (seed/000_...txt, "实战场景" and
-"最小上手"). The engine configs that reproduce each incident live with the simulator;
-these are only the traffic.
+Every function's docstring ties its numbers to its incident (docs/guide.md tells each
+story and how the sizes were chosen). The engine configs that reproduce each incident
+live with the simulator; these are only the traffic.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from stepserve.workload.arrival_shapes import JobRounds
+from stepserve.workload.arrival_shapes import JobRounds, RateSchedule
 from stepserve.workload.arrivals import ClosedLoop, Poisson
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.lengths import fixed, lognormal, uniform
@@ -45,17 +45,18 @@ def night_report(num_requests: int = 6400, seed: int = 0, concurrency: int = 64)
                     description=_doc(night_report))
 
 
-def mixed_pool(num_requests: int = 2000, seed: int = 0, rate: float = 1.5) -> Workload:
+def mixed_pool(num_requests: int = 2000, seed: int = 0, rate: float = 0.8) -> Workload:
     """Mixed pool: 30% 8K-token summaries with 70% ~300-token chats, Poisson arrivals.
 
-    Seed, second incident (chunk cap = step budget = 32,768: chat TTFT P99 1.1 s -> 6.9 s,
-    four 8K summaries fill a step). `summary`: prompt 8,192, output uniform 150..250
-    (~200); `chat`: prompt lognormal P50 300 / P99 900 (max 2,048), output uniform 100..300.
-    Rate 1.5 req/s: the seed's prefill runs ~5,000 tok/s (a 2,048-token step ~0.4 s, a
-    300-token prefill 0.07 s) and a request brings ~2,690 prompt tokens on average, so
-    prefill alone saturates near 1.9 req/s; 1.5 loads it to ~80%, where a bad budget split
-    queues and a good one does not. Calibrate `rate` to your cost model. Needs
-    max_model_len >= 8,442 (8,192 + 250).
+    The mixed-pool incident (chunk cap = step budget = 32,768: chat TTFT P99 1.1 s -> 6.9
+    s when four 8K summaries fill one step). `summary`: prompt 8,192, output uniform
+    150..250 (~200); `chat`: prompt lognormal P50 300 / P99 900 (max 2,048), output
+    uniform 100..300. Rate 0.8 req/s: on the incident's engine (a 300-token prefill 0.07
+    s, a 2,048-token chunk 0.4 s: ~5,000 prompt tokens/s) a request brings ~2,670 prompt
+    tokens on average, so prefill takes ~45% of the engine's time and decoding the rest
+    of its capacity; summaries then pile up now and then, four of them fill a step, and
+    a bad budget split shows. Calibrate `rate` to your cost model. Needs max_model_len >=
+    8,442 (8,192 + 250).
     """
     classes = (
         RequestClass("summary", 0.3, fixed(8192), uniform(150, 250), priority=1,
@@ -67,18 +68,24 @@ def mixed_pool(num_requests: int = 2000, seed: int = 0, rate: float = 1.5) -> Wo
                     description=_doc(mixed_pool))
 
 
+# The promotion's traffic curve: 660 requests/min until 20:00 (t = 0 here), rising to
+# 980/min by 20:01, held there.
+PROMO_SCHEDULE = ((0.0, 11.0), (60.0, 980 / 60))
+
+
 def _promo_classes() -> tuple[RequestClass, ...]:
     """Customer service: mean output ~280 tokens, 6% of requests over 1,200 tokens.
 
     short (94%, priority 0): output lognormal P50 150 / P99 800 clipped at 1,200 (mean
     ~194); long (6%, priority 1: long-form answers queue behind live chat, which is why
-    the seed's fix adds aging): output uniform 1,201..2,000 (mean ~1,600);
-    0.94*194 + 0.06*1,600 = ~278. Prompts carry the conversation and retrieved context:
-    lognormal P50 1,400 / P99 2,048, max 2,048 (about 1,650 tokens held per sequence
-    at the mean, so 128 sequences overflow 38 GB of KV at 192 KiB a token). Every client asks max_tokens 2,048, so
-    prompt + max_tokens <= 4,096: the 4K length the seed sizes concurrency by.
+    the incident's fix adds aging): output uniform 1,201..2,000 (mean ~1,600);
+    0.94*194 + 0.06*1,600 = ~278. Prompts: lognormal P50 580 / P99 2,048, max 2,048 (the
+    incident gives none: at P50 580 two replicas capped at 64 running each just fall
+    behind 980 requests/min, as the incident's queue did; docs/guide.md). Every client
+    asks max_tokens 2,048, so prompt + max_tokens <= 4,096: the 4K length the incident
+    sizes concurrency by.
     """
-    prompt = lognormal(1400, 2048, max=2048)
+    prompt = lognormal(580, 2048, max=2048)
     return (
         RequestClass("short", 0.94, prompt, lognormal(150, 800, max=1200), max_tokens=2048),
         RequestClass("long", 0.06, prompt, uniform(1201, 2000), max_tokens=2048,
@@ -86,41 +93,45 @@ def _promo_classes() -> tuple[RequestClass, ...]:
     )
 
 
-def promo_spike(num_requests: int = 4900, seed: int = 0, rate: float = 980 / 60) -> Workload:
-    """Promotion spike: 980 requests/min (Poisson), mean output ~280 tokens, 6% long.
+def promo_spike(num_requests: int = 4740, seed: int = 0) -> Workload:
+    """Promotion spike: 660 requests/min rising to 980/min at 20:00, mean output ~280
+    tokens, 6% long.
 
-    Seed, third incident (max_num_seqs 128, concurrency up to 140, preemptions 0 -> 11/min,
-    78% of them on requests over 1,200 output tokens, which are 6% of traffic). Classes
+    The promo-spike incident (from 20:00 concurrency 96 -> 140 on max_num_seqs 128,
+    980 req/min, preemptions on requests over 1,200 output tokens, which are 6% of
+    traffic). Arrivals follow a rate schedule (workload/arrival_shapes.py): 11 req/s at
+    t = 0 (20:00), rising linearly to 980/60 = 16.33 req/s at t = 60 s, then held. Classes
     `short` (94%, lognormal output P50 150 / P99 800, at most 1,200) and `long` (6%,
-    uniform 1,201..2,000); mean output ~278. Prompts P50 1,400 tokens.
-    max_tokens 2,048 for all. The default 4,900 requests are five minutes at 980/min.
+    uniform 1,201..2,000); mean output ~278. Prompts P50 580 tokens. max_tokens 2,048 for
+    all. The default 4,740 requests are the first five minutes from 20:00.
     """
-    return Workload("promo-spike", _promo_classes(), Poisson(rate), num_requests, seed,
-                    description=_doc(promo_spike))
+    return Workload("promo-spike", _promo_classes(), RateSchedule(PROMO_SCHEDULE),
+                    num_requests, seed, description=_doc(promo_spike))
 
 
 def promo_spike_closed(num_requests: int = 4900, seed: int = 0,
                        concurrency: int = 140) -> Workload:
     """Promotion spike as 140 concurrent users (closed loop), same request mix.
 
-    The seed's "并发到 140" against max_num_seqs 128: with 140 always in flight, 12 wait
-    at the very least; the fix (3 replicas, max_num_seqs 40, max_waiting 24) is judged
-    against this load as well as the open-loop one.
+    The promo-spike incident's "并发到 140" against max_num_seqs 128: with 140 always in
+    flight, 12 wait at the very least; the fix (3 replicas, max_num_seqs 40, max_waiting
+    24) is judged against this load as well as the open-loop one.
     """
     return Workload("promo-spike-closed", _promo_classes(), ClosedLoop(concurrency),
                     num_requests, seed, description=_doc(promo_spike_closed))
 
 
-def quickstart(num_requests: int = 1200, seed: int = 0, rate: float = 4.0) -> Workload:
+def quickstart(num_requests: int = 1200, seed: int = 0, rate: float = 8.0) -> Workload:
     """Quick start: a fixed moderate mixed load for comparing configs A, B and C.
 
-    Seed, "最小上手": run one fixed load against A (small max_num_batched_tokens, moderate
+    The quick start: run one fixed load against A (small max_num_batched_tokens, moderate
     max_num_seqs), B (both large) and C (chunked prefill, capped request length), five
     minutes each, and compare P50/P95/P99, throughput and preemptions. 1,200 requests at
-    4 req/s (Poisson) are those five minutes. 80% `chat` (prompt lognormal P50 300 /
-    P99 1,500, max 2,048; output lognormal P50 150 / P99 800, max 1,024), 20% `document`
-    (prompt uniform 1,500..3,000, output uniform 100..400); everything fits
-    max_model_len 4,096. Sweep `rate` to find the knee.
+    8 req/s (Poisson), 2.5 minutes: below config A's knee, where all three carry the
+    load and only their latencies differ. 80% `chat` (prompt lognormal P50 300 / P99
+    1,500, max 2,048; output lognormal P50 150 / P99 800, max 1,024), 20% `document`
+    (prompt uniform 1,500..3,000, output uniform 100..400); everything fits max_model_len
+    4,096. Sweep `rate` to find the knee.
     """
     classes = (
         RequestClass("chat", 0.8, lognormal(300, 1500, max=2048),
