@@ -45,6 +45,19 @@ def read_to_close(s: socket.socket) -> bytes:
     return out
 
 
+def read_answer(s: socket.socket) -> bytes:
+    """One answer with a content-length, on a connection that stays open."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        out += s.recv(65536)
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += s.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
 def status_and_error(answer: bytes) -> tuple[int, dict]:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"connection: close" in head.lower(), answer[:300]
@@ -128,6 +141,23 @@ def test_a_stalled_body_gets_408_and_the_server_goes_on(strict):
     assert r.status_code == 200, r.text
 
 
+def test_a_body_dribbled_a_byte_at_a_time_gets_408(strict):
+    """Never silent for a second, but far under the least rate a body must keep."""
+    s = connect(strict.url)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100000\r\n\r\n")
+    done = threading.Event()
+    threading.Thread(target=_dribble, args=(s, done)).start()
+    try:
+        status, error = status_and_error(read_to_close(s))
+    finally:
+        done.set()
+        s.close()
+    assert (status, error["code"]) == (408, "request_timeout"), error
+    assert "KiB/s" in error["message"], error
+
+
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer(strict):
     s = connect(strict.url)
     assert read_to_close(s) == b""
@@ -152,25 +182,54 @@ def server_with(limits: ConnectionLimits) -> Iterator[Served]:
         served.stop()
 
 
-def test_a_stream_outlives_the_timeouts():
+@pytest.fixture(scope="module")
+def brisk():
+    """Half-second head and body timeouts; kept-alive connections kept for minutes."""
+    limits = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5,
+                              keep_alive_timeout_s=600)
+    with server_with(limits) as served:
+        yield served
+
+
+def half_a_second_passed(url: str) -> None:
+    """A head begun now and never finished gets its 408 once the header timeout is up:
+    the server's own clock, read without a sleep."""
+    sentinel = connect(url)
+    sentinel.sendall(b"GET /health HTTP/1.1\r\n")
+    assert read_to_close(sentinel).startswith(b"HTTP/1.1 408")
+    sentinel.close()
+
+
+def test_a_stream_outlives_the_timeouts(brisk):
     """Timeouts bound receiving a request, never sending its answer: a stream goes on
     after a stalled head that began with it has had its 408."""
     # 2,000 tokens: seconds of stream (250 took 0.5 s on a quiet machine); it is cut
     # (a disconnect) once it has shown it goes on
     body = {"model": MODEL, "prompt": "Once", "max_tokens": 2000, "ignore_eos": True,
             "stream": True}
-    limits = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5)
-    with server_with(limits) as served, httpx.Client(timeout=WAIT_S) as client:
-        with client.stream("POST", served.url + "/v1/completions", json=body) as r:
+    with httpx.Client(timeout=WAIT_S) as client:
+        with client.stream("POST", brisk.url + "/v1/completions", json=body) as r:
             events = (line for line in r.iter_lines() if line)
             assert next(events).startswith("data: {")
-            sentinel = connect(served.url)
-            sentinel.sendall(b"GET /health HTTP/1.1\r\n")
-            assert read_to_close(sentinel).startswith(b"HTTP/1.1 408")
-            sentinel.close()
-            assert served.app.state.async_engine.num_live == 1  # still generating
+            half_a_second_passed(brisk.url)
+            assert brisk.app.state.async_engine.num_live == 1  # still generating
             assert all(next(events).startswith("data: {") for _ in range(10))
-        served.wait_idle()
+    brisk.wait_idle()
+
+
+def test_a_kept_alive_connection_waits_for_its_next_request(brisk):
+    """Between requests the keep-alive timeout applies, not the header timeout; the
+    next request's head is timed from its first byte."""
+    s = connect(brisk.url)
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    for _ in range(2):
+        s.sendall(request)
+        assert read_answer(s).startswith(b"HTTP/1.1 200")
+        half_a_second_passed(brisk.url)  # longer than the header timeout: still open
+    s.sendall(request[:20])
+    answer = read_to_close(s)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
 
 
 @pytest.fixture(scope="module")

@@ -66,3 +66,80 @@ def test_serve_subprocess(tmp_path):
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "graceful shutdown: 0 in-flight requests finished, 0 aborted" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout = nan: must be a finite number"),
+    (["--shutdown-timeout", "-5"], "--shutdown-timeout = -5: must be a finite number"),
+    (["--shutdown-timeout", "inf"], "--shutdown-timeout = inf: must be a finite number"),
+    (["--retry-after", "-1"], "--retry-after = -1: must be an integer in [0, "),
+    (["--max-header-bytes", "100"], "--max-header-bytes = 100: must be an integer in "
+                                    "[1024, 16777216]"),
+    (["--header-timeout", "nan"], "--header-timeout = nan: must be a finite number"),
+    (["--body-timeout", "0"], "--body-timeout = 0: must be a finite number in [0.001, "),
+    (["--timeout-keep-alive", "-1"], "--timeout-keep-alive = -1: must be a finite number"),
+    (["--max-connections", "0"], "--max-connections = 0: must be an integer in [1, "),
+    (["--max-connections", "100000", "--replicas", "2"],
+     "--max-connections = 100000: this process may open"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_bad_server_setting_is_one_error_line_before_any_work(flags, message, capsys,
+                                                                 monkeypatch):
+    """Checked before the model loads (or Ray starts), on either path; with a fitted
+    open-file limit so the cap's check does not depend on this machine's."""
+    from stepserve.cli import main
+    from stepserve.server import connection_limits
+
+    monkeypatch.setattr(connection_limits, "open_file_limit", lambda: 20_000)
+    assert main(["serve", "--model", "tiny", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert message in err, err
+
+
+def test_server_settings_reach_the_server(monkeypatch):
+    from stepserve.cli import main, serve
+    from stepserve.server import connection_limits
+
+    seen = []
+    monkeypatch.setattr(serve, "run_serve", lambda options: seen.append(options) or 0)
+    monkeypatch.setattr(connection_limits, "open_file_limit", lambda: 20_000)
+    assert main(["serve", "--model", "tiny", "--shutdown-timeout", "0",
+                 "--max-header-bytes", "8192", "--header-timeout", "2.5",
+                 "--body-timeout", "7", "--timeout-keep-alive", "0",
+                 "--max-connections", "300"]) == 0
+    o = seen[0]
+    assert o.shutdown_timeout_s == 0.0
+    assert o.limits == connection_limits.ConnectionLimits(
+        max_header_bytes=8192, header_timeout_s=2.5, body_timeout_s=7.0,
+        keep_alive_timeout_s=0.0, max_connections=300)
+    seen.clear()
+    assert main(["serve", "--model", "tiny"]) == 0
+    assert seen[0].limits.max_connections == connection_limits.DEFAULT_MAX_CONNECTIONS
+
+
+def test_the_default_cap_fits_under_the_open_file_limit(monkeypatch, caplog):
+    from stepserve.cli_errors import UsageError
+    from stepserve.server import connection_limits as cl
+
+    monkeypatch.setattr(cl, "open_file_limit", lambda: 1024)
+    assert cl.fit_to_descriptors(cl.ConnectionLimits()).max_connections == 1024 - cl.FD_RESERVE
+    assert "at most 768 connections" in caplog.text
+    assert cl.fit_to_descriptors(cl.ConnectionLimits(max_connections=700)).max_connections \
+        == 700
+    with pytest.raises(UsageError, match=r"may open 1024 files .* at most 768 connections"):
+        cl.fit_to_descriptors(cl.ConnectionLimits(max_connections=1000))
+
+
+def test_the_open_file_limit_is_raised_to_its_hard_value():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(512, hard)
+    code = ("import resource; from stepserve.server.connection_limits import "
+            "open_file_limit; print(open_file_limit(), "
+            "resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))).stdout
+    expected = "inf" if hard == resource.RLIM_INFINITY else str(hard)
+    assert out.split() == [expected, str(hard)]

@@ -67,3 +67,24 @@ def test_a_second_signal_cuts_the_drain_short():
     events = [line for line in lines if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert "server shutting down" in events[-2]  # the stream was answered, with why
+
+
+@pytest.mark.slow
+def test_a_zero_shutdown_timeout_aborts_a_stream_at_once_and_answers_it():
+    """The smallest --shutdown-timeout allowed (nan and negative values are refused at
+    startup: test_serve_command.py) ends a stream on the first signal, with why."""
+    with serve_process("--shutdown-timeout", "0", "--max-model-len", "4096") as server:
+        lines: list[str] = []
+        streaming = threading.Event()
+        reader = threading.Thread(target=_long_stream, args=(server.url, lines, streaming))
+        reader.start()
+        assert streaming.wait(30), "no token streamed"
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(timeout=60)
+        reader.join(60)
+        out = server.output()
+    assert code == 0, out
+    assert "0 in-flight requests finished, 1 aborted" in out
+    events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert "server shutting down" in events[-2]

@@ -10,9 +10,10 @@ new clients (probes of /health too) were reset.
 The defaults, beside what other servers do:
 * request head 64 KiB (`--max-header-bytes`): Node allows 16 KiB, nginx 4 x 8 KiB
   buffers, Go 1 MiB; 64 KiB leaves room for long tokens and cookies. Over it: 431.
-* head within 10 s of the connection (or of the previous answer) (`--header-timeout`):
-  Node's headersTimeout is 60 s, Apache's 20-40 s; a real client sends its head in one
-  packet, so 10 s is generous. Over it: 408, or a silent close when not a byte came.
+* head within 10 s of the connection, or of its first byte on a kept-alive connection
+  (`--header-timeout`): Node's headersTimeout is 60 s, Apache's 20-40 s; a real client
+  sends its head in one packet, so 10 s is generous. Over it: 408, or a silent close
+  when not a byte came.
 * body (`--body-timeout`, 30 s): 408 once no byte came for that long, or once the body
   falls behind BODY_MIN_BYTES_PER_S after that grace, so a body dribbled a byte at a
   time is cut as surely as one never sent (nginx's client_body_timeout is 60 s between
@@ -75,7 +76,8 @@ FLAGS = {  # ConnectionLimits field -> its flag
     "header_timeout_s": LimitFlag(
         "--header-timeout", SECONDS, "S",
         "the whole request head must arrive within this many seconds of the connection "
-        f"(or the previous answer), else 408 (default {DEFAULT_HEADER_TIMEOUT_S:g})"),
+        "(on a kept-alive one, of its first byte), else 408 (default "
+        f"{DEFAULT_HEADER_TIMEOUT_S:g})"),
     "body_timeout_s": LimitFlag(
         "--body-timeout", SECONDS, "S",
         "a request body that stalls this long, or falls behind "

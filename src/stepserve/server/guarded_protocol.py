@@ -5,10 +5,11 @@ before the API key is looked at):
   `max_header_bytes` the answer is 431 and the parser never holds more than one read
   beyond the limit;
 * one timer per connection, armed only while the server waits on the client: for the
-  head from the connection (or the previous answer) on, for the body from the end of
-  the head until its last byte. Never while an answer is being sent: a stream of any
-  length is untouched. A stalled head or body gets 408; a connection that sent nothing
-  is closed silently, as uvicorn closes an idle kept-alive one;
+  head from the connection on (on a kept-alive connection, from the next request's
+  first byte: until then uvicorn's keep-alive timeout applies), for the body from the
+  end of the head until its last byte. Never while an answer is being sent: a stream of
+  any length is untouched. A stalled head or body gets 408; a new connection that sent
+  nothing is closed silently, as uvicorn closes an idle kept-alive one;
 * at `max_connections`, a new connection displaces the longest-idle one holding no
   request; if every one is busy it gets 503 and is closed at once.
 
@@ -114,6 +115,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._phase is Phase.HEAD:
             self.table.busy(self)
+            if self._timer is None and not self._answering():
+                self._start_head_clock()  # a kept-alive connection's next request begins
             if not self._head_fits(data):
                 self._refuse(431, f"the request head exceeds {self.limits.max_header_bytes} "
                                   "bytes (the server's --max-header-bytes)",
@@ -154,24 +157,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._phase is Phase.HEAD and not self.transport.is_closing():
+        if self._phase is not Phase.HEAD or self.transport.is_closing():
+            return
+        if self._head_bytes:  # begun while the answer went out
             self._start_head_clock()
+        else:  # kept alive: uvicorn's --timeout-keep-alive closes it if nothing comes
+            self.table.idle(self)
 
     def _next_head(self) -> None:
+        """Wait for a head: a new connection's clock runs from now (so one that sends
+        nothing is closed), as does that of one whose answer went out before its body
+        came in (no keep-alive timer is left to close it)."""
         self._stop_timer()
         self._phase = Phase.HEAD
         self._head_bytes, self._tail = 0, b""
-        self._start_head_clock()
+        if not self._answering():
+            self.table.idle(self)
+            self._start_head_clock()
 
     def _start_head_clock(self) -> None:
-        """The head's clock runs from now, unless an answer is going out (then from
-        that answer's end: a client may wait for it before sending the next request)."""
-        if self._answering():
-            return
         self._stop_timer()
         self._since = self.loop.time()
-        if self._head_bytes == 0:
-            self.table.idle(self)
         self._arm(self._since + self.limits.header_timeout_s)
 
     def _answering(self) -> bool:
