@@ -15,6 +15,7 @@ from stepserve.plan.job import (
     run_model_specs,
     run_speedup,
 )
+from stepserve.plan.speedup import ORDERS
 
 # Bounds of the numeric flags: --concurrency is a static batch's slots (max_num_seqs).
 PLAN_FLAGS = {"concurrency": Range(1, limits.MAX_NUM_SEQS), "max_len": limits.LENGTH,
@@ -40,11 +41,19 @@ def _add_speedup(sub: Any) -> None:
     p = sub.add_parser(
         "speedup", help="slot utilisation of static batching and the continuous-batching cap",
         description="Static batching runs each batch until its longest request ends; "
-                    "requests fill batches of --concurrency in the order given.")
+                    "requests fill batches of --concurrency in arrival order: the groups "
+                    "in the order given (or longest first, --order longest-first). Where "
+                    "the requests need more than one batch, the order changes static steps "
+                    "and the cap: the output also gives their range over every order "
+                    "(JSON: static_steps_min/max, speedup_cap_min/max).")
     p.add_argument("--group", action="append", required=True, metavar="COUNTxLENGTH",
-                   help="COUNT requests of LENGTH output tokens, e.g. 10x2000; repeatable")
+                   help="COUNT requests of LENGTH output tokens, e.g. 10x2000; repeatable, "
+                        "in arrival order")
     p.add_argument("--concurrency", type=int, required=True, metavar="N",
                    help="slots per static batch (max_num_seqs)")
+    p.add_argument("--order", choices=ORDERS, default="given",
+                   help="how requests fill the static batches: given = the --group order "
+                        "(arrival order), longest-first = sorted, the fewest static steps")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=speedup_command)
 
@@ -63,8 +72,7 @@ def _add_capacity(sub: Any) -> None:
     p.add_argument("--max-len", type=int, required=True, metavar="N",
                    help="longest sequence (prompt + output) in tokens, i.e. max_model_len")
     p.add_argument("--headroom", type=float, default=0.15, metavar="F",
-                   help="share of KV memory kept free when setting max_num_seqs "
-                        "(default 0.15)")
+                   help="share of KV memory kept free when setting max_num_seqs")
     p.add_argument("--peak-concurrency", type=int, required=True, metavar="N",
                    help="concurrent requests at peak")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -74,7 +82,8 @@ def _add_capacity(sub: Any) -> None:
 @reports_usage_errors
 def speedup_command(args: argparse.Namespace) -> int:
     check_flags(args, PLAN_FLAGS)
-    return run_speedup(SpeedupOptions(tuple(args.group), args.concurrency, args.json))
+    return run_speedup(SpeedupOptions(tuple(args.group), args.concurrency, args.json,
+                                      args.order))
 
 
 @reports_usage_errors

@@ -2,10 +2,18 @@
 
 The seed's arithmetic, done exactly:
 
-* Static batching serves requests in batches of `concurrency` slots, **in the order
-  given** (groups in order, then requests within a group); the last batch may be partial.
-  A batch holds all of its slots until its longest member finishes, so it takes
-  `max(length)` steps, and `static_steps` is the sum of that over the batches.
+* Static batching serves requests in batches of `concurrency` slots, **in arrival
+  order**: the groups in the order given (then requests within a group), or longest
+  first with `order="longest-first"`; the last batch may be partial. A batch holds all
+  of its slots until its longest member finishes, so it takes `max(length)` steps, and
+  `static_steps` is the sum of that over the batches.
+* Where the requests need more than one batch, the order changes the answer (20x2000 +
+  108x20 at 64: the longs together take 2,020 steps, one batch each 4,000), so the
+  result also gives the range over every order: the fewest static steps come longest
+  first (the k-th batch's longest is then the (k-1)c+1-th longest request, which no
+  order beats); the most when the B = ceil(n / c) longest requests sit one per batch
+  (each batch's longest is a different request, so no order does worse). One batch:
+  the range is a single value.
 * Slot utilisation = useful tokens / (concurrency x static steps): the share of
   slot-steps that produced an output token. Empty slots of a partial last batch count as
   idle, because a static scheduler holds them idle too.
@@ -17,7 +25,7 @@ The seed's arithmetic, done exactly:
   seed quotes its cap as ~9x: the cap is about throughput under sustained load.
 * Speedup cap = static steps / ideal steps, which equals 1 / slot utilisation.
 
-Seed checks: 10x2000 + 54x20 at 64 -> 16.5%, ideal 329.4 steps, cap 6.07x;
+Seed checks: 10x2000 + 54x20 at 64 -> 16.5%, ideal 329.4 steps, cap 6.07x (any order);
 9x20 + 1x2000 at 10 -> 10.9%, cap 9.17x; A20/B50/C30/D200 at 4 -> 37.5%, cap 2.67x.
 """
 
@@ -30,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Group = tuple[int, int]  # (number of requests, output length in tokens/steps)
+ORDERS = ("given", "longest-first")  # how requests fill the static batches
 Composition = tuple[Group, ...]  # one batch: runs of (count, length), adjacent lengths distinct
 
 _GROUP_RE = re.compile(r"^\s*(\d+)\s*[xX\u00d7*]\s*(\d+)\s*$")
@@ -63,6 +72,15 @@ class SpeedupResult:
     idle_slot_steps: int  # concurrency x static_steps - useful_tokens
     longest_request_steps: int  # no finite run of this workload finishes faster
     batches: tuple[BatchStats, ...]  # per-batch breakdown, identical neighbours merged
+    fill_order: str  # the order requests filled the batches above (ORDERS)
+    # over every arrival order of the same requests (equal to the above for one batch)
+    order_sensitive: bool
+    static_steps_min: int  # longest first
+    static_steps_max: int  # the ceil(n / c) longest one per batch
+    speedup_cap_min: float
+    speedup_cap_max: float
+    slot_utilization_min: float
+    slot_utilization_max: float
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,12 +99,52 @@ def parse_group(text: str) -> Group:
     return count, length
 
 
-def speedup(groups: Sequence[Group], concurrency: int) -> SpeedupResult:
-    """Static vs. ideal continuous batching for `groups` of (count, length) at `concurrency`."""
+def speedup(groups: Sequence[Group], concurrency: int,
+            order: str = "given") -> SpeedupResult:
+    """Static vs. ideal continuous batching for `groups` of (count, length) at
+    `concurrency`, the batches filled in `order` (ORDERS), with the range over every
+    order."""
     groups = tuple(_checked_groups(groups))
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency = {concurrency!r}: must be an integer >= 1")
+    if order not in ORDERS:
+        raise ValueError(f"order = {order!r}: allowed: {', '.join(ORDERS)}")
+    longest_first = _longest_first(groups)
+    rows, static_steps, useful_tokens, num_batches = _static(
+        longest_first if order == "longest-first" else groups, concurrency)
+    fewest = _static(longest_first, concurrency)[1]
+    most = _spread_steps(longest_first, num_batches)
 
+    slot_steps = concurrency * static_steps
+    return SpeedupResult(
+        groups=groups,
+        concurrency=concurrency,
+        num_requests=sum(count for count, _ in groups),
+        num_batches=num_batches,
+        useful_tokens=useful_tokens,
+        static_steps=static_steps,
+        ideal_steps=useful_tokens / concurrency,
+        slot_utilization=useful_tokens / slot_steps,
+        # One division of exact integers, so equal lengths give exactly 1.0.
+        speedup_cap=slot_steps / useful_tokens,
+        idle_slot_steps=slot_steps - useful_tokens,
+        longest_request_steps=max(length for _, length in groups),
+        batches=tuple(rows),
+        fill_order=order,
+        order_sensitive=fewest != most,
+        static_steps_min=fewest,
+        static_steps_max=most,
+        speedup_cap_min=concurrency * fewest / useful_tokens,
+        speedup_cap_max=concurrency * most / useful_tokens,
+        slot_utilization_min=useful_tokens / (concurrency * most),
+        slot_utilization_max=useful_tokens / (concurrency * fewest),
+    )
+
+
+def _static(groups: Sequence[Group], concurrency: int
+            ) -> tuple[list[BatchStats], int, int, int]:
+    """The batches filled in the order of `groups`: (rows, static steps, useful tokens,
+    number of batches)."""
     rows: list[BatchStats] = []
     static_steps = useful_tokens = num_batches = 0
     for composition, repeat in _merged(_batches(groups, concurrency)):
@@ -105,23 +163,27 @@ def speedup(groups: Sequence[Group], concurrency: int) -> SpeedupResult:
         static_steps += repeat * steps
         useful_tokens += repeat * useful
         num_batches += repeat
+    return rows, static_steps, useful_tokens, num_batches
 
-    slot_steps = concurrency * static_steps
-    return SpeedupResult(
-        groups=groups,
-        concurrency=concurrency,
-        num_requests=sum(count for count, _ in groups),
-        num_batches=num_batches,
-        useful_tokens=useful_tokens,
-        static_steps=static_steps,
-        ideal_steps=useful_tokens / concurrency,
-        slot_utilization=useful_tokens / slot_steps,
-        # One division of exact integers, so equal lengths give exactly 1.0.
-        speedup_cap=slot_steps / useful_tokens,
-        idle_slot_steps=slot_steps - useful_tokens,
-        longest_request_steps=max(length for _, length in groups),
-        batches=tuple(rows),
-    )
+
+def _longest_first(groups: Sequence[Group]) -> tuple[Group, ...]:
+    """The same requests, longest first, equal lengths merged."""
+    merged: dict[int, int] = {}
+    for count, length in groups:
+        merged[length] = merged.get(length, 0) + count
+    return tuple((merged[length], length) for length in sorted(merged, reverse=True))
+
+
+def _spread_steps(longest_first: Sequence[Group], num_batches: int) -> int:
+    """Static steps with the `num_batches` longest requests one per batch: their sum."""
+    total, left = 0, num_batches
+    for count, length in longest_first:
+        take = min(count, left)
+        total += take * length
+        left -= take
+        if not left:
+            break
+    return total
 
 
 def speedup_for_lengths(lengths: Sequence[int], concurrency: int) -> SpeedupResult:
