@@ -20,8 +20,10 @@ next to the library function that takes them) and calls that function.
 from __future__ import annotations
 
 import argparse
+import copy
+import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn, TextIO
 
 from stepserve.cli.bench import add_bench_parser
 from stepserve.cli.demo import add_demo_parser
@@ -43,10 +45,53 @@ from stepserve.cli.vllm_args import (
 from stepserve.cli_errors import UsageError, one_line, report_error
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default (as argparse's ArgumentDefaultsHelpFormatter
+    does), unless the text already says it: "(default: 600)", "(default: off)" for a
+    switch, "(default: none)" for a flag that is unset unless given; a flag without help
+    gets just that. A flag that must be given (required, or one of a required choice,
+    `chosen`) has no default to show."""
+
+    chosen: frozenset[int] = frozenset()  # ids of the actions of required groups
+
+    def _default(self, action: argparse.Action) -> str | None:
+        if (not action.option_strings or action.required or id(action) in self.chosen
+                or action.default is argparse.SUPPRESS
+                or "default" in (action.help or "").lower()):
+            return None
+        if action.nargs == 0:  # a switch: given or not
+            return "(default: off)"
+        if action.default is None or action.default == []:
+            return "(default: none)"
+        return "(default: %(default)s)"
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text, default = action.help or "", self._default(action)
+        return f"{text} {default}" if default else text
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and (default := self._default(action)):
+            action = copy.copy(action)
+            action.help = default
+        return super()._format_action(action)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a mistake on the command line is one line (argparse prints the
-    whole usage first: for `serve`, 30 lines before the one that matters). Subcommand
-    parsers are of the same class (add_subparsers uses the parent's type)."""
+    whole usage first: for `serve`, 30 lines before the one that matters), and every
+    flag's help shows its default. Subcommand parsers are of the same class
+    (add_subparsers uses the parent's type) and so take the same formatter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        formatter = super()._get_formatter()
+        if isinstance(formatter, DefaultsHelpFormatter):
+            formatter.chosen = frozenset(id(a) for g in self._mutually_exclusive_groups
+                                         if g.required for a in g._group_actions)
+        return formatter
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see `{self.prog} "
@@ -92,7 +137,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class PipeGuard:
+    """sys.stdout for a reader that may leave early (`stepserve simulate | head -1`): the
+    first write or flush that finds the pipe closed points the descriptor at /dev/null
+    (as Python's documentation on SIGPIPE advises) and the command goes on quietly, so
+    the files it writes after printing (--json, --report) are still written."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            to_devnull(self.stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            to_devnull(self.stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def to_devnull(stream: TextIO) -> None:
+    """Point `stream`'s descriptor at /dev/null: what is still buffered, or written
+    later, goes nowhere instead of raising BrokenPipeError again (at exit, too)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a command killed by a closed pipe returns
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`_command` with stdout guarded (PipeGuard): a reader that closes the pipe ends the
+    output quietly; the command's status stands, or 141 where the pipe broke outside
+    the guard."""
+    stdout = sys.stdout
+    sys.stdout = PipeGuard(stdout)  # type: ignore[assignment]
+    try:
+        return _command(argv)
+    except BrokenPipeError:
+        to_devnull(stdout)
+        return EXIT_CLOSED_PIPE
+    finally:
+        sys.stdout = stdout
+        try:
+            stdout.flush()
+        except BrokenPipeError:
+            to_devnull(stdout)
+
+
+def _command(argv: list[str] | None = None) -> int:
     """Run one command; its exit status. A user's mistake (UsageError, raised anywhere
     below) is one line on stderr and status 2; any other exception is a bug and keeps
     its traceback. Ctrl-C, even while the command line is read, is status 130."""

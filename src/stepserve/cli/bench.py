@@ -155,7 +155,8 @@ def _add_sampling_flags(g) -> None:
                        ("min-p", float), ("frequency-penalty", float),
                        ("presence-penalty", float), ("repetition-penalty", float)):
         g.add_argument(f"--{name}", type=kind,
-                       help="default 0.0 (greedy)" if name == "temperature" else None)
+                       help="default 0.0 (greedy)" if name == "temperature" else
+                       "sent when given (default: none: the server's own)")
     g.add_argument("--logprobs", type=int, metavar="N", help="logprobs per token (completions)")
     g.add_argument("--extra-body", metavar="JSON", help="more body fields, as a JSON object")
     g.add_argument("--trust-remote-code", action="store_true",

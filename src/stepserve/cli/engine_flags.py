@@ -63,19 +63,28 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         kind = meta["kind"]
         if kind is bool:
             group.add_argument(*flags, dest=f.name, type=bool_flag, nargs="?", const=True,
-                               default=None, help=meta["help"].replace("%", "%%"))
+                               default=None, help=_help(f))
             group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                                action="store_false", help=argparse.SUPPRESS)
         else:
             reader = TEXT_VALUES.get(f.name)
             group.add_argument(*flags, dest=f.name, default=None, choices=meta["choices"],
                                type=_text_type(reader) if reader else kind,
-                               help=meta["help"].replace("%", "%%"))
+                               help=_help(f))
     group.add_argument("--enable-prefix-caching", type=bool_flag, nargs="?", const=True,
                        default=None, help="accepted for vLLM compatibility; stepserve has "
                        "no prefix cache, so true only prints a warning")
     group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                        action="store_false", help=argparse.SUPPRESS)
+
+
+def _help(f: Any) -> str:
+    """A setting's help with the config's default (the flag itself is unset unless
+    given, so that a config file, a scenario's run or the hardware's defaults apply)."""
+    value = f.default
+    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) \
+        else str(value)
+    return f"{f.metadata['help']} (config default: {shown})".replace("%", "%%")
 
 
 def flag_changes(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,9 +26,12 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("--workload", help="a workload YAML file (see docs/guide.md)")
     p.add_argument("--config", help="engine config YAML (seed shape: scheduler:, queue:, ...)")
     p.add_argument("--runs", help="scenario runs to do, comma-separated (default: all)")
-    p.add_argument("--requests", type=int, help="override the number of requests")
-    p.add_argument("--rate", type=float, help="override the arrival rate (req/s)")
-    p.add_argument("--seed", type=int, help="override the workload seed")
+    p.add_argument("--requests", type=int, help="override the number of requests "
+                   "(default: the scenario's or workload's own)")
+    p.add_argument("--rate", type=float, help="override the arrival rate (req/s) "
+                   "(default: the scenario's or workload's own)")
+    p.add_argument("--seed", type=int, help="override the workload seed "
+                   "(default: the scenario's or workload's own)")
     add_cost_model_arguments(p, default=None)
     add_pools_argument(p)
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
@@ -40,10 +43,11 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
 
 def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
     """--cost, --step-ms, --hardware, --model-spec: shared by simulate, sweep and bench."""
+    own = "default: the scenario's own, else roofline" if default is None \
+        else f"default: {default}; a scenario brings its own unless this is given"
     p.add_argument("--cost", default=default, metavar="constant|roofline|FILE",
                    help="cost model: constant, roofline, or a cost file written by "
-                        "`stepserve profile` (a scenario brings its own unless this is "
-                        "given; otherwise roofline)")
+                        f"`stepserve profile` ({own})")
     p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
     p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
     p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
