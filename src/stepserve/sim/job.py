@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tqdm import tqdm
 
-from stepserve.cli_errors import report_error
-from stepserve.config_load import ConfigOverrides
+from stepserve.cli_errors import UsageError, report_error
+from stepserve.config import EngineConfig
+from stepserve.config_load import ConfigOverrides, config_fields
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.run import SimulateResult, run_all, run_scenario
@@ -48,12 +50,14 @@ def run_simulate(options: SimulateOptions) -> int:
     progress = _progress_factory(options.progress and sys.stderr.isatty())
     pools = load_pools_file(options.pools, options.config.apply()) if options.pools else None
     if options.scenario:
-        scenario = get_scenario(options.scenario)
+        scenario = selected_runs(get_scenario(options.scenario), options.runs)
         if options.config.given:
-            scenario = _override_runs(scenario, options.config)
+            scenario, changes = override_runs(scenario, options.config)
+            for line in describe_changes(changes):
+                print(line)
         if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
             scenario = with_cost(scenario, cost_setup_for(options.cost))
-        result = run_scenario(scenario, options.overrides, options.runs, progress, pools)
+        result = run_scenario(scenario, options.overrides, None, progress, pools)
     else:
         result = _run_workload(options, progress, pools)
     print(format_result(result))
@@ -81,14 +85,76 @@ def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
     assert options.workload is not None
     workload = override_workload(load_workload(options.workload), options.overrides)
     config = options.config.apply()
+    name = config.scheduler.batching
+    if options.runs is not None and options.runs != (name,):
+        raise UsageError(f"--runs {','.join(options.runs)}: a workload file makes one run, "
+                         f"{name} (its batching); allowed: {name}, or no --runs")
     setup = cost_setup_for(options.cost)
     specs = workload.generate()
-    runs = (RunSpec(config.scheduler.batching, config),)
+    runs = (RunSpec(name, config),)
     return run_all(workload.name, f"workload {options.workload}", workload, specs, runs,
                    setup.cost_model, setup.num_gpu_blocks, False, progress, pools)
 
 
-def _override_runs(scenario: Scenario, config: ConfigOverrides) -> Scenario:
-    """Apply the config file and settings on top of every run of a scenario."""
-    runs = tuple(RunSpec(r.name, config.apply(r.config), r.note) for r in scenario.runs)
-    return replace(scenario, runs=runs)
+def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario:
+    """The scenario with only the runs named (all for None); UsageError naming the
+    allowed runs for a name it does not have."""
+    if names is None:
+        return scenario
+    known = [r.name for r in scenario.runs]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--runs {','.join(names)}: scenario {scenario.name} has runs "
+                         f"{', '.join(known)}")
+    return replace(scenario, runs=tuple(r for r in scenario.runs if r.name in names))
+
+
+Changes = dict[str, tuple[Any, Any]]  # setting -> (the run's value, the value given)
+
+
+def changed_settings(before: EngineConfig, after: EngineConfig) -> Changes:
+    """The settings whose values differ, in config order."""
+    def value(config: EngineConfig, section: str, name: str) -> Any:
+        return getattr(getattr(config, section) if section else config, name)
+
+    return {f.name: (value(before, section, f.name), value(after, section, f.name))
+            for section, f in config_fields()
+            if value(before, section, f.name) != value(after, section, f.name)}
+
+
+def override_runs(scenario: Scenario, config: ConfigOverrides
+                  ) -> tuple[Scenario, dict[str, Changes]]:
+    """The config file and settings on top of every run of a scenario. A run they change
+    is no longer the scenario's run: its name says what changed ("after
+    (max_num_seqs=64)"); returns the changes by the run's own name too."""
+    runs, changes = [], {}
+    for r in scenario.runs:
+        new = config.apply(r.config)
+        changed = changed_settings(r.config, new)
+        changes[r.name] = changed
+        runs.append(RunSpec(changed_name(r.name, changed), new, r.note))
+    return replace(scenario, runs=tuple(runs)), changes
+
+
+def changed_name(name: str, changed: Changes, shown: int = 2) -> str:
+    """`after (max_num_seqs=64)`: a run's name with up to `shown` changed settings."""
+    if not changed:
+        return name
+    items = [f"{k}={_text(new)}" for k, (_old, new) in changed.items()]
+    more = f", +{len(items) - shown} more" if len(items) > shown else ""
+    return f"{name} ({', '.join(items[:shown])}{more})"
+
+
+def describe_changes(changes: dict[str, Changes]) -> list[str]:
+    """Which of each run's settings the command line overrode, and its name now."""
+    lines = ["settings from the command line over the scenario's runs:"]
+    for run, changed in changes.items():
+        what = "; ".join(f"{k} {_text(old)} -> {_text(new)}"
+                         for k, (old, new) in changed.items())
+        lines.append(f"  {run}: {what} (run named {changed_name(run, changed)!r})"
+                     if changed else f"  {run}: none changed")
+    return lines + [""]
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
