@@ -158,7 +158,12 @@ def _quickstart() -> Scenario:
 
 # Where each quick-start claim stops holding, from `stepserve sweep --scenario quickstart
 # --vary rate=...` (docs/guide.md has the table).
-QUICKSTART_KNEES = "KNEES TBD"
+QUICKSTART_KNEES = (
+    "At 8 req/s all three carry the load: A has the lowest TPOT and ITL, B the worst tail. "
+    "A's claim stops at its knee, 16 req/s (its TTFT P99 8.7 s at 20: prompts wait for its "
+    "small budget, though its TPOT stays lowest); B's higher throughput shows only past "
+    "it (knees: C 20, B 24 req/s). C's ITL is steadier than B's at every rate, never than "
+    "A's (stepserve sweep --scenario quickstart --vary rate=4,8,12,16,20,24,32,48).")
 
 
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
