@@ -46,8 +46,9 @@ SUPPORT: dict[str, Callable[[RunSummary, RuleSettings], bool]] = {
     or s.zero_decode_step_share > 0.1,
     "prefill_stalls_decode": _stall,
     "tail_ttft_from_prefill": lambda s, c: s.p99_p50_ttft_ratio >= 5,
-    "tpot_tail": lambda s, c: s.p99_p50_tpot_ratio >= 3,
-    "throughput_over_experience": lambda s, c: s.ttft_p99_s > 5,
+    "tpot_tail": lambda s, c: s.p99_p50_tpot_ratio >= 5,
+    "throughput_over_experience": lambda s, c: (s.goodput_requests_per_s is not None) or (
+        s.ttft_p99_s > 5 and s.running_max >= 0.9 * c.max_num_seqs * (c.replicas or 1)),
     "low_slot_utilization": lambda s, c: s.slot_utilization < 0.5,
     "low_active_ratio": lambda s, c: s.active_ratio_p50 < 0.3,
 }

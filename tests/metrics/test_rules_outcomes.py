@@ -94,7 +94,7 @@ def test_queue_timeouts_name_max_queue_time_s():
     assert timeouts(RunSummary.of(requests_total=1000, requests_timed_out=5)) is None
 
 
-TPOT_TAIL = dict(tpot_p50_s=0.02, tpot_p99_s=0.09, tpot_mean_s=0.024, step_p50_s=0.02,
+TPOT_TAIL = dict(tpot_p50_s=0.02, tpot_p99_s=0.12, tpot_mean_s=0.024, step_p50_s=0.02,
                  step_p99_s=0.03, preemptions=0, kv_usage_max=0.6, max_num_seqs=128)
 
 
@@ -107,7 +107,7 @@ TPOT_TAIL = dict(tpot_p50_s=0.02, tpot_p99_s=0.09, tpot_mean_s=0.024, step_p50_s
 def test_a_tpot_tail_with_a_normal_mean_names_the_causes_this_run_shows(changes, cause):
     f = tpot_tail(RunSummary.of(**{**TPOT_TAIL, **changes}))
     assert f is not None and f.rule == "tpot_tail"
-    assert "TPOT P99/P50 = 4.5 (P99 0.09 s, P50 0.02 s, mean 0.024 s)" in f.evidence
+    assert "TPOT P99/P50 = 6.0 (P99 0.12 s, P50 0.02 s, mean 0.024 s)" in f.evidence
     assert cause in f.evidence
     assert "split online and offline" in f.action
     if "preemptions" in changes or "kv_usage_max" in changes:
@@ -115,7 +115,7 @@ def test_a_tpot_tail_with_a_normal_mean_names_the_causes_this_run_shows(changes,
 
 
 def test_no_tpot_tail_when_the_pace_is_even_or_every_stream_is_slow():
-    assert tpot_tail(RunSummary.of(**{**TPOT_TAIL, "tpot_p99_s": 0.04})) is None
+    assert tpot_tail(RunSummary.of(**{**TPOT_TAIL, "tpot_p99_s": 0.09})) is None  # 4.5x
     # the mean far over the median: the typical stream is slow too (queueing, saturation)
     assert tpot_tail(RunSummary.of(**{**TPOT_TAIL, "tpot_mean_s": 0.05})) is None
 
@@ -132,6 +132,11 @@ def test_goodput_under_the_slo_says_limit_the_batch():
     assert "--slo" in f.action and "add replicas" not in f.action
     met = RunSummary.of(throughput_requests_per_s=10.0, goodput_requests_per_s=9.5)
     assert throughput_over_experience(met) is None
+    # a batch that never filled its slots: the step budget is the batch to limit
+    f = throughput_over_experience(RunSummary.of(**{**s.to_json(), "running_max": 40}))
+    assert "the step budget: lower max_num_batched_tokens (now 16384) (running never " \
+        "filled max_num_seqs 256" in f.action
+    assert "--vary max_num_batched_tokens=..." in f.action
 
 
 def test_without_an_slo_a_busy_batch_with_a_far_ttft_tail_fires():
@@ -145,3 +150,6 @@ def test_without_an_slo_a_busy_batch_with_a_far_ttft_tail_fires():
         is None
     assert throughput_over_experience(RunSummary.of(**{**s.to_json(),
                                                        "slot_utilization": 0.5})) is None
+    # a batch well below its slot cap is not too large: the tail is the prompts' own
+    assert throughput_over_experience(RunSummary.of(**{**s.to_json(), "running_max": 46})) \
+        is None

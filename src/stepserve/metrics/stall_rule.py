@@ -7,9 +7,13 @@ was skipped in some steps), a running sequence gets no token until the prefill s
 ends: a step over 5 decode steps is a stall. Where decode goes first and no step skipped
 it, every running sequence rides in each step, a bounded chunk included, and its pace
 (TPOT) already pays for the chunk steps: a stall is then a step the pace does not absorb,
-over 10x the TPOT P50. The mixed-pool incident's fix (budget 8192, chunk cap 2048, decode
+over 20x the TPOT P50. The mixed-pool incident's fix (budget 8192, chunk cap 2048, decode
 first) accepts a 2,048-token chunk step of about 0.4 s on an engine whose TPOT P50 was
-58 ms, about 7x: a 5x line over the bare decode step flags that fix itself.
+58 ms, about 7x, and simulated its P99 step is about 10x (the cap is per request: a
+summary's chunk and the chats that arrived with it fill the 8,192-token step): a 5x
+line over the bare decode step flags that fix itself, and 20x is twice the fix's own
+figure. A wave of prompts prefilled in one step is far past it (65x on a CPU-like engine
+at a budget of 8,192).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from stepserve.metrics.rule import RuleSettings, S, pct, rule
 from stepserve.metrics.run_summary import RunSummary
 
 STALL_RATIO = 5.0  # the slow steps (or token gaps) over this many decode steps: a stall
-RIDE_ALONG_RATIO = 10.0  # decode first: the slow steps over this many TPOT P50s
+RIDE_ALONG_RATIO = 20.0  # decode first: the slow steps over this many TPOT P50s
 DECODE_SKIPPED_MAX = 0.01  # a zero-decode share under 1%: decode was not skipped
 STALL_PREFILL_SHARE_MIN = 0.2  # below it prompts are too small a share to stall anything
 STALL_TARGET_RATIO = 3.0  # advice: a budget whose fullest step costs ~3 decode steps
