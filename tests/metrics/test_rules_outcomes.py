@@ -132,6 +132,12 @@ def test_goodput_under_the_slo_says_limit_the_batch():
     assert "--slo" in f.action and "add replicas" not in f.action
     met = RunSummary.of(throughput_requests_per_s=10.0, goodput_requests_per_s=9.5)
     assert throughput_over_experience(met) is None
+    # requests that waited for a slot missed the SLO in the queue: replicas first
+    f = throughput_over_experience(RunSummary.of(**{**s.to_json(), "queue_time_p99_s": 3.0,
+                                                    "ttft_p99_s": 3.2}))
+    assert f.action.startswith("requests queued (queue time P99 3 s of a TTFT P99 of 3.2 s): "
+                               "the SLO is missed waiting for a slot, so add replicas first")
+    assert "then limit the batch" in f.action
     # a batch that never filled its slots: the step budget is the batch to limit
     f = throughput_over_experience(RunSummary.of(**{**s.to_json(), "running_max": 40}))
     assert "the step budget: lower max_num_batched_tokens (now 16384) (running never " \

@@ -34,6 +34,7 @@ GOODPUT_SHARE_CRITICAL = 0.50
 BUSY_SLOT_UTILIZATION = 0.90
 FULL_BATCH = 0.90
 FAR_STEPS = 50
+QUEUED_SHARE_OF_TTFT = 0.5  # queue time P99 at half the TTFT P99: the wait is the queue
 
 
 @rule((S.tpot_p99_s, S.p99_p50_tpot_ratio), (S.tpot_p50_s, S.p99_p50_tpot_ratio))
@@ -92,6 +93,16 @@ def _batch_full(s: RunSummary, cfg: RuleSettings) -> bool | None:
     return s.running_max >= FULL_BATCH * cfg.max_num_seqs * (cfg.replicas or 1)
 
 
+def _queued(s: RunSummary) -> str | None:
+    """What says requests waited for a slot (the queue rules' case), or None."""
+    if s.waiting_p50:
+        return f"requests queued (median {s.waiting_p50:g} waiting)"
+    wait, ttft = s.queue_time_p99_s, s.ttft_p99_s
+    if wait is not None and ttft and wait >= QUEUED_SHARE_OF_TTFT * ttft:
+        return f"requests queued (queue time P99 {wait:.3g} s of a TTFT P99 of {ttft:.3g} s)"
+    return None
+
+
 def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
     budget = f" (now {cfg.max_num_batched_tokens})" \
         if cfg.max_num_batched_tokens is not None else ""
@@ -103,11 +114,14 @@ def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
         seqs = f" (now {cfg.max_num_seqs})" if cfg.max_num_seqs is not None else ""
         what, knob = (f"lower max_num_seqs{seqs} and max_num_batched_tokens{budget}",
                       "max_num_seqs")
-    queued = " If requests queue (waiting > 0), add replicas instead: a smaller batch " \
-        "would queue them longer." if s.waiting_p50 else ""
-    return (f"limit the batch: {what}, and tune it by the SLA, not by throughput: "
-            f"`stepserve sweep --vary {knob}=... --slo {slo}` recommends the largest that "
-            f"meets it.{queued}")
+    limit = (f"limit the batch: {what}, and tune it by the SLA, not by throughput: "
+             f"`stepserve sweep --vary {knob}=... --slo {slo}` recommends the largest that "
+             "meets it")
+    queued = _queued(s)
+    if queued is not None:
+        return (f"{queued}: the SLO is missed waiting for a slot, so add replicas first "
+                f"(`stepserve plan capacity --peak-concurrency N`); then {limit}")
+    return limit
 
 
 # goodput, or every input of the judgement without an SLO
@@ -132,7 +146,7 @@ def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | No
         return None
     if not _batch_full(s, cfg):
         return None  # a batch below its slot cap is not too large; unknown: cannot tell
-    if s.waiting_p50 is None or s.waiting_p50 > 0:
+    if s.waiting_p50 is None or _queued(s) is not None:
         return None  # a queue explains the wait (the queue rules); unknown: cannot tell
     if ttft <= TTFT_P99_ALERT_S or ttft < FAR_STEPS * step:
         return None
@@ -142,4 +156,4 @@ def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | No
         f"batch with no queue{_batch_text(s, cfg)}: past the {TTFT_P99_ALERT_S:g} s P99 "
         f"alert and over {FAR_STEPS} steps, far more than a prompt's own prefill takes",
         _limit_batch(s, cfg, f"ttft_p99_s={TTFT_P99_ALERT_S:g}")
-        + " Give the bench an SLO (`stepserve bench --goodput ttft:MS`) to measure goodput.")
+        + "; give the bench an SLO (`stepserve bench --goodput ttft:MS`) to measure goodput")
