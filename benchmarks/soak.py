@@ -183,7 +183,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
     server = ServerProcess(config.serve_flags())
     try:
         server.wait_healthy()
-        with HostileClients(server.url, config.idle_connections, config.slowloris) as bad:
+        with HostileClients(server.url, config.idle_connections, config.slowloris) as hostile:
             load(server, config, config.warmup, config.seed + 1)
             base = wait_idle(server, server.samples(), 0, config.idle_timeout_s)
             rss_before = server.rss_kb()
@@ -197,7 +197,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
     return SoakResult(
         sent=config.requests, outcomes=tally(outcomes, config.requests),
         **server_side(base, after), rss_before_kb=rss_before, rss_after_kb=rss_after,
-        server_exit_status=exit_status, duration_s=duration, hostile=bad.report,
+        server_exit_status=exit_status, duration_s=duration, hostile=hostile.report,
         output_tokens=sum(o.output_tokens for o in outcomes),
         problems=[o.detail for o in outcomes if o.detail][:10])
 

@@ -1,8 +1,9 @@
 """benchmarks/soak.py, small: 200 streamed requests (32 in flight, ~10% abandoned
 mid-stream) against `stepserve serve --model tiny` in a subprocess with a KV pool small
-enough to preempt. Every request gets exactly one answer, the server counts every one,
-and no KV block is left in use. RSS is printed, not asserted (200 requests are too few
-for a stable figure)."""
+enough to preempt, beside 50 idle connections and 5 slowloris ones held open all along.
+Every request gets exactly one answer, the server counts every one, no KV block is left
+in use, and every /health probe is answered. RSS and /health's times are printed, not
+asserted (200 requests are too few for a stable figure; a shared machine's times vary)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from soak_harness import ABORTED, COMPLETED  # noqa: E402
 @pytest.mark.slow
 def test_soak_200_requests_with_disconnects_and_preemption():
     config = SoakConfig(requests=200, concurrency=32, disconnect_fraction=0.1, seed=0,
-                        warmup=16, deadline_s=30.0)
+                        warmup=16, deadline_s=30.0, idle_connections=50, slowloris=5)
     r = run_soak(config)
     print_report(config, r)
 
@@ -33,3 +34,7 @@ def test_soak_200_requests_with_disconnects_and_preemption():
     assert r.server_total == r.sent == 200, (r.server_ended, r.server_rejected)
     assert r.accounted
     assert r.server_exit_status == 0
+    h = r.hostile
+    assert (h.idle_opened >= 50, h.slowloris_opened >= 5) == (True, True), h
+    assert (h.refused, h.health_failures) == (0, 0), h.problems
+    assert h.health_probes > 0
