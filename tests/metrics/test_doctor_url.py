@@ -63,7 +63,7 @@ def test_text_report_of_a_live_vllm_window(capsys):
         assert rule in out
     assert "window: 11 scrapes over 0.2 s of vllm metrics; 20 requests finished" in out
     assert "not evaluable for lack of data: chunk_cap_eats_budget (needs " in out
-    assert "low_active_ratio (needs active_ratio_p50 or active_ratio_mean)" in out
+    assert "low_active_ratio (needs active_ratio_p50 or slot_utilization or active_ratio_mean)" in out
 
 
 def test_json_report_carries_the_summary_and_what_could_not_be_evaluated(capsys):

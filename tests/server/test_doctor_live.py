@@ -87,7 +87,7 @@ def test_loaded_server_queue_and_its_finding(two_slots, capsys):
     assert s["metrics_source"] == "stepserve" and s["scrape_samples"] == 9
     assert data["config"]["max_num_seqs"] == 2 and data["config"]["batching"] == "continuous"
     assert s["waiting_max"] > 0 and 0 < s["running_max"] <= 2
-    assert s["steps"] > 0 and s["mean_step_s"] > 0 and s["active_ratio_mean"] is not None
+    assert s["steps"] > 0 and s["mean_step_s"] > 0 and s["slot_utilization"] is not None
     # Eight clients on two slots: requests queue for the whole window while running sits
     # at max_num_seqs, which is what running_below_offered says (and why).
     found = {f["rule"]: f for f in data["findings"]}

@@ -31,9 +31,10 @@ Summary keys:
   (step_duration_seconds on ours, TGI's batch_inference_duration; vLLM and SGLang expose
   no step time);
   from our own server only: steps, prefill_step_share and zero_decode_step_share
-  (counter increases / steps), active_ratio_mean and slot_utilization (increase of
-  active_sequence_steps / increase of held_slot_steps: the slot-weighted mean active
-  ratio, which is what the offline slot_utilization is).
+  (counter increases / steps), and slot_utilization (increase of active_sequence_steps /
+  increase of held_slot_steps: a ratio of sums, the offline slot_utilization; the
+  per-step ratios behind a summary's active_ratio_p50 / active_ratio_mean are not
+  published, so a live window has neither).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ LIVE_KEYS = (
     "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s",
     "p99_p50_ttft_ratio", "p99_p50_e2e_ratio", "prefill_token_share", "mean_step_s",
     "step_p50_s", "step_p99_s",
-    "steps", "prefill_step_share", "zero_decode_step_share", "active_ratio_mean",
+    "steps", "prefill_step_share", "zero_decode_step_share",
     "slot_utilization",
 )
 
@@ -207,7 +208,7 @@ def _live_values(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     out["prefill_step_share"] = ratio(delta("prefill_only_steps"), steps)
     out["zero_decode_step_share"] = ratio(delta("zero_decode_steps"), steps)
     active = ratio(delta("active_sequence_steps"), delta("held_slot_steps"))
-    out["active_ratio_mean"] = out["slot_utilization"] = active
+    out["slot_utilization"] = active
     return out
 
 

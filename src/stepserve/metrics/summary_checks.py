@@ -68,7 +68,8 @@ def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
 # the config settings the advice reads (rule.RuleSettings), top level or one section deep
 ADVICE_SETTINGS = {"batching": str, "budget_order": str, "max_num_seqs": float,
                    "max_num_batched_tokens": float, "long_prefill_token_threshold": float,
-                   "replicas": float}
+                   "replicas": float, "max_model_len": float, "max_waiting": float,
+                   "max_queue_time_s": float}
 _KIND_TEXT = {float: "a number", str: "a string", bool: "true or false",
               dict: "an object"}
 
