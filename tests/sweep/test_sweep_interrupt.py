@@ -66,7 +66,7 @@ def test_interrupted_live_sweep_keeps_the_points_before_it(monkeypatch, workload
 
 def test_interrupted_sim_sweep_keeps_the_points_before_it(monkeypatch, tmp_path, cli,
                                                           capsys):
-    monkeypatch.setattr(runner, "run_config", _interrupt_on_call(2, runner.run_config))
+    monkeypatch.setattr(runner, "simulate_run", _interrupt_on_call(2, runner.simulate_run))
     out = tmp_path / "s.json"
     rc = cli(["sweep", "--scenario", "quickstart", "--scenario-runs", "A", "--vary",
               "rate=4,8,16", "--requests", "50", "--quiet", "--json", str(out)])
@@ -77,7 +77,7 @@ def test_interrupted_sim_sweep_keeps_the_points_before_it(monkeypatch, tmp_path,
 
 
 def test_interrupt_before_the_first_point_writes_nothing(monkeypatch, tmp_path, cli, capsys):
-    monkeypatch.setattr(runner, "run_config", _interrupt_on_call(1, runner.run_config))
+    monkeypatch.setattr(runner, "simulate_run", _interrupt_on_call(1, runner.simulate_run))
     out = tmp_path / "s.json"
     assert cli(["sweep", "--scenario", "quickstart", "--vary", "rate=4,8", "--requests",
                 "50", "--quiet", "--json", str(out)]) == 130

@@ -15,7 +15,8 @@ def _analyze(*args, **kwargs):
 def test_the_default_tail_metric_is_ttft_p99():
     summaries = [RunSummary(throughput_tokens_per_s=t, ttft_p99_s=p, e2e_p99_s=1.0)
                  for t, p in ((100, 0.1), (200, 0.2), (201, 2.0))]
-    assert analyze_series("A", [1, 2, 3], summaries).knee_index == 2
+    result = analyze_series("A", [1, 2, 3], summaries)
+    assert (result.knee_index, result.cliff_index, result.saturated_index) == (1, 2, 2)
 
 
 def _summaries(throughput, p99, ttft=None):
@@ -24,18 +25,18 @@ def _summaries(throughput, p99, ttft=None):
             for t, p, f in zip(throughput, p99, ttft)]
 
 
-def test_knee_is_the_first_flat_throughput_with_a_steep_p99():
-    # +100%, +50%, +2% with P99 x3 (the knee), then +1% with P99 x2
+def test_the_knee_is_the_last_point_before_the_p99_cliff():
+    # +100%, +50%, then +2% with P99 x3 (saturation), then +1% with P99 x2
     throughput = [1000, 2000, 3000, 3060, 3090]
     p99 = [1.0, 1.2, 1.5, 4.5, 9.0]
-    knee = find_knee(throughput, p99)
-    assert knee.index == 3
-    assert knee.throughput_gain == pytest.approx(0.02)
-    assert knee.p99_rise == pytest.approx(2.0)
+    saturated = find_knee(throughput, p99)
+    assert saturated.index == 3
+    assert saturated.throughput_gain == pytest.approx(0.02)
+    assert saturated.p99_rise == pytest.approx(2.0)
     result = _analyze("A", [4, 8, 16, 32, 64], _summaries(throughput, p99))
-    assert (result.knee_index, result.knee_x) == (3, 32)
-    assert result.recommended_index == 2  # the last point before the knee
-    assert "before the knee" in result.reason
+    assert (result.knee_index, result.knee_x, result.cliff_index) == (2, 16, 3)
+    assert result.recommended_index == 2  # the knee itself: its tail had not jumped
+    assert result.reason.startswith("the knee: the last point before e2e_p99_s jumps")
 
 
 def test_no_knee_when_throughput_keeps_rising_or_p99_stays_flat():
@@ -104,11 +105,11 @@ def test_slo_limits_the_recommendation_before_the_knee():
     ttft = [0.2, 0.8, 2.5, 9.0, 20.0]  # the SLO fails one point before the knee
     slo = parse_summary_slo("ttft_p99_s=2")
     result = _analyze("A", [4, 8, 16, 32, 64], _summaries(throughput, p99, ttft), [slo])
-    assert result.knee_index == 3
+    assert result.knee_index == 2
     assert result.slo_met == [True, True, False, False, False]
     assert result.best_slo_index == 1
     assert result.recommended_index == 1
-    assert "ttft_p99_s <= 2" in result.reason
+    assert "ttft_p99_s <= 2 before the knee (x=16" in result.reason
 
 
 def test_no_point_meets_the_slo():

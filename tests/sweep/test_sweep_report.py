@@ -8,7 +8,8 @@ from stepserve.metrics.run_data import SAMPLE_CAP, step_timeseries, thin
 from stepserve.sim.run import SimulateResult, run_scenario, simulate_run
 from stepserve.sim.scenarios import get_scenario
 from stepserve.sweep.job import SweepOptions, build_sweep, sweep_result
-from stepserve.sweep.plots import Group, KneeSeries, knee_plot, latency_cdf, timeseries_plot
+from stepserve.sweep.knee_plot import KneeSeries, knee_plot
+from stepserve.sweep.plots import Group, latency_cdf, timeseries_plot
 from stepserve.sweep.report import write_report
 from stepserve.sweep.report_job import load_result
 from stepserve.sweep.result import SweepResult
@@ -72,7 +73,7 @@ def test_plot_functions_draw_lines_with_data(sweep_json):
                          recommended_index=0)]
     fig = knee_plot(series, "rate", "ttft_p99_s")
     labels = fig.axes[0].get_legend_handles_labels()[1]
-    assert {"A", "knee", "recommended"} <= set(labels)
+    assert {"A", "knee (last point before the P99 cliff)", "recommended"} <= set(labels)
 
 
 def test_simulate_result_with_and_without_per_run_data(tmp_path):

@@ -12,25 +12,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.bench.http_run import check_url
 from stepserve.bench.plan import BenchError
-from stepserve.cli_errors import UsageError, report_error
+from stepserve.cli_errors import report_error
 from stepserve.config import ConfigError, EngineConfig
 from stepserve.config_load import ConfigOverrides, load_config
 from stepserve.metrics.alerts import findings_for
-from stepserve.metrics.summary import LATENCIES
-from stepserve.metrics.summary_checks import allowed as metric_range
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
+from stepserve.sim.job import changed_name, changed_settings
 from stepserve.sim.scenarios import Scenario, get_scenario
-from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, P99_METRIC, analyze_runs
+from stepserve.sweep.checks import DEFAULT_REQUESTS, check_knee_options, check_live_sweep
+from stepserve.sweep.knee import (
+    MAX_P99_RISE,
+    MIN_THROUGHPUT_GAIN,
+    NOISE_MARGIN,
+    P99_METRIC,
+    analyze_runs,
+)
 from stepserve.sweep.live import LiveOptions, run_target_points, target_points
 from stepserve.sweep.predict import predict_points
 from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
-from stepserve.sweep.runner import run_points, stderr_log, timed_workload
+from stepserve.sweep.runner import (
+    MIN_SPAN_S,
+    run_points,
+    sized_workload,
+    stderr_log,
+    timed_workload,
+)
 from stepserve.sweep.spec import (
-    WORKLOAD_AXES,
     Axis,
     RunConfig,
     SweepPoint,
@@ -39,6 +49,7 @@ from stepserve.sweep.spec import (
     parse_vary,
 )
 from stepserve.sweep.text import format_knees
+from stepserve.sweep.window import STEADY, WindowRule
 from stepserve.user_files import (
     OutputFile,
     check_output_dir,
@@ -50,7 +61,6 @@ from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.spec import Workload
 
-DEFAULT_REQUESTS = 600
 EXIT_INTERRUPTED = 130
 
 
@@ -67,7 +77,7 @@ class SweepOptions:
     configs: tuple[str, ...] | None = None
     scenario_runs: str | None = None
     vary: tuple[str, ...] = ()
-    requests: int = DEFAULT_REQUESTS
+    requests: int | None = None  # None: DEFAULT_REQUESTS, more where a rate needs them
     duration_s: float | None = None
     seed: int | None = None
     config: ConfigOverrides = ConfigOverrides()
@@ -82,6 +92,9 @@ class SweepOptions:
     quiet: bool = False
     pools: str | None = None  # a pools file: every point becomes that deployment
     predict: str | None = None  # a cost file: the live points again on the simulator
+    window: WindowRule = STEADY  # each point measured in its steady state, or whole
+    rate: float | None = None  # a fixed offered rate for every point (req/s)
+    noise_margin: float = NOISE_MARGIN
 
 
 @dataclass(frozen=True)
@@ -107,44 +120,15 @@ def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunConfig]
         known = ", ".join(r.name for r in scenario.runs)
         raise ValueError(f"--scenario-runs {options.scenario_runs}: {scenario.name} has "
                          f"{known}")
-    return [RunConfig(r.name, options.config.apply(r.config), r.note) for r in runs]
+    # a run the engine flags change is no longer the scenario's: its name says so
+    return [RunConfig(changed_name(r.name, changed_settings(r.config, config)), config,
+                      r.note) for r in runs for config in (options.config.apply(r.config),)]
 
 
 def _file_runs(options: SweepOptions) -> list[RunConfig]:
     """Each --configs file with the settings given on top (not --config)."""
     return [RunConfig(Path(f).stem, options.config.apply_settings(load_config(f)), f)
             for f in options.configs or ()]
-
-
-def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
-    """ValueError for what a live server cannot take."""
-    assert options.live is not None
-    check_url(options.live.target)
-    if options.configs:
-        raise ValueError("--configs: a live server runs its own config; sweep configs on "
-                         "the simulator, or start one server per config and sweep each")
-    if options.scenario_runs is not None:
-        raise ValueError("--scenario-runs: a live server runs its own config; with "
-                         "--target the scenario gives only the workload")
-    if options.pools:
-        raise ValueError("--pools: a live server runs its own deployment; start it with "
-                         "`stepserve serve --pools FILE` and sweep its load")
-    if options.config.given and not options.predict:
-        named = ", ".join(["--config"] * bool(options.config.config_file)
-                          + sorted(options.config.settings))
-        raise ValueError(f"{named}: engine settings cannot be changed on a live server; "
-                         "restart it with them (`stepserve serve ...`)")
-    fixed = [a.name for a in axes if a.name not in WORKLOAD_AXES]
-    if fixed:
-        raise ValueError(f"--vary {', '.join(fixed)}: a live server's settings cannot be "
-                         f"varied; with --target vary only {', '.join(sorted(WORKLOAD_AXES))}")
-    if not axes:
-        raise ValueError("--target needs --vary rate=... (or concurrency=...): the load "
-                         "is what a live sweep varies")
-    warmup = options.live.warmup
-    if warmup < 0 or warmup >= options.requests:
-        raise ValueError(f"--warmup {warmup}: must be >= 0 and below --requests "
-                         f"({options.requests})")
 
 
 def build_sweep(options: SweepOptions) -> SweepPlan:
@@ -156,7 +140,15 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
                          "simulator; to sweep the simulator alone, use --cost FILE")
     if live:
         check_live_sweep(options, axes)
-    base_load = WorkloadOverrides(num_requests=options.requests, seed=options.seed)
+    if options.rate is not None and any(a.name == "rate" for a in axes):
+        raise ValueError("--rate and --vary rate=... exclude each other: --rate fixes the "
+                         "offered rate of every point, --vary rate sweeps it")
+    base_load = WorkloadOverrides(num_requests=options.requests or DEFAULT_REQUESTS,
+                                  seed=options.seed, rate=options.rate)
+    # A steady window needs a span of arrivals: unless the size was given, a simulated
+    # point at a high rate gets more than the default count (runner.sized_workload).
+    min_span = MIN_SPAN_S if options.requests is None and options.duration_s is None \
+        and not live else None
     runs: list[RunConfig] = []
     cost: CostModel | None = None
     blocks: Callable[[EngineConfig], int] | None = None
@@ -171,8 +163,9 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
             cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
 
         def make_workload(load: WorkloadOverrides) -> Workload:
-            return timed_workload(scenario.workload_with(base_load.merged(load)),
-                                  options.duration_s, live=bool(live))
+            workload = scenario.workload_with(base_load.merged(load))
+            return timed_workload(sized_workload(workload, min_span), options.duration_s,
+                                  live=bool(live))
 
         name, description = scenario.name, scenario.description
     else:
@@ -188,8 +181,9 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
             cost, blocks = setup.cost_model, setup.num_gpu_blocks
 
         def make_workload(load: WorkloadOverrides) -> Workload:
-            return timed_workload(override_workload(workload, base_load.merged(load)),
-                                  options.duration_s, live=bool(live))
+            loaded = override_workload(workload, base_load.merged(load))
+            return timed_workload(sized_workload(loaded, min_span), options.duration_s,
+                                  live=bool(live))
 
         name, description = workload.name, f"workload {options.workload}"
     if live:
@@ -210,35 +204,19 @@ def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOp
     stopped a live sweep), None when every point ran."""
     slos = [parse_summary_slo(s) for s in options.slo]
     knees = analyze_runs(runs, slos, options.p99_metric, options.min_throughput_gain,
-                         options.max_p99_rise, plan.x_axis)
+                         options.max_p99_rise, plan.x_axis, options.noise_margin)
     return SweepResult(
         scenario=plan.name, description=plan.description,
         cost_model=plan.cost.describe() if plan.cost else
         (f"predicted with {options.predict}" if options.predict else None),
         target=options.live.target if options.live else "sim",
-        requests_per_point=options.requests, duration_s_per_point=options.duration_s,
+        requests_per_point=options.requests or DEFAULT_REQUESTS,
+        duration_s_per_point=options.duration_s,
         stopped=stopped, x_axis=plan.x_axis, axes=plan.axes,
         knee_rule=KneeRule(options.min_throughput_gain, options.max_p99_rise,
-                           options.p99_metric, slos),
-        runs=runs, knees=knees, findings=findings_for(runs))
-
-
-def check_knee_options(options: SweepOptions) -> None:
-    """The p99 metric names a latency the summaries have; each SLO limit is a value its
-    metric can take (a NaN or negative latency would never be met, silently)."""
-    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95",
-                                                                         "p99")]
-    if options.p99_metric not in latencies:
-        raise UsageError(f"--p99-metric {options.p99_metric!r}: unknown; allowed: "
-                         f"{', '.join(latencies)}")
-    for text in options.slo:
-        try:
-            slo = parse_summary_slo(text)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        lo, hi, allowed = metric_range(slo.metric)
-        if not lo <= slo.limit <= hi:
-            raise UsageError(f"--slo {slo.metric}: limit {slo.limit:g} must be {allowed}")
+                           options.p99_metric, slos, options.noise_margin),
+        runs=runs, knees=knees, findings=findings_for(runs),
+        window=None if options.live else options.window)
 
 
 def run_sweep(options: SweepOptions) -> int:
@@ -258,7 +236,7 @@ def run_sweep(options: SweepOptions) -> int:
         else:
             assert plan.cost is not None and plan.blocks is not None
             runs, stopped = run_points(plan.points, plan.make_workload, plan.cost,
-                                       plan.blocks, log, plan.pools)
+                                       plan.blocks, log, plan.pools, options.window)
         result = sweep_result(plan, runs, options, stopped)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
         return report_error(e)

@@ -1,19 +1,28 @@
-"""The knee: where throughput stops rising while the tail climbs (seed, "最小上手").
+"""The knee: the last point before the tail jumps, where throughput stops rising (seed,
+"最小上手": production should sit before it).
 
-Along one series (points in x order), the knee is the first point whose throughput gains
-less than `min_throughput_gain` over the previous point while its P99 rises more than
-`max_p99_rise`. Production should sit before it. With SLOs, `best_slo` is the highest load
-(last point in x order) meeting every SLO, and `recommended` the last point before the knee
-that meets them.
+Along one series (points in x order), throughput *saturates* at the first point that
+gains less than `min_throughput_gain` over the previous one while its P99 rises more than
+`max_p99_rise`. By then the tail has usually been climbing for a while: the steps into
+saturation whose P99 rose more than `max_p99_rise` are the climb, and its steepest step
+is the *cliff*. The knee is the point just before the cliff: the last point whose tail
+had not yet jumped. (Marking the saturated point itself would put the knee past the
+cliff: at A's rate 24 TTFT P99 can jump from 0.2 s to minutes while throughput still
+gains, and only flatten at 48.) With SLOs, `best_slo` is the last point in x order
+meeting every SLO, and `recommended` the last point at or before the knee meeting them.
 
-Without a knee, on an ordered axis (a load or a numeric setting) throughput may still stop
-rising while P99 climbs less than the rule asks (a mild tail, or a closed loop that cannot
-queue). The first such "flat" step (gain below `min_throughput_gain`, P99 not falling) is
-reported; the recommendation then stops before it, since the point before already had
-that throughput. With neither, it is the last point (meeting the SLOs). On a named axis
-(configs, policies, seeds) the order means nothing: without a knee the recommendation is,
-of the points meeting the SLOs within `min_throughput_gain` of the most throughput, the
-one with the lowest tail.
+Without a knee, on an ordered axis (a load or a numeric setting) throughput may still
+stop rising while P99 climbs less than the rule asks (a mild tail, or a closed loop that
+cannot queue). Measured throughput wiggles: a gain or a tail improvement within
+`noise_margin` (default 5%) is noise, not a gain. Throughput *went flat* after the first
+point that no later point beats by more than the noise margin, neither in throughput nor
+in a lower tail; `flat_index` is the point after it, and the recommendation stops before
+that (the earlier point already had the throughput). Comparing with every later point,
+not only the next, keeps a dip and its recovery (-9% then +10.7%) from passing for a
+gain. With neither, it is the last point (meeting the SLOs). On a named axis (configs,
+policies, seeds) the order means nothing: without a knee the recommendation is, of the
+points meeting the SLOs within `min_throughput_gain` of the most throughput, the one with
+the lowest tail.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ if TYPE_CHECKING:
 
 MIN_THROUGHPUT_GAIN = 0.05
 MAX_P99_RISE = 0.50
+NOISE_MARGIN = 0.05
 LOAD_AXES = ("rate", "concurrency")
 UNORDERED_AXES = ("seed", "run")  # numbers or names whose order means nothing
 # Queueing shows first in TTFT: past capacity new requests wait before their first token,
@@ -54,18 +64,26 @@ class Step:
 
 @dataclass(frozen=True)
 class KneeResult:
+    """One series' knee and recommendation. `knee_index` is the last point before the
+    cliff (`cliff_index`, the steepest P99 step into saturation), `saturated_index` where
+    throughput stopped rising while P99 climbed (the rule's step: `throughput_gain` and
+    `p99_rise` are its values). `cliff_p99_rise`: the P99 rise at the cliff."""
+
     series: str
     xs: list[Any]
     steps: list[Step]
     knee_index: int | None
     knee_x: Any
-    throughput_gain: float | None  # at the knee
-    p99_rise: float | None  # at the knee
+    throughput_gain: float | None  # at saturation
+    p99_rise: float | None  # at saturation
     slo_met: list[bool]
     best_slo_index: int | None
     recommended_index: int | None
     reason: str  # one line: why this recommendation
     flat_index: int | None = None  # no knee: the first point whose throughput stayed flat
+    cliff_index: int | None = None
+    cliff_p99_rise: float | None = None
+    saturated_index: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +109,8 @@ def steps_between(throughput: Sequence[float | None], p99: Sequence[float | None
 def find_knee(throughput: Sequence[float | None], p99: Sequence[float | None],
               min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
               max_p99_rise: float = MAX_P99_RISE) -> Step | None:
-    """The first step where throughput gains < min gain and P99 rises > max rise."""
+    """Saturation: the first step where throughput gains < min gain and P99 rises > max
+    rise. The knee is before it (`find_cliff`)."""
     if len(throughput) != len(p99):
         raise ValueError("throughput and p99 must have one value per point")
     for step in steps_between(throughput, p99):
@@ -102,12 +121,34 @@ def find_knee(throughput: Sequence[float | None], p99: Sequence[float | None],
     return None
 
 
-def find_flat(steps: Sequence[Step], min_throughput_gain: float) -> Step | None:
-    """The first step where throughput gains < min gain while P99 does not fall."""
-    for step in steps:
-        if (step.throughput_gain is not None and step.throughput_gain < min_throughput_gain
-                and (step.p99_rise is None or step.p99_rise >= 0)):
-            return step
+def find_cliff(steps: Sequence[Step], saturation: Step, max_p99_rise: float) -> Step:
+    """The steepest P99 step of the climb into `saturation`: the run of consecutive steps
+    up to it whose P99 rose more than `max_p99_rise` (the first of equals)."""
+    climb = [saturation]
+    for step in reversed(steps[:saturation.index - 1]):
+        if step.p99_rise is None or step.p99_rise <= max_p99_rise:
+            break
+        climb.append(step)
+    return max(reversed(climb), key=lambda s: s.p99_rise or 0.0)
+
+
+def find_flat(throughput: Sequence[float | None], p99: Sequence[float | None],
+              noise_margin: float = NOISE_MARGIN) -> int | None:
+    """The point after the first one that no later point beats by more than
+    `noise_margin`, in throughput or in a lower P99; None when the last point is the
+    first such (throughput rose to the end)."""
+    n = len(throughput)
+    for i in range(n - 1):
+        t, p = throughput[i], p99[i]
+        if t is None:
+            continue
+        better = any((throughput[j] is not None
+                      and throughput[j] > t * (1 + noise_margin))  # type: ignore[operator]
+                     or (p is not None and p99[j] is not None
+                         and p99[j] < p * (1 - noise_margin))  # type: ignore[operator]
+                     for j in range(i + 1, n))
+        if not better:
+            return i + 1
     return None
 
 
@@ -143,49 +184,60 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummar
                    slos: Sequence[SummarySLO] = (), p99_metric: str = P99_METRIC,
                    min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
                    max_p99_rise: float = MAX_P99_RISE,
-                   x_axis: str | None = None) -> KneeResult:
+                   x_axis: str | None = None,
+                   noise_margin: float = NOISE_MARGIN) -> KneeResult:
     """The knee along `xs` (in the given order). Without one, an ordered axis stops the
     recommendation before throughput went flat; a named one (configs, policies) gets the
     lowest tail among the points with about the most throughput (see the module doc)."""
     throughput = [s.throughput_tokens_per_s for s in summaries]
     p99 = [s.metric(p99_metric) for s in summaries]
-    knee = find_knee(throughput, p99, min_throughput_gain, max_p99_rise)
+    saturated = find_knee(throughput, p99, min_throughput_gain, max_p99_rise)
     steps = steps_between(throughput, p99)
+    cliff = find_cliff(steps, saturated, max_p99_rise) if saturated else None
+    knee = cliff.index - 1 if cliff else None
     ordered = is_ordered(xs, x_axis)
-    flat = None if knee or not ordered else find_flat(steps, min_throughput_gain)
+    flat = None if cliff or not ordered else find_flat(throughput, p99, noise_margin)
     met = [all(slo.met_by(s) for slo in slos) for s in summaries]
     best = max((i for i, ok in enumerate(met) if ok), default=None)
-    stop = knee or flat
-    limit = stop.index if stop else len(summaries)
+    limit = knee + 1 if knee is not None else flat if flat is not None else len(summaries)
     rec = max((i for i in range(limit) if met[i]), default=None)
     slo_text = " and ".join(slo.describe() for slo in slos)
     meeting = f" meeting {slo_text}" if slos else ""
-    if not knee and not ordered:
+    if knee is None and not ordered:
         rec = _best_named(throughput, p99, met, min_throughput_gain)
         reason = (f"no knee; the lowest {p99_metric} among the points within "
                   f"{min_throughput_gain:.0%} of the most throughput{meeting}"
                   if rec is not None
                   else f"no point meets {slo_text}" if slos else "no throughput measured")
     elif rec is None:
-        where = "before the knee" if knee else "before throughput went flat" if flat else ""
-        reason = (f"no point {where} meets {slo_text}".replace("  ", " ") if slos
-                  else "the first point is the knee" if knee
-                  else "throughput is flat from the second point")
-    elif knee:
-        reason = f"last point before the knee (x={_x(xs[knee.index])}){meeting}"
-    elif flat:
+        where = "at or before the knee" if cliff else \
+            "before throughput went flat" if flat is not None else ""
+        reason = f"no point {where} meets {slo_text}".replace("  ", " ")
+    elif cliff is not None:
+        assert knee is not None and saturated is not None
+        jump = (f"{p99_metric} jumps {_signed(cliff.p99_rise)} at x={_x(xs[cliff.index])}, "
+                f"throughput flat from x={_x(xs[saturated.index])}")
+        reason = (f"the knee{meeting}: the last point before {jump}" if rec == knee else
+                  f"last point{meeting} before the knee (x={_x(xs[knee])}; {jump})")
+    elif flat is not None:
         more = ("more load there buys queueing, not tokens" if x_axis in LOAD_AXES
                 else "a larger value there bought no throughput")
-        reason = (f"no knee, but throughput stopped rising at x={_x(xs[flat.index])} "
-                  f"({flat.throughput_gain:+.1%}, P99 "
-                  f"{'?' if flat.p99_rise is None else f'{flat.p99_rise:+.1%}'}): last "
-                  f"point before it{meeting}; {more}")
+        reason = (f"no knee, but throughput stopped rising at x={_x(xs[flat])}: no point "
+                  f"from there on beats x={_x(xs[flat - 1])} by more than the "
+                  f"{noise_margin:.0%} noise margin, in throughput or a lower "
+                  f"{p99_metric}; last point before it{meeting}; {more}")
     else:
         reason = f"no knee; last point{meeting}"
-    return KneeResult(series, list(xs), steps,
-                      knee.index if knee else None, xs[knee.index] if knee else None,
-                      knee.throughput_gain if knee else None, knee.p99_rise if knee else None,
-                      met, best, rec, reason, flat.index if flat else None)
+    return KneeResult(series, list(xs), steps, knee, xs[knee] if knee is not None else None,
+                      saturated.throughput_gain if saturated else None,
+                      saturated.p99_rise if saturated else None,
+                      met, best, rec, reason, flat,
+                      cliff.index if cliff else None, cliff.p99_rise if cliff else None,
+                      saturated.index if saturated else None)
+
+
+def _signed(v: float | None) -> str:
+    return "?" if v is None else f"{v:+.0%}"
 
 
 def group_series(runs: Sequence[SweepPointResult]) -> dict[str, list[SweepPointResult]]:
@@ -200,8 +252,9 @@ def analyze_runs(runs: Sequence[SweepPointResult], slos: Sequence[SummarySLO] = 
                  p99_metric: str = P99_METRIC,
                  min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
                  max_p99_rise: float = MAX_P99_RISE,
-                 x_axis: str | None = None) -> list[KneeResult]:
+                 x_axis: str | None = None,
+                 noise_margin: float = NOISE_MARGIN) -> list[KneeResult]:
     return [analyze_series(name, [r.sweep.x for r in group],
                            [r.summary for r in group], slos, p99_metric,
-                           min_throughput_gain, max_p99_rise, x_axis)
+                           min_throughput_gain, max_p99_rise, x_axis, noise_margin)
             for name, group in group_series(runs).items()]

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from stepserve.bench.results import BenchResult
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.sweep.knee import P99_METRIC, group_series
+from stepserve.sweep.knee_plot import KneeSeries, knee_plot, runs_plot
 from stepserve.sweep.plots import (
     Group,
-    KneeSeries,
     PlotRun,
-    knee_plot,
     latency_cdf,
     save,
     timeseries_plot,
@@ -32,6 +31,8 @@ from stepserve.sweep.text import format_knees
 from stepserve.user_files import write_atomic
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from stepserve.sim.run import SimulateResult
 
     ReportResult = SimulateResult | SweepResult | BenchResult
@@ -74,13 +75,8 @@ def groups_of(result: ReportResult) -> list[Group]:
     return list(out.values())
 
 
-def knee_series(result: ReportResult) -> tuple[list[KneeSeries], str, str]:
-    """(series for knee_plot, x axis name, P99 metric)."""
-    if not isinstance(result, SweepResult):
-        runs = result.runs
-        return ([KneeSeries("runs", [r.name for r in runs],
-                            [r.summary.throughput_tokens_per_s for r in runs],
-                            [r.summary.metric(P99_METRIC) for r in runs])], "run", P99_METRIC)
+def knee_series(result: SweepResult) -> list[KneeSeries]:
+    """A sweep's series for knee_plot."""
     metric = result.knee_rule.p99_metric
     by_series = group_series(result.runs)
     series = []
@@ -91,7 +87,34 @@ def knee_series(result: ReportResult) -> tuple[list[KneeSeries], str, str]:
             [r.summary.metric(metric) for r in group], knee.knee_index,
             knee.recommended_index,
             knee.best_slo_index if result.knee_rule.slos else None))
-    return series, result.x_axis, metric
+    return series
+
+
+def _knee_figure(result: ReportResult) -> tuple[str, Figure]:
+    """(caption, figure): a sweep's knee plot, or bars per run for any other result."""
+    if not isinstance(result, SweepResult):
+        runs = result.runs
+        fig = runs_plot([r.name for r in runs],
+                        [r.summary.throughput_tokens_per_s for r in runs],
+                        [r.summary.metric(P99_METRIC) for r in runs], P99_METRIC)
+        return (f"Throughput and {P99_METRIC} per run (a {result_kind(result)} result: no "
+                "sweep, no knee)"), fig
+    rule = result.knee_rule
+    slo_text = " and ".join(s.describe() for s in rule.slos)
+    caption = (f"Throughput and {rule.p99_metric} against {result.x_axis}; red X: knee "
+               "(the last point before the P99 cliff), green star: recommendation"
+               + (f", blue diamond: last point meeting {slo_text}, dashed line: the SLO"
+                  if rule.slos else ""))
+    return caption, knee_plot(knee_series(result), result.x_axis, rule.p99_metric,
+                              rule.slos)
+
+
+def _limits(result: ReportResult, latency: str) -> list[tuple[float, str]]:
+    """A sweep's SLOs on a percentile of `latency` (ttft, e2e): where its CDF must be."""
+    if not isinstance(result, SweepResult):
+        return []
+    return [(s.limit, f"SLO {s.describe()}") for s in result.knee_rule.slos
+            if s.metric.startswith(f"{latency}_p") and not s.at_least]
 
 
 def _plottable(groups: list[Group], key: str, has: Callable[[PlotRun], bool]
@@ -114,21 +137,15 @@ def write_plots(result: ReportResult, out: Path) -> tuple[list[tuple[str, Path]]
     """Every plot the data allows: [(caption, png path)], notes."""
     out.mkdir(parents=True, exist_ok=True)
     pngs: list[tuple[str, Path]] = []
-    series, x_name, metric = knee_series(result)
-    if isinstance(result, SweepResult):
-        caption = (f"Throughput and {metric} against {x_name}; red X: knee, green star: "
-                   "recommendation, blue diamond: highest load meeting the SLO")
-    else:
-        caption = (f"Throughput and {metric} per run (a {result_kind(result)} result: no "
-                   "sweep, no knee)")
-    pngs.append((caption, save(knee_plot(series, x_name, metric), out / "knee.png")))
+    caption, fig = _knee_figure(result)
+    pngs.append((caption, save(fig, out / "knee.png")))
     groups = groups_of(result)
     cdf_groups, notes = _plottable(groups, "latency_samples",
                                    lambda r: r.latency_samples is not None)
     if cdf_groups:
-        fig = latency_cdf(cdf_groups, lambda s: s.ttft_s, "TTFT CDF")
+        fig = latency_cdf(cdf_groups, lambda s: s.ttft_s, "TTFT CDF", _limits(result, "ttft"))
         pngs.append(("TTFT CDF per run", save(fig, out / "cdf_ttft.png")))
-        fig = latency_cdf(cdf_groups, lambda s: s.e2e_s, "E2E CDF")
+        fig = latency_cdf(cdf_groups, lambda s: s.e2e_s, "E2E CDF", _limits(result, "e2e"))
         pngs.append(("End-to-end latency CDF per run", save(fig, out / "cdf_e2e.png")))
     ts_groups, ts_notes = _plottable(groups, "timeseries", lambda r: r.timeseries is not None)
     notes += ts_notes

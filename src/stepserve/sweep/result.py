@@ -5,8 +5,12 @@ edge:
     {"schema_version", "kind": "sweep", "scenario", "description", "cost_model", "target",
      "requests_per_point", "duration_s_per_point", "interrupted", "stopped", "x_axis",
      "axes": [{"name", "values", "target"}],
-     "knee_rule": {"min_throughput_gain", "max_p99_rise", "p99_metric", "slos"},
-     "runs": [{...a simulate or bench run..., "sweep": {"series", "run", "x", "values"}}],
+     "knee_rule": {"min_throughput_gain", "max_p99_rise", "p99_metric", "slos",
+                   "noise_margin"},
+     "window": {"kind", "warmup_share"},   # absent: every point measured whole (older)
+     "runs": [{...a simulate or bench run..., "sweep": {"series", "run", "x", "values"},
+               "window"?: {"start_s", "end_s", "requests", "steady", "note",
+                           "whole_run_tokens_per_s"}}],
      "knees": [...], "findings": [...]}
 """
 
@@ -24,8 +28,9 @@ from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.sim.run import RunResult
-from stepserve.sweep.knee import KneeResult
+from stepserve.sweep.knee import NOISE_MARGIN, KneeResult
 from stepserve.sweep.spec import Axis, SummarySLO
+from stepserve.sweep.window import Window, WindowRule
 
 KIND = "sweep"
 
@@ -52,10 +57,12 @@ class SweepCoords:
 
 @dataclass(frozen=True)
 class SweepPointResult:
-    """One point: a simulated run, or a bench run against a live server."""
+    """One point: a simulated run, or a bench run against a live server, and the window
+    its summary was measured over (None: its whole run, as older results)."""
 
     result: RunResult | BenchRun
     sweep: SweepCoords
+    window: Window | None = None
 
     @property
     def name(self) -> str:
@@ -78,14 +85,18 @@ class SweepPointResult:
 
     def to_json(self) -> dict[str, Any]:
         # a point always names its batching, null against a live server (its own)
-        return {"name": self.name, "batching": self.result.batching,
-                **self.result.to_json(), "sweep": self.sweep.to_json()}
+        out = {"name": self.name, "batching": self.result.batching,
+               **self.result.to_json(), "sweep": self.sweep.to_json()}
+        if self.window is not None:
+            out["window"] = self.window.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], name: str = "run") -> SweepPointResult:
         result = BenchRun.from_json(data, name) if "target" in data \
             else RunResult.from_json(data, name)
-        return cls(result, SweepCoords.from_json(data["sweep"]))
+        return cls(result, SweepCoords.from_json(data["sweep"]),
+                   Window.from_json(data.get("window")))
 
 
 @dataclass(frozen=True)
@@ -94,17 +105,19 @@ class KneeRule:
     max_p99_rise: float
     p99_metric: str
     slos: list[SummarySLO] = field(default_factory=list)
+    noise_margin: float = NOISE_MARGIN
 
     def to_json(self) -> dict[str, Any]:
         return {"min_throughput_gain": self.min_throughput_gain,
                 "max_p99_rise": self.max_p99_rise, "p99_metric": self.p99_metric,
-                "slos": [s.to_json() for s in self.slos]}
+                "slos": [s.to_json() for s in self.slos], "noise_margin": self.noise_margin}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
         return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
                    str(data["p99_metric"]),
-                   [SummarySLO.from_json(s) for s in data.get("slos") or []])
+                   [SummarySLO.from_json(s) for s in data.get("slos") or []],
+                   float(data.get("noise_margin", NOISE_MARGIN)))
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,7 @@ class SweepResult:
     runs: list[SweepPointResult]
     knees: list[KneeResult]
     findings: list[Finding]
+    window: WindowRule | None = None  # how points were measured; None: whole runs (older)
 
     @property
     def interrupted(self) -> bool:
@@ -138,6 +152,7 @@ class SweepResult:
             "duration_s_per_point": self.duration_s_per_point,
             "interrupted": self.interrupted, "stopped": self.stopped, "x_axis": self.x_axis,
             "axes": [a.to_json() for a in self.axes], "knee_rule": self.knee_rule.to_json(),
+            "window": self.window.to_json() if self.window else None,
             "runs": [r.to_json() for r in self.runs],
             "knees": [k.to_json() for k in self.knees],
             "findings": [f.to_json() for f in self.findings],
@@ -160,4 +175,5 @@ class SweepResult:
             runs=[SweepPointResult.from_json(r, f"run {i}")
                   for i, r in enumerate(data["runs"])],
             knees=[KneeResult.from_json(k) for k in data.get("knees") or []],
-            findings=[Finding.from_json(f) for f in data.get("findings") or []])
+            findings=[Finding.from_json(f) for f in data.get("findings") or []],
+            window=WindowRule.from_json(data.get("window")))

@@ -1,8 +1,9 @@
 """Run every sweep point on the simulator, each on the same fixed request count.
 
 A point's result is a SweepPointResult: the RunResult `stepserve simulate` makes (its
-summary, time series and latency samples, each measured once) and where the point sits
-in the grid (series, x and axis values).
+time series over the whole run; its summary and latency samples over the point's steady
+window, sweep/window.py) and where the point sits in the grid (series, x and axis
+values).
 """
 
 from __future__ import annotations
@@ -15,12 +16,31 @@ from typing import Any
 
 from stepserve.config import EngineConfig
 from stepserve.sim.cost import CostModel
-from stepserve.sim.run import run_config
+from stepserve.sim.run import simulate_run
 from stepserve.sweep.result import SweepCoords, SweepPointResult
 from stepserve.sweep.spec import SweepPoint
+from stepserve.sweep.window import STEADY, WindowRule, windowed_run
 from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.spec import Workload
+
+# A point's steady window (sweep/window.py) needs arrivals for a while: at 96 req/s the
+# default 600 requests arrive in 6 s, less than one long request's life. Past
+# MAX_SIZED_REQUESTS a point is as long as the user makes it (--requests, --duration-s).
+MIN_SPAN_S = 60.0
+MAX_SIZED_REQUESTS = 20_000
+
+
+def sized_workload(workload: Workload, min_span_s: float | None) -> Workload:
+    """A rated workload with at least `min_span_s` of arrivals (its count raised to rate x
+    span where that is more); any other, or None, as it is."""
+    arrival = workload.arrival
+    if min_span_s is None or not isinstance(arrival, (Poisson, Gamma, Constant)):
+        return workload
+    need = min(math.ceil(arrival.rate_per_s * min_span_s), MAX_SIZED_REQUESTS)
+    if need <= workload.num_requests:
+        return workload
+    return override_workload(workload, WorkloadOverrides(num_requests=need))
 
 
 def timed_workload(workload: Workload, duration_s: float | None,
@@ -52,21 +72,23 @@ def run_points(points: list[SweepPoint],
                make_workload: Callable[[WorkloadOverrides], Workload],
                cost_model: CostModel, blocks_for_config: Callable[[EngineConfig], int],
                log: Callable[[str], None] | None = None,
-               pools: Mapping[str, Any] | None = None
+               pools: Mapping[str, Any] | None = None,
+               window: WindowRule = STEADY
                ) -> tuple[list[SweepPointResult], str | None]:
-    """Simulate each point (with `pools`: the pools file's deployment over its config).
-    Points with the same load share one generated request list.
+    """Simulate each point (with `pools`: the pools file's deployment over its config),
+    measured over `window`. Points with the same load share one generated request list.
     Returns (runs, "interrupted" or None): Ctrl-C keeps the points simulated before it."""
     runs: list[SweepPointResult] = []
     try:
-        _simulate(points, make_workload, cost_model, blocks_for_config, log, runs, pools)
+        _simulate(points, make_workload, cost_model, blocks_for_config, log, runs, pools,
+                  window)
     except KeyboardInterrupt:
         return runs, "interrupted"
     return runs, None
 
 
 def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs,
-              pools) -> None:
+              pools, window: WindowRule) -> None:
     specs_cache: dict[WorkloadOverrides, tuple[Workload, list]] = {}
     for i, p in enumerate(points, 1):
         key = p.workload_overrides
@@ -75,9 +97,12 @@ def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs,
             specs_cache[key] = (workload, workload.generate())
         workload, specs = specs_cache[key]
         started = time.perf_counter()
-        run = run_config(p.label, p.config, specs, cost_model, blocks_for_config(p.config),
-                         workload.closed_loop_concurrency, pools=pools)
-        runs.append(SweepPointResult(run, SweepCoords(p.series, p.run, p.x, p.values)))
+        whole, sim = simulate_run(p.label, p.config, specs, cost_model,
+                                  blocks_for_config(p.config),
+                                  workload.closed_loop_concurrency, pools=pools)
+        run, measured = windowed_run(whole, sim, window)
+        runs.append(SweepPointResult(run, SweepCoords(p.series, p.run, p.x, p.values),
+                                     measured))
         if log:
             s = run.summary
             log(f"[{i}/{len(points)}] {p.label}: {_n(s.throughput_tokens_per_s)} tok/s, "

@@ -1,0 +1,190 @@
+"""A sweep point measured in its steady state, not over its whole run.
+
+A point runs a fixed request count (or `--duration-s` of arrivals). Its whole run begins
+with a warm-up (the batch still filling) and ends with a drain (every request has
+arrived; the batch empties and the last long requests run nearly alone). At high load
+the drain can be most of the run, so whole-run throughput measures the drain, not the
+load: a saturated config levels off far below what it sustains.
+
+Like GuideLLM and `vllm bench serve`, a point is therefore measured over a window:
+
+* the window is [first arrival + warm-up, last arrival]: the load is offered all through
+  it. The warm-up is `warmup_share` (default 10%) of the arrival span, or one request
+  lifetime where that is longer: a batch fills to its level in about the time its
+  requests spend in the engine (Little's law), whatever the span;
+* throughput counts the output tokens produced inside the window (whoever they belong
+  to), over its length; requests/s counts requests that finished inside it;
+* latency percentiles (TTFT, TPOT, ITL, E2E, queue) and preemptions come from the
+  requests that arrived inside it, followed to their end (a request arriving at an
+  overloaded point waits its full queue, even if it finishes in the drain);
+* the step fields come from the steps that started inside it.
+
+Where there is no steady state to cut (every request arrives at once, or fewer than
+`MIN_WINDOW_REQUESTS` arrive inside the window) the whole run is measured, and the
+window says so. `--window whole` asks for the whole run everywhere.
+
+A request's lifetime is the median time the run's completed requests spent in the
+engine, queueing left out (an overloaded queue grows with any run's length). A window
+shorter than `SETTLED_LIFETIMES` lifetimes has barely seen a batch turn over: it is kept
+but marked unsettled, and the table says how long a point should run (`--duration-s`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from stepserve.metrics.percentiles import percentile, ratio
+from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
+from stepserve.metrics.run_data import latency_samples
+from stepserve.metrics.step_metrics import step_summary
+from stepserve.metrics.summary import by_class, request_summary
+from stepserve.request import Request
+from stepserve.sim.loop import SimResult
+from stepserve.sim.run import RunResult, config_facts
+
+WARMUP_SHARE = 0.10
+MIN_WINDOW_REQUESTS = 20
+SETTLED_LIFETIMES = 2.0
+WINDOWS = ("steady", "whole")
+
+
+@dataclass(frozen=True)
+class WindowRule:
+    """How each point is measured: `kind` "steady" (a window, see the module doc) or
+    "whole" (the whole run, warm-up and drain included)."""
+
+    kind: str = "steady"
+    warmup_share: float = WARMUP_SHARE
+
+    def __post_init__(self) -> None:
+        if self.kind not in WINDOWS:
+            raise ValueError(f"--window {self.kind!r}: allowed: {', '.join(WINDOWS)}")
+        if not 0 <= self.warmup_share < 1:
+            raise ValueError(f"--warmup-share {self.warmup_share:g}: must be in [0, 1)")
+
+    def describe(self) -> str:
+        if self.kind == "whole":
+            return "each point's whole run (warm-up and drain included)"
+        return (f"each point's steady window: from its first arrival + a warm-up ("
+                f"{self.warmup_share:.0%} of the arrival span, or one request lifetime if "
+                "longer) to its last arrival (warm-up and drain left out); tokens "
+                "produced inside it, latencies of the requests that arrived inside it")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "warmup_share": self.warmup_share}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> WindowRule | None:
+        """None for a result written before windows: its points measured whole runs."""
+        if not data:
+            return None
+        return cls(str(data.get("kind", "steady")),
+                   float(data.get("warmup_share", WARMUP_SHARE)))
+
+
+STEADY = WindowRule()
+
+
+@dataclass(frozen=True)
+class Window:
+    """The span one point was measured over. `steady` False: the whole run, `note` why."""
+
+    start_s: float
+    end_s: float
+    requests: int  # arrivals inside the window
+    steady: bool
+    note: str = ""
+    whole_run_tokens_per_s: float | None = None  # for comparison with the window's
+    lifetime_s: float | None = None  # median time in the engine of its requests
+
+    @property
+    def length_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def settled(self) -> bool:
+        """Long enough for the batch to have reached its level (see the module doc)."""
+        return not self.steady or self.lifetime_s is None or \
+            self.length_s >= SETTLED_LIFETIMES * self.lifetime_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start_s": self.start_s, "end_s": self.end_s, "requests": self.requests,
+                "steady": self.steady, "note": self.note,
+                "whole_run_tokens_per_s": self.whole_run_tokens_per_s,
+                "lifetime_s": self.lifetime_s, "settled": self.settled}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Window | None:
+        if not data:
+            return None
+        return cls(float(data["start_s"]), float(data["end_s"]), int(data["requests"]),
+                   bool(data["steady"]), str(data.get("note") or ""),
+                   data.get("whole_run_tokens_per_s"), data.get("lifetime_s"))
+
+
+def steady_window(arrivals: Sequence[float], rule: WindowRule,
+                  lifetime_s: float | None = None) -> Window:
+    """The window over arrival times `arrivals` (any order) for requests that live
+    `lifetime_s` in the engine, or the whole run's span."""
+    if not arrivals:
+        return Window(0.0, 0.0, 0, False, "no requests")
+    first, last = min(arrivals), max(arrivals)
+    whole = Window(first, last, len(arrivals), False, lifetime_s=lifetime_s)
+    if rule.kind == "whole":
+        return replace(whole, note="--window whole")
+    if last <= first:
+        return replace(whole, note="every request arrived at once: no steady state")
+    start = first + max(rule.warmup_share * (last - first), lifetime_s or 0.0)
+    inside = sum(1 for t in arrivals if start <= t <= last)
+    if inside < MIN_WINDOW_REQUESTS:
+        return replace(whole, note=f"only {inside} arrivals in the steady window (fewer "
+                                   f"than {MIN_WINDOW_REQUESTS}): whole run")
+    return Window(start, last, inside, True, lifetime_s=lifetime_s)
+
+
+def lifetime(ms: Sequence[RequestLatencies]) -> float | None:
+    """The median time completed requests spent in the engine (E2E less queueing)."""
+    return percentile([m.e2e_s - m.queue_time_s for m in ms if m.completed
+                       and m.e2e_s is not None and m.queue_time_s is not None], 50)
+
+
+def tokens_between(token_times: Sequence[Sequence[float]], start: float, end: float) -> int:
+    """Output tokens produced in [start, end], over every request."""
+    return sum(1 for times in token_times for t in times if start <= t <= end)
+
+
+def windowed_run(run: RunResult, sim: SimResult, rule: WindowRule) -> tuple[RunResult, Window]:
+    """`run` (the whole simulation measured) with its summary, classes and latency
+    samples measured over the steady window instead, and the window."""
+    every = [request_metrics(r) for r in sim.requests]
+    window = steady_window([m.arrival_time for m in every], rule, lifetime(every))
+    window = replace(window, whole_run_tokens_per_s=run.summary.throughput_tokens_per_s)
+    if not window.steady:
+        return run, window
+    start, end = window.start_s, window.end_s
+    length = end - start
+    ms = [m for m in every if start <= m.arrival_time <= end]
+    tokens = tokens_between([r.token_times for r in sim.requests], start, end)
+    finished = sum(1 for r in sim.requests if _finished_between(r, start, end))
+    steps = [[s for s in replica if start <= s.start_s <= end] for replica in sim.steps]
+    summary = (request_summary(ms, length)
+               .updated(step_summary(steps, (start, end)))
+               .with_values(output_tokens=tokens, duration_s=length,
+                            throughput_tokens_per_s=ratio(tokens, length),
+                            throughput_requests_per_s=ratio(finished, length)))
+    if run.config is not None:
+        summary = summary.with_values(**config_facts(run.config))
+    return replace(run, summary=summary, by_class=_classes(ms, length, run),
+                   latency_samples=latency_samples(ms)), window
+
+
+def _finished_between(request: Request, start: float, end: float) -> bool:
+    done = request.finish_reason is not None and request.finish_reason.completed
+    return done and request.finish_time is not None and start <= request.finish_time <= end
+
+
+def _classes(ms: list[RequestLatencies], length: float, run: RunResult
+             ) -> dict[str, Any] | None:
+    return by_class(ms, length) if run.by_class is not None else None
