@@ -16,6 +16,8 @@ import warnings
 
 import pytest
 
+from stepserve.server.errors import APIError
+
 pytest.importorskip("ray")
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -129,3 +131,21 @@ def test_a_pool_without_a_live_replica_is_a_short_503():
         detail = client.get("/cluster/replicas")
         assert detail.status_code == 503
         assert detail.json()["pools_without_live_replica"] == ["spare"]
+
+
+def test_a_valid_body_passes_the_request_checks_to_the_pools(ingress, monkeypatch):
+    # Every check a request body goes through runs on the ingress's model (tokenizer and
+    # config, no runner): a valid body with stop_token_ids reaches ClusterEngine.add with
+    # its parameters, instead of failing in the checks (a 500).
+    reached = []
+
+    async def add(self, prompt_ids, params, **kw):
+        reached.append(params)
+        raise APIError(503, "reached the pools", "service_unavailable_error", code="test")
+
+    monkeypatch.setattr(ClusterEngine, "add", add)
+    body = {"model": "tiny", "prompt": "ab", "max_tokens": 4, "stop_token_ids": [5],
+            "min_tokens": 1}
+    r = ingress.post("/v1/completions", json=body)
+    assert r.status_code == 503, r.text[:300]
+    assert [tuple(p.stop_token_ids) for p in reached] == [(5,)]

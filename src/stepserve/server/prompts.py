@@ -65,7 +65,7 @@ def check_common(ctx: ServingContext, body: _Sampling) -> None:
         raise bad_request("stream_options is only allowed when stream is true",
                           "stream_options")
     refusal = stop_tokens_refusal(body.stop_token_ids or (), body.min_tokens,
-                                  ctx.vocab_size, ctx.engine.engine.runner.eos_token_id)
+                                  ctx.vocab_size, ctx.engine.engine.tokenizer.eos_token_id)
     if refusal:
         raise bad_request(refusal, "stop_token_ids")
 
