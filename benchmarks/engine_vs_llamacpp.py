@@ -25,7 +25,7 @@ llama-server gets `--parallel` = the largest concurrency (a slot per request in 
 `--ctx-size` = that many slots of `--slot-ctx` tokens, and `--threads` = torch's thread
 count unless `--threads` says otherwise. The table: output tok/s, TTFT P50/P99, TPOT
 P50/P99 per server and load, and stepserve / llama.cpp ratios (throughput: higher is
-better; latencies: lower is better). Issue 14's goals: >= 1.0x throughput at 32
+better; latencies: lower is better). The goals: >= 1.0x throughput at 32
 concurrent, >= 1.5x on night-report, better TTFT P99 at every concurrency.
 
     python benchmarks/engine_vs_llamacpp.py [--llama-server PATH] [--json OUT]

@@ -1,4 +1,4 @@
-"""`stepserve demo`: the seed's nightly-report incident, on a real model and in the
+"""`stepserve demo`: the night-report incident, on a real model and in the
 simulator, side by side.
 
 1. On the default model (SmolLM2-135M, CPU, on the GGUF's own 4-bit weights where the
@@ -259,7 +259,7 @@ def run_demo(options: DemoOptions) -> int:
     if options.cost is not None:  # a bad cost file is refused before the real runs
         cost_setup_for(CostModelOptions(options.cost, model_spec="smollm2-135m"))
     say = print
-    say("stepserve demo: the seed's nightly report job (64 in flight, ~15% of requests 100x "
+    say("stepserve demo: the night-report incident's job (64 in flight, ~15% of requests 100x "
         "longer than the rest), static vs continuous batching.")
     clock = _Clock(time.perf_counter())
     engine = _load(options.model, clock, say)

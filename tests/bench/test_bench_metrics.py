@@ -165,7 +165,7 @@ def _step_histogram(counts: dict[float, int], total_s: float) -> str:
 def test_the_step_times_of_a_run_reach_the_doctor():
     """A bench run against our server: the step-time histogram's increase over the run
     gives the step quantiles, and with the client's numbers the doctor names a prefill
-    stall (3 steps of ~8 s among 200 of ~0.15 s, as issue 11's bench saw)."""
+    stall (3 steps of ~8 s among 200 of ~0.15 s, as the CPU prefill-wave bench saw)."""
     before = Snapshot(0.0, parse_prometheus(_step_histogram(
         {0.2: 10, 10.0: 0, float("inf"): 0}, 1.5)))
     after = Snapshot(60.0, parse_prometheus(_step_histogram(

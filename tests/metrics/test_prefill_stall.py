@@ -1,6 +1,6 @@
 """The doctor names prefill-heavy steps that stall decoding, with the step times as
 evidence and a smaller step budget as the action; on a simulated CPU-like engine (32 in
-flight, 128-token prompts, 64-token outputs: the bench of issue 11) it fires with an
+flight, 128-token prompts, 64-token outputs: the CPU prefill-wave bench) it fires with an
 8,192-token budget, where every wave of prompts is prefilled in one multi-second step,
 and not with the budget it recommends, which brings TTFT down once the first waves (all
 sent at once) have passed."""

@@ -24,7 +24,7 @@ def record(index, *, start=None, dur=0.01, prefill=0, decode=0, ready=0, running
 
 
 def static_batch_of_64():
-    """The seed's nightly job: 64 slots, 10 x 2000 + 54 x 20 output tokens. Step 0
+    """The night-report incident's job: 64 slots, 10 x 2000 + 54 x 20 output tokens. Step 0
     prefills all 64 (each samples its first token); after step 19 only 10 are left."""
     steps = [record(0, prefill=64 * 4, held=64, active=64, running=64)]
     for i in range(1, 2000):
@@ -38,7 +38,7 @@ def test_slot_utilization_of_the_seeds_static_batch():
     # useful output / (concurrency x longest output) = 21,080 / (64 x 2,000)
     assert s.slot_utilization == pytest.approx(21080 / 128000)
     assert round(s.slot_utilization, 4) == 0.1647
-    assert s.active_ratio_p50 == pytest.approx(10 / 64)  # the seed's "10 of 64"
+    assert s.active_ratio_p50 == pytest.approx(10 / 64)  # the incident's "10 of 64"
     assert s.active_ratio_mean == pytest.approx(21080 / 128000)
     assert s.steps == 2000 and s.mean_step_s == pytest.approx(0.01)
     assert s.running_max == 64

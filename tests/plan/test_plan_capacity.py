@@ -14,7 +14,7 @@ def test_seed_promotion_spike():
     assert r.seqs_per_replica == 47  # 47.19
     assert r.max_num_seqs == 40  # 47.19 x 0.85 = 40.11; flooring 47 first would give 39
     assert r.replicas == 3  # "2 replicas cannot take 140"
-    assert r.queued_at_peak == 20  # within the seed's max_waiting 24
+    assert r.queued_at_peak == 20  # within the promo-spike fix's max_waiting 24
     assert r.replicas_within_headroom == 4
 
 

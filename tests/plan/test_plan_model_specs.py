@@ -29,7 +29,7 @@ def test_fields_are_the_agreed_interface():
         ("llama-3-8b", 131_072),  # 128 KiB
         ("qwen2.5-7b", 57_344),  # 56 KiB
         ("smollm2-135m", 23_040),
-        ("qwen2.5-14b", 196_608),  # 192 KiB, the seed's figure
+        ("qwen2.5-14b", 196_608),  # 192 KiB, the promo-spike incident's figure
         ("llama-3-70b", 327_680),
         ("mistral-7b", 131_072),
         ("llama-2-13b", 819_200),

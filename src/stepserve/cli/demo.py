@@ -1,4 +1,4 @@
-"""`stepserve demo`: the seed's night-report job on a real model and in the simulator."""
+"""`stepserve demo`: the night-report incident's job on a real model and in the simulator."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ DEMO_FLAGS = {"requests": Range(1, 10_000), "short": Range(1, 1024), "long": Ran
 
 
 def add_demo_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("demo", help="the seed's night-report job on a real model and "
+    p = subparsers.add_parser("demo", help="the night-report incident's job on a real model and "
                                            "in the simulator")
     p.add_argument("--model", default="default", help="model preset or HF directory")
     d = DemoOptions()

@@ -1,6 +1,6 @@
 """Offline drivers of the real engine, each a thin loop over `LLMEngine.step()` and its
 StepResult: run what was added to completion, or keep N requests in flight the way the
-seed's batch job drives a server (the next one is sent the moment one ends)."""
+night-report batch job drives a server (the next one is sent the moment one ends)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Metrics: per-request latencies, per-step batch accounting, run summaries, and the
-seed's alert rules (`stepserve doctor`). Standard library only.
+alert rules (`stepserve doctor`). Standard library only.
 
     percentiles.py      percentile (numpy's linear method), mean, least-squares slope
     request_metrics.py  RequestLatencies: TTFT, TPOT, ITL, E2E, queue time (vLLM's definitions)

@@ -1,5 +1,5 @@
 """`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`'s job: which of the
-seed's alert rules fire.
+alert rules (docs/guide.md's table) fire.
 
 RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary"}],
 "findings": [...]}` of any version (the stored findings are ignored: the rules are

@@ -46,7 +46,7 @@ SEED_TEXTS = [
 
 
 def agreement_prompts(tokenizer, n: int) -> list[list[int]]:
-    """`n` prompts: the seed texts as they are, then as chat turns, then repeated."""
+    """`n` prompts: the starting texts as they are, then as chat turns, then repeated."""
     texts = [(t, False) for t in SEED_TEXTS] + [(t, True) for t in SEED_TEXTS]
     out = []
     for i in range(n):

@@ -1,6 +1,6 @@
 """How many sequences one replica's KV cache holds, and how many replicas a peak needs.
 
-The seed's arithmetic ("38 GB / (4096 x 192 KiB) ~ 47, keep 15% -> 40, 2 replicas cannot
+The promo-spike incident's arithmetic ("38 GB / (4096 x 192 KiB) ~ 47, keep 15% -> 40, 2 replicas cannot
 take 140 concurrent"), sized by the worst case: every running sequence may grow to
 `max_len` tokens, so a replica that admits `n` sequences must hold `n x max_len` tokens
 of KV. Sizing by the mean length is what lets long requests trigger preemption storms.
@@ -8,7 +8,7 @@ of KV. Sizing by the mean length is what lets long requests trigger preemption s
 * seqs_per_replica = floor(kv_memory / (max_len x kv_bytes_per_token)): the KV limit.
 * max_num_seqs = floor(kv_memory x (1 - headroom) / (max_len x kv_bytes_per_token)): the
   setting to run with, leaving `headroom` of the KV memory free. The floor is taken once,
-  on the exact quotient (47.19 x 0.85 = 40.11 -> 40, as in the seed; flooring twice would
+  on the exact quotient (47.19 x 0.85 = 40.11 -> 40, as in the promo-spike fix; flooring twice would
   give 39).
 * replicas = ceil(peak_concurrency / seqs_per_replica): the fewest replicas whose KV can
   hold the peak at all (140 / 47 -> 3). Run at `max_num_seqs`, they admit

@@ -1,7 +1,7 @@
 """Byte sizes as people write them: "38GB", "192 KiB", "1.5GiB", "4096".
 
 KB/MB/GB/TB are powers of 1000 and KiB/MiB/GiB/TiB powers of 1024, as in the SI and IEC
-standards; GPU vendors quote memory in GB (the seed's "38 GB"), model configs give KV
+standards; GPU vendors quote memory in GB (the promo-spike incident's "38 GB"), model configs give KV
 sizes in KiB. There are no one-letter units ("G", "K"): they would have to pick one of
 the two families silently.
 """

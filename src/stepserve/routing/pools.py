@@ -1,7 +1,7 @@
 """Pools: named groups of replicas, each with its own engine config, and the rules that
 send a request to a pool by its class; a deployment is the pools plus those rules.
 
-The seed's fixes in one file (`--pools FILE`, usable by serve, simulate and sweep):
+The incidents' fixes (separate pools, a request-length cap) in one file (`--pools FILE`, usable by serve, simulate and sweep):
 
     replicas: 3                    # no pools: this many identical replicas
     router: least_outstanding      # within a pool

@@ -1,4 +1,4 @@
-"""Prometheus metrics in vLLM's names under a `stepserve:` prefix, plus the seed's own
+"""Prometheus metrics in vLLM's names under a `stepserve:` prefix, plus the scheduling
 signals (active/concurrency, prefill-only and zero-decode step shares).
 
 Every series carries vLLM's labels, `model_name` and `engine` (the engine's index, "0"
@@ -176,7 +176,8 @@ class ServerMetrics:
                                           "tokens computed per step", ITERATION_BUCKETS)
 
     def _add_seed_signals(self, make: _Series) -> None:
-        """The seed's own signals, fed per step (on_steps)."""
+        """The scheduling signals the doctor reads (active ratio, prefill-only and zero-decode
+        step shares), fed per step (on_steps)."""
         self.steps = make.counter("steps", "engine steps executed")
         self.prefill_only_steps = make.counter("prefill_only_steps", "steps with prefill "
                                                "tokens and no decode token")

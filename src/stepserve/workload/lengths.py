@@ -101,7 +101,7 @@ def _normal_cdf(x: float) -> float:
 @dataclass(frozen=True)
 class LogNormal(LengthDist):
     """Given by its median and 99th percentile, the two numbers people quote for lengths
-    (the seed's night report: output P50 20, P99 2,000). Samples are rounded to integers
+    (the night-report incident: output P50 20, P99 2,000). Samples are rounded to integers
     and clipped to [1, max] (max: at most limits.MAX_LEN, which is also the default)."""
 
     p50: float
