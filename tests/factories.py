@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from stepserve.clock import VirtualClock
 from stepserve.config import EngineConfig
 from stepserve.core import make_scheduler as _make_scheduler
@@ -26,14 +28,24 @@ def make_scheduler(num_gpu_blocks: int = 1024, clock: VirtualClock | None = None
     return _make_scheduler(make_config(**overrides), clock or VirtualClock(), num_gpu_blocks)
 
 
+# Each made prompt starts with a token no other has, so requests share no cached prefix
+# unless a test asks for one (`prompt=`): prefix caching is on by default.
+_FIRST_IDS = itertools.count(100_000)
+
+
 def make_requests(n: int, prompt_len: int = 8, max_tokens: int = 4, *, arrival: float = 0.0,
                   prefix: str = "r", priority: int = 0, tenant: str = "default",
-                  ignore_eos: bool = True, eos_token_id: int | None = None) -> list[Request]:
-    return [Request(request_id=f"{prefix}{i}", prompt_token_ids=[1] * prompt_len,
+                  ignore_eos: bool = True, eos_token_id: int | None = None,
+                  prompt: list[int] | None = None,
+                  cache_salt: str | None = None) -> list[Request]:
+    """`n` requests of distinct prompts of `prompt_len` tokens, or all of `prompt`."""
+    return [Request(request_id=f"{prefix}{i}",
+                    prompt_token_ids=list(prompt) if prompt is not None
+                    else [next(_FIRST_IDS), *[1] * (prompt_len - 1)][:prompt_len],
                     sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                                    ignore_eos=ignore_eos, priority=priority,
                                                    tenant=tenant),
-                    arrival_time=arrival, eos_token_id=eos_token_id)
+                    arrival_time=arrival, eos_token_id=eos_token_id, cache_salt=cache_salt)
             for i in range(n)]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stepserve.cli import build_parser, main
-from stepserve.cli.engine_flags import PREFIX_CACHING_WARNING, config_overrides
+from stepserve.cli.engine_flags import config_overrides
 from stepserve.config import ConfigError, EngineConfig
 from stepserve.config_load import parse_size
 
@@ -49,7 +49,8 @@ TABLE = [  # (vLLM flag tokens, YAML line, our flag tokens)
      ["--gpu-memory-utilization", "0.5"]),
     (["--swap-space", "4"], "swap-space: 4", ["--swap-space", "4"]),
     (["--block_size", "32"], "block-size: 32", ["--block-size", "32"]),
-    (["--no-enable-prefix-caching"], "enable-prefix-caching: false", []),
+    (["--no-enable-prefix-caching"], "enable-prefix-caching: false",
+     ["--enable-prefix-caching", "false"]),
 ]
 
 
@@ -136,12 +137,11 @@ def test_a_bad_size_on_the_command_line_is_one_line(capsys):
     assert len(err) == 1 and "--kv-cache-memory-bytes" in err[0], err
 
 
-def test_enable_prefix_caching_warns_once_and_changes_nothing(capsys):
-    on = settings("--enable-prefix-caching")
-    assert capsys.readouterr().err.count(PREFIX_CACHING_WARNING) == 1
-    off = settings("--no-enable-prefix-caching")
-    assert capsys.readouterr().err == ""
-    assert on == off == EngineConfig()
+def test_enable_prefix_caching_is_the_cache_setting_on_by_default(capsys):
+    assert settings("--enable-prefix-caching") == EngineConfig()
+    assert EngineConfig().cache.enable_prefix_caching
+    assert not settings("--no-enable-prefix-caching").cache.enable_prefix_caching
+    assert capsys.readouterr().err == ""  # a real setting: no warning any more
 
 
 def test_priority_policy_values_are_vllms():

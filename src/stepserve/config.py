@@ -101,7 +101,7 @@ class _Section:
 
 
 BATCHING_MODES = ("continuous", "static", "dynamic")
-POLICIES = ("fcfs", "priority", "srpt", "fair")
+POLICIES = ("fcfs", "priority", "srpt", "fair", "lpm")
 PREEMPTION_MODES = ("recompute", "swap", "none")
 BUDGET_ORDERS = ("decode_first", "prefill_first")
 ROUTERS = ("round_robin", "least_outstanding")
@@ -180,7 +180,8 @@ class QueueConfig(_Section):
                                    "ends as timed_out. 0: wait forever", float, lo=0.0,
                                    hi=MAX_SECONDS)
     aging_after_s: float = knob(0.0, "priority policy: every this many seconds of waiting raise a "
-                                "request one priority level. 0: no aging", float, lo=0.0,
+                                "request one priority level; lpm: a request waiting this long "
+                                "goes ahead of younger ones. 0: no aging", float, lo=0.0,
                                 hi=MAX_SECONDS)
 
 
@@ -208,6 +209,10 @@ class CacheConfig(_Section):
         "gets the rest, as in vLLM. null: 80% of free device memory, on CPU 25% of "
         "MemAvailable up to 4 GiB. kv_cache_memory and num_gpu_blocks win over it",
         float, lo=0.01, hi=1.0, optional=True)
+    enable_prefix_caching: bool = knob(
+        True, "automatic prefix caching, as vLLM: full KV blocks are kept (shared by reference "
+        "count, evicted least recently used first) and a prompt starting with a cached "
+        "prefix computes only the rest; same outputs either way", bool)
     swap_space: float = knob(0.0, "GiB of CPU memory for KV swapped out by preemption "
                              "(vLLM's swap_space): sets num_cpu_blocks from the model's KV "
                              "bytes per token. 0: num_cpu_blocks as given", float, lo=0.0,

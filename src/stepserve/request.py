@@ -212,6 +212,7 @@ class Request:
     length_estimate: int | None = None  # expected output length (srpt); None: max_tokens
     parent_id: str | None = None  # n > 1: the request this one is child `index` of
     index: int = 0
+    cache_salt: str | None = None  # prefix cache namespace (vLLM's): no sharing across salts
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -236,6 +237,10 @@ class Request:
     admitted_seq: int = -1  # admission order; FCFS victims are the most recently admitted
     sched_step: int = -1  # scheduler's mark: the step this request was last scheduled in
     sched_tokens: int = 0  # and how many tokens it got in that step
+    # prefix cache: tokens it gave at the first admission (usage's cached_tokens), the latest
+    num_cached_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)  # the KV manager's
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)

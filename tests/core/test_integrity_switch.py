@@ -59,12 +59,12 @@ def test_block_manager_check_sees_each_corruption(corrupt, full):
     a, b = make_requests(2, prompt_len=8)
     assert kv.allocate_slots(a, 8) and kv.allocate_slots(b, 4)
     kv.check_integrity()
-    if corrupt == "double_free":
-        kv.gpu.free.append(kv.gpu.free[0])
+    if corrupt == "double_free":  # a block freed while its table still names it
+        kv.gpu.release([kv.block_tables["r0"][0]])
     elif corrupt == "held_not_in_table":
         kv.block_tables["r0"].pop()
     elif corrupt == "free_and_held":
-        kv.gpu.free.append(kv.block_tables["r0"][0])
+        kv.gpu.free_queue[kv.block_tables["r0"][0]] = None
     else:
         kv.block_tables["r1"].append(kv.block_tables["r0"][0])
     with pytest.raises(KVCacheError):

@@ -79,6 +79,6 @@ def test_integrity_check_catches_a_double_free():
     kv = KVCacheManager(num_gpu_blocks=4, block_size=4)
     (a,) = make_requests(1)
     kv.allocate_slots(a, 4)
-    kv.gpu.free.append(kv.block_table("r0")[0])  # corrupt: block both free and used
+    kv.gpu.release(kv.block_table("r0"))  # corrupt: freed while its table names it
     with pytest.raises(KVCacheError):
         kv.check_integrity()

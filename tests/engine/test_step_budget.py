@@ -82,8 +82,10 @@ def test_a_prompt_wave_never_takes_more_than_one_budget_per_step(monkeypatch):
     long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     decoding = [engine.add_request([5] * 8, long) for _ in range(4)]
     engine.step()
-    wave = [engine.add_request([7] * 128, SamplingParams(max_tokens=2, ignore_eos=True))
-            for _ in range(32)]
+    # distinct prompts: a shared one would come from the prefix cache, not the budget
+    wave = [engine.add_request([10 + i] + [7] * 127,
+                               SamplingParams(max_tokens=2, ignore_eos=True))
+            for i in range(32)]
     steps = 0
     while not all(r.is_finished for r in wave):
         result = engine.step()

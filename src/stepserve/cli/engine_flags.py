@@ -4,13 +4,12 @@ choices; shared by generate, serve, simulate, bench and sweep. vLLM's own names 
 settings we name otherwise are aliases (`--num-gpu-blocks-override` is
 `--num-gpu-blocks`, `--scheduling-policy` is `--policy`, `--kv-cache-memory-bytes` is
 `--kv-cache-memory`, which reads sizes as vLLM does: `4GiB`, `4G`, `512MiB`).
-Also here: `--dtype` with vLLM's values, and `--enable-prefix-caching`, accepted and
-ignored with one warning (there is no prefix cache: see docs/guide.md)."""
+`--enable-prefix-caching` / `--no-enable-prefix-caching` is the cache field of that name,
+as in vLLM (on by default). Also here: `--dtype` with vLLM's values."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from stepserve.cli.vllm_args import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
@@ -24,11 +23,6 @@ from stepserve.config_load import (
 )
 from stepserve.engine.dtypes import DTYPE_CHOICES
 from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
-
-PREFIX_CACHING_WARNING = (
-    "warning: --enable-prefix-caching: stepserve has no prefix cache, so every prompt is "
-    "prefilled in full; outputs are the same, only repeated prefixes cost more. The flag "
-    "is accepted for vLLM compatibility and changes nothing.")
 
 
 def bool_flag(text: str) -> bool:
@@ -71,11 +65,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*flags, dest=f.name, default=None, choices=meta["choices"],
                                type=_text_type(reader) if reader else kind,
                                help=_help(f))
-    group.add_argument("--enable-prefix-caching", type=bool_flag, nargs="?", const=True,
-                       default=None, help="accepted for vLLM compatibility; stepserve has "
-                       "no prefix cache, so true only prints a warning")
-    group.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                       action="store_false", help=argparse.SUPPRESS)
 
 
 def _help(f: Any) -> str:
@@ -94,14 +83,12 @@ def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
-    """--config FILE (where the command has it) and the engine flags given; warns once
-    when prefix caching was asked for. A problem with a vLLM-style file found while
-    parsing (cli/vllm_args.py) is raised here, as the command's UsageError."""
+    """--config FILE (where the command has it) and the engine flags given. A problem
+    with a vLLM-style file found while parsing (cli/vllm_args.py) is raised here, as the
+    command's UsageError."""
     problem = getattr(args, CONFIG_PROBLEM_DEST, None)
     if problem is not None:
         raise problem
-    if getattr(args, "enable_prefix_caching", None):
-        print(PREFIX_CACHING_WARNING, file=sys.stderr)
     return ConfigOverrides(getattr(args, "config", None), flag_changes(args),
                            getattr(args, COMMAND_KEYS_DEST, frozenset()))
 

@@ -19,7 +19,8 @@ SCHEDULERS: dict[str, type[SchedulerBase]] = {
 def make_scheduler(config: EngineConfig, clock: Clock, num_gpu_blocks: int) -> SchedulerBase:
     """The scheduler for `config.scheduler.batching`, with its own KV block manager."""
     cache = config.cache
-    kv = KVCacheManager(num_gpu_blocks, cache.block_size, cache.num_cpu_blocks, cache.watermark)
+    kv = KVCacheManager(num_gpu_blocks, cache.block_size, cache.num_cpu_blocks, cache.watermark,
+                        cache.enable_prefix_caching)
     return SCHEDULERS[config.scheduler.batching](config, kv, clock)
 
 

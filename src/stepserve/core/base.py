@@ -10,7 +10,8 @@ from operator import attrgetter
 
 from stepserve.clock import Clock
 from stepserve.config import ConfigError, EngineConfig
-from stepserve.core.kv_cache import KVCacheError, KVCacheManager, blocks_for
+from stepserve.core.integrity import check_scheduler
+from stepserve.core.kv_cache import KVCacheManager, blocks_for
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.policies import make_policy
 from stepserve.request import FINISH_REASON_OF, RejectReason, Request, RequestStatus
@@ -37,15 +38,16 @@ class SchedulerBase:
         self.qc = config.queue
         self.kv = kv
         self.clock = clock
-        self.policy = make_policy(self.sc.policy, self.qc.aging_after_s)
-        usable = kv.num_gpu_blocks - kv.watermark_blocks
+        self.policy = make_policy(self.sc.policy, self.qc.aging_after_s,
+                                  lambda r: len(kv.cached_prefix(r)) * kv.block_size)
+        # One sequence of max_model_len must fit (as vLLM asks); the watermark does not
+        # count against it: it holds a new request back only while others hold blocks.
         need = blocks_for(self.sc.max_model_len, kv.block_size)
-        if usable < need:
+        if kv.num_gpu_blocks < need:
             raise ConfigError(
-                f"cache.num_gpu_blocks = {kv.num_gpu_blocks} (block_size {kv.block_size}, "
-                f"{kv.watermark_blocks} kept free by the watermark) cannot hold one sequence of "
-                f"max_model_len = {self.sc.max_model_len} tokens ({need} blocks); add blocks "
-                f"or lower max_model_len")
+                f"cache.num_gpu_blocks = {kv.num_gpu_blocks} (block_size {kv.block_size}) "
+                f"cannot hold one sequence of max_model_len = {self.sc.max_model_len} tokens "
+                f"({need} blocks); add blocks or lower max_model_len")
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # admission order
         self.swapped: list[Request] = []
@@ -173,22 +175,9 @@ class SchedulerBase:
         return bool(self.waiting or self.running or self.swapped)
 
     def check_integrity(self, full: bool = True) -> None:
-        """Raise KVCacheError unless the blocks and the queues agree: the block manager's
-        own invariant (`full`: the block sets, else their counts), every live request in
-        exactly one queue, and blocks held only by live requests (a table left behind by
-        an ended request is a leak)."""
-        kv = self.kv
-        kv.check_integrity(full)
-        live = self.requests
-        queued = len(self.waiting) + len(self.running) + len(self.swapped)
-        if queued != len(live) or (full and {r.request_id for q in (
-                self.waiting, self.running, self.swapped) for r in q} != live.keys()):
-            raise KVCacheError(f"queues hold {queued} requests, the live table {len(live)}, "
-                               f"or they name different requests")
-        if not (kv.block_tables.keys() <= live.keys() and kv.cpu_tables.keys() <= live.keys()):
-            leaked = (kv.block_tables.keys() | kv.cpu_tables.keys()) - live.keys()
-            raise KVCacheError(f"blocks held by ended or unknown request "
-                               f"{sorted(leaked)[0]!r}")
+        """Raise KVCacheError unless the blocks and the queues agree (core/integrity.py;
+        `full=False`: the counts only, cheap enough for every step)."""
+        check_scheduler(self, full)
 
     def next_wakeup_time(self) -> float | None:
         """When schedule() may have work again without a new arrival (None: not by itself)."""
@@ -229,12 +218,21 @@ class SchedulerBase:
         emitted: list[Request] = []
         emit = emitted.append
         ended: list[Request] = []
+        # A block is named for the prefix cache once its last token's KV is computed:
+        # here, when a step's tokens cross a block boundary (computed % bs < n), never
+        # when scheduled, so a failed or preempted step leaves nothing half-computed in
+        # the cache (vLLM names blocks as it schedules them and shares them within a
+        # step; here the next step shares them).
+        cache_blocks = self.kv.cache_blocks if self.kv.enable_prefix_caching else None
+        bs = self.kv.block_size
         # No max_model_len check here: admission guarantees prompt + max_tokens fits it.
         # (With _schedule_running, the hottest loop of a simulation: locals, no indexing.)
         for req, n, tok in zip(requests, counts, result.sampled_token_ids):
             if req.status is not _RUNNING:
                 continue  # ended (aborted) while the step ran
-            req.num_computed_tokens += n
+            computed = req.num_computed_tokens = req.num_computed_tokens + n
+            if cache_blocks is not None and computed % bs < n:
+                cache_blocks(req, computed)
             if tok is None:
                 continue
             output = req.output_token_ids

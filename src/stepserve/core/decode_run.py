@@ -10,9 +10,10 @@ each step only the requests that take a block or end in it (a few), instead of e
 request in every step; the others are brought up to date once, when the run ends.
 
 `run_decodes` leaves exactly what stepping would have left: the same tokens, token and
-finish times, finish reasons, KV block ids taken and freed in the same order, step
-records and indices, policy counters and finished log (tests/sim/test_decode_run.py
-runs whole simulations both ways and compares all of it). Where the steps are not plain
+finish times, finish reasons, KV block ids taken and freed in the same order (and so
+the same prefix cache), step records and indices, policy counters and finished log
+(tests/sim/test_decode_run.py runs whole simulations both ways and compares all of
+it). Where the steps are not plain
 (see `decoding_batch`), or a block would run out (schedule() preempts then), it does
 nothing and schedule() does the step.
 """
@@ -187,7 +188,7 @@ class _Run:
         while k < len(taking) and room[taking[k]] == step:
             k += 1
         takers = [i for i in taking[self.k:k] if final[i] > step] + self.again.pop(step + 1, [])
-        if len(takers) > len(self.gpu.free):
+        if len(takers) > self.gpu.num_free:
             return False
         self.step = step = step + 1
         self.k = k
@@ -233,6 +234,14 @@ class _Run:
             sched.running = [r for r in sched.running if r.status is _RUNNING]
         _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
         sched._step_index = self.step0 + step
+        # The blocks the run filled are named for the prefix cache now, not in the step
+        # that filled each (as update_from_output does): nobody looks the cache up during
+        # a run, and which block a name gives does not depend on naming order
+        # (block_pool.py); a request that ended in the run named its blocks as it let go.
+        if self.kv.enable_prefix_caching:
+            cache_blocks = self.kv.cache_blocks
+            for req in batch:
+                cache_blocks(req, req.num_computed_tokens)
 
 
 def _catch_up(sched: Scheduler, requests: list[Request], plain: list[int], steps: int,

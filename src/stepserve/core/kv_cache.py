@@ -1,9 +1,23 @@
-"""The paged KV block manager: device blocks of `block_size` tokens, a CPU swap pool,
-and per-request block tables.
+"""The paged KV block manager: device blocks of `block_size` tokens shared by reference
+count (block_pool.py), a CPU swap pool, per-request block tables, and automatic prefix
+caching.
 
-Invariant (checked by `check_integrity`): for each pool, free blocks + blocks referenced
-by some block table == total blocks, a block is held (the pool's `held` set) iff exactly
-one table holds it (blocks are never shared), and no block is both free and held.
+Prefix caching (on unless `enable_prefix_caching=False`): a block whose tokens are all
+computed is named by the hash chain of prefix_hash.py (`cache_blocks`, called as each
+step's tokens are applied) and stays in the pool after its request lets go, until the
+pool needs it for new data. A new request starts from the longest run of named blocks
+that matches its own chain (`cached_prefix`), holding them beside their other holders.
+
+    a table:  [hit][hit][hit][new][new]    hits: shared, read-only; new: its own
+                               ^ num_computed_tokens starts here
+
+A request only ever writes its own, unshared blocks: a hit is a full block below the
+first token it computes, and at least its last token is always computed (it needs the
+logits), so a whole-prompt hit is cut back by one block (`cached_prefix`).
+
+Invariant (checked by `check_integrity`): in each pool, a block's reference count is the
+number of tables naming it; the free queue is exactly the blocks with count 0; every
+named block is in the name map under its name and the map holds nothing else.
 
 Allocation is check-then-commit: a method that can run out of blocks returns False (or
 an empty result) and changes nothing; a broken invariant raises.
@@ -11,62 +25,37 @@ an empty result) and changes nothing; a broken invariant raises.
 
 from __future__ import annotations
 
+from stepserve.core.block_pool import BlockPool, KVCacheError
+from stepserve.core.prefix_hash import block_hashes
 from stepserve.request import Request
 
-
-class KVCacheError(RuntimeError):
-    """An invariant of the block manager is broken (a bug, not a capacity problem)."""
+__all__ = ["BlockPool", "KVCacheError", "KVCacheManager", "blocks_for"]
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-class BlockPool:
-    """A fixed set of block ids, each free or held by exactly one block table (blocks are
-    never shared: there is no prefix caching), with a LIFO free list."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self.free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self.held: set[int] = set()
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free)
-
-    def take(self, n: int) -> list[int]:
-        if n > len(self.free):
-            raise KVCacheError(f"take({n}) with only {len(self.free)} free blocks")
-        out = self.free[len(self.free) - n:]
-        del self.free[len(self.free) - n:]
-        self.held.update(out)
-        return out
-
-    def release(self, blocks: list[int]) -> None:
-        # Set operations, not a loop: a finished request releases its whole table.
-        held = self.held
-        if not held.issuperset(blocks) or len(set(blocks)) != len(blocks):
-            stray = sorted(set(blocks) - held) or sorted(b for b in blocks
-                                                         if blocks.count(b) > 1)
-            raise KVCacheError(f"block {stray[0]} released but not held (or released twice)")
-        held.difference_update(blocks)
-        self.free.extend(blocks)
-
-
 class KVCacheManager:
-    """Block tables for running (device) and swapped (CPU) requests."""
+    """Block tables for running (device) and swapped (CPU) requests; the prefix cache."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 watermark: float = 0.0) -> None:
+                 watermark: float = 0.0, enable_prefix_caching: bool = True) -> None:
         if num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks = {num_gpu_blocks}: must be >= 1")
         self.block_size = block_size
         self.gpu = BlockPool(num_gpu_blocks)
         self.cpu = BlockPool(num_cpu_blocks)
         self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}  # request id -> device blocks
         self.cpu_tables: dict[str, list[int]] = {}  # request id -> CPU blocks (swapped)
+        # request id -> how many leading blocks of its device table are named already
+        self.num_named: dict[str, int] = {}
+        # Counters for the metrics (vLLM's prefix_cache_queries / _hits, in tokens), over
+        # admissions that looked the cache up; evictions (named blocks reused) in blocks.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # ---- queries ----
     @property
@@ -75,66 +64,151 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
+        """Free device blocks, evictable cached ones included."""
         return self.gpu.num_free
 
     @property
     def usage(self) -> float:
-        """Share of device blocks in use, 0..1."""
+        """Share of device blocks held by some request, 0..1 (cached free blocks are free)."""
         return 1.0 - self.gpu.num_free / self.gpu.num_blocks
+
+    @property
+    def prefix_cache_evictions(self) -> int:
+        return self.gpu.num_evictions
 
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
 
+    # ---- the prefix cache ----
+    def cached_prefix(self, request: Request) -> list[int]:
+        """The device blocks of the longest cached prefix of `request` (which holds no
+        blocks), at most (num_tokens - 1) // block_size of them so its last token is
+        computed. Empty with caching off, and for a request that wants prompt logprobs
+        (its prompt positions must be computed to be scored). Changes nothing."""
+        if not self.looks_up(request):
+            return []
+        bs = self.block_size
+        limit = (request.num_tokens - 1) // bs
+        hashes = request.block_hashes
+        lookup = self.gpu.cached.get
+        hits: list[int] = []
+        for i in range(limit):
+            if i == len(hashes):  # named lazily: a miss ends the walk
+                block_hashes(request, i + 1, bs)
+            b = lookup(hashes[i])
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def looks_up(self, request: Request) -> bool:
+        """Whether `request` may start from cached blocks (`cached_prefix`)."""
+        return self.enable_prefix_caching and request.prompt_logprobs is None
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Name the full blocks among the first `num_tokens` tokens of `request`, whose KV
+        is computed: from now on other requests may share them."""
+        if self.enable_prefix_caching:
+            self._name_blocks(request, self.block_tables[request.request_id], num_tokens)
+
+    def _name_blocks(self, request: Request, table: list[int], num_tokens: int) -> None:
+        rid = request.request_id
+        full = num_tokens // self.block_size
+        done = self.num_named.get(rid, 0)
+        if full <= done:
+            return
+        hashes = block_hashes(request, full, self.block_size)
+        name = self.gpu.name
+        for i in range(done, full):
+            name(table[i], hashes[i])
+        self.num_named[rid] = full
+
     # ---- device allocation ----
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       reserve_total: int = 0) -> bool:
+    def allocate_slots(self, request: Request, num_new_tokens: int, reserve_total: int = 0,
+                       cached: list[int] | None = None) -> bool:
         """Make room for `num_new_tokens` more tokens of `request` (and, when given, for
-        `reserve_total` tokens in all). A request holding no blocks yet is new: it must
-        leave the watermark free so running requests can still grow. False: no change."""
+        `reserve_total` tokens in all). `cached`: for a request holding no blocks, the
+        hits `cached_prefix` found; they come first in its table and the new tokens
+        follow them (the caller advances num_computed_tokens past them). Hits still free
+        leave the free queue, so they count against it like new blocks. A request
+        holding no blocks yet must leave the watermark free so running requests can
+        still grow, unless no request holds any. False: no change."""
         rid = request.request_id
         table = self.block_tables.get(rid)
         have = len(table) if table else 0
-        total = request.num_computed_tokens + num_new_tokens
+        hits = cached or ()
+        total = request.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
         if reserve_total > total:
             total = reserve_total
-        need = -(-total // self.block_size) - have
-        if need <= 0:
+        need = -(-total // self.block_size) - have - len(hits)
+        if need <= 0 and not hits:
             return True
-        free = len(self.gpu.free)
-        if need > free or (have == 0 and free - need < self.watermark_blocks):
+        gpu = self.gpu
+        cost = max(need, 0)
+        if hits:
+            ref = gpu.ref_cnt
+            cost += sum(1 for b in hits if ref[b] == 0)
+        free = gpu.num_free
+        if cost > free:
             return False
-        new = self.gpu.take(need)
+        if have == 0 and free - cost < self.watermark_blocks and gpu.num_held:
+            return False
+        if hits:
+            if table is not None:
+                raise KVCacheError(f"request {rid}: a cache hit for a request holding blocks")
+            gpu.touch(hits)
+            self.num_named[rid] = len(hits)
+        new = gpu.take(need) if need > 0 else []
         if table is None:
-            self.block_tables[rid] = new
+            self.block_tables[rid] = [*hits, *new]
         else:
             table.extend(new)
         return True
 
     def free(self, request: Request) -> None:
-        """Release every block `request` holds, on the device and in the CPU pool."""
-        table = self.block_tables.pop(request.request_id, None)
+        """Release every block `request` holds, on the device and in the CPU pool; its
+        computed device blocks stay cached (named) for whoever shares the prefix next."""
+        rid = request.request_id
+        table = self.block_tables.pop(rid, None)
         if table:
-            self.gpu.release(table)
-        cpu_table = self.cpu_tables.pop(request.request_id, None)
+            self._let_go(request, table)
+        cpu_table = self.cpu_tables.pop(rid, None)
         if cpu_table:
             self.cpu.release(cpu_table)
 
+    def _let_go(self, request: Request, table: list[int]) -> None:
+        """Release `request`'s device `table`, first naming what `cache_blocks` has not
+        named yet (a decode run applies its steps without it), so it stays cached."""
+        if self.enable_prefix_caching:
+            self._name_blocks(request, table, min(request.num_computed_tokens,
+                                                  request.num_tokens))
+        self.num_named.pop(request.request_id, None)
+        self.gpu.release(table)
+
     # ---- swapping ----
+    # A swapped request keeps its own CPU copy of every block, shared or not, and lets go
+    # of its device blocks (a shared one stays with its other holders; a computed one
+    # stays cached). Swapping in takes fresh device blocks for the copies; they are named
+    # again as steps complete (twins of the originals, if those are still cached).
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
-        """Move `request`'s device blocks to the CPU pool; returns (device, cpu) copies.
+        """Copy `request`'s device blocks to the CPU pool and release them; returns the
+        (device, cpu) copies, which must run before the released blocks are written.
         Empty list (and no change) if the CPU pool is too small."""
-        table = self.block_tables.get(request.request_id, [])
+        rid = request.request_id
+        table = self.block_tables.get(rid, [])
         if not table or len(table) > self.cpu.num_free:
             return []
         cpu_blocks = self.cpu.take(len(table))
-        self.cpu_tables[request.request_id] = cpu_blocks
-        del self.block_tables[request.request_id]
-        self.gpu.release(table)
+        self.cpu_tables[rid] = cpu_blocks
+        del self.block_tables[rid]
+        self._let_go(request, table)
         return list(zip(table, cpu_blocks))
 
     def can_swap_in(self, request: Request) -> bool:
+        """Room for its blocks, leaving the watermark free unless no request holds any."""
         n = len(self.cpu_tables.get(request.request_id, ()))
-        return n <= self.gpu.num_free - self.watermark_blocks
+        free = self.gpu.num_free
+        return n <= free - self.watermark_blocks or (n <= free and not self.gpu.num_held)
 
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
         """Bring `request`'s blocks back to the device; returns (cpu, device) copies.
@@ -150,43 +224,24 @@ class KVCacheManager:
 
     # ---- invariants ----
     def check_integrity(self, full: bool = True) -> None:
-        """Raise KVCacheError unless every block is exactly free or referenced by one
-        table. `full=False` checks only the counts (free + held == total, and the tables
-        reference as many blocks as are held): O(requests), cheap enough for every step;
-        a leak or a double allocation changes a count. The full check compares the block
-        sets themselves."""
+        """Raise KVCacheError unless the pools and the tables agree. `full=False` checks
+        only the counts (free + held == total, the tables' entries == the references, the
+        name map's size): O(requests), cheap enough for every step; a leak or a double
+        allocation changes a count. The full check compares each block's count with the
+        tables naming it, the free queue and the name map, both ways."""
         for name, pool, tables in (("device", self.gpu, self.block_tables),
                                    ("cpu", self.cpu, self.cpu_tables)):
-            in_tables = sum(map(len, tables.values()))
-            if len(pool.held) + len(pool.free) != pool.num_blocks or \
-                    in_tables != len(pool.held):
-                raise KVCacheError(f"{name}: free {len(pool.free)} + held {len(pool.held)} "
-                                   f"!= total {pool.num_blocks}, or tables reference "
-                                   f"{in_tables} blocks")
             if full:
-                _check_pool(name, pool, tables)
+                pool.check(name, list(tables.values()))
+            else:
+                pool.check_counts(name, tables.values())
+        stray = self.num_named.keys() - self.block_tables.keys()
+        if stray:
+            raise KVCacheError(f"named-block count kept for request {min(stray)!r}, which "
+                               f"holds no device blocks")
 
     @property
     def all_free(self) -> bool:
+        """No block is held (cached free blocks may remain)."""
         return (self.gpu.num_free == self.gpu.num_blocks
                 and self.cpu.num_free == self.cpu.num_blocks)
-
-
-def _check_pool(name: str, pool: BlockPool, tables: dict[str, list[int]]) -> None:
-    referenced = [b for table in tables.values() for b in table]
-    refs = set(referenced)
-    if len(refs) != len(referenced):
-        dup = next(b for b in referenced if referenced.count(b) > 1)
-        raise KVCacheError(f"{name} block {dup}: {referenced.count(dup)} tables hold it")
-    free = set(pool.free)
-    if len(free) != len(pool.free):
-        raise KVCacheError(f"{name} free list holds a block twice")
-    if refs != pool.held:
-        stray = sorted(refs ^ pool.held)[0]
-        raise KVCacheError(f"{name} block {stray}: held={stray in pool.held} but "
-                           f"{int(stray in refs)} tables hold it")
-    both = free & refs
-    if both:
-        raise KVCacheError(f"{name} block {min(both)}: free and held by a table")
-    if not free.union(refs) <= set(range(pool.num_blocks)):
-        raise KVCacheError(f"{name}: a block id outside 0..{pool.num_blocks - 1}")

@@ -7,6 +7,7 @@ Convention (vLLM's): a lower priority value runs first.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from stepserve.request import Request
 
@@ -138,7 +139,43 @@ class FairShare(Policy):
         return max(running, key=lambda r: (served[r.tenant], r.admitted_seq))
 
 
-def make_policy(name: str, aging_after_s: float = 0.0) -> Policy:
+class LongestPrefixMatch(Policy):
+    """Longest cached prefix first (SGLang's lpm): a prompt whose prefix is in the cache
+    costs least to admit, and admitting it before its prefix is evicted keeps the hit.
+    Ties (and every prompt, with prefix caching off) in arrival order. The victim is the
+    most recently admitted, as FCFS's.
+
+    The aging guard: with `aging_after_s` > 0, a request that has waited that long goes
+    ahead of every younger one, oldest first, so a prompt that shares nothing waits at
+    most about aging_after_s plus the admission of the older ones. 0: no guard (a cold
+    prompt waits as long as hot ones keep coming)."""
+
+    name = "lpm"
+    sorts_waiting = True
+
+    def __init__(self, cached_tokens: Callable[[Request], int],
+                 aging_after_s: float = 0.0) -> None:
+        self.cached_tokens = cached_tokens  # the KV manager's cached prefix of a request
+        self.aging_after_s = aging_after_s
+
+    def order_waiting(self, waiting: list[Request], now: float) -> None:
+        aging, cached = self.aging_after_s, self.cached_tokens
+
+        def key(r: Request) -> tuple[int, int, float]:
+            if aging > 0 and now - r.arrival_time >= aging:
+                return (0, 0, r.arrival_time)
+            return (1, -cached(r), r.arrival_time)
+
+        waiting.sort(key=key)
+
+    def pick_victim(self, running: list[Request], now: float) -> Request:
+        return running[-1]
+
+
+def make_policy(name: str, aging_after_s: float = 0.0,
+                cached_tokens: Callable[[Request], int] | None = None) -> Policy:
+    """The policy called `name`; `cached_tokens(request)`: the tokens of its prompt the
+    prefix cache holds (lpm orders by it; none given: nothing is cached)."""
     if name == "fcfs":
         return FCFS()
     if name == "priority":
@@ -147,4 +184,10 @@ def make_policy(name: str, aging_after_s: float = 0.0) -> Policy:
         return ShortestRemaining()
     if name == "fair":
         return FairShare()
-    raise ValueError(f"policy = {name!r}: must be one of fcfs, priority, srpt, fair")
+    if name == "lpm":
+        return LongestPrefixMatch(cached_tokens or _nothing_cached, aging_after_s)
+    raise ValueError(f"policy = {name!r}: must be one of fcfs, priority, srpt, fair, lpm")
+
+
+def _nothing_cached(request: Request) -> int:
+    return 0

@@ -16,7 +16,9 @@ The named steps each take the budget left and return what they leave:
   schedule_running (and its halves schedule_running_prefills / _decodes),
   schedule_swapped, schedule_waiting.
 
-Token rule: a request needs `num_tokens - num_computed_tokens` more tokens computed. It is
+Token rule: a request needs `num_tokens - num_computed_tokens` more tokens computed; a
+new prompt starts past its cached prefix (the KV manager's prefix cache), so the budget,
+the chunk cap and the partial-prefill limits count only what is left to compute. It is
 decoding (Request.is_decoding) when exactly its newest sampled token is missing; anything
 else is prefill (a fresh prompt, a chunk of one, or a recompute after preemption). A
 prefill chunk is capped by long_prefill_token_threshold; at most max_num_partial_prefills
@@ -198,7 +200,7 @@ class Scheduler(SchedulerBase):
                     not _is_decoding(req)
             if mid_prefill:
                 partial += 1
-                if threshold and req.num_tokens > threshold:
+                if threshold and req.num_tokens - req.prefix_hit_tokens > threshold:
                     long_partial += 1
         return partial, long_partial
 
@@ -215,6 +217,8 @@ class Scheduler(SchedulerBase):
         chunked = sc.enable_chunked_prefill
         threshold = sc.long_prefill_token_threshold
         reserve_all = self.preemption.reserves_worst_case
+        kv = self.kv
+        bs = kv.block_size
         # Prompts left mid-prefill, counted when a chunk first needs them (a prompt that
         # fits whole, the usual case, never does): -1 until then.
         partial = long_partial = -1
@@ -222,8 +226,12 @@ class Scheduler(SchedulerBase):
         for req in self.waiting:
             if len(self.running) >= sc.max_num_seqs or budget <= 0:
                 break
-            remaining = req.num_tokens - req.num_computed_tokens
-            is_long = threshold > 0 and req.num_tokens > threshold
+            # Its cached prefix is computed already: only the rest counts against the
+            # budget, the chunk cap, the partial-prefill limits and the free blocks.
+            hits = kv.cached_prefix(req)
+            hit_tokens = len(hits) * bs
+            remaining = req.num_tokens - req.num_computed_tokens - hit_tokens
+            is_long = threshold > 0 and req.num_tokens - hit_tokens > threshold
             if chunked:
                 n = min(remaining, sc.chunk_cap, budget)
                 if n < remaining:  # it will be left mid-prefill
@@ -237,16 +245,18 @@ class Scheduler(SchedulerBase):
                 if n > budget:
                     break
             reserve = req.max_total_tokens if reserve_all else 0
-            if not self.kv.allocate_slots(req, n, reserve):
+            if not kv.allocate_slots(req, n, reserve, hits):
                 break  # no room: new prompts wait rather than evict anyone
+            self._take_prefix_hit(req, hit_tokens)
             if n < remaining:
                 partial += 1
                 long_partial += is_long
             self._admit(req, now)
             admitted.append(req)
             # A waiting request holds no KV (new, or its KV was dropped), so it needs
-            # its whole prompt (plus any output) and is never decoding.
-            out.add(req, n, decoding=False)
+            # its whole prompt (plus any output) past its cached prefix: a prefill, unless
+            # a recompute found all but its newest token cached.
+            out.add(req, n, decoding=n == 1 and _is_decoding(req))
             budget -= n
         if admitted:
             k = len(admitted)
@@ -256,3 +266,14 @@ class Scheduler(SchedulerBase):
                 gone = set(map(id, admitted))
                 self.waiting = [r for r in self.waiting if id(r) not in gone]
         return budget
+
+    def _take_prefix_hit(self, req: Request, hit_tokens: int) -> None:
+        """`req` was admitted holding `hit_tokens` tokens from the prefix cache."""
+        req.num_computed_tokens += hit_tokens
+        req.prefix_hit_tokens = hit_tokens
+        if req.first_scheduled_time is None:  # its prompt's first admission: for usage
+            req.num_cached_tokens = hit_tokens
+        kv = self.kv
+        if kv.looks_up(req):
+            kv.prefix_cache_queries += req.num_tokens
+            kv.prefix_cache_hits += hit_tokens

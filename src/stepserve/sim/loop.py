@@ -66,9 +66,25 @@ class SimResult:
 def make_request(spec: RequestSpec, arrival: float) -> Request:
     params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
                             priority=spec.priority, tenant=spec.tenant)
-    return Request(request_id=str(spec.index), prompt_token_ids=[1] * spec.prompt_len,
+    return Request(request_id=str(spec.index), prompt_token_ids=prompt_token_ids(spec),
                    sampling_params=params, arrival_time=arrival, eos_token_id=SIM_EOS,
                    request_class=spec.request_class, length_estimate=spec.length_estimate)
+
+
+# Simulated prompts start with a token no other request has, above any id the runner
+# samples, so the prefix cache sees what a real workload of distinct prompts gives it:
+# no hits, except a request's own blocks after a recompute. The prefix cache works on
+# token ids, so a workload that shares prefixes must say so here: a shared system prompt
+# is the same run of ids before each request's own ones (the workload format does not
+# describe one yet).
+FIRST_PROMPT_ID = 1 << 20
+
+
+def prompt_token_ids(spec: RequestSpec) -> list[int]:
+    """The token ids of a simulated prompt, unique to the request from its first token."""
+    ids = [1] * spec.prompt_len
+    ids[0] = FIRST_PROMPT_ID + spec.index
+    return ids
 
 
 _STEP, _ARRIVAL, _WAKE, _RUN_END = 0, 1, 2, 3

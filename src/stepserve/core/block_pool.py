@@ -1,0 +1,213 @@
+"""A pool of KV blocks shared by reference count, with the prefix cache's names and LRU.
+
+Every block is in one of two states:
+
+  held   ref_cnt[b] > 0: that many block tables name it (a block of a shared prefix is
+         held by every request whose table starts with it);
+  free   ref_cnt[b] == 0, in `free_queue`. A free block may still be *named*
+         (`block_hash[b]`, from prefix_hash.py): its KV is kept, and a request whose
+         prefix has that name takes it back (`touch`) instead of recomputing it. It stays
+         named until `take` hands it out for new data: an eviction drops the name.
+
+The free queue, head first (take pops the head):
+
+    [unnamed blocks ...][named blocks, least recently freed ... most recently freed]
+
+An unnamed block holds nothing anyone can ask for, so it is reused before any named one;
+a named block joins at the tail, so the least recently used is evicted first. A table is
+released tail block first (`release`), so of one request's blocks, the tail of its
+sequence (the part least likely shared) is evicted before its head.
+
+Several blocks may carry the same name: two requests computed the same tokens at the
+same time (neither could hit the other's block yet), or a swapped-in copy. A lookup
+gives the lowest block id of a name (`cached`); the others wait in `twins` and take over
+when it is evicted. Which block a lookup gets depends only on which blocks are named,
+never on the order they were named in (the simulator's decode runs name blocks later
+than stepping does and must come out the same).
+
+Allocation is check-then-commit in the caller (kv_cache.py); here a call that breaks an
+invariant (take more than is free, release what nobody holds) raises KVCacheError.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from itertools import chain
+from operator import eq
+
+from stepserve.core.prefix_hash import BlockHash
+
+
+class KVCacheError(RuntimeError):
+    """An invariant of the block manager is broken (a bug, not a capacity problem)."""
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_held = 0  # blocks with ref_cnt > 0
+        self.num_refs = 0  # sum of ref_cnt: table entries naming this pool's blocks
+        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.cached: dict[BlockHash, int] = {}  # name -> its lowest-id block
+        self.twins: dict[BlockHash, list[int]] = {}  # name -> its other blocks
+        self.num_named = 0
+        self.num_evictions = 0  # named blocks taken for new data
+
+    @property
+    def num_free(self) -> int:
+        """Free blocks, named (evictable) ones included."""
+        return len(self.free_queue)
+
+    @property
+    def free(self) -> list[int]:
+        """The free block ids in the order `take` hands them out."""
+        return list(self.free_queue)
+
+    # ---- handing blocks out and back ----
+    def take(self, n: int) -> list[int]:
+        """`n` blocks from the head of the free queue, held once each; a named one is
+        evicted (its name dropped)."""
+        queue = self.free_queue
+        if n > len(queue):
+            raise KVCacheError(f"take({n}) with only {len(queue)} free blocks")
+        pop, names, ref = queue.popitem, self.block_hash, self.ref_cnt
+        out = []
+        for _ in range(n):
+            b = pop(last=False)[0]
+            if names[b] is not None:
+                self._drop_name(b)
+                self.num_evictions += 1
+            ref[b] = 1
+            out.append(b)
+        self.num_held += n
+        self.num_refs += n
+        return out
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Hold `blocks` once more each (a prefix cache hit); a free one leaves the queue."""
+        ref, queue = self.ref_cnt, self.free_queue
+        k = 0
+        for b in blocks:
+            if ref[b] == 0:
+                del queue[b]
+                self.num_held += 1
+            ref[b] += 1
+            k += 1
+        self.num_refs += k
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one hold on each of `blocks` (one table's), its last block first; a block
+        nobody holds any more joins the free queue (named: at the tail; unnamed: at the
+        head)."""
+        ref, queue, names = self.ref_cnt, self.free_queue, self.block_hash
+        if not all(map(ref.__getitem__, blocks)):
+            stray = next(b for b in blocks if ref[b] <= 0)
+            raise KVCacheError(f"block {stray} released but not held")
+        for b in reversed(blocks):
+            left = ref[b] - 1
+            ref[b] = left
+            if left == 0:
+                queue[b] = None
+                if names[b] is None:
+                    queue.move_to_end(b, last=False)
+                self.num_held -= 1
+            elif left < 0:
+                raise KVCacheError(f"block {b} released twice")
+        self.num_refs -= len(blocks)
+
+    # ---- names ----
+    def name(self, b: int, h: BlockHash) -> None:
+        """Name held block `b` by `h`: its KV is computed and others may share it."""
+        current = self.block_hash[b]
+        if current is not None:
+            if current != h:
+                raise KVCacheError(f"block {b} is named twice, by different prefixes")
+            return
+        self.block_hash[b] = h
+        self.num_named += 1
+        first = self.cached.get(h)
+        if first is None:
+            self.cached[h] = b
+        elif b < first:
+            self.cached[h] = b
+            self.twins.setdefault(h, []).append(first)
+        else:
+            self.twins.setdefault(h, []).append(b)
+
+    def _drop_name(self, b: int) -> None:
+        h = self.block_hash[b]
+        assert h is not None
+        self.block_hash[b] = None
+        self.num_named -= 1
+        others = self.twins.get(h)
+        if self.cached[h] == b:
+            if others:
+                self.cached[h] = nxt = min(others)
+                others.remove(nxt)
+            else:
+                del self.cached[h]
+        else:
+            assert others is not None
+            others.remove(b)
+        if others is not None and not others:
+            del self.twins[h]
+
+    # ---- invariants ----
+    def check_counts(self, name: str, tables: Iterable[list[int]]) -> None:
+        """O(tables): the counters agree with each other and with the tables' lengths."""
+        entries = sum(map(len, tables))
+        if self.num_held + len(self.free_queue) != self.num_blocks or \
+                entries != self.num_refs:
+            raise KVCacheError(f"{name}: free {len(self.free_queue)} + held {self.num_held} "
+                               f"!= total {self.num_blocks}, or tables name {entries} blocks "
+                               f"against {self.num_refs} references")
+        if len(self.cached) + sum(map(len, self.twins.values())) != self.num_named:
+            raise KVCacheError(f"{name}: {self.num_named} named blocks, the name map has "
+                               f"{len(self.cached)} names and "
+                               f"{sum(map(len, self.twins.values()))} twins")
+
+    def check(self, name: str, tables: list[list[int]]) -> None:
+        """The full check: every block's count is the number of tables naming it, the free
+        queue is exactly the blocks nobody holds, and the name map and the blocks' names
+        agree both ways (C-speed passes over the pool: cheap enough for every step)."""
+        self.check_counts(name, tables)
+        counts = Counter(chain.from_iterable(tables))
+        for table in tables:
+            if len(set(table)) != len(table):
+                dup = next(b for b in table if table.count(b) > 1)
+                raise KVCacheError(f"{name} block {dup}: one table names it twice")
+        ids = counts.keys() | self.free_queue.keys()
+        if ids and (min(ids) < 0 or max(ids) >= self.num_blocks):
+            raise KVCacheError(f"{name}: a block id outside 0..{self.num_blocks - 1}")
+        ref = self.ref_cnt
+        if list(map(ref.__getitem__, counts)) != list(counts.values()):
+            b = next(b for b, c in counts.items() if ref[b] != c)
+            raise KVCacheError(f"{name} block {b}: count {ref[b]} but {counts[b]} tables "
+                               f"hold it")
+        if sum(ref) != self.num_refs or min(ref, default=0) < 0:
+            b = next(b for b in range(self.num_blocks) if ref[b] and b not in counts)
+            raise KVCacheError(f"{name} block {b}: count {ref[b]} but no table holds it")
+        if len(counts) + len(self.free_queue) != self.num_blocks or \
+                any(map(counts.__contains__, self.free_queue)):
+            both = sorted(counts.keys() & self.free_queue.keys())
+            raise KVCacheError(f"{name} block {both[0] if both else '?'}: free and held "
+                               f"by a table (or neither)")
+        self._check_names(name)
+
+    def _check_names(self, name: str) -> None:
+        names, cached = self.block_hash, self.cached
+        if not all(map(eq, map(names.__getitem__, cached.values()), cached.keys())):
+            b = next(b for h, b in cached.items() if names[b] != h)
+            raise KVCacheError(f"{name} block {b}: the name map points at it, its name differs")
+        for h, others in self.twins.items():
+            if h not in cached or min(others) < cached[h] or \
+                    any(names[b] != h for b in others):
+                raise KVCacheError(f"{name}: the twins of a name disagree with the name map")
+        mapped = set(cached.values()).union(*self.twins.values())
+        if self.num_blocks - names.count(None) != self.num_named or \
+                len(mapped) != self.num_named:
+            raise KVCacheError(f"{name}: {self.num_blocks - names.count(None)} blocks carry "
+                               f"a name, {self.num_named} are in the name map")
