@@ -248,7 +248,7 @@ def serve_on_cluster(o: ServeOptions) -> int:
         dtype=dtype, device=o.device, retry_after_s=o.retry_after_s,
         shutdown_timeout_s=o.shutdown_timeout_s, max_request_bytes=o.max_request_bytes,
         log_level=o.log_level, config=o.config, pools_file=o.pools,
-        ray_address=o.ray_address, api_keys=o.api_keys))
+        ray_address=o.ray_address, api_keys=o.api_keys, connection_limits=o.limits))
 
 
 def check_can_listen(host: str, port: int) -> None:

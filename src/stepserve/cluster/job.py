@@ -28,6 +28,7 @@ from stepserve.config import ConfigError, EngineConfig
 from stepserve.config_load import ConfigOverrides
 from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.routing.pools import Deployment, load_deployment
+from stepserve.server.connection_limits import ConnectionLimits
 
 log = logging.getLogger("stepserve.cluster")
 
@@ -48,6 +49,8 @@ class ClusterServeOptions:
     pools_file: str | None = None  # YAML: replicas, router, pools, routing
     ray_address: str | None = None  # join this cluster; None: a local loopback instance
     num_cpus: int | None = None  # CPUs of a local instance (None: all)
+    # what one client connection may hold at the ingress (server/connection_limits.py)
+    connection_limits: ConnectionLimits = ConnectionLimits()
     cpus_per_replica: float = 1.0
     api_keys: tuple[str, ...] = ()  # Bearer tokens the ingress requires (server/auth.py)
 
@@ -137,7 +140,8 @@ def _serve(o: ClusterServeOptions, base: EngineConfig, deployment: Deployment,
         print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1: "
               f"{deployment.num_replicas} replicas on Ray Serve ({layout}; Ray node "
               f"{node_ip}; {ingress.runner})", file=sys.stderr)
-        make_server(ingress.app, o.host, o.port, log_level=o.log_level).run()
+        make_server(ingress.app, o.host, o.port, log_level=o.log_level,
+                    limits=o.connection_limits).run()
     finally:
         undeploy([p.name for p in deployment.pools])
         ray.shutdown()
