@@ -147,9 +147,9 @@ PROMO_SPIKE = (
            lambda r: run_of(r, "before").summary.preemptions
            / (run_of(r, "before").summary.duration_s / 60),
            why_not="140 in flight over 2 replicas of 38 GB (193K tokens at 192 KiB) fill "
-                   "the KV only at 2,760 tokens a sequence; prompts that long at 980/min "
-                   "need ~97% of an H100's reachable FLOP/s to prefill, and the latencies "
-                   "above could not hold"),
+                   "the KV only at 2,760 tokens a sequence, i.e. ~2,400-token prompts; "
+                   "prefilling those at 980/min takes ~580 TFLOP/s a replica, more than "
+                   "an H100 reaches (~495), and the latencies above could not hold"),
     Figure("share of preemptions on outputs over 1,200", 0.78, "%",
            summary_field("before", "preemptions_on_long_share"), why_not="no preemptions: above"),
 )
