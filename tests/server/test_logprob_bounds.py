@@ -81,7 +81,7 @@ def server():
     prompt, room for 128 sequences beside the watcher's, and short prefill chunks so no
     engine step is long in itself."""
     with serve_process("--max-model-len", "4096", "--num-gpu-blocks", "1024",
-                       "--max-num-seqs", "160", "--max-num-batched-tokens", "256") as s:
+                       "--max-num-seqs", "160", "--max-num-batched-tokens", "128") as s:
         yield s
 
 
