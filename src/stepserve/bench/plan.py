@@ -144,7 +144,7 @@ def make_specs(options: BenchWorkloadOptions, workload: Workload) -> list[Reques
     """The requests, due when `vllm bench serve` would send them: all at 0.0 for rate
     inf; for a random (Poisson, gamma) rate the sampled gaps scaled so that their mean
     is exactly 1 / rate, as vLLM scales its delays (throughput then does not wander
-    with the seed)."""
+    with the random seed)."""
     specs = workload.generate()
     rate = options.offered_rate()
     if rate is not None and math.isinf(rate):
