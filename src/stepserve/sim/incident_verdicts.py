@@ -76,7 +76,7 @@ def promo_lines(result: SimulateResult) -> list[str]:
         f"{p.max_len:,} x {format_size(p.kv_bytes_per_token)}) = {p.seqs_per_replica} "
         f"sequences, max_num_seqs {p.max_num_seqs} at {HEADROOM:.0%} headroom, "
         f"{p.replicas} replicas, {p.queued_at_peak} waiting at the peak (max_waiting "
-        f"{v.max_waiting} a replica holds {v.replicas * v.max_waiting}); "
+        f"{v.max_waiting} a replica: {v.replicas * v.max_waiting} over {v.replicas}); "
         f"{p.replicas_within_headroom} replicas would run the whole peak at once",
         f"  simulator, the fix ({v.replicas} x {v.max_num_seqs}, max_waiting "
         f"{v.max_waiting}): {v.rejected} of {after.requests_total:,.0f} rejected, waiting "
