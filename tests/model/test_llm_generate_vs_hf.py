@@ -1,9 +1,10 @@
 """LLM.generate (the whole engine: scheduler + KV manager + TorchRunner) against Hugging
 Face transformers' greedy generate, one prompt at a time, on the same weights: token for
-token, under every batching mode and both preemption modes (issue 3, must-show 1 and 2).
+token, under every batching mode and both preemption modes (the engine's correctness
+reference).
 Where a model has a GGUF source (the default model; the tiny GGUF written here) the engine
 runs the GGUF's own Q4_1/Q8_0 groups (quantization "auto" = q4_1) and the reference is
-transformers on the float32 weights those groups dequantise to (issue 14)."""
+transformers on the float32 weights those groups dequantise to."""
 
 from __future__ import annotations
 
