@@ -144,6 +144,13 @@ def test_enable_prefix_caching_is_the_cache_setting_on_by_default(capsys):
     assert capsys.readouterr().err == ""  # a real setting: no warning any more
 
 
+def test_the_lpm_policy_and_its_aging_are_settings_too(tmp_path):
+    want = settings("--policy", "lpm", "--aging-after-s", "5")
+    assert want.scheduler.policy == "lpm" and want.queue.aging_after_s == 5.0
+    assert settings("--scheduling-policy", "lpm", "--aging-after-s", "5") == want
+    assert yaml_settings(tmp_path, "scheduling-policy: lpm\naging-after-s: 5\n") == want
+
+
 def test_priority_policy_values_are_vllms():
     assert settings("--scheduling-policy", "fcfs").scheduler.policy == "fcfs"
     with pytest.raises(SystemExit):

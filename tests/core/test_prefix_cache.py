@@ -197,9 +197,8 @@ def test_the_budget_counts_only_uncached_tokens():
     (a,) = make_requests(1, max_tokens=1, prompt=PROMPT)
     sched.add_request(a)
     run_until_done(sched)  # 48 tokens: three chunks
-    b, c = make_requests(2, max_tokens=1, prompt=PROMPT[:40] + [1] * 8, prefix="b")
-    c.prompt_token_ids[-1] = 2
-    c.__post_init__()
+    (b,) = make_requests(1, max_tokens=1, prompt=PROMPT[:40] + [1] * 8, prefix="b")
+    (c,) = make_requests(1, max_tokens=1, prompt=PROMPT[:40] + [2] * 8, prefix="c")
     for r in (b, c):
         sched.add_request(r)
     out = step(sched)
@@ -318,3 +317,33 @@ def test_lpm_aging_lets_a_cold_request_go_first_once_it_has_waited():
     sched.add_request(hot)
     sched.add_request(cold)
     assert step(sched).requests == [cold]  # waited past aging_after_s: ahead of hot
+
+
+# ---- a burst sharing a prefix ----
+
+def test_a_burst_sharing_a_prefix_computes_it_once():
+    """Prompts admitted in one step would each compute the shared part (a block is
+    cached once its step completes): the followers wait one step and hit it instead."""
+    sched = make_scheduler(block_size=4, max_model_len=128)
+    burst = [make_requests(1, max_tokens=2, prompt=PROMPT + [i], prefix=f"b{i}")[0]
+             for i in range(4)]
+    for r in burst:
+        sched.add_request(r)
+    first = step(sched)
+    assert first.requests == burst[:1] and first.num_scheduled_tokens == [49]
+    second = step(sched)
+    assert second.requests[1:] == burst[1:] and second.num_scheduled_tokens[1:] == [1, 1, 1]
+    assert [r.num_cached_tokens for r in burst] == [0, 48, 48, 48]
+    run_until_done(sched)
+
+
+def test_a_burst_waits_only_for_blocks_it_could_take_from_the_cache():
+    sched = make_scheduler(block_size=4, max_model_len=128)
+    # one block each, holding the last token: computed by each, so nobody waits for it
+    for r in make_requests(3, max_tokens=2, prompt=PROMPT[:4]):
+        sched.add_request(r)
+    assert step(sched).num_scheduled_tokens == [4, 4, 4]
+    logprobs = req("lp", PROMPT, prompt_logprobs=0)  # reads no cache: nothing to wait for
+    for r in (req("hit", PROMPT), logprobs):
+        sched.add_request(r)
+    assert [r.request_id for r in step(sched).requests][-2:] == ["hit", "lp"]

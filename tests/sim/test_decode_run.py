@@ -144,7 +144,8 @@ def _engine(**params):
     runner = SimRunner(ConstantCost(0.01))
     core = EngineCore(config, runner, clock, 200)
     for i, (out_len, kw) in enumerate(params.items()):
-        req = Request(str(i), [5] * 6, SamplingParams(**kw), 0.0, eos_token_id=0)
+        # distinct prompts: shared ones would queue behind each other's first block
+        req = Request(str(i), [10 + i] + [5] * 5, SamplingParams(**kw), 0.0, eos_token_id=0)
         core.add_request(req)
         runner.register(req.request_id, int(out_len.split("_")[1]))
     return core, runner, clock

@@ -175,6 +175,9 @@ class KVCacheManager:
         cpu_table = self.cpu_tables.pop(rid, None)
         if cpu_table:
             self.cpu.release(cpu_table)
+        if request.is_finished:
+            # An ended request's names serve nobody, and a simulation keeps every request.
+            request.block_hashes.clear()
 
     def _let_go(self, request: Request, table: list[int]) -> None:
         """Release `request`'s device `table`, first naming what `cache_blocks` has not

@@ -33,6 +33,7 @@ from stepserve.clock import Clock
 from stepserve.config import EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.budget_order import make_budget_order
+from stepserve.core.in_flight import InFlightBlocks
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.preemption import make_preemption
@@ -219,6 +220,7 @@ class Scheduler(SchedulerBase):
         reserve_all = self.preemption.reserves_worst_case
         kv = self.kv
         bs = kv.block_size
+        in_flight = InFlightBlocks(out, bs) if kv.enable_prefix_caching else None
         # Prompts left mid-prefill, counted when a chunk first needs them (a prompt that
         # fits whole, the usual case, never does): -1 until then.
         partial = long_partial = -1
@@ -229,6 +231,9 @@ class Scheduler(SchedulerBase):
             # Its cached prefix is computed already: only the rest counts against the
             # budget, the chunk cap, the partial-prefill limits and the free blocks.
             hits = kv.cached_prefix(req)
+            if in_flight is not None and kv.looks_up(req) and \
+                    in_flight.holds_next_block_of(req, len(hits)):
+                continue  # cached next step: see core/in_flight.py
             hit_tokens = len(hits) * bs
             remaining = req.num_tokens - req.num_computed_tokens - hit_tokens
             is_long = threshold > 0 and req.num_tokens - hit_tokens > threshold
