@@ -1,4 +1,4 @@
-"""Building an EngineConfig from YAML (the seed's shape), flat dicts and settings given
+"""Building an EngineConfig from YAML (the incidents' shape), flat dicts and settings given
 by name (`ConfigOverrides`: what the CLI's vLLM-style flags become).
 
 Accepted YAML shapes, mixed freely:

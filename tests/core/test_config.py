@@ -1,4 +1,4 @@
-"""Config: the seed's YAML shape, vLLM-style flags, and clear rejections."""
+"""Config: the incidents' YAML shape, vLLM-style flags, and clear rejections."""
 
 import argparse
 

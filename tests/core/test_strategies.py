@@ -48,7 +48,7 @@ def test_prefill_first_leaves_decode_the_budget_minus_the_chunk_cap():
     assert order.decode_budget(30, num_prefill_tokens=54) == 10  # prefill over the cap
     whole = make_budget_order("prefill_first", SchedulerConfig(
         max_num_batched_tokens=64, long_prefill_token_threshold=64, max_model_len=64))
-    assert whole.decode_budget(60, num_prefill_tokens=4) == 0  # the seed's second incident
+    assert whole.decode_budget(60, num_prefill_tokens=4) == 0  # the mixed-pool incident
 
 
 def held(n_blocks: int = 8, num_cpu_blocks: int = 0, count: int = 1, prompt_len: int = 8):

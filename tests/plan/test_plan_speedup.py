@@ -26,7 +26,7 @@ def test_seed_ten_way_one_long_request():
     assert r.useful_tokens == 2180
     assert r.slot_utilization == pytest.approx(0.109)
     assert r.ideal_steps == pytest.approx(218.0)
-    assert r.speedup_cap == pytest.approx(20_000 / 2180)  # 9.17, the seed's "about 9x"
+    assert r.speedup_cap == pytest.approx(20_000 / 2180)  # 9.17, "about 9x" by hand
     assert r.idle_slot_steps == 20_000 - 2180
 
 
@@ -35,7 +35,7 @@ def test_seed_abcd_four_way():
     assert r.static_steps == 200
     assert r.useful_tokens == 300
     assert r.slot_utilization == pytest.approx(0.375)
-    assert r.speedup_cap == pytest.approx(800 / 300)  # 2.67, the seed's "about 2.7x"
+    assert r.speedup_cap == pytest.approx(800 / 300)  # 2.67, "about 2.7x" by hand
     assert speedup_for_lengths([20, 50, 30, 200], 4) == r
 
 

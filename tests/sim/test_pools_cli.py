@@ -1,5 +1,5 @@
 """`--pools FILE` on simulate and sweep: the same pools file a server takes makes every
-run (every sweep point) that deployment, the result records it, and the seed's fix
+run (every sweep point) that deployment, the result records it, and the incidents' fix
 shows: chat's TTFT P99 falls when the long documents get their own pool. A bad file,
 or pools on a live sweep, is one line and exit 2."""
 

@@ -1,4 +1,4 @@
-"""The seed's fix in the simulator: an offline burst of long documents shares three
+"""Separate pools in the simulator: an offline burst of long documents shares three
 replicas with chat (before), or goes to its own pool (after, the same pools file a
 server would take): chat's TTFT P99 falls, and the offline work still finishes."""
 

@@ -32,7 +32,7 @@ def test_rate_sweep_over_quickstart_runs_finds_a_knee(tmp_path, cli, capsys):
 
 
 def test_seed_configs_abc_over_rate_each_find_a_knee(tmp_path, cli, capsys):
-    """The seed's minimal start: configs A, B, C under rising load; stop before the knee."""
+    """The quick start: configs A, B, C under rising load; stop before the knee."""
     out = tmp_path / "abc.json"
     rc = cli(["sweep", "--scenario", "quickstart", "--vary", "rate=6,12,24,48,96",
               "--requests", "300", "--slo", "ttft_p99_s=2", "--quiet", "--json", str(out)])

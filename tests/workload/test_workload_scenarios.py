@@ -1,4 +1,4 @@
-"""Built-in scenarios carry the seed's numbers."""
+"""Built-in scenarios carry the incidents' numbers."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from stepserve.metrics.live import INTERVAL_S, WINDOW_S
 def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `doctor` to a parent's `add_subparsers()` object."""
     p = subparsers.add_parser(
-        "doctor", help="apply the seed's alert rules to a result file or a live server",
+        "doctor", help="apply the alert rules to a result file or a live server",
         description="Read a result file (or a bare summary), or scrape a live server's "
                     "/metrics over a window, and print, per run, each rule that fires: "
                     "severity, rule, the evidence with its numbers, and what to do.")

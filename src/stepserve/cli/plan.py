@@ -26,7 +26,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `plan` and its subcommands to a parent's `add_subparsers()` object."""
     plan = subparsers.add_parser(
         "plan", help="capacity and speedup arithmetic (no model, no simulation)",
-        description="Back-of-the-envelope planning: the seed's worked arithmetic, exact.")
+        description="Back-of-the-envelope planning: the incidents' worked arithmetic, exact.")
     sub = plan.add_subparsers(dest="plan_command", metavar="{speedup,capacity,models}")
     sub.required = True
     _add_speedup(sub)

@@ -3,9 +3,9 @@
 * Static batching: when no batch is running, take up to max_num_seqs waiting requests
   as one batch and run it until its last member ends. Members that finish early leave
   the computation, but their slots are not refilled: a new batch starts only when the
-  whole batch is done. This is the seed's "wait for the slowest request".
+  whole batch is done. This is "wait for the slowest request".
 * Dynamic batching: the same, except a batch closes only when max_num_seqs requests are
-  waiting or the oldest has waited batch_window_s (the seed's 64 / 50 ms).
+  waiting or the oldest has waited batch_window_s (the night-report incident's 64 / 50 ms).
 
 A batch reserves prompt + max_tokens of KV for every member when it forms (as static
 engines preallocate), so nothing is ever preempted. The batch prefills first (chunked by

@@ -64,7 +64,7 @@ class DecodeFirst(BudgetOrder):
 
 class PrefillFirst(BudgetOrder):
     """Legacy: prompts first (running chunks, then new prompts), decode gets what is left
-    under the seed's rule "decode 预算 = 总预算 - 本步 prefill chunk", then swapped ones."""
+    under the rule "decode 预算 = 总预算 - 本步 prefill chunk", then swapped ones."""
 
     name = "prefill_first"
     plain_decode_steps = True
@@ -83,7 +83,7 @@ class PrefillFirst(BudgetOrder):
     def decode_budget(self, budget: int, num_prefill_tokens: int) -> int:
         """A step that prefills reserves a whole chunk for it, so decode budget = budget -
         chunk cap. A cap equal to the budget leaves decode nothing until no prompt is left
-        (the seed's second incident)."""
+        (the mixed-pool incident)."""
         if not num_prefill_tokens:
             return budget
         return min(budget, self.max_num_batched_tokens

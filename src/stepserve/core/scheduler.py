@@ -1,12 +1,12 @@
 """The continuous-batching scheduler: the batch is re-formed every step.
 
-One step (the seed's six steps, 1-4 here, 5-6 in update_from_output):
+One step (six steps, 1-4 here, 5-6 in update_from_output):
   1. expire requests that waited past max_queue_time_s;
   2. split the token budget (max_num_batched_tokens) between decode and prefill: the
      budget order (core/budget_order.py) runs the named steps below in its sequence.
      decode_first serves running sequences before new prompts; prefill_first (legacy)
      serves prompts first, and a step that prefills leaves decode budget - chunk cap
-     (the seed's "decode 预算 = 总预算 - 本步 prefill chunk");
+     ("decode 预算 = 总预算 - 本步 prefill chunk");
   3. allocate KV blocks; when they run out, preempt a victim chosen by the policy; the
      preemption mode (core/preemption.py) swaps it to the CPU pool or drops its KV to
      recompute later; new prompts just wait;

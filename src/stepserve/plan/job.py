@@ -1,4 +1,4 @@
-"""`stepserve plan speedup | capacity | models`'s jobs: the seed's arithmetic, printed.
+"""`stepserve plan speedup | capacity | models`'s jobs: the incidents' arithmetic, printed.
 
 Every number printed comes with one line saying how it was computed. `as_json` prints the
 result dataclass as JSON instead. Each returns an exit code; a bad value prints

@@ -1,6 +1,6 @@
 """How much continuous batching can gain over static batching for a given length mix.
 
-The seed's arithmetic, done exactly:
+The night-report incident's arithmetic, done exactly:
 
 * Static batching serves requests in batches of `concurrency` slots, **in arrival
   order**: the groups in the order given (then requests within a group), or longest

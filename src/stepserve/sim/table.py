@@ -106,7 +106,7 @@ def format_deployment(d: dict) -> str:
 def format_findings(findings: Sequence[Finding]) -> str:
     if not findings:
         return "doctor: no rule fired."
-    lines = ["doctor (the seed's alert rules):"]
+    lines = ["doctor (the alert rules):"]
     for f in findings:
         lines.append(f"  [{f.severity}] {f.run}: {f.rule}: {f.evidence}")
         lines.append(f"      -> {f.action}")

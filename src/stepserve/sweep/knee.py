@@ -44,7 +44,7 @@ NOISE_MARGIN = 0.05
 LOAD_AXES = ("rate", "concurrency")
 UNORDERED_AXES = ("seed", "run")  # numbers or names whose order means nothing
 # Queueing shows first in TTFT: past capacity new requests wait before their first token,
-# while E2E of a fixed request count is dominated by the decode lengths (the seed's
+# while E2E of a fixed request count is dominated by the decode lengths (the quick start's
 # "P99 starts to climb steeply" is a queueing signal).
 P99_METRIC = "ttft_p99_s"
 

@@ -5,7 +5,7 @@ An axis is either a workload option (`rate`, `seed`, `concurrency`: the load) or
 engine setting by its config name (`max_num_seqs`, `max_num_batched_tokens`, ...).
 Several axes make a grid. The x axis (the one the knee is searched along) is the last
 `--vary`; every other combination, times every run (config), is one series. With no
-`--vary` the runs themselves are the x axis, in the order given (the seed's A -> B -> C).
+`--vary` the runs themselves are the x axis, in the order given (the quick start's A -> B -> C).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class Constant(ArrivalProcess):
 @dataclass(frozen=True)
 class ClosedLoop(ArrivalProcess):
     """N clients, each sending its next request when the previous one finishes (a batch
-    job, or the seed's "140 concurrent users")."""
+    job, or the promo-spike incident's "140 concurrent users")."""
 
     concurrency: int
 
