@@ -9,17 +9,23 @@ all the while.
   /health    a fresh connection every `health_interval_s`, timed from connect to the end
              of the answer (a probe with no 200 within HEALTH_TIMEOUT_S fails).
 
-They run on their own thread and event loop, so the load's client does not slow the
-probes (nor the probes the load).
+The attackers and the probe each run in a process of their own (`python hostile.py
+attack|probe ...`, until their stdin closes, then one line of JSON): an attacker is not
+on the server's machine, and a health checker is a process of its own. Sharing the
+load's interpreter, or the attackers' event loop, a probe was timed waiting for its own
+client (a thousand reconnections at once on the same loop), not for the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import resource
-import threading
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 HEALTH_TIMEOUT_S = 10.0
 HEALTH_GOAL_S = 1.0
@@ -61,42 +67,77 @@ class HostileClients:
 
     def __init__(self, url: str, idle: int, slowloris: int, dribble_s: float = 0.5,
                  health_interval_s: float = 0.25) -> None:
+        self.url = url
+        self.dribble_s = dribble_s
+        self.health_interval_s = health_interval_s
+        self.report = HostileReport(idle, slowloris)
+        self._children: list[subprocess.Popen[str]] = []
+
+    def _spawn(self, *args: object) -> None:
+        command = [sys.executable, str(Path(__file__).resolve()), *map(str, args)]
+        self._children.append(subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+
+    def __enter__(self) -> HostileClients:
+        self._spawn("probe", self.url, self.health_interval_s)
+        if self.report.idle or self.report.slowloris:
+            self._spawn("attack", self.url, self.report.idle, self.report.slowloris,
+                        self.dribble_s)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        r = self.report
+        for child in self._children:
+            out, _ = child.communicate("", timeout=120)  # stdin closed: report and exit
+            got = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+            if not got:
+                r.note(f"a hostile child exited {child.returncode} with no report")
+            for key, value in got.items():
+                if key == "problems":
+                    for problem in value:
+                        r.note(problem)
+                elif key not in ("idle", "slowloris"):
+                    setattr(r, key, value)
+
+
+class _Child:
+    """One side of the hostile clients, in its own process: runs until stdin closes."""
+
+    def __init__(self, url: str, idle: int = 0, slowloris: int = 0, dribble_s: float = 0.5,
+                 health_interval_s: float = 0.0) -> None:
         host, _, port = url.removeprefix("http://").partition(":")
         self.address = (host, int(port))
         self.dribble_s = dribble_s
         self.health_interval_s = health_interval_s
         self.report = HostileReport(idle, slowloris)
         self._latencies: list[float] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    def __enter__(self) -> HostileClients:
+    def run(self) -> dict[str, object]:
         raise_open_file_limit()
-        self._thread.start()
-        self._started.wait()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(60)
+        asyncio.run(self._main())
         lat = sorted(self._latencies)
         r = self.report
-        r.health_probes = len(lat) + r.health_failures
-        if lat:
-            r.health_max_s = lat[-1]
-            r.health_p99_s = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+        if self.health_interval_s:
+            r.health_probes = len(lat) + r.health_failures
+            if lat:
+                r.health_max_s = lat[-1]
+                r.health_p99_s = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+            keys = ("health_probes", "health_failures", "health_max_s", "health_p99_s")
+        else:
+            keys = ("idle_opened", "idle_closed", "slowloris_opened", "slowloris_408",
+                    "refused")
+        return {k: getattr(r, k) for k in keys} | {"problems": r.problems}
 
     async def _main(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self._started.set()
-        tasks = [asyncio.ensure_future(self._health())]
-        tasks += [asyncio.ensure_future(self._idle()) for _ in range(self.report.idle)]
-        tasks += [asyncio.ensure_future(self._slowloris())
-                  for _ in range(self.report.slowloris)]
-        await self._stop.wait()
+        loop = asyncio.get_running_loop()
+        stdin_closed = loop.run_in_executor(None, sys.stdin.read)
+        if self.health_interval_s:
+            tasks = [asyncio.ensure_future(self._health())]
+        else:
+            tasks = [asyncio.ensure_future(self._idle()) for _ in range(self.report.idle)]
+            tasks += [asyncio.ensure_future(self._slowloris())
+                      for _ in range(self.report.slowloris)]
+        await stdin_closed
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -178,3 +219,16 @@ class HostileClients:
         finally:
             writer.close()
         return answer[9:12].decode(errors="replace")
+
+
+def main(argv: list[str]) -> None:
+    role, url, *rest = argv
+    if role == "probe":
+        child = _Child(url, health_interval_s=float(rest[0]))
+    else:
+        child = _Child(url, int(rest[0]), int(rest[1]), float(rest[2]))
+    print(json.dumps(child.run()), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
