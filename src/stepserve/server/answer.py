@@ -38,6 +38,7 @@ from stepserve.server.protocol import (
     CompletionRequest,
     _Sampling,
 )
+from stepserve.server.render_pace import render_thread
 from stepserve.server.responses import (
     ChatChoice,
     ChatCompletionResponse,
@@ -55,7 +56,8 @@ log = logging.getLogger("stepserve.server")
 # Big answers are rendered here. Two threads: one long render does not hold up the next
 # answer's, yet a burst of them queues instead of piling threads onto the interpreter
 # lock that the event loop and the engine thread need too.
-_RENDER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepserve-render")
+_RENDER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepserve-render",
+                             initializer=render_thread)
 
 R = TypeVar("R")
 

@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 
 from stepserve.request import TokenLogprobs
+from stepserve.server.render_pace import pace
 
 LOGPROB_FLOOR = -9999.0
 _FLOOR_TEXT = repr(LOGPROB_FLOOR)
@@ -76,10 +77,13 @@ class LogprobRenderer:
     def chat(self, found: Sequence[TokenLogprobs]) -> JSONText:
         """ChoiceLogprobs: per token {token, logprob, bytes, top_logprobs}."""
         entry = self._chat_entry
-        return '{"content":[' + ",".join(
-            entry(lp.token_id, lp.logprob) + ',"top_logprobs":['
-            + ",".join(entry(tid, v) + "}" for tid, v in lp.top[:self.top]) + "]}"
-            for lp in found) + "]}"
+        tokens: list[JSONText] = []
+        for lp in found:
+            pace()
+            tokens.append(entry(lp.token_id, lp.logprob) + ',"top_logprobs":['
+                          + ",".join(entry(tid, v) + "}" for tid, v in lp.top[:self.top])
+                          + "]}")
+        return '{"content":[' + ",".join(tokens) + "]}"
 
     def completion(self, entries: Sequence[Entry], offset: int) -> tuple[JSONText, int]:
         """CompletionLogprobs for these tokens, whose text starts at `offset` in the
@@ -89,6 +93,7 @@ class LogprobRenderer:
         values: list[JSONText] = []
         tops: list[JSONText] = []
         for tid, lp in entries:
+            pace()
             tokens.append(self.quoted(tid))
             offsets.append(str(offset))
             offset += len(self.text(tid))
@@ -113,6 +118,7 @@ class LogprobRenderer:
         token and the top alternatives."""
         positions = ["null"]
         for lp in found:
+            pace()
             entries = [self._vllm(lp.token_id, lp.logprob, lp.rank)]
             entries += [self._vllm(tid, v, rank) for rank, (tid, v) in
                         enumerate(lp.top, start=1) if tid != lp.token_id]
