@@ -34,15 +34,15 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from stepserve.config import EngineConfig
-from stepserve.demo import demo_jobs
+from stepserve.config.settings import EngineConfig
+from stepserve.core.request import SamplingParams
+from stepserve.demo.job import demo_jobs
 from stepserve.engine.drive import run_closed_loop
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.model.presets import resolve_model
 from stepserve.model.profile import measure_step
 from stepserve.model.runner import TorchRunner
 from stepserve.model.tokenizer import Tokenizer
-from stepserve.request import SamplingParams
 
 IN_FLIGHT = 64
 GOAL_VS_HF_STATIC = 4.0

@@ -70,7 +70,7 @@ class Cell:
 
 
 def night_report_workload(path: Path, requests: int, seed: int) -> Path:
-    """The demo's job shape (stepserve/demo.py: ~20-token prompts, 10 of 64 long, 64 in
+    """The demo's job shape (stepserve/demo/job.py: ~20-token prompts, 10 of 64 long, 64 in
     flight) with 3 or 300 output tokens, as a workload file."""
     path.write_text(json.dumps({
         "name": "demo-night-report", "seed": seed, "num_requests": requests,

@@ -26,8 +26,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from stepserve.core.output import SchedulerOutput
+from stepserve.core.request import Request, SamplingParams
 from stepserve.plan.model_specs import get_model_spec
-from stepserve.request import Request, SamplingParams
 from stepserve.sim.hardware import HardwareSpec, get_hardware
 from stepserve.sim.roofline import RooflineCost
 

@@ -52,10 +52,10 @@ def settings(args) -> dict:
 
 
 def load_engine(args):
-    from stepserve.config import EngineConfig
+    from stepserve.config.settings import EngineConfig
+    from stepserve.core.request import SamplingParams
     from stepserve.engine.drive import run_closed_loop
     from stepserve.engine.llm_engine import LLMEngine
-    from stepserve.request import SamplingParams
 
     engine = LLMEngine(args.model, EngineConfig().replace(**settings(args)))
     warm = [(ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
@@ -65,8 +65,8 @@ def load_engine(args):
 
 
 def run_in_process(engine, args, jobs) -> dict:
+    from stepserve.core.request import SamplingParams
     from stepserve.engine.drive import run_closed_loop
-    from stepserve.request import SamplingParams
 
     work = [(ids, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
             for ids, m in jobs]

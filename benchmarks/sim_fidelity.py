@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from stepserve.bench.inprocess import run_engine, run_sim
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.results import summarize_records
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost_options import cost_file_warnings, load_cost_file
 from stepserve.workload.spec import RequestSpec

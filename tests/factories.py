@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import itertools
 
-from stepserve.clock import VirtualClock
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.core import make_scheduler as _make_scheduler
 from stepserve.core.base import SchedulerBase, integrity_checks_on
+from stepserve.core.clock import VirtualClock
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import RunnerOutput, SchedulerOutput
-from stepserve.request import Request, SamplingParams
+from stepserve.core.request import Request, SamplingParams
 
 SETTINGS_DEFAULTS = dict(max_model_len=2048)
 

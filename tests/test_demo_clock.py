@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from stepserve.cli import main
-from stepserve.demo import DemoOptions
+from stepserve.demo.job import DemoOptions
 
 SMALL = ["--model", "tiny", "--requests", "16", "--short", "1", "--long", "8",
          "--sim-requests", "128"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from stepserve.cli import main
-from stepserve.demo import run_sim
+from stepserve.demo.job import run_sim
 from stepserve.sim.calibrated import CalibratedCost
 
 # a CPU-like profile: 20 ms a step, 1 ms per prompt token, 0.2 ms per decoding sequence

@@ -14,17 +14,17 @@ SRC = Path(__file__).parents[1] / "src" / "stepserve"
 # rank of each top-level package or module of stepserve: a module may import its own
 # rank or lower, never higher
 LAYERS = {
-    0: {"stepserve", "cli_errors", "limits", "request_limits", "urls", "user_files",
-        "clock", "config", "config_load", "request"},  # foundation
+    0: {"stepserve", "config"},  # foundation: settings, limits, the user's files
     1: {"core", "workload", "plan", "routing"},  # scheduling core, workloads, routers
-    2: {"engine", "model", "sim", "metrics"},  # the engine core and its two runners
-    3: {"bench", "sweep", "server", "demo", "cluster"},  # services
+    2: {"engine", "model", "sim", "metrics"},  # the engine core's two runners, measures
+    3: {"bench", "sweep", "server", "demo", "profile", "cluster"},  # services
     4: {"cli", "__main__"},  # the command line
 }
 RANK = {name: rank for rank, names in LAYERS.items() for name in names}
 # upward imports that are allowed, each inside a function so it loads only when used
 LAZY_EXCEPTIONS = {
     ("stepserve", "engine"): "`from stepserve import LLM` loads the engine when asked",
+    ("stepserve", "core"): "`from stepserve import SamplingParams`, loaded when asked",
     ("workload", "model"): "ShareGPT lengths counted with a model's tokenizer, on demand",
 }
 # the torch-free part: importing all of it must load none of these
@@ -86,6 +86,32 @@ def test_imports_go_down_the_layers():
                 continue
             wrong.append(f"{name} imports {target} (layer {RANK[src]} -> {RANK[dst]})")
     assert not wrong, "\n".join(wrong)
+
+
+def _wrong_imports(src_units: set[str], banned: set[str]) -> list[str]:
+    """Imports, lazy ones included, from a module in `src_units` of one in `banned`."""
+    return [f"{name} imports {target}" for name, path in _modules()
+            if _unit(name) in src_units
+            for target, _ in _imports(path) if _unit(target) in banned]
+
+
+def test_the_core_imports_no_runner_and_no_service():
+    """The scheduling core is what the engine and the simulator share: it reaches for
+    neither, nor for the model or the server, not even inside a function."""
+    wrong = _wrong_imports({"core"}, {"engine", "model", "server", "sim"})
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_engine_and_the_simulator_do_not_import_each_other():
+    """Same scheduler, two runners: what both need lives in core/ (or in a service above
+    both, as profile/ does)."""
+    wrong = _wrong_imports({"engine"}, {"sim"}) + _wrong_imports({"sim"}, {"engine"})
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_package_entry_points_sit_at_the_top():
+    top = sorted(p.name for p in SRC.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py"], top
 
 
 def test_the_core_and_the_simulator_load_no_torch_web_or_plotting():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stepserve.cli import main
-from stepserve.cli_errors import UsageError
-from stepserve.user_files import MAX_ALIAS_VALUES, PREVIEW_CHARS, load_yaml, preview
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import MAX_ALIAS_VALUES, PREVIEW_CHARS, load_yaml, preview
 
 LAUGHS = "abcdefghi"
 
@@ -151,7 +151,7 @@ def test_the_file_names_where_the_bomb_is(tmp_path):
     ("7", "routing.rules = 7: must be a list of rules"),
 ])
 def test_a_malformed_pools_rule_is_a_message_not_a_traceback(tmp_path, rules, message):
-    from stepserve.config import EngineConfig
+    from stepserve.config.settings import EngineConfig
     from stepserve.routing.pools import load_pools_file
 
     path = tmp_path / "p.yaml"

@@ -7,8 +7,8 @@ import pytest
 
 from stepserve.cli import build_parser, main
 from stepserve.cli.engine_flags import config_overrides
-from stepserve.config import ConfigError, EngineConfig
-from stepserve.config_load import parse_size
+from stepserve.config.load import parse_size
+from stepserve.config.settings import ConfigError, EngineConfig
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -213,7 +213,7 @@ def test_swap_space_sizes_the_cpu_swap_pool_and_swapping_uses_it():
                         "--num-gpu-blocks-override", "24", "--max-num-seqs", "8")
     want = int(0.01 * GiB) // KV_BYTES_PER_BLOCK
     assert engine.runner.num_cpu_blocks == engine.scheduler.kv.cpu.num_blocks == want
-    from stepserve.request import SamplingParams
+    from stepserve.core.request import SamplingParams
 
     params = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
     for i in range(8):  # 8 x (8 + 80) tokens need 44 blocks of 24: some must swap out
@@ -224,7 +224,7 @@ def test_swap_space_sizes_the_cpu_swap_pool_and_swapping_uses_it():
 
 def test_seed_makes_unseeded_sampling_reproducible():
     from stepserve.cli.serve import seed_engine
-    from stepserve.request import SamplingParams
+    from stepserve.core.request import SamplingParams
 
     engine = engine_for("--num-gpu-blocks-override", "64")
     params = SamplingParams(max_tokens=12, temperature=1.0)

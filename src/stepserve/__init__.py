@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stepserve.request import SamplingParams
-
 __all__ = ["LLM", "LLMEngine", "SamplingParams"]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from stepserve.core.request import SamplingParams
     from stepserve.engine.llm import LLM
     from stepserve.engine.llm_engine import LLMEngine
 
 
 def __getattr__(name: str):
-    # The engine needs torch; import it only when asked, so the core stays torch-free.
+    # Each loaded when asked: the package's top imports nothing, so every layer may
+    # import it; the engine needs torch, and the core stays torch-free.
+    if name == "SamplingParams":
+        from stepserve.core.request import SamplingParams
+
+        return SamplingParams
     if name == "LLM":
         from stepserve.engine.llm import LLM
 

@@ -8,7 +8,7 @@ import pytest
 
 from stepserve.bench.inprocess import run_engine
 from stepserve.bench.loadgen import LoadPlan
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.workload.spec import RequestSpec
 
 pytest.importorskip("torch")

@@ -12,9 +12,9 @@ import os
 import pytest
 import yaml
 
-from stepserve import user_files
 from stepserve.cli import main
-from stepserve.user_files import OutputFile, write_atomic, write_outputs
+from stepserve.config import user_files
+from stepserve.config.user_files import OutputFile, write_atomic, write_outputs
 
 EARLIER = '{"an earlier result": "kept"}\n'
 

@@ -70,7 +70,7 @@ def ingress(pools_file: str | None = None, **settings) -> Iterator[RunningIngres
     ingress on a free port; undeploy on the way out."""
     from stepserve.cluster.deploy import ReplicaSettings, undeploy
     from stepserve.cluster.job import ClusterServeOptions, build_ingress, plan_deployment
-    from stepserve.config_load import ConfigOverrides
+    from stepserve.config.load import ConfigOverrides
     from stepserve.model.presets import resolve_model
     from stepserve.server.http_server import make_server
 

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from stepserve.cluster.app import IngressSettings, create_ingress_app  # noqa: E402
 from stepserve.cluster.frontend import ClusterEngine, IngressModel  # noqa: E402
-from stepserve.config import EngineConfig  # noqa: E402
+from stepserve.config.settings import EngineConfig  # noqa: E402
 from stepserve.model.presets import resolve_model  # noqa: E402
 from stepserve.model.tokenizer import Tokenizer  # noqa: E402
 from stepserve.routing.pools import Deployment  # noqa: E402

@@ -5,8 +5,8 @@ import argparse
 import pytest
 
 from stepserve.cli.engine_flags import add_config_arguments, config_from_args
-from stepserve.config import ConfigError, EngineConfig
-from stepserve.config_load import ConfigOverrides, apply_nested, load_config, parse_bool
+from stepserve.config.load import ConfigOverrides, apply_nested, load_config, parse_bool
+from stepserve.config.settings import ConfigError, EngineConfig
 
 SEED_YAML = """
 replicas: 3

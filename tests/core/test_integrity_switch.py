@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from factories import FakeRunner, make_config, make_requests, make_scheduler, run_until_done
 
-from stepserve.clock import VirtualClock
 from stepserve.core.base import CHECK_INTEGRITY_ENV, integrity_checks_on
+from stepserve.core.clock import VirtualClock
+from stepserve.core.engine_core import EngineCore
 from stepserve.core.kv_cache import KVCacheError, KVCacheManager
-from stepserve.engine.core import EngineCore
 
 
 def test_the_suite_runs_with_the_switch_on():

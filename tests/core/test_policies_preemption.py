@@ -2,7 +2,7 @@
 
 from factories import FakeRunner, make_requests, make_scheduler, run_until_done, step
 
-from stepserve.request import RequestStatus
+from stepserve.core.request import RequestStatus
 
 
 def admitted_order(sched):

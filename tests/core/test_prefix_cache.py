@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from factories import FakeRunner, make_requests, make_scheduler, run_until_done, step
 
-from stepserve.config import ConfigError
+from stepserve.config.settings import ConfigError
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.prefix_hash import block_hash, block_hashes, chain_root
-from stepserve.request import Request, SamplingParams
+from stepserve.core.request import Request, SamplingParams
 
 PROMPT = list(range(100, 148))  # 48 tokens: 12 blocks of 4
 

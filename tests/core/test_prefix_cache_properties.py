@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from stepserve.core.kv_cache import blocks_for
 from stepserve.core.output import RunnerOutput, SchedulerOutput
+from stepserve.core.request import Request, SamplingParams
 from stepserve.core.scheduler import Scheduler
-from stepserve.request import Request, SamplingParams
 
 MAX_LEN = 64
 

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepserve.core.kv_cache import blocks_for
-from stepserve.request import Request, RequestStatus, SamplingParams
+from stepserve.core.request import Request, RequestStatus, SamplingParams
 
 MAX_LEN = 64
 

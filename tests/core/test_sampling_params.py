@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 
 BAD = [
     (dict(top_k=2**63), "top_k"),

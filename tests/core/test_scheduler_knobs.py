@@ -3,8 +3,8 @@
 import pytest
 from factories import FakeRunner, make_requests, make_scheduler, run_until_done, step
 
-from stepserve.config import ConfigError
-from stepserve.request import FinishReason, RejectReason, RequestStatus
+from stepserve.config.settings import ConfigError
+from stepserve.core.request import FinishReason, RejectReason, RequestStatus
 
 
 def add_all(sched, reqs):
@@ -142,7 +142,7 @@ def test_config_rejects_contradictions_with_clear_messages():
 def test_dynamic_batch_runs_at_the_wakeup_time_it_names():
     # (a + w) - a < w in floats for this arrival: the batch must still close at the
     # wake-up time, or a simulator waking there would wake there forever.
-    from stepserve.clock import VirtualClock
+    from stepserve.core.clock import VirtualClock
 
     arrival, window = 952.8149084371281, 0.05
     assert (arrival + window) - arrival < window

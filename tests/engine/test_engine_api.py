@@ -9,8 +9,8 @@ import pytest
 
 from stepserve import LLM, SamplingParams
 from stepserve.cli import main
-from stepserve.config import ConfigError
-from stepserve.request import RequestStatus
+from stepserve.config.settings import ConfigError
+from stepserve.core.request import RequestStatus
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 from stepserve import LLM, SamplingParams
 from stepserve.cli import main
-from stepserve.request_limits import check_text, stop_tokens_refusal
+from stepserve.core.request_limits import check_text, stop_tokens_refusal
 
 TINY_VOCAB, TINY_EOS = 512, 2
 

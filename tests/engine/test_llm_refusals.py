@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stepserve import LLM, SamplingParams
-from stepserve.request_limits import priority_refusal
+from stepserve.core.request_limits import priority_refusal
 
 TINY_LIMIT = 4096  # the tiny preset's max_position_embeddings
 

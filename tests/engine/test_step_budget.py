@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from stepserve.config import EngineConfig
-from stepserve.config_load import ConfigOverrides
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.settings import EngineConfig
 from stepserve.engine import llm_engine
 from stepserve.engine.step_budget import Hardware, cpu_step_budget, hardware_base
 
@@ -74,7 +74,7 @@ def test_engine_takes_the_hardware_defaults_only_without_a_full_config(monkeypat
 def test_a_prompt_wave_never_takes_more_than_one_budget_per_step(monkeypatch):
     """32 prompts of 128 tokens arrive while 4 sequences decode: no step carries more
     than the CPU budget, and the decodes run in every step."""
-    from stepserve.request import SamplingParams
+    from stepserve.core.request import SamplingParams
 
     monkeypatch.setattr(llm_engine, "runner_hardware", lambda runner: Hardware("cpu", 2, "AVX2"))
     monkeypatch.setattr(llm_engine, "prefill_params", lambda args: SMOLLM2_PREFILL_PARAMS)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from stepserve import LLM, SamplingParams
-from stepserve.clock import VirtualClock
-from stepserve.config import EngineConfig
-from stepserve.engine.core import EngineCore
+from stepserve.config.settings import EngineConfig
+from stepserve.core.clock import VirtualClock
+from stepserve.core.engine_core import EngineCore
+from stepserve.core.request import Request, child_params
 from stepserve.engine.llm_engine import LLMEngine
-from stepserve.request import Request, child_params
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.runner import SimRunner
 

@@ -8,15 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.core.output import StepRecord
+from stepserve.core.request import FinishReason
 from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.request_metrics import RequestLatencies
 from stepserve.metrics.rules import chunk_cap_eats_budget, queue_growing
 from stepserve.metrics.rules_batching import low_active_ratio
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import per_replica
-from stepserve.request import FinishReason
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.run import simulate_run
 from stepserve.workload.spec import RequestSpec

@@ -122,7 +122,7 @@ def test_tgi_window_summary():
 
 def test_stepserve_window_summary_and_config():
     pytest.importorskip("prometheus_client")
-    from stepserve.config import SchedulerConfig
+    from stepserve.config.settings import SchedulerConfig
     from stepserve.core.output import StepRecord
     from stepserve.server.metrics import ServerMetrics
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from factories import FakeRunner, make_requests, make_scheduler, run_until_done, step
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.metrics import RunSummary, diagnose, summarize, summarize_by_class, timeseries
 from stepserve.metrics.rule import RuleSettings
 from stepserve.sim.cost import ConstantCost

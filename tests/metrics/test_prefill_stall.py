@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.metrics.percentiles import percentile
 from stepserve.metrics.rules import prefill_stalls_decode
 from stepserve.metrics.run_summary import RunSummary

@@ -2,10 +2,10 @@
 
 import pytest
 
+from stepserve.core.request import FINISH_REASON_OF, Request, RequestStatus, SamplingParams
 from stepserve.metrics import summary as summaries
 from stepserve.metrics.request_metrics import request_metrics
 from stepserve.metrics.summary import LATENCIES, summarize, summarize_by_class
-from stepserve.request import FINISH_REASON_OF, Request, RequestStatus, SamplingParams
 
 LENGTH, STOP = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.metrics.alerts import diagnose
 from stepserve.metrics.rules_experience import throughput_over_experience, tpot_tail
 from stepserve.metrics.rules_outcomes import rejections, timeouts

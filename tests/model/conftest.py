@@ -15,7 +15,7 @@ import pytest
 import torch
 from factories import batch, kv_manager
 
-from stepserve.request import Request, SamplingParams
+from stepserve.core.request import Request, SamplingParams
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in these tests may download
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 
 NEW_TOKENS = 10
 CASES = {

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 
 NEW_TOKENS = 12
 

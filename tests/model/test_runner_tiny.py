@@ -7,8 +7,8 @@ import pytest
 import torch
 from factories import batch, kv_manager
 
+from stepserve.core.request import Request
 from stepserve.model.runner import TorchRunner
-from stepserve.request import Request
 
 
 def tiny_prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
@@ -64,7 +64,7 @@ def test_runner_does_not_mutate_requests(tiny_dir):
 
 
 def greedy(n: int):
-    from stepserve.request import SamplingParams
+    from stepserve.core.request import SamplingParams
 
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 

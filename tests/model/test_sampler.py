@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from stepserve.core.request import Request, SamplingParams
 from stepserve.model import sampler as sampler_mod
 from stepserve.model.sampler import sample as sample_rows
-from stepserve.request import Request, SamplingParams
 
 
 def rows(params, num_outputs, prompt=(3,), outputs=None):

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from stepserve.core.request import Request, SamplingParams, child_params
 from stepserve.model.sampler import apply_min_p, apply_penalties, sample, token_logprobs
-from stepserve.request import Request, SamplingParams, child_params
 
 V = 50
 

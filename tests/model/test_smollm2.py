@@ -95,7 +95,7 @@ def test_bfloat16_default_model_still_answers(tokenizer):
     runner = TorchRunner("default", num_gpu_blocks=16, dtype="bfloat16")
     from factories import batch, kv_manager
 
-    from stepserve.request import Request, SamplingParams
+    from stepserve.core.request import Request, SamplingParams
 
     req = Request("q", tokenizer.encode("The capital of France is"),
                   SamplingParams(max_tokens=1, temperature=0.0), 0.0)

@@ -7,7 +7,7 @@ import collections
 
 import pytest
 
-from stepserve.config import ConfigError, EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.routing.pools import Deployment, PoolRouter, deployment_from
 from stepserve.routing.routers import LeastOutstanding, RoundRobin, make_router
 from stepserve.routing.view import ReplicaView, RouteRequest

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.server.http_server import StepServeServer, make_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

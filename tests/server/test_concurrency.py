@@ -7,7 +7,7 @@ import asyncio
 
 from server_harness import MODEL
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 
 N_CLIENTS = 64
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 from server_harness import MODEL, make_engine, serve, serve_process
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 
 N = 32
 DETOK_MARK = 7  # prompts starting with this token id get a detokenizer that breaks

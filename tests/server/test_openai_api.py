@@ -7,7 +7,7 @@ import httpx
 import pytest
 from server_harness import MODEL
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def step(self):"]
 MESSAGES = [{"role": "system", "content": "You are terse."},

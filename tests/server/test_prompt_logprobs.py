@@ -12,7 +12,7 @@ import pytest
 from server_harness import MODEL
 
 from stepserve import SamplingParams
-from stepserve.request import TokenLogprobs
+from stepserve.core.request import TokenLogprobs
 from stepserve.server.logprobs import LogprobRenderer
 from stepserve.server.responses import (
     ChoiceLogprobs,

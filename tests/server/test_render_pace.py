@@ -57,7 +57,7 @@ def test_other_threads_never_sleep(monkeypatch):
 
 
 def test_the_logprob_renderer_paces_a_render_thread(monkeypatch):
-    from stepserve.request import TokenLogprobs
+    from stepserve.core.request import TokenLogprobs
     from stepserve.server.logprobs import LogprobRenderer
 
     class Tok:

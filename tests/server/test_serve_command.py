@@ -118,7 +118,7 @@ def test_server_settings_reach_the_server(monkeypatch):
 
 
 def test_the_default_cap_fits_under_the_open_file_limit(monkeypatch, caplog):
-    from stepserve.cli_errors import UsageError
+    from stepserve.config.errors import UsageError
     from stepserve.server import connection_limits as cl
 
     monkeypatch.setattr(cl, "open_file_limit", lambda: 1024)

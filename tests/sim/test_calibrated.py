@@ -8,7 +8,7 @@ import random
 import pytest
 
 from stepserve.core.output import SchedulerOutput
-from stepserve.request import Request, SamplingParams
+from stepserve.core.request import Request, SamplingParams
 from stepserve.sim.calibrated import TERMS, CalibratedCost, fit, relative_errors, step_terms
 
 TRUE = {"step": 0.020, "seq": 150e-6, "token": 900e-6, "token_hi": 300e-6,

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepserve.clock import VirtualClock
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
+from stepserve.core.clock import VirtualClock
 from stepserve.core.decode_run import Sampler, decoding_batch, run_decodes
-from stepserve.engine.core import EngineCore
+from stepserve.core.engine_core import EngineCore
+from stepserve.core.request import Request, SamplingParams
 from stepserve.plan.model_specs import get_model_spec
-from stepserve.request import Request, SamplingParams
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, SchedulingOverhead
 from stepserve.sim.hardware import get_hardware

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stepserve.cli_errors import UsageError
-from stepserve.config import EngineConfig
+from stepserve.config.errors import UsageError
+from stepserve.config.settings import EngineConfig
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for

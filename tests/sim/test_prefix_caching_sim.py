@@ -14,7 +14,7 @@ from unittest.mock import patch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.sim import loop
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import simulate

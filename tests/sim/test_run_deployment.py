@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import stepserve.sim.run as sim_run
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 from stepserve.sim.scenarios import get_scenario
 from stepserve.workload.overrides import WorkloadOverrides
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from stepserve.core.output import SchedulerOutput
+from stepserve.core.request import Request, SamplingParams
 from stepserve.plan.model_specs import get_model_spec
-from stepserve.request import Request, SamplingParams
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, SchedulingOverhead, joining
 from stepserve.sim.hardware import HARDWARE, get_hardware

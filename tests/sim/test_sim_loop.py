@@ -1,6 +1,6 @@
 """The discrete-event loop: closed and open loops, replicas and routers, batch windows."""
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import simulate

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.metrics.percentiles import percentile
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.routing.pools import deployment_from

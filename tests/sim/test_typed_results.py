@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from stepserve import demo
 from stepserve.bench.results import LATENCY_NAMES, SUMMARY_KEYS_ORDER
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.cli import main
+from stepserve.demo import job as demo
 from stepserve.metrics.alerts import unevaluable
 from stepserve.metrics.live import LIVE_KEYS
 from stepserve.metrics.rules import RULES
@@ -28,7 +28,7 @@ from stepserve.workload.overrides import WorkloadOverrides
 
 SRC = Path(__file__).parents[2] / "src" / "stepserve"
 # modules whose table rows and rules read a summary's fields as attributes
-READERS = ["sim/table.py", "demo.py", "sweep/text.py", "sweep/report.py", "sweep/knee.py",
+READERS = ["sim/table.py", "demo/job.py", "sweep/text.py", "sweep/report.py", "sweep/knee.py",
            "metrics/rules.py", "bench/results.py", "sweep/runner.py", "sweep/live.py"]
 METHODS = {name for name in dir(RunSummary) if not name.startswith("_")} - set(FIELD_KINDS)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.sweep.spec import RunConfig, build_points, parse_vary
 from stepserve.workload.overrides import WorkloadOverrides
 

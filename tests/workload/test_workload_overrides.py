@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 from stepserve.workload import (
     ClosedLoop,
     Constant,

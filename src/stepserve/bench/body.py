@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from stepserve.request import COMPLETED_REASONS
+from stepserve.core.request import COMPLETED_REASONS
 
 
 @dataclass

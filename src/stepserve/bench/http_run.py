@@ -20,9 +20,9 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import HttpTarget, LoadPlan, interruptible, run_http
 from stepserve.bench.plan import BenchError
 from stepserve.bench.scrape import Scraper, scrape_summary
+from stepserve.config.urls import check_http_url
 from stepserve.metrics.live import live_config
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.urls import check_http_url
 
 SETTLE_TRIES = 10
 SETTLE_PAUSE_S = 0.1

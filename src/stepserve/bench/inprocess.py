@@ -14,13 +14,13 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prompts import token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.core.output import StepRecord
+from stepserve.core.request import COMPLETED_REASONS, Request, SamplingParams
 from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.run_summary import REQUEST_FIELDS, STEP_FIELDS, RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import summarize
-from stepserve.request import COMPLETED_REASONS, Request, SamplingParams
 
 if TYPE_CHECKING:
     from stepserve.sim.run import RunResult

@@ -32,14 +32,14 @@ from stepserve.bench.results import (
 from stepserve.bench.run_data import http_extras, latency_samples
 from stepserve.bench.save_result import SaveOptions, save_vllm_result
 from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
-from stepserve.cli_errors import UsageError, report_error
-from stepserve.config import ConfigError
-from stepserve.config_load import ConfigOverrides
-from stepserve.config_load import to_dict as config_to_dict
+from stepserve.config.errors import UsageError, report_error
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.load import to_dict as config_to_dict
+from stepserve.config.settings import ConfigError
+from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
-from stepserve.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.spec import Workload
 

@@ -105,7 +105,7 @@ class PromptMaker:
 def load_tokenizer(name: str) -> Tokenizer:
     """A stepserve model name or a local Hugging Face directory's tokenizer; UsageError
     when it cannot be loaded."""
-    from stepserve.cli_errors import UsageError
+    from stepserve.config.errors import UsageError
 
     try:
         from stepserve.model.presets import resolve_model

@@ -31,6 +31,7 @@ from typing import Any
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.bench.slo import GoodputSLO
+from stepserve.config.user_files import write_atomic
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.rule import RuleSettings
@@ -38,7 +39,6 @@ from stepserve.metrics.run_data import LatencySamples
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
-from stepserve.user_files import write_atomic
 
 LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
 SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",

@@ -20,8 +20,8 @@ from stepserve.bench.vllm_result import (
     vllm_metrics,
     vllm_result,
 )
-from stepserve.cli_errors import UsageError
-from stepserve.user_files import check_output_dir, check_output_file, write_atomic
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import check_output_dir, check_output_file, write_atomic
 
 
 @dataclass(frozen=True)

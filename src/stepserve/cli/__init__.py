@@ -8,7 +8,7 @@ next to the library function that takes them) and calls that function.
     serve.py     stepserve serve         -> run_serve(ServeOptions)
     simulate.py  stepserve simulate      -> sim/job.run_simulate(SimulateOptions)
     bench.py     stepserve bench         -> bench/job.run_bench(BenchOptions)
-    profile.py   stepserve profile       -> engine/profile.profile(ProfileOptions)
+    profile.py   stepserve profile       -> profile/job.profile(ProfileOptions)
     plan.py      stepserve plan ...      -> plan/job.run_speedup, run_capacity, run_model_specs
     doctor.py    stepserve doctor        -> metrics/doctor.run_doctor(DoctorOptions)
     sweep.py     stepserve sweep         -> sweep/job.run_sweep(SweepOptions)
@@ -42,7 +42,7 @@ from stepserve.cli.vllm_args import (
     config_file_flags,
     dashed_flags,
 )
-from stepserve.cli_errors import UsageError, one_line, report_error
+from stepserve.config.errors import UsageError, one_line, report_error
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

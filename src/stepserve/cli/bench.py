@@ -27,8 +27,8 @@ from stepserve.bench.plan import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.bench.save_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.cli.simulate import add_cost_model_arguments, cost_model_options
-from stepserve.cli_errors import UsageError, reports_usage_errors
-from stepserve.limits import (
+from stepserve.config.errors import UsageError, reports_usage_errors
+from stepserve.config.limits import (
     CONCURRENCY,
     LENGTH,
     MAX_BURSTINESS,

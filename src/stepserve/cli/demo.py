@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from stepserve.cli_errors import reports_usage_errors
-from stepserve.demo import DemoOptions, run_demo
-from stepserve.limits import REQUESTS, Range, check_flags
+from stepserve.config.errors import reports_usage_errors
+from stepserve.config.limits import REQUESTS, Range, check_flags
+from stepserve.demo.job import DemoOptions, run_demo
 
 # Bounds of the flags: the real engine runs with max_model_len 2048 and ~20-token prompts
 # on a CPU, so outputs stay under 1,024 tokens and requests in the thousands.

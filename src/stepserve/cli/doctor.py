@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from stepserve.cli_errors import reports_usage_errors
+from stepserve.config.errors import reports_usage_errors
 from stepserve.metrics.doctor import DoctorOptions, run_doctor
 from stepserve.metrics.live import INTERVAL_S, WINDOW_S
 

@@ -13,14 +13,14 @@ import argparse
 from typing import Any
 
 from stepserve.cli.vllm_args import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
-from stepserve.config import EngineConfig
-from stepserve.config_load import (
+from stepserve.config.load import (
     TEXT_VALUES,
     VLLM_ALIASES,
     ConfigOverrides,
     config_fields,
     parse_bool,
 )
+from stepserve.config.settings import EngineConfig
 from stepserve.engine.dtypes import DTYPE_CHOICES
 from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
 

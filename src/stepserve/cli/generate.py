@@ -10,7 +10,7 @@ from stepserve.cli.engine_flags import (
     add_quantization_argument,
     config_overrides,
 )
-from stepserve.cli_errors import reports_usage_errors
+from stepserve.config.errors import reports_usage_errors
 from stepserve.engine.generate import GenerateOptions, run_generate
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from stepserve import limits
-from stepserve.cli_errors import reports_usage_errors
-from stepserve.limits import Range, check_flags
+from stepserve.config import limits
+from stepserve.config.errors import reports_usage_errors
+from stepserve.config.limits import Range, check_flags
 from stepserve.plan.job import (
     CapacityOptions,
     SpeedupOptions,

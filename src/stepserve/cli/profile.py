@@ -9,9 +9,9 @@ import sys
 
 from tqdm import tqdm
 
-from stepserve.cli_errors import report_error, reports_usage_errors
-from stepserve.limits import Range, check_flags
-from stepserve.user_files import OutputFile, check_output_file, write_outputs
+from stepserve.config.errors import report_error, reports_usage_errors
+from stepserve.config.limits import Range, check_flags
+from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 
 PROFILE_FLAGS = {"repeats": Range(1, 1000), "warmup": Range(0, 100)}
 
@@ -33,7 +33,7 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
 
 @reports_usage_errors
 def profile_command(args: argparse.Namespace) -> int:
-    from stepserve.engine.profile import ProfileOptions, profile, report
+    from stepserve.profile.job import ProfileOptions, profile, report
 
     check_flags(args, PROFILE_FLAGS)
     check_output_file("--out", args.out)

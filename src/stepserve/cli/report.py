@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from stepserve.cli_errors import reports_usage_errors
+from stepserve.config.errors import reports_usage_errors
 from stepserve.sweep.report_job import ReportOptions, run_report
 
 

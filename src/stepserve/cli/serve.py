@@ -19,11 +19,11 @@ from stepserve.cli.engine_flags import (
     add_quantization_argument,
     config_overrides,
 )
-from stepserve.cli_errors import reports_usage_errors
-from stepserve.config import ConfigError
-from stepserve.config_load import ConfigOverrides
-from stepserve.limits import MAX_SECONDS, MAX_SEED, WAIT_SECONDS, Range
-from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
+from stepserve.config.errors import reports_usage_errors
+from stepserve.config.limits import MAX_SECONDS, MAX_SEED, WAIT_SECONDS, Range
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.settings import ConfigError
+from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
 from stepserve.server.connection_limits import FLAGS as LIMIT_FLAGS
 from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
 

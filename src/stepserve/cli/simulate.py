@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
-from stepserve.cli_errors import reports_usage_errors
-from stepserve.limits import RATE, REQUESTS, SEED, STEP_MS, check_flags
+from stepserve.config.errors import reports_usage_errors
+from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS, check_flags
 from stepserve.sim.cost_options import CostModelOptions
 from stepserve.sim.job import SimulateOptions, run_simulate
 from stepserve.sim.scenarios import SCENARIOS

@@ -10,8 +10,8 @@ from stepserve.cli.simulate import (
     add_pools_argument,
     cost_model_options,
 )
-from stepserve.cli_errors import reports_usage_errors
-from stepserve.limits import RATE, REQUESTS, SECONDS, SEED, STEP_MS, Range, check_flags
+from stepserve.config.errors import reports_usage_errors
+from stepserve.config.limits import RATE, REQUESTS, SECONDS, SEED, STEP_MS, Range, check_flags
 from stepserve.sim.scenarios import SCENARIOS
 from stepserve.sweep.job import DEFAULT_REQUESTS, SweepOptions, run_sweep
 from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, NOISE_MARGIN, P99_METRIC

@@ -15,10 +15,10 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.config import SECTIONS
-from stepserve.config_load import TOP_LEVEL, config_fields, setting_name
-from stepserve.user_files import load_yaml
+from stepserve.config.errors import UsageError
+from stepserve.config.load import TOP_LEVEL, config_fields, setting_name
+from stepserve.config.settings import SECTIONS
+from stepserve.config.user_files import load_yaml
 
 COMMAND_KEYS_DEST = "config_command_keys"  # the file's keys read as flags (not settings)
 CONFIG_PROBLEM_DEST = "config_file_problem"  # a UsageError the command reports

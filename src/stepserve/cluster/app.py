@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine
 from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
-from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.api import add_error_handlers, add_openai_routes
 from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError

@@ -11,8 +11,8 @@ from typing import Any
 
 from stepserve.cluster.messages import ReplicaSpec
 from stepserve.cluster.replica import EngineReplica
-from stepserve.config import EngineConfig
-from stepserve.config_load import to_dict
+from stepserve.config.load import to_dict
+from stepserve.config.settings import EngineConfig
 from stepserve.routing.pools import Deployment
 
 ROUTER_CLASS = "stepserve.cluster.request_router.StepserveRequestRouter"

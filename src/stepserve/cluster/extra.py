@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 
 INSTALL = "pip install -e '.[cluster]'"
 

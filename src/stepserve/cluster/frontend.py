@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepserve.clock import WallClock
 from stepserve.cluster.messages import Admission
-from stepserve.config import EngineConfig
-from stepserve.request import SamplingParams
+from stepserve.config.settings import EngineConfig
+from stepserve.core.clock import WallClock
+from stepserve.core.request import SamplingParams
 from stepserve.routing.pools import Deployment
 from stepserve.routing.view import RouteRequest
 from stepserve.server.drain import drain_live

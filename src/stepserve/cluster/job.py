@@ -19,14 +19,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError
 from stepserve.cluster.deploy import ReplicaSettings
 from stepserve.cluster.extra import require_ray_serve
 from stepserve.cluster.frontend import ClusterEngine, IngressModel
 from stepserve.cluster.local_ray import prefer_loopback
-from stepserve.config import ConfigError, EngineConfig
-from stepserve.config_load import ConfigOverrides
-from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from stepserve.config.errors import UsageError
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.routing.pools import Deployment, load_deployment
 from stepserve.server.connection_limits import ConnectionLimits
 

@@ -17,7 +17,7 @@ class ReplicaSpec:
 
     model_dir: str
     model_name: str
-    config: dict[str, Any]  # the pool's engine config, YAML-shaped (config_load.to_dict)
+    config: dict[str, Any]  # the pool's engine config, YAML-shaped (config/load.to_dict)
     pool: str
     first_engine: int  # the engine index of the pool's replica of rank 0
     dtype: str = "float32"

@@ -18,9 +18,9 @@ import os
 from collections.abc import AsyncIterator
 
 from stepserve.cluster.messages import Admission, ReplicaSpec, ReplicaStats
-from stepserve.config import EngineConfig
-from stepserve.config_load import apply_nested
-from stepserve.request import SamplingParams
+from stepserve.config.load import apply_nested
+from stepserve.config.settings import EngineConfig
+from stepserve.core.request import SamplingParams
 
 log = logging.getLogger("stepserve.cluster")
 

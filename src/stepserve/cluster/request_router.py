@@ -22,8 +22,8 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from stepserve.cluster.messages import ReplicaStats
-from stepserve.config import EngineConfig
-from stepserve.config_load import apply_nested
+from stepserve.config.load import apply_nested
+from stepserve.config.settings import EngineConfig
 from stepserve.routing.pools import Deployment, PoolRouter, load_deployment
 from stepserve.routing.view import ReplicaView
 

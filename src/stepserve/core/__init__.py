@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from stepserve.clock import Clock
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.baselines import DynamicBatchScheduler, StaticBatchScheduler
+from stepserve.core.clock import Clock
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.scheduler import Scheduler
 

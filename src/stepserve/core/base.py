@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 from operator import attrgetter
 
-from stepserve.clock import Clock
-from stepserve.config import ConfigError, EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.core.clock import Clock
 from stepserve.core.integrity import check_scheduler
 from stepserve.core.kv_cache import KVCacheManager, blocks_for
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.policies import make_policy
-from stepserve.request import FINISH_REASON_OF, RejectReason, Request, RequestStatus
+from stepserve.core.request import FINISH_REASON_OF, RejectReason, Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
 _REQUEST_ID = attrgetter("request_id")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import SchedulerOutput
-from stepserve.request import Request
+from stepserve.core.request import Request
 
 
 class StaticBatchScheduler(SchedulerBase):

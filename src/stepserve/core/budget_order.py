@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from stepserve.config import SchedulerConfig
+from stepserve.config.settings import SchedulerConfig
 from stepserve.core.output import SchedulerOutput
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from operator import attrgetter, sub
 
 from stepserve.core.output import StepRecord
+from stepserve.core.request import Request, RequestStatus
 from stepserve.core.scheduler import Scheduler
-from stepserve.request import Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
 _LENGTH, _STOPPED = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED

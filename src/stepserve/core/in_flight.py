@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.prefix_hash import BlockHash, block_hashes
-from stepserve.request import Request
+from stepserve.core.request import Request
 
 
 class InFlightBlocks:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from stepserve.core.block_pool import BlockPool, KVCacheError
 from stepserve.core.prefix_hash import block_hashes
-from stepserve.request import Request
+from stepserve.core.request import Request
 
 __all__ = ["BlockPool", "KVCacheError", "KVCacheManager", "blocks_for"]
 

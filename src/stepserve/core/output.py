@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stepserve.request import Request, TokenLogprobs
+from stepserve.core.request import Request, TokenLogprobs
 
 
 @dataclass(slots=True)

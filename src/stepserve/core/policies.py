@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from stepserve.request import Request
+from stepserve.core.request import Request
 
 
 class Policy:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
-from stepserve.request import Request, RequestStatus
+from stepserve.core.request import Request, RequestStatus
 
 
 class Preemption:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 
-from stepserve.request import Request
+from stepserve.core.request import Request
 
 BlockHash = bytes
 

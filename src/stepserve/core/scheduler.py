@@ -29,15 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stepserve.clock import Clock
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.budget_order import make_budget_order
+from stepserve.core.clock import Clock
 from stepserve.core.in_flight import InFlightBlocks
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.preemption import make_preemption
-from stepserve.request import Request, RequestStatus
+from stepserve.core.request import Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED

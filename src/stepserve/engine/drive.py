@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from stepserve.core.output import StepRecord, StepResult
+from stepserve.core.request import Request, SamplingParams
 from stepserve.engine.llm_engine import LLMEngine
-from stepserve.request import Request, SamplingParams
 
 
 def run_to_completion(engine: LLMEngine,

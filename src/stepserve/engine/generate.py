@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from stepserve.cli_errors import UsageError, report_error
-from stepserve.config import ConfigError
-from stepserve.config_load import ConfigOverrides
+from stepserve.config.errors import UsageError, report_error
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.settings import ConfigError
+from stepserve.core.request_limits import check_text
 from stepserve.engine.dtypes import resolve_dtype
-from stepserve.request_limits import check_text
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def check_texts(options: GenerateOptions) -> None:
 
 def run_generate(options: GenerateOptions) -> int:
     """Print the completion, then its timing on stderr; the exit status."""
+    from stepserve.core.request import SamplingParams
     from stepserve.engine.llm_engine import LLMEngine
-    from stepserve.request import SamplingParams
 
     o = options
     check_texts(o)

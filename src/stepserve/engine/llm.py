@@ -16,13 +16,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from stepserve.config import EngineConfig
-from stepserve.config_load import ConfigOverrides
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.settings import EngineConfig
+from stepserve.core.request import Request, SamplingParams
+from stepserve.core.request_limits import priority_refusal
 from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
-from stepserve.request import Request, SamplingParams
-from stepserve.request_limits import priority_refusal
 
 Prompt = str | dict[str, Any] | list[int]
 

@@ -1,4 +1,4 @@
-"""LLMEngine: the real engine: a torch runner under the engine core (engine/core.py),
+"""LLMEngine: the real engine: a torch runner under the engine core (core/engine_core.py),
 plus the text around it: tokenizing prompts, detokenizing outputs, stop strings.
 
     step() = core.step()  (schedule -> runner.execute -> update, stop strings in between)
@@ -14,12 +14,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from stepserve.clock import Clock, WallClock
-from stepserve.config import ConfigError, EngineConfig
-from stepserve.config_load import ConfigOverrides
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.base import SchedulerBase
+from stepserve.core.clock import Clock, WallClock
+from stepserve.core.engine_core import EngineCore
 from stepserve.core.output import StepResult
-from stepserve.engine.core import EngineCore
+from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
+from stepserve.core.request_limits import check_text, stop_tokens_refusal
 from stepserve.engine.outputs import (
     CompletionOutput,
     RequestMetrics,
@@ -32,8 +34,6 @@ from stepserve.engine.step_budget import (
     prefill_params,
     runner_hardware,
 )
-from stepserve.request import Request, RequestStatus, SamplingParams, child_params
-from stepserve.request_limits import check_text, stop_tokens_refusal
 
 log = logging.getLogger("stepserve.engine")
 
@@ -184,7 +184,7 @@ class LLMEngine:
 
     # ---- the loop ----
     def step(self) -> StepResult:
-        """One engine step (engine/core.py): what ran, who got a token, who ended."""
+        """One engine step (core/engine_core.py): what ran, who got a token, who ended."""
         return self.core.step()
 
     def run_until_done(self) -> None:

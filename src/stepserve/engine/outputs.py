@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from stepserve.request import Request, TokenLogprobs
+from stepserve.core.request import Request, TokenLogprobs
 
 
 @dataclass

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 
 PREFILL_STEP_S = 0.5  # prompt work one step may add on a CPU
 DECODE_ROOM = 128  # budget kept for decodes beside one chunk

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.limits import MAX_SECONDS, Range, check_flags
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import MAX_SECONDS, Range, check_flags
+from stepserve.config.user_files import load_json, preview
 from stepserve.metrics.alerts import diagnose, findings_for, unevaluable
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.live import (
@@ -42,7 +43,6 @@ from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values, wrong_types
 from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
-from stepserve.user_files import load_json, preview
 
 # --window-s and --interval-s: a millisecond to a month; at most MAX_SCRAPES snapshots
 # are kept (each is a parsed /metrics page)

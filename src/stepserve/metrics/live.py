@@ -47,13 +47,13 @@ from typing import Any
 
 import httpx
 
+from stepserve.config.urls import check_http_url
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
 from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
 from stepserve.metrics.prom_sources import LEVELS
 from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import longest_monotonic_rise
-from stepserve.urls import check_http_url
 
 WINDOW_S = 10.0
 INTERVAL_S = 1.0

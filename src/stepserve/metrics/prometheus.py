@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from stepserve.core.request import COMPLETED_REASONS
 from stepserve.metrics.prom_sources import SOURCES, Source
-from stepserve.request import COMPLETED_REASONS
 
 Samples = dict[tuple[str, frozenset], float]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepserve.request import FinishReason, Request
+from stepserve.core.request import FinishReason, Request
 
 UNCLASSIFIED = "unclassified"  # class name for requests without a request_class
 

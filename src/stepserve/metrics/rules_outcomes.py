@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from stepserve.core.request import RejectReason
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import RuleSettings, S, pct, rule
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.request import RejectReason
 
 OUTCOME_WARN_SHARE = 0.01
 OUTCOME_CRITICAL_SHARE = 0.10

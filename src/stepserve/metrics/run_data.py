@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stepserve.core.request import Request
 from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import Steps, TimeSeries, per_replica, timeseries
 from stepserve.metrics.summary import by_class, summarize_latencies
-from stepserve.request import Request
 
 SAMPLE_CAP = 5000
 TIMESERIES_BINS = 200

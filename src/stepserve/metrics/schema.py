@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 
 SCHEMA_KEY = "schema_version"
 SCHEMA_VERSION = 1  # 1: schema_version added, itl_max_s in summaries

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from stepserve.core.request import FinishReason, Request
 from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import Steps, TimeSeries, step_summary, timeseries
-from stepserve.request import FinishReason, Request
 
 __all__ = ["LATENCIES", "RunSummary", "TimeSeries", "by_class", "request_summary",
            "summarize", "summarize_by_class", "summarize_latencies", "timeseries"]

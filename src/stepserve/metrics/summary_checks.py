@@ -19,8 +19,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from stepserve.config.user_files import preview
 from stepserve.metrics.run_summary import FIELD_KINDS
-from stepserve.user_files import preview
 
 # fitted slopes of the waiting queue: a queue that drains has a negative one
 SIGNED_KEYS = frozenset({"waiting_growth", "waiting_trend_rise"})

@@ -21,9 +21,9 @@ import torch
 
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
+from stepserve.core.request import Request, SamplingParams
 from stepserve.model.paged_attention import build_attention_metadata
 from stepserve.model.runner import TorchRunner
-from stepserve.request import Request, SamplingParams
 
 SEED_TEXTS = [
     "The capital of France is", "def fibonacci(n):\n    ", "1, 2, 3, 4,",

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
+from stepserve.core.request import Request, SamplingParams
 from stepserve.model.runner import TorchRunner
-from stepserve.request import Request, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from stepserve.config import CacheConfig
+from stepserve.config.settings import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
+from stepserve.core.request import Request
 from stepserve.model.config import ModelArgs
 from stepserve.model.cpu_linear import packing_available
 from stepserve.model.fused_decode import FusedDecoder
@@ -43,7 +44,6 @@ from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample, token_logprobs
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
-from stepserve.request import Request
 
 log = logging.getLogger("stepserve.model")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stepserve.request import Request, TokenLogprobs
+from stepserve.core.request import Request, TokenLogprobs
 
 TOP_P_CANDIDATES = 256
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from stepserve import limits
-from stepserve.cli_errors import UsageError, report_error
+from stepserve.config import limits
+from stepserve.config.errors import UsageError, report_error
 from stepserve.plan.capacity import CapacityResult, capacity
 from stepserve.plan.model_specs import get_model_spec, list_model_specs
 from stepserve.plan.sizes import format_size, parse_size

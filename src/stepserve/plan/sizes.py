@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from stepserve.user_files import preview
+from stepserve.config.user_files import preview
 
 DECIMAL_UNITS: dict[str, int] = {"kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
 BINARY_UNITS: dict[str, int] = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}

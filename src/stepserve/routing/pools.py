@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.config import ConfigError, EngineConfig
-from stepserve.config_load import apply_nested
+from stepserve.config.load import apply_nested
+from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.config.user_files import preview
 from stepserve.routing.routers import Router, make_router
 from stepserve.routing.view import ReplicaView, RouteRequest
-from stepserve.user_files import preview
 
 DEPLOYMENT_KEYS = ("pools", "routing")
 RULE_KEYS = ("prompt_tokens_over", "max_tokens_over", "priority_at_least", "tenant", "header")
@@ -193,7 +193,7 @@ def load_pools_file(path: str, base: EngineConfig) -> Mapping[str, Any]:
     """A pools file's contents (see the module doc), checked by building its deployment
     over `base`; every error names the file. Callers that vary the engine settings (a
     sweep) build the deployment over each config with `deployment_from`."""
-    from stepserve.user_files import load_yaml
+    from stepserve.config.user_files import load_yaml
 
     data = load_yaml(path, "pools file")
     if not isinstance(data, Mapping):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from stepserve.config import ROUTERS  # the names config.py validates
+from stepserve.config.settings import ROUTERS  # the names config.py validates
 from stepserve.routing.view import ReplicaView, RouteRequest
 
 

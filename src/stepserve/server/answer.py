@@ -28,8 +28,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from stepserve import request_limits as lim
-from stepserve.request import COMPLETED_REASONS
+from stepserve.core import request_limits as lim
+from stepserve.core.request import COMPLETED_REASONS
 from stepserve.server.errors import SERVER_ERROR, UNAVAILABLE, APIError
 from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
 from stepserve.server.prompts import ServingContext

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from stepserve.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.async_engine import AsyncEngine
 from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import (

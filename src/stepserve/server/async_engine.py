@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 from stepserve.server.drain import drain_live
 from stepserve.server.engine_loop import (
     AbortCommand,

@@ -40,7 +40,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from stepserve.request_limits import check_text
+from stepserve.core.request_limits import check_text
 from stepserve.server.errors import APIError, bad_request
 
 # Values a body may hold besides the prompt's token ids: 2,048 messages of a few values,

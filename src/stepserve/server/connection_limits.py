@@ -34,8 +34,8 @@ import math
 import resource
 from dataclasses import dataclass, replace
 
-from stepserve.cli_errors import UsageError
-from stepserve.limits import (
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import (
     MAX_CONCURRENCY,
     MAX_HEADER_BYTES,
     SECONDS,

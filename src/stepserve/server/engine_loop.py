@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stepserve.core.output import StepResult
-from stepserve.request import Request, RequestStatus, SamplingParams
+from stepserve.core.request import Request, RequestStatus, SamplingParams
 from stepserve.server.streams import (
     EngineUnavailable,
     RequestFailed,

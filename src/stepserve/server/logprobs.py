@@ -22,7 +22,7 @@ import json
 import math
 from collections.abc import Sequence
 
-from stepserve.request import TokenLogprobs
+from stepserve.core.request import TokenLogprobs
 from stepserve.server.render_pace import pace
 
 LOGPROB_FLOOR = -9999.0

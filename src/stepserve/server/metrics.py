@@ -40,10 +40,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from stepserve.config import SchedulerConfig
+from stepserve.config.settings import SchedulerConfig
 from stepserve.core.output import StepRecord
+from stepserve.core.request import Request
 from stepserve.metrics.request_metrics import request_metrics
-from stepserve.request import Request
 
 P = "stepserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stepserve.request import SamplingParams
-from stepserve.request_limits import priority_refusal, stop_tokens_refusal
+from stepserve.core.request import SamplingParams
+from stepserve.core.request_limits import priority_refusal, stop_tokens_refusal
 from stepserve.server.errors import APIError, bad_request
 from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from stepserve import request_limits as lim
+from stepserve.core import request_limits as lim
 from stepserve.server.errors import bad_request
 
 # Bounded strings and lists (request_limits.py says why each bound)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from stepserve.request import SamplingParams
+from stepserve.core.request import SamplingParams
 from stepserve.server.answer import Answer
 from stepserve.server.body import VALUE_SLACK, parse_json, read_limited
 from stepserve.server.errors import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from stepserve.request import RejectReason, TokenLogprobs
+from stepserve.core.request import RejectReason, TokenLogprobs
 
 
 class RequestRejected(Exception):

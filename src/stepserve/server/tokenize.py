@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from stepserve import __version__
-from stepserve import request_limits as lim
+from stepserve.core import request_limits as lim
 from stepserve.server.errors import bad_request
 from stepserve.server.prompts import (
     ServingContext,

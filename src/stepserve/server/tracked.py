@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepserve.request import Request, TokenLogprobs
+from stepserve.core.request import Request, TokenLogprobs
 from stepserve.server.streams import RequestStream, StreamOutput
 
 

@@ -14,8 +14,9 @@ import platform
 import sys
 from dataclasses import dataclass, replace
 
-from stepserve.cli_errors import UsageError
-from stepserve.config import EngineConfig
+from stepserve.config.errors import UsageError
+from stepserve.config.settings import EngineConfig
+from stepserve.config.user_files import load_json
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, CostModel
@@ -23,7 +24,6 @@ from stepserve.sim.hardware import get_hardware
 from stepserve.sim.kv_sizing import num_gpu_blocks_for
 from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.scenarios import Scenario
-from stepserve.user_files import load_json
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stepserve.core.output import SchedulerOutput
+from stepserve.core.request import Request, SamplingParams
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.request import Request, SamplingParams
 from stepserve.sim.cost import CostModel
 from stepserve.sim.run import RunResult, SimulateResult
 from stepserve.sim.scenarios import get_scenario

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepserve.config import ConfigError, EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.kv_cache import blocks_for
 
 

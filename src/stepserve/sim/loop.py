@@ -1,4 +1,4 @@
-"""The discrete-event loop: drives the engine core (engine/core.py) of each replica on a
+"""The discrete-event loop: drives the engine core (core/engine_core.py) of each replica on a
 virtual clock. A replica's step begins at one event (`begin_step`: schedule, cost model)
 and completes at another, its duration later (`complete_step`: apply the tokens,
 StepResult); in between, arrivals queue and aborts land, as on a real server.
@@ -18,11 +18,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from stepserve.clock import VirtualClock
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
+from stepserve.core.clock import VirtualClock
+from stepserve.core.engine_core import EngineCore, PendingStep
 from stepserve.core.output import StepRecord
-from stepserve.engine.core import EngineCore, PendingStep
-from stepserve.request import Request, SamplingParams
+from stepserve.core.request import Request, SamplingParams
 from stepserve.routing.pools import Deployment, PoolRouter
 from stepserve.routing.view import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel

@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.config import EngineConfig
-from stepserve.config_load import apply_nested, to_dict
-from stepserve.limits import MAX_BLOCKS
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import MAX_BLOCKS
+from stepserve.config.load import apply_nested, to_dict
+from stepserve.config.settings import EngineConfig
 from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import RuleSettings

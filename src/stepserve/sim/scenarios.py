@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost, CostModel, SchedulingOverhead
 from stepserve.sim.hardware import get_hardware

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stepserve.bench.http_run import check_url
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 from stepserve.metrics.summary import LATENCIES
 from stepserve.metrics.summary_checks import allowed as metric_range
 from stepserve.sweep.spec import WORKLOAD_AXES, Axis, parse_summary_slo

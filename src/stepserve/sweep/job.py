@@ -13,9 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.bench.plan import BenchError
-from stepserve.cli_errors import report_error
-from stepserve.config import ConfigError, EngineConfig
-from stepserve.config_load import ConfigOverrides, load_config
+from stepserve.config.errors import report_error
+from stepserve.config.load import ConfigOverrides, load_config
+from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.config.user_files import (
+    OutputFile,
+    check_output_dir,
+    check_output_file,
+    write_outputs,
+)
 from stepserve.metrics.alerts import findings_for
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost import CostModel
@@ -50,12 +56,6 @@ from stepserve.sweep.spec import (
 )
 from stepserve.sweep.text import format_knees
 from stepserve.sweep.window import STEADY, WindowRule
-from stepserve.user_files import (
-    OutputFile,
-    check_output_dir,
-    check_output_file,
-    write_outputs,
-)
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload

@@ -41,7 +41,7 @@ class LiveOptions:
 
 def target_points(target: str, axes: list) -> tuple[str, list[SweepPoint]]:
     """One series (named after the target) along the last axis; its config is unused."""
-    from stepserve.config import EngineConfig
+    from stepserve.config.settings import EngineConfig
 
     return build_points([RunConfig("server", EngineConfig(), target)], axes)
 

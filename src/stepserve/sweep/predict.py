@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.sim.run import run_config
 from stepserve.sweep.knee import KneeResult

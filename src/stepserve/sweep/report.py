@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepserve.bench.results import BenchResult
+from stepserve.config.user_files import write_atomic
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.sweep.knee import P99_METRIC, group_series
 from stepserve.sweep.knee_plot import KneeSeries, knee_plot, runs_plot
@@ -28,7 +29,6 @@ from stepserve.sweep.plots import (
 )
 from stepserve.sweep.result import SweepResult
 from stepserve.sweep.text import format_knees
-from stepserve.user_files import write_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -11,11 +11,11 @@ from typing import Any
 
 from stepserve.bench.results import BenchResult
 from stepserve.bench.vllm_result import bench_result_from_vllm
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import check_output_dir, load_json
 from stepserve.metrics.vllm_summary import is_vllm_result
 from stepserve.sim.run import SimulateResult
 from stepserve.sweep.result import KIND, SweepResult
-from stepserve.user_files import check_output_dir, load_json
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.sim.cost import CostModel
 from stepserve.sim.run import simulate_run
 from stepserve.sweep.result import SweepCoords, SweepPointResult

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.config import EngineConfig
-from stepserve.config_load import config_fields, parse_bool
+from stepserve.config.load import config_fields, parse_bool
+from stepserve.config.settings import EngineConfig
 from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary
 from stepserve.workload.overrides import WorkloadOverrides
 

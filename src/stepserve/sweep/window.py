@@ -35,12 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stepserve.core.request import Request
 from stepserve.metrics.percentiles import percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
 from stepserve.metrics.run_data import latency_samples
 from stepserve.metrics.step_metrics import step_summary
 from stepserve.metrics.summary import by_class, request_summary
-from stepserve.request import Request
 from stepserve.sim.loop import SimResult
 from stepserve.sim.run import RunResult, config_facts
 

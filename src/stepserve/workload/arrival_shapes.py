@@ -23,8 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from stepserve.limits import MAX_CONCURRENCY, MAX_LEN, MAX_NUM_REQUESTS, MAX_RATE, MAX_SECONDS
-from stepserve.user_files import preview
+from stepserve.config.limits import (
+    MAX_CONCURRENCY,
+    MAX_LEN,
+    MAX_NUM_REQUESTS,
+    MAX_RATE,
+    MAX_SECONDS,
+)
+from stepserve.config.user_files import preview
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import WorkloadError, check_int, check_keys, check_range, check_str
 from stepserve.workload.spec import RequestSpec

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepserve.limits import (
+from stepserve.config.limits import (
     MAX_BURSTINESS,
     MAX_CONCURRENCY,
     MAX_RATE,

@@ -10,8 +10,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.user_files import preview
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import preview
 
 
 class WorkloadError(UsageError):

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.limits import MAX_LEN, MAX_WEIGHT
-from stepserve.user_files import preview, read_text
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import MAX_LEN, MAX_WEIGHT
+from stepserve.config.user_files import preview, read_text
 from stepserve.workload.errors import (
     WorkloadError,
     check_int,

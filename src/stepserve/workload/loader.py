@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from stepserve.cli_errors import UsageError
-from stepserve.user_files import load_yaml, preview, write_atomic
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import load_yaml, preview, write_atomic
 from stepserve.workload.arrivals import TraceReplay
 from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed
 from stepserve.workload.parse import parse_arrival, parse_length

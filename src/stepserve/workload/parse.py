@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stepserve.limits import MAX_CONCURRENCY
-from stepserve.user_files import preview
+from stepserve.config.limits import MAX_CONCURRENCY
+from stepserve.config.user_files import preview
 from stepserve.workload.arrival_shapes import SHAPES
 from stepserve.workload.arrivals import (
     ArrivalProcess,

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.limits import MAX_LEN
-from stepserve.request_limits import check_text
-from stepserve.user_files import load_json
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import MAX_LEN
+from stepserve.config.user_files import load_json
+from stepserve.core.request_limits import check_text
 from stepserve.workload.errors import WorkloadError, check_int
 from stepserve.workload.lengths import Empirical
 from stepserve.workload.spec import RequestClass

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepserve.limits import (
+from stepserve.config.limits import (
     MAX_LEN,
     MAX_NUM_REQUESTS,
     MAX_SECONDS,
@@ -24,8 +24,8 @@ from stepserve.limits import (
     MAX_WEIGHT,
     MAX_WORKLOAD_TOKENS,
 )
-from stepserve.request_limits import PRIORITY_MAX, PRIORITY_MIN, TENANT_MAX_CHARS
-from stepserve.user_files import preview
+from stepserve.config.user_files import preview
+from stepserve.core.request_limits import PRIORITY_MAX, PRIORITY_MIN, TENANT_MAX_CHARS
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import (
     WorkloadError,

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.limits import MAX_NUM_REQUESTS, MAX_SECONDS
-from stepserve.user_files import preview, read_text, write_atomic
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import MAX_NUM_REQUESTS, MAX_SECONDS
+from stepserve.config.user_files import preview, read_text, write_atomic
 from stepserve.workload.errors import WorkloadError, check_positive
 from stepserve.workload.spec import RequestSpec
 

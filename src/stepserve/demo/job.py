@@ -23,21 +23,21 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.cli_errors import UsageError, report_error
-from stepserve.config import EngineConfig
-from stepserve.config_load import ConfigOverrides
+from stepserve.config.errors import UsageError, report_error
+from stepserve.config.load import ConfigOverrides
+from stepserve.config.settings import EngineConfig
+from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
+from stepserve.core.request import SamplingParams
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.summary import summarize
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.plan.speedup import speedup_for_lengths
-from stepserve.request import SamplingParams
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.run import RunResult, run_config
 from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
-from stepserve.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.workload.scenarios import get_workload
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",

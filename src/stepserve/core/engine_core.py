@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from stepserve.clock import Clock
-from stepserve.config import EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.core import make_scheduler
 from stepserve.core.base import SchedulerBase, integrity_checks_on
+from stepserve.core.clock import Clock
 from stepserve.core.decode_run import Sampler, run_decodes
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord, StepResult
-from stepserve.request import Request
+from stepserve.core.request import Request
 
 log = logging.getLogger("stepserve.engine")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from stepserve import request_limits as limits
-from stepserve.request_limits import check_range
+from stepserve.core import request_limits as limits
+from stepserve.core.request_limits import check_range
 
 
 class RequestStatus(enum.IntEnum):

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.limits import (
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import (
     MAX_BATCHED_TOKENS,
     MAX_BLOCKS,
     MAX_KV_BYTES,
@@ -24,7 +24,7 @@ from stepserve.limits import (
     MAX_REPLICAS,
     MAX_SECONDS,
 )
-from stepserve.user_files import preview
+from stepserve.config.user_files import preview
 
 
 class ConfigError(UsageError):
@@ -243,7 +243,7 @@ class EngineConfig:
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with flat changes, e.g. replace(max_num_seqs=40, max_waiting=24)."""
-        from stepserve.config_load import apply_flat
+        from stepserve.config.load import apply_flat
 
         return apply_flat(self, changes)
 

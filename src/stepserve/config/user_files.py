@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from stepserve.cli_errors import UsageError
-from stepserve.limits import MAX_FILE_BYTES
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import MAX_FILE_BYTES
 
 
 def read_text(path: str | Path, what: str) -> str:

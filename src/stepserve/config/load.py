@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.cli_errors import UsageError
-from stepserve.config import SECTIONS, ConfigError, EngineConfig
-from stepserve.user_files import load_yaml, preview
+from stepserve.config.errors import UsageError
+from stepserve.config.settings import SECTIONS, ConfigError, EngineConfig
+from stepserve.config.user_files import load_yaml, preview
 
 TOP_LEVEL = ("replicas", "router")
 # vLLM's names of settings we name otherwise (its flags and config-file keys)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 
 # requests in one workload, run or plan: a month of a busy service's traffic in a
 # simulator that keeps every request in memory

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepserve.core.output import SchedulerOutput
-from stepserve.request import Request, SamplingParams
+from stepserve.core.request import Request, SamplingParams
 from stepserve.sim.calibrated import TERMS, CalibratedCost, fit, relative_errors, step_terms
 from stepserve.sim.cost import computed_tokens, joining
 from stepserve.sim.cost_options import this_host
@@ -137,7 +137,7 @@ def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]
     """(per step, per sequence, per join) seconds the engine spends around
     runner.execute, from a small closed-loop run: step wall time minus the runner's time,
     fitted on the step's sequences and the requests joining its batch."""
-    from stepserve.config import EngineConfig
+    from stepserve.config.settings import EngineConfig
     from stepserve.engine.drive import run_closed_loop
     from stepserve.engine.llm_engine import LLMEngine
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from stepserve.cli_errors import UsageError
+from stepserve.config.errors import UsageError
 
 EXAMPLE = "e.g. http://127.0.0.1:8000"
 

@@ -1,0 +1,1 @@
+"""`stepserve demo`: the main job (job.py)."""
