@@ -9,15 +9,26 @@
 A request *completed* when it ended with reason stop or length. Only completed requests
 feed the latency percentiles: a rejected or timed-out request has no latency to speak of,
 and an aborted one stopped for the client's reasons, not the engine's.
+
+The prefix cache, per request: `num_cached_tokens`, the prompt tokens it got from the
+cache at its first admission (OpenAI's usage.prompt_tokens_details.cached_tokens), and
+`num_repeated_tokens`, the prompt tokens an earlier request's prompt already held: what
+a cache that never evicted could have given it (`repeated_prefix_tokens`; None where the
+prompts were not looked at). Their gap is what evictions cost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stepserve.core.prefix_hash import BlockHash, block_hash, chain_root
 from stepserve.core.request import FinishReason, Request
 
 UNCLASSIFIED = "unclassified"  # class name for requests without a request_class
+# The grain a repeated prefix is counted in: the engine's default KV block, since a cache
+# shares whole blocks only. A run with larger blocks can hit a little less than this says.
+REPEAT_BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +53,17 @@ class RequestLatencies:
     num_preemptions: int
     num_swapped_out_blocks: int
     num_recomputed_tokens: int
+    num_cached_tokens: int = 0
+    num_repeated_tokens: int | None = None  # None: not measured
 
     @property
     def completed(self) -> bool:
         return self.finish_reason is not None and self.finish_reason.completed
 
 
-def request_metrics(req: Request) -> RequestLatencies:
-    """Measure one request from its timestamps."""
+def request_metrics(req: Request, repeated_tokens: int | None = None) -> RequestLatencies:
+    """Measure one request from its timestamps (`repeated_tokens`: see
+    `measure_requests`)."""
     times = req.token_times
     arrival = req.arrival_time
     ttft = times[0] - arrival if times else None
@@ -72,4 +86,63 @@ def request_metrics(req: Request) -> RequestLatencies:
         num_output_tokens=n_out, scheduled=req.first_scheduled_time is not None,
         ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, queue_time_s=queue, itl_s=itl,
         num_preemptions=req.num_preemptions, num_swapped_out_blocks=req.num_swapped_out_blocks,
-        num_recomputed_tokens=req.num_recomputed_tokens)
+        num_recomputed_tokens=req.num_recomputed_tokens,
+        num_cached_tokens=req.num_cached_tokens, num_repeated_tokens=repeated_tokens)
+
+
+def measure_requests(requests: Sequence[Request]) -> list[RequestLatencies]:
+    """Every request measured, with the prompt tokens each repeats of an earlier one."""
+    repeated = repeated_prefix_tokens(requests)
+    return [request_metrics(r, n) for r, n in zip(requests, repeated, strict=True)]
+
+
+def cacheable_tokens(shared_tokens: int, prompt_len: int,
+                     block_size: int = REPEAT_BLOCK_TOKENS) -> int:
+    """Of `shared_tokens` leading tokens a prompt shares with an earlier one, those a
+    cache can give: whole blocks, and never the prompt's last token (the engine computes
+    it for its logits, as core/kv_cache.py's cached_prefix)."""
+    usable = min(shared_tokens, prompt_len - 1)
+    return max(usable, 0) // block_size * block_size
+
+
+def repeated_prefix_tokens(requests: Sequence[Request],
+                           block_size: int = REPEAT_BLOCK_TOKENS) -> list[int]:
+    """For each request, the leading prompt tokens (whole blocks, at most all but its
+    last) that a request arriving before it began with, under the same cache salt: blocks
+    named as the prefix cache names them (core/prefix_hash.py).
+
+    A prompt's blocks are named only once another prompt begins with the same first
+    block, so a workload of distinct prompts costs one hash per request and no memory
+    beyond the requests themselves."""
+    first_seen: dict[BlockHash, Request] = {}  # a first block -> the prompt that had it
+    named: set[BlockHash] = set()  # every block of every prompt whose first one recurred
+    expanded: set[int] = set()  # ids of the prompts whose blocks are in `named`
+    out = [0] * len(requests)
+    for i in sorted(range(len(requests)), key=lambda i: requests[i].arrival_time):
+        req = requests[i]
+        ids = req.prompt_token_ids
+        if len(ids) <= block_size:
+            continue  # no full block below its last token
+        first = block_hash(chain_root(req.cache_salt), ids[:block_size])
+        earlier = first_seen.setdefault(first, req)
+        if earlier is req:
+            continue
+        if id(earlier) not in expanded:
+            named.update(_chain(earlier, block_size))
+            expanded.add(id(earlier))
+        chain = _chain(req, block_size)
+        limit = (len(ids) - 1) // block_size
+        out[i] = next((k for k, h in enumerate(chain[:limit]) if h not in named),
+                      limit) * block_size
+        named.update(chain)
+        expanded.add(id(req))
+    return out
+
+
+def _chain(req: Request, block_size: int) -> list[BlockHash]:
+    """The names of the full blocks of `req`'s prompt."""
+    ids, parent, names = req.prompt_token_ids, chain_root(req.cache_salt), []
+    for lo in range(0, len(ids) - block_size + 1, block_size):
+        parent = block_hash(parent, ids[lo:lo + block_size])
+        names.append(parent)
+    return names

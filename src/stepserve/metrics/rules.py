@@ -5,8 +5,8 @@ the settings only sharpen the advice, e.g. name the chunk cap actually set.
 Thresholds come from the incidents' post-mortems (night-report, mixed-pool, promo-spike:
 docs/guide.md tells each story) and the tail-latency table; where a rule's early signal
 leads a later alert, the lead is measured on the run's own series (alert_times.py).
-`RULES` also holds the rules of rules_batching.py, stall_rule.py, rules_outcomes.py and
-rules_experience.py.
+`RULES` also holds the rules of rules_batching.py, stall_rule.py, rules_outcomes.py,
+rules_experience.py and rules_cache.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from stepserve.metrics.alert_times import (
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import Rule, RuleSettings, S, pct, rule
 from stepserve.metrics.rules_batching import low_active_ratio, low_slot_utilization
+from stepserve.metrics.rules_cache import prefix_cache_thrash
 from stepserve.metrics.rules_experience import throughput_over_experience, tpot_tail
 from stepserve.metrics.rules_outcomes import rejections, timeouts
 from stepserve.metrics.run_summary import RunSummary
@@ -230,6 +231,6 @@ def tail_ttft_from_prefill(s: RunSummary, cfg: RuleSettings) -> Finding | None:
 RULES: tuple[Rule, ...] = (
     capacity, chunk_cap_eats_budget, queue_growing, running_below_offered,
     preemption_nonzero, prefill_stalls_decode, tail_ttft_from_prefill,
-    low_slot_utilization, low_active_ratio, rejections, timeouts, tpot_tail,
-    throughput_over_experience,
+    low_slot_utilization, low_active_ratio, prefix_cache_thrash, rejections, timeouts,
+    tpot_tail, throughput_over_experience,
 )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stepserve.core.request import Request
-from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
+from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import Steps, TimeSeries, per_replica, timeseries
 from stepserve.metrics.summary import by_class, summarize_latencies
@@ -101,7 +101,7 @@ class RunMetrics:
 def measure_run(requests: Sequence[Request], steps: Steps, duration_s: float, *,
                 bins: int = TIMESERIES_BINS, cap: int = SAMPLE_CAP) -> RunMetrics:
     """Every request measured once; the summary, the classes and the samples share it."""
-    ms = [request_metrics(r) for r in requests]
+    ms = measure_requests(requests)  # with each prompt's repeat of an earlier one
     several = len({r.request_class for r in requests}) > 1
     return RunMetrics(summary=summarize_latencies(ms, steps, duration_s),
                       by_class=by_class(ms, duration_s) if several else None,

@@ -70,6 +70,11 @@ class RunSummary:
     preemptions_on_long_share: float | None = None  # of preemptions, on long requests
     swapped_blocks: float | None = None
     recomputed_tokens: float | None = None
+    # the prefix cache over completed requests: cached prompt tokens / prompt tokens, and
+    # the share of prompt tokens an earlier prompt began with (what a cache that never
+    # evicted could give: request_metrics.py)
+    prefix_cache_hit_rate: float | None = None
+    prefix_repeated_share: float | None = None
     # ---- steps (step_metrics.py; queue levels summed over replicas) ----
     replicas: float | None = None
     steps: float | None = None

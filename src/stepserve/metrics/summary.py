@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from stepserve.core.request import FinishReason, Request
 from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.percentiles import mean, percentile, ratio
-from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
+from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import Steps, TimeSeries, step_summary, timeseries
 
@@ -64,6 +64,17 @@ def _rejected_by_reason(ms: Sequence[RequestLatencies]) -> dict[str, int]:
     return dict(sorted(reasons.items()))
 
 
+def _prefix_cache_fields(done: list[RequestLatencies]) -> dict[str, float | None]:
+    """The hit rate and the repeated share over completed requests' prompts; the share
+    only where every one of them was measured."""
+    prompt = sum(m.num_prompt_tokens for m in done)
+    repeated = [m.num_repeated_tokens for m in done]
+    measured = all(n is not None for n in repeated)
+    return {"prefix_cache_hit_rate": ratio(sum(m.num_cached_tokens for m in done), prompt),
+            "prefix_repeated_share": ratio(sum(n or 0 for n in repeated), prompt)
+            if measured else None}
+
+
 def request_summary(ms: Sequence[RequestLatencies], duration_s: float, *,
                     long_request_threshold: int = LONG_REQUEST_THRESHOLD) -> RunSummary:
     """The request fields of a summary (no step fields), from measured requests."""
@@ -96,6 +107,7 @@ def request_summary(ms: Sequence[RequestLatencies], duration_s: float, *,
         preemptions_on_long_share=ratio(sum(m.num_preemptions for m in long_), preemptions),
         swapped_blocks=sum(m.num_swapped_out_blocks for m in ms),
         recomputed_tokens=sum(m.num_recomputed_tokens for m in ms),
+        **_prefix_cache_fields(done),
     )
 
 
@@ -112,7 +124,7 @@ def summarize_latencies(ms: Sequence[RequestLatencies], steps: Steps, duration_s
 def summarize(requests: Sequence[Request], steps: Steps, duration_s: float, *,
               long_request_threshold: int = LONG_REQUEST_THRESHOLD) -> RunSummary:
     """`summarize_latencies` of the requests, measured here."""
-    return summarize_latencies([request_metrics(r) for r in requests], steps, duration_s,
+    return summarize_latencies(measure_requests(requests), steps, duration_s,
                                long_request_threshold=long_request_threshold)
 
 
@@ -139,5 +151,5 @@ def summarize_by_class(requests: Sequence[Request], steps: Steps, duration_s: fl
     """`by_class` of the requests, measured here. `steps` is accepted so both summaries
     take the same arguments; step fields are run-wide (see `by_class`)."""
     del steps
-    return by_class([request_metrics(r) for r in requests], duration_s,
+    return by_class(measure_requests(requests), duration_s,
                     long_request_threshold=long_request_threshold)

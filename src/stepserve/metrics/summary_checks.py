@@ -30,7 +30,7 @@ MAGNITUDE_MAX = 1e18
 
 
 def _is_share(key: str) -> bool:
-    return key.endswith("_share") or key == "slot_utilization" \
+    return key.endswith("_share") or key in ("slot_utilization", "prefix_cache_hit_rate") \
         or key.startswith(("active_ratio_", "kv_usage_"))
 
 

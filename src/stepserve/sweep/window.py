@@ -37,7 +37,7 @@ from typing import Any
 
 from stepserve.core.request import Request
 from stepserve.metrics.percentiles import percentile, ratio
-from stepserve.metrics.request_metrics import RequestLatencies, request_metrics
+from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
 from stepserve.metrics.run_data import latency_samples
 from stepserve.metrics.step_metrics import step_summary
 from stepserve.metrics.summary import by_class, request_summary
@@ -158,7 +158,7 @@ def tokens_between(token_times: Sequence[Sequence[float]], start: float, end: fl
 def windowed_run(run: RunResult, sim: SimResult, rule: WindowRule) -> tuple[RunResult, Window]:
     """`run` (the whole simulation measured) with its summary, classes and latency
     samples measured over the steady window instead, and the window."""
-    every = [request_metrics(r) for r in sim.requests]
+    every = measure_requests(sim.requests)  # repeats of prompts before the window count
     window = steady_window([m.arrival_time for m in every], rule, lifetime(every))
     window = replace(window, whole_run_tokens_per_s=run.summary.throughput_tokens_per_s)
     if not window.steady:
