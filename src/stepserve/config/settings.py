@@ -104,7 +104,7 @@ BATCHING_MODES = ("continuous", "static", "dynamic")
 POLICIES = ("fcfs", "priority", "srpt", "fair", "lpm")
 PREEMPTION_MODES = ("recompute", "swap", "none")
 BUDGET_ORDERS = ("decode_first", "prefill_first")
-ROUTERS = ("round_robin", "least_outstanding")
+ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ send a request to a pool by its class; a deployment is the pools plus those rule
 The incidents' fixes (separate pools, a request-length cap) in one file (`--pools FILE`, usable by serve, simulate and sweep):
 
     replicas: 3                    # no pools: this many identical replicas
-    router: least_outstanding      # within a pool
+    router: least_outstanding      # within a pool: round_robin, least_outstanding,
+                                   # prefix_affinity (its knobs: `prefix_affinity: {...}`)
     scheduler: {max_num_batched_tokens: 8192}   # engine settings every pool starts from
     pools:
       online:  {replicas: 2, scheduler: {max_num_seqs: 16, long_prefill_token_threshold: 512}}
@@ -22,16 +23,17 @@ The incidents' fixes (separate pools, a request-length cap) in one file (`--pool
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.config.user_files import preview
+from stepserve.routing.prefix_affinity import PrefixAffinityOptions
 from stepserve.routing.routers import Router, make_router
 from stepserve.routing.view import ReplicaView, RouteRequest
 
-DEPLOYMENT_KEYS = ("pools", "routing")
+DEPLOYMENT_KEYS = ("pools", "routing", "prefix_affinity")
 RULE_KEYS = ("prompt_tokens_over", "max_tokens_over", "priority_at_least", "tenant", "header")
 
 
@@ -78,6 +80,7 @@ class Deployment:
     rules: tuple[Rule, ...] = ()
     default_pool: str = "default"
     router: str = "round_robin"
+    prefix_affinity: PrefixAffinityOptions = PrefixAffinityOptions()
 
     @classmethod
     def single(cls, config: EngineConfig) -> Deployment:
@@ -97,8 +100,11 @@ class Deployment:
 
     def describe(self) -> dict[str, Any]:
         """The layout as plain data, for result files and tables."""
-        return {"router": self.router, "pools": {p.name: p.replicas for p in self.pools},
-                "default": self.default_pool, "rules": [r.describe() for r in self.rules]}
+        out = {"router": self.router, "pools": {p.name: p.replicas for p in self.pools},
+               "default": self.default_pool, "rules": [r.describe() for r in self.rules]}
+        if self.router == "prefix_affinity":
+            out["prefix_affinity"] = self.prefix_affinity.to_dict()
+        return out
 
 
 class PoolRouter:
@@ -106,8 +112,10 @@ class PoolRouter:
 
     def __init__(self, deployment: Deployment, seed: int = 0) -> None:
         self.deployment = deployment
-        self._routers: dict[str, Router] = {p.name: make_router(deployment.router, seed + i)
-                                            for i, p in enumerate(deployment.pools)}
+        self._routers: dict[str, Router] = {
+            p.name: make_router(deployment.router, seed + i, p.config.cache.block_size,
+                                deployment.prefix_affinity)
+            for i, p in enumerate(deployment.pools)}
 
     def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
         """The position in `replicas` (every replica of the deployment) to send to."""
@@ -124,11 +132,12 @@ def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
     outside `pools`/`routing` apply to every pool. ConfigError names what is wrong."""
     engine = {k: v for k, v in data.items() if k not in DEPLOYMENT_KEYS}
     common = apply_nested(base, engine)
+    options = _router_options(data, common.router)
     pools_data = data.get("pools")
     if pools_data is None:
         if "routing" in data:
             raise ConfigError("routing: rules need `pools` to send requests to")
-        return Deployment.single(common)
+        return replace(Deployment.single(common), prefix_affinity=options)
     if not isinstance(pools_data, Mapping) or not pools_data:
         raise ConfigError("pools: must map pool names to their settings")
     pools = tuple(_pool(name, spec, common) for name, spec in pools_data.items())
@@ -143,7 +152,16 @@ def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
     rules = tuple(_rule(i, r, names) for i, r in enumerate(raw_rules))
     if default not in names:
         raise ConfigError(f"routing.default = {preview(default)}: not a pool ({', '.join(names)})")
-    return Deployment(pools, rules, default, common.router)
+    return Deployment(pools, rules, default, common.router, options)
+
+
+def _router_options(data: Mapping[str, Any], router: str) -> PrefixAffinityOptions:
+    if "prefix_affinity" not in data:
+        return PrefixAffinityOptions()
+    if router != "prefix_affinity":
+        raise ConfigError(f"prefix_affinity: knobs of the prefix_affinity router, but router "
+                          f"is {router}; set `router: prefix_affinity` or remove them")
+    return PrefixAffinityOptions.from_mapping(data["prefix_affinity"])
 
 
 def _pool(name: Any, spec: Any, common: EngineConfig) -> Pool:

@@ -5,7 +5,9 @@
   fewer requests (waiting + running) wins, ties to the lower index. Near-optimal
   balance without comparing every replica (Mitzenmacher), and with two replicas it is
   exactly "the less loaded one".
-Both are deterministic for a given seed, so a simulation repeats exactly.
+* prefix_affinity: where the prompt's prefix probably is, weighed with queue length and
+  KV usage (prefix_affinity.py).
+All are deterministic for a given seed, so a simulation repeats exactly.
 """
 
 from __future__ import annotations
@@ -14,15 +16,10 @@ import random
 from collections.abc import Sequence
 
 from stepserve.config.settings import ROUTERS  # the names config.py validates
-from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.routing.prefix_affinity import PrefixAffinity, PrefixAffinityOptions
+from stepserve.routing.view import ReplicaView, Router, RouteRequest
 
-
-class Router:
-    name = ""
-
-    def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
-        """The position in `replicas` (never empty) of the replica to send to."""
-        raise NotImplementedError
+__all__ = ["Router", "RoundRobin", "LeastOutstanding", "PrefixAffinity", "make_router"]
 
 
 class RoundRobin(Router):
@@ -54,11 +51,17 @@ class LeastOutstanding(Router):
         return a if ka <= kb else b
 
 
-_BY_NAME: dict[str, type[Router]] = {r.name: r for r in (RoundRobin, LeastOutstanding)}
+_BY_NAME: dict[str, type[Router]] = {r.name: r for r in (RoundRobin, LeastOutstanding,
+                                                          PrefixAffinity)}
 
 
-def make_router(name: str, seed: int = 0) -> Router:
+def make_router(name: str, seed: int = 0, block_size: int = 16,
+                prefix_affinity: PrefixAffinityOptions | None = None) -> Router:
+    """A router by name; `block_size` (the pool's KV block) and `prefix_affinity` (its
+    knobs) matter to prefix_affinity only."""
     cls = _BY_NAME.get(name)
     if cls is None:
         raise ValueError(f"router = {name!r}: must be one of {', '.join(ROUTERS)}")
+    if cls is PrefixAffinity:
+        return PrefixAffinity(seed, block_size, prefix_affinity)
     return cls(seed)

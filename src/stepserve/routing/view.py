@@ -1,10 +1,10 @@
 """What a router sees: each replica's load (ReplicaView) and the request to place
-(RouteRequest). A simulator replica builds its view from its scheduler; a cluster
-replica reports the same numbers to Ray Serve's router."""
+(RouteRequest); and what a router is (Router). A simulator replica builds its view from
+its scheduler; a cluster replica reports the same numbers to Ray Serve's router."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -31,3 +31,15 @@ class RouteRequest:
     priority: int = 0  # lower runs first, as in vLLM
     tenant: str = "default"  # the OpenAI `user` field
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-cased names
+    # what a prefix-aware router hashes; the request's own list, not a copy (one object
+    # crossing the Ray seam beside the prompt is pickled once)
+    prompt_token_ids: Sequence[int] = ()
+    cache_salt: str | None = None  # the prefix cache's namespace (core/prefix_hash.py)
+
+
+class Router:
+    name = ""
+
+    def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
+        """The position in `replicas` (never empty) of the replica to send to."""
+        raise NotImplementedError

@@ -15,6 +15,8 @@
         priority: 0                         # optional, lower is more urgent
         tenant: a                           # optional
         length_estimate: none               # optional: none, exact, class_mean
+        shared_prefixes: 32                 # optional, with prefix_len: each prompt opens
+        prefix_len: 512                     # with one of 32 system prompts of 512 tokens
       - name: real                          # lengths from a ShareGPT-style JSON file:
         sharegpt: {file: sg.json, tokenizer: default}   # (prompt, output) pairs, see
                                             # sharegpt.py; tokenizer, output_len optional
@@ -43,7 +45,7 @@ __all__ = ["load_workload", "workload_from_dict", "workload_to_dict", "save_work
 
 TOP_KEYS = ("name", "description", "seed", "num_requests", "duration_s", "arrival", "classes")
 CLASS_KEYS = ("name", "share", "prompt", "output", "max_tokens", "priority", "tenant",
-              "length_estimate", "sharegpt")
+              "length_estimate", "sharegpt", "shared_prefixes", "prefix_len")
 SHAREGPT_KEYS = ("file", "tokenizer", "output_len")
 
 
@@ -96,7 +98,8 @@ def _parse_sharegpt_class(data: dict, where: str, base: Path | None) -> RequestC
             path, spec.get("tokenizer"), spec.get("output_len"), name=data["name"],
             share=data.get("share", 1.0), max_tokens=data.get("max_tokens"),
             priority=data.get("priority", 0), tenant=data.get("tenant", "default"),
-            length_estimate=data.get("length_estimate", "none"))
+            length_estimate=data.get("length_estimate", "none"),
+            shared_prefixes=data.get("shared_prefixes", 0), prefix_len=data.get("prefix_len", 0))
     except WorkloadError as e:
         raise prefixed(where, e) from None
 
@@ -119,6 +122,8 @@ def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
             priority=data.get("priority", 0),
             tenant=data.get("tenant", "default"),
             length_estimate=data.get("length_estimate", "none"),
+            shared_prefixes=data.get("shared_prefixes", 0),
+            prefix_len=data.get("prefix_len", 0),
         )
     except WorkloadError as e:
         raise prefixed(where, e) from None
@@ -165,6 +170,8 @@ def _class_to_dict(c: RequestClass) -> dict[str, Any]:
     out["tenant"] = c.tenant
     if c.length_estimate != "none":
         out["length_estimate"] = c.length_estimate
+    if c.shared_prefixes:
+        out.update(shared_prefixes=c.shared_prefixes, prefix_len=c.prefix_len)
     return out
 
 

@@ -27,13 +27,9 @@ from stepserve.config.limits import (
 from stepserve.config.user_files import preview
 from stepserve.core.request_limits import PRIORITY_MAX, PRIORITY_MIN, TENANT_MAX_CHARS
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
-from stepserve.workload.errors import (
-    WorkloadError,
-    check_int,
-    check_positive,
-    check_str,
-)
+from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_str
 from stepserve.workload.lengths import LengthDist
+from stepserve.workload.shared_prefix import check_shared_prefixes, prefix_name
 
 # How a class fills `length_estimate`, the output length an SRPT scheduler is told:
 # none (it must fall back on max_tokens), exact (an oracle), class_mean (it knows the
@@ -64,6 +60,8 @@ class RequestSpec:
     tenant: str = "default"
     request_class: str = "default"
     length_estimate: int | None = None
+    prefix: str | None = None  # the shared prefix its prompt starts with (shared_prefix.py)
+    prefix_len: int = 0  # that prefix's tokens, counted in prompt_len
 
     def __post_init__(self) -> None:
         check_int("index", self.index, lo=0)
@@ -79,6 +77,9 @@ class RequestSpec:
         check_str("class", self.request_class)
         if self.length_estimate is not None:
             check_int("length_estimate", self.length_estimate, lo=1, hi=MAX_LEN)
+        if self.prefix is not None or self.prefix_len:
+            check_str("prefix", self.prefix)
+            check_int("prefix_len", self.prefix_len, lo=1, hi=self.prompt_len)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class RequestClass:
 
     `pairs`, when given, are (prompt, output) lengths sampled jointly (a dataset, see
     sharegpt.py); `prompt` and `output` then hold their marginals, for `mean()` and
-    `describe()`, and `dataset` the YAML form it came from.
+    `describe()`, and `dataset` the YAML form it came from. `shared_prefixes`: see
+    shared_prefix.py (a prefix drawn uniformly, then the request's own `prompt` tokens).
     """
 
     name: str
@@ -104,6 +106,8 @@ class RequestClass:
     length_estimate: str = "none"
     pairs: tuple[tuple[int, int], ...] | None = None
     dataset: dict | None = None
+    shared_prefixes: int = 0
+    prefix_len: int = 0
 
     def __post_init__(self) -> None:
         check_str("name", self.name)
@@ -127,6 +131,7 @@ class RequestClass:
         if self.length_estimate not in LENGTH_ESTIMATES:
             raise WorkloadError(f"length_estimate = {preview(self.length_estimate)}: must be one of "
                                 f"{', '.join(LENGTH_ESTIMATES)}")
+        check_shared_prefixes(self.shared_prefixes, self.prefix_len)
 
     def mean_tokens(self) -> float:
         """Expected prompt + output tokens of one request (outputs cut at max_tokens;
@@ -134,7 +139,7 @@ class RequestClass:
         output = min(self.output.mean(), MAX_LEN)
         if self.max_tokens is not None:
             output = min(output, self.max_tokens)
-        return min(self.prompt.mean(), MAX_LEN) + output
+        return min(self.prompt.mean() + self.prefix_len, MAX_LEN) + output
 
     def make(self, index: int, arrival_s: float, rng: random.Random) -> RequestSpec:
         """One request of this class: prompt first, then output, from `rng`."""
@@ -154,8 +159,13 @@ class RequestClass:
             estimate = max(1, round(self.output.mean()))
             if self.max_tokens is not None:
                 estimate = min(estimate, self.max_tokens)
-        return RequestSpec(index, arrival_s, prompt_len, output_len, max_tokens,
-                           self.priority, self.tenant, self.name, estimate)
+        if not self.shared_prefixes:
+            return RequestSpec(index, arrival_s, prompt_len, output_len, max_tokens,
+                               self.priority, self.tenant, self.name, estimate)
+        prefix = prefix_name(self.name, rng.randrange(self.shared_prefixes))
+        return RequestSpec(index, arrival_s, min(prompt_len + self.prefix_len, MAX_LEN),
+                           output_len, max_tokens, self.priority, self.tenant, self.name,
+                           estimate, prefix, self.prefix_len)
 
 
 @dataclass(frozen=True)
@@ -282,5 +292,7 @@ class Workload:
                              f"{(c.dataset or {}).get('description', 'a dataset')}")
             lines.append(f"  {c.name} {self.shares[c.name]:.1%}: prompt {c.prompt.describe()}; "
                          f"output {c.output.describe()}{cap}; priority {c.priority}, "
-                         f"tenant {c.tenant}")
+                         f"tenant {c.tenant}" + (f"; prompts open with one of "
+                         f"{c.shared_prefixes} shared prefixes of {c.prefix_len} tokens"
+                         if c.shared_prefixes else ""))
         return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""prefix_affinity: send a request where its prompt's prefix probably already is.
+
+The router cannot ask a replica what its prefix cache holds, so it remembers what it
+sent where (the approximate prefix index of the Gateway API Inference Extension): a
+prompt's full blocks are named as the KV manager names them (core/prefix_hash.py: the
+SHA-256 chain rooted in the cache salt), and each replica keeps the names of the blocks
+sent to it most recently, in an LRU of at most `index_blocks` names. A replica may have
+evicted what the index still lists, or (after a recompute) hold what it forgot: the
+index is a guess, which the replica's own cache turns into hits or misses.
+
+Each eligible replica is scored
+
+    prefix_weight * (leading blocks it was sent / the prompt's blocks)
+  + queue_weight  * (1 - (outstanding - least) / (most - least))   # 1 when all equal
+  + kv_weight     * (1 - KV usage)
+
+and the highest wins (ties: fewer outstanding, then the lower position). A replica
+whose outstanding count exceeds the least-loaded one's by more than
+`imbalance_threshold` is not eligible, so affinity never piles a hot prefix onto one
+replica: when every holder of it is too far ahead, the request goes by load alone, and
+its blocks are then recorded on the replica that got it (the prefix spreads).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from stepserve.config.settings import ConfigError
+from stepserve.config.user_files import preview
+from stepserve.core.prefix_hash import BlockHash, block_hash, chain_root
+from stepserve.routing.view import ReplicaView, Router, RouteRequest
+
+MAX_WEIGHT = 1000.0
+MAX_THRESHOLD = 1_000_000
+MAX_INDEX_BLOCKS = 1 << 20  # per replica: about 100 MB of names at the very most
+MAX_PREFIX_BLOCKS = 1 << 14
+
+
+@dataclass(frozen=True)
+class PrefixAffinityOptions:
+    """The router's knobs (a pools file's `prefix_affinity:` mapping)."""
+
+    # A full prefix match (3) outweighs the whole spread of queue lengths (2) but not
+    # queue and KV together: affinity wins among replicas that are about as loaded.
+    prefix_weight: float = 3.0
+    queue_weight: float = 2.0
+    kv_weight: float = 2.0
+    # Outstanding requests a replica may hold beyond the least-loaded one and still be
+    # chosen for its prefix; about one batch of new prompts' worth of imbalance.
+    imbalance_threshold: int = 16
+    # Block names remembered per replica: 16,384 blocks of 16 tokens is 256k tokens,
+    # the KV a large accelerator holds, in about 2 MB of names.
+    index_blocks: int = 16_384
+    # Leading blocks of a prompt hashed and matched (a system prompt is its start): the
+    # hashing a request costs is bounded, however long its prompt.
+    max_prefix_blocks: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("prefix_weight", "queue_weight", "kv_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 <= value <= MAX_WEIGHT:
+                raise ConfigError(f"prefix_affinity.{name} = {preview(value)}: must be a "
+                                  f"number in [0, {MAX_WEIGHT:g}]")
+        for name, hi, lo in (("imbalance_threshold", MAX_THRESHOLD, 0),
+                             ("index_blocks", MAX_INDEX_BLOCKS, 1),
+                             ("max_prefix_blocks", MAX_PREFIX_BLOCKS, 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise ConfigError(f"prefix_affinity.{name} = {preview(value)}: must be an "
+                                  f"integer in [{lo}, {hi}]")
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> PrefixAffinityOptions:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"prefix_affinity = {preview(data)}: must be a mapping of "
+                              f"{', '.join(KNOBS)}")
+        unknown = sorted(preview(k) for k in data if k not in KNOBS)
+        if unknown:
+            raise ConfigError(f"prefix_affinity: unknown {', '.join(unknown)}; the knobs are "
+                              f"{', '.join(KNOBS)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in KNOBS}
+
+
+KNOBS = tuple(f.name for f in fields(PrefixAffinityOptions))
+
+
+class BlockLRU:
+    """The block names last sent to one replica, at most `capacity`, oldest first out."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._names: OrderedDict[BlockHash, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def leading_matches(self, hashes: Sequence[BlockHash]) -> int:
+        """How many of `hashes`, from the first, it holds (a chain: a gap ends the match)."""
+        n = 0
+        for h in hashes:
+            if h not in self._names:
+                break
+            n += 1
+        return n
+
+    def add(self, hashes: Sequence[BlockHash]) -> None:
+        names = self._names
+        for h in hashes:
+            names[h] = None
+            names.move_to_end(h)
+        while len(names) > self.capacity:
+            names.popitem(last=False)
+
+
+class PrefixAffinity(Router):
+    name = "prefix_affinity"
+
+    def __init__(self, seed: int = 0, block_size: int = 16,
+                 options: PrefixAffinityOptions | None = None) -> None:
+        self.block_size = block_size
+        self.options = options or PrefixAffinityOptions()
+        self.index: dict[int, BlockLRU] = {}  # by ReplicaView.index
+
+    def prompt_hashes(self, request: RouteRequest) -> list[BlockHash]:
+        """The names of the prompt's leading full blocks, as the KV manager names them."""
+        ids, size = request.prompt_token_ids, self.block_size
+        count = min(len(ids) // size, self.options.max_prefix_blocks)
+        parent, out = chain_root(request.cache_salt), []
+        for i in range(count):
+            parent = block_hash(parent, list(ids[i * size:(i + 1) * size]))
+            out.append(parent)
+        return out
+
+    def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
+        opts = self.options
+        self._forget_all_but(replicas)
+        hashes = self.prompt_hashes(request)
+        least = min(r.outstanding for r in replicas)
+        eligible = [i for i, r in enumerate(replicas)
+                    if r.outstanding <= least + opts.imbalance_threshold]
+        most = max(replicas[i].outstanding for i in eligible)
+        spread = most - least
+
+        def score(i: int) -> tuple[float, int, int]:
+            r = replicas[i]
+            prefix = self._lru(r.index).leading_matches(hashes) / len(hashes) if hashes else 0.0
+            queue = 1.0 if spread == 0 else (most - r.outstanding) / spread
+            total = (opts.prefix_weight * prefix + opts.queue_weight * queue
+                     + opts.kv_weight * (1.0 - r.kv_usage))
+            return (total, -r.outstanding, -i)
+
+        chosen = max(eligible, key=score)
+        self._lru(replicas[chosen].index).add(hashes)
+        return chosen
+
+    def _lru(self, replica: int) -> BlockLRU:
+        lru = self.index.get(replica)
+        if lru is None:
+            lru = self.index[replica] = BlockLRU(self.options.index_blocks)
+        return lru
+
+    def _forget_all_but(self, replicas: Sequence[ReplicaView]) -> None:
+        """Drop the index of a replica no longer offered (gone from a cluster), so
+        replicas that come and go do not grow it."""
+        if len(self.index) > len(replicas):
+            live = {r.index for r in replicas}
+            for gone in [k for k in self.index if k not in live]:
+                del self.index[gone]
