@@ -27,6 +27,7 @@ from stepserve.routing.pools import Deployment, PoolRouter
 from stepserve.routing.view import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
 from stepserve.sim.runner import SIM_EOS, SimRunner
+from stepserve.workload.shared_prefix import prefix_token_ids
 from stepserve.workload.spec import RequestSpec
 
 
@@ -73,17 +74,20 @@ def make_request(spec: RequestSpec, arrival: float) -> Request:
 
 # Simulated prompts start with a token no other request has, above any id the runner
 # samples, so the prefix cache sees what a real workload of distinct prompts gives it:
-# no hits, except a request's own blocks after a recompute. The prefix cache works on
-# token ids, so a workload that shares prefixes must say so here: a shared system prompt
-# is the same run of ids before each request's own ones (the workload format does not
-# describe one yet).
+# no hits, except a request's own blocks after a recompute. A request of a class with
+# shared prefixes (workload/shared_prefix.py) starts with its prefix's ids instead, and
+# is its own from the token after it.
 FIRST_PROMPT_ID = 1 << 20
 
 
 def prompt_token_ids(spec: RequestSpec) -> list[int]:
-    """The token ids of a simulated prompt, unique to the request from its first token."""
+    """The token ids of a simulated prompt, unique to the request from its first token
+    after its shared prefix (if any)."""
     ids = [1] * spec.prompt_len
-    ids[0] = FIRST_PROMPT_ID + spec.index
+    if spec.prefix is not None:
+        ids[:spec.prefix_len] = prefix_token_ids(spec.prefix, spec.prefix_len)
+    if spec.prefix_len < spec.prompt_len:
+        ids[spec.prefix_len] = FIRST_PROMPT_ID + spec.index
     return ids
 
 
@@ -141,7 +145,8 @@ class _EventLoop:
         spec = self.specs[k]
         req = make_request(spec, t)
         self.issued.append(req)
-        route = RouteRequest(spec.prompt_len, spec.max_tokens, spec.priority, spec.tenant)
+        route = RouteRequest(spec.prompt_len, spec.max_tokens, spec.priority, spec.tenant,
+                             prompt_token_ids=req.prompt_token_ids)
         rep = self.replicas[self.router.pick([r.view() for r in self.replicas], route)]
         if rep.core.add_request(req):
             rep.runner.register(req.request_id, spec.output_len)
