@@ -150,7 +150,8 @@ class PrefixAffinity(Router):
 
         def score(i: int) -> tuple[float, int, int]:
             r = replicas[i]
-            prefix = self._lru(r.index).leading_matches(hashes) / len(hashes) if hashes else 0.0
+            lru = self.index.get(r.index)
+            prefix = lru.leading_matches(hashes) / len(hashes) if lru and hashes else 0.0
             queue = 1.0 if spread == 0 else (most - r.outstanding) / spread
             total = (opts.prefix_weight * prefix + opts.queue_weight * queue
                      + opts.kv_weight * (1.0 - r.kv_usage))
@@ -169,7 +170,6 @@ class PrefixAffinity(Router):
     def _forget_all_but(self, replicas: Sequence[ReplicaView]) -> None:
         """Drop the index of a replica no longer offered (gone from a cluster), so
         replicas that come and go do not grow it."""
-        if len(self.index) > len(replicas):
-            live = {r.index for r in replicas}
-            for gone in [k for k in self.index if k not in live]:
-                del self.index[gone]
+        live = {r.index for r in replicas}
+        for gone in [k for k in self.index if k not in live]:
+            del self.index[gone]

@@ -31,10 +31,15 @@ class RouteRequest:
     priority: int = 0  # lower runs first, as in vLLM
     tenant: str = "default"  # the OpenAI `user` field
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-cased names
-    # what a prefix-aware router hashes; the request's own list, not a copy (one object
-    # crossing the Ray seam beside the prompt is pickled once)
-    prompt_token_ids: Sequence[int] = ()
+    prompt_token_ids: Sequence[int] = ()  # what a prefix-aware router hashes
     cache_salt: str | None = None  # the prefix cache's namespace (core/prefix_hash.py)
+
+    def __reduce__(self) -> tuple:
+        # Pickled without the prompt: routers run where the request is routed (the
+        # ingress), and a cluster replica gets the prompt as its own argument, so a long
+        # prompt crosses the Ray seam once, not twice.
+        return (RouteRequest, (self.prompt_tokens, self.max_tokens, self.priority,
+                               self.tenant, dict(self.headers), (), self.cache_salt))
 
 
 class Router:
