@@ -85,9 +85,11 @@ class ClusterEngine:
     def num_live(self) -> int:
         return len(self._live)
 
-    def route_of(self, prompt_ids: list[int], params: SamplingParams) -> RouteRequest:
+    def route_of(self, prompt_ids: list[int], params: SamplingParams,
+                 cache_salt: str | None = None) -> RouteRequest:
         return RouteRequest(len(prompt_ids), params.max_tokens, params.priority,
-                            params.tenant, REQUEST_HEADERS.get() or {})
+                            params.tenant, REQUEST_HEADERS.get() or {}, prompt_ids,
+                            cache_salt)
 
     # ---- requests ----
     async def add(self, prompt_ids: list[int], params: SamplingParams, *,
