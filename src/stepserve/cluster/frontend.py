@@ -94,7 +94,8 @@ class ClusterEngine:
     # ---- requests ----
     async def add(self, prompt_ids: list[int], params: SamplingParams, *,
                   streamed: bool = True, request_id: str | None = None,
-                  arrival_time: float | None = None) -> RequestStream:
+                  arrival_time: float | None = None,
+                  cache_salt: str | None = None) -> RequestStream:
         """Send to a replica of the request's pool; return its stream once admitted.
         Raises RequestRejected, RequestFailed or EngineUnavailable as AsyncEngine.add
         does. (The replica stamps its own arrival time.)"""
@@ -109,7 +110,7 @@ class ClusterEngine:
         pool = self.deployment.pool_for(route)
         rid = request_id or f"ing-{uuid.uuid4().hex}"
         generator, admission = await self._admit(pool, rid, prompt_ids, params, streamed,
-                                                 route)
+                                                 route, cache_salt)
         stream = RequestStream(rid, len(prompt_ids))
         pump = asyncio.ensure_future(self._pump(rid))
         self._live[rid] = _Live(stream, pump, generator, admission)
@@ -117,14 +118,15 @@ class ClusterEngine:
         return stream
 
     async def _admit(self, pool: str, rid: str, prompt_ids: list[int],
-                     params: SamplingParams, streamed: bool, route: RouteRequest):
+                     params: SamplingParams, streamed: bool, route: RouteRequest,
+                     cache_salt: str | None = None):
         from ray.exceptions import RayActorError
 
         handle = self.handles[pool].options(stream=True)
         died: Exception | None = None
         for _ in range(ADMIT_TRIES):
             generator = handle.generate.remote(prompt_ids, params, streamed, rid,
-                                               route=route)
+                                               route=route, cache_salt=cache_salt)
             try:
                 admission = await generator.__anext__()
             except RayActorError as e:  # died before admitting it: send it again

@@ -54,7 +54,8 @@ class EngineReplica:
         return self._engine
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, streamed: bool,
-                       request_id: str, route=None) -> AsyncIterator[object]:
+                       request_id: str, route=None, cache_salt: str | None = None
+                       ) -> AsyncIterator[object]:
         """`route` (the RouteRequest) is read by the request router, not here."""
         from stepserve.server.streams import EngineUnavailable, RequestFailed, RequestRejected
 
@@ -62,7 +63,7 @@ class EngineReplica:
         me = (self.engine_index, self.spec.pool)
         try:
             stream = await engine.add(prompt_ids, params, streamed=streamed,
-                                      request_id=request_id)
+                                      request_id=request_id, cache_salt=cache_salt)
         except RequestRejected as e:
             self.metrics.on_rejected(e.reason)
             yield Admission(*me, "rejected", e.reason, e.message)

@@ -53,7 +53,7 @@ class KVCacheManager:
         # request id -> how many leading blocks of its device table are named already
         self.num_named: dict[str, int] = {}
         # Counters for the metrics (vLLM's prefix_cache_queries / _hits, in tokens), over
-        # admissions that looked the cache up; evictions (named blocks reused) in blocks.
+        # first admissions that looked the cache up; evictions (named blocks reused) in blocks.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 

@@ -45,6 +45,8 @@ PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # presence / frequency (OpenAI's and vLLM'
 REPETITION_PENALTY_MAX = 100.0  # vLLM: any finite value > 0; past ~2 it only scrambles
 REQUEST_ID_MAX_CHARS = 256  # a client's request_id (vLLM extra field) or X-Request-Id
 MESSAGES_MAX_COUNT = 2048  # chat messages per request
+# `cache_salt`: a namespace's name, hashed once per request (vLLM: any non-empty string)
+CACHE_SALT_MAX_CHARS = 1024
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 MAX_REQUEST_BYTES_MAX = 1 << 30
 
@@ -98,6 +100,19 @@ def stop_tokens_refusal(stop_token_ids: tuple[int, ...] | list[int], min_tokens:
     return (f"stop_token_ids{eos} cover the whole vocabulary of {vocab_size} tokens, and "
             f"min_tokens = {min_tokens} masks them all until then: nothing could be "
             f"generated; leave some tokens out of stop_token_ids or set min_tokens = 0")
+
+
+def cache_salt_refusal(cache_salt: object) -> str | None:
+    """Why `cache_salt` cannot be taken (None: it can): the prefix cache's namespace is a
+    non-empty string (as vLLM's), bounded, valid Unicode; None is no salt."""
+    if cache_salt is None:
+        return None
+    if not isinstance(cache_salt, str) or not cache_salt:
+        return f"cache_salt = {cache_salt!r:.80}: must be a non-empty string (or none)"
+    if len(cache_salt) > CACHE_SALT_MAX_CHARS:
+        return (f"cache_salt: {len(cache_salt)} characters, at most {CACHE_SALT_MAX_CHARS} "
+                "allowed")
+    return check_text("cache_salt", cache_salt)
 
 
 def priority_refusal(priority: int, policy: str) -> str | None:

@@ -278,7 +278,9 @@ class Scheduler(SchedulerBase):
         req.prefix_hit_tokens = hit_tokens
         if req.first_scheduled_time is None:  # its prompt's first admission: for usage
             req.num_cached_tokens = hit_tokens
-        kv = self.kv
-        if kv.looks_up(req):
-            kv.prefix_cache_queries += req.num_tokens
-            kv.prefix_cache_hits += hit_tokens
+            # the metrics count first admissions only (vLLM's counters leave preempted
+            # requests out), so they move by exactly what usage reports
+            kv = self.kv
+            if kv.looks_up(req):
+                kv.prefix_cache_queries += req.num_tokens
+                kv.prefix_cache_hits += hit_tokens

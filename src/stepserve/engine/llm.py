@@ -19,7 +19,7 @@ from tqdm import tqdm
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.core.request import Request, SamplingParams
-from stepserve.core.request_limits import priority_refusal
+from stepserve.core.request_limits import cache_salt_refusal, priority_refusal
 from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
@@ -63,7 +63,8 @@ class LLM:
         """Run every prompt to completion; outputs come back in input order. A prompt the
         engine cannot take (too long, empty) raises ValueError before anything runs.
         `priority`: one per prompt (lower runs first), as vLLM's; only under the priority
-        scheduling policy (otherwise ValueError, as vLLM raises)."""
+        scheduling policy (otherwise ValueError, as vLLM raises). A prompt dict's
+        "cache_salt" is its prefix cache namespace, as vLLM's."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -75,7 +76,11 @@ class LLM:
             refusal = priority_refusal(p.priority, policy)
             if refusal:
                 raise ValueError(refusal)
-        return self._run([_prompt_input(p) for p in prompts], params, use_tqdm)
+        salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in prompts]
+        for k, salt in enumerate(salts):  # before anything is queued
+            if refusal := cache_salt_refusal(salt):
+                raise ValueError(f"prompt {k}: {refusal}")
+        return self._run([_prompt_input(p) for p in prompts], params, use_tqdm, salts)
 
     def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -94,11 +99,11 @@ class LLM:
         return self._run(prompts, _params_for(sampling_params, len(prompts)), use_tqdm)
 
     def _run(self, prompts: list[str | list[int]], params: list[SamplingParams],
-             use_tqdm: bool) -> list[RequestOutput]:
+             use_tqdm: bool, salts: list[str | None] | None = None) -> list[RequestOutput]:
         engine = self.engine
         groups: list[list[Request]] = []
         for k, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            group = engine.add_parallel(prompt, p)
+            group = engine.add_parallel(prompt, p, cache_salt=salts[k] if salts else None)
             groups.append(group)
             if group[0].is_finished:  # rejected at once: undo the batch, say why
                 for g in groups[:-1]:

@@ -21,7 +21,7 @@ from stepserve.core.clock import Clock, WallClock
 from stepserve.core.engine_core import EngineCore
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
-from stepserve.core.request_limits import check_text, stop_tokens_refusal
+from stepserve.core.request_limits import cache_salt_refusal, check_text, stop_tokens_refusal
 from stepserve.engine.outputs import (
     CompletionOutput,
     RequestMetrics,
@@ -100,7 +100,7 @@ class LLMEngine:
     # ---- requests ----
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    stream_text: bool = False) -> Request:
+                    stream_text: bool = False, cache_salt: str | None = None) -> Request:
         """Queue a prompt (text or token ids) with n = 1 (`add_parallel` takes any n). A
         request the scheduler rejects comes back already finished, with status
         FINISHED_REJECTED and the reason in finish_message (and is in no StepResult)."""
@@ -109,20 +109,23 @@ class LLMEngine:
             raise ValueError(f"n = {params.n}: add_request queues one sequence; use "
                              "add_parallel for n > 1")
         (request,) = self.add_parallel(prompt, params, request_id, arrival_time,
-                                       stream_text)
+                                       stream_text, cache_salt)
         return request
 
     def add_parallel(self, prompt: str | list[int], params: SamplingParams | None = None,
                      request_id: str | None = None, arrival_time: float | None = None,
-                     stream_text: bool = False) -> list[Request]:
+                     stream_text: bool = False, cache_salt: str | None = None
+                     ) -> list[Request]:
         """Queue a prompt as `params.n` sequences, as vLLM V1 does: n child requests of the
         same prompt with their own KV (ids `"{i}_{request_id}"`, `child_params` seeds);
         n = 1 is the request itself. Returns the children in index order; if admission
         refused one, the ones before it are aborted and only the refused one (finished)
-        comes back. `abort_request(request_id)` aborts every child."""
+        comes back. `abort_request(request_id)` aborts every child. `cache_salt`: the
+        prefix cache's namespace (vLLM's): requests of different salts share no block."""
         params = params or SamplingParams()
         # inputs this model cannot take (request_limits.py says why), as the server's 400
         refusal = (check_text("prompt", prompt) if isinstance(prompt, str) else None) or \
+            cache_salt_refusal(cache_salt) or \
             stop_tokens_refusal(params.stop_token_ids, params.min_tokens,
                                 self.runner.args.vocab_size, self.runner.eos_token_id)
         if refusal:
@@ -134,14 +137,16 @@ class LLMEngine:
         arrival = self.clock.now() if arrival_time is None else arrival_time
         if params.n == 1:
             return [self._add(Request(request_id, ids, params, arrival_time=arrival,
-                                      eos_token_id=self.runner.eos_token_id), text,
+                                      eos_token_id=self.runner.eos_token_id,
+                                      cache_salt=cache_salt), text,
                               stream_text)]
         children: list[Request] = []
         for k in range(params.n):
             child = self._add(Request(f"{k}_{request_id}", list(ids), child_params(params, k),
                                       arrival_time=arrival,
                                       eos_token_id=self.runner.eos_token_id,
-                                      parent_id=request_id, index=k), text, stream_text)
+                                      parent_id=request_id, index=k,
+                                      cache_salt=cache_salt), text, stream_text)
             if child.is_finished:
                 for c in children:
                     self.core.abort_request(c.request_id, "a sibling was refused")

@@ -47,6 +47,7 @@ from stepserve.server.responses import (
     CompletionResponse,
     RawBlocks,
     UsageInfo,
+    prompt_cached_tokens,
 )
 from stepserve.server.sse import SSE_DONE, Chunks, Echo
 from stepserve.server.streams import RequestStream, StreamOutput
@@ -151,7 +152,8 @@ class Answer:
         made = sum(o.num_output_tokens for o in outs)
         if self.echo is not None and self.echo.only_prompt:
             made = 0
-        return UsageInfo.of(outs[0].num_prompt_tokens, made)
+        return UsageInfo.of(outs[0].num_prompt_tokens, made,
+                            prompt_cached_tokens(o.num_cached_tokens for o in outs))
 
     def completion(self, rid: str, outs: list[StreamOutput]) -> CompletionResponse:
         usage = self._usage(outs)  # best_of: every sequence run counts

@@ -54,6 +54,8 @@ class AsyncEngine:
         request has been answered (the server exits non-zero)."""
         self.engine = engine
         self.metrics = metrics
+        if metrics is not None:
+            metrics.cache.watch(engine.scheduler.kv)
         self.accepting = True
         self._worker = EngineLoop(engine, metrics, self._hand_over, on_fatal)
         self._commands = self._worker.commands
@@ -125,7 +127,8 @@ class AsyncEngine:
     # ---- requests (event loop side) ----
     async def add(self, prompt_ids: list[int], params: SamplingParams, *,
                   streamed: bool = True, request_id: str | None = None,
-                  arrival_time: float | None = None) -> RequestStream:
+                  arrival_time: float | None = None,
+                  cache_salt: str | None = None) -> RequestStream:
         """Submit a request; returns its stream once the scheduler admitted it.
         Raises RequestRejected (queue full, too long) or EngineUnavailable."""
         if not self.accepting or not self.is_running:
@@ -139,8 +142,8 @@ class AsyncEngine:
         arrival = self.engine.clock.now() if arrival_time is None else arrival_time
         self._live[request_id] = stream
         self._all_ended.clear()  # type: ignore[union-attr]
-        self._commands.append(AddCommand(prompt_ids, params, request_id, arrival, stream, streamed,
-                                   admitted))
+        self._commands.append(AddCommand(prompt_ids, params, request_id, arrival, stream,
+                                         streamed, admitted, cache_salt))
         self._wake.set()
         if self.fault is not None:  # the loop died after the check above and may have
             # drained the queue already: answer here (whoever answers first wins)

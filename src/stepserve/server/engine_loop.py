@@ -45,6 +45,7 @@ class AddCommand:
     stream: RequestStream
     streamed: bool
     admitted: asyncio.Future
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -155,7 +156,8 @@ class EngineLoop:
         try:
             children = engine.add_parallel(cmd.prompt_ids, cmd.params, cmd.request_id,
                                            arrival_time=cmd.arrival_time,
-                                           stream_text=cmd.streamed)
+                                           stream_text=cmd.streamed,
+                                           cache_salt=cmd.cache_salt)
         except ValueError as e:
             return RequestRejected(str(e))
         except Exception as e:  # not the client's fault, and not queued: a 500 for it alone

@@ -44,6 +44,7 @@ from stepserve.config.settings import SchedulerConfig
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request
 from stepserve.metrics.request_metrics import request_metrics
+from stepserve.server.cache_metrics import CacheMetrics
 
 P = "stepserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -113,6 +114,8 @@ class ServerMetrics:
         self._add_latencies(make)
         self._add_request_sizes(make, scheduler.max_model_len if scheduler else 4096)
         self._add_seed_signals(make)
+        # the prefix cache's counters and cache_config_info: AsyncEngine attaches the engine
+        self.cache = CacheMetrics(self.registry, LABELS, self.label_values)
         if scheduler is not None:
             Gauge(P + "scheduler_config_info", "scheduler settings (as labels)",
                   [*LABELS, *CONFIG_INFO_FIELDS], registry=self.registry).labels(

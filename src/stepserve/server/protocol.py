@@ -5,7 +5,8 @@ An unknown field is accepted and ignored with a logged warning naming it, as vLL
 (SGLang and TGI ignore them too), so bodies built for vLLM (the openai SDK's
 `extra_body`) work. vLLM's extra sampling fields are honoured: min_p, top_k,
 repetition_penalty, min_tokens, stop_token_ids, ignore_eos, skip_special_tokens,
-include_stop_str_in_output, prompt_logprobs, request_id, priority. Fields OpenAI defines
+include_stop_str_in_output, prompt_logprobs, request_id, priority, cache_salt (the prefix
+cache's namespace: requests of different salts share no cached block). Fields OpenAI defines
 that this engine cannot honour (logit_bias, suffix, tools, functions ...) are accepted
 only at their neutral value, so a client that sends the default still works and one that
 relies on the feature hears it clearly. The tenant for fair share comes from `user`.
@@ -117,6 +118,9 @@ class _Sampling(_Request):
                                    description="the response id's suffix (vLLM)")
     priority: int = Field(0, ge=lim.PRIORITY_MIN, le=lim.PRIORITY_MAX,
                           description="lower runs first (priority policy), as in vLLM")
+    cache_salt: str | None = Field(None, min_length=1, max_length=lim.CACHE_SALT_MAX_CHARS,
+                                   description="the prefix cache's namespace: requests of "
+                                               "different salts share no cached block (vLLM)")
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

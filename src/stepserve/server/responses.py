@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterable
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field, SerializeAsAny, SkipValidation
@@ -50,15 +51,34 @@ class RawBlocks:
         return "".join(out)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens whose KV came from the prefix "
+                                              "cache (a multiple of the block size)")
+
+
 class UsageInfo(BaseModel):
+    """OpenAI's usage. prompt_tokens_details is always there, as OpenAI sends it (vLLM
+    only with --enable-prompt-tokens-details), so a client can read cached_tokens
+    without guarding against a missing object."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    def of(cls, prompt_tokens: int, completion_tokens: int,
+           cached_tokens: int = 0) -> UsageInfo:
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+                   total_tokens=prompt_tokens + completion_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+
+
+def prompt_cached_tokens(per_sequence: Iterable[int]) -> int:
+    """A request's cached prompt tokens from its sequences' (n > 1: the prompt counted
+    once): the fewest any got. A sibling admitted a step after another hits the blocks
+    that one has just computed for this very request, which no earlier request cached."""
+    return min(per_sequence, default=0)
 
 
 class CompletionLogprobs(BaseModel):

@@ -68,9 +68,11 @@ async def parse_body(ctx: ServingContext, request: Request,
 
 
 async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
-                 streamed: bool, arrival: float) -> RequestStream:
+                 streamed: bool, arrival: float, cache_salt: str | None = None
+                 ) -> RequestStream:
     try:
-        return await ctx.engine.add(ids, params, streamed=streamed, arrival_time=arrival)
+        return await ctx.engine.add(ids, params, streamed=streamed, arrival_time=arrival,
+                                    cache_salt=cache_salt)
     except RequestRejected as e:
         if e.queue_full:
             raise APIError(429, f"the server is overloaded: {e.message}", RATE_LIMIT,
@@ -118,7 +120,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
             await ctx.off_loop(ctx.engine.engine.tokenizer.decode, ids)
         echo = Echo(text, ids, only_prompt)
     answer = Answer(ctx, body, "cmpl", _renderer(ctx, body.logprobs, prompt_lp), echo)
-    stream = await submit(ctx, ids, params, body.stream, arrival)
+    stream = await submit(ctx, ids, params, body.stream, arrival, body.cache_salt)
     return await answer.send(request, stream, CompletionChunks, answer.completion)
 
 
@@ -139,7 +141,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
     answer = Answer(ctx, body, "chatcmpl", _renderer(ctx, logprobs, body.prompt_logprobs))
-    stream = await submit(ctx, ids, params, body.stream, arrival)
+    stream = await submit(ctx, ids, params, body.stream, arrival, body.cache_salt)
     return await answer.send(request, stream, ChatChunks, answer.chat)
 
 

@@ -31,6 +31,7 @@ from stepserve.server.responses import (
     DeltaMessage,
     RawBlocks,
     UsageInfo,
+    prompt_cached_tokens,
 )
 from stepserve.server.streams import StreamOutput
 
@@ -67,6 +68,7 @@ class Chunks:
         self.raw = RawBlocks()  # the rendered logprob blocks of the event being made
         self.echo = echo
         self._completion_tokens: dict[int, int] = {}
+        self._cached_tokens: dict[int, int] = {}  # by choice: its prompt's cached tokens
         self._offsets: dict[int, int] = {}  # completions: text offset of the next token
         self._started: set[int] = set()  # choices that sent a chunk of their own
         self.num_prompt_tokens = 0
@@ -88,6 +90,7 @@ class Chunks:
     def token(self, out: StreamOutput) -> str:
         """A chunk of choice `out.index`'s new text (and its tokens' logprobs)."""
         self._completion_tokens[out.index] = out.num_output_tokens
+        self._cached_tokens[out.index] = out.num_cached_tokens
         first = out.index not in self._started
         self._started.add(out.index)
         plain = (out.index == 0 and not self.continuous_usage and self.renderer is None
@@ -100,6 +103,7 @@ class Chunks:
     def tail(self, out: StreamOutput) -> str:
         """Choice `out.index`'s last chunk (its finish reason)."""
         self._completion_tokens[out.index] = out.num_output_tokens
+        self._cached_tokens[out.index] = out.num_cached_tokens
         first = out.index not in self._started
         self._started.add(out.index)
         usage = self._usage_of(out) if self.continuous_usage else None
@@ -113,7 +117,9 @@ class Chunks:
         total = sum(self._completion_tokens.values())
         if self.echo is not None and self.echo.only_prompt:
             total = 0
-        return self._event(self._usage_chunk(UsageInfo.of(self.num_prompt_tokens, total)))
+        cached = prompt_cached_tokens(self._cached_tokens.values())
+        return self._event(self._usage_chunk(UsageInfo.of(self.num_prompt_tokens, total,
+                                                          cached)))
 
     def _content(self, out: StreamOutput, first: bool
                  ) -> tuple[str, JSONText | None, JSONText | None]:
@@ -122,7 +128,8 @@ class Chunks:
         raise NotImplementedError
 
     def _usage_of(self, out: StreamOutput) -> UsageInfo:
-        return UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens)
+        return UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens,
+                            out.num_cached_tokens)
 
     def _event(self, chunk: BaseModel) -> str:
         return f"data: {self.raw.dump(chunk)}\n\n"
@@ -173,7 +180,8 @@ class CompletionChunks(Chunks):
 class ChatChunks(Chunks):
     def head(self, first: StreamOutput) -> str:
         super().head(first)
-        usage = UsageInfo.of(first.num_prompt_tokens, 0) if self.continuous_usage else None
+        usage = UsageInfo.of(first.num_prompt_tokens, 0, first.num_cached_tokens) \
+            if self.continuous_usage else None
         return "".join(self._event(self._make(i, DeltaMessage(role="assistant", content=""),
                                               None, usage, None)) for i in range(self.n))
 

@@ -48,6 +48,7 @@ class StreamOutput:
     # asked-for logprobs of the tokens since the previous output (final, unstreamed: all)
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the first output
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache gave (usage's cached_tokens)
 
     def merge_into(self, older: StreamOutput) -> None:
         """Make this output also carry `older`'s, which the handler has not taken."""

@@ -39,7 +39,8 @@ class Tracked:
             text = full[self.sent:end]
             self.sent = end
         return self._with_logprobs(StreamOutput(text, req.num_prompt_tokens,
-                                                req.num_output_tokens, index=req.index))
+                                                req.num_output_tokens, index=req.index,
+                                                num_cached_tokens=req.num_cached_tokens))
 
     def final(self, full: str) -> StreamOutput:
         """The request's one final output, `full` being its whole completion."""
@@ -47,13 +48,14 @@ class Tracked:
         reason = req.finish_reason.value if req.finish_reason else "error"
         return self._with_logprobs(StreamOutput(
             full[self.sent:] if self.streamed else "", req.num_prompt_tokens,
-            req.num_output_tokens, True, reason, req.finish_message, full, req.index))
+            req.num_output_tokens, True, reason, req.finish_message, full, req.index,
+            num_cached_tokens=req.num_cached_tokens))
 
     def error(self, message: str) -> StreamOutput:
         """A final output for a request that could not be finished normally."""
         req = self.request
         return StreamOutput("", req.num_prompt_tokens, req.num_output_tokens, True, "error",
-                            message, "", req.index)
+                            message, "", req.index, num_cached_tokens=req.num_cached_tokens)
 
     def _with_logprobs(self, out: StreamOutput) -> StreamOutput:
         req = self.request
