@@ -2,7 +2,8 @@
 
 import pytest
 
-from stepserve.core.request import FINISH_REASON_OF, Request, RequestStatus, SamplingParams
+from stepserve.core.end_reasons import FINISH_REASON_OF, RequestStatus
+from stepserve.core.request import Request, SamplingParams
 from stepserve.metrics import summary as summaries
 from stepserve.metrics.request_metrics import request_metrics
 from stepserve.metrics.summary import LATENCIES, summarize, summarize_by_class

@@ -5,7 +5,8 @@ Times are seconds on the run's monotonic clock (`time.perf_counter() - t0`). A c
 time is taken for every SSE event whose choice carries text (chat: delta content or
 reasoning content) or a finish reason, so the last token's time is kept even when its
 text is empty; the usage-only chunk at the end (`stream_options.include_usage`) gives
-the output token count.
+the output token count, and the prompt tokens the server's prefix cache served where it
+says so (OpenAI's usage.prompt_tokens_details.cached_tokens).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from stepserve.core.request import COMPLETED_REASONS
+from stepserve.core.end_reasons import COMPLETED_REASONS
 
 
 @dataclass
@@ -35,6 +36,8 @@ class RequestRecord:
     chunk_times_s: list[float] = field(default_factory=list)
     output_tokens: int | None = None  # from the usage chunk; None if none came
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # from usage's prompt_tokens_details; None if absent
+    repeated_tokens: int | None = None  # of its prompt, an earlier prompt's prefix (loadgen)
     finish_reason: str | None = None
     status: int | None = None  # HTTP status; None: no response (connection failure)
     error: str | None = None
@@ -117,6 +120,7 @@ def _take_event(record: RequestRecord, data: str, now: float) -> None:
     if usage:
         record.output_tokens = usage.get("completion_tokens")
         record.prompt_tokens = usage.get("prompt_tokens")
+        record.cached_tokens = _cached_tokens(usage)
     choices = event.get("choices") or []
     if not choices:
         return
@@ -127,6 +131,13 @@ def _take_event(record: RequestRecord, data: str, now: float) -> None:
         record.generated_text += text
     if choice.get("finish_reason"):
         record.finish_reason = choice["finish_reason"]
+
+
+def _cached_tokens(usage: Any) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens when the server reports a count."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
 def _choice_text(choice: dict[str, Any]) -> str:

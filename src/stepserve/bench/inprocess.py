@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan
+from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompts import token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config.settings import EngineConfig
+from stepserve.core.end_reasons import end_of
 from stepserve.core.output import StepRecord
-from stepserve.core.request import COMPLETED_REASONS, Request, SamplingParams
+from stepserve.core.request import Request, SamplingParams
 from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.run_summary import REQUEST_FIELDS, STEP_FIELDS, RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
@@ -27,27 +29,33 @@ if TYPE_CHECKING:
 
 
 def record_of(req: Request, index: int, warmup: bool, scheduled_s: float, t0: float,
-              request_class: str = "default") -> RequestRecord:
-    """A request the engine ran, as the client would have seen it (times from t0)."""
+              request_class: str = "default", repeated_tokens: int | None = None
+              ) -> RequestRecord:
+    """A request the engine ran, as the client would have seen it (times from t0): the
+    HTTP status the server answers its end with (end_reasons.py), or 200 and an error in
+    the stream once its first token was out (the server's status is sent with it)."""
     reason = req.finish_reason.value if req.finish_reason else None
     times = [t - t0 for t in req.token_times]
     end = req.finish_time if req.finish_time is not None else \
         (req.token_times[-1] if req.token_times else None)
-    ok = reason in COMPLETED_REASONS
+    how = end_of(req.finish_reason, req.reject_reason) if req.is_finished else None
+    ok = how is not None and how.completed
+    status = None if how is None else 200 if ok or times else how.http_status
     return RequestRecord(
         index=index, request_class=request_class, prompt_len=req.num_prompt_tokens,
         max_tokens=req.sampling_params.max_tokens, warmup=warmup, scheduled_s=scheduled_s,
         send_s=req.arrival_time - t0, end_s=None if end is None else end - t0,
         chunk_times_s=times, output_tokens=len(req.output_token_ids),
         prompt_tokens=req.num_prompt_tokens, finish_reason=reason,
-        status=200 if ok else None,
+        cached_tokens=req.num_cached_tokens, repeated_tokens=repeated_tokens, status=status,
         error=None if ok else f"{reason or 'unfinished'}: {req.finish_message}".strip())
 
 
 def engine_keys(full: RunSummary) -> RunSummary:
     """The scrape fields (and the step fields) from the engine's own summary: the bench
     computes its own request fields from the records, so those are left out."""
-    own = ("output_tokens", "prompt_tokens", "duration_s")
+    own = ("output_tokens", "prompt_tokens", "duration_s", "prefix_cache_hit_rate",
+           "prefix_repeated_share")
     kept = tuple(k for k in REQUEST_FIELDS + STEP_FIELDS if k not in own
                  and not k.startswith(("requests_", "throughput_"))
                  and k.split("_")[0] not in ("ttft", "tpot", "itl", "e2e", "p99"))
@@ -68,8 +76,9 @@ def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: in
     run, sim = simulate_run("sim", config, plan.specs, cost_model, num_gpu_blocks,
                             plan.concurrency)
     by_id = {r.request_id: r for r in sim.requests}
+    repeated = repeated_tokens(plan.specs)
     records = [record_of(by_id[str(s.index)], s.index, i < plan.warmup, s.arrival_s, 0.0,
-                         s.request_class)
+                         s.request_class, repeated[i])
                for i, s in enumerate(plan.specs) if str(s.index) in by_id]
     return records, engine_keys(run.summary), run
 
@@ -174,10 +183,11 @@ class _WallClockLoad:
         """Every request issued, as the client would have seen it; one still running was
         cut short by an interrupt."""
         out = []
+        repeated = repeated_tokens(self.plan.specs)
         for i, req in self.issued:
             spec = self.plan.specs[i]
             rec = record_of(req, spec.index, i < self.plan.warmup, spec.arrival_s, self.t0,
-                            spec.request_class)
+                            spec.request_class, repeated[i])
             if not req.is_finished:
                 rec.error, rec.status = "interrupted before the response ended", 200
             out.append(rec)

@@ -10,11 +10,12 @@ from operator import attrgetter
 
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.clock import Clock
+from stepserve.core.end_reasons import FINISH_REASON_OF
 from stepserve.core.integrity import check_scheduler
 from stepserve.core.kv_cache import KVCacheManager, blocks_for
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.policies import make_policy
-from stepserve.core.request import FINISH_REASON_OF, RejectReason, Request, RequestStatus
+from stepserve.core.request import RejectReason, Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
 _REQUEST_ID = attrgetter("request_id")

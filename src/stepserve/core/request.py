@@ -1,5 +1,6 @@
-"""Requests: what was asked (SamplingParams), where it stands (RequestStatus), and
-when each thing happened (timestamps), plus the per-request preemption accounting.
+"""Requests: what was asked (SamplingParams), where it stands (RequestStatus, and how it
+ended: end_reasons.py), and when each thing happened (timestamps), plus the per-request
+preemption accounting.
 
 One token rule for every request: `num_computed_tokens` chases `num_tokens`.
 Prefill, chunked prefill, recompute after preemption and decode are the same rule.
@@ -7,67 +8,11 @@ Prefill, chunked prefill, recompute after preemption and decode are the same rul
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field, replace
 
 from stepserve.core import request_limits as limits
+from stepserve.core.end_reasons import FinishReason, RejectReason, RequestStatus
 from stepserve.core.request_limits import check_range
-
-
-class RequestStatus(enum.IntEnum):
-    """Ordered: every finished state compares greater than every live one."""
-
-    WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2  # KV dropped (recompute); waiting to be re-prefilled
-    SWAPPED = 3  # KV in the CPU pool; waiting to be swapped back in
-    FINISHED_STOPPED = 10
-    FINISHED_LENGTH = 11
-    FINISHED_ABORTED = 12
-    FINISHED_REJECTED = 13
-    FINISHED_TIMED_OUT = 14
-    FINISHED_ERROR = 15  # a fault while running its step; its blocks were freed
-
-    @property
-    def is_finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
-
-
-class FinishReason(str, enum.Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    REJECTED = "rejected"
-    TIMED_OUT = "timed_out"
-    ERROR = "error"
-
-    @property
-    def completed(self) -> bool:
-        """Ended by its own stop condition or its length: a completed request (vLLM's
-        request_success with finished_reason stop or length). The one definition."""
-        return self.value in COMPLETED_REASONS
-
-
-# the finish reasons of a completed request, as the strings results and servers carry
-COMPLETED_REASONS = ("stop", "length")
-
-
-class RejectReason(str, enum.Enum):
-    """Why admission refused a request (FinishReason.REJECTED), for counters and HTTP codes."""
-
-    EMPTY_PROMPT = "empty_prompt"
-    TOO_LONG = "too_long"  # prompt + max_tokens over max_model_len
-    QUEUE_FULL = "queue_full"  # max_waiting reached: retry later
-
-
-FINISH_REASON_OF = {
-    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
-    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
-    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
-    RequestStatus.FINISHED_REJECTED: FinishReason.REJECTED,
-    RequestStatus.FINISHED_TIMED_OUT: FinishReason.TIMED_OUT,
-    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
-}
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from stepserve.core.request import COMPLETED_REASONS
+from stepserve.core.end_reasons import COMPLETED_REASONS
 from stepserve.metrics.prom_sources import SOURCES, Source
 
 Samples = dict[tuple[str, frozenset], float]

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stepserve.core.end_reasons import FinishReason
 from stepserve.core.prefix_hash import BlockHash, block_hash, chain_root
-from stepserve.core.request import FinishReason, Request
+from stepserve.core.request import Request
 
 UNCLASSIFIED = "unclassified"  # class name for requests without a request_class
 # The grain a repeated prefix is counted in: the engine's default KV block, since a cache

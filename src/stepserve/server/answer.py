@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from stepserve.core import request_limits as lim
-from stepserve.core.request import COMPLETED_REASONS
-from stepserve.server.errors import SERVER_ERROR, UNAVAILABLE, APIError
+from stepserve.core.end_reasons import end_of
+from stepserve.server.errors import SERVER_ERROR, APIError
 from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
 from stepserve.server.prompts import ServingContext
 from stepserve.server.protocol import (
@@ -65,15 +65,8 @@ R = TypeVar("R")
 
 def ended_error(out: StreamOutput) -> APIError | None:
     """The error for a request that ended abnormally (None: it completed)."""
-    if out.finish_reason in COMPLETED_REASONS:
-        return None
-    if out.finish_reason == "timed_out":
-        return APIError(503, f"the server is overloaded: the request {out.message}; retry "
-                             "later", UNAVAILABLE, code="queue_timeout")
-    if out.finish_reason == "abort":
-        return APIError(503, f"request aborted: {out.message}", UNAVAILABLE,
-                        code="aborted")
-    return APIError(500, f"internal error: {out.message}", SERVER_ERROR, code="engine_error")
+    end = end_of(out.finish_reason)
+    return None if end.completed else APIError.of(end, out.message)
 
 
 async def _wait_disconnect(request: Request) -> None:

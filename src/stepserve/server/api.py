@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from stepserve.core.end_reasons import Refusal, end_reason, refusal_of_error
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.async_engine import AsyncEngine
 from stepserve.server.auth import ApiKeyAuth
@@ -27,7 +28,6 @@ from stepserve.server.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
     SERVER_ERROR,
-    UNAVAILABLE,
     APIError,
     bad_request,
 )
@@ -39,11 +39,6 @@ from stepserve.server.serving import create_chat_completion, create_completion
 from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.server")
-
-# What an APIError's code means for the rejection counter (4xx not listed: "invalid").
-REJECTION_OF_CODE = {"queue_full": "queue_full", "context_length_exceeded": "too_long",
-                     "empty_prompt": "empty_prompt", "model_not_found": "unknown_model",
-                     "shutting_down": "shutting_down"}
 
 
 def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
@@ -155,11 +150,9 @@ def _add_health_and_metrics_routes(app: FastAPI) -> None:
     async def health(request: Request) -> Response:
         eng: AsyncEngine = request.app.state.async_engine
         if not eng.is_running:
-            return APIError(503, eng.fault or "the engine is not running", UNAVAILABLE,
-                            code="engine_down").response()
+            return _unhealthy(Refusal.ENGINE_DOWN, eng.fault or "the engine is not running")
         if not eng.accepting:
-            return APIError(503, "the server is shutting down", UNAVAILABLE,
-                            code="shutting_down").response()
+            return _unhealthy(Refusal.SHUTTING_DOWN, "the server is shutting down")
         s = eng.state
         return JSONResponse({"status": "ok", "num_requests_running": s.num_running,
                              "num_requests_waiting": s.num_waiting, "steps": s.steps})
@@ -171,13 +164,19 @@ def _add_health_and_metrics_routes(app: FastAPI) -> None:
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+def _unhealthy(why: Refusal, message: str) -> Response:
+    """/health's 503: the status, type and code a request refused so gets."""
+    end = end_reason(why)
+    assert end.error_type is not None
+    return APIError(end.http_status, message, end.error_type,
+                    code=end.error_code).response()
+
+
 def _count_rejection(request: Request, err: APIError) -> None:
-    reason = REJECTION_OF_CODE.get(err.code or "")
-    if reason is None and 400 <= err.status < 500 and err.status != 404:
-        reason = "invalid"
+    refusal = refusal_of_error(err.status, err.code)
     metrics = getattr(request.app.state, "metrics", None)
-    if reason is not None and metrics is not None:
-        metrics.on_rejected(reason)
+    if refusal is not None and metrics is not None:
+        metrics.on_rejected(refusal.key.value)
 
 
 def add_error_handlers(app: FastAPI) -> None:

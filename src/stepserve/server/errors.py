@@ -13,11 +13,17 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-INVALID_REQUEST = "invalid_request_error"
-NOT_FOUND = "not_found_error"
-RATE_LIMIT = "rate_limit_error"
-SERVER_ERROR = "server_error"
-UNAVAILABLE = "service_unavailable_error"
+from stepserve.core.end_reasons import (
+    INVALID_REQUEST,
+    NOT_FOUND,
+    RATE_LIMIT,
+    SERVER_ERROR,
+    UNAVAILABLE,
+    EndReason,
+)
+
+__all__ = ["INVALID_REQUEST", "NOT_FOUND", "RATE_LIMIT", "SERVER_ERROR", "UNAVAILABLE",
+           "APIError", "bad_request", "from_validation_error"]
 
 
 class APIError(Exception):
@@ -33,6 +39,15 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+
+    @classmethod
+    def of(cls, end: EndReason, detail: str, param: str | None = None,
+           headers: dict[str, str] | None = None) -> APIError:
+        """The error answer of a request that ended or was refused so (end_reasons.py's
+        row: status, type, code, message), `detail` saying what happened to this one."""
+        assert end.error_type is not None, f"{end.key.value} is no error"
+        return cls(end.http_status, end.describe(detail), end.error_type, param,
+                   end.error_code, headers)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

@@ -41,6 +41,14 @@ from prometheus_client import (
 )
 
 from stepserve.config.settings import SchedulerConfig
+from stepserve.core.end_reasons import (
+    REJECTED,
+    REJECTED_LABELS,
+    SUCCESS,
+    SUCCESS_LABELS,
+    end_of,
+    end_reason,
+)
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request
 from stepserve.metrics.request_metrics import request_metrics
@@ -60,7 +68,6 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.1
 CONFIG_INFO_FIELDS = ("batching", "max_num_seqs", "max_num_batched_tokens",
                       "long_prefill_token_threshold", "max_num_partial_prefills",
                       "budget_order")
-FINISH_REASONS = ("stop", "length", "abort", "timed_out", "error")
 LABELS = ["model_name", "engine"]  # vLLM's, on every series
 
 
@@ -121,7 +128,7 @@ class ServerMetrics:
                   [*LABELS, *CONFIG_INFO_FIELDS], registry=self.registry).labels(
                 *self.label_values,
                 *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
-        for reason in FINISH_REASONS:
+        for reason in SUCCESS_LABELS:
             self.success.labels(*self.label_values, reason)
         self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
         self._sum_active = self._sum_slots = 0
@@ -142,11 +149,10 @@ class ServerMetrics:
         self.prompt_tokens = make.counter("prompt_tokens", "prompt tokens of requests that "
                                           "produced their first token")
         self.generation_tokens = make.counter("generation_tokens", "generated tokens")
-        self.success = make.by("request_success", "requests ended, by finish reason",
+        self.success = make.by(SUCCESS, "requests ended, by finish reason",
                                "finished_reason")
-        self.rejected = make.by("request_rejected", "requests refused, by reason "
-                                "(queue_full, too_long, empty_prompt, invalid, "
-                                "unknown_model, shutting_down)", "reason")
+        self.rejected = make.by(REJECTED, "requests refused, by reason "
+                                f"({', '.join(REJECTED_LABELS)})", "reason")
 
     def _add_latencies(self, make: _Series) -> None:
         """TTFT and ITL observed per token (on_token); the rest per completed request."""
@@ -253,8 +259,9 @@ class ServerMetrics:
             self.itl.observe(times[-1] - times[-2])
 
     def on_finished(self, req: Request) -> None:
-        reason = req.finish_reason.value if req.finish_reason else "error"
-        self.success.labels(*self.label_values, reason).inc()
+        end = end_of(req.finish_reason, req.reject_reason)
+        if end.counter == SUCCESS:  # a refusal is counted where it is answered
+            self.success.labels(*self.label_values, end.label).inc()
         m = request_metrics(req)
         if not m.completed:
             return
@@ -272,7 +279,10 @@ class ServerMetrics:
 
     # ---- fed by the event loop ----
     def on_rejected(self, reason: str) -> None:
-        self.rejected.labels(*self.label_values, reason).inc()
+        """`reason`: a RejectReason or Refusal value (end_reasons.py)."""
+        end = end_reason(reason)
+        if end.counter == REJECTED:
+            self.rejected.labels(*self.label_values, end.label).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
