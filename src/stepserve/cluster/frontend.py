@@ -25,6 +25,7 @@ from typing import Any
 from stepserve.cluster.messages import Admission
 from stepserve.config.settings import EngineConfig
 from stepserve.core.clock import WallClock
+from stepserve.core.end_reasons import FinishReason, Refusal
 from stepserve.core.request import SamplingParams
 from stepserve.routing.pools import Deployment
 from stepserve.routing.view import RouteRequest
@@ -105,7 +106,7 @@ class ClusterEngine:
             raise RequestRejected(
                 f"n = {params.n} (or best_of): more than one choice per request is not "
                 "supported through `serve --replicas` yet; send n requests, or serve one "
-                "engine", "invalid")
+                "engine", Refusal.INVALID.value)
         route = self.route_of(prompt_ids, params)
         pool = self.deployment.pool_for(route)
         rid = request_id or f"ing-{uuid.uuid4().hex}"
@@ -151,14 +152,14 @@ class ClusterEngine:
                 live.stream.put(out)
                 if out.finished:
                     return
-            self._end(live, "error", f"{_where(live)} ended the stream without a final "
-                                     "output")
+            self._end(live, FinishReason.ERROR,
+                      f"{_where(live)} ended the stream without a final output")
         except asyncio.CancelledError:
             raise
         except Exception as e:
             log.warning("request %s: %s failed: %s", rid, _where(live), _brief(e))
-            self._end(live, "error", f"{_where(live)} failed while running the request: "
-                                     f"{_brief(e)}")
+            self._end(live, FinishReason.ERROR,
+                      f"{_where(live)} failed while running the request: {_brief(e)}")
         finally:
             self._forget(rid)
 
@@ -170,15 +171,15 @@ class ClusterEngine:
             return
         live.pump.cancel()
         live.generator.cancel()
-        self._end(live, "abort", message)
+        self._end(live, FinishReason.ABORT, message)
         self._forget(request_id)
 
     @staticmethod
-    def _end(live: _Live, reason: str, message: str) -> None:
+    def _end(live: _Live, reason: FinishReason, message: str) -> None:
         last = live.last
         live.stream.put(StreamOutput(
             "", live.stream.num_prompt_tokens, last.num_output_tokens if last else 0,
-            finished=True, finish_reason=reason, message=message,
+            finished=True, finish_reason=reason.value, message=message,
             full_text=last.full_text if last and last.full_text else ""))
 
     def _forget(self, rid: str) -> None:

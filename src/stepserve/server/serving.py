@@ -11,17 +11,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepserve.core.end_reasons import Refusal, end_reason
 from stepserve.core.request import SamplingParams
 from stepserve.server.answer import Answer
 from stepserve.server.body import VALUE_SLACK, parse_json, read_limited
-from stepserve.server.errors import (
-    RATE_LIMIT,
-    SERVER_ERROR,
-    UNAVAILABLE,
-    APIError,
-    bad_request,
-    from_validation_error,
-)
+from stepserve.server.errors import APIError, bad_request, from_validation_error
 from stepserve.server.logprob_budget import chat_ask, check_logprob_budget, completion_ask
 from stepserve.server.logprobs import LogprobRenderer
 from stepserve.server.prompts import (
@@ -74,19 +68,14 @@ async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
         return await ctx.engine.add(ids, params, streamed=streamed, arrival_time=arrival,
                                     cache_salt=cache_salt)
     except RequestRejected as e:
-        if e.queue_full:
-            raise APIError(429, f"the server is overloaded: {e.message}", RATE_LIMIT,
-                           code="queue_full",
-                           headers={"Retry-After": str(ctx.retry_after_s)}) from None
-        code = "context_length_exceeded" if e.reason == "too_long" else e.reason
-        raise bad_request(e.message, None, code) from None
+        end = end_reason(e.reason)
+        retry = {"Retry-After": str(ctx.retry_after_s)} if end.retry_after else None
+        raise APIError.of(end, e.message, headers=retry) from None
     except RequestFailed as e:
-        raise APIError(500, f"internal error: the engine could not take the request: {e}",
-                       SERVER_ERROR, code="engine_error") from None
+        raise APIError.of(end_reason(Refusal.FAILED), str(e)) from None
     except EngineUnavailable as e:
-        code = "engine_error" if ctx.engine.fault else "shutting_down"
-        raise APIError(503, f"the server cannot take requests: {e}", UNAVAILABLE,
-                       code=code) from None
+        why = Refusal.ENGINE_DOWN if ctx.engine.fault else Refusal.SHUTTING_DOWN
+        raise APIError.of(end_reason(why), str(e)) from None
 
 
 # ---- the endpoints ----

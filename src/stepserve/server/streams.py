@@ -6,22 +6,19 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from stepserve.core.request import RejectReason, TokenLogprobs
+from stepserve.core.end_reasons import Refusal
+from stepserve.core.request import TokenLogprobs
 
 
 class RequestRejected(Exception):
     """The scheduler refused the request at admission. `reason`: a RejectReason value
-    (queue_full, too_long, empty_prompt), or "invalid" for a request the engine could not
-    take at all."""
+    (queue_full, too_long, empty_prompt), or a Refusal value (invalid: a request the
+    engine could not take at all); its answer and counter are end_reasons.py's row."""
 
-    def __init__(self, message: str, reason: str = "invalid") -> None:
+    def __init__(self, message: str, reason: str = Refusal.INVALID.value) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
-
-    @property
-    def queue_full(self) -> bool:
-        return self.reason == RejectReason.QUEUE_FULL.value
 
 
 class RequestFailed(Exception):
@@ -41,7 +38,7 @@ class StreamOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     finished: bool = False
-    finish_reason: str | None = None  # stop, length, abort, timed_out, error
+    finish_reason: str | None = None  # a FinishReason value (end_reasons.py)
     message: str = ""  # why it ended, when it did not end normally
     full_text: str | None = None  # final output only: the whole completion
     index: int = 0
