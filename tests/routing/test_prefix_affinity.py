@@ -70,10 +70,10 @@ def test_prefix_weight_zero_routes_by_load_alone():
 
 def test_queue_weight_trades_affinity_against_queue_length():
     ids = prompt(0, 2, own_blocks=2, own=9)  # half its blocks match: 0.5 * 3 = 1.5
-    for weight, expected in ((2.0, 1), (1.0, 0)):
+    for weight, expected in ((2.0, 0), (4.0, 1)):  # 10 more of a threshold of 16
         r = router(queue_weight=weight)
         warm(r, 0, prompt(0, 2))
-        assert r.pick(views(2, 0), route(ids)) == expected
+        assert r.pick(views(10, 0), route(ids)) == expected
 
 
 def test_kv_weight_trades_affinity_against_kv_usage():
@@ -103,12 +103,12 @@ def test_index_blocks_bounds_what_a_replica_remembers():
 
 
 def test_max_prefix_blocks_bounds_the_blocks_hashed_and_matched():
-    ids = prompt(0, 2, own_blocks=6, own=9)  # 2 of 8 blocks shared: 0.25 * 3 < 2
+    ids = prompt(0, 2, own_blocks=6, own=9)  # 2 of 8 blocks shared: 0.25 * 3
     for most, expected in ((256, 1), (2, 0)):
         r = router(max_prefix_blocks=most)
         warm(r, 0, prompt(0, 2, own_blocks=6))
         assert len(r.prompt_hashes(route(ids))) == min(8, most)
-        assert r.pick(views(1, 0), route(ids)) == expected
+        assert r.pick(views(8, 0), route(ids)) == expected
 
 
 def test_block_names_are_the_kv_managers_and_the_salt_separates_them():

@@ -11,14 +11,16 @@ index is a guess, which the replica's own cache turns into hits or misses.
 Each eligible replica is scored
 
     prefix_weight * (leading blocks it was sent / the prompt's blocks)
-  + queue_weight  * (1 - (outstanding - least) / (most - least))   # 1 when all equal
+  + queue_weight  * (1 - (outstanding - least) / (imbalance_threshold + 1))
   + kv_weight     * (1 - KV usage)
 
 and the highest wins (ties: fewer outstanding, then the lower position). A replica
 whose outstanding count exceeds the least-loaded one's by more than
 `imbalance_threshold` is not eligible, so affinity never piles a hot prefix onto one
 replica: when every holder of it is too far ahead, the request goes by load alone, and
-its blocks are then recorded on the replica that got it (the prefix spreads).
+its blocks are then recorded on the replica that got it (the prefix spreads). The queue
+term is measured against that same threshold, not against the current spread: one
+request more than another replica is a small cost, not the whole of queue_weight.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ MAX_PREFIX_BLOCKS = 1 << 14
 class PrefixAffinityOptions:
     """The router's knobs (a pools file's `prefix_affinity:` mapping)."""
 
-    # A full prefix match (3) outweighs the whole spread of queue lengths (2) but not
-    # queue and KV together: affinity wins among replicas that are about as loaded.
+    # The Gateway API Inference Extension's default weights: a full prefix match (3)
+    # outweighs a replica at the imbalance threshold (queue term 2) or with a full KV (2).
     prefix_weight: float = 3.0
     queue_weight: float = 2.0
     kv_weight: float = 2.0
@@ -145,14 +147,13 @@ class PrefixAffinity(Router):
         least = min(r.outstanding for r in replicas)
         eligible = [i for i, r in enumerate(replicas)
                     if r.outstanding <= least + opts.imbalance_threshold]
-        most = max(replicas[i].outstanding for i in eligible)
-        spread = most - least
+        span = opts.imbalance_threshold + 1
 
         def score(i: int) -> tuple[float, int, int]:
             r = replicas[i]
             lru = self.index.get(r.index)
             prefix = lru.leading_matches(hashes) / len(hashes) if lru and hashes else 0.0
-            queue = 1.0 if spread == 0 else (most - r.outstanding) / spread
+            queue = 1.0 - (r.outstanding - least) / span
             total = (opts.prefix_weight * prefix + opts.queue_weight * queue
                      + opts.kv_weight * (1.0 - r.kv_usage))
             return (total, -r.outstanding, -i)
