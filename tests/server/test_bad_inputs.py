@@ -10,6 +10,8 @@ import httpx
 import pytest
 from server_harness import MODEL
 
+from stepserve.core.end_reasons import Refusal, RejectReason, end_reason, refusal_of_error
+
 OK_PROMPT = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
 OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -156,6 +158,10 @@ def test_bad_input(served, name, path, raw, headers, status, param, words):
     assert err["param"] == param
     assert words.lower() in err["message"].lower(), err["message"]
     assert err["type"] in ("invalid_request_error", "not_found_error")
+    end = refusal_of_error(r.status_code, err["code"])  # each a counted refusal
+    assert end is not None and err["type"] == end.error_type, err
+    if end.key is not Refusal.INVALID:  # invalid spans 400, 413 and 415
+        assert (r.status_code, err["code"]) == (end.http_status, end.error_code)
 
 
 def test_wrong_method_and_unknown_route_use_the_error_shape(served):
@@ -172,7 +178,9 @@ def test_server_healthy_and_empty_after_bad_inputs(served):
     served.wait_idle()
     m = served.metrics()
     assert m["stepserve:num_gpu_blocks_used"] == 0
-    for reason in ("invalid", "too_long", "empty_prompt", "unknown_model"):
-        assert served.metric("stepserve:request_rejected_total", reason=reason) > 0, reason
+    for reason in (Refusal.INVALID, RejectReason.TOO_LONG, RejectReason.EMPTY_PROMPT,
+                   Refusal.UNKNOWN_MODEL):
+        label = end_reason(reason).label
+        assert served.metric("stepserve:request_rejected_total", reason=label) > 0, reason
     ok = httpx.post(served.url + COMPLETIONS, content=body(OK_PROMPT), headers=JSON)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1

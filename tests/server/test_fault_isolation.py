@@ -17,6 +17,7 @@ import openai
 import pytest
 from server_harness import MODEL, make_engine, serve, serve_process
 
+from stepserve.core.end_reasons import Refusal, end_reason
 from stepserve.core.request import SamplingParams
 
 N = 32
@@ -260,3 +261,9 @@ def test_health_says_why_once_the_engine_loop_died(monkeypatch):
         again = httpx.post(served.url + "/v1/completions",
                            json={"model": MODEL, "prompt": "hi"}, timeout=10)
         assert again.status_code == 503
+        # the probe and a request name the dead engine alike: the table's row
+        down = end_reason(Refusal.ENGINE_DOWN)
+        for answer in (r, again):
+            err = answer.json()["error"]
+            assert (answer.status_code, err["type"], err["code"]) == \
+                (down.http_status, down.error_type, down.error_code), answer.text

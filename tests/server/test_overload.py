@@ -14,16 +14,27 @@ import httpx
 import pytest
 from server_harness import MODEL, make_engine, serve
 
+from stepserve.core.end_reasons import FinishReason, RejectReason, end_reason
+
 LONG = {"model": MODEL, "prompt": "Continuous batching", "max_tokens": 200,
         "ignore_eos": True, "temperature": 0.0}
 
 
 def rejected(s, reason: str) -> float:
-    return s.metric("stepserve:request_rejected_total", reason=reason)
+    return s.metric("stepserve:request_rejected_total", reason=end_reason(reason).label)
 
 
 def ended(s, reason: str) -> float:
-    return s.metric("stepserve:request_success_total", finished_reason=reason)
+    return s.metric("stepserve:request_success_total", finished_reason=end_reason(reason).label)
+
+
+def assert_answered_as(r: httpx.Response, reason: str) -> dict:
+    """`r` is the error answer end_reasons.py's row for `reason` gives; its error body."""
+    end = end_reason(reason)
+    err = r.json()["error"]
+    assert (r.status_code, err["type"], err["code"]) == \
+        (end.http_status, end.error_type, end.error_code), r.text
+    return err
 
 
 @pytest.mark.slow
@@ -41,8 +52,8 @@ def test_burst_over_max_waiting_gets_429_and_accepted_ones_complete():
         assert len(ok) + len(limited) == 16 and ok and limited
         for r in limited:
             assert r.headers["Retry-After"] == "3"
-            err = r.json()["error"]
-            assert err["code"] == "queue_full" and err["type"] == "rate_limit_error"
+            err = assert_answered_as(r, RejectReason.QUEUE_FULL)
+            assert (err["code"], err["type"]) == ("queue_full", "rate_limit_error")
             assert "max_waiting = 2" in err["message"]
         assert all(r.json()["usage"]["completion_tokens"] == 48 for r in ok)
         s.wait_idle()
@@ -78,7 +89,7 @@ def test_queue_timeout_is_503():
         assert status == 200 and "data: [DONE]" in tail
         for r in rest:
             assert r.status_code == 503
-            err = r.json()["error"]
+            err = assert_answered_as(r, FinishReason.TIMED_OUT)
             assert err["code"] == "queue_timeout" and "max_queue_time_s = 0.05" in err["message"]
         s.wait_idle()
         assert ended(s, "timed_out") == 2
