@@ -55,6 +55,10 @@ def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
         cls = workload.classes[0]
         out.update(dataset="random", input_len=cls.prompt.describe(),
                    output_len=cls.output.describe(), range_ratio=w.random_range_ratio or 0.0)
+    elif dataset == "prefix_repetition":
+        prefix_len, suffix_len, num_prefixes, output_len = w.prefix_repetition()
+        out.update(dataset=dataset, prefix_len=prefix_len, suffix_len=suffix_len,
+                   num_prefixes=num_prefixes, output_len=output_len)
     elif dataset == "sharegpt":
         out.update(dataset="sharegpt", dataset_path=w.sharegpt,
                    sharegpt_output_len=w.sharegpt_output_len)

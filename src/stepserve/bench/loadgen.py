@@ -24,6 +24,7 @@ import httpx
 
 from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord, stream_completion
+from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompts import PromptMaker
 from stepserve.workload.spec import RequestSpec
 
@@ -55,9 +56,11 @@ class HttpTarget:
 
 
 def make_records(plan: LoadPlan) -> list[RequestRecord]:
+    repeated = repeated_tokens(plan.specs)
     return [RequestRecord(index=s.index, request_class=s.request_class,
                           prompt_len=s.prompt_len, max_tokens=s.max_tokens,
-                          warmup=i < plan.warmup, scheduled_s=s.arrival_s)
+                          warmup=i < plan.warmup, scheduled_s=s.arrival_s,
+                          repeated_tokens=repeated[i])
             for i, s in enumerate(plan.specs)]
 
 

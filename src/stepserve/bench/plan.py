@@ -1,19 +1,23 @@
 """The bench's request list from its options: a built-in scenario, a workload file, or a
-dataset as `vllm bench serve --dataset-name` names it (random lengths, or a ShareGPT-style
-JSON file: workload/sharegpt.py), with the arrival process, count and seed overridden
+dataset as `vllm bench serve --dataset-name` names it (random lengths, a ShareGPT-style
+JSON file: workload/sharegpt.py, or prefix_repetition: prompts that open with one of a
+few shared prefixes), with the arrival process, count and seed overridden
 (workload/overrides.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass
 
+from stepserve.config.limits import MAX_LEN
 from stepserve.workload.arrivals import ArrivalProcess, ClosedLoop, Constant, Gamma, Poisson
 from stepserve.workload.lengths import fixed, uniform
 from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.scenarios import get_workload
+from stepserve.workload.shared_prefix import MAX_SHARED_PREFIXES, prefix_name
 from stepserve.workload.sharegpt import sharegpt_class
 from stepserve.workload.spec import RequestClass, RequestSpec, Workload
 
@@ -22,9 +26,12 @@ class BenchError(Exception):
     """Bad input or an unusable target: printed as `error: ...`, exit 2."""
 
 
-DATASETS = ("random", "sharegpt")  # the --dataset-name values we read
+DATASETS = ("random", "sharegpt", "prefix_repetition")  # the --dataset-name values we read
 DEFAULT_NUM_PROMPTS = 1000  # vLLM's --num-prompts default
 RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 1024, 128  # vLLM's random dataset defaults
+# vLLM's prefix_repetition defaults: prefix, suffix and output tokens, prefixes
+PREFIX_LEN, SUFFIX_LEN, PREFIX_OUTPUT_LEN, NUM_PREFIXES = 256, 256, 128, 10
+PREFIX_REPETITION = "prefix_repetition"
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,10 @@ class BenchWorkloadOptions:
     sharegpt: str | None = None  # the ShareGPT file (--dataset-path, --sharegpt)
     tokenizer: str | None = None  # with sharegpt: count tokens with this model's tokenizer
     sharegpt_output_len: int | None = None
+    prefix_repetition_prefix_len: int | None = None
+    prefix_repetition_suffix_len: int | None = None
+    prefix_repetition_num_prefixes: int | None = None
+    prefix_repetition_output_len: int | None = None
     num_prompts: int | None = None
     seed: int | None = None
     request_rate: float | None = None
@@ -54,10 +65,20 @@ class BenchWorkloadOptions:
     warmup: int = 0
 
     def dataset(self) -> str | None:
-        """"random", "sharegpt", or None for a scenario or workload file."""
+        """"random", "sharegpt", "prefix_repetition", or None for a scenario or workload
+        file."""
         if self.scenario or self.workload:
             return None
+        if self.dataset_name == PREFIX_REPETITION:
+            return PREFIX_REPETITION
         return "sharegpt" if self.sharegpt else "random"
+
+    def prefix_repetition(self) -> tuple[int, int, int, int]:
+        """(prefix_len, suffix_len, num_prefixes, output_len), vLLM's defaults filled in."""
+        return (_given(self.prefix_repetition_prefix_len, PREFIX_LEN),
+                _given(self.prefix_repetition_suffix_len, SUFFIX_LEN),
+                _given(self.prefix_repetition_num_prefixes, NUM_PREFIXES),
+                _given(self.prefix_repetition_output_len, PREFIX_OUTPUT_LEN))
 
     def offered_rate(self) -> float | None:
         """The rate the bench offers: a dataset or a cap without a rate is inf (vLLM's
@@ -69,12 +90,25 @@ class BenchWorkloadOptions:
         return None
 
 
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+_PREFIX_FLAGS = ("prefix_len", "suffix_len", "num_prefixes", "output_len")
+
+
 def _check_source(o: BenchWorkloadOptions) -> None:
+    prefixed = [f"--prefix-repetition-{f.replace('_', '-')}" for f in _PREFIX_FLAGS
+                if getattr(o, f"prefix_repetition_{f}") is not None]
+    if prefixed and o.dataset_name != PREFIX_REPETITION:
+        raise BenchError(f"{', '.join(prefixed)}: goes with --dataset-name prefix_repetition")
     randoms = (o.random_input_len, o.random_output_len, o.random_range_ratio)
     random_given = o.dataset_name == "random" or any(v is not None for v in randoms)
     given = [n for n, v in (("--scenario", o.scenario), ("--workload", o.workload),
                             ("--random-* / --dataset-name random", random_given),
-                            ("--dataset-path / --sharegpt", o.sharegpt))
+                            ("--dataset-path / --sharegpt", o.sharegpt),
+                            ("--dataset-name prefix_repetition",
+                             o.dataset_name == PREFIX_REPETITION))
              if v]
     if o.dataset_name is not None and o.dataset_name not in DATASETS:
         raise BenchError(f"--dataset-name {o.dataset_name!r}: this bench reads "
@@ -83,8 +117,9 @@ def _check_source(o: BenchWorkloadOptions) -> None:
         raise BenchError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT JSON)")
     if len(given) > 1:
         raise BenchError("give one workload: --scenario NAME, --workload FILE, "
-                         "--random-input-len N --random-output-len M (the default), or "
-                         f"--dataset-name sharegpt --dataset-path FILE (got {', '.join(given)})")
+                         "--random-input-len N --random-output-len M (the default), "
+                         "--dataset-name sharegpt --dataset-path FILE, or --dataset-name "
+                         f"prefix_repetition (got {', '.join(given)})")
     if o.sharegpt_output_len and not o.sharegpt:
         raise BenchError("--sharegpt-output-len goes with --dataset-path / --sharegpt FILE")
 
@@ -104,6 +139,35 @@ def _random_class(o: BenchWorkloadOptions) -> RequestClass:
     return RequestClass("random", 1.0, lengths[0], lengths[1])
 
 
+def _prefix_repetition_class(o: BenchWorkloadOptions) -> RequestClass:
+    """vLLM's prefix_repetition: `num_prefixes` prefixes of `prefix_len` tokens, each
+    prompt one of them and then `suffix_len` tokens of its own; `output_len` out."""
+    prefix_len, suffix_len, num_prefixes, output_len = o.prefix_repetition()
+    for flag, n, lo, hi in (("prefix-len", prefix_len, 1, MAX_LEN - 1),
+                            ("suffix-len", suffix_len, 1, MAX_LEN - 1),
+                            ("num-prefixes", num_prefixes, 1, MAX_SHARED_PREFIXES),
+                            ("output-len", output_len, 1, MAX_LEN)):
+        if not lo <= n <= hi:
+            raise BenchError(f"--prefix-repetition-{flag} {n}: must be in [{lo}, {hi}]")
+    if prefix_len + suffix_len > MAX_LEN:
+        raise BenchError(f"--prefix-repetition-prefix-len {prefix_len} + --prefix-repetition-"
+                         f"suffix-len {suffix_len}: a prompt of at most {MAX_LEN} tokens")
+    prompts = o.num_prompts or DEFAULT_NUM_PROMPTS
+    if num_prefixes > prompts:
+        raise BenchError(f"--prefix-repetition-num-prefixes {num_prefixes}: at most "
+                         f"--num-prompts ({prompts}), so every prefix is used")
+    return RequestClass(PREFIX_REPETITION, 1.0, fixed(suffix_len), fixed(output_len),
+                        shared_prefixes=num_prefixes, prefix_len=prefix_len)
+
+
+def _dataset_class(o: BenchWorkloadOptions) -> RequestClass:
+    if o.dataset() == PREFIX_REPETITION:
+        return _prefix_repetition_class(o)
+    if o.sharegpt:
+        return sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len)
+    return _random_class(o)
+
+
 def build_workload(options: BenchWorkloadOptions) -> Workload:
     o = options
     _check_source(o)
@@ -112,8 +176,7 @@ def build_workload(options: BenchWorkloadOptions) -> Workload:
     elif o.workload:
         workload = load_workload(o.workload)
     else:
-        cls = sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len) \
-            if o.sharegpt else _random_class(o)
+        cls = _dataset_class(o)
         workload = Workload(cls.name, (cls,), Poisson(1.0),
                             o.num_prompts or DEFAULT_NUM_PROMPTS)
     return override_workload(workload, WorkloadOverrides(
@@ -146,6 +209,8 @@ def make_specs(options: BenchWorkloadOptions, workload: Workload) -> list[Reques
     is exactly 1 / rate, as vLLM scales its delays (throughput then does not wander
     with the random seed)."""
     specs = workload.generate()
+    if options.dataset() == PREFIX_REPETITION:
+        specs = _balanced_prefixes(specs, options.prefix_repetition()[2], workload.seed)
     rate = options.offered_rate()
     if rate is not None and math.isinf(rate):
         specs = [dataclasses.replace(s, arrival_s=0.0) for s in specs]
@@ -157,3 +222,13 @@ def make_specs(options: BenchWorkloadOptions, workload: Workload) -> list[Reques
         raise BenchError(f"--warmup {options.warmup}: must be >= 0 and below the number of "
                          f"requests ({len(specs)})")
     return specs
+
+
+def _balanced_prefixes(specs: list[RequestSpec], num_prefixes: int, seed: int
+                       ) -> list[RequestSpec]:
+    """Every prefix on as many prompts as the next (one more for the first few when the
+    count does not divide), in a shuffled order, as vLLM's dataset deals them out (it
+    drops the remainder; here --num-prompts holds exactly)."""
+    names = [prefix_name(PREFIX_REPETITION, i % num_prefixes) for i in range(len(specs))]
+    random.Random(seed).shuffle(names)
+    return [dataclasses.replace(s, prefix=name) for s, name in zip(specs, names, strict=True)]

@@ -8,9 +8,13 @@ holds, as vLLM's random dataset fits its prompts); without one, `prompt_len` com
 English words, about one token each on BPE tokenizers. Token ids only when asked
 (`--token-id-prompts`): exactly `prompt_len` ids, which some servers refuse.
 
-Every prompt is drawn from its request's own seed, so two requests share no long prefix
-(a server's prefix cache would otherwise serve most of every prompt) and a run is
-reproducible.
+Every prompt is drawn from its request's own seed, so two requests share no prefix (a
+server's prefix cache would otherwise serve most of every prompt) and a run is
+reproducible; token-id prompts open with the request's index written in the vocabulary's
+digits, so no two of a run's prompts share even a first block. A request of a class with
+shared prefixes (`prefix_repetition`, a workload's `shared_prefixes`) opens with its
+prefix, drawn from the prefix's own seed, then its own part: prompts share exactly their
+prefix, as the simulator's do.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+from stepserve.config.limits import MAX_NUM_REQUESTS
 from stepserve.workload.spec import RequestSpec
 
 if TYPE_CHECKING:
@@ -32,20 +37,59 @@ WORDS = tuple(
 FIT_TRIES = 8  # decode/encode rounds before a text's length is taken as it stands
 
 
-def token_prompt(spec: RequestSpec, vocab: int = 500) -> list[int]:
-    """A deterministic prompt of exactly spec.prompt_len token ids in [10, vocab)."""
-    span = max(vocab - 10, 1)
-    return [10 + (spec.index * 31 + k * 7) % span for k in range(spec.prompt_len)]
+FIRST_ID = 10  # token ids below this are left alone: special tokens sit there
+# the digits written cover every index a run can have (warm-ups ride on top of the count)
+_INDEX_DIGITS_MAX = 4 * MAX_NUM_REQUESTS
+
+
+def _own_len(spec: RequestSpec) -> int:
+    return spec.prompt_len - spec.prefix_len
+
+
+def token_prompt(spec: RequestSpec, vocab: int = 500, seed: int = 0) -> list[int]:
+    """Exactly spec.prompt_len token ids in [FIRST_ID, vocab): its prefix's ids, then its
+    own, which open with its index in base (vocab - FIRST_ID) digits and go on at random
+    (the old prompts, one formula of the index, came round again every 490 requests)."""
+    span = max(vocab - FIRST_ID, 2)
+    own = [FIRST_ID + d for d in _digits(spec.index, span)]
+    rng = _rng(spec, seed)
+    own += [FIRST_ID + rng.randrange(span) for _ in range(_own_len(spec) - len(own))]
+    if spec.prefix is None:
+        return own[:spec.prompt_len]
+    rng = _prefix_rng(spec.prefix, seed)
+    return [FIRST_ID + rng.randrange(span) for _ in range(spec.prefix_len)] \
+        + own[:_own_len(spec)]
+
+
+def _digits(n: int, base: int) -> list[int]:
+    """`n` in `base`, least significant first (a short prompt keeps the digits that tell
+    neighbours apart), at one width for every index, so no index's digits begin
+    another's."""
+    width, top = 1, base
+    while top < _INDEX_DIGITS_MAX:
+        width, top = width + 1, top * base
+    return [(n // base ** k) % base for k in range(width)]
 
 
 def _rng(spec: RequestSpec, seed: int) -> random.Random:
     return random.Random(seed * 1_000_003 + spec.index)
 
 
+def _prefix_rng(name: str, seed: int) -> random.Random:
+    return random.Random(f"{seed}/prefix/{name}")
+
+
 def word_prompt(spec: RequestSpec, seed: int = 0) -> str:
-    """spec.prompt_len words drawn from WORDS with the request's own seed."""
-    rng = _rng(spec, seed)
-    return " ".join(rng.choice(WORDS) for _ in range(spec.prompt_len))
+    """spec.prompt_len words drawn from WORDS: its prefix's from the prefix's seed, then
+    its own from the request's."""
+    own = _words(_rng(spec, seed), _own_len(spec))
+    if spec.prefix is None:
+        return own
+    return _words(_prefix_rng(spec.prefix, seed), spec.prefix_len) + " " + own
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def exact_text(tokenizer: Tokenizer, n: int, rng: random.Random) -> str:
@@ -78,6 +122,7 @@ class PromptMaker:
         self.tokenizer = tokenizer
         self.seed = seed
         self.vocab = vocab
+        self._prefixes: dict[str, str] = {}  # a shared prefix's text, fitted once
 
     def fit_to_model(self, model: str) -> None:
         """Text prompts without a tokenizer take the model's, if it loads here."""
@@ -90,10 +135,20 @@ class PromptMaker:
 
     def __call__(self, spec: RequestSpec) -> str | list[int]:
         if self.token_ids:
-            return token_prompt(spec, self.vocab)
-        if self.tokenizer is not None:
-            return exact_text(self.tokenizer, spec.prompt_len, _rng(spec, self.seed))
-        return word_prompt(spec, self.seed)
+            return token_prompt(spec, self.vocab, self.seed)
+        if self.tokenizer is None:
+            return word_prompt(spec, self.seed)
+        own = exact_text(self.tokenizer, _own_len(spec), _rng(spec, self.seed))
+        if spec.prefix is None:
+            return own
+        # each part fitted on its own: the join can shift a token at the seam, as in
+        # vLLM's prefix_repetition (prefix and suffix tokens, decoded together)
+        prefix = self._prefixes.get(spec.prefix)
+        if prefix is None:
+            prefix = exact_text(self.tokenizer, spec.prefix_len,
+                                _prefix_rng(spec.prefix, self.seed))
+            self._prefixes[spec.prefix] = prefix
+        return prefix + " " + own
 
     def describe(self) -> str:
         if self.token_ids:

@@ -15,6 +15,10 @@ first message), output_tokens (completed requests), prompt_tokens, duration_s,
 throughput_tokens_per_s, throughput_requests_per_s, goodput_requests_per_s, goodput_slo,
 {ttft,tpot,itl,e2e}_{mean,p50,p95,p99}_s, p99_p50_{e2e,ttft,tpot}_ratio,
 peak_concurrency, warmup_requests, interrupted, and the scrape fields (scrape.py).
+The prefix cache, over completed requests: prefix_cache_hit_rate where the answers said
+how many prompt tokens were cached (usage.prompt_tokens_details.cached_tokens; absent,
+not 0, from a server that does not say), prefix_repeated_share from the prompts the
+bench built (prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.bench.client import RequestRecord
+from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.bench.slo import GoodputSLO
 from stepserve.config.user_files import write_atomic
@@ -121,8 +126,7 @@ def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None =
         error_examples={k: next(r.error for r in sent if r.outcome == k)
                         for k in sorted(errors)},
         output_tokens=output_tokens,
-        prompt_tokens=sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
-                          for r in done),
+        prompt_tokens=sum(prompt_tokens(r) for r in done),
         duration_s=duration,
         throughput_tokens_per_s=ratio(output_tokens, duration),
         throughput_requests_per_s=ratio(len(done), duration),
@@ -131,6 +135,7 @@ def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None =
         goodput_slo=slo.describe(), **latencies,
         peak_concurrency=peak_concurrency(sent),
         warmup_requests=len(records) - len(measured), interrupted=interrupted)
+    client = client.updated(prefix_cache_fields(done))
     unscraped = RunSummary.of(**{k: 0 if k == "scrape_samples" else None
                                  for k in SCRAPE_KEYS})
     return client.updated(unscraped).updated(scrape or RunSummary())
@@ -252,6 +257,9 @@ def table_rows(summary: RunSummary) -> list[tuple[str, str]]:
             rows.append((f"  first {k}", (msg or "")[:120]))
     if summary.goodput_requests_per_s is not None:
         rows.append(("goodput_slo", summary.goodput_slo or ""))
+    for k in ("prefix_cache_hit_rate", "prefix_repeated_share"):
+        if (value := summary.metric(k)) is not None:
+            rows.append((k, f"{value:.1%}"))
     for name in LATENCY_NAMES:
         ms = [summary.metric(f"{name}_{s}_s") for s in ("mean", "p50", "p95", "p99")]
         rows.append((f"{name} ms mean/p50/p95/p99",

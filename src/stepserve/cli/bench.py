@@ -56,6 +56,8 @@ BENCH_FLAGS = {
     "metrics_interval_s": Range(0.0, 3600.0, float),  # 0: never scrape
     "step_ms": STEP_MS, "port": Range(1, 65535),
     "random_range_ratio": Range(0.0, 1.0 - 1e-9, float),
+    **{f"prefix_repetition_{k}": LENGTH for k in ("prefix_len", "suffix_len",
+                                                  "num_prefixes", "output_len")},
     # sampling: finite (the server bounds them); top_k -1 is vLLM's "off"
     **{k: Range(-1e6, 1e6, float) for k in ("temperature", "top_p", "min_p",
                                              "frequency_penalty", "presence_penalty",
@@ -107,7 +109,7 @@ def _add_workload_flags(w) -> None:
     w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
     w.add_argument("--dataset-name", metavar="NAME",
                    help="random (the default: --random-input-len 1024, --random-output-len "
-                        "128) or sharegpt (with --dataset-path)")
+                        "128), sharegpt (with --dataset-path) or prefix_repetition")
     w.add_argument("--dataset-path", "--sharegpt", dest="sharegpt", metavar="FILE",
                    help="a ShareGPT-style JSON file: (prompt, output) lengths")
     w.add_argument("--random-input-len", type=int, metavar="N", help="prompt length")
@@ -122,6 +124,7 @@ def _add_workload_flags(w) -> None:
                         "tokens with it, and send text prompts of exact token length")
     w.add_argument("--sharegpt-output-len", type=int, metavar="M",
                    help="with a ShareGPT file: every output this long instead of the answer's")
+    _add_prefix_repetition_flags(w)
     w.add_argument("--num-prompts", type=int, metavar="K",
                    help="requests to send, warm-up included (default 1000; a scenario or "
                         "workload file: its own)")
@@ -148,6 +151,18 @@ def _add_workload_flags(w) -> None:
                           "scenarios and workload files; not with ShareGPT, as vLLM)")
     eos.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                      help="let the model stop at EOS whatever the dataset")
+
+
+def _add_prefix_repetition_flags(w) -> None:
+    """vLLM's prefix_repetition dataset: each prompt one of a few shared prefixes, then
+    its own tokens."""
+    for name, default, what in (("prefix-len", 256, "tokens of each shared prefix"),
+                                ("suffix-len", 256, "tokens of each prompt's own part"),
+                                ("num-prefixes", 10, "distinct prefixes, dealt out evenly"),
+                                ("output-len", 128, "output tokens")):
+        w.add_argument(f"--prefix-repetition-{name}", type=int, metavar="N",
+                       help=f"with --dataset-name prefix_repetition: {what} "
+                            f"(default {default})")
 
 
 def _add_sampling_flags(g) -> None:
@@ -239,6 +254,7 @@ def workload_options(args: argparse.Namespace) -> BenchWorkloadOptions:
         random_input_len=input_len, random_output_len=output_len,
         random_range_ratio=args.random_range_ratio, sharegpt=args.sharegpt,
         tokenizer=args.tokenizer, sharegpt_output_len=sharegpt_output_len,
+        **{k: getattr(args, k) for k in vars(args) if k.startswith("prefix_repetition_")},
         num_prompts=num_prompts, seed=args.seed, request_rate=args.request_rate,
         burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=warmup)
 

@@ -60,6 +60,9 @@ ROWS: list[Row] = [
      "steps where sequences ready to decode got 0 tokens; seed alert > 10%"),
     ("waiting queue max", lambda s: _num(s.waiting_max), "longest waiting queue seen"),
     ("KV usage max", lambda s: _pct(s.kv_usage_max), "share of KV blocks in use, peak"),
+    ("prefix cache hit / repeated",
+     lambda s: f"{_pct(s.prefix_cache_hit_rate)} / {_pct(s.prefix_repeated_share)}",
+     "prompt tokens served from the prefix cache / that an earlier prompt began with"),
 ]
 
 

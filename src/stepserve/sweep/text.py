@@ -24,6 +24,11 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.1%}"
 
 
+def _share(v: float | None) -> str:
+    """A share of a whole (the prefix cache's hit rate), unsigned."""
+    return "-" if v is None else f"{v:.1%}"
+
+
 def window_lines(result: SweepResult) -> list[str]:
     """Which span of each point the numbers below measure, and the points whose span was
     the whole run (*) or too short to settle (~)."""
@@ -64,7 +69,7 @@ def format_knees(result: SweepResult) -> str:
         lines.append(f"\n{result.x_axis} sweep, series {knee.series}:")
         lines.append(f"  {'x':>10} {'tok/s':>7} {'gain':>8} {metric:>11} {'rise':>9} "
                      + " ".join(f"{_short(c):>9}" for c in others)
-                     + f" {'preempt':>7}  slo")
+                     + f" {'preempt':>7} {'hit':>6}  slo")
         for i, run in enumerate(group):
             lines.append(_row(run, knee, i, metric, others))
         lines += _verdict(result, knee, metric)
@@ -93,7 +98,8 @@ def _row(run: SweepPointResult, knee: KneeResult, i: int, metric: str,
             f"{_pct(step.throughput_gain if step else None):>8} "
             f"{_num(s.metric(metric)):>11} {_pct(step.p99_rise if step else None):>9} "
             + " ".join(f"{_num(s.metric(c)):>9}" for c in others)
-            + f" {_count(s.preemptions):>7}  {'ok' if knee.slo_met[i] else 'miss'}"
+            + f" {_count(s.preemptions):>7} {_share(s.prefix_cache_hit_rate):>6}"
+            + f"  {'ok' if knee.slo_met[i] else 'miss'}"
             + "".join(f" <- {m}" for m in marks))
 
 

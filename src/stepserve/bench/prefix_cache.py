@@ -1,0 +1,47 @@
+"""The prefix cache as a bench run sees it: the hit rate from the answers' usage
+(prompt_tokens_details.cached_tokens), the repeated share from the prompts it built."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stepserve.bench.client import RequestRecord
+from stepserve.metrics.percentiles import ratio
+from stepserve.metrics.request_metrics import cacheable_tokens
+from stepserve.metrics.run_summary import RunSummary
+from stepserve.workload.spec import RequestSpec
+
+
+def prefix_cache_fields(done: Sequence[RequestRecord]) -> RunSummary:
+    """The hit rate over the completed requests whose answer counted its cached tokens,
+    and the repeated share over those the bench knows the prompts of; each only when
+    there is a request to count it over."""
+    values: dict[str, float | None] = {}
+    told = [r for r in done if r.cached_tokens is not None]
+    if told:
+        values["prefix_cache_hit_rate"] = ratio(sum(r.cached_tokens or 0 for r in told),
+                                                sum(prompt_tokens(r) for r in told))
+    known = [r for r in done if r.repeated_tokens is not None]
+    if known:
+        values["prefix_repeated_share"] = ratio(sum(r.repeated_tokens or 0 for r in known),
+                                                sum(prompt_tokens(r) for r in known))
+    return RunSummary.of(**values)
+
+
+def prompt_tokens(r: RequestRecord) -> int:
+    return r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
+
+
+def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
+    """For each spec, the prompt tokens an earlier one's prompt began with. The prompts
+    (prompts.py) share exactly their shared prefix, so that is the prefix of any spec
+    whose prefix came before, in the whole blocks a cache could give."""
+    seen: set[str] = set()
+    out = [0] * len(specs)
+    for i in sorted(range(len(specs)), key=lambda i: specs[i].arrival_s):
+        s = specs[i]
+        if s.prefix in seen:
+            out[i] = cacheable_tokens(s.prefix_len, s.prompt_len)
+        if s.prefix is not None:
+            seen.add(s.prefix)
+    return out
