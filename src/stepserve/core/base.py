@@ -93,8 +93,10 @@ class SchedulerBase:
         return True
 
     # ---- ending requests ----
-    def finish_request(self, request_id: str, status: RequestStatus, message: str = "") -> bool:
-        """End a live request from outside a step (abort, stop string); False if unknown."""
+    def finish_request(self, request_id: str, status: RequestStatus, message: str = "",
+                       stop_reason: str | int | None = None) -> bool:
+        """End a live request from outside a step (abort, stop string); False if it is
+        unknown or already ended. `stop_reason`: the stop string that ended it."""
         request = self.requests.get(request_id)
         if request is None:
             return False
@@ -102,7 +104,7 @@ class SchedulerBase:
             if request in queue:
                 queue.remove(request)
                 break
-        self._end(request, status, message)
+        self._end(request, status, message, stop_reason=stop_reason)
         return True
 
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
@@ -124,13 +126,18 @@ class SchedulerBase:
                 if self.finish_request(r.request_id, RequestStatus.FINISHED_ERROR, message)]
 
     def _end(self, request: Request, status: RequestStatus, message: str = "",
-             now: float | None = None) -> None:
-        """End `request` (at `now`, default the clock's time): free its blocks, log it."""
+             now: float | None = None, stop_reason: str | int | None = None) -> None:
+        """End `request` (at `now`, default the clock's time): free its blocks, log it.
+        Every end passes here (a step's, a decode run's, a driver's), so a stop token's
+        `stop_reason` is read here, from the token that stopped it."""
         if request.is_finished:
             raise RuntimeError(f"request {request.request_id} ended twice")
         request.status = status
         request.finish_reason = FINISH_REASON_OF[status]
         request.finish_message = message
+        if stop_reason is None and status is _FINISHED_STOPPED:
+            stop_reason = _stop_token(request)
+        request.stop_reason = stop_reason
         request.finish_time = self.clock.now() if now is None else now
         self.kv.free(request)
         del self.requests[request.request_id]
@@ -265,6 +272,17 @@ class SchedulerBase:
         request.admitted_seq = self._admit_seq
         self._admit_seq += 1
         self.running.append(request)
+
+
+def _stop_token(request: Request) -> int | None:
+    """The stop token id that ended `request`, or None where EOS did (as vLLM: EOS is
+    checked first and is no stop_reason, even when stop_token_ids name it too)."""
+    if not request.output_token_ids:
+        return None
+    last = request.output_token_ids[-1]
+    if last == request.eos_token_id and not request.sampling_params.ignore_eos:
+        return None
+    return last if last in request.stop_token_ids else None
 
 
 def _trimmed(log: list, taken: int, keep: int) -> int:

@@ -16,6 +16,11 @@ LLM.generate and `run_closed_loop` (engine/drive.py), bench's in-process load
 (bench/inprocess.py), the server's engine thread (server/engine_loop.py), the
 simulator's event loop (sim/loop.py).
 
+Every end of a request from outside a step (an abort, a stop string, a client gone, a
+failure in the text layer) goes through `finish_request`, which ends it exactly once and
+reports it in the next result's `finished`, as a step's own ends are. Drivers read the
+core's state through `snapshot()`, never through the scheduler.
+
 Failure isolation: an exception while the runner executes a step ends exactly the
 requests that step touched (FINISHED_ERROR, blocks freed), reported in the next result's
 `finished`; the core goes on. MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row mean
@@ -35,14 +40,29 @@ from stepserve.core import make_scheduler
 from stepserve.core.base import SchedulerBase, integrity_checks_on
 from stepserve.core.clock import Clock
 from stepserve.core.decode_run import Sampler, run_decodes
+from stepserve.core.end_reasons import FINISH_REASON_OF
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord, StepResult
-from stepserve.core.request import Request
+from stepserve.core.request import FinishReason, Request, RequestStatus
+from stepserve.core.snapshot import EngineSnapshot
 
 log = logging.getLogger("stepserve.engine")
 
 # A runner that fails this many steps in a row is broken, not unlucky: stop, so that a
 # supervisor can restart the process, instead of failing every request forever.
 MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+# A driver ends a request with any end but admission's own refusal.
+_STATUS_OF = {reason: status for status, reason in FINISH_REASON_OF.items()
+              if status is not RequestStatus.FINISHED_REJECTED}
+_DRIVER_ENDS = frozenset(_STATUS_OF.values())
+
+
+def default_max_tokens(max_model_len: int, num_prompt_tokens: int) -> int:
+    """max_tokens=None, as vLLM reads it: whatever room max_model_len leaves after the
+    prompt (at least 1, so a prompt that fills the context is refused by its length). The
+    one place it is resolved; the server's chat endpoint asks here too."""
+    return max(max_model_len - num_prompt_tokens, 1)
 
 
 class EngineDead(RuntimeError):
@@ -96,30 +116,62 @@ class EngineCore:
         self.scheduler: SchedulerBase = make_scheduler(config, clock, num_gpu_blocks)
         self.on_tokens = on_tokens
         self._failed_in_a_row = 0
-        self.check_integrity = integrity_checks_on()
+        self.integrity_checks = integrity_checks_on()
         self._unchecked_steps = 0
 
     # ---- requests ----
     def add_request(self, request: Request) -> bool:
         """Queue `request`; False if admission refused it (it is then finished, with its
-        reason, and appears in no StepResult). max_tokens=None becomes what max_model_len
-        leaves after the prompt (at least 1: a prompt that fills the context is refused)."""
+        reason, and appears in no StepResult). max_tokens=None: `default_max_tokens`."""
         if request.max_tokens is None:
-            request.max_tokens = max(self.config.scheduler.max_model_len
-                                     - request.num_prompt_tokens, 1)
+            request.max_tokens = default_max_tokens(self.config.scheduler.max_model_len,
+                                                    request.num_prompt_tokens)
         if self.scheduler.add_request(request):
             return True
         self.scheduler.finished.remove(request)  # answered here, not again in a result
         return False
 
+    def finish_request(self, request_id: str, reason: RequestStatus | FinishReason,
+                       message: str = "", stop_reason: str | None = None) -> bool:
+        """End a live request now, whatever it is doing: its blocks are freed and it is in
+        the next StepResult's `finished`, like any end. `reason`: its end (a finished
+        RequestStatus, or its FinishReason); `stop_reason`: the stop string that ended it
+        (a stop token's is read by the scheduler). False, and nothing done, if the request
+        is unknown or has already ended: each request ends exactly once."""
+        status = _STATUS_OF.get(reason) if isinstance(reason, FinishReason) else reason
+        if status not in _DRIVER_ENDS:
+            allowed = ", ".join(s.name for s in _STATUS_OF.values())
+            raise ValueError(f"cannot end a request as {reason!r}: a driver ends one as "
+                             f"{allowed} (rejection is admission's own)")
+        status = RequestStatus(status)
+        if stop_reason is not None and status is not RequestStatus.FINISHED_STOPPED:
+            raise ValueError(f"stop_reason {stop_reason!r} with {status.name}: only a "
+                             f"request that stopped has a stop reason")
+        return self.scheduler.finish_request(request_id, status, message, stop_reason)
+
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
-        return self.scheduler.abort_request(request_id, message)
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, message)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def next_wakeup_time(self) -> float | None:
         return self.scheduler.next_wakeup_time()
+
+    # ---- what drivers read ----
+    def snapshot(self) -> EngineSnapshot:
+        sched = self.scheduler
+        kv = sched.kv
+        gpu, cpu = kv.gpu, kv.cpu
+        return EngineSnapshot(
+            len(sched.running), len(sched.waiting), len(sched.swapped),
+            gpu.num_blocks, gpu.num_blocks - gpu.num_free, kv.usage,
+            cpu.num_blocks, cpu.num_blocks - cpu.num_free, sched.num_preemptions_total,
+            kv.prefix_cache_queries, kv.prefix_cache_hits)
+
+    def check_integrity(self) -> None:
+        """Raise KVCacheError unless the blocks and the queues agree (the full check)."""
+        self.scheduler.check_integrity(full=True)
 
     # ---- the loop body ----
     def step(self) -> StepResult:
@@ -140,7 +192,7 @@ class EngineCore:
     def complete_step(self, pending: PendingStep) -> StepResult:
         sched = self.scheduler
         if pending.out is None or pending.result is None:
-            if self.check_integrity:
+            if self.integrity_checks:
                 self._check(idle=True)
             return StepResult(None, [], sched.take_finished())
         emitted = sched.update_from_output(pending.out, pending.result)
@@ -149,7 +201,7 @@ class EngineCore:
         if self.on_tokens is not None and emitted:
             self.on_tokens(emitted)
         (record,) = sched.take_step_records()
-        if self.check_integrity:
+        if self.integrity_checks:
             self._check()
         return StepResult(record, emitted, sched.take_finished())
 
@@ -168,7 +220,7 @@ class EngineCore:
                           straddle)
         if run is None:
             return None
-        if self.check_integrity:
+        if self.integrity_checks:
             self._check()
         return DecodeRunResult(sched.take_step_records(), sched.take_finished(), run.end_s,
                                run.released_ids, run.straddles)

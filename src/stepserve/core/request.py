@@ -165,6 +165,9 @@ class Request:
     finish_reason: FinishReason | None = None
     finish_message: str = ""
     reject_reason: RejectReason | None = None  # set when admission refused it
+    # what stopped it (vLLM's stop_reason): the matched stop string or stop token id;
+    # None for any other end, EOS included
+    stop_reason: str | int | None = None
     # asked-for log-probabilities (None unless the params ask): one per output token, and
     # one per prompt token after the first (the engine core appends what the runner gives)
     output_logprobs: list[TokenLogprobs] | None = None

@@ -93,7 +93,7 @@ def run_real(runner, batching: str, jobs, concurrency: int) -> DemoRun:
                           else "short")
     wall = time.perf_counter() - t0
     summary = summarize(res.requests, res.steps, res.duration_s)
-    engine.scheduler.kv.check_integrity()
+    engine.core.check_integrity()
     return DemoRun(f"cpu-{batching}", batching, summary, engine.runner.describe(), wall)
 
 

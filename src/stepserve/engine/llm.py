@@ -50,6 +50,7 @@ class LLM:
 
     @property
     def scheduler(self):
+        """The engine core's scheduler, for tests that look inside (nothing drives it)."""
         return self.engine.scheduler
 
     @property

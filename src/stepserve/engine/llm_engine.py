@@ -91,10 +91,15 @@ class LLMEngine:
         self._prompts: dict[str, str | None] = {}
         self._detok: dict[str, object] = {}  # request id -> IncrementalDetokenizer
         self._children: dict[str, set[str]] = {}  # n > 1: parent id -> live children
+        # request id -> where its text ends, for one a stop string ended (the match
+        # itself kept with include_stop_str_in_output)
+        self._text_end: dict[str, int] = {}
         self._counter = 0
 
     @property
     def scheduler(self) -> SchedulerBase:
+        """The core's scheduler, for tests that look inside; a driver reads
+        `core.snapshot()` and ends requests through `core.finish_request`."""
         return self.core.scheduler
 
     # ---- requests ----
@@ -205,23 +210,27 @@ class LLMEngine:
             if detok is None:
                 continue
             try:
-                detok.add(req.output_token_ids[-1])
-                self._check_stop_strings(req, detok)
+                delta = detok.add(req.output_token_ids[-1])
+                self._check_stop_strings(req, detok.text, len(delta))
             except Exception as e:
                 log.exception("detokenizing request %s failed", req.request_id)
-                self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_ERROR,
-                                              f"detokenizing failed: {type(e).__name__}: {e}")
+                self.core.finish_request(req.request_id, RequestStatus.FINISHED_ERROR,
+                                         f"detokenizing failed: {type(e).__name__}: {e}")
 
-    def _check_stop_strings(self, req: Request, detok) -> None:
+    def _check_stop_strings(self, req: Request, text: str, num_new: int) -> None:
+        """End `req` at the first stop string that its `num_new` newest characters
+        complete (one seen before min_tokens did not stop it, and does not now)."""
         params = req.sampling_params
         if req.is_finished or not params.stop or req.num_output_tokens <= params.min_tokens:
             return  # as vLLM: no stop string ends a request before min_tokens
-        text = detok.text
-        for stop in params.stop:
-            if stop and stop in text[-(len(stop) + 64):]:
-                self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED,
-                                              f"stop string {stop!r}")
-                return
+        found = [(k, stop) for stop in params.stop if stop and (k := text.find(
+            stop, max(len(text) - num_new - len(stop) + 1, 0))) >= 0]
+        if not found:
+            return
+        k, stop = min(found)
+        if self.core.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED,
+                                    f"stop string {stop!r}", stop_reason=stop):
+            self._text_end[req.request_id] = k + len(stop) * params.include_stop_str_in_output
 
     # ---- results ----
     def decode_output(self, req: Request) -> str:
@@ -230,16 +239,23 @@ class LLMEngine:
                                      req.sampling_params.skip_special_tokens)
 
     def text_of(self, req: Request) -> str:
-        """The completion text, cut before the first stop string in it (after it, with
-        include_stop_str_in_output)."""
+        """The completion text so far (a stream's text: the incremental detokenizer's,
+        which holds back an unfinished character), ending where a stop string ended it."""
         detok = self._detok.get(req.request_id)
-        text = detok.text if detok is not None else self.decode_output(req)
-        params = req.sampling_params
-        found = [(k, stop) for stop in params.stop if stop and (k := text.find(stop)) >= 0]
-        if found:
-            k, stop = min(found)
-            text = text[:k + len(stop)] if params.include_stop_str_in_output else text[:k]
-        return text
+        if detok is None:
+            return self.decode_output(req)
+        end = self._text_end.get(req.request_id)
+        return detok.text if end is None else detok.text[:end]
+
+    def final_text(self, req: Request) -> str:
+        """The text an ended request reports, offline and served alike: cut at the stop
+        string that stopped it (kept with include_stop_str_in_output); else all its tokens
+        decoded, unless that does not extend the streamed text (then the streamed one)."""
+        detok = self._detok.get(req.request_id)
+        if detok is None or req.request_id in self._text_end:
+            return self.text_of(req)
+        plain = self.decode_output(req)
+        return plain if plain.startswith(detok.text) else detok.text
 
     def output_of(self, requests: Request | Sequence[Request]) -> RequestOutput:
         """One request's output in vLLM's shape; the children of an n > 1 request (in
@@ -260,16 +276,10 @@ class LLMEngine:
             prompt_logprobs=prompt_lp)
 
     def _completion(self, req: Request) -> CompletionOutput:
-        stop_reason = None
-        if req.finish_message.startswith("stop string"):
-            stop_reason = next((s for s in req.sampling_params.stop
-                                if repr(s) in req.finish_message), None)
-        elif req.status is RequestStatus.FINISHED_STOPPED and req.output_token_ids:
-            stop_reason = req.output_token_ids[-1]
         reason = req.finish_reason.value if req.finish_reason else None
         found = req.output_logprobs
         return CompletionOutput(
-            req.index, self.text_of(req), list(req.output_token_ids), reason, stop_reason,
+            req.index, self.final_text(req), list(req.output_token_ids), reason, req.stop_reason,
             None if found is None else sum(lp.logprob for lp in found),
             logprobs_list(found, self._token_text))
 
@@ -282,6 +292,7 @@ class LLMEngine:
         for r in requests:
             self._prompts.pop(r.request_id, None)
             self._detok.pop(r.request_id, None)
+            self._text_end.pop(r.request_id, None)
             if r.parent_id is not None and (kids := self._children.get(r.parent_id)):
                 kids.discard(r.request_id)
                 if not kids:

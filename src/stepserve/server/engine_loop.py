@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams
+from stepserve.core.snapshot import EngineSnapshot
 from stepserve.server.streams import (
     EngineUnavailable,
     RequestFailed,
@@ -56,7 +57,8 @@ class AbortCommand:
 
 @dataclass
 class EngineState:
-    """A snapshot the engine thread publishes for /health and /metrics."""
+    """What the engine thread publishes for /health and /metrics: the core's snapshot
+    and the steps this loop ran."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -67,6 +69,11 @@ class EngineState:
     num_preemptions_total: int = 0
     steps: int = 0
     time: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def of(cls, snap: EngineSnapshot, steps: int) -> EngineState:
+        return cls(snap.num_running, snap.num_waiting, snap.num_swapped, snap.num_gpu_blocks,
+                   snap.num_gpu_blocks_used, snap.kv_usage, snap.num_preemptions_total, steps)
 
 
 class EngineLoop:
@@ -184,8 +191,8 @@ class EngineLoop:
             except Exception as e:  # this request's text is broken, not the others'
                 log.exception("streaming request %s failed", req.request_id)
                 message = f"streaming failed: {type(e).__name__}: {e}"
-                self.engine.scheduler.finish_request(req.request_id,
-                                                     RequestStatus.FINISHED_ERROR, message)
+                self.engine.core.finish_request(req.request_id, RequestStatus.FINISHED_ERROR,
+                                                message)
                 # answered now (its end, in a later result, finds it untracked)
                 del self._tracked[req.request_id]
                 self._outputs.append((t.stream, t.error(message)))
@@ -200,7 +207,7 @@ class EngineLoop:
                 continue  # rejected at admission: answered there
             ended.append(req)
             try:
-                out = t.final(self._final_text(req, t.streamed))
+                out = t.final(self.engine.final_text(req))
             except Exception as e:
                 log.exception("the final text of request %s failed", req.request_id)
                 out = t.error(f"the final text failed: {type(e).__name__}: {e}")
@@ -209,26 +216,8 @@ class EngineLoop:
                 self.metrics.on_finished(req)
         self.engine.release(ended)
 
-    def _final_text(self, req: Request, streamed: bool) -> str:
-        """The whole completion, as the offline LLM.generate returns it. A streamed one
-        must extend what was sent (the incremental detokenizer's text); it differs from
-        a plain decode only by bytes still held back at the end (an unfinished
-        character), which the plain decode shows."""
-        plain = self.engine.decode_output(req)
-        if not streamed and not req.sampling_params.stop:
-            return plain  # what text_of gives when there is no detokenizer
-        text = self.engine.text_of(req)
-        if req.sampling_params.stop:
-            return text
-        return plain if not streamed or plain.startswith(text) else text
-
     def _publish(self) -> None:
-        sched = self.engine.scheduler
-        kv = sched.kv
-        used = kv.num_gpu_blocks - kv.num_free_blocks
-        self.state = EngineState(len(sched.running), len(sched.waiting), len(sched.swapped),
-                                 kv.num_gpu_blocks, used, kv.usage,
-                                 sched.num_preemptions_total, self.state.steps)
+        self.state = EngineState.of(self.engine.core.snapshot(), self.state.steps)
         if self.metrics is not None:
             self.metrics.on_state(self.state)
         self._hand_over()

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from stepserve.core.end_reasons import Refusal, end_reason
+from stepserve.core.engine_core import default_max_tokens
 from stepserve.core.request import SamplingParams
 from stepserve.server.answer import Answer
 from stepserve.server.body import VALUE_SLACK, parse_json, read_limited
@@ -124,7 +125,7 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:  # as vLLM: whatever room the context leaves
-        max_tokens = max(ctx.max_model_len - len(ids), 1)
+        max_tokens = default_max_tokens(ctx.max_model_len, len(ids))
     check_length(ctx, ids, max_tokens, param, "messages")
     check_logprob_budget(chat_ask(body, param, max_tokens, len(ids)))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None

@@ -45,9 +45,9 @@ class Replica:
     run_finished: list[Request] = field(default_factory=list)  # told when it completes
 
     def view(self) -> ReplicaView:
-        sched = self.core.scheduler
-        return ReplicaView(self.index, self.pool, len(sched.waiting) + len(sched.swapped),
-                           len(sched.running), sched.kv.usage)
+        snap = self.core.snapshot()
+        return ReplicaView(self.index, self.pool, snap.num_queued, snap.num_running,
+                           snap.kv_usage)
 
 
 @dataclass
@@ -178,7 +178,7 @@ class _EventLoop:
         # A run's setup passes over the whole batch several times: where fewer than
         # MIN_RUN_STEPS steps fit before the next event, stepping is cheaper. (A step of
         # the batch at no context: at most the real step's time, so this errs to runs.)
-        batch = len(rep.core.scheduler.running)
+        batch = rep.core.snapshot().num_running
         if until - t < MIN_RUN_STEPS * rep.runner.decode_step_time(batch, 0):
             return False
         run = rep.core.run_decodes(t, until, rep.runner.decode_step_time, rep.runner.sampler,
@@ -213,7 +213,7 @@ class _EventLoop:
                 elif kind == _RUN_END:
                     rep.in_run = False
                     if rep.run_straddles:  # what arrived while its last step ran
-                        rep.steps[-1].num_waiting = len(rep.core.scheduler.waiting)
+                        rep.steps[-1].num_waiting = rep.core.snapshot().num_waiting
                     self.on_ended(rep.run_finished)
                 else:
                     rep.wakeup_at = None
