@@ -3,7 +3,8 @@ tiny-model replicas behind the ingress, driven by the official openai client and
 
 * the openai client streams through the ingress; streamed text = unstreamed text;
 * requests are spread as the router says: round-robin alternates, least-outstanding
-  sends short requests away from the replica busy with a long one;
+  sends short requests away from the replica busy with a long one, prefix_affinity
+  keeps a prompt's prefix on the replica it first went to;
 * pool rules: long prompts and a header go to `offline`, chat to `online`;
 * /metrics merges every replica (engine and pool labels); /health and /health/{engine}
   say only ok, each replica's detail is /cluster/replicas;
@@ -174,6 +175,32 @@ def test_least_outstanding_avoids_the_busy_replica(pooled):
     assert busy in online
     (idle,) = online - {busy}
     assert shorts[idle] == 6 and shorts[busy] == 0
+
+
+def test_prefix_affinity_router_keeps_a_prompt_on_its_replica(ray_local, tmp_path):
+    path = tmp_path / "pools.yaml"  # a pool of its own: the module's ingresses stay up
+    path.write_text("router: prefix_affinity\npools:\n  affinity: {replicas: 2}\n")
+    system = list(range(100, 164))  # four full blocks of 16 tokens
+    with ingress(str(path)) as ing:
+        events: list[str] = []
+        started = threading.Event()
+        long_one = threading.Thread(target=stream_events, args=(ing, 900, events, started))
+        long_one.start()
+        assert started.wait(60)
+        (busy,) = [e for e, r in ing.replicas().items() if r["running"] + r["waiting"] > 0]
+        assert busy == 0  # all idle, so the lower index: a tie would go there again
+        before = ing.admitted()
+        complete(ing, prompt=system + [7], max_tokens=2)  # away from the busy replica
+        assert delta(before, ing.admitted()) == {0: 0, 1: 1}
+        long_one.join(120)
+        ing.wait_replicas(2)
+        while any(r["running"] + r["waiting"] for r in ing.replicas().values()):
+            time.sleep(0.05)  # until both report idle (reports come every 0.5 s)
+        before = ing.admitted()
+        for own in (8, 9, 10):  # idle replicas alike: only the prefix says where
+            complete(ing, prompt=system + [own], max_tokens=2)
+        complete(ing, prompt=list(range(300, 364)), max_tokens=2)  # another prompt
+        assert delta(before, ing.admitted()) == {0: 1, 1: 3}
 
 
 def test_pool_rules_send_long_prompts_and_headers_offline_and_chat_online(pooled):
