@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from stepserve.core.request import RejectReason
+from stepserve.core.end_reasons import RejectReason, end_reason
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import RuleSettings, S, pct, rule
 from stepserve.metrics.run_summary import RunSummary
@@ -37,11 +37,13 @@ def _from_http(s: RunSummary) -> dict[str, float]:
     """Rejections by reason as an HTTP client saw them (bench's `errors`)."""
     errors, examples = _counts(s.errors), s.error_examples or {}
     found: dict[str, float] = {}
-    if errors.get("http_429"):
-        found[RejectReason.QUEUE_FULL.value] = errors["http_429"]
-    example = str(examples.get("http_400") or "").lower()
-    if errors.get("http_400") and any(word in example for word in _CONTEXT_WORDS):
-        found[RejectReason.TOO_LONG.value] = errors["http_400"]
+    full = f"http_{end_reason(RejectReason.QUEUE_FULL).http_status}"
+    if errors.get(full):
+        found[RejectReason.QUEUE_FULL.value] = errors[full]
+    too_long = f"http_{end_reason(RejectReason.TOO_LONG).http_status}"  # any 400's
+    example = str(examples.get(too_long) or "").lower()
+    if errors.get(too_long) and any(word in example for word in _CONTEXT_WORDS):
+        found[RejectReason.TOO_LONG.value] = errors[too_long]
     return found
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepserve.core.end_reasons import FinishReason
 from stepserve.core.request import Request, TokenLogprobs
 from stepserve.server.streams import RequestStream, StreamOutput
 
@@ -45,7 +46,7 @@ class Tracked:
     def final(self, full: str) -> StreamOutput:
         """The request's one final output, `full` being its whole completion."""
         req = self.request
-        reason = req.finish_reason.value if req.finish_reason else "error"
+        reason = (req.finish_reason or FinishReason.ERROR).value
         return self._with_logprobs(StreamOutput(
             full[self.sent:] if self.streamed else "", req.num_prompt_tokens,
             req.num_output_tokens, True, reason, req.finish_message, full, req.index,
@@ -54,8 +55,9 @@ class Tracked:
     def error(self, message: str) -> StreamOutput:
         """A final output for a request that could not be finished normally."""
         req = self.request
-        return StreamOutput("", req.num_prompt_tokens, req.num_output_tokens, True, "error",
-                            message, "", req.index, num_cached_tokens=req.num_cached_tokens)
+        return StreamOutput("", req.num_prompt_tokens, req.num_output_tokens, True,
+                            FinishReason.ERROR.value, message, "", req.index,
+                            num_cached_tokens=req.num_cached_tokens)
 
     def _with_logprobs(self, out: StreamOutput) -> StreamOutput:
         req = self.request
