@@ -28,6 +28,7 @@ HEALTHY = {
     "waiting_nonzero_share": 0.1, "waiting_growth": 0.01, "waiting_trend_rise": 0.5,
     "waiting_monotonic_rise_s": 0.5, "waiting_monotonic_rise": 2, "running_max": 30,
     "running_mean": 20, "in_engine_max": 33, "kv_usage_max": 0.7, "kv_usage_mean": 0.5,
+    "prefix_cache_hit_rate": 0.0, "prefix_repeated_share": 0.0,
 }
 
 

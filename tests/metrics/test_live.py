@@ -42,7 +42,8 @@ def test_vllm_rising_queue_and_preemptions_fire_the_rules():
     assert set(unevaluable(s)) == {"chunk_cap_eats_budget", "tail_ttft_from_prefill",
                                    "low_slot_utilization", "low_active_ratio",
                                    "prefill_stalls_decode", "rejections", "timeouts",
-                                   "tpot_tail", "throughput_over_experience"}
+                                   "tpot_tail", "throughput_over_experience",
+                                   "prefix_cache_thrash"}
     assert unevaluable(s)["tail_ttft_from_prefill"] == ["mean_step_s"]
     # vLLM publishes no step time, and a scrape sees no token gaps
     assert unevaluable(s)["prefill_stalls_decode"] == ["step_p99_s or itl_p99_s"]

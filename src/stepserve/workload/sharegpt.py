@@ -18,8 +18,10 @@ the counts of what was dropped and why are kept for the description. A turn whos
 is not valid Unicode (a lone surrogate, `\\ud800` in the JSON) is an error naming the
 conversation, with or without a tokenizer.
 
-Prompts themselves are not kept: the bench sends token-id prompts of exactly the
-counted length (a scheduler sees lengths, not words; stepserve has no prefix cache).
+Prompts themselves are not kept: the bench sends prompts of the counted length, each its
+own (bench/prompts.py), since a scheduler sees lengths, not words. What the texts share
+is lost with them, so the prefix cache finds nothing to reuse in a ShareGPT run; a
+workload's shared_prefixes or the bench's prefix_repetition dataset is how to measure it.
 """
 
 from __future__ import annotations
