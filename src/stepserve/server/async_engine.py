@@ -55,7 +55,7 @@ class AsyncEngine:
         self.engine = engine
         self.metrics = metrics
         if metrics is not None:
-            metrics.cache.watch(engine.scheduler.kv)
+            metrics.cache.watch(engine.core)
         self.accepting = True
         self._worker = EngineLoop(engine, metrics, self._hand_over, on_fatal)
         self._commands = self._worker.commands

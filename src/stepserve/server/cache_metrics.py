@@ -11,8 +11,8 @@
   Gateway API Inference Extension's endpoint picker reads to size each server's cache.
 
 The counts live in the scheduler's KV manager (core/kv_cache.py), which the engine thread
-alone writes; a scrape reads them as they stand (two ints), so the engine thread does no
-metrics work for them. Until an engine is attached (`watch`) the counters read 0 and the
+alone writes; a scrape reads them as they stand, through the engine core's snapshot (a
+few ints), so the engine thread does no metrics work for them. Until an engine is attached (`watch`) the counters read 0 and the
 info series is absent.
 """
 
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from stepserve.core.kv_cache import KVCacheManager
+    from stepserve.core.engine_core import EngineCore
 
 P = "stepserve:"
 CACHE_INFO_FIELDS = ("block_size", "num_gpu_blocks", "num_cpu_blocks",
@@ -39,29 +39,30 @@ class CacheMetrics:
                  label_values: tuple[str, ...]) -> None:
         self.labels = labels
         self.label_values = list(label_values)
-        self._kv: KVCacheManager | None = None
+        self._core: EngineCore | None = None
         registry.register(self)
 
-    def watch(self, kv: KVCacheManager) -> None:
-        """Report this engine's KV manager from now on."""
-        self._kv = kv
+    def watch(self, core: EngineCore) -> None:
+        """Report this engine core's prefix cache from now on."""
+        self._core = core
 
     def info_labels(self) -> dict[str, str] | None:
         """cache_config_info's labels (None: no engine yet); True/False as vLLM's."""
-        kv = self._kv
-        if kv is None:
+        core = self._core
+        if core is None:
             return None
-        values = (kv.block_size, kv.num_gpu_blocks, kv.cpu.num_blocks,
-                  kv.enable_prefix_caching)
+        snap, cache = core.snapshot(), core.config.cache
+        values = (cache.block_size, snap.num_gpu_blocks, snap.num_cpu_blocks,
+                  cache.enable_prefix_caching)
         return {f: str(v) for f, v in zip(CACHE_INFO_FIELDS, values, strict=True)}
 
     def collect(self) -> Iterator[Metric]:
-        kv = self._kv
+        snap = self._core.snapshot() if self._core is not None else None
         for name, doc, value in (
                 ("prefix_cache_queries", "prompt tokens of requests first scheduled that "
-                 "looked the prefix cache up", kv.prefix_cache_queries if kv else 0),
+                 "looked the prefix cache up", snap.prefix_cache_queries if snap else 0),
                 ("prefix_cache_hits", "of those, the tokens the prefix cache gave",
-                 kv.prefix_cache_hits if kv else 0)):
+                 snap.prefix_cache_hits if snap else 0)):
             family = CounterMetricFamily(P + name, doc, labels=self.labels)
             family.add_metric(self.label_values, value)
             yield family
