@@ -107,7 +107,7 @@ class ClusterEngine:
                 f"n = {params.n} (or best_of): more than one choice per request is not "
                 "supported through `serve --replicas` yet; send n requests, or serve one "
                 "engine", Refusal.INVALID.value)
-        route = self.route_of(prompt_ids, params)
+        route = self.route_of(prompt_ids, params, cache_salt)
         pool = self.deployment.pool_for(route)
         rid = request_id or f"ing-{uuid.uuid4().hex}"
         generator, admission = await self._admit(pool, rid, prompt_ids, params, streamed,
