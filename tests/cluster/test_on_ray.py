@@ -139,6 +139,19 @@ def test_errors_keep_the_single_server_shape(rr):
 
 # ---- routers ----
 
+def _settled(outstanding: int, timeout_s: float = 60.0) -> None:
+    """Until the ingress's routers count `outstanding` requests in flight: Ray Serve tells
+    a router a request completed a moment after its answer reached us, so on a busy
+    machine the next request could see the last one still counted (a tie, not the load
+    the test means)."""
+    from stepserve.cluster import registry
+
+    deadline = time.monotonic() + timeout_s
+    while sum(sum(r._outstanding.values()) for r in registry.ROUTERS.values()) != outstanding:
+        assert time.monotonic() < deadline, "the routers never saw the request end"
+        time.sleep(0.01)
+
+
 def _skewed(ing: RunningIngress, shorts: int = 6) -> tuple[int, dict[int, int]]:
     """A long streamed request, then short ones one after another while it runs.
     Returns (the engine running the long one, admitted per engine during the shorts)."""
@@ -152,6 +165,7 @@ def _skewed(ing: RunningIngress, shorts: int = 6) -> tuple[int, dict[int, int]]:
     before = ing.admitted()
     for _ in range(shorts):
         complete(ing, max_tokens=2)
+        _settled(outstanding=1)
     after = ing.admitted()
     still_running = long_one.is_alive()
     long_one.join(120)
