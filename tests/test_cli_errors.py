@@ -69,10 +69,14 @@ ROWS = [
     ([*QUICK, "--config", "{bad.yaml}"], "config file"),
     ([*QUICK, "--requests", "1000000000000"], "--requests = 1000000000000"),
     ([*QUICK, "--requests", "-5"], "--requests = -5"),
-    ([*QUICK, "--requests", "1" + "0" * 400], "--requests = 1000"),  # too big for a float
+    # too big for a float, and quoted by its size rather than its 401 digits
+    ([*QUICK, "--requests", "1" + "0" * 400], "--requests = <an integer of 1,329 bits>"),
     ([*QUICK, "--rate", "nan"], "--rate = nan"),
     ([*QUICK, "--rate", "inf"], "--rate = inf"),
     ([*QUICK, "--seed", "-1"], "--seed = -1"),
+    (["serve", "--seed", "-1"], "--seed = -1: must be an integer in [0, "),
+    (["serve", "--max-request-bytes", "12"],
+     "--max-request-bytes = 12: must be an integer in [1024, "),
     ([*QUICK, "--max-num-seqs", "1000000000000000"], "max_num_seqs = 1000000000000000"),
     ([*QUICK, "--replicas", "100000"], "replicas = 100000"),
     ([*QUICK, "--runs", "A,Z"], "has runs A, B, C"),
@@ -172,7 +176,6 @@ def test_the_real_entry_point(row, needle, files):
     (["doctor", "--window-s", "x"], "--window-s"),
     (["report"], "required"),
     (["serve", "--port", "70000"], "70000 is not a port number"),
-    (["serve", "--max-request-bytes", "12"], "--max-request-bytes"),
     (["simulate", "--scenario", "quickstart", "--frobnicate"], "--frobnicate"),
 ])
 def test_argparse_usage_errors_are_one_line(row, needle, capsys):

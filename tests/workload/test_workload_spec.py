@@ -117,7 +117,7 @@ def test_describe_names_every_class():
     ({"classes": (make_class("a"), make_class("a"))},
      r"classes\[1\]\.name = 'a': names must be unique"),
     ({"arrival": "poisson"}, "arrival = 'poisson': must be an arrival process"),
-    ({"duration_s": -5}, "duration_s = -5: must be a finite number > 0"),
+    ({"duration_s": -5}, r"duration_s = -5: must be a finite number in \(0, 2592000\]"),
     ({"name": ""}, "name = '': must be a non-empty string"),
 ])
 def test_bad_workloads(overrides, message):
@@ -126,8 +126,8 @@ def test_bad_workloads(overrides, message):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"share": 0}, "share = 0: must be a finite number > 0"),
-    ({"share": -0.3}, r"share = -0\.3: must be a finite number > 0"),
+    ({"share": 0}, r"share = 0: must be a finite number in \(0, 1000000000\]"),
+    ({"share": -0.3}, r"share = -0\.3: must be a finite number in \(0, "),
     ({"max_tokens": 0}, r"max_tokens = 0: must be an integer in \[1, 1048576\]"),
     ({"length_estimate": "oracle"},
      "length_estimate = 'oracle': must be one of none, exact, class_mean"),
@@ -147,5 +147,5 @@ def test_request_spec_invariants():
     with pytest.raises(WorkloadError,
                        match=r"prompt_len = 0: must be an integer in \[1, 1048576\]"):
         dataclasses.replace(spec, prompt_len=0)
-    with pytest.raises(WorkloadError, match=r"arrival_s = -1\.0: must be a finite number >= 0"):
+    with pytest.raises(WorkloadError, match=r"arrival_s = -1: must be a finite number >= 0"):
         dataclasses.replace(spec, arrival_s=-1.0)

@@ -20,7 +20,7 @@ from stepserve.cli.engine_flags import (
     config_overrides,
 )
 from stepserve.config.errors import reports_usage_errors
-from stepserve.config.limits import MAX_SECONDS, MAX_SEED, WAIT_SECONDS, Range
+from stepserve.config.limits import MAX_SECONDS, SEED, WAIT_SECONDS, Range
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import ConfigError
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
@@ -29,6 +29,7 @@ from stepserve.server.connection_limits import ConnectionLimits, fit_to_descript
 
 SHUTDOWN_TIMEOUT = WAIT_SECONDS  # 0: abort in-flight requests at once
 RETRY_AFTER = Range(0, MAX_SECONDS)
+REQUEST_BYTES = Range(1024, MAX_REQUEST_BYTES_MAX)
 
 
 def add_serve_parser(subparsers) -> None:
@@ -42,7 +43,7 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=8000)
     add_dtype_argument(p)
-    p.add_argument("--seed", type=seed_number, default=0,
+    p.add_argument("--seed", type=int, default=0,
                    help="seeds the engine's random numbers at startup, so requests without "
                         "a seed of their own sample reproducibly (vLLM's default, 0)")
     p.add_argument("--device", default="cpu")
@@ -54,7 +55,7 @@ def add_serve_parser(subparsers) -> None:
     for field, spec in LIMIT_FLAGS.items():  # connections: server/connection_limits.py
         p.add_argument(spec.flag, dest=field, type=spec.allowed.kind, default=None,
                        metavar=spec.metavar, help=spec.help)
-    p.add_argument("--max-request-bytes", type=request_bytes,
+    p.add_argument("--max-request-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
                    help="largest request body accepted; larger ones get 413 "
                         f"(default {DEFAULT_MAX_REQUEST_BYTES})")
@@ -86,27 +87,6 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not a port number (0 to 65535)")
     return port
-
-
-def request_bytes(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes") \
-            from None
-    if not 1024 <= n <= MAX_REQUEST_BYTES_MAX:
-        raise argparse.ArgumentTypeError(f"{n}: must be in [1024, {MAX_REQUEST_BYTES_MAX}]")
-    return n
-
-
-def seed_number(text: str) -> int:
-    try:
-        seed = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= seed <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"{seed}: must be in [0, {MAX_SEED}]")
-    return seed
 
 
 def api_key(text: str) -> str:
@@ -166,6 +146,8 @@ class ServeOptions:
     def __post_init__(self) -> None:
         SHUTDOWN_TIMEOUT.check("--shutdown-timeout", self.shutdown_timeout_s)
         RETRY_AFTER.check("--retry-after", self.retry_after_s)
+        SEED.check("--seed", self.seed)
+        REQUEST_BYTES.check("--max-request-bytes", self.max_request_bytes)
 
 
 def run_serve(options: ServeOptions) -> int:

@@ -5,16 +5,15 @@ out only when memory runs out, minutes later. Each bound is far above any real u
 far below what would exhaust a machine. Workload fields (workload/), engine settings
 (config.py) and the CLI's numeric flags all read these names, so a limit is stated once.
 
-`Range` and `check_flags` check the numeric flags of a parsed command line.
+`Range` (config/validate.py's `Allowed`) and `check_flags` check the numeric flags of a
+parsed command line.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from stepserve.config.errors import UsageError
+from stepserve.config.validate import Allowed
 
 # requests in one workload, run or plan: a month of a busy service's traffic in a
 # simulator that keeps every request in memory
@@ -59,31 +58,9 @@ MAX_FILE_BYTES = 2 << 30
 MAX_HEADER_BYTES = 16 << 20
 
 
-def describe_range(lo: float, hi: float, kind: type, inf_ok: bool = False) -> str:
-    """`an integer in [1, 1000000]`, `a finite number in [1e-06, 1e+06] (or inf)`."""
-    if kind is int:
-        return f"an integer in [{lo}, {hi}]"
-    text = f"a finite number in [{lo:.10g}, {hi:.10g}]"
-    return text + " (or inf)" if inf_ok else text
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values one numeric flag allows, both ends included; `inf_ok` for flags where
-    inf means something (--request-rate inf: everything at once)."""
-
-    lo: float
-    hi: float
-    kind: type = int
-    inf_ok: bool = False
-
-    def check(self, flag: str, value: float) -> None:
-        if self.inf_ok and value == math.inf:
-            return
-        if not self.lo <= value <= self.hi:  # NaN fails it; a huge int compares exactly
-            shown = value if self.kind is int else f"{value:g}"
-            raise UsageError(f"{flag} = {shown}: must be "
-                             f"{describe_range(self.lo, self.hi, self.kind, self.inf_ok)}")
+# the values one numeric flag allows, both ends included; `inf_ok` for flags where inf
+# means something (--request-rate inf: everything at once)
+Range = Allowed
 
 
 def check_flags(args: object, ranges: Mapping[str, Range]) -> None:

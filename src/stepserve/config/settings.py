@@ -9,7 +9,6 @@ from limits.py, where each is explained.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from stepserve.config.limits import (
     MAX_REPLICAS,
     MAX_SECONDS,
 )
-from stepserve.config.user_files import preview
+from stepserve.config.validate import Allowed
 
 
 class ConfigError(UsageError):
@@ -35,54 +34,15 @@ def knob(default: Any, help: str, kind: type, *, lo: float | None = None,
          hi: float | None = None, choices: tuple[str, ...] | None = None,
          optional: bool = False) -> Any:
     """A config field: default, help text, type and bounds (inclusive)."""
-    meta = {"help": help, "kind": kind, "lo": lo, "hi": hi, "choices": choices,
-            "optional": optional}
+    allowed = Allowed(lo, hi, kind, choices=choices or (), optional=optional)
+    meta = {"help": help, "kind": kind, "choices": choices, "allowed": allowed}
     return field(default=default, metadata=meta)
-
-
-def _allowed(meta: dict[str, Any]) -> str:
-    kind = meta["kind"]
-    if meta["choices"]:
-        text = "one of " + ", ".join(meta["choices"])
-    else:
-        text = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
-        lo, hi = meta["lo"], meta["hi"]
-        if lo is not None and hi is not None:
-            text += f" in [{lo}, {hi}]"
-        elif lo is not None:
-            text += f" >= {lo}"
-        elif hi is not None:
-            text += f" <= {hi}"
-    if meta["optional"]:
-        text += " (or null)"
-    return text
 
 
 def check_value(section: str, name: str, value: Any, meta: dict[str, Any]) -> Any:
     """Validate (and for floats, normalise) one value; raise ConfigError if bad."""
     key = f"{section}.{name}" if section else name
-    if value is None and meta["optional"]:
-        return None
-    kind = meta["kind"]
-    ok_type = (
-        (kind is bool and isinstance(value, bool))
-        or (kind is int and isinstance(value, int) and not isinstance(value, bool))
-        or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-        or (kind is str and isinstance(value, str))
-    )
-    if not ok_type:
-        raise ConfigError(f"{key} = {preview(value)}: wrong type, must be {_allowed(meta)}")
-    if kind is float:
-        value = float(value)
-        if math.isnan(value) or math.isinf(value):
-            raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
-    if meta["choices"] and value not in meta["choices"]:
-        raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
-    if meta["lo"] is not None and value < meta["lo"]:
-        raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
-    if meta["hi"] is not None and value > meta["hi"]:
-        raise ConfigError(f"{key} = {preview(value)}: must be {_allowed(meta)}")
-    return value
+    return meta["allowed"].check(key, value, ConfigError)
 
 
 class _Section:

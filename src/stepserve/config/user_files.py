@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import reprlib
 import secrets
 import stat
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ import yaml
 
 from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_FILE_BYTES
+from stepserve.config.validate import preview  # noqa: F401  (how a message quotes a value)
 
 
 def read_text(path: str | Path, what: str) -> str:
@@ -46,36 +46,6 @@ def read_text(path: str | Path, what: str) -> str:
     except UnicodeDecodeError as e:
         raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
                          f"{e.start})") from None
-
-
-# A message quotes a user's value by its first characters: the value may be a whole
-# file's worth of list (aliases or not), and its full repr would be the message.
-PREVIEW_CHARS = 60
-
-
-class _Preview(reprlib.Repr):
-    """repr with every container cut to its first few items, nested at most three deep."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel = 3
-        self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 4
-        self.maxstring = self.maxother = PREVIEW_CHARS
-
-    def repr_int(self, x: int, level: int) -> str:
-        if x.bit_length() > 200:  # repr of a 5,000-digit int is an error, not a string
-            return f"<an integer of {x.bit_length():,} bits>"
-        return super().repr_int(x, level)
-
-
-_PREVIEW = _Preview()
-
-
-def preview(value: Any) -> str:
-    """`repr(value)` as a message quotes a user's value: at most PREVIEW_CHARS characters
-    (a longer one cut and ended with '...'), however large the value."""
-    text = _PREVIEW.repr(value)
-    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 3] + "..."
 
 
 def json_error(e: json.JSONDecodeError) -> str:

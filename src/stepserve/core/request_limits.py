@@ -27,6 +27,8 @@ Why these numbers:
 
 from __future__ import annotations
 
+from stepserve.config.validate import Allowed
+
 INT64_MAX = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
 
@@ -55,13 +57,7 @@ def check_range(name: str, value: object, low: float | None, high: float | None,
                 *, integer: bool = False, note: str = "") -> str | None:
     """A problem description if `value` is not a number in [low, high] (None: fine).
     NaN and infinities fail every range; bools are not numbers here."""
-    kind = "an integer" if integer else "a number"
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if not ok_type or isinstance(value, bool):
-        return f"{name} = {value!r}: must be {kind}{_span(low, high)}{note}"
-    if (low is not None and not value >= low) or (high is not None and not value <= high):
-        return f"{name} = {value!r}: must be {kind}{_span(low, high)}{note}"
-    return None
+    return Allowed(low, high, int if integer else float, note=note).problem(name, value)
 
 
 def check_text(field: str, text: str) -> str | None:
@@ -88,9 +84,10 @@ def stop_tokens_refusal(stop_token_ids: tuple[int, ...] | list[int], min_tokens:
     """Why these stop token ids cannot be taken by a model of `vocab_size` tokens (None:
     they can): an id outside the vocabulary, or, with min_tokens, a stop set that masks
     every token (the sampler masks EOS too, even under ignore_eos, as vLLM)."""
-    bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
-    if bad:
-        return f"stop_token_ids must be in [0, {vocab_size}); got {bad[:5]}"
+    token_id = Allowed(0, vocab_size, hi_open=True)
+    for i, t in enumerate(stop_token_ids):
+        if (problem := token_id.problem(f"stop_token_ids[{i}]", t)) is not None:
+            return problem
     if min_tokens <= 0 or len(stop_token_ids) + 1 < vocab_size:
         return None
     masked = set(stop_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
@@ -125,13 +122,3 @@ def priority_refusal(priority: int, policy: str) -> str | None:
             "only taken under the priority policy (--scheduling-policy priority, or "
             "LLM(..., scheduling_policy='priority'))")
 
-
-def _span(low: float | None, high: float | None) -> str:
-    if low is not None and high is not None:
-        return f" in [{low:g}, {high:g}]" if isinstance(low, float) or isinstance(high, float) \
-            else f" in [{low}, {high}]"
-    if low is not None:
-        return f" >= {low}"
-    if high is not None:
-        return f" <= {high}"
-    return ""

@@ -1,17 +1,18 @@
 """`WorkloadError` and the small checks every workload constructor shares.
 
 Every message has the same shape as `ConfigError`'s: `field = value: what is allowed`,
-so a user can fix a YAML file from the message alone. Upper bounds come from limits.py.
+so a user can fix a YAML file from the message alone; numbers and their ranges are
+checked by config/validate.py. Upper bounds come from limits.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import preview
+from stepserve.config.validate import Allowed
 
 
 class WorkloadError(UsageError):
@@ -20,43 +21,18 @@ class WorkloadError(UsageError):
 
 def check_int(field: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """An integer (bools are not integers here) in [lo, hi], either end optional."""
-    if lo is not None and hi is not None:
-        allowed = f"an integer in [{lo}, {hi}]"
-    else:
-        allowed = "an integer" + (f" >= {lo}" if lo is not None else "") \
-            + (f" <= {hi}" if hi is not None else "")
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
-    return value
+    return Allowed(lo, hi).check(field, value, WorkloadError)
 
 
 def check_positive(field: str, value: Any, *, allow_zero: bool = False,
                    hi: float | None = None) -> float:
     """A finite number > 0 (or >= 0), at most `hi` if given, returned as float."""
-    allowed = "a finite number " + (">= 0" if allow_zero else "> 0") \
-        + (f" and <= {hi:.10g}" if hi is not None else "")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
-    if isinstance(value, int) and value > 1e308:
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")  # float() would overflow
-    number = float(value)
-    if math.isnan(number) or math.isinf(number) or number < 0 or (number == 0 and not allow_zero):
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
-    if hi is not None and number > hi:
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
-    return number
+    return Allowed(0, hi, float, lo_open=not allow_zero).check(field, value, WorkloadError)
 
 
 def check_range(field: str, value: Any, lo: float, hi: float) -> float:
     """A finite number in [lo, hi], returned as float."""
-    allowed = f"a finite number in [{lo:.10g}, {hi:.10g}]"
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
-    if not lo <= value <= hi:  # NaN fails every comparison; a huge int compares exactly
-        raise WorkloadError(f"{field} = {preview(value)}: must be {allowed}")
-    return float(value)
+    return Allowed(lo, hi, float).check(field, value, WorkloadError)
 
 
 def check_str(field: str, value: Any) -> str:
