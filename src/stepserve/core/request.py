@@ -55,13 +55,6 @@ class SamplingParams:
         if self.top_k == -1 and not isinstance(self.top_k, bool):
             self.top_k = 0  # vLLM's spelling of "off"
         problems = [p for p in self._range_problems() if p is not None]
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            problems.append(f"top_p = {self.top_p!r}: must be a number in (0, 1]")
-        rep = self.repetition_penalty
-        if not (isinstance(rep, (int, float)) and not isinstance(rep, bool)
-                and 0.0 < rep <= limits.REPETITION_PENALTY_MAX):
-            problems.append(f"repetition_penalty = {rep!r}: must be a number in (0, "
-                            f"{limits.REPETITION_PENALTY_MAX:g}]")
         if (isinstance(self.max_tokens, int) and isinstance(self.min_tokens, int)
                 and self.min_tokens > self.max_tokens):
             problems.append(f"min_tokens = {self.min_tokens}: must be <= max_tokens = "
@@ -85,7 +78,10 @@ class SamplingParams:
             check_range("temperature", self.temperature, 0.0, limits.TEMPERATURE_MAX),
             check_range("top_k", self.top_k, 0, limits.TOP_K_MAX, integer=True,
                         note=" (0 or -1: off)"),
+            check_range("top_p", self.top_p, 0.0, 1.0, low_open=True),
             check_range("min_p", self.min_p, 0.0, 1.0),
+            check_range("repetition_penalty", self.repetition_penalty, 0.0,
+                        limits.REPETITION_PENALTY_MAX, low_open=True),
             check_range("n", self.n, 1, limits.N_MAX, integer=True),
             check_range("min_tokens", self.min_tokens, 0, limits.MAX_TOKENS_MAX,
                         integer=True),

@@ -54,10 +54,13 @@ MAX_REQUEST_BYTES_MAX = 1 << 30
 
 
 def check_range(name: str, value: object, low: float | None, high: float | None,
-                *, integer: bool = False, note: str = "") -> str | None:
-    """A problem description if `value` is not a number in [low, high] (None: fine).
-    NaN and infinities fail every range; bools are not numbers here."""
-    return Allowed(low, high, int if integer else float, note=note).problem(name, value)
+                *, integer: bool = False, low_open: bool = False,
+                note: str = "") -> str | None:
+    """A problem description if `value` is not a number in [low, high] (`low_open`:
+    (low, high]) (None: fine). NaN and infinities fail every range; bools are not
+    numbers here."""
+    return Allowed(low, high, int if integer else float, lo_open=low_open,
+                   note=note).problem(name, value)
 
 
 def check_text(field: str, text: str) -> str | None:
