@@ -105,8 +105,7 @@ RANGE_MESSAGE = re.compile(r"must be (?:an? [a-z ]+ )?(?:in|between) [\[(]|\bin 
 # so a module moved onto the validator leaves the list with it.
 NOT_YET_ON_THE_VALIDATOR = {
     "bench/plan.py", "bench/save_result.py", "metrics/percentiles.py", "plan/capacity.py",
-    "routing/prefix_affinity.py", "server/prompts.py", "server/tokenize.py", "sim/run.py",
-    "sweep/window.py",
+    "server/prompts.py", "server/tokenize.py", "sim/run.py", "sweep/window.py",
 }
 
 

@@ -161,7 +161,7 @@ def test_the_pools_file_takes_the_router_and_its_knobs():
     ({"router": "prefix_affinity", "prefix_affinity": {"weight": 1}},
      "unknown 'weight'; the knobs are prefix_weight, queue_weight"),
     ({"router": "prefix_affinity", "prefix_affinity": {"kv_weight": -1}},
-     r"prefix_affinity.kv_weight = -1: must be a number in \[0, 1000\]"),
+     r"prefix_affinity.kv_weight = -1: must be a finite number in \[0, 1000\]"),
     ({"router": "prefix_affinity", "prefix_affinity": {"index_blocks": 0}},
      r"prefix_affinity.index_blocks = 0: must be an integer in \[1, 1048576\]"),
     ({"router": "prefix_affinity", "prefix_affinity": [1]},

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from stepserve.config.limits import MAX_LEN
+from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import ArrivalProcess, ClosedLoop, Constant, Gamma, Poisson
 from stepserve.workload.lengths import fixed, uniform
 from stepserve.workload.loader import load_workload
@@ -147,8 +148,7 @@ def _prefix_repetition_class(o: BenchWorkloadOptions) -> RequestClass:
                             ("suffix-len", suffix_len, 1, MAX_LEN - 1),
                             ("num-prefixes", num_prefixes, 1, MAX_SHARED_PREFIXES),
                             ("output-len", output_len, 1, MAX_LEN)):
-        if not lo <= n <= hi:
-            raise BenchError(f"--prefix-repetition-{flag} {n}: must be in [{lo}, {hi}]")
+        Allowed(lo, hi).check(f"--prefix-repetition-{flag}", n, BenchError)
     if prefix_len + suffix_len > MAX_LEN:
         raise BenchError(f"--prefix-repetition-prefix-len {prefix_len} + --prefix-repetition-"
                          f"suffix-len {suffix_len}: a prompt of at most {MAX_LEN} tokens")

@@ -32,6 +32,7 @@ from typing import Any
 
 from stepserve.config.settings import ConfigError
 from stepserve.config.user_files import preview
+from stepserve.config.validate import Allowed
 from stepserve.core.prefix_hash import BlockHash, block_hash, chain_root
 from stepserve.routing.view import ReplicaView, Router, RouteRequest
 
@@ -61,19 +62,13 @@ class PrefixAffinityOptions:
     max_prefix_blocks: int = 256
 
     def __post_init__(self) -> None:
+        weight = Allowed(0, MAX_WEIGHT, float)
         for name in ("prefix_weight", "queue_weight", "kv_weight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not 0 <= value <= MAX_WEIGHT:
-                raise ConfigError(f"prefix_affinity.{name} = {preview(value)}: must be a "
-                                  f"number in [0, {MAX_WEIGHT:g}]")
+            weight.check(f"prefix_affinity.{name}", getattr(self, name), ConfigError)
         for name, hi, lo in (("imbalance_threshold", MAX_THRESHOLD, 0),
                              ("index_blocks", MAX_INDEX_BLOCKS, 1),
                              ("max_prefix_blocks", MAX_PREFIX_BLOCKS, 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise ConfigError(f"prefix_affinity.{name} = {preview(value)}: must be an "
-                                  f"integer in [{lo}, {hi}]")
+            Allowed(lo, hi).check(f"prefix_affinity.{name}", getattr(self, name), ConfigError)
 
     @classmethod
     def from_mapping(cls, data: Any) -> PrefixAffinityOptions:
