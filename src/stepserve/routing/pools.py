@@ -29,6 +29,7 @@ from typing import Any
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.config.user_files import preview
+from stepserve.config.validate import Allowed
 from stepserve.routing.prefix_affinity import PrefixAffinityOptions
 from stepserve.routing.routers import Router, make_router
 from stepserve.routing.view import ReplicaView, RouteRequest
@@ -167,10 +168,8 @@ def _router_options(data: Mapping[str, Any], router: str) -> PrefixAffinityOptio
 def _pool(name: Any, spec: Any, common: EngineConfig) -> Pool:
     if not isinstance(name, str) or not isinstance(spec, Mapping):
         raise ConfigError(f"pools.{name}: must be a mapping of settings")
-    replicas = spec.get("replicas", 1)
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
-        raise ConfigError(f"pools.{name}.replicas = {preview(replicas)}: must be an integer in "
-                          f"[1, 64]")
+    replicas = Allowed(1, 64).check(f"pools.{name}.replicas", spec.get("replicas", 1),
+                                    ConfigError)
     try:
         config = apply_nested(common, {k: v for k, v in spec.items() if k != "replicas"})
     except ConfigError as e:
