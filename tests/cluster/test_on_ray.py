@@ -213,8 +213,10 @@ def test_prefix_affinity_router_keeps_a_prompt_on_its_replica(ray_local, tmp_pat
         before = ing.admitted()
         for own in (8, 9, 10):  # idle replicas alike: only the prefix says where
             complete(ing, prompt=system + [own], max_tokens=2)
-        complete(ing, prompt=list(range(300, 364)), max_tokens=2)  # another prompt
-        assert delta(before, ing.admitted()) == {0: 1, 1: 3}
+            _settled(outstanding=0)
+        # (where a prompt of its own goes is load's call: the replicas' reported KV usage
+        # lags by up to a report period, so either is right)
+        assert delta(before, ing.admitted()) == {0: 0, 1: 3}
 
 
 def test_pool_rules_send_long_prompts_and_headers_offline_and_chat_online(pooled):
