@@ -13,6 +13,9 @@ import pytest
 from server_harness import MODEL, serve_process
 from stall_watch import StreamWatch, assert_no_stall, watching
 
+# measures inter-token gaps: runs alone, after the parallel part of the suite
+pytestmark = pytest.mark.serial
+
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 JSON = {"content-type": "application/json"}
 PROMPT = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}

@@ -15,6 +15,9 @@ import pytest
 from server_harness import serve_process
 from stall_watch import StreamWatch, assert_no_stall, watching
 
+# measures inter-token gaps: runs alone, after the parallel part of the suite
+pytestmark = pytest.mark.serial
+
 TOKENIZE, DETOKENIZE = "/tokenize", "/detokenize"
 JSON = {"content-type": "application/json"}
 DIGITS_5000 = "9" * 5000

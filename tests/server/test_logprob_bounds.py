@@ -21,6 +21,9 @@ from stepserve.server.logprob_budget import (
 )
 from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
+# measures inter-token gaps: runs alone, after the parallel part of the suite
+pytestmark = pytest.mark.serial
+
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 CAP = DEFAULT_MAX_LOGPROB_ENTRIES
 ECHO_ATTACK = {"model": MODEL, "prompt": [5] * 4000, "max_tokens": 0, "echo": True,
