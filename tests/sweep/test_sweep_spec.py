@@ -3,7 +3,8 @@
 import pytest
 
 from stepserve.config.settings import EngineConfig
-from stepserve.sweep.spec import RunConfig, build_points, parse_vary
+from stepserve.sim.scenarios import RunSpec
+from stepserve.sweep.spec import build_points, parse_vary
 from stepserve.workload.overrides import WorkloadOverrides
 
 
@@ -24,7 +25,7 @@ def test_bad_vary_is_rejected_with_the_name(text, match):
 
 
 def test_grid_last_axis_is_x_and_the_rest_make_series():
-    runs = [RunConfig("A", EngineConfig()), RunConfig("B", EngineConfig())]
+    runs = [RunSpec("A", EngineConfig()), RunSpec("B", EngineConfig())]
     x_axis, points = build_points(runs, [parse_vary("max_num_seqs=16,32"),
                                          parse_vary("rate=2,4,8")])
     assert x_axis == "rate"
@@ -37,13 +38,13 @@ def test_grid_last_axis_is_x_and_the_rest_make_series():
 
 
 def test_no_axes_sweeps_the_runs_in_order():
-    runs = [RunConfig(n, EngineConfig()) for n in "ABC"]
+    runs = [RunSpec(n, EngineConfig()) for n in "ABC"]
     x_axis, points = build_points(runs, [])
     assert x_axis == "run" and [p.x for p in points] == ["A", "B", "C"]
     assert {p.series for p in points} == {"configs"}
 
 
 def test_a_bad_value_for_a_setting_names_it():
-    runs = [RunConfig("A", EngineConfig())]
+    runs = [RunSpec("A", EngineConfig())]
     with pytest.raises(ValueError, match="max_num_seqs"):
         build_points(runs, [parse_vary("max_num_seqs=0,8")])

@@ -30,6 +30,9 @@ def cfg(**settings) -> EngineConfig:
 
 @dataclass(frozen=True)
 class RunSpec:
+    """One named engine config: a scenario's run, or a sweep's series (a scenario run, a
+    --configs file, or flags)."""
+
     name: str
     config: EngineConfig
     note: str = ""

@@ -27,7 +27,7 @@ from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.job import changed_name, changed_settings
-from stepserve.sim.scenarios import Scenario, get_scenario
+from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
 from stepserve.sweep.checks import DEFAULT_REQUESTS, check_knee_options, check_live_sweep
 from stepserve.sweep.knee import (
     MAX_P99_RISE,
@@ -48,7 +48,6 @@ from stepserve.sweep.runner import (
 )
 from stepserve.sweep.spec import (
     Axis,
-    RunConfig,
     SweepPoint,
     build_points,
     parse_summary_slo,
@@ -113,7 +112,7 @@ class SweepPlan:
     pools: Mapping[str, Any] | None = None  # the pools file's contents (simulator only)
 
 
-def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunConfig]:
+def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunSpec]:
     wanted = [n for n in (options.scenario_runs or "").split(",") if n]
     runs = [r for r in scenario.runs if not wanted or r.name in wanted]
     if wanted and len(runs) != len(wanted):
@@ -121,13 +120,13 @@ def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunConfig]
         raise ValueError(f"--scenario-runs {options.scenario_runs}: {scenario.name} has "
                          f"{known}")
     # a run the engine flags change is no longer the scenario's: its name says so
-    return [RunConfig(changed_name(r.name, changed_settings(r.config, config)), config,
+    return [RunSpec(changed_name(r.name, changed_settings(r.config, config)), config,
                       r.note) for r in runs for config in (options.config.apply(r.config),)]
 
 
-def _file_runs(options: SweepOptions) -> list[RunConfig]:
+def _file_runs(options: SweepOptions) -> list[RunSpec]:
     """Each --configs file with the settings given on top (not --config)."""
-    return [RunConfig(Path(f).stem, options.config.apply_settings(load_config(f)), f)
+    return [RunSpec(Path(f).stem, options.config.apply_settings(load_config(f)), f)
             for f in options.configs or ()]
 
 
@@ -149,7 +148,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     # point at a high rate gets more than the default count (runner.sized_workload).
     min_span = MIN_SPAN_S if options.requests is None and options.duration_s is None \
         and not live else None
-    runs: list[RunConfig] = []
+    runs: list[RunSpec] = []
     cost: CostModel | None = None
     blocks: Callable[[EngineConfig], int] | None = None
     if options.scenario:
@@ -176,7 +175,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
         if not live:
             config = options.config.apply()
             runs = _file_runs(options) if options.configs else [
-                RunConfig(config.scheduler.batching, config)]
+                RunSpec(config.scheduler.batching, config)]
             setup = cost_setup_for(options.cost)
             cost, blocks = setup.cost_model, setup.num_gpu_blocks
 

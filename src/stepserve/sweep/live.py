@@ -22,8 +22,9 @@ from stepserve.bench.loadgen import LoadPlan, make_records
 from stepserve.bench.plan import BenchError
 from stepserve.bench.results import BenchRun, summarize_records
 from stepserve.bench.run_data import http_extras
+from stepserve.sim.scenarios import RunSpec
 from stepserve.sweep.result import SweepCoords, SweepPointResult
-from stepserve.sweep.spec import RunConfig, SweepPoint, build_points
+from stepserve.sweep.spec import SweepPoint, build_points
 from stepserve.workload.overrides import WorkloadOverrides
 from stepserve.workload.spec import Workload
 
@@ -43,7 +44,7 @@ def target_points(target: str, axes: list) -> tuple[str, list[SweepPoint]]:
     """One series (named after the target) along the last axis; its config is unused."""
     from stepserve.config.settings import EngineConfig
 
-    return build_points([RunConfig("server", EngineConfig(), target)], axes)
+    return build_points([RunSpec("server", EngineConfig(), target)], axes)
 
 
 def run_target_points(live: LiveOptions, points: list[SweepPoint],

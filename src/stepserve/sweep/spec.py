@@ -18,6 +18,7 @@ from typing import Any
 from stepserve.config.load import config_fields, parse_bool
 from stepserve.config.settings import EngineConfig
 from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary
+from stepserve.sim.scenarios import RunSpec
 from stepserve.workload.overrides import WorkloadOverrides
 
 WORKLOAD_AXES = {"rate": float, "seed": int, "concurrency": int}
@@ -69,15 +70,6 @@ def parse_vary(text: str) -> Axis:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One named engine config to sweep (a scenario run, a --configs file, or flags)."""
-
-    name: str
-    config: EngineConfig
-    note: str = ""
-
-
-@dataclass(frozen=True)
 class SweepPoint:
     """One simulation: a run's config with the axis values applied."""
 
@@ -94,7 +86,7 @@ def _fmt(name: str, value: Any) -> str:
     return f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
 
 
-def build_points(runs: list[RunConfig], axes: list[Axis]) -> tuple[str, list[SweepPoint]]:
+def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[SweepPoint]]:
     """The grid, series by series, x ascending in the given order. Returns (x axis name,
     points)."""
     if not runs:
