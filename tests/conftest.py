@@ -16,7 +16,9 @@ from stepserve.core.base import CHECK_INTEGRITY_ENV
 os.environ[CHECK_INTEGRITY_ENV] = "1"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        group = "ray" if item.path.parent.name == "cluster" else str(item.path)
+        group = "ray" if item.path.parent.name == "cluster" else \
+            str(item.path.relative_to(config.rootpath))
         item.add_marker(pytest.mark.xdist_group(group))

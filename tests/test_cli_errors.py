@@ -88,7 +88,7 @@ ROWS = [
     # doctor
     (["doctor", "{nan.json}"], "ttft_p99_s = nan"),
     (["doctor", "{impossible.json}"], "preemptions = -1"),
-    (["doctor", "{impossible.json}"], "slot_utilization = 1.5: must be a share in [0, 1]"),
+    (["doctor", "{impossible.json}"], "slot_utilization = 1.5: must be a finite number in [0, 1] (a share)"),
     (["doctor", "{empty.json}"], "no runs"),
     (["doctor", "{truncated.json}"], "line 2, column"),
     (["doctor", "{binary.json}"], "not UTF-8"),

@@ -71,7 +71,7 @@ def test_the_summary_carries_hit_rate_and_repeated_share_over_completed_requests
     assert s.prefix_repeated_share == (64 + 64) / 300
     assert "prefix_cache_hit_rate" in s.to_json() and "prefix_repeated_share" in s.to_json()
     assert impossible_values({"prefix_cache_hit_rate": 1.5}) == [
-        "prefix_cache_hit_rate = 1.5: must be a share in [0, 1]"]
+        "prefix_cache_hit_rate = 1.5: must be a finite number in [0, 1] (a share)"]
 
 
 # ---- the thrash rule ----

@@ -15,11 +15,11 @@ finite.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from stepserve.config.user_files import preview
+from stepserve.config.validate import Allowed
 from stepserve.metrics.run_summary import FIELD_KINDS
 
 # fitted slopes of the waiting queue: a queue that drains has a negative one
@@ -34,19 +34,13 @@ def _is_share(key: str) -> bool:
         or key.startswith(("active_ratio_", "kv_usage_"))
 
 
-def allowed(key: str) -> tuple[float, float, str]:
-    """(lo, hi, how to say it) for the number under `key`."""
+def allowed(key: str) -> Allowed:
+    """What the number under `key` may be (config/validate.py words it)."""
     if key in SIGNED_KEYS:
-        return -MAGNITUDE_MAX, MAGNITUDE_MAX, "a finite number"
+        return Allowed(-MAGNITUDE_MAX, MAGNITUDE_MAX, float)
     if _is_share(key):
-        return 0.0, 1.0, "a share in [0, 1]"
-    return 0.0, MAGNITUDE_MAX, f"a finite number >= 0 (at most {MAGNITUDE_MAX:g})"
-
-
-def _bad(value: float, lo: float, hi: float) -> bool:
-    if isinstance(value, float) and not math.isfinite(value):
-        return True
-    return not lo <= value <= hi  # an int compares exactly, however large
+        return Allowed(0.0, 1.0, float, note=" (a share)")
+    return Allowed(0.0, MAGNITUDE_MAX, float)
 
 
 def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -59,9 +53,9 @@ def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        lo, hi, text = allowed(str(key))
-        if _bad(value, lo, hi):
-            problems.append(f"{prefix}{key} = {preview(value)}: must be {text}")
+        problem = allowed(str(key)).problem(f"{prefix}{key}", value)
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 

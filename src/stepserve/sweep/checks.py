@@ -62,6 +62,6 @@ def check_knee_options(options: SweepOptions) -> None:
             slo = parse_summary_slo(text)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        lo, hi, allowed = metric_range(slo.metric)
-        if not lo <= slo.limit <= hi:
-            raise UsageError(f"--slo {slo.metric}: limit {slo.limit:g} must be {allowed}")
+        problem = metric_range(slo.metric).problem(f"--slo {slo.metric}: limit", slo.limit)
+        if problem is not None:
+            raise UsageError(problem)
