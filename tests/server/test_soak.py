@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from soak import SoakConfig, print_report, run_soak  # noqa: E402
 from soak_harness import ABORTED, COMPLETED  # noqa: E402
 
+# 200 streams with 30 s deadlines: runs alone, after the parallel part of the suite
+pytestmark = pytest.mark.serial
+
 
 @pytest.mark.slow
 def test_soak_200_requests_with_disconnects_and_preemption():
