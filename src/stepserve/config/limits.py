@@ -51,6 +51,8 @@ MAX_KV_BYTES = 1 << 41
 MAX_KV_BYTES_PER_TOKEN = 1 << 26
 # engine replicas behind one router
 MAX_REPLICAS = 1024
+# CPU threads one engine's step runs on (the largest CPU servers have 512 cores)
+MAX_THREADS = 1024
 # a user file read whole (results, workloads, traces, ShareGPT): ShareGPT itself is ~0.7 GB
 MAX_FILE_BYTES = 2 << 30
 # a request head (request line and headers) the HTTP server reads: 16 MiB, 16x Go's

@@ -25,7 +25,7 @@ from stepserve.config.errors import UsageError
 from stepserve.config.settings import SECTIONS, ConfigError, EngineConfig
 from stepserve.config.user_files import load_yaml, preview
 
-TOP_LEVEL = ("replicas", "router")
+TOP_LEVEL = ("replicas", "router", "threads")
 # vLLM's names of settings we name otherwise (its flags and config-file keys)
 VLLM_ALIASES = {"num_gpu_blocks_override": "num_gpu_blocks",
                 "kv_cache_memory_bytes": "kv_cache_memory",
@@ -167,6 +167,7 @@ def to_dict(config: EngineConfig) -> dict[str, Any]:
     out: dict[str, Any] = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
     out["replicas"] = config.replicas
     out["router"] = config.router
+    out["threads"] = config.threads
     return out
 
 

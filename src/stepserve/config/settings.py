@@ -22,6 +22,7 @@ from stepserve.config.limits import (
     MAX_NUM_SEQS,
     MAX_REPLICAS,
     MAX_SECONDS,
+    MAX_THREADS,
 )
 from stepserve.config.validate import Allowed
 
@@ -187,7 +188,7 @@ class CacheConfig(_Section):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything one deployment needs: scheduler, queue, cache, and replicas."""
+    """Everything one deployment needs: scheduler, queue, cache, replicas, threads."""
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
@@ -195,9 +196,13 @@ class EngineConfig:
     replicas: int = knob(1, "engine replicas behind the router", int, lo=1, hi=MAX_REPLICAS)
     router: str = knob("round_robin", "how requests are spread over replicas", str,
                        choices=ROUTERS)
+    threads: int = knob(None, "CPU threads a step runs on (like llama.cpp's --threads); null: "
+                        "torch's count (OMP_NUM_THREADS where set), lowered while other "
+                        "processes at normal priority keep cores busy", int, lo=1,
+                        hi=MAX_THREADS, optional=True)
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "router"):
+        for name in ("replicas", "router", "threads"):
             f = next(x for x in dataclasses.fields(self) if x.name == name)
             check_value("", name, getattr(self, name), f.metadata)
 

@@ -34,6 +34,7 @@ from stepserve.engine.step_budget import (
     prefill_params,
     runner_hardware,
 )
+from stepserve.engine.step_threads import follow_free_cores
 
 log = logging.getLogger("stepserve.engine")
 
@@ -84,6 +85,7 @@ class LLMEngine:
         if runner.num_cpu_blocks != config.cache.num_cpu_blocks:  # sized by swap_space
             config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)
         self.config = config
+        self.step_threads = follow_free_cores(runner, config.threads)
         self.clock = clock or WallClock()
         self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks,
                                on_tokens=self._process_text)

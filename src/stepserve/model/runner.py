@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +91,10 @@ class TorchRunner:
         self.kv = KVStore(self.args, num_gpu_blocks, block_size, num_cpu_blocks, self.device,
                           DTYPES[dtype])
         self.gather_buffers = GatherBuffers()
+        # Before each step: how many threads it runs on (engine/step_threads.py); None:
+        # torch's count as it stands.
+        self.thread_count: Callable[[], int] | None = None
+        self.max_threads = torch.get_num_threads()  # the count at load: the most a step uses
 
     def _load_model(self, model: str | Path, dtype: str, linear_backend: str,
                     quantization: str | None) -> LlamaModel:
@@ -175,6 +180,10 @@ class TorchRunner:
     # ---- one step ----
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
+        if self.thread_count is not None:
+            threads = self.thread_count()
+            if threads != torch.get_num_threads():  # torch's ops and our kernels follow it
+                torch.set_num_threads(threads)
         # Swap out first: the device blocks it frees may be the targets of this swap in.
         self.kv.copy_blocks_to_cpu(sched_out.swap_out)
         self.kv.copy_blocks_from_cpu(sched_out.swap_in)
