@@ -27,6 +27,7 @@ from stepserve.routing.pools import Deployment, PoolRouter
 from stepserve.routing.view import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
 from stepserve.sim.runner import SIM_EOS, SimRunner
+from stepserve.workload.mooncake import TraceSpec
 from stepserve.workload.shared_prefix import prefix_token_ids
 from stepserve.workload.spec import RequestSpec
 
@@ -82,7 +83,9 @@ FIRST_PROMPT_ID = 1 << 20
 
 def prompt_token_ids(spec: RequestSpec) -> list[int]:
     """The token ids of a simulated prompt, unique to the request from its first token
-    after its shared prefix (if any)."""
+    after its shared prefix (if any); a trace's request's, as its block hashes say."""
+    if isinstance(spec, TraceSpec):
+        return spec.token_ids()
     ids = [1] * spec.prompt_len
     if spec.prefix is not None:
         ids[:spec.prefix_len] = prefix_token_ids(spec.prefix, spec.prefix_len)
