@@ -5,7 +5,6 @@ continuous batching on equal terms with caching on."""
 from __future__ import annotations
 
 import pytest
-
 from factories import make_requests, make_scheduler, run_until_done, step
 
 PROMPT = list(range(1, 49))  # 48 tokens: 12 full blocks of 4
