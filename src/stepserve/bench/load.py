@@ -62,6 +62,8 @@ def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
     elif dataset == "sharegpt":
         out.update(dataset="sharegpt", dataset_path=w.sharegpt,
                    sharegpt_output_len=w.sharegpt_output_len)
+    elif dataset == "mooncake":
+        out.update(dataset=dataset, dataset_path=w.sharegpt, trace_slowdown=w.trace_slowdown)
     else:
         out["dataset"] = f"scenario {w.scenario}" if w.scenario else f"workload {w.workload}"
     if options.target:

@@ -9,6 +9,7 @@ from stepserve.bench.client import RequestRecord
 from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.metrics.run_summary import RunSummary
+from stepserve.workload.mooncake import TraceSpec
 from stepserve.workload.spec import RequestSpec
 
 
@@ -35,7 +36,12 @@ def prompt_tokens(r: RequestRecord) -> int:
 def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
     """For each spec, the prompt tokens an earlier one's prompt began with. The prompts
     (prompts.py) share exactly their shared prefix, so that is the prefix of any spec
-    whose prefix came before, in the whole blocks a cache could give."""
+    whose prefix came before, in the whole blocks a cache could give. A trace's prompts
+    share what their hash ids do (mooncake_prompts.py)."""
+    if specs and all(isinstance(s, TraceSpec) for s in specs):
+        from stepserve.bench.mooncake_prompts import repeated_trace_tokens
+
+        return repeated_trace_tokens(specs)  # type: ignore[arg-type]
     seen: set[str] = set()
     out = [0] * len(specs)
     for i in sorted(range(len(specs)), key=lambda i: specs[i].arrival_s):

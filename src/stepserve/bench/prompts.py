@@ -23,6 +23,7 @@ import random
 from typing import TYPE_CHECKING
 
 from stepserve.config.limits import MAX_NUM_REQUESTS
+from stepserve.workload.mooncake import TraceSpec, trace_token_ids
 from stepserve.workload.spec import RequestSpec
 
 if TYPE_CHECKING:
@@ -49,7 +50,10 @@ def _own_len(spec: RequestSpec) -> int:
 def token_prompt(spec: RequestSpec, vocab: int = 500, seed: int = 0) -> list[int]:
     """Exactly spec.prompt_len token ids in [FIRST_ID, vocab): its prefix's ids, then its
     own, which open with its index in base (vocab - FIRST_ID) digits and go on at random
-    (the old prompts, one formula of the index, came round again every 490 requests)."""
+    (the old prompts, one formula of the index, came round again every 490 requests).
+    A trace's request: the ids its block hashes give (workload/mooncake.py)."""
+    if isinstance(spec, TraceSpec):
+        return trace_token_ids(spec, vocab)
     span = max(vocab - FIRST_ID, 2)
     own = [FIRST_ID + d for d in _digits(spec.index, span)]
     rng = _rng(spec, seed)
@@ -123,6 +127,9 @@ class PromptMaker:
         self.seed = seed
         self.vocab = vocab
         self._prefixes: dict[str, str] = {}  # a shared prefix's text, fitted once
+        from stepserve.bench.mooncake_prompts import TracePrompts  # it imports this module
+
+        self._traces = TracePrompts()
 
     def fit_to_model(self, model: str) -> None:
         """Text prompts without a tokenizer take the model's, if it loads here."""
@@ -136,6 +143,8 @@ class PromptMaker:
     def __call__(self, spec: RequestSpec) -> str | list[int]:
         if self.token_ids:
             return token_prompt(spec, self.vocab, self.seed)
+        if isinstance(spec, TraceSpec):
+            return self._traces.text(spec, self.tokenizer)
         if self.tokenizer is None:
             return word_prompt(spec, self.seed)
         own = exact_text(self.tokenizer, _own_len(spec), _rng(spec, self.seed))

@@ -48,10 +48,13 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def add_trace_arguments(p) -> None:
-    """How a trace is read: shared by simulate and bench."""
-    p.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto",
-                   help="auto (default): Mooncake's if the first line has input_length")
+def add_trace_arguments(p, with_format: bool = True) -> None:
+    """How a trace is read: shared by simulate and bench (whose --dataset-name names the
+    format)."""
+    if with_format:
+        p.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto",
+                       help="auto (default): Mooncake's if the first line has "
+                            "input_length")
     p.add_argument("--trace-slowdown", "--mooncake-slowdown-factor", type=float,
                    default=1.0, metavar="F",
                    help="a trace's arrival times multiplied by F (2: half the rate)")

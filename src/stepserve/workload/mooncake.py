@@ -73,14 +73,23 @@ def trace_token_ids(spec: TraceSpec, vocab: int = SIM_VOCAB) -> list[int]:
     generator (the last block cut), blocks past the hash ids from the request's index."""
     span = max(vocab - FIRST_ID, 2)
     ids: list[int] = []
-    for i in range(0, -(-spec.prompt_len // spec.block_tokens)):
-        n = min(spec.block_tokens, spec.prompt_len - len(ids))
-        seed = f"mooncake/{spec.hash_ids[i]}" if i < len(spec.hash_ids) \
-            else f"mooncake/own/{spec.index}/{i}"
+    for seed, n in prompt_blocks(spec):
         # randbytes, not randrange per token: a long trace holds millions of tokens
         draws = array("H", random.Random(seed).randbytes(2 * n))
         ids += [FIRST_ID + d % span for d in draws]
     return ids
+
+
+def prompt_blocks(spec: TraceSpec) -> list[tuple[str, int]]:
+    """(seed, tokens) of each block of the prompt: a hash id's seed is the id's alone (a
+    cut block is the start of the whole one), a block past the hash ids the request's."""
+    out = []
+    for i in range(-(-spec.prompt_len // spec.block_tokens)):
+        n = min(spec.block_tokens, spec.prompt_len - i * spec.block_tokens)
+        seed = f"mooncake/{spec.hash_ids[i]}" if i < len(spec.hash_ids) \
+            else f"mooncake/own/{spec.index}/{i}"
+        out.append((seed, n))
+    return out
 
 
 @dataclass(frozen=True)
