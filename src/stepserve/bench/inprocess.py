@@ -90,6 +90,10 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
     """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. Returns
     (records, engine keys, binned step records or None). A KeyboardInterrupt
     stops the run; what ended so far is returned and `interrupted[0]` is set."""
+    if any(spec.turn for spec in plan.specs):  # its load sends every spec at its arrival
+        from stepserve.config.errors import UsageError
+        raise UsageError("multi_turn sessions run against a server (--target) or the "
+                         "simulator (--sim), not the in-process engine (--engine)")
     load = _WallClockLoad(plan, engine, on_done)
     cpu = CpuWatch.start()  # the engine's threads are this process's
     try:

@@ -14,13 +14,15 @@ reproducible; token-id prompts open with the request's index written in the voca
 digits, so no two of a run's prompts share even a first block. A request of a class with
 shared prefixes (`prefix_repetition`, a workload's `shared_prefixes`) opens with its
 prefix, drawn from the prefix's own seed, then its own part: prompts share exactly their
-prefix, as the simulator's do.
+prefix, as the simulator's do. A later turn of a multi-turn session (workload/sessions.py)
+is its new user message only; a `Conversation` puts the session so far in front of it.
 """
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from stepserve.config.limits import MAX_NUM_REQUESTS
 from stepserve.workload.mooncake import TraceSpec, trace_token_ids
@@ -44,7 +46,7 @@ _INDEX_DIGITS_MAX = 4 * MAX_NUM_REQUESTS
 
 
 def _own_len(spec: RequestSpec) -> int:
-    return spec.prompt_len - spec.prefix_len
+    return spec.prompt_len - spec.prefix_len - spec.history_len
 
 
 def token_prompt(spec: RequestSpec, vocab: int = 500, seed: int = 0) -> list[int]:
@@ -181,3 +183,32 @@ def load_tokenizer(name: str) -> Tokenizer:
         return Tokenizer(resolve_model(name))
     except (OSError, ValueError) as e:
         raise UsageError(f"--tokenizer {name!r}: {e}") from None
+
+
+@dataclass
+class Conversation:
+    """One session's exchanges so far, which each later turn sends again in front of its
+    new user message: a completions prompt is the text so far (prompts and answers
+    joined, as a client continuing a transcript), a chat request the messages so far."""
+
+    chat: bool
+    text: str = ""
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def body(self, shape: Any, model: str, user: str | list[int], max_tokens: int,
+             ignore_eos: bool) -> dict[str, Any]:
+        """The turn's request body (`shape`: bench/body.py's RequestShape)."""
+        if not isinstance(user, str):
+            raise TypeError("a conversation sends text prompts")
+        if self.chat:
+            out = shape.body(model, user, max_tokens, ignore_eos)
+            out["messages"] = [*self.messages, *out["messages"]]
+            return out
+        return shape.body(model, self.text + user, max_tokens, ignore_eos)
+
+    def answered(self, user: str, answer: str) -> None:
+        """The turn that sent `user` was answered `answer`: both join the history, a space
+        before the next user message (the model's answer is not assumed to end in one)."""
+        self.messages += [{"role": "user", "content": user},
+                          {"role": "assistant", "content": answer}]
+        self.text += user + answer + " "
