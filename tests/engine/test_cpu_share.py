@@ -4,6 +4,7 @@ unavailable path; and on the real /proc, a busy child process seen as the others
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -140,3 +141,24 @@ def test_a_busy_child_process_counts_as_others():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_bench_engine_records_the_cpu_it_shared():
+    pytest.importorskip("torch")
+    from stepserve.bench.inprocess import run_engine
+    from stepserve.bench.loadgen import LoadPlan
+    from stepserve.config.settings import EngineConfig
+    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.workload.spec import RequestSpec
+
+    engine = LLMEngine("tiny", EngineConfig().replace(num_gpu_blocks=64, max_model_len=128,
+                                                       max_num_seqs=2))
+    specs = [RequestSpec(index=i, arrival_s=0.0, prompt_len=8, output_len=24, max_tokens=24)
+             for i in range(2)]
+    _, keys, _ = run_engine(LoadPlan(specs), engine)
+    assert keys.cpu_source == "engine" and keys.cpu_usable == len(os.sched_getaffinity(0))
+    assert keys.cpu_others_cores is not None and keys.cpu_others_cores >= 0
+    assert keys.cpu_wait_share is not None and 0 <= keys.cpu_wait_share <= 1
+    assert keys.step_time_over_quiet is not None and keys.step_time_over_quiet > 0
+    assert "cpu_others_cores" in keys.to_json()
