@@ -251,9 +251,13 @@ def main(argv: list[str] | None = None) -> int:
               "measure on a quiet machine", file=sys.stderr)
     todo_servers, gguf = servers(args)
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="stepserve-contention-") as tmp:
-        for server in todo_servers:
-            runs += measure(server, todo, args, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory(prefix="stepserve-contention-") as tmp:
+            for server in todo_servers:
+                runs += measure(server, todo, args, Path(tmp))
+    except KeyboardInterrupt:
+        print("interrupted: every load and server stopped, nothing written", file=sys.stderr)
+        return 130  # a shell's status for a command ended by SIGINT
     print("")
     print(format_tables(runs))
     if args.json:
