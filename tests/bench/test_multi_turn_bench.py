@@ -14,8 +14,10 @@ import pytest
 from stepserve.bench import loadgen
 from stepserve.bench.body import CHAT, COMPLETIONS, RequestShape
 from stepserve.bench.loadgen import HttpTarget, LoadPlan, make_records, run_http
+from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompts import PromptMaker
 from stepserve.config.errors import UsageError
+from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.workload.loader import workload_from_dict
 from stepserve.workload.sessions import next_turns
 
@@ -91,3 +93,13 @@ def test_a_session_ends_at_a_turn_that_failed(served, monkeypatch):
 def test_sessions_refuse_token_id_prompts(served, monkeypatch):
     with pytest.raises(UsageError, match="--token-id-prompts"):
         bench(served, COMPLETIONS, sessions(), monkeypatch, token_ids=True)
+
+
+def test_a_later_turn_repeats_the_whole_prompt_before_it():
+    """The repeated share bench reports (and its --sim records) counts the history."""
+    specs = sessions()
+    repeated = repeated_tokens(specs)
+    assert repeated[0] == repeated[3] == 0
+    for k, nxt in next_turns(specs).items():
+        assert repeated[nxt] == cacheable_tokens(specs[k].prompt_len, specs[nxt].prompt_len)
+        assert repeated[nxt] >= 32

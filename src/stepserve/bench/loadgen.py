@@ -34,7 +34,6 @@ from stepserve.bench.client import RequestRecord, stream_completion
 from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompts import Conversation, PromptMaker
 from stepserve.config.errors import UsageError
-from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.spec import RequestSpec
 
@@ -67,8 +66,6 @@ class HttpTarget:
 
 def make_records(plan: LoadPlan) -> list[RequestRecord]:
     repeated = repeated_tokens(plan.specs)
-    for k, nxt in next_turns(plan.specs).items():  # a later turn repeats the prompt before
-        repeated[nxt] = cacheable_tokens(plan.specs[k].prompt_len, plan.specs[nxt].prompt_len)
     return [RequestRecord(index=s.index, request_class=s.request_class,
                           prompt_len=s.prompt_len, max_tokens=s.max_tokens,
                           warmup=i < plan.warmup, scheduled_s=s.arrival_s,

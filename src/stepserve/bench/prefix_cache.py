@@ -10,6 +10,7 @@ from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.workload.mooncake import TraceSpec
+from stepserve.workload.sessions import next_turns
 from stepserve.workload.spec import RequestSpec
 
 
@@ -50,4 +51,6 @@ def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
             out[i] = cacheable_tokens(s.prefix_len, s.prompt_len)
         if s.prefix is not None:
             seen.add(s.prefix)
+    for k, nxt in next_turns(specs).items():  # a session's turn: the prompt before it, too
+        out[nxt] = cacheable_tokens(specs[k].prompt_len, specs[nxt].prompt_len)
     return out
