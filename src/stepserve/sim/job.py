@@ -87,16 +87,16 @@ def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
     """A workload file or a trace, one run with the config file and settings."""
     if options.trace is not None:
         workload = trace_workload(options.trace)
-        source = f"trace {options.trace.path}"
+        kind, source = "trace", f"trace {options.trace.path}"
     else:
         assert options.workload is not None
         workload = load_workload(options.workload)
-        source = f"workload {options.workload}"
+        kind, source = "workload file", f"workload {options.workload}"
     workload = override_workload(workload, options.overrides)
     config = options.config.apply()
     name = config.scheduler.batching
     if options.runs is not None and options.runs != (name,):
-        raise UsageError(f"--runs {','.join(options.runs)}: a {source.split()[0]} makes one "
+        raise UsageError(f"--runs {','.join(options.runs)}: a {kind} makes one "
                          f"run, {name} (its batching); allowed: {name}, or no --runs")
     setup = cost_setup_for(options.cost)
     specs = workload.generate()
