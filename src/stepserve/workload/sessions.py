@@ -19,9 +19,9 @@ lower bound). A turn whose predecessor did not complete ends its session.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,6 +144,7 @@ class MultiTurn:
 
 
 def parse_multi_turn(data: Any, where: str, base_dir: Path | None) -> MultiTurn:
+    # parse.py's arrival shapes build RequestSpecs, whose module checks against this one
     from stepserve.workload.parse import parse_length
 
     if not isinstance(data, Mapping):
@@ -172,13 +173,11 @@ def check_session_count(num_sessions: int, multi_turn: MultiTurn | None) -> None
             "(lower num_requests or the turns)")
 
 
-def later_turns(first: RequestSpec, make: Any, multi_turn: MultiTurn,
-                rng: random.Random) -> list[RequestSpec]:
+def later_turns(first: RequestSpec, make: Callable[[int, float, random.Random], RequestSpec],
+                multi_turn: MultiTurn, rng: random.Random) -> list[RequestSpec]:
     """The turns after `first` (indexed from first.index + 1): each one's output and
     cap drawn by `make` (the class's own request), its prompt the history so far plus a
     new user message. A session whose next prompt would pass MAX_LEN ends before it."""
-    import dataclasses
-
     out: list[RequestSpec] = []
     prev = first
     for turn in range(1, multi_turn.sample_turns(rng)):
@@ -213,8 +212,3 @@ def session_starts(specs: Sequence[RequestSpec]) -> list[int]:
     """The positions of the requests the arrival process times (first turns and
     requests outside sessions), in order."""
     return [k for k, s in enumerate(specs) if s.turn == 0]
-
-
-def mean_session_turns(specs: Sequence[RequestSpec]) -> float:
-    starts = sum(1 for s in specs if s.turn == 0)
-    return len(specs) / starts if starts else math.nan
