@@ -15,6 +15,8 @@ are the largest engine's, not a sum; the wait and on-CPU times are summed.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from stepserve.metrics.prometheus import Snapshot
@@ -25,7 +27,8 @@ CPU_KEYS = ("cpu_others_cores", "cpu_wait_share", "cpu_usable", "step_time_over_
 
 
 def _values(snapshot: Snapshot, name: str) -> list[float]:
-    return [v for (n, _labels), v in snapshot.samples.items() if n == P + name and v == v]
+    return [v for (n, _labels), v in snapshot.samples.items()
+            if n == P + name and not math.isnan(v)]
 
 
 def _sum(snapshot: Snapshot, name: str) -> float | None:
@@ -37,7 +40,8 @@ def _max(snapshot: Snapshot, name: str) -> float | None:
     return max(_values(snapshot, name), default=None)
 
 
-def _increase(first: Snapshot, last: Snapshot, name: str, pick=_sum) -> float | None:
+def _increase(first: Snapshot, last: Snapshot, name: str,
+              pick: Callable[[Snapshot, str], float | None] = _sum) -> float | None:
     a, b = pick(first, name), pick(last, name)
     if a is None or b is None:
         return None
