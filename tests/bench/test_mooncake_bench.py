@@ -61,6 +61,20 @@ def test_a_mooncake_run_without_its_trace_or_with_another_workload_is_refused(fl
         build_workload(o)
 
 
+def test_the_load_flags_change_only_how_a_trace_is_sent(tmp_path):
+    trace = ["--dataset-name", "mooncake", "--dataset-path", str(_trace(tmp_path)),
+             "--trace-block-tokens", str(BLOCK)]
+    o = _options(*trace, "--max-concurrency", "2")
+    workload = build_workload(o)
+    assert workload.closed_loop_concurrency == 2
+    assert [s.hash_ids for s in make_specs(o, workload)] == [tuple(h) for _, _, h in LINES]
+    o = _options(*trace, "--request-rate", "inf")
+    assert [s.arrival_s for s in make_specs(o, build_workload(o))] == [0.0] * 4
+    with pytest.raises(BenchError, match="--request-rate 5: a trace is sent at its own "
+                                         "times"):
+        build_workload(_options(*trace, "--request-rate", "5"))
+
+
 def test_prompts_share_tokens_and_text_as_far_as_their_hash_ids_agree(tmp_path):
     specs = load_mooncake_trace(_trace(tmp_path), block_tokens=BLOCK).specs
     ids = [token_prompt(s, vocab=500) for s in specs]

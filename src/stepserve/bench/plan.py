@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 from stepserve.config.limits import MAX_LEN
 from stepserve.config.validate import Allowed
-from stepserve.workload.arrivals import ArrivalProcess, ClosedLoop, Constant, Gamma, Poisson
+from stepserve.workload.arrivals import (
+    ArrivalProcess,
+    ClosedLoop,
+    Constant,
+    Gamma,
+    Poisson,
+    TraceReplay,
+)
 from stepserve.workload.lengths import fixed, uniform
 from stepserve.workload.loader import load_workload
 from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TraceOptions, trace_workload
@@ -195,8 +202,25 @@ def build_workload(options: BenchWorkloadOptions) -> Workload:
         cls = _dataset_class(o)
         workload = Workload(cls.name, (cls,), Poisson(1.0),
                             o.num_prompts or DEFAULT_NUM_PROMPTS)
+    arrival = _arrival(o)
+    if isinstance(workload.arrival, TraceReplay) and arrival is not None:
+        arrival = _trace_arrival(o, workload.arrival, arrival)
     return override_workload(workload, WorkloadOverrides(
-        num_requests=o.num_prompts, seed=o.seed, arrival=_arrival(o)))
+        num_requests=o.num_prompts, seed=o.seed, arrival=arrival))
+
+
+def _trace_arrival(o: BenchWorkloadOptions, trace: TraceReplay, arrival: ArrivalProcess
+                   ) -> ArrivalProcess:
+    """A trace gives every request, so the load flags only change how it is sent: a cap
+    replays it closed-loop, rate inf sends it all at once; a finite rate has no place."""
+    if isinstance(arrival, ClosedLoop):
+        return dataclasses.replace(trace, concurrency=arrival.concurrency)
+    if o.request_rate is not None and not math.isinf(o.request_rate):
+        raise BenchError(f"--request-rate {o.request_rate:g}: a trace is sent at its own "
+                         "times (--trace-slowdown F stretches them; --request-rate inf "
+                         "sends it all at once; --max-concurrency N replays it "
+                         "closed-loop)")
+    return trace  # all at once: make_specs sets every time to 0
 
 
 def _arrival(o: BenchWorkloadOptions) -> ArrivalProcess | None:
