@@ -164,13 +164,13 @@ def format_table(cells: list[Cell], load_names: list[str]) -> str:
         if len(row) == 2:
             ours, theirs = row["stepserve"].summary, row["llama.cpp"].summary
             lines.append(f"{'':<14}{'ratio':<12}" + "".join(
-                f"{_ratio(ours[k], theirs[k]):>14}" for _, k, _ in METRICS))
+                f"{ratio(ours[k], theirs[k]):>14}" for _, k, _ in METRICS))
     lines.append("latencies in ms; ratio = stepserve / llama.cpp (throughput: higher is "
                  "better, latencies: lower is better)")
     return "\n".join(lines)
 
 
-def _ratio(a: float | None, b: float | None) -> str:
+def ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from stepserve.bench.client import RequestRecord
+from stepserve.bench.cpu_fields import CpuWatch
 from stepserve.bench.loadgen import HttpTarget, LoadPlan, interruptible, run_http
 from stepserve.bench.plan import BenchError
 from stepserve.bench.scrape import Scraper, scrape_summary
@@ -93,6 +94,7 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
     interrupt (CancelledError / KeyboardInterrupt) still leaves what was measured.
     `headers` (an API key, --header) go with every request, the scrapes included."""
     url = check_url(url)
+    cpu = CpuWatch.start()  # this machine's view, for a target without CPU series
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(timeout_s, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits,
@@ -116,3 +118,5 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
                 await _settle(scraper, client)
             out.scrape = RunSummary.from_json(scrape_summary(
                 out.snapshots, scraper.failures if scraper else ()))
+            if out.scrape.cpu_source is None:
+                out.scrape = out.scrape.updated(cpu.fields("client"))

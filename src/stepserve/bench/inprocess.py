@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
+from stepserve.bench.cpu_fields import CpuWatch
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompts import token_prompt
@@ -89,7 +90,12 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
     """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. Returns
     (records, engine keys, binned step records or None). A KeyboardInterrupt
     stops the run; what ended so far is returned and `interrupted[0]` is set."""
+    if any(spec.turn for spec in plan.specs):  # its load sends every spec at its arrival
+        from stepserve.config.errors import UsageError
+        raise UsageError("multi_turn sessions run against a server (--target) or the "
+                         "simulator (--sim), not the in-process engine (--engine)")
     load = _WallClockLoad(plan, engine, on_done)
+    cpu = CpuWatch.start()  # the engine's threads are this process's
     try:
         load.run()
     except KeyboardInterrupt:
@@ -98,7 +104,7 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
     records = load.records()
     series = step_timeseries(load.steps, t0=load.t0) if load.steps else None
     full = summarize([r for _, r in load.issued], load.steps, load.clock.now() - load.t0)
-    return records, engine_keys(full), series
+    return records, engine_keys(full).updated(cpu.fields("engine", load.steps)), series
 
 
 class _WallClockLoad:

@@ -134,7 +134,8 @@ def run_bench(options: BenchOptions) -> int:
     plan = LoadPlan(specs, w.max_concurrency or workload.closed_loop_concurrency, w.warmup,
                     options.duration_s, prompts, ignore_eos, options.shape)
     load = offered_load(options, workload, plan)
-    arrivals = "all due at once (rate inf)" if load["request_rate"] == "inf" \
+    rate = w.offered_rate()  # None: the workload's own times (a trace's included)
+    arrivals = "all due at once (rate inf)" if rate is not None and math.isinf(rate) \
         else workload.arrival.describe()
     if plan.concurrency and "in flight" not in arrivals:
         arrivals += f", at most {plan.concurrency} in flight"

@@ -62,8 +62,14 @@ def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
     elif dataset == "sharegpt":
         out.update(dataset="sharegpt", dataset_path=w.sharegpt,
                    sharegpt_output_len=w.sharegpt_output_len)
+    elif dataset == "mooncake":
+        out.update(dataset=dataset, dataset_path=w.sharegpt, trace_slowdown=w.trace_slowdown)
     else:
         out["dataset"] = f"scenario {w.scenario}" if w.scenario else f"workload {w.workload}"
+    sessions = {c.name: c.multi_turn.to_dict() for c in workload.classes if c.multi_turn}
+    if sessions:  # num_prompts counts their turns; the arrivals time only first turns
+        out.update(multi_turn=sessions,
+                   sessions=sum(1 for s in plan.specs[plan.warmup:] if s.turn == 0))
     if options.target:
         out.update(endpoint=options.shape.endpoint, sampling=dict(options.shape.sampling))
     out["ignore_eos"] = plan.ignore_eos

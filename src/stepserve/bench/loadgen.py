@@ -4,6 +4,13 @@ cap it then waits for one of the cap's slots; its send time (TTFT's start) is wh
 goes out. Rate inf with a cap is a closed loop: N in flight, the next sent the moment
 one ends.
 
+A multi-turn session (workload/sessions.py) is one task: its first turn is due at its
+arrival, each later turn `think_time_s` after the answer before it arrived, its prompt
+the conversation so far (prompts.py's Conversation) and a new user message; a turn not
+answered in full ends the session (the rest stay `not_sent`). Later turns wait for no
+arrival, and a capped run counts sessions in flight: a user keeps their slot while
+thinking, as the simulator's closed loop counts sessions.
+
 Records are created up front and filled in place, so whatever happened before an
 interrupt (Ctrl-C) is still there to summarise: requests cut off are marked
 `interrupted`, those never sent `not_sent`.
@@ -25,7 +32,9 @@ import httpx
 from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord, stream_completion
 from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompts import PromptMaker
+from stepserve.bench.prompts import Conversation, PromptMaker
+from stepserve.config.errors import UsageError
+from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.spec import RequestSpec
 
 T = TypeVar("T")
@@ -86,6 +95,11 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
                    on_done: Callable[[RequestRecord], None] | None = None) -> None:
     """Send every request of `plan`, filling `records` (from make_records) in place.
     Prompts are built before the clock starts, so building them delays no send."""
+    next_turn = next_turns(plan.specs)
+    if next_turn and plan.prompts.token_ids:
+        raise UsageError("multi_turn sessions send the answers back as text: drop "
+                         "--token-id-prompts")
+    starts = session_starts(plan.specs) if next_turn else range(len(plan.specs))
     prompts = interruptible(lambda: [plan.prompts(spec) for spec in plan.specs])
     t0 = time.perf_counter()
     measure_start: list[float] = []
@@ -98,25 +112,48 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             measure_start.append(time.perf_counter())
         return time.perf_counter() - measure_start[0] > plan.duration_s
 
+    async def send(i: int, body: dict) -> None:
+        record = records[i]
+        try:
+            await stream_completion(client, target.completions_url, body, record, t0)
+        except asyncio.CancelledError:
+            record.error = "interrupted before the response ended"
+            record.end_s = time.perf_counter() - t0
+            raise
+
     async def one(i: int) -> None:
         spec, record = plan.specs[i], records[i]
         body = plan.shape.body(target.model, prompts[i], spec.max_tokens, plan.ignore_eos)
         async with slots or contextlib.nullcontext():
             if out_of_time(i):
                 return  # never sent
-            try:
-                await stream_completion(client, target.completions_url, body, record, t0)
-            except asyncio.CancelledError:
-                record.error = "interrupted before the response ended"
-                record.end_s = time.perf_counter() - t0
-                raise
+            if i in next_turn:
+                return await session(i)
+            await send(i, body)
         if on_done is not None:
             on_done(record)
 
+    async def session(i: int | None) -> None:
+        talk = Conversation(plan.shape.chat)
+        while i is not None:
+            spec, record = plan.specs[i], records[i]
+            prompt = prompts[i]
+            await send(i, talk.body(plan.shape, target.model, prompt, spec.max_tokens,
+                                    plan.ignore_eos))
+            if on_done is not None:
+                on_done(record)
+            i = next_turn.get(i)
+            if i is None or not record.ok:
+                return
+            assert isinstance(prompt, str)
+            talk.answered(prompt, record.generated_text)
+            await asyncio.sleep(plan.specs[i].think_time_s)
+            records[i].scheduled_s = time.perf_counter() - t0
+
     tasks: list[asyncio.Task] = []
     try:
-        for i, spec in enumerate(plan.specs):
-            delay = spec.arrival_s - (time.perf_counter() - t0)
+        for i in starts:
+            delay = plan.specs[i].arrival_s - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
             if slots is None and out_of_time(i):

@@ -13,9 +13,17 @@ from dataclasses import dataclass
 
 from stepserve.config.limits import MAX_LEN
 from stepserve.config.validate import Allowed
-from stepserve.workload.arrivals import ArrivalProcess, ClosedLoop, Constant, Gamma, Poisson
+from stepserve.workload.arrivals import (
+    ArrivalProcess,
+    ClosedLoop,
+    Constant,
+    Gamma,
+    Poisson,
+    TraceReplay,
+)
 from stepserve.workload.lengths import fixed, uniform
 from stepserve.workload.loader import load_workload
+from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TraceOptions, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.scenarios import get_workload
 from stepserve.workload.shared_prefix import MAX_SHARED_PREFIXES, prefix_name
@@ -27,12 +35,13 @@ class BenchError(Exception):
     """Bad input or an unusable target: printed as `error: ...`, exit 2."""
 
 
-DATASETS = ("random", "sharegpt", "prefix_repetition")  # the --dataset-name values we read
+DATASETS = ("random", "sharegpt", "prefix_repetition", "mooncake")  # --dataset-name values
 DEFAULT_NUM_PROMPTS = 1000  # vLLM's --num-prompts default
 RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 1024, 128  # vLLM's random dataset defaults
 # vLLM's prefix_repetition defaults: prefix, suffix and output tokens, prefixes
 PREFIX_LEN, SUFFIX_LEN, PREFIX_OUTPUT_LEN, NUM_PREFIXES = 256, 256, 128, 10
 PREFIX_REPETITION = "prefix_repetition"
+MOONCAKE = "mooncake"  # a Mooncake trace (workload/mooncake.py), on its own times
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class BenchWorkloadOptions:
     prefix_repetition_suffix_len: int | None = None
     prefix_repetition_num_prefixes: int | None = None
     prefix_repetition_output_len: int | None = None
+    trace_slowdown: float = 1.0  # a Mooncake trace's times multiplied by this
+    trace_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     num_prompts: int | None = None
     seed: int | None = None
     request_rate: float | None = None
@@ -70,8 +81,8 @@ class BenchWorkloadOptions:
         file."""
         if self.scenario or self.workload:
             return None
-        if self.dataset_name == PREFIX_REPETITION:
-            return PREFIX_REPETITION
+        if self.dataset_name in (PREFIX_REPETITION, MOONCAKE):
+            return self.dataset_name
         return "sharegpt" if self.sharegpt else "random"
 
     def prefix_repetition(self) -> tuple[int, int, int, int]:
@@ -86,6 +97,8 @@ class BenchWorkloadOptions:
         default); None keeps the workload's own arrivals."""
         if self.request_rate is not None:
             return self.request_rate
+        if self.dataset() == MOONCAKE and self.max_concurrency is None:
+            return None  # a trace is sent at its own times, as SGLang replays one
         if self.dataset() is not None or self.max_concurrency is not None:
             return math.inf
         return None
@@ -107,7 +120,9 @@ def _check_source(o: BenchWorkloadOptions) -> None:
     random_given = o.dataset_name == "random" or any(v is not None for v in randoms)
     given = [n for n, v in (("--scenario", o.scenario), ("--workload", o.workload),
                             ("--random-* / --dataset-name random", random_given),
-                            ("--dataset-path / --sharegpt", o.sharegpt),
+                            ("--dataset-path / --sharegpt",
+                             o.sharegpt and o.dataset_name != MOONCAKE),
+                            ("--dataset-name mooncake", o.dataset_name == MOONCAKE),
                             ("--dataset-name prefix_repetition",
                              o.dataset_name == PREFIX_REPETITION))
              if v]
@@ -116,6 +131,10 @@ def _check_source(o: BenchWorkloadOptions) -> None:
                          f"{', '.join(DATASETS)} (or --scenario NAME, --workload FILE)")
     if o.dataset_name == "sharegpt" and not o.sharegpt:
         raise BenchError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT JSON)")
+    if o.dataset_name == MOONCAKE and not o.sharegpt:
+        raise BenchError("--dataset-name mooncake needs --dataset-path FILE (a Mooncake "
+                         "trace: JSON Lines of timestamp, input_length, output_length, "
+                         "hash_ids)")
     if len(given) > 1:
         raise BenchError("give one workload: --scenario NAME, --workload FILE, "
                          "--random-input-len N --random-output-len M (the default), "
@@ -171,7 +190,11 @@ def _dataset_class(o: BenchWorkloadOptions) -> RequestClass:
 def build_workload(options: BenchWorkloadOptions) -> Workload:
     o = options
     _check_source(o)
-    if o.scenario:
+    if o.dataset() == MOONCAKE:
+        assert o.sharegpt is not None
+        workload = trace_workload(TraceOptions(o.sharegpt, MOONCAKE, o.trace_slowdown,
+                                               o.trace_block_tokens))
+    elif o.scenario:
         workload = get_workload(o.scenario)
     elif o.workload:
         workload = load_workload(o.workload)
@@ -179,8 +202,25 @@ def build_workload(options: BenchWorkloadOptions) -> Workload:
         cls = _dataset_class(o)
         workload = Workload(cls.name, (cls,), Poisson(1.0),
                             o.num_prompts or DEFAULT_NUM_PROMPTS)
+    arrival = _arrival(o)
+    if isinstance(workload.arrival, TraceReplay) and arrival is not None:
+        arrival = _trace_arrival(o, workload.arrival, arrival)
     return override_workload(workload, WorkloadOverrides(
-        num_requests=o.num_prompts, seed=o.seed, arrival=_arrival(o)))
+        num_requests=o.num_prompts, seed=o.seed, arrival=arrival))
+
+
+def _trace_arrival(o: BenchWorkloadOptions, trace: TraceReplay, arrival: ArrivalProcess
+                   ) -> ArrivalProcess:
+    """A trace gives every request, so the load flags only change how it is sent: a cap
+    replays it closed-loop, rate inf sends it all at once; a finite rate has no place."""
+    if isinstance(arrival, ClosedLoop):
+        return dataclasses.replace(trace, concurrency=arrival.concurrency)
+    if o.request_rate is not None and not math.isinf(o.request_rate):
+        raise BenchError(f"--request-rate {o.request_rate:g}: a trace is sent at its own "
+                         "times (--trace-slowdown F stretches them; --request-rate inf "
+                         "sends it all at once; --max-concurrency N replays it "
+                         "closed-loop)")
+    return trace  # all at once: make_specs sets every time to 0
 
 
 def _arrival(o: BenchWorkloadOptions) -> ArrivalProcess | None:

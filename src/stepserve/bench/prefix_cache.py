@@ -9,6 +9,8 @@ from stepserve.bench.client import RequestRecord
 from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.metrics.run_summary import RunSummary
+from stepserve.workload.mooncake import TraceSpec
+from stepserve.workload.sessions import next_turns
 from stepserve.workload.spec import RequestSpec
 
 
@@ -35,7 +37,12 @@ def prompt_tokens(r: RequestRecord) -> int:
 def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
     """For each spec, the prompt tokens an earlier one's prompt began with. The prompts
     (prompts.py) share exactly their shared prefix, so that is the prefix of any spec
-    whose prefix came before, in the whole blocks a cache could give."""
+    whose prefix came before, in the whole blocks a cache could give. A trace's prompts
+    share what their hash ids do (mooncake_prompts.py)."""
+    if specs and all(isinstance(s, TraceSpec) for s in specs):
+        from stepserve.bench.mooncake_prompts import repeated_trace_tokens
+
+        return repeated_trace_tokens(specs)  # type: ignore[arg-type]
     seen: set[str] = set()
     out = [0] * len(specs)
     for i in sorted(range(len(specs)), key=lambda i: specs[i].arrival_s):
@@ -44,4 +51,6 @@ def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
             out[i] = cacheable_tokens(s.prefix_len, s.prompt_len)
         if s.prefix is not None:
             seen.add(s.prefix)
+    for k, nxt in next_turns(specs).items():  # a session's turn: the prompt before it, too
+        out[nxt] = cacheable_tokens(specs[k].prompt_len, specs[nxt].prompt_len)
     return out

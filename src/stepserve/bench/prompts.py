@@ -14,15 +14,18 @@ reproducible; token-id prompts open with the request's index written in the voca
 digits, so no two of a run's prompts share even a first block. A request of a class with
 shared prefixes (`prefix_repetition`, a workload's `shared_prefixes`) opens with its
 prefix, drawn from the prefix's own seed, then its own part: prompts share exactly their
-prefix, as the simulator's do.
+prefix, as the simulator's do. A later turn of a multi-turn session (workload/sessions.py)
+is its new user message only; a `Conversation` puts the session so far in front of it.
 """
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from stepserve.config.limits import MAX_NUM_REQUESTS
+from stepserve.workload.mooncake import TraceSpec, trace_token_ids
 from stepserve.workload.spec import RequestSpec
 
 if TYPE_CHECKING:
@@ -43,13 +46,16 @@ _INDEX_DIGITS_MAX = 4 * MAX_NUM_REQUESTS
 
 
 def _own_len(spec: RequestSpec) -> int:
-    return spec.prompt_len - spec.prefix_len
+    return spec.prompt_len - spec.prefix_len - spec.history_len
 
 
 def token_prompt(spec: RequestSpec, vocab: int = 500, seed: int = 0) -> list[int]:
     """Exactly spec.prompt_len token ids in [FIRST_ID, vocab): its prefix's ids, then its
     own, which open with its index in base (vocab - FIRST_ID) digits and go on at random
-    (the old prompts, one formula of the index, came round again every 490 requests)."""
+    (the old prompts, one formula of the index, came round again every 490 requests).
+    A trace's request: the ids its block hashes give (workload/mooncake.py)."""
+    if isinstance(spec, TraceSpec):
+        return trace_token_ids(spec, vocab)
     span = max(vocab - FIRST_ID, 2)
     own = [FIRST_ID + d for d in _digits(spec.index, span)]
     rng = _rng(spec, seed)
@@ -123,6 +129,9 @@ class PromptMaker:
         self.seed = seed
         self.vocab = vocab
         self._prefixes: dict[str, str] = {}  # a shared prefix's text, fitted once
+        from stepserve.bench.mooncake_prompts import TracePrompts  # it imports this module
+
+        self._traces = TracePrompts()
 
     def fit_to_model(self, model: str) -> None:
         """Text prompts without a tokenizer take the model's, if it loads here."""
@@ -136,6 +145,8 @@ class PromptMaker:
     def __call__(self, spec: RequestSpec) -> str | list[int]:
         if self.token_ids:
             return token_prompt(spec, self.vocab, self.seed)
+        if isinstance(spec, TraceSpec):
+            return self._traces.text(spec, self.tokenizer)
         if self.tokenizer is None:
             return word_prompt(spec, self.seed)
         own = exact_text(self.tokenizer, _own_len(spec), _rng(spec, self.seed))
@@ -172,3 +183,32 @@ def load_tokenizer(name: str) -> Tokenizer:
         return Tokenizer(resolve_model(name))
     except (OSError, ValueError) as e:
         raise UsageError(f"--tokenizer {name!r}: {e}") from None
+
+
+@dataclass
+class Conversation:
+    """One session's exchanges so far, which each later turn sends again in front of its
+    new user message: a completions prompt is the text so far (prompts and answers
+    joined, as a client continuing a transcript), a chat request the messages so far."""
+
+    chat: bool
+    text: str = ""
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def body(self, shape: Any, model: str, user: str | list[int], max_tokens: int,
+             ignore_eos: bool) -> dict[str, Any]:
+        """The turn's request body (`shape`: bench/body.py's RequestShape)."""
+        if not isinstance(user, str):
+            raise TypeError("a conversation sends text prompts")
+        if self.chat:
+            out = shape.body(model, user, max_tokens, ignore_eos)
+            out["messages"] = [*self.messages, *out["messages"]]
+            return out
+        return shape.body(model, self.text + user, max_tokens, ignore_eos)
+
+    def answered(self, user: str, answer: str) -> None:
+        """The turn that sent `user` was answered `answer`: both join the history, a space
+        before the next user message (the model's answer is not assumed to end in one)."""
+        self.messages += [{"role": "user", "content": user},
+                          {"role": "assistant", "content": answer}]
+        self.text += user + answer + " "

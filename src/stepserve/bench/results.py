@@ -18,7 +18,7 @@ peak_concurrency, warmup_requests, interrupted, and the scrape fields (scrape.py
 The prefix cache, over completed requests: prefix_cache_hit_rate where the answers said
 how many prompt tokens were cached (usage.prompt_tokens_details.cached_tokens; absent,
 not 0, from a server that does not say), prefix_repeated_share from the prompts the
-bench built (prefix_cache.py).
+bench built (prefix_cache.py). Whether the CPU was shared: the cpu_* fields (cpu_fields.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.bench.client import RequestRecord
+from stepserve.bench.cpu_fields import cpu_row
 from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.bench.slo import GoodputSLO
@@ -267,6 +268,8 @@ def table_rows(summary: RunSummary) -> list[tuple[str, str]]:
     for k in SCRAPE_KEYS[:-2]:
         if (value := summary.metric(k)) is not None:
             rows.append((k, _fmt(value)))
+    if summary.cpu_source is not None:
+        rows.append((f"cpu ({summary.cpu_source})", cpu_row(summary)))
     if summary.scrape_failures:
         rows.append(("scrape_failures", f"{summary.scrape_failures:g} (skipped; the first: "
                      f"{(summary.scrape_error or '')[:100]})"))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
+from stepserve.metrics.cpu_window import cpu_window
 from stepserve.metrics.live import level_summary
 from stepserve.metrics.prometheus import (
     Samples,
@@ -116,4 +117,6 @@ def scrape_summary(snapshots: list[Snapshot], failures: Sequence[str] = ()) -> d
     if step_time is not None and step_time.count:
         out.update(mean_step_s=step_time.mean, step_p50_s=step_time.quantile(0.5),
                    step_p99_s=step_time.quantile(0.99))
+    if (cpu := cpu_window(first, last))["cpu_source"] is not None:
+        out.update(cpu)  # the server's CPU sharing (bench/cpu_fields.py)
     return out

@@ -26,7 +26,11 @@ from stepserve.bench.job import BenchOptions, run_bench
 from stepserve.bench.plan import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.bench.save_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
-from stepserve.cli.simulate import add_cost_model_arguments, cost_model_options
+from stepserve.cli.simulate import (
+    add_cost_model_arguments,
+    add_trace_arguments,
+    cost_model_options,
+)
 from stepserve.config.errors import UsageError, reports_usage_errors
 from stepserve.config.limits import (
     CONCURRENCY,
@@ -109,9 +113,13 @@ def _add_workload_flags(w) -> None:
     w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
     w.add_argument("--dataset-name", metavar="NAME",
                    help="random (the default: --random-input-len 1024, --random-output-len "
-                        "128), sharegpt (with --dataset-path) or prefix_repetition")
+                        "128), sharegpt (with --dataset-path), prefix_repetition or "
+                        "mooncake (with --dataset-path: a Mooncake trace, sent at its "
+                        "times)")
     w.add_argument("--dataset-path", "--sharegpt", dest="sharegpt", metavar="FILE",
-                   help="a ShareGPT-style JSON file: (prompt, output) lengths")
+                   help="a ShareGPT-style JSON file: (prompt, output) lengths; or a "
+                        "Mooncake trace")
+    add_trace_arguments(w, with_format=False)
     w.add_argument("--random-input-len", type=int, metavar="N", help="prompt length")
     w.add_argument("--random-output-len", type=int, metavar="M", help="output length")
     w.add_argument("--random-range-ratio", type=float, metavar="R",
@@ -255,6 +263,7 @@ def workload_options(args: argparse.Namespace) -> BenchWorkloadOptions:
         random_range_ratio=args.random_range_ratio, sharegpt=args.sharegpt,
         tokenizer=args.tokenizer, sharegpt_output_len=sharegpt_output_len,
         **{k: getattr(args, k) for k in vars(args) if k.startswith("prefix_repetition_")},
+        trace_slowdown=args.trace_slowdown, trace_block_tokens=args.trace_block_tokens,
         num_prompts=num_prompts, seed=args.seed, request_rate=args.request_rate,
         burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=warmup)
 

@@ -10,6 +10,7 @@ from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS, check_flags
 from stepserve.sim.cost_options import CostModelOptions
 from stepserve.sim.job import SimulateOptions, run_simulate
 from stepserve.sim.scenarios import SCENARIOS
+from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS, TraceOptions
 from stepserve.workload.overrides import WorkloadOverrides
 
 # Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
@@ -19,11 +20,17 @@ SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": S
 def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "simulate", help="run the real scheduler on a virtual clock with a cost model",
-        description="Simulate a built-in scenario (--scenario) or your own workload "
-                    "(--workload FILE, with --config FILE and/or vLLM-style flags).")
+        description="Simulate a built-in scenario (--scenario), your own workload "
+                    "(--workload FILE) or a trace (--trace FILE), with --config FILE "
+                    "and/or vLLM-style flags.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--scenario", choices=sorted(SCENARIOS), help="a built-in scenario")
     src.add_argument("--workload", help="a workload YAML file (see docs/guide.md)")
+    src.add_argument("--trace", metavar="FILE",
+                     help="a JSON Lines trace to replay on its own times: ours (prompt_len, "
+                          "...) or Mooncake's (timestamp, input_length, output_length, "
+                          "hash_ids)")
+    add_trace_arguments(p)
     p.add_argument("--config", help="engine config YAML (seed shape: scheduler:, queue:, ...)")
     p.add_argument("--runs", help="scenario runs to do, comma-separated (default: all)")
     p.add_argument("--requests", type=int, help="override the number of requests "
@@ -39,6 +46,21 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     add_config_arguments(p)
     p.set_defaults(func=simulate_command)
     return p
+
+
+def add_trace_arguments(p, with_format: bool = True) -> None:
+    """How a trace is read: shared by simulate and bench (whose --dataset-name names the
+    format)."""
+    if with_format:
+        p.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto",
+                       help="auto (default): Mooncake's if the first line has "
+                            "input_length")
+    p.add_argument("--trace-slowdown", "--mooncake-slowdown-factor", type=float,
+                   default=1.0, metavar="F",
+                   help="a trace's arrival times multiplied by F (2: half the rate)")
+    p.add_argument("--trace-block-tokens", type=int, default=MOONCAKE_BLOCK_TOKENS,
+                   metavar="N", help="prompt tokens per Mooncake hash id (default "
+                                     f"{MOONCAKE_BLOCK_TOKENS}, Mooncake's)")
 
 
 def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
@@ -64,9 +86,16 @@ def cost_model_options(args: argparse.Namespace) -> CostModelOptions:
     return CostModelOptions(args.cost, args.step_ms, args.hardware, args.model_spec)
 
 
+def trace_options(args: argparse.Namespace, path: str | None) -> TraceOptions | None:
+    if path is None:
+        return None
+    return TraceOptions(path, args.trace_format, args.trace_slowdown, args.trace_block_tokens)
+
+
 def simulate_options(args: argparse.Namespace) -> SimulateOptions:
     return SimulateOptions(
-        scenario=args.scenario, workload=args.workload, config=config_overrides(args),
+        scenario=args.scenario, workload=args.workload,
+        trace=trace_options(args, args.trace), config=config_overrides(args),
         runs=tuple(args.runs.split(",")) if args.runs else None,
         overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
                                     seed=args.seed),

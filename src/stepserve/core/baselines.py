@@ -8,14 +8,17 @@
   waiting or the oldest has waited batch_window_s (the night-report incident's 64 / 50 ms).
 
 A batch reserves prompt + max_tokens of KV for every member when it forms (as static
-engines preallocate), so nothing is ever preempted. The batch prefills first (chunked by
-the token budget when prompts do not fit one step), then decodes in lock-step.
+engines preallocate), so nothing is ever preempted; a member's cached prefix (the
+prefix cache, looked up as continuous batching does) is shared, not reserved again. The
+batch prefills first (chunked by the token budget when prompts do not fit one step),
+then decodes in lock-step.
 """
 
 from __future__ import annotations
 
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import SchedulerOutput
+from stepserve.core.prefix_admission import take_prefix_hit
 from stepserve.core.request import Request
 
 
@@ -28,12 +31,18 @@ class StaticBatchScheduler(SchedulerBase):
     def _form_batch(self, now: float) -> None:
         if self.policy.sorts_waiting:
             self.policy.order_waiting(self.waiting, now)
+        kv = self.kv
         taken = 0
         for req in self.waiting:
             if taken >= self.sc.max_num_seqs:
                 break
-            if not self.kv.allocate_slots(req, 0, reserve_total=req.max_total_tokens):
+            # Members start past their cached prefix, as under continuous batching. Twins
+            # in one batch do not hit each other: their blocks are computed together.
+            hits = kv.cached_prefix(req)
+            if not kv.allocate_slots(req, 0, reserve_total=req.max_total_tokens,
+                                     cached=hits):
                 break
+            take_prefix_hit(kv, req, len(hits) * kv.block_size)
             self._admit(req, now)
             taken += 1
         del self.waiting[:taken]

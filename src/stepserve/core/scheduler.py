@@ -37,6 +37,7 @@ from stepserve.core.in_flight import InFlightBlocks
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.preemption import make_preemption
+from stepserve.core.prefix_admission import take_prefix_hit
 from stepserve.core.request import Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
@@ -252,7 +253,7 @@ class Scheduler(SchedulerBase):
             reserve = req.max_total_tokens if reserve_all else 0
             if not kv.allocate_slots(req, n, reserve, hits):
                 break  # no room: new prompts wait rather than evict anyone
-            self._take_prefix_hit(req, hit_tokens)
+            take_prefix_hit(kv, req, hit_tokens)
             if n < remaining:
                 partial += 1
                 long_partial += is_long
@@ -271,16 +272,3 @@ class Scheduler(SchedulerBase):
                 gone = set(map(id, admitted))
                 self.waiting = [r for r in self.waiting if id(r) not in gone]
         return budget
-
-    def _take_prefix_hit(self, req: Request, hit_tokens: int) -> None:
-        """`req` was admitted holding `hit_tokens` tokens from the prefix cache."""
-        req.num_computed_tokens += hit_tokens
-        req.prefix_hit_tokens = hit_tokens
-        if req.first_scheduled_time is None:  # its prompt's first admission: for usage
-            req.num_cached_tokens = hit_tokens
-            # the metrics count first admissions only (vLLM's counters leave preempted
-            # requests out), so they move by exactly what usage reports
-            kv = self.kv
-            if kv.looks_up(req):
-                kv.prefix_cache_queries += req.num_tokens
-                kv.prefix_cache_hits += hit_tokens

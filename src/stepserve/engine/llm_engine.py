@@ -275,7 +275,7 @@ class LLMEngine:
             outputs=[self._completion(r) for r in group], finished=finished,
             metrics=RequestMetrics.of(first),
             message="; ".join(dict.fromkeys(r.finish_message for r in group if r.finish_message)),
-            prompt_logprobs=prompt_lp)
+            prompt_logprobs=prompt_lp, num_cached_tokens=min(r.num_cached_tokens for r in group))
 
     def _completion(self, req: Request) -> CompletionOutput:
         reason = req.finish_reason.value if req.finish_reason else None

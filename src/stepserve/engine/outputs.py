@@ -57,6 +57,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     message: str = ""  # why it ended, when it did not end normally
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    # prompt tokens served from the prefix cache at admission (vLLM's field; whole
+    # blocks); n > 1: the fewest any sequence got, as the server's usage counts them
+    num_cached_tokens: int = 0
 
 
 def position_logprobs(lp: TokenLogprobs, decode: Callable[[int], str]) -> PositionLogprobs:

@@ -10,6 +10,7 @@ from typing import Protocol
 from stepserve.metrics.finding import SEVERITIES, Finding
 from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.rules import RULES
+from stepserve.metrics.rules_cpu import first_if_cpu_shared
 from stepserve.metrics.run_summary import RunSummary
 
 
@@ -27,10 +28,13 @@ class DiagnosedRun(Protocol):
 
 
 def diagnose(summary: RunSummary, settings: RuleSettings | None = None) -> list[Finding]:
-    """Every rule that fires, most severe first (rule order within a severity)."""
+    """Every rule that fires, most severe first (rule order within a severity); a
+    shared CPU (rules_cpu.py) before them all."""
     settings = settings or RuleSettings.of(summary)
     found = [f for rule in RULES if (f := rule(summary, settings)) is not None]
-    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+    found = sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+    # the host's rule: a shared CPU goes first, whatever the severities
+    return first_if_cpu_shared(summary, settings, found)
 
 
 def unevaluable(summary: RunSummary) -> dict[str, list[str]]:

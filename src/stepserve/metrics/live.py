@@ -34,7 +34,9 @@ Summary keys:
   (counter increases / steps), and slot_utilization (increase of active_sequence_steps /
   increase of held_slot_steps: a ratio of sums, the offline slot_utilization; the
   per-step ratios behind a summary's active_ratio_p50 / active_ratio_mean are not
-  published, so a live window has neither).
+  published, so a live window has neither);
+  cpu_others_cores, cpu_wait_share, cpu_usable, step_time_over_quiet, cpu_source: the
+  server's CPU sharing over the window (cpu_window.py).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import httpx
 
 from stepserve.config.urls import check_http_url
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
+from stepserve.metrics.cpu_window import CPU_KEYS, cpu_window
 from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
 from stepserve.metrics.prom_sources import LEVELS
 from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
@@ -69,6 +72,7 @@ LIVE_KEYS = (
     "step_p50_s", "step_p99_s",
     "steps", "prefill_step_share", "zero_decode_step_share",
     "slot_utilization",
+    *CPU_KEYS,
 )
 
 
@@ -209,6 +213,7 @@ def _live_values(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     out["zero_decode_step_share"] = ratio(delta("zero_decode_steps"), steps)
     active = ratio(delta("active_sequence_steps"), delta("held_slot_steps"))
     out["slot_utilization"] = active
+    out.update(cpu_window(first, last))
     return out
 
 

@@ -139,6 +139,14 @@ class RunSummary:
     peak_concurrency: float | None = None
     warmup_requests: float | None = None
     interrupted: bool | None = None
+    # ---- the CPU the engine shared (engine/cpu_share.py, metrics/step_reference.py):
+    # from the engine's process (bench --engine), a server's /metrics, or the bench
+    # client's own machine (cpu_source says which) ----
+    cpu_others_cores: float | None = None  # other processes' CPU s / wall s (normal nice)
+    cpu_wait_share: float | None = None  # run-queue wait / (on cpu + wait), engine threads
+    cpu_usable: float | None = None  # usable cores
+    step_time_over_quiet: float | None = None  # recent step time / its shapes' quiet time
+    cpu_source: str | None = None  # engine, server or client
     # the fields the source reports, in JSON order (see the module docstring)
     reported: tuple[str, ...] = ()
 

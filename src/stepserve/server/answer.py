@@ -167,7 +167,8 @@ class Answer:
         if echo is not None:
             text = echo.text + text
             entries = prompt_entries(echo.prompt_ids, out.prompt_logprobs) + entries
-        choice = CompletionChoice(index=out.index, text=text, finish_reason=out.finish_reason)
+        choice = CompletionChoice(index=out.index, text=text, finish_reason=out.finish_reason,
+                                  stop_reason=out.stop_reason)
         if renderer is not None and body.logprobs is not None:  # type: ignore[union-attr]
             choice.logprobs = self.raw.put(renderer.completion(entries, 0)[0])
         if renderer is not None and body.prompt_logprobs is not None:
@@ -181,7 +182,7 @@ class Answer:
             id=rid, created=self.created, model=self.ctx.model_name, usage=self._usage(outs),
             choices=[ChatChoice(index=o.index,
                                 message=ChatResponseMessage(content=o.full_text or ""),
-                                finish_reason=o.finish_reason,
+                                finish_reason=o.finish_reason, stop_reason=o.stop_reason,
                                 logprobs=self.raw.put(renderer.chat(o.logprobs or []))
                                 if renderer is not None and body.logprobs else None)
                      for o in outs])

@@ -53,6 +53,7 @@ from stepserve.core.output import StepRecord
 from stepserve.core.request import Request
 from stepserve.metrics.request_metrics import request_metrics
 from stepserve.server.cache_metrics import CacheMetrics
+from stepserve.server.cpu_metrics import CpuMetrics
 
 P = "stepserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -123,6 +124,8 @@ class ServerMetrics:
         self._add_seed_signals(make)
         # the prefix cache's counters and cache_config_info: AsyncEngine attaches the engine
         self.cache = CacheMetrics(self.registry, LABELS, self.label_values)
+        # whether the CPU is shared: read at scrape time, the step reference fed per step
+        self.cpu = CpuMetrics(self.registry, LABELS, self.label_values)
         if scheduler is not None:
             Gauge(P + "scheduler_config_info", "scheduler settings (as labels)",
                   [*LABELS, *CONFIG_INFO_FIELDS], registry=self.registry).labels(
@@ -242,6 +245,7 @@ class ServerMetrics:
             self.slots_held.set(s.slots_held)
             self._sum_active += s.num_active
             self._sum_slots += s.slots_held
+        self.cpu.on_steps(records)
         if self._n_steps:
             self.prefill_share.set(self._n_prefill_only / self._n_steps)
             self.zero_decode_share.set(self._n_zero_decode / self._n_steps)

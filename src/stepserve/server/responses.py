@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterable
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, Field, SerializeAsAny, SkipValidation
 
@@ -102,12 +102,18 @@ class VllmLogprob(BaseModel):
 
 PromptLogprobs = list[dict[str, VllmLogprob] | None]
 
+# vLLM's stop_reason on every choice: the stop string or stop token id that ended it; null
+# for EOS, length and every other end (streamed: null until the choice's last chunk)
+StopReason = Annotated[int | str | None, Field(
+    description="the stop string or stop token id that ended the choice, else null")]
+
 
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: Prebuilt[CompletionLogprobs] = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None
     prompt_logprobs: Prebuilt[PromptLogprobs] = None
 
 
@@ -146,6 +152,7 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: Prebuilt[ChoiceLogprobs] = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -168,6 +175,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: Prebuilt[ChoiceLogprobs] = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None  # streamed: on the chunk with the finish_reason
 
 
 class ChatCompletionChunk(BaseModel):

@@ -108,7 +108,7 @@ class Chunks:
         self._started.add(out.index)
         usage = self._usage_of(out) if self.continuous_usage else None
         return self._event(self._chunk(out.index, out.finish_reason, usage,
-                                       *self._content(out, first)))
+                                       *self._content(out, first), stop_reason=out.stop_reason))
 
     def usage(self) -> str:
         """After every choice ended: the usage chunk, when asked for."""
@@ -136,7 +136,9 @@ class Chunks:
 
     def _chunk(self, index: int, finish_reason: str | None, usage: UsageInfo | None,
                text: str, logprobs: JSONText | None = None,
-               prompt_logprobs: JSONText | None = None) -> BaseModel:
+               prompt_logprobs: JSONText | None = None, *,
+               stop_reason: str | int | None = None) -> BaseModel:
+        """One choice's chunk; `stop_reason` only on its last (vLLM's: null before)."""
         raise NotImplementedError
 
     def _usage_chunk(self, usage: UsageInfo) -> BaseModel:
@@ -165,9 +167,10 @@ class CompletionChunks(Chunks):
             prompt = renderer.vllm_prompt(out.prompt_logprobs or [])
         return text, block, prompt
 
-    def _chunk(self, index, finish_reason, usage, text, logprobs=None, prompt_logprobs=None):
+    def _chunk(self, index, finish_reason, usage, text, logprobs=None, prompt_logprobs=None,
+               *, stop_reason=None):
         choice = CompletionChoice(index=index, text=text, logprobs=self.raw.put(logprobs),
-                                  finish_reason=finish_reason,
+                                  finish_reason=finish_reason, stop_reason=stop_reason,
                                   prompt_logprobs=self.raw.put(prompt_logprobs))
         return CompletionResponse(id=self.rid, created=self.created, model=self.model,
                                   choices=[choice], usage=usage)
@@ -190,16 +193,19 @@ class ChatChunks(Chunks):
             return out.text, None, None
         return out.text, self.renderer.chat(out.logprobs), None
 
-    def _chunk(self, index, finish_reason, usage, text, logprobs=None, prompt_logprobs=None):
+    def _chunk(self, index, finish_reason, usage, text, logprobs=None, prompt_logprobs=None,
+               *, stop_reason=None):
         delta = DeltaMessage(content=text) if text or finish_reason is None else DeltaMessage()
-        return self._make(index, delta, finish_reason, usage, logprobs)
+        return self._make(index, delta, finish_reason, usage, logprobs, stop_reason)
 
     def _make(self, index: int, delta: DeltaMessage, finish_reason: str | None,
-              usage: UsageInfo | None, logprobs) -> ChatCompletionChunk:
+              usage: UsageInfo | None, logprobs,
+              stop_reason: str | int | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model,
                                    choices=[ChatChunkChoice(index=index, delta=delta,
                                                             logprobs=self.raw.put(logprobs),
-                                                            finish_reason=finish_reason)],
+                                                            finish_reason=finish_reason,
+                                                            stop_reason=stop_reason)],
                                    usage=usage)
 
     def _usage_chunk(self, usage):

@@ -46,6 +46,9 @@ class StreamOutput:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the first output
     num_cached_tokens: int = 0  # prompt tokens the prefix cache gave (usage's cached_tokens)
+    # final output only: the stop string or stop token id that ended it (vLLM's
+    # stop_reason; None for EOS, length and every other end)
+    stop_reason: str | int | None = None
 
     def merge_into(self, older: StreamOutput) -> None:
         """Make this output also carry `older`'s, which the handler has not taken."""

@@ -50,7 +50,7 @@ class Tracked:
         return self._with_logprobs(StreamOutput(
             full[self.sent:] if self.streamed else "", req.num_prompt_tokens,
             req.num_output_tokens, True, reason, req.finish_message, full, req.index,
-            num_cached_tokens=req.num_cached_tokens))
+            num_cached_tokens=req.num_cached_tokens, stop_reason=req.stop_reason))
 
     def error(self, message: str) -> StreamOutput:
         """A final output for a request that could not be finished normally."""

@@ -1,6 +1,6 @@
-"""`stepserve simulate`'s job: a built-in scenario, or a workload file with a config
-file and settings, through the real scheduler on a virtual clock; the table printed,
-the result written as JSON.
+"""`stepserve simulate`'s job: a built-in scenario, or a workload file or a trace (ours
+or Mooncake's) with a config file and settings, through the real scheduler on a virtual
+clock; the table printed, the result written as JSON.
 
 User mistakes raise UsageError (ConfigError, WorkloadError), which `stepserve` prints as
 one line, exit 2; the output path is checked before anything runs."""
@@ -24,17 +24,20 @@ from stepserve.sim.run import SimulateResult, run_all, run_scenario
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
 from stepserve.sim.table import format_result
 from stepserve.workload.loader import load_workload
+from stepserve.workload.mooncake import TraceOptions, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 
 
 @dataclass(frozen=True)
 class SimulateOptions:
-    """One `simulate`: exactly one of `scenario` (a built-in name) or `workload` (a YAML
-    file). `config` goes on top of every run of a scenario, or makes the one run of a
-    workload file; `cost` is used for a workload file (a scenario brings its own)."""
+    """One `simulate`: exactly one of `scenario` (a built-in name), `workload` (a YAML
+    file) or `trace` (JSON Lines). `config` goes on top of every run of a scenario, or
+    makes the one run of a workload file or trace; `cost` is used for a workload file or
+    trace (a scenario brings its own)."""
 
     scenario: str | None = None
     workload: str | None = None
+    trace: TraceOptions | None = None
     config: ConfigOverrides = ConfigOverrides()
     runs: tuple[str, ...] | None = None  # a scenario's runs to do; None: all
     overrides: WorkloadOverrides = WorkloadOverrides()
@@ -81,18 +84,24 @@ def _progress_factory(enabled: bool):
 
 
 def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
-    """A workload file, one run with the config file and settings."""
-    assert options.workload is not None
-    workload = override_workload(load_workload(options.workload), options.overrides)
+    """A workload file or a trace, one run with the config file and settings."""
+    if options.trace is not None:
+        workload = trace_workload(options.trace)
+        kind, source = "trace", f"trace {options.trace.path}"
+    else:
+        assert options.workload is not None
+        workload = load_workload(options.workload)
+        kind, source = "workload file", f"workload {options.workload}"
+    workload = override_workload(workload, options.overrides)
     config = options.config.apply()
     name = config.scheduler.batching
     if options.runs is not None and options.runs != (name,):
-        raise UsageError(f"--runs {','.join(options.runs)}: a workload file makes one run, "
-                         f"{name} (its batching); allowed: {name}, or no --runs")
+        raise UsageError(f"--runs {','.join(options.runs)}: a {kind} makes one "
+                         f"run, {name} (its batching); allowed: {name}, or no --runs")
     setup = cost_setup_for(options.cost)
     specs = workload.generate()
     runs = (RunSpec(name, config),)
-    return run_all(workload.name, f"workload {options.workload}", workload, specs, runs,
+    return run_all(workload.name, source, workload, specs, runs,
                    setup.cost_model, setup.num_gpu_blocks, False, progress, pools)
 
 

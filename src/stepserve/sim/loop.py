@@ -5,7 +5,11 @@ StepResult); in between, arrivals queue and aborts land, as on a real server.
 
 Events are request arrivals (open loop), step completions of each replica, and batch
 window expiries (dynamic batching). A closed-loop workload issues its next request the
-moment one ends (a refused one included), before any replica forms its next batch. All
+moment one ends (a refused one included), before any replica forms its next batch. A
+multi-turn session's later turn (workload/sessions.py) arrives its think time after the
+turn before it ended, its prompt that turn's prompt and output ids plus its own; a turn
+whose predecessor did not complete is never sent (its session ends, and only then does a
+closed loop send its next request). All
 replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
 and belongs to a pool with its own config; the router (routing/) picks a pool by the
 deployment's rules, then a replica in it, from each replica's view of its load.
@@ -27,6 +31,8 @@ from stepserve.routing.pools import Deployment, PoolRouter
 from stepserve.routing.view import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
 from stepserve.sim.runner import SIM_EOS, SimRunner
+from stepserve.workload.mooncake import TraceSpec
+from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.shared_prefix import prefix_token_ids
 from stepserve.workload.spec import RequestSpec
 
@@ -64,10 +70,14 @@ class SimResult:
         return [s for per in self.steps for s in per]
 
 
-def make_request(spec: RequestSpec, arrival: float) -> Request:
+def make_request(spec: RequestSpec, arrival: float, history: list[int] | None = None
+                 ) -> Request:
+    """`history`: a later turn's conversation so far, its prompt's first ids."""
     params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
                             priority=spec.priority, tenant=spec.tenant)
-    return Request(request_id=str(spec.index), prompt_token_ids=prompt_token_ids(spec),
+    ids = prompt_token_ids(spec) if history is None else \
+        history + _own_ids(spec, spec.prompt_len - spec.history_len)
+    return Request(request_id=str(spec.index), prompt_token_ids=ids,
                    sampling_params=params, arrival_time=arrival, eos_token_id=SIM_EOS,
                    request_class=spec.request_class, length_estimate=spec.length_estimate)
 
@@ -82,13 +92,19 @@ FIRST_PROMPT_ID = 1 << 20
 
 def prompt_token_ids(spec: RequestSpec) -> list[int]:
     """The token ids of a simulated prompt, unique to the request from its first token
-    after its shared prefix (if any)."""
+    after its shared prefix (if any); a trace's request's, as its block hashes say."""
+    if isinstance(spec, TraceSpec):
+        return spec.token_ids()
     ids = [1] * spec.prompt_len
     if spec.prefix is not None:
         ids[:spec.prefix_len] = prefix_token_ids(spec.prefix, spec.prefix_len)
     if spec.prefix_len < spec.prompt_len:
         ids[spec.prefix_len] = FIRST_PROMPT_ID + spec.index
     return ids
+
+
+def _own_ids(spec: RequestSpec, n: int) -> list[int]:
+    return [FIRST_PROMPT_ID + spec.index] + [1] * (n - 1)
 
 
 _STEP, _ARRIVAL, _WAKE, _RUN_END = 0, 1, 2, 3
@@ -112,25 +128,31 @@ class _EventLoop:
             self.replicas.append(Replica(i, pool.name, core, runner))
         self.router = PoolRouter(deployment)
         self.closed_loop = closed_loop_concurrency
+        self.next_turn = next_turns(specs)  # a session's turn -> the one after it
+        self.history: dict[int, list[int]] = {}  # a released turn -> its conversation so far
+        self.turn_of: dict[str, int] = {}  # an issued session turn's request id -> its spec
+        self.sessions_cut = self.turns_not_sent = 0
+        self.reactive = bool(closed_loop_concurrency or self.next_turn)  # arrivals wait on ends
         # Decode runs (core/decode_run.py) need a cost model that prices a decode-only
         # step from its counts, and no outside event that a run could hide: with several
         # replicas, a closed-loop client may send one a request while another is in a run.
         self.decode_runs = decode_runs and cost_model.decode_step_time(1, 1) is not None \
-            and (len(self.replicas) == 1 or not closed_loop_concurrency)
+            and (len(self.replicas) == 1 or not self.reactive)
         self.progress = progress
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
         self.seq = 0
         self.issued: list[Request] = []
-        self.ended = 0  # requests ended and not yet answered by a closed-loop issue
+        self.ended = 0  # requests (sessions) ended, not yet answered by a closed-loop issue
+        self.starts = session_starts(specs) if self.next_turn else range(len(specs))
         if closed_loop_concurrency:
-            first = min(closed_loop_concurrency, len(specs))
-            for k in range(first):
+            first = min(closed_loop_concurrency, len(self.starts))
+            for k in self.starts[:first]:
                 self.push(0.0, _ARRIVAL, k)
-            self.next_spec = first
+            self.next_start = first
         else:
-            for k, spec in enumerate(specs):
-                self.push(spec.arrival_s, _ARRIVAL, k)
-            self.next_spec = len(specs)
+            for k in self.starts:
+                self.push(specs[k].arrival_s, _ARRIVAL, k)
+            self.next_start = len(self.starts)
 
     def push(self, t: float, kind: int, arg: int) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, arg))
@@ -138,15 +160,37 @@ class _EventLoop:
 
     def on_ended(self, requests: list[Request]) -> None:
         self.ended += len(requests)
+        if self.turn_of:
+            self.ended -= sum(map(self.release_next_turn, requests))
         if requests and self.progress is not None:
             self.progress(len(requests))
 
+    def release_next_turn(self, req: Request) -> bool:
+        """Schedule the arrival of the turn after `req` in its session, if it completed;
+        False: its session ended here."""
+        k = self.turn_of.pop(req.request_id, None)
+        nxt = self.next_turn.get(k) if k is not None else None
+        if nxt is None:
+            return False
+        if req.finish_reason is None or not req.finish_reason.completed:
+            self.sessions_cut += 1
+            while nxt is not None:
+                self.turns_not_sent += 1
+                nxt = self.next_turn.get(nxt)
+            return False
+        self.history[nxt] = req.prompt_token_ids + req.output_token_ids
+        end = req.finish_time if req.finish_time is not None else self.clock.now()
+        self.push(max(end + self.specs[nxt].think_time_s, self.clock.now()), _ARRIVAL, nxt)
+        return True
+
     def issue(self, k: int, t: float) -> Replica:
         spec = self.specs[k]
-        req = make_request(spec, t)
+        req = make_request(spec, t, self.history.pop(k, None))
         self.issued.append(req)
-        route = RouteRequest(spec.prompt_len, spec.max_tokens, spec.priority, spec.tenant,
-                             prompt_token_ids=req.prompt_token_ids)
+        if k in self.next_turn:
+            self.turn_of[req.request_id] = k
+        route = RouteRequest(req.num_prompt_tokens, spec.max_tokens, spec.priority,
+                             spec.tenant, prompt_token_ids=req.prompt_token_ids)
         rep = self.replicas[self.router.pick([r.view() for r in self.replicas], route)]
         if rep.core.add_request(req):
             rep.runner.register(req.request_id, spec.output_len)
@@ -182,7 +226,7 @@ class _EventLoop:
         if until - t < MIN_RUN_STEPS * rep.runner.decode_step_time(batch, 0):
             return False
         run = rep.core.run_decodes(t, until, rep.runner.decode_step_time, rep.runner.sampler,
-                                   stop_at_first_end=bool(self.closed_loop), straddle=True)
+                                   stop_at_first_end=self.reactive, straddle=True)
         if run is None:
             return False
         rep.steps.extend(run.records)
@@ -230,9 +274,9 @@ class _EventLoop:
         """A closed-loop client sends its next request the instant one ends."""
         while self.ended:
             self.ended -= 1
-            if self.closed_loop and self.next_spec < len(self.specs):
-                touched.append(self.issue(self.next_spec, t))
-                self.next_spec += 1
+            if self.closed_loop and self.next_start < len(self.starts):
+                touched.append(self.issue(self.starts[self.next_start], t))
+                self.next_start += 1
 
 
 def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: CostModel,
@@ -251,4 +295,6 @@ def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: Cos
             raise RuntimeError(f"replica {rep.index} stopped with unfinished requests")
     return SimResult(requests=loop.issued, steps=[rep.steps for rep in loop.replicas],
                      duration_s=loop.clock.now(), num_gpu_blocks=num_gpu_blocks,
-                     replicas=len(loop.replicas))
+                     replicas=len(loop.replicas),
+                     extra={"sessions_cut": loop.sessions_cut,
+                            "turns_not_sent": loop.turns_not_sent} if loop.next_turn else {})

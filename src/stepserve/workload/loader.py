@@ -17,6 +17,8 @@
         length_estimate: none               # optional: none, exact, class_mean
         shared_prefixes: 32                 # optional, with prefix_len: each prompt opens
         prefix_len: 512                     # with one of 32 system prompts of 512 tokens
+        multi_turn: {turns: 4, think_time_s: 5}   # optional: each arrival opens a
+                                            # conversation of 4 turns (sessions.py)
       - name: real                          # lengths from a ShareGPT-style JSON file:
         sharegpt: {file: sg.json, tokenizer: default}   # (prompt, output) pairs, see
                                             # sharegpt.py; tokenizer, output_len optional
@@ -27,6 +29,7 @@ left out and `num_requests` defaults to the trace's length.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from stepserve.config.user_files import load_yaml, preview, write_atomic
 from stepserve.workload.arrivals import TraceReplay
 from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed
 from stepserve.workload.parse import parse_arrival, parse_length
+from stepserve.workload.sessions import MultiTurn, parse_multi_turn
 from stepserve.workload.spec import RequestClass, Workload
 from stepserve.workload.trace import load_trace, save_trace
 
@@ -45,7 +49,7 @@ __all__ = ["load_workload", "workload_from_dict", "workload_to_dict", "save_work
 
 TOP_KEYS = ("name", "description", "seed", "num_requests", "duration_s", "arrival", "classes")
 CLASS_KEYS = ("name", "share", "prompt", "output", "max_tokens", "priority", "tenant",
-              "length_estimate", "sharegpt", "shared_prefixes", "prefix_len")
+              "length_estimate", "sharegpt", "shared_prefixes", "prefix_len", "multi_turn")
 SHAREGPT_KEYS = ("file", "tokenizer", "output_len")
 
 
@@ -93,15 +97,23 @@ def _parse_sharegpt_class(data: dict, where: str, base: Path | None) -> RequestC
     path = Path(spec["file"])
     if base is not None and not path.is_absolute():
         path = base / path
+    multi_turn = _multi_turn(data, where, base)
     try:
-        return sharegpt_class(
+        cls = sharegpt_class(
             path, spec.get("tokenizer"), spec.get("output_len"), name=data["name"],
             share=data.get("share", 1.0), max_tokens=data.get("max_tokens"),
             priority=data.get("priority", 0), tenant=data.get("tenant", "default"),
             length_estimate=data.get("length_estimate", "none"),
             shared_prefixes=data.get("shared_prefixes", 0), prefix_len=data.get("prefix_len", 0))
+        return dataclasses.replace(cls, multi_turn=multi_turn) if multi_turn else cls
     except WorkloadError as e:
         raise prefixed(where, e) from None
+
+
+def _multi_turn(data: dict, where: str, base: Path | None) -> MultiTurn | None:
+    if "multi_turn" not in data:
+        return None
+    return parse_multi_turn(data["multi_turn"], f"{where}.multi_turn", base)
 
 
 def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
@@ -112,6 +124,7 @@ def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
     check_keys(where, data, CLASS_KEYS, required=("name", "prompt", "output"))
     prompt = parse_length(data["prompt"], f"{where}.prompt", base)
     output = parse_length(data["output"], f"{where}.output", base)
+    multi_turn = _multi_turn(data, where, base)
     try:
         return RequestClass(
             name=data["name"],
@@ -124,6 +137,7 @@ def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
             length_estimate=data.get("length_estimate", "none"),
             shared_prefixes=data.get("shared_prefixes", 0),
             prefix_len=data.get("prefix_len", 0),
+            multi_turn=multi_turn,
         )
     except WorkloadError as e:
         raise prefixed(where, e) from None
@@ -172,6 +186,8 @@ def _class_to_dict(c: RequestClass) -> dict[str, Any]:
         out["length_estimate"] = c.length_estimate
     if c.shared_prefixes:
         out.update(shared_prefixes=c.shared_prefixes, prefix_len=c.prefix_len)
+    if c.multi_turn is not None:
+        out["multi_turn"] = c.multi_turn.to_dict()
     return out
 
 

@@ -1,7 +1,7 @@
 """What a workload is: request classes, an arrival process, a count and a seed; and what
 it produces: a list of `RequestSpec`s, the same list every time for the same seed.
 
-A `RequestSpec` is engine-neutral: the simulator turns it into a `Request` with
+A `RequestSpec` (request_spec.py) is engine-neutral: the simulator turns it into a `Request` with
 `prompt_len` dummy tokens, the bench client into an HTTP call. `output_len` is the truth
 the simulated model obeys (it generates that many tokens, then stops); `max_tokens` is only
 what the client asked for, which is all a real scheduler would see.
@@ -14,7 +14,6 @@ import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 from stepserve.config.limits import (
     MAX_LEN,
@@ -25,61 +24,17 @@ from stepserve.config.limits import (
     MAX_WORKLOAD_TOKENS,
 )
 from stepserve.config.user_files import preview
-from stepserve.core.request_limits import PRIORITY_MAX, PRIORITY_MIN, TENANT_MAX_CHARS
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_str
 from stepserve.workload.lengths import LengthDist
+from stepserve.workload.request_spec import RequestSpec, check_priority_and_tenant
+from stepserve.workload.sessions import MultiTurn, check_session_count, later_turns
 from stepserve.workload.shared_prefix import check_shared_prefixes, prefix_name
 
 # How a class fills `length_estimate`, the output length an SRPT scheduler is told:
 # none (it must fall back on max_tokens), exact (an oracle), class_mean (it knows the
 # class's mean output, as a router that classifies requests would).
 LENGTH_ESTIMATES = ("none", "exact", "class_mean")
-
-
-def check_priority_and_tenant(priority: Any, tenant: Any) -> None:
-    """What a request's SamplingParams will accept (request_limits.py), checked here so
-    a workload fails when it is read, not mid-run."""
-    check_int("priority", priority, lo=PRIORITY_MIN, hi=PRIORITY_MAX)
-    name = check_str("tenant", tenant)
-    if len(name) > TENANT_MAX_CHARS:
-        raise WorkloadError(f"tenant = {name[:40]!r}...: {len(name)} characters; at most "
-                            f"{TENANT_MAX_CHARS}")
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    """One request of a workload. Invariant: 1 <= output_len <= max_tokens."""
-
-    index: int
-    arrival_s: float
-    prompt_len: int
-    output_len: int
-    max_tokens: int
-    priority: int = 0  # lower is more urgent, as in vLLM
-    tenant: str = "default"
-    request_class: str = "default"
-    length_estimate: int | None = None
-    prefix: str | None = None  # the shared prefix its prompt starts with (shared_prefix.py)
-    prefix_len: int = 0  # that prefix's tokens, counted in prompt_len
-
-    def __post_init__(self) -> None:
-        check_int("index", self.index, lo=0)
-        object.__setattr__(self, "arrival_s",
-                           check_positive("arrival_s", self.arrival_s, allow_zero=True))
-        check_int("prompt_len", self.prompt_len, lo=1, hi=MAX_LEN)
-        check_int("output_len", self.output_len, lo=1, hi=MAX_LEN)
-        check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_LEN)
-        if self.output_len > self.max_tokens:
-            raise WorkloadError(f"output_len = {self.output_len}: must be <= max_tokens = "
-                                f"{self.max_tokens} (a request cannot outrun its cap)")
-        check_priority_and_tenant(self.priority, self.tenant)
-        check_str("class", self.request_class)
-        if self.length_estimate is not None:
-            check_int("length_estimate", self.length_estimate, lo=1, hi=MAX_LEN)
-        if self.prefix is not None or self.prefix_len:
-            check_str("prefix", self.prefix)
-            check_int("prefix_len", self.prefix_len, lo=1, hi=self.prompt_len)
 
 
 @dataclass(frozen=True)
@@ -108,6 +63,7 @@ class RequestClass:
     dataset: dict | None = None
     shared_prefixes: int = 0
     prefix_len: int = 0
+    multi_turn: MultiTurn | None = None  # sessions.py: each arrival opens a conversation
 
     def __post_init__(self) -> None:
         check_str("name", self.name)
@@ -132,14 +88,30 @@ class RequestClass:
             raise WorkloadError(f"length_estimate = {preview(self.length_estimate)}: must be one of "
                                 f"{', '.join(LENGTH_ESTIMATES)}")
         check_shared_prefixes(self.shared_prefixes, self.prefix_len)
+        if self.multi_turn is not None and not isinstance(self.multi_turn, MultiTurn):
+            raise WorkloadError(f"multi_turn = {preview(self.multi_turn)}: must be a MultiTurn")
 
     def mean_tokens(self) -> float:
-        """Expected prompt + output tokens of one request (outputs cut at max_tokens;
-        each length at most MAX_LEN)."""
+        """Expected prompt + output tokens of one arrival: a request, or a whole session
+        (outputs cut at max_tokens; each length at most MAX_LEN)."""
         output = min(self.output.mean(), MAX_LEN)
         if self.max_tokens is not None:
             output = min(output, self.max_tokens)
-        return min(self.prompt.mean() + self.prefix_len, MAX_LEN) + output
+        prompt = min(self.prompt.mean() + self.prefix_len, MAX_LEN)
+        if self.multi_turn is None:
+            return prompt + output
+        user = self.multi_turn.user_len or self.prompt
+        return self.multi_turn.mean_tokens(prompt, min(user.mean(), MAX_LEN), output)
+
+    def make_session(self, index: int, arrival_s: float,
+                     rng: random.Random) -> list[RequestSpec]:
+        """One arrival of this class: a request, or a session's turns (indexed from
+        `index`, each drawn from `rng` after the one before)."""
+        first = self.make(index, arrival_s, rng)
+        if self.multi_turn is None:
+            return [first]
+        first = dataclasses.replace(first, session=index)
+        return [first, *later_turns(first, self.make, self.multi_turn, rng)]
 
     def make(self, index: int, arrival_s: float, rng: random.Random) -> RequestSpec:
         """One request of this class: prompt first, then output, from `rng`."""
@@ -191,6 +163,8 @@ class Workload:
         classes = tuple(self.classes)
         object.__setattr__(self, "classes", classes)
         check_int("num_requests", self.num_requests, lo=1, hi=MAX_NUM_REQUESTS)
+        for c in classes:
+            check_session_count(self.num_requests, getattr(c, "multi_turn", None))
         check_int("seed", self.seed, lo=0, hi=MAX_SEED)
         if self.duration_s is not None:
             object.__setattr__(self, "duration_s",
@@ -252,7 +226,10 @@ class Workload:
         return {c.name: c.share / total for c in self.classes}
 
     def generate(self) -> list[RequestSpec]:
-        """The requests, sorted by arrival, indexed 0..n-1. Same seed, same list."""
+        """The requests, sorted by arrival, indexed 0..n-1. Same seed, same list. A
+        multi-turn class's arrival opens a session: its later turns follow their first,
+        with its arrival as theirs (a lower bound: each is sent when the one before it
+        has ended, sessions.py)."""
         if isinstance(self.arrival, TraceReplay):
             return self._replay()
         # Two streams: arrival times and request contents. So changing only the rate (a
@@ -262,10 +239,14 @@ class Workload:
         if self.duration_s is not None and self.closed_loop_concurrency is None:
             times = [t for t in times if t <= self.duration_s]
         rng = random.Random(f"stepserve:{self.seed}:requests")
-        specs = []
-        for index, arrival_s in enumerate(times):
+        specs: list[RequestSpec] = []
+        for arrival_s in times:
             cls = self.classes[bisect.bisect_right(self._cumulative, rng.random())]
-            specs.append(cls.make(index, arrival_s, rng))
+            specs += cls.make_session(len(specs), arrival_s, rng)
+            if len(specs) > MAX_NUM_REQUESTS:
+                raise WorkloadError(f"num_requests = {self.num_requests}: its sessions "
+                                    f"made more than {MAX_NUM_REQUESTS:,} requests (lower "
+                                    "num_requests or the turns)")
         return specs
 
     def _replay(self) -> list[RequestSpec]:
@@ -294,5 +275,6 @@ class Workload:
                          f"output {c.output.describe()}{cap}; priority {c.priority}, "
                          f"tenant {c.tenant}" + (f"; prompts open with one of "
                          f"{c.shared_prefixes} shared prefixes of {c.prefix_len} tokens"
-                         if c.shared_prefixes else ""))
+                         if c.shared_prefixes else "")
+                         + (f"; {c.multi_turn.describe()}" if c.multi_turn else ""))
         return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""Whether the engine shares its CPUs: what Linux says about this process's threads and
+everyone else, read a few times a second at most (a scrape, a bench run's two ends),
+never per step.
+
+* Run-queue wait and time on a CPU of this process's threads: /proc/self/task/<tid>/
+  schedstat is "<ns on cpu> <ns waiting on a run queue> <timeslices>". Summed as per-tid
+  increases, so the totals never go back when a thread exits (its share stays counted)
+  and a reused tid, whose numbers start over, counts from zero.
+* CPU seconds of OTHER processes at normal or higher priority: /proc/stat's first line
+  (user nice system idle iowait irq softirq steal ...) as user + system + irq + softirq,
+  less this process's own CPU time (/proc/self/stat's utime + stime). Nice time is left
+  out (our threads at nice 0 preempt it), and so are idle and iowait; steal (a hypervisor
+  took the CPU) is kept apart. A process of ours running niced would count itself in
+  nice, not user, and then understate the others: the increase is floored at zero.
+* Usable CPUs: the process's affinity mask (a cgroup's CPU quota is not read).
+
+A file that is not there (not Linux, a kernel without schedstat) makes its part None:
+`available` says whether anything could be read, and nothing downstream fails.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+NS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class CpuReading:
+    """Totals since the sampler began, at monotonic time `t_s`; None where unavailable."""
+
+    t_s: float
+    runqueue_wait_s: float | None  # this process's threads, waiting for a core
+    on_cpu_s: float | None  # this process's threads, on a core
+    others_s: float | None  # other processes at normal priority
+    steal_s: float | None
+    usable_cpus: int
+
+    @property
+    def available(self) -> bool:
+        return self.runqueue_wait_s is not None or self.others_s is not None
+
+
+@dataclass(frozen=True, slots=True)
+class CpuShare:
+    """What happened between two readings, as rates and shares."""
+
+    wall_s: float
+    others_cores: float | None  # others' CPU seconds / wall seconds
+    steal_cores: float | None
+    wait_share: float | None  # wait / (on cpu + wait) of this process's threads
+    runqueue_wait_s: float | None
+    usable_cpus: int
+
+    @classmethod
+    def between(cls, a: CpuReading, b: CpuReading) -> CpuShare:
+        wall = b.t_s - a.t_s
+
+        def rate(x: float | None, y: float | None) -> float | None:
+            return None if x is None or y is None or wall <= 0 else (y - x) / wall
+
+        wait = _sub(b.runqueue_wait_s, a.runqueue_wait_s)
+        on = _sub(b.on_cpu_s, a.on_cpu_s)
+        share = wait / (wait + on) if wait is not None and on is not None \
+            and wait + on > 0 else None
+        return cls(wall, rate(a.others_s, b.others_s), rate(a.steal_s, b.steal_s), share,
+                   wait, b.usable_cpus)
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+class CpuShareSampler:
+    """Reads the CPU facts above under `root` (/proc; a test passes a folder of fake
+    files). Thread-safe: a scrape and the bench may read it at once."""
+
+    def __init__(self, root: str | Path = "/proc",
+                 cpus: Callable[[], int] = usable_cpus,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.root = Path(root)
+        self._cpus, self._clock = cpus, clock
+        self._tick_s = 1.0 / _clock_ticks()
+        self._lock = threading.Lock()
+        self._last_by_tid: dict[str, tuple[int, int]] = {}
+        self._on_ns = self._wait_ns = 0
+        self._others_s = self._steal_s = 0.0
+        self._last_system: tuple[float, float, float] | None = None  # busy, steal, ours
+
+    def read(self) -> CpuReading:
+        with self._lock:
+            threads = self._read_threads()
+            system = self._read_system()
+            return CpuReading(
+                self._clock(),
+                self._wait_ns * NS if threads else None,
+                self._on_ns * NS if threads else None,
+                self._others_s if system else None,
+                self._steal_s if system else None,
+                self._cpus())
+
+    def _read_threads(self) -> bool:
+        """Adds each thread's increase since the last read; False where unreadable."""
+        try:
+            tids = os.listdir(self.root / "self" / "task")
+        except OSError:
+            return False
+        now: dict[str, tuple[int, int]] = {}
+        for tid in tids:
+            try:
+                on, wait = (int(x) for x in
+                            (self.root / "self" / "task" / tid / "schedstat")
+                            .read_text().split()[:2])
+            except (OSError, ValueError):
+                continue  # exited between the listing and the read, or no schedstat
+            now[tid] = (on, wait)
+            last_on, last_wait = self._last_by_tid.get(tid, (0, 0))
+            if on < last_on or wait < last_wait:  # a reused tid starts over
+                last_on = last_wait = 0
+            self._on_ns += on - last_on
+            self._wait_ns += wait - last_wait
+        if not now:
+            return False
+        self._last_by_tid = now
+        return True
+
+    def _read_system(self) -> bool:
+        try:
+            cpu = (self.root / "stat").read_text().split("\n", 1)[0].split()
+            user, _nice, system, _idle, _iowait, irq, softirq, steal = \
+                (int(x) for x in cpu[1:9])
+            ours = _own_cpu_ticks((self.root / "self" / "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            return False
+        busy = (user + system + irq + softirq) * self._tick_s
+        now = (busy, steal * self._tick_s, ours * self._tick_s)
+        if self._last_system is not None:
+            d_busy, d_steal, d_ours = (x - y for x, y in zip(now, self._last_system,
+                                                             strict=True))
+            self._others_s += max(0.0, d_busy - d_ours)
+            self._steal_s += max(0.0, d_steal)
+        self._last_system = now
+        return True
+
+
+def _own_cpu_ticks(stat: str) -> int:
+    """utime + stime from /proc/<pid>/stat (fields 14 and 15; the name in parentheses
+    may hold spaces, so count from its closing one)."""
+    rest = stat[stat.rindex(")") + 2:].split()
+    return int(rest[11]) + int(rest[12])
+
+
+def _clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100
