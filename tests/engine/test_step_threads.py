@@ -3,9 +3,7 @@ processes leave free (engine/step_threads.py)."""
 
 from __future__ import annotations
 
-import pytest
-
-from stepserve.engine.step_threads import StepThreads, others_cpu_seconds
+from stepserve.engine.step_threads import StepThreads
 
 
 class Others:
@@ -88,18 +86,3 @@ def test_unreadable_counters_keep_the_ceiling():
     others.readable = False
     assert run_window(policy, clock, others, 1.0) == 2
 
-
-def test_others_cpu_seconds_reads_proc_stat_without_nice_time(tmp_path):
-    stat = tmp_path / "stat"
-    # user nice system idle iowait irq softirq steal: nice and idle do not count
-    stat.write_text("cpu  1000 5000 200 90000 40 10 30 7 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
-    value = others_cpu_seconds(str(stat))
-    assert value is not None
-    import os
-
-    busy = (1000 + 200 + 10 + 30) / os.sysconf("SC_CLK_TCK")
-    own = os.times()
-    assert value == pytest.approx(busy - (own.user + own.system), abs=0.05)
-    assert others_cpu_seconds(str(tmp_path / "missing")) is None
-    (tmp_path / "bad").write_text("intr 1 2 3\n")
-    assert others_cpu_seconds(str(tmp_path / "bad")) is None

@@ -111,6 +111,12 @@ class CpuShareSampler:
                 self._steal_s if system else None,
                 self._cpus())
 
+    def others_seconds(self) -> float | None:
+        """Other processes' CPU seconds so far, alone: two small files, cheap enough for a
+        stepping engine to ask every half second (engine/step_threads.py)."""
+        with self._lock:
+            return self._others_s if self._read_system() else None
+
     def _read_threads(self) -> bool:
         """Adds each thread's increase since the last read; False where unreadable."""
         try:

@@ -9,7 +9,7 @@ core at once (measured, default model, batch 1: 12 ms a step quiet, 29-36 ms med
 alike). Waits that sleep instead of spinning made it worse (54-87 ms: each wake-up
 queues behind the busy process). So a step runs on as many threads as there are cores
 nobody else is using: the busy CPU time of other processes at normal priority, from
-/proc/stat, over the last window. Processes at positive nice do not count: our threads
+/proc/stat, over the last window (engine/cpu_share.py). Processes at positive nice do not count: our threads
 preempt them (a compile at nice 19 leaves the team whole).
 
 `threads` fixed by the user (`--threads`, or OMP_NUM_THREADS) is kept as it is.
@@ -22,11 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Others' busy cores are rounded with these margins: a team shrinks once others take
-# DOWN of a core it would use, and grows back only once they leave UP of one free, so
-# a load near a threshold (a benchmark client's ~0.3 cores) does not flip it each window.
-DOWN_MARGIN = 0.35
-UP_MARGIN = 0.15
+from stepserve.engine.cpu_share import CpuShareSampler, usable_cpus
+
+# A team shrinks by a thread once others take more than SHRINK_AT of the cores it runs
+# on (one busy loop beside a 2-thread team gets its fair 0.67 of a core), and grows back
+# only onto a core at most GROW_AT busy, so a load near the line (a benchmark client's
+# ~0.3 cores) does not flip it every window.
+SHRINK_AT = 0.5
+GROW_AT = 0.25
 WINDOW_S = 0.5  # how long others' CPU time is averaged over before a decision
 
 
@@ -88,34 +91,13 @@ class StepThreads:
         self._mark = (now, used)
 
     def _target(self, others: float) -> int:
-        current = self.choice.threads
         free = self.usable - others
-        down = int(free + DOWN_MARGIN)  # fewer threads once others hold most of one core
-        up = int(free + UP_MARGIN)      # more only once a core is (almost) wholly free
-        if down < current:
-            return max(1, down)
-        if up > current:
-            return min(self.ceiling, up)
-        return current
-
-
-def others_cpu_seconds(stat_path: str = "/proc/stat") -> float | None:
-    """CPU seconds other processes at normal priority (nice <= 0) have used since boot,
-    all CPUs together: /proc/stat's user, system, irq and softirq time, less this
-    process's own. None where the file cannot be read (not Linux)."""
-    try:
-        with open(stat_path) as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    if len(fields) < 8 or fields[0] != "cpu":
-        return None
-    user, _nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
-    busy = (user + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-    if os.getpriority(os.PRIO_PROCESS, 0) > 0:
-        return busy  # this process's time is counted as nice, not in `busy`
-    own = os.times()
-    return busy - (own.user + own.system)
+        n = self.choice.threads
+        while n > 1 and free < n - SHRINK_AT:
+            n -= 1
+        while n < self.ceiling and free >= n + 1 - GROW_AT:
+            n += 1
+        return n
 
 
 def follow_free_cores(runner, fixed: int | None) -> StepThreads:
@@ -130,6 +112,6 @@ def follow_free_cores(runner, fixed: int | None) -> StepThreads:
     elif os.environ.get("OMP_NUM_THREADS"):
         fixed = torch.get_num_threads()
     ceiling = fixed or getattr(runner, "max_threads", torch.get_num_threads())
-    policy = StepThreads(ceiling, len(os.sched_getaffinity(0)), fixed, others_cpu_seconds)
+    policy = StepThreads(ceiling, usable_cpus(), fixed, CpuShareSampler().others_seconds)
     runner.thread_count = policy.threads
     return policy

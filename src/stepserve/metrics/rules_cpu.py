@@ -60,8 +60,9 @@ def cpu_shared(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         f"the CPU is shared: {'; '.join(seen)} (alert at {OTHERS_CORES_MIN:g} cores or "
         f"{WAIT_SHARE_MIN:.0%} waiting); every step waits for the other work, so latency "
         "and throughput say little about the engine's settings",
-        "move the other work off these cores, or pin them apart (taskset), or run the "
-        f"engine with fewer threads (--threads); {NOT_THE_SCHEDULER}")
+        "move the other work off these cores, or pin them apart (taskset); the engine "
+        "already steps on fewer threads while other work keeps whole cores busy, and "
+        f"--threads N fixes the count; {NOT_THE_SCHEDULER}")
 
 
 def first_if_cpu_shared(summary: RunSummary, settings: RuleSettings,
