@@ -130,7 +130,10 @@ def bench(url: str, load: Load, out: Path) -> dict[str, float | None]:
 
 
 def run_server(name: str, cmd: list[str], port: int, server_loads: list[Load], tmp: Path,
-               ready_timeout_s: float) -> list[Cell]:
+               ready_timeout_s: float, keys: list[str] | None = None) -> list[Cell]:
+    """Start `cmd`, run each load through `stepserve bench`, stop it; each Cell keeps the
+    summary's `keys` (default: the table's METRICS)."""
+    keys = keys or [k for _, k, _ in METRICS]
     url = f"http://127.0.0.1:{port}"
     print(f"{name}: {' '.join(cmd)}", flush=True)
     log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 (closed below)
@@ -141,7 +144,7 @@ def run_server(name: str, cmd: list[str], port: int, server_loads: list[Load], t
         for load in server_loads:
             t0 = time.perf_counter()
             summary = bench(url, load, tmp / f"{name}-{load.name}.json")
-            cells.append(Cell(name, load.name, {k: summary.get(k) for _, k, _ in METRICS},
+            cells.append(Cell(name, load.name, {k: summary.get(k) for k in keys},
                               time.perf_counter() - t0))
             print(f"  {load.name}: {summary.get('throughput_tokens_per_s') or 0:.1f} tok/s",
                   flush=True)

@@ -33,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_vs_llamacpp import METRICS, Cell, Load, run_server  # noqa: E402
+from engine_vs_llamacpp import METRICS, Cell, Load, ratio, run_server  # noqa: E402
 
 HIT = ("hit rate", "prefix_cache_hit_rate", 100.0)
 COLUMNS = (*METRICS, HIT)
@@ -68,14 +68,10 @@ def format_table(cells: list[Cell], load_names: list[str]) -> str:
         on, off = row.get("caching on"), row.get("caching off")
         if on and off:
             lines.append(f"{'':<16}{'on / off':<16}" + "".join(
-                f"{_ratio(on.summary.get(k), off.summary.get(k)):>14}" for _, k, _ in METRICS))
+                f"{ratio(on.summary.get(k), off.summary.get(k)):>14}" for _, k, _ in METRICS))
     lines.append("latencies in ms, hit rate in %; on / off: throughput higher is better, "
                  "latencies lower is better")
     return "\n".join(lines)
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    return "-" if not a or not b else f"{a / b:.2f}x"
 
 
 def main() -> int:
@@ -90,7 +86,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--llama-server", metavar="PATH", help="also llama.cpp's server")
     ap.add_argument("--slot-ctx", type=int, default=2048, help="llama-server context per slot")
-    ap.add_argument("--port", type=int, default=8133)
+    ap.add_argument("--port", type=int, default=8143)
     ap.add_argument("--ready-timeout", type=float, default=600.0)
     ap.add_argument("--stepserve-args", default="", help="extra `stepserve serve` flags")
     ap.add_argument("--json", metavar="OUT")
