@@ -8,6 +8,7 @@ import torch
 
 from stepserve import LLM, SamplingParams
 from stepserve.config.errors import UsageError
+from stepserve.engine.cpu_share import CpuReading
 from stepserve.engine.step_threads import StepThreads
 
 pytestmark = pytest.mark.xdist_group("torch_threads")
@@ -47,9 +48,14 @@ def test_without_the_setting_busy_neighbours_lower_the_count():
     torch.set_num_threads(2)
     llm = LLM("tiny", max_model_len=64)
     assert llm.engine.step_threads.ceiling == 2
-    clock = iter(float(i) for i in range(1000))
-    others = iter(float(i) for i in range(1000))  # one core busy all the time
-    policy = StepThreads(2, 2, None, lambda: next(others), lambda: next(clock))
+    ticks = iter(range(1000))
+    policy_clock = [float(i) for i in range(1000)]
+
+    def one_core_busy() -> CpuReading:  # a second a reading; others keep a core busy
+        t = float(next(ticks))
+        return CpuReading(t, 0.0, 2 * t, t, 0.0, 2, 0.0)
+
+    policy = StepThreads(2, 2, None, one_core_busy, lambda: policy_clock.pop(0))
     llm.engine.runner.thread_count = policy.threads
     seen = steps_on(llm)
     assert seen[0] == 2 and seen[-1] == 1

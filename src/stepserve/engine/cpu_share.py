@@ -40,6 +40,7 @@ class CpuReading:
     others_s: float | None  # other processes at normal priority
     steal_s: float | None
     usable_cpus: int
+    nice_s: float | None = None  # everyone's time at positive nice (ours included, if niced)
 
     @property
     def available(self) -> bool:
@@ -56,6 +57,7 @@ class CpuShare:
     wait_share: float | None  # wait / (on cpu + wait) of this process's threads
     runqueue_wait_s: float | None
     usable_cpus: int
+    nice_cores: float | None = None  # processes at positive nice, CPU s / wall s
 
     @classmethod
     def between(cls, a: CpuReading, b: CpuReading) -> CpuShare:
@@ -69,7 +71,7 @@ class CpuShare:
         share = wait / (wait + on) if wait is not None and on is not None \
             and wait + on > 0 else None
         return cls(wall, rate(a.others_s, b.others_s), rate(a.steal_s, b.steal_s), share,
-                   wait, b.usable_cpus)
+                   wait, b.usable_cpus, rate(a.nice_s, b.nice_s))
 
 
 def _sub(a: float | None, b: float | None) -> float | None:
@@ -96,8 +98,9 @@ class CpuShareSampler:
         self._lock = threading.Lock()
         self._last_by_tid: dict[str, tuple[int, int]] = {}
         self._on_ns = self._wait_ns = 0
-        self._others_s = self._steal_s = 0.0
-        self._last_system: tuple[float, float, float] | None = None  # busy, steal, ours
+        self._others_s = self._steal_s = self._nice_s = 0.0
+        self._last_system: tuple[float, float, float, float] | None = None  # busy, steal,
+        # ours, nice
 
     def read(self) -> CpuReading:
         with self._lock:
@@ -109,13 +112,8 @@ class CpuShareSampler:
                 self._on_ns * NS if threads else None,
                 self._others_s if system else None,
                 self._steal_s if system else None,
-                self._cpus())
-
-    def others_seconds(self) -> float | None:
-        """Other processes' CPU seconds so far, alone: two small files, cheap enough for a
-        stepping engine to ask every half second (engine/step_threads.py)."""
-        with self._lock:
-            return self._others_s if self._read_system() else None
+                self._cpus(),
+                self._nice_s if system else None)
 
     def _read_threads(self) -> bool:
         """Adds each thread's increase since the last read; False where unreadable."""
@@ -145,18 +143,19 @@ class CpuShareSampler:
     def _read_system(self) -> bool:
         try:
             cpu = (self.root / "stat").read_text().split("\n", 1)[0].split()
-            user, _nice, system, _idle, _iowait, irq, softirq, steal = \
+            user, nice, system, _idle, _iowait, irq, softirq, steal = \
                 (int(x) for x in cpu[1:9])
             ours = _own_cpu_ticks((self.root / "self" / "stat").read_text())
         except (OSError, ValueError, IndexError):
             return False
         busy = (user + system + irq + softirq) * self._tick_s
-        now = (busy, steal * self._tick_s, ours * self._tick_s)
+        now = (busy, steal * self._tick_s, ours * self._tick_s, nice * self._tick_s)
         if self._last_system is not None:
-            d_busy, d_steal, d_ours = (x - y for x, y in zip(now, self._last_system,
-                                                             strict=True))
+            d_busy, d_steal, d_ours, d_nice = (x - y for x, y in zip(now, self._last_system,
+                                                                     strict=True))
             self._others_s += max(0.0, d_busy - d_ours)
             self._steal_s += max(0.0, d_steal)
+            self._nice_s += max(0.0, d_nice)
         self._last_system = now
         return True
 

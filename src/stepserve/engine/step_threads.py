@@ -1,16 +1,28 @@
-"""How many CPU threads a step runs on: the cores other processes leave free.
+"""How many CPU threads a step runs on: the cores other work leaves free.
 
 A decode step is a chain of ~300 small products, each shared out over one OpenMP team
 and closed by a barrier. Beside one busy process on 2 cores, the scheduler keeps one of
 the two threads off a core for a whole time slice at a time; the other reaches the next
 barrier within ~30 us and spins there, so the step only moves while both threads hold a
 core at once (measured, default model, batch 1: 12 ms a step quiet, 29-36 ms median and
-120-150 ms P90 with two threads beside a busy loop, 21.5 ms with one thread, every step
+120-150 ms P90 with two threads beside a busy loop, 19-21 ms with one thread, every step
 alike). Waits that sleep instead of spinning made it worse (54-87 ms: each wake-up
-queues behind the busy process). So a step runs on as many threads as there are cores
-nobody else is using: the busy CPU time of other processes at normal priority, from
-/proc/stat, over the last window (engine/cpu_share.py). Processes at positive nice do not count: our threads
-preempt them (a compile at nice 19 leaves the team whole).
+queues behind the busy process). Worse still, a nice-19 busy loop started from another
+session: with the kernel's autogroups (on by default) its nice value counts only inside
+its own session, so it takes a whole core's share, and the two threads, each now waiting
+on the run queue half the time, took a batch-8 step from 46 ms to 1,248 ms.
+
+So a step runs on as many threads as the cores it really gets, decided every WINDOW_S
+from engine/cpu_share.py's readings:
+
+* one thread fewer when other processes at normal priority take more than SHRINK_AT of
+  a core the team runs on, or when the team's own threads wait on the run queue for
+  WAIT_SHRINK of their time or more (whatever holds the cores: a nice process in another
+  autogroup, a cgroup quota, a hypervisor);
+* one more onto a core that is idle (everyone's CPU, niced work included, leaves it at
+  most GROW_AT busy); where only niced work holds it, which our threads may or may not
+  preempt, a probe: one window with the extra thread, kept if the team's wait stays
+  under WAIT_SHRINK, else dropped and tried again after twice as long (up to PROBE_MAX_S).
 
 `threads` fixed by the user (`--threads`, or OMP_NUM_THREADS) is kept as it is.
 """
@@ -22,15 +34,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stepserve.engine.cpu_share import CpuShareSampler, usable_cpus
+from stepserve.engine.cpu_share import CpuReading, CpuShare, CpuShareSampler, usable_cpus
 
-# A team shrinks by a thread once others take more than SHRINK_AT of the cores it runs
-# on (one busy loop beside a 2-thread team gets its fair 0.67 of a core), and grows back
-# only onto a core at most GROW_AT busy, so a load near the line (a benchmark client's
-# ~0.3 cores) does not flip it every window.
+# A team shrinks once others take more than SHRINK_AT of the cores it runs on (one busy
+# loop beside a 2-thread team gets its fair 0.67 of a core), and grows back only onto a
+# core at most GROW_AT busy, so a load near the line (a benchmark client's ~0.3 cores)
+# does not flip it every window.
 SHRINK_AT = 0.5
 GROW_AT = 0.25
-WINDOW_S = 0.5  # how long others' CPU time is averaged over before a decision
+# The team's run-queue wait share that says it does not get its cores: ~1% quiet, 35%
+# beside a busy loop, 50% beside a nice-19 loop in another autogroup.
+WAIT_SHRINK = 0.2
+WINDOW_S = 0.5  # how long a reading's window is before a decision
+PROBE_FIRST_S = 2.0  # the wait before the first probe onto a core niced work holds
+PROBE_MAX_S = 60.0
 
 
 @dataclass
@@ -38,33 +55,36 @@ class ThreadChoice:
     """The current decision and what it was based on (for logs, metrics, the doctor)."""
 
     threads: int
-    others_cores: float | None = None  # busy cores of other processes, last window
+    others_cores: float | None = None  # other processes at normal priority, last window
+    wait_share: float | None = None  # the team's run-queue wait share, last window
     changes: int = 0
 
 
 class StepThreads:
-    """`threads()` before each step: the count to run it on. `ceiling`: the most (the
-    threads it may use: torch's count at start); `usable`: the CPUs it may run on (its
-    affinity); `fixed`: the user's
-    count, kept as it is; `others_cpu_s`: cumulative CPU seconds used by other processes
-    at normal priority (None where the system does not say: then the ceiling is kept)."""
+    """`threads()` before each step: the count to run it on. `ceiling`: the most threads
+    it may use (torch's count at start); `usable`: the CPUs it may run on (its affinity);
+    `fixed`: the user's count, kept as it is; `read`: cumulative CPU readings
+    (CpuShareSampler.read), or None to keep the ceiling."""
 
     def __init__(self, ceiling: int, usable: int, fixed: int | None = None,
-                 others_cpu_s: Callable[[], float | None] | None = None,
+                 read: Callable[[], CpuReading] | None = None,
                  clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
                  ) -> None:
         self.ceiling = max(1, ceiling)
         self.usable = max(1, usable)
         self.fixed = fixed
-        self._others = others_cpu_s
+        self._read = read
         self._clock = clock
         self._window = window_s
         self.choice = ThreadChoice(fixed or self.ceiling)
-        self._mark: tuple[float, float] | None = None  # (time, others' CPU s) at window start
+        self._mark: tuple[float, CpuReading] | None = None  # the window's start
+        self._probing = False
+        self._probe_wait = PROBE_FIRST_S
+        self._next_probe = clock() + PROBE_FIRST_S
 
     @property
     def adaptive(self) -> bool:
-        return self.fixed is None and self._others is not None and self.ceiling > 1
+        return self.fixed is None and self._read is not None and self.ceiling > 1
 
     def threads(self) -> int:
         if self.adaptive:
@@ -75,36 +95,46 @@ class StepThreads:
         now = self._clock()
         if self._mark is not None and now - self._mark[0] < self._window:
             return
-        assert self._others is not None
-        used = self._others()
-        if used is None:
-            self._mark = None
-            return
-        if self._mark is not None:
-            elapsed = now - self._mark[0]
-            others = max(0.0, (used - self._mark[1]) / elapsed)
-            self.choice.others_cores = others
-            target = self._target(others)
+        assert self._read is not None
+        reading = self._read()
+        if self._mark is not None and reading.available:
+            share = CpuShare.between(self._mark[1], reading)
+            self.choice.others_cores = share.others_cores
+            self.choice.wait_share = share.wait_share
+            target = self._target(share, now)
             if target != self.choice.threads:
                 self.choice.threads = target
                 self.choice.changes += 1
-        self._mark = (now, used)
+        self._mark = (now, reading)
 
-    def _target(self, others: float) -> int:
-        free = self.usable - others
+    def _target(self, share: CpuShare, now: float) -> int:
         n = self.choice.threads
-        while n > 1 and free < n - SHRINK_AT:
-            n -= 1
-        while n < self.ceiling and free >= n + 1 - GROW_AT:
-            n += 1
+        others, nice = share.others_cores or 0.0, share.nice_cores or 0.0
+        waited = share.wait_share is not None and share.wait_share >= WAIT_SHRINK
+        probed, self._probing = self._probing, False
+        if probed:
+            if waited:  # the niced work's core was not ours: back off
+                self._probe_wait = min(2 * self._probe_wait, PROBE_MAX_S)
+                self._next_probe = now + self._probe_wait
+                return n - 1
+            self._probe_wait = PROBE_FIRST_S
+        if n > 1 and (waited or self.usable - others < n - SHRINK_AT):
+            return n - 1
+        room = self.usable - others >= n + 1 - GROW_AT
+        if n < self.ceiling and room and not waited:
+            if self.usable - others - nice >= n + 1 - GROW_AT:
+                return n + 1  # an idle core
+            if now >= self._next_probe:  # a core only niced work holds: try it
+                self._probing = True
+                return n + 1
         return n
 
 
 def follow_free_cores(runner, fixed: int | None) -> StepThreads:
     """Set `runner` (a TorchRunner) to run each step on the threads StepThreads picks:
     `fixed` (the user's --threads) as it is, torch's count where OMP_NUM_THREADS sets it,
-    else at most the count torch had when the model was loaded, fewer while other
-    processes keep cores busy."""
+    else at most the count torch had when the model was loaded, fewer while other work
+    keeps cores busy."""
     import torch  # a model runs: torch is loaded already
 
     if fixed is not None:
@@ -112,6 +142,6 @@ def follow_free_cores(runner, fixed: int | None) -> StepThreads:
     elif os.environ.get("OMP_NUM_THREADS"):
         fixed = torch.get_num_threads()
     ceiling = fixed or getattr(runner, "max_threads", torch.get_num_threads())
-    policy = StepThreads(ceiling, usable_cpus(), fixed, CpuShareSampler().others_seconds)
+    policy = StepThreads(ceiling, usable_cpus(), fixed, CpuShareSampler().read)
     runner.thread_count = policy.threads
     return policy
