@@ -137,9 +137,7 @@ def follow_free_cores(runner, fixed: int | None) -> StepThreads:
     keeps cores busy."""
     import torch  # a model runs: torch is loaded already
 
-    if fixed is not None:
-        torch.set_num_threads(fixed)
-    elif os.environ.get("OMP_NUM_THREADS"):
+    if fixed is None and os.environ.get("OMP_NUM_THREADS"):
         fixed = torch.get_num_threads()
     ceiling = fixed or getattr(runner, "max_threads", torch.get_num_threads())
     policy = StepThreads(ceiling, usable_cpus(), fixed, CpuShareSampler().read)

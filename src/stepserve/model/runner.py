@@ -180,10 +180,17 @@ class TorchRunner:
     # ---- one step ----
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
-        if self.thread_count is not None:
-            threads = self.thread_count()
-            if threads != torch.get_num_threads():  # torch's ops and our kernels follow it
-                torch.set_num_threads(threads)
+        before = torch.get_num_threads()
+        threads = before if self.thread_count is None else self.thread_count()
+        if threads == before:
+            return self._execute(sched_out, t0)
+        torch.set_num_threads(threads)  # torch's ops and our kernels follow it
+        try:  # this step only: the process's count (what others read) stays as it was
+            return self._execute(sched_out, t0)
+        finally:
+            torch.set_num_threads(before)
+
+    def _execute(self, sched_out: SchedulerOutput, t0: float) -> RunnerOutput:
         # Swap out first: the device blocks it frees may be the targets of this swap in.
         self.kv.copy_blocks_to_cpu(sched_out.swap_out)
         self.kv.copy_blocks_from_cpu(sched_out.swap_in)
