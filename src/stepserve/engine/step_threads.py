@@ -20,9 +20,13 @@ from engine/cpu_share.py's readings:
   WAIT_SHRINK of their time or more (whatever holds the cores: a nice process in another
   autogroup, a cgroup quota, a hypervisor);
 * one more onto a core that is idle (everyone's CPU, niced work included, leaves it at
-  most GROW_AT busy); where only niced work holds it, which our threads may or may not
-  preempt, a probe: one window with the extra thread, kept if the team's wait stays
-  under WAIT_SHRINK, else dropped and tried again after twice as long (up to PROBE_MAX_S).
+  most GROW_AT busy); onto a core that niced work holds (which our threads may or may
+  not preempt) or that a light neighbour keeps under SHRINK_AT busy (a benchmark client,
+  after a burst that took the thread), a probe: one window with the extra thread, kept
+  unless that window says to shrink again. Every shrink puts the next probe off: after
+  a count that had held KEPT_S, until a burst of other processes has passed or for
+  PROBE_FIRST_S after a wait; after a shorter hold, twice as long as the last time (up
+  to PROBE_MAX_S).
 
 `threads` fixed by the user (`--threads`, or OMP_NUM_THREADS) is kept as it is.
 """
@@ -46,8 +50,9 @@ GROW_AT = 0.25
 # beside a busy loop, 50% beside a nice-19 loop in another autogroup.
 WAIT_SHRINK = 0.2
 WINDOW_S = 0.5  # how long a reading's window is before a decision
-PROBE_FIRST_S = 2.0  # the wait before the first probe onto a core niced work holds
+PROBE_FIRST_S = 2.0  # the wait before the first probe after a shrink
 PROBE_MAX_S = 60.0
+KEPT_S = 5.0  # a count held this long was right: the next shrink starts the backoff over
 
 
 @dataclass
@@ -78,9 +83,10 @@ class StepThreads:
         self._window = window_s
         self.choice = ThreadChoice(fixed or self.ceiling)
         self._mark: tuple[float, CpuReading] | None = None  # the window's start
-        self._probing = False
         self._probe_wait = PROBE_FIRST_S
         self._next_probe = clock() + PROBE_FIRST_S
+        self._changed_at = clock() - KEPT_S  # when the count last changed (the first
+        # count counts as held)
 
     @property
     def adaptive(self) -> bool:
@@ -102,32 +108,39 @@ class StepThreads:
             self.choice.others_cores = share.others_cores
             self.choice.wait_share = share.wait_share
             target = self._target(share, now)
+            if target < self.choice.threads:
+                crowded = self.usable - (share.others_cores or 0.0) < target + SHRINK_AT
+                self._put_off_probes(now, crowded)
             if target != self.choice.threads:
                 self.choice.threads = target
                 self.choice.changes += 1
+                self._changed_at = now
         self._mark = (now, reading)
 
     def _target(self, share: CpuShare, now: float) -> int:
         n = self.choice.threads
         others, nice = share.others_cores or 0.0, share.nice_cores or 0.0
         waited = share.wait_share is not None and share.wait_share >= WAIT_SHRINK
-        probed, self._probing = self._probing, False
-        if probed:
-            if waited:  # the niced work's core was not ours: back off
-                self._probe_wait = min(2 * self._probe_wait, PROBE_MAX_S)
-                self._next_probe = now + self._probe_wait
-                return n - 1
-            self._probe_wait = PROBE_FIRST_S
         if n > 1 and (waited or self.usable - others < n - SHRINK_AT):
             return n - 1
-        room = self.usable - others >= n + 1 - GROW_AT
-        if n < self.ceiling and room and not waited:
+        if n < self.ceiling and not waited:
             if self.usable - others - nice >= n + 1 - GROW_AT:
                 return n + 1  # an idle core
-            if now >= self._next_probe:  # a core only niced work holds: try it
-                self._probing = True
-                return n + 1
+            if self.usable - others >= n + 1 - SHRINK_AT and now >= self._next_probe:
+                return n + 1  # a probe: the next window says whether it stays
         return n
+
+    def _put_off_probes(self, now: float, crowded: bool) -> None:
+        """A shrink. After a count that held KEPT_S, the next probe may come as soon as
+        the cause is gone where other processes took the core (`crowded`: a burst; the
+        probe waits for them to fall under SHRINK_AT), else after PROBE_FIRST_S (the team
+        waited, whoever held its cores: nothing says when that ends). After a shorter
+        hold, twice as long as the last wait."""
+        if now - self._changed_at >= KEPT_S:
+            self._probe_wait = WINDOW_S if crowded else PROBE_FIRST_S
+        else:
+            self._probe_wait = min(max(2 * self._probe_wait, PROBE_FIRST_S), PROBE_MAX_S)
+        self._next_probe = now + self._probe_wait
 
 
 def follow_free_cores(runner, fixed: int | None) -> StepThreads:

@@ -56,6 +56,8 @@ class AsyncEngine:
         self.metrics = metrics
         if metrics is not None:
             metrics.cache.watch(engine.core)
+            if (threads := getattr(engine, "step_threads", None)) is not None:
+                metrics.cpu.watch(threads)
         self.accepting = True
         self._worker = EngineLoop(engine, metrics, self._hand_over, on_fatal)
         self._commands = self._worker.commands

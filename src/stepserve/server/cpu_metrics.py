@@ -9,7 +9,10 @@ thread only adds each step's time to the quiet reference):
   hypervisor took;
 * `cpu_usable`: the cores this process may run on;
 * `step_time_over_quiet`: the recent steps' time over their shapes' quiet time
-  (metrics/step_reference.py), absent until a shape has a reference.
+  (metrics/step_reference.py), absent until a shape has a reference;
+* `step_threads`: the CPU threads the engine's steps run on now, and
+  `step_threads_changes_total` how often that count changed (engine/step_threads.py;
+  absent until the engine is watched).
 
 All counters since the server started (engine/cpu_share.py). Where the host does not
 say (not Linux, no schedstat), the series it cannot read are absent.
@@ -24,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from stepserve.core.output import StepRecord
 from stepserve.engine.cpu_share import CpuShareSampler
+from stepserve.engine.step_threads import StepThreads
 from stepserve.metrics.step_reference import QuietStepReference
 
 P = "stepserve:"
@@ -48,7 +52,12 @@ class CpuMetrics:
         self.sampler = sampler or CpuShareSampler()
         self.sampler.read()  # the counters count from here
         self.reference = QuietStepReference()
+        self._threads: StepThreads | None = None
         registry.register(self)
+
+    def watch(self, threads: StepThreads) -> None:
+        """Report the engine's thread policy (its current choice, read at scrape time)."""
+        self._threads = threads
 
     def on_steps(self, records: Sequence[StepRecord]) -> None:
         for r in records:
@@ -63,6 +72,14 @@ class CpuMetrics:
                 family.add_metric(self.label_values, value)
                 yield family
         gauges = [("cpu_usable", "CPUs this process may run on", reading.usable_cpus)]
+        if self._threads is not None:
+            gauges.append(("step_threads", "CPU threads the engine's steps run on now",
+                           self._threads.choice.threads))
+            family = CounterMetricFamily(P + "step_threads_changes",
+                                         "changes of the steps' thread count",
+                                         labels=self.labels)
+            family.add_metric(self.label_values, self._threads.choice.changes)
+            yield family
         if (over := self.reference.over_quiet()) is not None:
             gauges.append(("step_time_over_quiet", "recent step time over the quiet time "
                            "of the same step shapes", over))
@@ -75,4 +92,6 @@ class CpuMetrics:
         """The names, for the registry's clash check."""
         return [*(CounterMetricFamily(P + name, "") for name, _, _ in COUNTERS),
                 GaugeMetricFamily(P + "cpu_usable", ""),
+                GaugeMetricFamily(P + "step_threads", ""),
+                CounterMetricFamily(P + "step_threads_changes", ""),
                 GaugeMetricFamily(P + "step_time_over_quiet", "")]
