@@ -46,7 +46,7 @@ def test_terms_count_the_work_of_a_step():
     out.swap_in = [(1, 2), (3, 4)]
     terms = dict(zip(TERMS, step_terms(out, knee_tokens=32)))
     assert terms == {"step": 1, "seq": 2, "token": 51, "token_hi": 19, "kv_read": 101,
-                     "attn": 50 * (100 + 51 / 2), "swap": 2, "join": 0}
+                     "attn": 50 * (100 + 51 / 2), "swap": 2, "join": 0, "chunk": 1}
     # a chunk from token 0 is a request joining the batch (new, or recomputed)
     fresh = SchedulerOutput(0, [decode, _request(3, 40, 0, 0)], [1, 40])
     assert dict(zip(TERMS, step_terms(fresh, knee_tokens=32)))["join"] == 1

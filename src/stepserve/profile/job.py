@@ -2,8 +2,9 @@
 scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
 
 The grid: decode-only steps over batch size x context length; prefill chunks of several
-sizes, fresh and after cached tokens; mixed steps (a chunk riding with decodes); KV block
-copies for swap. Each point is warmed up, then timed `repeats` times; the median is
+sizes, fresh and after a quarter and half of max_len cached; mixed steps (a chunk riding
+with decodes at a short and a long context, small chunks as a CPU's step budget makes
+them and large ones); KV block copies for swap. Each point is warmed up, then timed `repeats` times; the median is
 fitted, the spread (min, max) kept. The engine's own per-step work around the model
 (scheduling, sampling bookkeeping, detokenizing, Python) is measured by running a real
 workload through LLMEngine and subtracting the runner's time from each step's wall time;
@@ -67,10 +68,15 @@ def grid(quick: bool, max_len: int) -> list[GridPoint]:
     chunks = [c for c in ((16, 128) if quick else (16, 64, 256, 512, 1024)) if c <= max_len]
     points = [GridPoint(b, c) for b in batches for c in contexts]
     points += [GridPoint(chunk=n) for n in chunks]
-    points += [GridPoint(chunk=n, chunk_start=max_len // 2) for n in chunks
-               if max_len // 2 + n <= max_len]
-    points += [GridPoint(d, 128, n) for d in ((4,) if quick else (4, 16))
-               for n in chunks[-2:] if 128 <= max_len]
+    starts = (max_len // 2,) if quick else sorted({max_len // 4, max_len // 2})
+    points += [GridPoint(chunk=n, chunk_start=s) for s in starts for n in chunks
+               if s + n <= max_len]
+    # a chunk riding with decodes: the steps chunked prefill makes, a CPU's small chunks
+    # (64-256 tokens, engine/step_budget.py) beside decodes at a short and a long context
+    mixed = chunks[-2:] if quick else [n for n in (64, 256, 1024) if n <= max_len]
+    contexts_mixed = (128,) if quick else (128, 1024)
+    points += [GridPoint(d, c, n) for d in ((4,) if quick else (4, 16))
+               for c in contexts_mixed for n in mixed if c <= max_len]
     points += [GridPoint(swap_blocks=k) for k in ((8,) if quick else (8, 64))]
     return points
 
@@ -175,7 +181,7 @@ def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]
     finally:
         runner.execute = execute
     extra = [w - s for w, s in zip(walls, spent, strict=True)]
-    coef = fit([(1.0, float(n), 0, 0, 0, 0, 0, float(j)) for n, j in zip(seqs, joins,
+    coef = fit([(1.0, float(n), 0, 0, 0, 0, 0, float(j), 0) for n, j in zip(seqs, joins,
                                                                          strict=True)],
                [max(e, 1e-6) for e in extra])
     return coef.get("step", 0.0), coef.get("seq", 0.0), coef.get("join", 0.0)

@@ -14,6 +14,9 @@ cost per unit of work, fitted to the real engine's step times (`stepserve profil
       + swap     x blocks        per KV block copied between device and CPU
       + join     x joins         per request joining the batch (its chunk starts at token
                                  0: new, or recomputed): the engine re-forming its batch
+      + chunk    x chunks        per prefill chunk in the step, fresh or after cached
+                                 tokens (the prefill path's own fixed cost: a chunk of 16
+                                 tokens costs several decode steps on a CPU)
 
 Coefficients are fitted by non-negative least squares on relative error (a 5 ms step
 and a 2 s step count alike), so each stays a cost, never a credit. JSON in and out
@@ -33,13 +36,13 @@ from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens, joining
 
 SCHEMA = "stepserve.cost/1"
 _NOT_ONE = (1).__ne__
-TERMS = ("step", "seq", "token", "token_hi", "kv_read", "attn", "swap", "join")
+TERMS = ("step", "seq", "token", "token_hi", "kv_read", "attn", "swap", "join", "chunk")
 UNITS = {"step": "ms per step", "seq": "us per sequence", "token": "us per token",
          "token_hi": "us per token past the knee", "kv_read": "ns per KV token read",
          "attn": "ns per attention pair", "swap": "us per block copied",
-         "join": "us per request joining the batch"}
+         "join": "us per request joining the batch", "chunk": "us per prefill chunk"}
 SCALE = {"step": 1e3, "seq": 1e6, "token": 1e6, "token_hi": 1e6, "kv_read": 1e9,
-         "attn": 1e9, "swap": 1e6, "join": 1e6}
+         "attn": 1e9, "swap": 1e6, "join": 1e6, "chunk": 1e6}
 # The terms that grow with the batch the engine re-forms, not with the model's work:
 # the scheduling overhead (sim/cost.py), named in describe().
 SCHEDULING_TERMS = ("seq", "join")
@@ -65,7 +68,7 @@ def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
     over = tokens - knee_tokens if tokens > knee_tokens else 0
     swaps = len(out.swap_in) + len(out.swap_out)
     return (1.0, float(len(out.requests)), float(tokens), float(over), float(kv_read), attn,
-            float(swaps), float(joining(starts)))
+            float(swaps), float(joining(starts)), float(len(pre_n)))
 
 
 @dataclass(frozen=True)
@@ -86,15 +89,15 @@ class CalibratedCost(CostModel):
 
     def decode_step_time(self, batch: int, computed: int) -> float:
         # step_terms of `batch` decodes: each reads its computed tokens + 1 keys; no
-        # prefill attention, no swaps, nobody joining
+        # prefill attention, no swaps, nobody joining, no chunk
         over = batch - self.knee_tokens if batch > self.knee_tokens else 0
         return self._time((1.0, float(batch), float(batch), float(over),
-                           float(computed + batch), 0.0, 0.0, 0.0))
+                           float(computed + batch), 0.0, 0.0, 0.0, 0.0))
 
     def _time(self, x: tuple[float, ...]) -> float:
         c = self._c  # type: ignore[attr-defined]
         return (c[0] + c[1] * x[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4] + c[5] * x[5]
-                + c[6] * x[6] + c[7] * x[7])
+                + c[6] * x[6] + c[7] * x[7] + c[8] * x[8])
 
     def describe(self) -> str:
         where = self.meta.get("model", "?"), self.meta.get("hardware", "?")
