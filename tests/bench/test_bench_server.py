@@ -8,6 +8,7 @@ import json
 import pytest
 
 from stepserve.cli import main
+from stepserve.config.settings import EngineConfig
 
 METRIC_KEYS = {
     "requests_total", "requests_finished", "requests_failed", "output_tokens",
@@ -82,6 +83,17 @@ def test_engine_reports_the_same_metric_set(tmp_path):
     assert METRIC_KEYS <= set(s)
     assert s["requests_finished"] == s["server_requests_finished"] == 6
     assert s["output_tokens"] == 48 and s["peak_concurrency"] <= 3
+    # on a CPU the engine's own step budget, as `stepserve serve` gets it, unless given
+    sched = json.loads((tmp_path / "engine.json").read_text())["runs"][0]["config"][
+        "scheduler"]
+    assert sched["max_num_batched_tokens"] < EngineConfig().scheduler.max_num_batched_tokens
+    assert sched["long_prefill_token_threshold"] > 0
+    _bench(tmp_path, "given", "--engine", "--model", "tiny", "--num-gpu-blocks", "128",
+           "--max-model-len", "256", "--max-num-batched-tokens", "96", *WORKLOAD,
+           "--num-prompts", "2")
+    sched = json.loads((tmp_path / "given.json").read_text())["runs"][0]["config"][
+        "scheduler"]
+    assert sched["max_num_batched_tokens"] == 96
 
 
 def test_chat_and_exact_length_text_on_our_server(served, tmp_path):

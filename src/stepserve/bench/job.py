@@ -231,8 +231,10 @@ def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[boo
     from stepserve.bench.inprocess import run_engine
     from stepserve.engine.llm_engine import LLMEngine
 
-    config = options.config.apply()
-    engine = LLMEngine(options.model or "tiny", config)
+    # the user's settings, not yet applied: the engine fills the rest from its hardware
+    # (on a CPU, the step budget), as `stepserve serve` does
+    engine = LLMEngine(options.model or "tiny", options.config)
+    config = engine.config
     records, extra, series = run_engine(plan, engine, lambda r: bar.update(), interrupted)
     run = BenchRun("", RunSummary(), target="engine", model=options.model or "tiny",
                    batching=config.scheduler.batching, config=config_to_dict(config),
