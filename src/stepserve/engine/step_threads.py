@@ -15,15 +15,19 @@ on the run queue half the time, took a batch-8 step from 46 ms to 1,248 ms.
 So a step runs on as many threads as the cores it really gets, decided every WINDOW_S
 from engine/cpu_share.py's readings:
 
-* one thread fewer when other processes at normal priority take more than SHRINK_AT of
-  a core the team runs on, or when the team's own threads wait on the run queue for
-  WAIT_SHRINK of their time or more (whatever holds the cores: a nice process in another
-  autogroup, a cgroup quota, a hypervisor);
+* one thread fewer when other processes take more than SHRINK_AT of a core the team
+  runs on (niced work counts until a probe has shown that it yields to us), or when the
+  team's own threads wait on the run queue for WAIT_SHRINK of their time or more
+  (whatever holds the cores: a nice process in another autogroup, a cgroup quota, a
+  hypervisor);
 * one more onto a core that is idle (everyone's CPU, niced work included, leaves it at
   most GROW_AT busy); onto a core that niced work holds (which our threads may or may
   not preempt) or that a light neighbour keeps under SHRINK_AT busy (a benchmark client,
-  after a burst that took the thread), a probe: one window with the extra thread, kept
-  unless that window says to shrink again. Every shrink puts the next probe off: after
+  after a burst that took the thread), a probe: a canary (engine/core_canary.py) asks
+  whether a thread of ours would get that core, at the cost of ~0.1 s of one thread, and
+  the team grows if it would (where no canary can run, the extra thread is tried for a
+  window). A grown count stays unless a window says to shrink again. Every shrink, and
+  every canary that says no, puts the next probe off: after
   a count that had held KEPT_S, until a burst of other processes has passed or for
   PROBE_FIRST_S after a wait; after a shorter hold, twice as long as the last time (up
   to PROBE_MAX_S).
@@ -38,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stepserve.engine.core_canary import Canary
 from stepserve.engine.cpu_share import CpuReading, CpuShare, CpuShareSampler, usable_cpus
 
 # A team shrinks once others take more than SHRINK_AT of the cores it runs on (one busy
@@ -53,6 +58,7 @@ WINDOW_S = 0.5  # how long a reading's window is before a decision
 PROBE_FIRST_S = 2.0  # the wait before the first probe after a shrink
 PROBE_MAX_S = 60.0
 KEPT_S = 5.0  # a count held this long was right: the next shrink starts the backoff over
+NICE_GONE = 0.1  # niced work under this many cores: none to speak of
 
 
 @dataclass
@@ -69,12 +75,13 @@ class StepThreads:
     """`threads()` before each step: the count to run it on. `ceiling`: the most threads
     it may use (torch's count at start); `usable`: the CPUs it may run on (its affinity);
     `fixed`: the user's count, kept as it is; `read`: cumulative CPU readings
-    (CpuShareSampler.read), or None to keep the ceiling."""
+    (CpuShareSampler.read), or None to keep the ceiling; `canary`: asks whether one more
+    thread would get a core (None: try the thread itself)."""
 
     def __init__(self, ceiling: int, usable: int, fixed: int | None = None,
                  read: Callable[[], CpuReading] | None = None,
                  clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
-                 ) -> None:
+                 canary: Canary | None = None) -> None:
         self.ceiling = max(1, ceiling)
         self.usable = max(1, usable)
         self.fixed = fixed
@@ -87,6 +94,8 @@ class StepThreads:
         self._next_probe = clock() + PROBE_FIRST_S
         self._changed_at = clock() - KEPT_S  # when the count last changed (the first
         # count counts as held)
+        self._canary = canary
+        self._nice_yields = False  # a probe showed that the niced work gives way to us
 
     @property
     def adaptive(self) -> bool:
@@ -121,14 +130,36 @@ class StepThreads:
         n = self.choice.threads
         others, nice = share.others_cores or 0.0, share.nice_cores or 0.0
         waited = share.wait_share is not None and share.wait_share >= WAIT_SHRINK
-        if n > 1 and (waited or self.usable - others < n - SHRINK_AT):
+        if waited or nice < NICE_GONE:
+            self._nice_yields = False
+        crowd = others + (0.0 if self._nice_yields else nice)
+        if n > 1 and (waited or self.usable - crowd < n - SHRINK_AT):
             return n - 1
-        if n < self.ceiling and not waited:
-            if self.usable - others - nice >= n + 1 - GROW_AT:
-                return n + 1  # an idle core
-            if self.usable - others >= n + 1 - SHRINK_AT and now >= self._next_probe:
-                return n + 1  # a probe: the next window says whether it stays
+        if n >= self.ceiling or waited:
+            return n
+        if self.usable - others - nice >= n + 1 - GROW_AT:
+            return n + 1  # an idle core
+        if self.usable - others < n + 1 - SHRINK_AT:
+            return n  # work at normal priority holds it: nothing to ask
+        if self._probe(now):
+            self._nice_yields = nice >= NICE_GONE  # kept while the team gets its cores
+            return n + 1
         return n
+
+    def _probe(self, now: float) -> bool:
+        """Whether to take one more thread now: the canary's answer once it has one (no
+        puts the next question off), else start it when one is due."""
+        if self._canary is None:
+            return now >= self._next_probe  # the next window says whether it stays
+        finished, share = self._canary.take()
+        if finished:
+            if share is None or share < WAIT_SHRINK:
+                return True  # a thread of ours got the core (or no one can say: try it)
+            self._probe_wait = min(max(2 * self._probe_wait, PROBE_FIRST_S), PROBE_MAX_S)
+            self._next_probe = now + self._probe_wait
+        elif now >= self._next_probe and not self._canary.running:
+            self._canary.start()
+        return False
 
     def _put_off_probes(self, now: float, crowded: bool) -> None:
         """A shrink. After a count that held KEPT_S, the next probe may come as soon as
@@ -153,6 +184,7 @@ def follow_free_cores(runner, fixed: int | None) -> StepThreads:
     if fixed is None and os.environ.get("OMP_NUM_THREADS"):
         fixed = torch.get_num_threads()
     ceiling = fixed or getattr(runner, "max_threads", torch.get_num_threads())
-    policy = StepThreads(ceiling, usable_cpus(), fixed, CpuShareSampler().read)
+    policy = StepThreads(ceiling, usable_cpus(), fixed, CpuShareSampler().read,
+                         canary=Canary())
     runner.thread_count = policy.threads
     return policy
