@@ -4,12 +4,16 @@ kills every one of them and removes what they wrote.
 
 * quiet: nothing;
 * busy: one `sh -c 'while :; do :; done'` at normal priority;
-* busy-nice19: the same at nice 19 (what a well-behaved background job would run at);
+* busy-nice19: the same at nice 19 (what a well-behaved background job would run at),
+  started in a session of its own, as a job from another login or a service would be:
+  with the kernel's autogroups its nice counts only inside that session;
+* busy-nice19-here: the same in this benchmark's own session (its own process group), where
+  nice 19 does make it low priority to the server;
 * compile: two jobs, each alternating a CPU burst of arithmetic (50-100 ms) and a file
   write of a few MB with fsync, the shape of a two-job build (`make -j2`).
 
-Each child runs in a session of its own, so a signal to the group kills it and anything
-it started, and Ctrl-C at the terminal reaches only this process, whose `finally` ends
+Each child runs in a process group of its own (in a session of its own but for
+busy-nice19-here), so a signal to the group kills it and anything it started, and Ctrl-C at the terminal reaches only this process, whose `finally` ends
 them. A SIGKILL of this process itself cannot be caught: then the loads outlive it.
 """
 
@@ -92,7 +96,7 @@ def _kill_groups(procs: list[subprocess.Popen]) -> None:
     leaves no load running."""
     for proc in procs:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group id is its pid
+            os.killpg(proc.pid, signal.SIGKILL)  # its own group: the group id is its pid
         except ProcessLookupError:
             pass
     for proc in procs:
@@ -100,14 +104,17 @@ def _kill_groups(procs: list[subprocess.Popen]) -> None:
 
 
 @contextmanager
-def _children(cmds: list[list[str]], niceness: int | None = None) -> Iterator[Started]:
-    """Start each command in a session of its own (at `niceness`, absolute, if given);
-    on the way out, kill every group and reap every child."""
+def _children(cmds: list[list[str]], niceness: int | None = None,
+              own_session: bool = True) -> Iterator[Started]:
+    """Start each command in a session of its own (or, `own_session` False, a process
+    group of its own in this session) at `niceness`, absolute, if given; on the way out,
+    kill every group and reap every child."""
     started = Started()
     try:
         for cmd in cmds:
-            proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL)
+            where = {"start_new_session": True} if own_session else {"process_group": 0}
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    **where)
             started.procs.append(proc)
             if niceness is not None:
                 # from outside, once it runs: no preexec_fn (unsafe beside threads), and a
@@ -124,9 +131,9 @@ def quiet() -> Iterator[Started]:
 
 
 @contextmanager
-def busy_loop(niceness: int | None = None) -> Iterator[Started]:
+def busy_loop(niceness: int | None = None, own_session: bool = True) -> Iterator[Started]:
     """One process spinning on a core; `niceness` None: this process's own priority."""
-    with _children([list(BUSY_LOOP)], niceness) as started:
+    with _children([list(BUSY_LOOP)], niceness, own_session) as started:
         yield started
 
 
@@ -157,6 +164,8 @@ def conditions(scratch_root: str | None = None) -> tuple[Condition, ...]:
         Condition("busy", "one busy loop (sh) at normal priority", busy_loop),
         Condition("busy-nice19", f"one busy loop (sh) at nice {LOWEST_PRIORITY}",
                   partial(busy_loop, LOWEST_PRIORITY)),
+        Condition("busy-nice19-here", f"one busy loop (sh) at nice {LOWEST_PRIORITY} in "
+                  "this session", partial(busy_loop, LOWEST_PRIORITY, own_session=False)),
         Condition("compile", f"{COMPILE_JOBS} jobs, each a {lo}-{hi} ms CPU burst then a "
                   f"{COMPILE_WRITE_MB} MB write + fsync, in turn",
                   partial(compile_like, scratch_root=scratch_root)),

@@ -24,7 +24,7 @@ class Run:
 
 
 def _cells(label: str, server: str, values: list[str]) -> str:
-    return f"{label:<14}{server:<14}" + "".join(f"{v:>14}" for v in values)
+    return f"{label:<18}{server:<14}" + "".join(f"{v:>14}" for v in values)
 
 
 def _values(run: Run) -> list[str]:

@@ -77,6 +77,18 @@ def test_the_busy_loop_runs_at_the_priority_it_names(niceness, expected):
     assert_all_gone([pid])
 
 
+@pytest.mark.parametrize("own_session", [True, False])
+def test_the_niced_loop_runs_in_its_own_session_or_in_ours(own_session):
+    # autogroups make nice count only inside a session: both cases are measured
+    with loads.busy_loop(19, own_session=own_session) as started:
+        (pid,) = started.pids
+        fields = stat_fields(pid)
+        assert int(fields[2]) == pid  # a group of its own either way, killed as one
+        assert (int(fields[3]) == pid) is own_session
+        assert (int(fields[3]) == os.getsid(0)) is not own_session
+    assert_all_gone([pid])
+
+
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_no_load_outlives_a_body_that_raises(error):
     with pytest.raises(error):  # noqa: PT012 (the raise is the point)

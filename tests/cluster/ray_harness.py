@@ -1,6 +1,7 @@
 """Helpers for the cluster tests: a local Ray (loopback only, 2 CPUs, no dashboard), pools
 of tiny-model replicas deployed on it, the ingress served by uvicorn in a thread on
-127.0.0.1, and the listening sockets of this process tree."""
+127.0.0.1, and the listening sockets of this process tree; requests through an ingress
+(`complete`, `stream_events`), what each replica admitted (`delta`), and `settled`."""
 
 from __future__ import annotations
 
@@ -136,3 +137,39 @@ def _address(hex_ip: str, width: int) -> str:
     if width == 8:
         return socket.inet_ntop(socket.AF_INET, words)
     return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def complete(ing: RunningIngress, max_tokens: int = 4, **body) -> dict:
+    r = httpx.post(ing.url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "hello", "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stream_events(ing: RunningIngress, max_tokens: int, out: list, started: threading.Event):
+    """A streamed completion; appends each SSE data payload to `out`."""
+    with httpx.stream("POST", ing.url + "/v1/completions", timeout=120, json={
+            "model": MODEL, "prompt": "a long one", "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(line[6:])
+                started.set()
+
+
+def delta(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    return {e: after[e] - before.get(e, 0) for e in after}
+
+
+def settled(outstanding: int, timeout_s: float = 60.0) -> None:
+    """Until the ingress's routers count `outstanding` requests in flight: Ray Serve tells
+    a router a request completed a moment after its answer reached us, so on a busy
+    machine the next request could see the last one still counted (a tie, not the load
+    the test means)."""
+    from stepserve.cluster import registry
+
+    deadline = time.monotonic() + timeout_s
+    while sum(sum(r._outstanding.values()) for r in registry.ROUTERS.values()) != outstanding:
+        assert time.monotonic() < deadline, "the routers never saw the request end"
+        time.sleep(0.01)

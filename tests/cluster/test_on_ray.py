@@ -3,8 +3,8 @@ tiny-model replicas behind the ingress, driven by the official openai client and
 
 * the openai client streams through the ingress; streamed text = unstreamed text;
 * requests are spread as the router says: round-robin alternates, least-outstanding
-  sends short requests away from the replica busy with a long one, prefix_affinity
-  keeps a prompt's prefix on the replica it first went to;
+  sends short requests away from the replica busy with a long one (prefix_affinity:
+  test_prefix_routing_on_ray.py);
 * pool rules: long prompts and a header go to `offline`, chat to `online`;
 * /metrics merges every replica (engine and pool labels); /health and /health/{engine}
   say only ok, each replica's detail is /cluster/replicas;
@@ -33,7 +33,16 @@ pytest.importorskip("openai")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import httpx  # noqa: E402
-from ray_harness import MODEL, RunningIngress, ingress, listening_addresses  # noqa: E402
+from ray_harness import (  # noqa: E402
+    MODEL,
+    RunningIngress,
+    complete,
+    delta,
+    ingress,
+    listening_addresses,
+    settled,
+    stream_events,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -52,18 +61,6 @@ routing:
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    from stepserve.cluster.local_ray import prefer_loopback, start_ray
-
-    prefer_loopback()
-    import ray
-
-    start_ray(None, num_cpus=2, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def rr(ray_local):
     with ingress(replicas=2, router="round_robin") as running:
         yield running
@@ -75,29 +72,6 @@ def pooled(ray_local, tmp_path_factory):
     path.write_text(POOLS)
     with ingress(str(path)) as running:
         yield running
-
-
-def complete(ing: RunningIngress, max_tokens: int = 4, **body) -> dict:
-    r = httpx.post(ing.url + "/v1/completions", timeout=60, json={
-        "model": MODEL, "prompt": "hello", "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": True, **body})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def stream_events(ing: RunningIngress, max_tokens: int, out: list, started: threading.Event):
-    """A streamed completion; appends each SSE data payload to `out`."""
-    with httpx.stream("POST", ing.url + "/v1/completions", timeout=120, json={
-            "model": MODEL, "prompt": "a long one", "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                out.append(line[6:])
-                started.set()
-
-
-def delta(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
-    return {e: after[e] - before.get(e, 0) for e in after}
 
 
 # ---- the API through the ingress ----
@@ -139,19 +113,6 @@ def test_errors_keep_the_single_server_shape(rr):
 
 # ---- routers ----
 
-def _settled(outstanding: int, timeout_s: float = 60.0) -> None:
-    """Until the ingress's routers count `outstanding` requests in flight: Ray Serve tells
-    a router a request completed a moment after its answer reached us, so on a busy
-    machine the next request could see the last one still counted (a tie, not the load
-    the test means)."""
-    from stepserve.cluster import registry
-
-    deadline = time.monotonic() + timeout_s
-    while sum(sum(r._outstanding.values()) for r in registry.ROUTERS.values()) != outstanding:
-        assert time.monotonic() < deadline, "the routers never saw the request end"
-        time.sleep(0.01)
-
-
 def _skewed(ing: RunningIngress, shorts: int = 6) -> tuple[int, dict[int, int]]:
     """A long streamed request, then short ones one after another while it runs.
     Returns (the engine running the long one, admitted per engine during the shorts)."""
@@ -165,7 +126,7 @@ def _skewed(ing: RunningIngress, shorts: int = 6) -> tuple[int, dict[int, int]]:
     before = ing.admitted()
     for _ in range(shorts):
         complete(ing, max_tokens=2)
-        _settled(outstanding=1)
+        settled(outstanding=1)
     after = ing.admitted()
     still_running = long_one.is_alive()
     long_one.join(120)
@@ -189,34 +150,6 @@ def test_least_outstanding_avoids_the_busy_replica(pooled):
     assert busy in online
     (idle,) = online - {busy}
     assert shorts[idle] == 6 and shorts[busy] == 0
-
-
-def test_prefix_affinity_router_keeps_a_prompt_on_its_replica(ray_local, tmp_path):
-    path = tmp_path / "pools.yaml"  # a pool of its own: the module's ingresses stay up
-    path.write_text("router: prefix_affinity\npools:\n  affinity: {replicas: 2}\n")
-    system = list(range(100, 164))  # four full blocks of 16 tokens
-    with ingress(str(path)) as ing:
-        events: list[str] = []
-        started = threading.Event()
-        long_one = threading.Thread(target=stream_events, args=(ing, 900, events, started))
-        long_one.start()
-        assert started.wait(60)
-        (busy,) = [e for e, r in ing.replicas().items() if r["running"] + r["waiting"] > 0]
-        assert busy == 0  # all idle, so the lower index: a tie would go there again
-        before = ing.admitted()
-        complete(ing, prompt=system + [7], max_tokens=2)  # away from the busy replica
-        assert delta(before, ing.admitted()) == {0: 0, 1: 1}
-        long_one.join(120)
-        ing.wait_replicas(2)
-        while any(r["running"] + r["waiting"] for r in ing.replicas().values()):
-            time.sleep(0.05)  # until both report idle (reports come every 0.5 s)
-        before = ing.admitted()
-        for own in (8, 9, 10):  # idle replicas alike: only the prefix says where
-            complete(ing, prompt=system + [own], max_tokens=2)
-            _settled(outstanding=0)
-        # (where a prompt of its own goes is load's call: the replicas' reported KV usage
-        # lags by up to a report period, so either is right)
-        assert delta(before, ing.admitted()) == {0: 0, 1: 3}
 
 
 def test_pool_rules_send_long_prompts_and_headers_offline_and_chat_online(pooled):
