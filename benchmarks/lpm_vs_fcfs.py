@@ -11,8 +11,8 @@ under fcfs, lpm without aging, and lpm with aging.
 Step times are the roofline's (H100, Llama-3-8B): a cached prefix is prefill not paid.
 Columns: TTFT P50/P99 of each class, output tokens per second, the prefix-cache hit rate.
 
-    python benchmarks/lpm_vs_fcfs.py                 # 3,000 requests at 30/s
-    python benchmarks/lpm_vs_fcfs.py --aging 2 --json out.json
+    python benchmarks/lpm_vs_fcfs.py                 # 2,000 requests at 17/s, ~20 s
+    python benchmarks/lpm_vs_fcfs.py --aging 5 --json out.json
 """
 
 from __future__ import annotations
@@ -30,16 +30,19 @@ from stepserve.workload.loader import workload_from_dict
 
 
 def workload(args: argparse.Namespace) -> dict:
-    prompt = {"uniform": [args.prefix_len + 64, args.prefix_len + 512]}
+    # the same prompt lengths in both classes: a warm prompt is its system prompt
+    # (prefix_len tokens, added by the class) and 64-512 tokens of its own
+    own = {"uniform": [64, 512]}
+    whole = {"uniform": [args.prefix_len + 64, args.prefix_len + 512]}
     output = {"uniform": [32, 256]}
     return {
         "name": "warm-and-cold", "seed": args.seed, "num_requests": args.requests,
         "arrival": {"poisson": {"rate": args.rate}},
         "classes": [
-            {"name": "warm", "share": 1 - args.cold_share, "prompt": prompt,
+            {"name": "warm", "share": 1 - args.cold_share, "prompt": own,
              "output": output, "shared_prefixes": args.prefixes,
              "prefix_len": args.prefix_len},
-            {"name": "cold", "share": args.cold_share, "prompt": prompt, "output": output},
+            {"name": "cold", "share": args.cold_share, "prompt": whole, "output": output},
         ],
     }
 
@@ -62,6 +65,10 @@ def run(name: str, policy: str, aging: float, args: argparse.Namespace) -> dict:
         row[f"{cls}_requests"] = len(ttfts)
         row[f"{cls}_ttft_p50_s"] = pct(ttfts, 50)
         row[f"{cls}_ttft_p99_s"] = pct(ttfts, 99)
+    rejected = [r for r in sim.requests if r.ttft is None]
+    if rejected:
+        raise SystemExit(f"{name}: {len(rejected)} requests never started "
+                         f"({rejected[0].finish_reason}); the load does not fit the settings")
     cached = sum(r.num_cached_tokens for r in sim.requests)
     prompt = sum(r.num_prompt_tokens for r in sim.requests)
     s = result.summary
@@ -84,14 +91,15 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=3000)
-    p.add_argument("--rate", type=float, default=30.0, help="requests per second, Poisson")
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--rate", type=float, default=17.0, help="requests per second, Poisson "
+                   "(17: just over what fcfs serves without a standing queue)")
     p.add_argument("--cold-share", type=float, default=0.2)
     p.add_argument("--prefixes", type=int, default=4, help="system prompts of the warm class")
     p.add_argument("--prefix-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-gpu-blocks", type=int, default=4096)
-    p.add_argument("--aging", type=float, default=2.0, help="lpm's aging_after_s (s)")
+    p.add_argument("--aging", type=float, default=3.0, help="lpm's aging_after_s (s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
     args = p.parse_args()

@@ -97,6 +97,8 @@ def test_prefix_affinity_hits_more_often_than_round_robin(ray_local, tmp_path):
         affinity = hit_rate(ing)
     with ingress(replicas=2, router="round_robin") as ing:
         round_robin = hit_rate(ing)
+    print(f"prefix-cache hit rate: prefix_affinity {affinity:.1%}, "
+          f"round_robin {round_robin:.1%}")  # shown with -s
     # prefix_affinity: only each system prompt's first request misses (9 of 12 hit);
     # round_robin sends each to both replicas, and each replica's first one misses
     assert affinity >= 9 * 64 / (12 * 65) - 1e-9, (affinity, round_robin)
