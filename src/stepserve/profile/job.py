@@ -2,9 +2,9 @@
 scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
 
 The grid: decode-only steps over batch size x context length; prefill chunks of several
-sizes, fresh and after a quarter and half of max_len cached; mixed steps (a chunk riding
-with decodes at a short and a long context, small chunks as a CPU's step budget makes
-them and large ones); KV block copies for swap. Each point is warmed up, then timed `repeats` times; the median is
+sizes (128 among them: the chunk a CPU's step budget makes), fresh and after a quarter
+and half of max_len cached; mixed steps (a chunk riding with 4, 16 or 32 decodes at a
+short and a long context, small chunks and large ones); KV block copies for swap. Each point is warmed up, then timed `repeats` times; the median is
 fitted, the spread (min, max) kept. The engine's own per-step work around the model
 (scheduling, sampling bookkeeping, detokenizing, Python) is measured by running a real
 workload through LLMEngine and subtracting the runner's time from each step's wall time;
@@ -65,7 +65,8 @@ class GridPoint:
 def grid(quick: bool, max_len: int) -> list[GridPoint]:
     batches = (1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64)
     contexts = [c for c in ((16, 128) if quick else (16, 128, 512, 1024)) if c <= max_len]
-    chunks = [c for c in ((16, 128) if quick else (16, 64, 256, 512, 1024)) if c <= max_len]
+    chunks = [c for c in ((16, 128) if quick else (16, 64, 128, 256, 512, 1024))
+              if c <= max_len]
     points = [GridPoint(b, c) for b in batches for c in contexts]
     points += [GridPoint(chunk=n) for n in chunks]
     starts = (max_len // 2,) if quick else sorted({max_len // 4, max_len // 2})
@@ -73,9 +74,9 @@ def grid(quick: bool, max_len: int) -> list[GridPoint]:
                if s + n <= max_len]
     # a chunk riding with decodes: the steps chunked prefill makes, a CPU's small chunks
     # (64-256 tokens, engine/step_budget.py) beside decodes at a short and a long context
-    mixed = chunks[-2:] if quick else [n for n in (64, 256, 1024) if n <= max_len]
+    mixed = chunks[-2:] if quick else [n for n in (64, 128, 256, 1024) if n <= max_len]
     contexts_mixed = (128,) if quick else (128, 1024)
-    points += [GridPoint(d, c, n) for d in ((4,) if quick else (4, 16))
+    points += [GridPoint(d, c, n) for d in ((4,) if quick else (4, 16, 32))
                for c in contexts_mixed for n in mixed if c <= max_len]
     points += [GridPoint(swap_blocks=k) for k in ((8,) if quick else (8, 64))]
     return points
