@@ -96,8 +96,8 @@ def ingress(pools_file: str | None = None, **settings) -> Iterator[RunningIngres
         undeploy(pools)
 
 
-def listening_addresses(root_pid: int) -> dict[str, set[int]]:
-    """{address: pids} of the TCP sockets listening in `root_pid` and its descendants."""
+def descendants(root_pid: int) -> set[int]:
+    """`root_pid` and every process below it."""
     parents: dict[int, int] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -111,6 +111,12 @@ def listening_addresses(root_pid: int) -> dict[str, set[int]]:
         new = {p for p, pp in parents.items() if pp in tree} - tree
         tree |= new
         grew = bool(new)
+    return tree
+
+
+def listening_addresses(root_pid: int) -> dict[str, set[int]]:
+    """{address: pids} of the TCP sockets listening in `root_pid` and its descendants."""
+    tree = descendants(root_pid)
     owner: dict[str, int] = {}
     for pid in tree:
         try:

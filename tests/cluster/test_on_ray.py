@@ -38,6 +38,7 @@ from ray_harness import (  # noqa: E402
     RunningIngress,
     complete,
     delta,
+    descendants,
     ingress,
     listening_addresses,
     settled,
@@ -255,3 +256,18 @@ def test_a_killed_replica_fails_only_its_requests_and_is_restarted(rr):
     for _ in range(4):
         complete(rr)
     assert sorted(delta(before, rr.admitted()).values()) == [2, 2]
+
+
+def test_replicas_run_at_this_process_priority(rr):
+    """Ray's default puts workers at nice 15: a serving replica would lose its cores to
+    any process at normal priority."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    replicas = {}
+    for pid in descendants(os.getpid()):
+        try:
+            name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if name.startswith(b"ray::ServeReplica"):
+            replicas[pid] = os.getpriority(os.PRIO_PROCESS, pid)
+    assert len(replicas) >= 2 and set(replicas.values()) == {own}, replicas

@@ -7,6 +7,11 @@ imported, so it is set before), and then binds its GCS, raylet, workers and agen
 server. One Ray Serve listener ignores the node address (a replica's inter-deployment
 gRPC server binds "[::]:0" in Ray 2.60); `keep_replica_grpc_on_node_ip` points it at the
 node address when that is a loopback one.
+
+A local instance also runs its workers at this process's priority: Ray starts them at
+nice 15 by default (RAY_worker_niceness), where a replica serving requests loses its
+cores to any process at normal priority (beside two busy loops, replicas took minutes to
+start); a cluster joined with `--ray-address` keeps its own setting.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ log = logging.getLogger("stepserve.cluster")
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK_ADDRESSES = ("127.0.0.1", "::1", "localhost")
+WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet a local ray.init starts
 
 
 def prefer_loopback() -> None:
@@ -37,6 +43,7 @@ def start_ray(address: str | None, num_cpus: int | None = None,
 
     if not ray.is_initialized():
         if address is None:
+            os.environ.setdefault(WORKER_NICENESS_ENV, "0")
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
                      configure_logging=False)
         else:
