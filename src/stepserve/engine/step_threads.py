@@ -155,8 +155,7 @@ class StepThreads:
         if finished:
             if share is None or share < WAIT_SHRINK:
                 return True  # a thread of ours got the core (or no one can say: try it)
-            self._probe_wait = min(max(2 * self._probe_wait, PROBE_FIRST_S), PROBE_MAX_S)
-            self._next_probe = now + self._probe_wait
+            self._back_off(now)
         elif now >= self._next_probe and not self._canary.running:
             self._canary.start()
         return False
@@ -169,8 +168,14 @@ class StepThreads:
         hold, twice as long as the last wait."""
         if now - self._changed_at >= KEPT_S:
             self._probe_wait = WINDOW_S if crowded else PROBE_FIRST_S
+            self._next_probe = now + self._probe_wait
         else:
-            self._probe_wait = min(max(2 * self._probe_wait, PROBE_FIRST_S), PROBE_MAX_S)
+            self._back_off(now)
+
+    def _back_off(self, now: float) -> None:
+        """The last probe was wrong: the next waits twice as long (PROBE_FIRST_S at least,
+        PROBE_MAX_S at most)."""
+        self._probe_wait = min(max(2 * self._probe_wait, PROBE_FIRST_S), PROBE_MAX_S)
         self._next_probe = now + self._probe_wait
 
 
