@@ -19,31 +19,24 @@ import threading
 import time
 from collections.abc import Callable
 
+from stepserve.engine.cpu_share import read_schedstat
+
 CANARY_S = 0.1
 SCHEDSTAT = "/proc/thread-self/schedstat"
 _BUFFER = bytes(1 << 18)  # hashed in a loop: sha256 lets go of the GIL for big inputs
 
 
-def _schedstat(path: str) -> tuple[int, int]:
-    with open(path) as f:
-        on, wait = f.read().split()[:2]
-    return int(on), int(wait)
-
-
 def canary_wait_share(seconds: float = CANARY_S, path: str = SCHEDSTAT) -> float | None:
     """This thread's run-queue wait share over `seconds` of busy work; None where the
     kernel does not say (no schedstat)."""
-    try:
-        on0, wait0 = _schedstat(path)
-    except (OSError, ValueError):
+    if (before := read_schedstat(path)) is None:
         return None
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         hashlib.sha256(_BUFFER)
-    try:
-        on1, wait1 = _schedstat(path)
-    except (OSError, ValueError):
+    if (after := read_schedstat(path)) is None:
         return None
+    (on0, wait0), (on1, wait1) = before, after
     total = (on1 - on0) + (wait1 - wait0)
     return (wait1 - wait0) / total if total > 0 else None
 

@@ -30,6 +30,16 @@ from pathlib import Path
 NS = 1e-9
 
 
+def read_schedstat(path: str | Path) -> tuple[int, int] | None:
+    """(ns on a CPU, ns waiting on a run queue) from a thread's schedstat file; None
+    where it cannot be read (the thread exited, or the kernel keeps no schedstat)."""
+    try:
+        on, wait = Path(path).read_text().split()[:2]
+        return int(on), int(wait)
+    except (OSError, ValueError):
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class CpuReading:
     """Totals since the sampler began, at monotonic time `t_s`; None where unavailable."""
@@ -123,13 +133,10 @@ class CpuShareSampler:
             return False
         now: dict[str, tuple[int, int]] = {}
         for tid in tids:
-            try:
-                on, wait = (int(x) for x in
-                            (self.root / "self" / "task" / tid / "schedstat")
-                            .read_text().split()[:2])
-            except (OSError, ValueError):
+            stat = read_schedstat(self.root / "self" / "task" / tid / "schedstat")
+            if stat is None:
                 continue  # exited between the listing and the read, or no schedstat
-            now[tid] = (on, wait)
+            on, wait = now[tid] = stat
             last_on, last_wait = self._last_by_tid.get(tid, (0, 0))
             if on < last_on or wait < last_wait:  # a reused tid starts over
                 last_on = last_wait = 0
