@@ -7,14 +7,14 @@ kills every one of them and removes what they wrote.
 * busy-nice19: the same at nice 19 (what a well-behaved background job would run at),
   started in a session of its own, as a job from another login or a service would be:
   with the kernel's autogroups its nice counts only inside that session;
-* busy-nice19-here: the same in this benchmark's own session (its own process group), where
-  nice 19 does make it low priority to the server;
+* busy-nice19-here: the same in this benchmark's own session (its own process group),
+  where nice 19 does make it low priority to the server;
 * compile: two jobs, each alternating a CPU burst of arithmetic (50-100 ms) and a file
   write of a few MB with fsync, the shape of a two-job build (`make -j2`).
 
 Each child runs in a process group of its own (in a session of its own but for
-busy-nice19-here), so a signal to the group kills it and anything it started, and Ctrl-C at the terminal reaches only this process, whose `finally` ends
-them. A SIGKILL of this process itself cannot be caught: then the loads outlive it.
+busy-nice19-here), so a signal to the group kills it and anything it started, and Ctrl-C
+at the terminal reaches only this process, whose `finally` ends them. A SIGKILL of this process itself cannot be caught: then the loads outlive it.
 """
 
 from __future__ import annotations

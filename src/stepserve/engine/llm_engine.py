@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from stepserve.config.load import ConfigOverrides
-from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.config.settings import EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock, WallClock
 from stepserve.core.engine_core import EngineCore
@@ -28,12 +28,7 @@ from stepserve.engine.outputs import (
     RequestOutput,
     logprobs_list,
 )
-from stepserve.engine.step_budget import (
-    cpu_step_budget,
-    hardware_base,
-    prefill_params,
-    runner_hardware,
-)
+from stepserve.engine.runner_settings import settings_for_runner
 from stepserve.engine.step_threads import follow_free_cores
 
 log = logging.getLogger("stepserve.engine")
@@ -67,24 +62,10 @@ class LLMEngine:
             runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device,
                                              quantization=quantization)
         self.runner = runner
-        self.step_budget = None
-        if isinstance(overrides, ConfigOverrides):
-            self.step_budget = cpu_step_budget(runner_hardware(runner),
-                                               prefill_params(runner.args))
-            config = overrides.apply(hardware_base(self.step_budget, config))
-            if self.step_budget is not None:
-                log.info("CPU scheduling defaults: %s", self.step_budget.describe())
-        limit = self.runner.args.max_position_embeddings
-        if limit and config.scheduler.max_model_len > limit:
-            if strict_max_model_len:
-                raise ConfigError(
-                    f"max_model_len = {config.scheduler.max_model_len} is more than the model "
-                    f"allows: {limit} (max_position_embeddings in its config.json); lower "
-                    "max_model_len (--max-model-len)")
-            config = config.replace(max_model_len=limit)  # the model cannot go further
-        if runner.num_cpu_blocks != config.cache.num_cpu_blocks:  # sized by swap_space
-            config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)
-        self.config = config
+        self.config, self.step_budget = settings_for_runner(
+            config, overrides if isinstance(overrides, ConfigOverrides) else None, runner,
+            strict_max_model_len)
+        config = self.config
         self.step_threads = follow_free_cores(runner, config.threads)
         self.clock = clock or WallClock()
         self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,13 +35,10 @@ from stepserve.model.modes import (
     describe_quantization,
     weight_nbytes,
 )
-from stepserve.model.paged_attention import (
-    GatherBuffers,
-    build_attention_metadata,
-    decode_first_order,
-)
+from stepserve.model.paged_attention import GatherBuffers, build_attention_metadata
 from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample, token_logprobs
+from stepserve.model.step_batch import StepBatch, build_step_batch
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
 
@@ -52,17 +48,6 @@ log = logging.getLogger("stepserve.model")
 # (cpu_linear.py); auto: onednn on CPU. SmolLM2 decode steps at context 64 on 2 cores,
 # torch/onednn: batch 1 29.9/36.9 ms, 8 60.1/49.8, 32 88.5/84.7, 64 140.6/130.9.
 LINEAR_BACKENDS = ("torch", "onednn", "auto")
-
-
-def _new_tokens(request: Request, start: int, n: int) -> list[int]:
-    """`request.all_token_ids[start:start + n]` without concatenating the whole list
-    (a decode step needs one token, not a copy of a 4k-token history)."""
-    prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
-    if start >= num_prompt:
-        return request.output_token_ids[start - num_prompt:start - num_prompt + n]
-    if start + n <= num_prompt:
-        return prompt[start:start + n]
-    return prompt[start:] + request.output_token_ids[:start + n - num_prompt]
 
 
 class TorchRunner:
@@ -206,7 +191,7 @@ class TorchRunner:
     def _forward_and_sample(self, sched_out: SchedulerOutput, scheduled: list[int],
                             out: RunnerOutput) -> None:
         requests = sched_out.requests
-        b = _build_batch(sched_out, scheduled)
+        b = build_step_batch(sched_out, scheduled)
         meta, positions = build_attention_metadata(b.starts, b.lens, b.tables,
                                                    self.block_size, self.device,
                                                    self.args.sliding_window,
@@ -229,7 +214,7 @@ class TorchRunner:
                     out.logprobs[i] = sampled.logprobs[k]
 
     @torch.inference_mode()
-    def _with_prompt_logprobs(self, ids, positions, meta, rows, b: _Batch,
+    def _with_prompt_logprobs(self, ids, positions, meta, rows, b: StepBatch,
                               out: RunnerOutput, requests: list[Request]) -> torch.Tensor:
         """The sampling rows' logits; on the way, the logprobs of the prompt tokens this
         chunk predicts, for the requests that ask (their logits in slices of
@@ -255,47 +240,3 @@ class TorchRunner:
 
 
 PROMPT_LOGITS_ROWS = 256
-
-
-@dataclass(slots=True)
-class _Batch:
-    """One step's flattened ragged batch, in decode-first order."""
-
-    starts: list[int] = field(default_factory=list)
-    lens: list[int] = field(default_factory=list)
-    tables: list[list[int]] = field(default_factory=list)
-    input_ids: list[int] = field(default_factory=list)
-    sample_rows: list[int] = field(default_factory=list)  # flat row of each sampling seq
-    sample_of: list[int] = field(default_factory=list)  # and its index in the step
-    # (index in the step, flat row, the prompt token that row predicts)
-    prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
-    num_decoding: int = 0
-
-
-def _build_batch(sched_out: SchedulerOutput, scheduled: list[int]) -> _Batch:
-    requests, counts = sched_out.requests, sched_out.num_scheduled_tokens
-    ends = [requests[i].num_computed_tokens + counts[i] for i in scheduled]
-    decoding = [requests[i].is_decoding for i in scheduled]
-    b = _Batch(num_decoding=sum(decoding))
-    for i in (scheduled[j] for j in decode_first_order(decoding, ends)):
-        req, n = requests[i], counts[i]
-        start = req.num_computed_tokens
-        if start + n > req.num_tokens:
-            raise ValueError(f"request {req.request_id}: {n} tokens scheduled at "
-                             f"{start} but it has only {req.num_tokens}")
-        base = len(b.input_ids)
-        b.starts.append(start)
-        b.lens.append(n)
-        b.tables.append(sched_out.block_tables[i])
-        b.input_ids += _new_tokens(req, start, n)
-        if req.prompt_logprobs is not None:
-            # position p predicts prompt token p + 1; positions already scored (before a
-            # recompute, say) are not scored again
-            prompt = req.prompt_token_ids
-            first = max(start, len(req.prompt_logprobs))
-            b.prompt_rows += [(i, base + p - start, prompt[p + 1])
-                              for p in range(first, min(start + n, len(prompt) - 1))]
-        if start + n == req.num_tokens:
-            b.sample_rows.append(len(b.input_ids) - 1)
-            b.sample_of.append(i)
-    return b

@@ -4,8 +4,9 @@ scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
 The grid: decode-only steps over batch size x context length; prefill chunks of several
 sizes (128 among them: the chunk a CPU's step budget makes), fresh and after a quarter
 and half of max_len cached; mixed steps (a chunk riding with 4, 16 or 32 decodes at a
-short and a long context, small chunks and large ones); KV block copies for swap. Each point is warmed up, then timed `repeats` times; the median is
-fitted, the spread (min, max) kept. The engine's own per-step work around the model
+short and a long context, small chunks and large ones); KV block copies for swap. Each
+point is warmed up, then timed `repeats` times; the median is fitted, the spread (min,
+max) kept. The engine's own per-step work around the model
 (scheduling, sampling bookkeeping, detokenizing, Python) is measured by running a real
 workload through LLMEngine and subtracting the runner's time from each step's wall time;
 fitted on the step's sequences and on the requests that joined its batch (new or
