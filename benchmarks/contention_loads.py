@@ -14,7 +14,8 @@ kills every one of them and removes what they wrote.
 
 Each child runs in a process group of its own (in a session of its own but for
 busy-nice19-here), so a signal to the group kills it and anything it started, and Ctrl-C
-at the terminal reaches only this process, whose `finally` ends them. A SIGKILL of this process itself cannot be caught: then the loads outlive it.
+at the terminal reaches only this process, whose `finally` ends them. A SIGKILL of this
+process itself cannot be caught: then the loads outlive it.
 """
 
 from __future__ import annotations

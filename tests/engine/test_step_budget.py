@@ -56,7 +56,8 @@ def test_user_settings_win_and_stay_valid(settings, want):
 
 
 def test_engine_takes_the_hardware_defaults_only_without_a_full_config(monkeypatch):
-    monkeypatch.setattr(runner_settings, "runner_hardware", lambda runner: Hardware("cpu", 2, "AVX2"))
+    monkeypatch.setattr(runner_settings, "runner_hardware",
+                        lambda runner: Hardware("cpu", 2, "AVX2"))
     monkeypatch.setattr(runner_settings, "prefill_params", lambda args: SMOLLM2_PREFILL_PARAMS)
     engine = llm_engine.LLMEngine("tiny")
     assert engine.config.scheduler.max_num_batched_tokens == 256
@@ -76,7 +77,8 @@ def test_a_prompt_wave_never_takes_more_than_one_budget_per_step(monkeypatch):
     than the CPU budget, and the decodes run in every step."""
     from stepserve.core.request import SamplingParams
 
-    monkeypatch.setattr(runner_settings, "runner_hardware", lambda runner: Hardware("cpu", 2, "AVX2"))
+    monkeypatch.setattr(runner_settings, "runner_hardware",
+                        lambda runner: Hardware("cpu", 2, "AVX2"))
     monkeypatch.setattr(runner_settings, "prefill_params", lambda args: SMOLLM2_PREFILL_PARAMS)
     engine = llm_engine.LLMEngine("tiny", ConfigOverrides(settings={"num_gpu_blocks": 1024}))
     long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
