@@ -37,6 +37,7 @@ from engine_vs_llamacpp import METRICS, Cell, Load, ratio, run_server  # noqa: E
 
 HIT = ("hit rate", "prefix_cache_hit_rate", 100.0)
 COLUMNS = (*METRICS, HIT)
+SERVERS = {"on": "caching on", "off": "caching off", "llama.cpp": "llama.cpp"}
 
 
 def loads(args: argparse.Namespace) -> list[Load]:
@@ -65,11 +66,13 @@ def format_table(cells: list[Cell], load_names: list[str]) -> str:
             lines.append(f"{load:<16}{server:<16}" + "".join(
                 f"{'-' if cell.summary.get(k) is None else f'{cell.summary[k] * s:.1f}':>14}"
                 for _, k, s in COLUMNS))
-        on, off = row.get("caching on"), row.get("caching off")
-        if on and off:
-            lines.append(f"{'':<16}{'on / off':<16}" + "".join(
-                f"{ratio(on.summary.get(k), off.summary.get(k)):>14}" for _, k, _ in METRICS))
-    lines.append("latencies in ms, hit rate in %; on / off: throughput higher is better, "
+        on = row.get("caching on")
+        for other, label in (("caching off", "on / off"), ("llama.cpp", "on / llama.cpp")):
+            if on and other in row:
+                lines.append(f"{'':<16}{label:<16}" + "".join(
+                    f"{ratio(on.summary.get(k), row[other].summary.get(k)):>14}"
+                    for _, k, _ in METRICS))
+    lines.append("latencies in ms, hit rate in %; ratios: throughput higher is better, "
                  "latencies lower is better")
     return "\n".join(lines)
 
@@ -89,8 +92,17 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8143)
     ap.add_argument("--ready-timeout", type=float, default=600.0)
     ap.add_argument("--stepserve-args", default="", help="extra `stepserve serve` flags")
+    ap.add_argument("--servers", default="on,off,llama.cpp",
+                    help="which servers to run, comma-separated, of on (caching on), off "
+                         "(caching off) and llama.cpp (needs --llama-server); default: all")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
+    chosen = args.servers.split(",")
+    unknown = sorted(set(chosen) - set(SERVERS))
+    if unknown or not chosen:
+        print(f"error: --servers {args.servers!r}: unknown {', '.join(unknown)}; "
+              f"allowed: {', '.join(SERVERS)}", file=sys.stderr)
+        return 2
     if args.llama_server and not (Path(args.llama_server).is_file()
                                   and os.access(args.llama_server, os.X_OK)):
         print(f"error: --llama-server {args.llama_server}: not an executable file",
@@ -99,10 +111,11 @@ def main() -> int:
     todo = loads(args)
     serve = [sys.executable, "-m", "stepserve", "serve", "--model", args.model, "--host",
              "127.0.0.1", *args.stepserve_args.split()]
-    servers = [("caching on", [*serve, "--port", str(args.port)], args.port),
-               ("caching off", [*serve, "--port", str(args.port + 1),
-                                "--no-enable-prefix-caching"], args.port + 1)]
-    if args.llama_server:
+    servers = [(SERVERS[key], cmd, port) for key, cmd, port in (
+        ("on", [*serve, "--port", str(args.port)], args.port),
+        ("off", [*serve, "--port", str(args.port + 1), "--no-enable-prefix-caching"],
+         args.port + 1)) if key in chosen]
+    if args.llama_server and "llama.cpp" in chosen:
         from stepserve.model.gguf_convert import find_smollm2_gguf
 
         slots = max(args.concurrency)

@@ -42,3 +42,22 @@ def test_table_shows_hit_rate_and_on_off_ratios():
     assert "85.0" in rows[2] and rows[3].split()[-1] == "-"
     ratio_row = rows[4].split()
     assert ratio_row[:3] == ["on", "/", "off"] and ratio_row[3:5] == ["2.00x", "0.10x"]
+
+
+def test_table_sets_caching_on_against_llama_cpp():
+    on = {"throughput_tokens_per_s": 60.0, "ttft_p50_s": 0.6, "ttft_p99_s": 13.0,
+          "tpot_p50_s": 0.09, "tpot_p99_s": 0.2, "prefix_cache_hit_rate": 0.79}
+    llama = {**on, "throughput_tokens_per_s": 30.0, "ttft_p50_s": 2.4,
+             "prefix_cache_hit_rate": None}
+    text = prefix_cache.format_table([Cell("caching on", "shared c=8", on, 1.0),
+                                      Cell("llama.cpp", "shared c=8", llama, 1.0)],
+                                     ["shared c=8"])
+    ratio_row = text.splitlines()[4].split()
+    assert ratio_row[:3] == ["on", "/", "llama.cpp"] and ratio_row[3:5] == ["2.00x", "0.25x"]
+
+
+def test_an_unknown_server_is_refused_with_what_is_allowed(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["prefix_cache.py", "--servers", "on,vllm"])
+    assert prefix_cache.main() == 2
+    err = capsys.readouterr().err
+    assert "unknown vllm" in err and "allowed: on, off, llama.cpp" in err

@@ -106,6 +106,33 @@ class FusedDecoder:
                 and meta.decode_lens is not None and kv.kv.dtype == torch.float32
                 and kv.kv.device.type == "cpu")
 
+    def attends(self, meta: AttentionMetadata, kv: KVStore) -> bool:
+        """Whether the decode rows of this (mixed) step can attend through the kernel."""
+        return (meta.num_decode_tokens > 0 and meta.decode_lens is not None
+                and kv.kv.dtype == torch.float32 and kv.kv.device.type == "cpu")
+
+    def attend_decodes(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       scale: float, *, meta: AttentionMetadata, kv: KVStore) -> torch.Tensor:
+        """[B, heads, head_dim]: each decode row's attention over its own paged context
+        (q [B, heads, head_dim] of the step's decode rows; their K/V already cached)."""
+        tables, lens, what = meta.decode_tables, meta.decode_lens, "paged_decode_attention"
+        assert tables is not None and lens is not None
+        b, heads, hd = q.shape
+        q = q.contiguous()
+        out = torch.empty(b, heads, hd)
+        cache = (kv.num_blocks, kv.block_size, self.kv_heads, hd)
+        status = self.kernels.decode_attention_raw(
+            tensor_pointer(f"{what}'s q", q, _F32, (b, heads, hd)), heads * hd,
+            tensor_pointer(f"{what}'s k_cache", k_cache, _F32, cache),
+            tensor_pointer(f"{what}'s v_cache", v_cache, _F32, cache),
+            tensor_pointer(f"{what}'s decode_tables", tables, _I64, (b, None)), tables.shape[1],
+            tensor_pointer(f"{what}'s decode_lens", lens, _I64, (b,)), b,
+            tensor_pointer(f"{what}'s dims", self._dims_for(kv), _I64), scale,
+            tensor_pointer(f"{what}'s out", out, _F32, (b, heads, hd)),
+            torch.get_num_threads())
+        self.kernels.check_status(status, what)
+        return out
+
     def _dims_for(self, kv: KVStore) -> torch.Tensor:
         """struct decode_dims, laid out as the library says."""
         key = (kv.num_blocks, kv.block_size, self.window)

@@ -135,6 +135,11 @@ class GGMLKernels:
         self.decode_layers_raw = _entry(
             lib.decode_layers, [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64, _P, _P,
                                 _P, _P, _I64, _P, _P, _P, _INT], _INT)
+        # fused_decode.py checks its tensors and calls this too: the decode rows' attention
+        # of a mixed step (decode_attention.c).
+        self.decode_attention_raw = _entry(
+            lib.paged_decode_attention, [_P, _I64, _P, _P, _P, _I64, _P, _I64, _P,
+                                         ctypes.c_float, _P, _INT], _INT)
         # Whether this build runs FMT_Q4_1_Q8 (int8 activations, AVX-512 VNNI).
         self.has_act8 = bool(lib.ggml_has_act8())
 

@@ -38,9 +38,9 @@ _HERE = Path(__file__).parent
 # decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul_team: one
 # library.
 SOURCES = tuple(_HERE / n for n in ("ggml_kernels.c", "ggml_act8.c", "decode_kernels.c",
-                                    "kernel_abi.c"))
+                                    "decode_attention.c", "kernel_abi.c"))
 HEADERS = tuple(_HERE / n for n in ("ggml_groups.h", "ggml_panels.h", "ggml_team.h",
-                                    "kernel_abi.h"))  # in the key, not compiled
+                                    "paged_attend.h", "kernel_abi.h"))  # in the key, not compiled
 # -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
 # both); the explicit fmadd intrinsics stay FMAs.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",

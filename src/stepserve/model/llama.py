@@ -13,6 +13,8 @@ small ops per layer stack.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -144,6 +146,8 @@ class LlamaModel(nn.Module):
         fused = self.fused_decode
         if fused is not None and fused.applies(meta, kv):
             return fused.run(x, cos, sin, meta, kv)
+        if fused is not None and fused.attends(meta, kv):  # a mixed step's decode rows
+            meta.decode_kernel = partial(fused.attend_decodes, meta=meta, kv=kv)
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv.layer(i)
             x = layer(x, cos, sin, k_cache, v_cache, meta)

@@ -11,6 +11,10 @@ runs as one batched tensor operation:
   tensor with one index op on the block tables, then one SDPA call with a padding mask.
   Sequences come sorted by context length and are cut into a few buckets, each padded
   only to its own longest context, so 54 short chats do not pad to 10 long reports.
+  Where the GGUF kernels run the model on a float32 CPU cache, the decode rows skip
+  all this and attend off the paged cache in C (`AttentionMetadata.decode_kernel`,
+  decode_attention.c): a mixed step of 31 decodes at 1,100 tokens and a 108-token
+  chunk went from 597 to 475 ms on 2 AVX2 cores.
 * prefill (n_b > 1, any start): pad queries to `[B, max_q]`, gather contexts the same
   way, one SDPA call with a causal + padding mask, then unpad.
 
@@ -85,6 +89,10 @@ class AttentionMetadata:
     # (the new token included), for the fused decode kernel (fused_decode.py).
     decode_tables: torch.Tensor | None = None
     decode_lens: torch.Tensor | None = None
+    # The decode rows' attention through the kernel library instead of gather + SDPA,
+    # called as (q, k_cache, v_cache, scale) -> [num_decode, heads, head_dim]; set by the
+    # model for a mixed step when the kernels apply (fused_decode.FusedDecoder).
+    decode_kernel: Callable[..., torch.Tensor] | None = None
 
     @cached_property
     def decode(self) -> list[DecodeGroup]:
@@ -234,7 +242,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     outs = []
     nd = meta.num_decode_tokens
     row = 0
-    for g in meta.decode:
+    if nd and meta.decode_kernel is not None:
+        outs.append(meta.decode_kernel(q[:nd], k_cache, v_cache, scale))
+        row = nd
+    for g in meta.decode if row == 0 else ():
         n = g.block_tables.shape[0]
         kc, vc = _gather_kv(k_cache, v_cache, g.block_tables, meta.buffers)
         out = F.scaled_dot_product_attention(q[row:row + n].unsqueeze(2), kc, vc,
