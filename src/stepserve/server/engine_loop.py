@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from stepserve.core.end_reasons import FinishReason
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams
 from stepserve.core.snapshot import EngineSnapshot
@@ -206,14 +207,16 @@ class EngineLoop:
             if t is None:
                 continue  # rejected at admission: answered there
             ended.append(req)
+            ended_as = None  # the engine's reason, unless the answer could not be built
             try:
                 out = t.final(self.engine.final_text(req))
             except Exception as e:
                 log.exception("the final text of request %s failed", req.request_id)
                 out = t.error(f"the final text failed: {type(e).__name__}: {e}")
+                ended_as = FinishReason.ERROR  # what the client got, and what is counted
             self._outputs.append((t.stream, out))
             if self.metrics is not None:
-                self.metrics.on_finished(req)
+                self.metrics.on_finished(req, ended_as)
         self.engine.release(ended)
 
     def _publish(self) -> None:

@@ -46,6 +46,7 @@ from stepserve.core.end_reasons import (
     REJECTED_LABELS,
     SUCCESS,
     SUCCESS_LABELS,
+    FinishReason,
     end_of,
     end_reason,
 )
@@ -262,8 +263,10 @@ class ServerMetrics:
         elif times:
             self.itl.observe(times[-1] - times[-2])
 
-    def on_finished(self, req: Request) -> None:
-        end = end_of(req.finish_reason, req.reject_reason)
+    def on_finished(self, req: Request, ended_as: FinishReason | None = None) -> None:
+        """`ended_as`: how the client's answer ended where it differs from the engine's
+        reason (the answer itself failed: FinishReason.ERROR)."""
+        end = end_of(ended_as or req.finish_reason, req.reject_reason)
         if end.counter == SUCCESS:  # a refusal is counted where it is answered
             self.success.labels(*self.label_values, end.label).inc()
         m = request_metrics(req)
