@@ -101,10 +101,8 @@ class FusedDecoder:
         return cls(model, kernels, words, max_batch)
 
     def applies(self, meta: AttentionMetadata, kv: KVStore) -> bool:
-        n = meta.num_decode_tokens
-        return (meta.prefill is None and 0 < n < self.max_batch
-                and meta.decode_lens is not None and kv.kv.dtype == torch.float32
-                and kv.kv.device.type == "cpu")
+        return (meta.prefill is None and meta.num_decode_tokens < self.max_batch
+                and self.attends(meta, kv))
 
     def attends(self, meta: AttentionMetadata, kv: KVStore) -> bool:
         """Whether the decode rows of this (mixed) step can attend through the kernel."""
