@@ -20,6 +20,9 @@
 #ifndef WROWS
 #define WROWS 4      /* weight rows per pass for a single activation row (AVX-512) */
 #endif
+#ifndef AVX2_WROWS
+#define AVX2_WROWS 2  /* the same for AVX2 (16 registers) */
+#endif
 #ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 16  /* how far ahead that pass asks for its weight rows */
 #endif
@@ -96,6 +99,30 @@ INLINE void dot_rows(int fmt, int rows, const float *x, int64_t ldx, const uint8
     }
 }
 
+/* M activation rows against R weight rows: y[i * ldy + r] (M * R <= 4: two accumulators
+ * each). Interleaving the weight rows gives the out-of-order core independent dequant
+ * chains to overlap, and each x vector serves all R rows. */
+INLINE void dot_mxr(int fmt, int M, int R, const float *x, int64_t ldx, const uint8_t *qs,
+                    int64_t row_qs, const float *sc, int64_t row_sc, int64_t groups, float *y,
+                    int64_t ldy) {
+    __m256 acc[8];
+    for (int a = 0; a < 2 * M * R; a++)
+        acc[a] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++)
+        for (int r = 0; r < R; r++) {
+            __m256 w[4];
+            dequant_group(fmt, qs + r * row_qs, sc + r * row_sc, g, w);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < 4; j++) {
+                    __m256 *a = acc + 2 * (i * R + r) + (j & 1);
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * ldx + g * QK + 8 * j), w[j], *a);
+                }
+        }
+    for (int i = 0; i < M; i++)
+        for (int r = 0; r < R; r++)
+            y[i * ldy + r] = hsum(_mm256_add_ps(acc[2 * (i * R + r)], acc[2 * (i * R + r) + 1]));
+}
+
 #endif
 
 #define DOT_ROWS_CASES(fmt)                                                             \
@@ -142,6 +169,7 @@ INLINE void dot_mxr(int fmt, int M, int R, const float *x, int64_t ldx, const ui
             y[i * ldy + r] = _mm512_reduce_add_ps(
                 _mm512_add_ps(acc[2 * (i * R + r)], acc[2 * (i * R + r) + 1]));
 }
+#endif
 
 /* Rows n0.. of y for M <= 4 activation rows, R weight rows a pass (R * M <= 8), asking
  * for the weight rows PREFETCH_ROWS ahead (past the task's end too: harmless hints);
@@ -161,7 +189,6 @@ INLINE int64_t passes_mxr(int fmt, int M, int R, const float *x, int64_t K,
     }
     return n0;
 }
-#endif
 
 /* Few activation rows: each weight row against all M rows, MAX_ROWS at a time, its
  * groups dequantised in registers (a weight row stays in L1 between row groups). */
@@ -180,6 +207,10 @@ INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uin
         n0 = passes_mxr(fmt, 3, 2, x, K, qs, scales, n0, n1, N, y);
     else if (M == 4)
         n0 = passes_mxr(fmt, 4, 2, x, K, qs, scales, n0, n1, N, y);
+#else
+    /* One sequence's decode: AVX2_WROWS weight rows a pass. */
+    if (M == 1)
+        n0 = passes_mxr(fmt, 1, AVX2_WROWS, x, K, qs, scales, n0, n1, N, y);
 #endif
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wq = qs + n * groups * qs_bytes_per_group(fmt);
