@@ -162,3 +162,47 @@ def test_bench_engine_records_the_cpu_it_shared():
     assert keys.cpu_wait_share is not None and 0 <= keys.cpu_wait_share <= 1
     assert keys.step_time_over_quiet is not None and keys.step_time_over_quiet > 0
     assert "cpu_others_cores" in keys.to_json()
+
+
+def _runnable(proc: FakeProc, procs_running: int, states: dict[int, str]) -> None:
+    """/proc/stat's procs_running and this process's threads in the given states."""
+    (proc.root / "stat").write_text(f"cpu  1 0 1 1 0 0 0 0 0 0\nprocs_running {procs_running}\n"
+                                    "procs_blocked 0\n")
+    for tid, state in states.items():
+        d = proc.root / "self" / "task" / str(tid)
+        d.mkdir(exist_ok=True)
+        (d / "stat").write_text(f"{tid} (a (b) c) {state} 1 2 3\n")
+
+
+def test_running_others_are_the_runnable_threads_not_ours(proc):
+    _runnable(proc, 3, {1: "R", 2: "S", 3: "R"})  # two of ours run: one other
+    assert proc.sampler().running_others(looks=1) == 1
+    _runnable(proc, 2, {1: "R", 2: "R", 3: "R"})  # read at different instants: never < 0
+    assert proc.sampler().running_others(looks=1) == 0
+
+
+def test_running_others_take_the_least_of_several_looks(proc, monkeypatch):
+    counts = iter([2, 0, 2])  # a neighbour runnable in two looks of three: a burst
+    sampler = proc.sampler()
+    monkeypatch.setattr(sampler, "_running_others", lambda: next(counts))
+    assert sampler.running_others(looks=3, gap_s=0) == 0
+
+
+def test_running_others_unreadable_is_none(proc):
+    assert proc.sampler().running_others(looks=1) is None  # no /proc/stat
+    (proc.root / "stat").write_text("cpu  1 0 1 1 0 0 0 0 0 0\n")  # no procs_running line
+    assert proc.sampler().running_others(looks=1) is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux's /proc")
+def test_a_busy_child_process_is_running_at_a_glance():
+    sampler = CpuShareSampler()
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        # runnable from its first instruction on, whether or not it holds a core
+        while sampler.running_others(looks=1) < 1:
+            assert child.poll() is None
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait()

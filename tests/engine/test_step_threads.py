@@ -173,3 +173,42 @@ def test_unreadable_counters_keep_the_choice():
     policy, host = make()
     host.readable = False
     assert host.window(policy, others=1.0, wait_share=0.5) == 2
+
+
+def glancing(others_now: list[int | None], ceiling: int = 2, usable: int = 2):
+    """A policy whose first look sees others_now[i] runnable threads of others the i-th
+    time it looks."""
+    host = Host(usable)
+    looks = iter(others_now)
+    policy = StepThreads(ceiling, usable, None, host.read, host.clock,
+                         glance=lambda: next(looks))
+    return policy, host
+
+
+def test_a_busy_neighbour_takes_a_thread_before_the_first_step():
+    policy, host = glancing([1])
+    assert policy.threads() == 1  # not a whole first step on a core it cannot get
+    assert host.window(policy, others=1.0) == 1  # the windows after agree
+    assert host.window(policy, others=0.0) == 2  # it ended: the idle core back
+
+
+def test_a_quiet_first_look_keeps_the_team():
+    policy, host = glancing([0])
+    assert policy.threads() == 2
+    assert host.window(policy, others=0.02) == 2
+    many, _ = glancing([3], ceiling=8, usable=16)
+    assert many.threads() == 8  # 13 cores left for 8 threads
+    crowded, _ = glancing([15], ceiling=8, usable=16)
+    assert crowded.threads() == 1  # never none
+
+
+def test_after_an_idle_spell_the_team_looks_again_instead_of_averaging_it():
+    policy, host = glancing([0, 1])
+    assert policy.threads() == 2
+    # ten idle seconds, a busy loop in the last of them: the window would say 0.1 cores
+    assert host.window(policy, others=0.1, seconds=10.0) == 1
+
+
+def test_an_unreadable_first_look_keeps_the_team():
+    policy, host = glancing([None])
+    assert policy.threads() == 2

@@ -125,6 +125,40 @@ class CpuShareSampler:
                 self._cpus(),
                 self._nice_s if system else None)
 
+    def running_others(self, looks: int = 5, gap_s: float = 0.001) -> int | None:
+        """Threads of other processes runnable right now: /proc/stat's procs_running
+        (every runnable thread on the machine, the reader included) less this process's
+        threads in state R, the least of `looks` readings `gap_s` apart (a busy
+        neighbour is runnable in every one, a client's burst seldom is); None where
+        unreadable. An instant, not a window: what StepThreads goes by where it has no
+        fresh window."""
+        least = None
+        for look in range(looks):
+            if look:
+                time.sleep(gap_s)
+            others = self._running_others()
+            if others is None:
+                return None
+            least = others if least is None else min(least, others)
+        return least
+
+    def _running_others(self) -> int | None:
+        try:
+            stat = (self.root / "stat").read_text()
+            running = next(int(line.split()[1]) for line in stat.splitlines()
+                           if line.startswith("procs_running "))
+            tids = os.listdir(self.root / "self" / "task")
+        except (OSError, ValueError, IndexError, StopIteration):
+            return None
+        ours = 0
+        for tid in tids:
+            try:
+                state = (self.root / "self" / "task" / tid / "stat").read_text()
+            except OSError:
+                continue  # exited since the listing
+            ours += state[state.rindex(")") + 2:].startswith("R")
+        return max(0, running - ours)
+
     def _read_threads(self) -> bool:
         """Adds each thread's increase since the last read; False where unreadable."""
         try:

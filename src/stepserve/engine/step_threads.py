@@ -19,7 +19,9 @@ from engine/cpu_share.py's readings:
   runs on (niced work counts until a probe has shown that it yields to us), or when the
   team's own threads wait on the run queue for WAIT_SHRINK of their time or more
   (whatever holds the cores: a nice process in another autogroup, a cgroup quota, a
-  hypervisor);
+  hypervisor); and where no window is fresh (the engine's first step, the first after
+  an idle spell longer than STALE_S), one thread fewer for each thread of another
+  process runnable at that instant (cpu_share.running_others), before the step runs;
 * one more onto a core that is idle (everyone's CPU, niced work included, leaves it at
   most GROW_AT busy); onto a core that niced work holds (which our threads may or may
   not preempt) or that a light neighbour keeps under SHRINK_AT busy (a benchmark client,
@@ -58,6 +60,7 @@ WINDOW_S = 0.5  # how long a reading's window is before a decision
 PROBE_FIRST_S = 2.0  # the wait before the first probe after a shrink
 PROBE_MAX_S = 60.0
 KEPT_S = 5.0  # a count held this long was right: the next shrink starts the backoff over
+STALE_S = 2.0  # a window longer than this (an idle spell) says nothing of the present
 NICE_GONE = 0.1  # niced work under this many cores: none to speak of
 
 
@@ -81,7 +84,8 @@ class StepThreads:
     def __init__(self, ceiling: int, usable: int, fixed: int | None = None,
                  read: Callable[[], CpuReading] | None = None,
                  clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
-                 canary: Canary | None = None) -> None:
+                 canary: Canary | None = None,
+                 glance: Callable[[], int | None] | None = None) -> None:
         self.ceiling = max(1, ceiling)
         self.usable = max(1, usable)
         self.fixed = fixed
@@ -95,6 +99,7 @@ class StepThreads:
         self._changed_at = clock() - KEPT_S  # when the count last changed (the first
         # count counts as held)
         self._canary = canary
+        self._glance = glance
         self._nice_yields = False  # a probe showed that the niced work gives way to us
 
     @property
@@ -112,7 +117,10 @@ class StepThreads:
             return
         assert self._read is not None
         reading = self._read()
-        if self._mark is not None and reading.available:
+        stale = self._mark is None or now - self._mark[0] > STALE_S
+        if stale and self._glance is not None:
+            self._first_look(now)
+        elif self._mark is not None and reading.available:
             share = CpuShare.between(self._mark[1], reading)
             self.choice.others_cores = share.others_cores
             self.choice.wait_share = share.wait_share
@@ -125,6 +133,23 @@ class StepThreads:
                 self.choice.changes += 1
                 self._changed_at = now
         self._mark = (now, reading)
+
+    def _first_look(self, now: float) -> None:
+        """No window to judge by: the first step, or the first after an idle spell (a
+        window across it would average the idle time). A step run on a core another
+        process holds can take 10x its time (a 256-token prefill, 2 threads beside a
+        busy loop: 10 s against 0.7 s on one), so the processes of others runnable right
+        now each take a core from the team at once; the windows after decide as usual
+        (a core found idle is taken back a window later)."""
+        others = self._glance()
+        if others is None:
+            return
+        target = max(1, min(self.choice.threads, self.usable - others))
+        if target < self.choice.threads:
+            self._put_off_probes(now, crowded=True)
+            self.choice.threads = target
+            self.choice.changes += 1
+            self._changed_at = now
 
     def _target(self, share: CpuShare, now: float) -> int:
         n = self.choice.threads
@@ -189,7 +214,8 @@ def follow_free_cores(runner, fixed: int | None) -> StepThreads:
     if fixed is None and os.environ.get("OMP_NUM_THREADS"):
         fixed = torch.get_num_threads()
     ceiling = fixed or getattr(runner, "max_threads", torch.get_num_threads())
-    policy = StepThreads(ceiling, usable_cpus(), fixed, CpuShareSampler().read,
-                         canary=Canary())
+    sampler = CpuShareSampler()
+    policy = StepThreads(ceiling, usable_cpus(), fixed, sampler.read, canary=Canary(),
+                         glance=sampler.running_others)
     runner.thread_count = policy.threads
     return policy
