@@ -206,3 +206,27 @@ def test_a_busy_child_process_is_running_at_a_glance():
     finally:
         child.kill()
         child.wait()
+
+
+def _other_thread(proc: FakeProc, pid: int, state: str, nice: int, group: str | None) -> None:
+    d = proc.root / str(pid) / "task" / str(pid)
+    d.mkdir(parents=True)
+    rest = [state] + ["0"] * 15 + [str(nice)] + ["0"] * 20
+    (d / "stat").write_text(f"{pid} (busy loop) {' '.join(rest)}\n")
+    if group is not None:
+        (proc.root / str(pid) / "autogroup").write_text(f"{group} nice {nice}\n")
+
+
+def test_a_niced_neighbour_in_our_autogroup_yields_and_is_not_counted(proc):
+    _runnable(proc, 4, {42: "R"})  # ours: one running; three others runnable
+    (proc.root / "self" / "stat").write_text("42 (me) R 1 2 3\n")
+    (proc.root / "self" / "autogroup").write_text("/autogroup-7 nice 0\n")
+    (proc.root / "sys" / "kernel").mkdir(parents=True)
+    (proc.root / "sys" / "kernel" / "sched_autogroup_enabled").write_text("1\n")
+    _other_thread(proc, 100, "R", 0, "/autogroup-7")    # normal priority: counts
+    _other_thread(proc, 101, "R", 19, "/autogroup-7")   # nice 19, our session: yields
+    _other_thread(proc, 102, "R", 19, "/autogroup-9")   # nice 19, its own session: counts
+    _other_thread(proc, 103, "S", 0, "/autogroup-7")    # asleep
+    assert proc.sampler().running_others(looks=1) == 2
+    (proc.root / "sys" / "kernel" / "sched_autogroup_enabled").write_text("0\n")
+    assert proc.sampler().running_others(looks=1) == 1  # no autogroups: every nice yields

@@ -13,6 +13,10 @@ never per step.
   took the CPU) is kept apart. A process of ours running niced would count itself in
   nice, not user, and then understate the others: the increase is floored at zero.
 * Usable CPUs: the process's affinity mask (a cgroup's CPU quota is not read).
+* Other processes' threads runnable at one instant (`running_others`, for a decision
+  with no window behind it): /proc/stat's procs_running less ours in state R, and where
+  that leaves any, /proc/<pid>/task/<tid>/stat's state and nice, with /proc/<pid>/
+  autogroup: a niced thread in our own autogroup yields to ours and is not counted.
 
 A file that is not there (not Linux, a kernel without schedstat) makes its part None:
 `available` says whether anything could be read, and nothing downstream fails.
@@ -126,12 +130,13 @@ class CpuShareSampler:
                 self._nice_s if system else None)
 
     def running_others(self, looks: int = 5, gap_s: float = 0.001) -> int | None:
-        """Threads of other processes runnable right now: /proc/stat's procs_running
-        (every runnable thread on the machine, the reader included) less this process's
-        threads in state R, the least of `looks` readings `gap_s` apart (a busy
-        neighbour is runnable in every one, a client's burst seldom is); None where
-        unreadable. An instant, not a window: what StepThreads goes by where it has no
-        fresh window."""
+        """Threads of other processes runnable right now that would hold a core against
+        ours: /proc/stat's procs_running (every runnable thread, the reader included)
+        less this process's threads in state R, the least of `looks` readings `gap_s`
+        apart (a busy neighbour is runnable in every one, a client's burst seldom is);
+        where any are, the runnable threads themselves, less those at positive nice in
+        our own autogroup (they yield to us). None where unreadable. An instant, not a
+        window: what StepThreads goes by where it has no fresh window."""
         least = None
         for look in range(looks):
             if look:
@@ -140,7 +145,12 @@ class CpuShareSampler:
             if others is None:
                 return None
             least = others if least is None else min(least, others)
-        return least
+            if not least:  # a quiet machine costs one read
+                break
+        if not least:
+            return least
+        taking = self._runnable_taking_a_core()
+        return least if taking is None else min(least, taking)
 
     def _running_others(self) -> int | None:
         try:
@@ -158,6 +168,52 @@ class CpuShareSampler:
                 continue  # exited since the listing
             ours += state[state.rindex(")") + 2:].startswith("R")
         return max(0, running - ours)
+
+    def _runnable_taking_a_core(self) -> int | None:
+        """Other processes' threads in state R, a niced one only from another autogroup
+        (where its nice value does not count against ours); None where /proc cannot be
+        listed."""
+        try:
+            pids = [p for p in os.listdir(self.root) if p.isdigit()]
+            own = (self.root / "self" / "stat").read_text().split(maxsplit=1)[0]
+        except (OSError, IndexError):
+            return None
+        groups_on = self._autogroups_on()
+        group = self._autogroup("self") if groups_on else None
+        count = 0
+        for pid in pids:
+            if pid == own:
+                continue
+            try:
+                tids = os.listdir(self.root / pid / "task")
+            except OSError:
+                continue  # exited since the listing
+            for tid in tids:
+                try:
+                    stat = (self.root / pid / "task" / tid / "stat").read_text()
+                    rest = stat[stat.rindex(")") + 2:].split()
+                    running, nice = rest[0] == "R", int(rest[16])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if running and (nice <= 0 or (groups_on and (
+                        group is None or self._autogroup(pid) != group))):
+                    count += 1
+        return count
+
+    def _autogroups_on(self) -> bool:
+        """Whether the kernel groups processes by session (then a nice value counts only
+        within its own group)."""
+        try:
+            flag = self.root / "sys" / "kernel" / "sched_autogroup_enabled"
+            return flag.read_text().strip() == "1"
+        except OSError:
+            return False
+
+    def _autogroup(self, pid: str) -> str | None:
+        try:
+            return (self.root / pid / "autogroup").read_text().split()[0]
+        except (OSError, IndexError):
+            return None
 
     def _read_threads(self) -> bool:
         """Adds each thread's increase since the last read; False where unreadable."""
