@@ -142,11 +142,10 @@ def _add_health_and_metrics_routes(app: FastAPI) -> None:
     """/health (503 with the reason when the engine is down or shutting down) and
     /metrics of the one engine."""
 
-    # HEAD too, as probes (and vLLM's /health) use it: the same status, no body
-    @app.api_route("/health", methods=["GET", "HEAD"], response_model=HealthStatus,
-                   responses={503: {"model": ErrorResponse,
-                                    "description": "engine down (with the reason) or "
-                                                   "shutting down"}})
+    @app.get("/health", response_model=HealthStatus,
+             responses={503: {"model": ErrorResponse,
+                              "description": "engine down (with the reason) or "
+                                             "shutting down"}})
     async def health(request: Request) -> Response:
         eng: AsyncEngine = request.app.state.async_engine
         if not eng.is_running:
@@ -156,6 +155,11 @@ def _add_health_and_metrics_routes(app: FastAPI) -> None:
         s = eng.state
         return JSONResponse({"status": "ok", "num_requests_running": s.num_running,
                              "num_requests_waiting": s.num_waiting, "steps": s.steps})
+
+    # HEAD too, as probes (and vLLM's /health) use it: the same status, no body. A route
+    # of its own, outside the schema: one route for both methods gives both operations
+    # the same operationId.
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/metrics", response_class=PlainTextResponse,
              responses={200: {"description": "Prometheus text format"}})
