@@ -90,14 +90,17 @@ def assert_no_stall(watch: StreamWatch, window: Window, worst_s: float = 0.5,
     second-worst gap while the requests ran is within the worst ordinary gap plus one step
     and a scheduling allowance, and the worst under `worst_s`. Every case is sent twice, so
     a stall one of them causes shows up at least twice; a lone longer gap is the shared
-    machine (a neighbour taking the core for ~0.1 s, seen in CI). `own_steps_s`: how much
+    machine (a neighbour taking the core for ~0.1 s, seen in CI; twice in one window,
+    0.15 s over the ordinary worst, seen once on a quiet 2-core run: hence 0.2 s of
+    allowance, still under `worst_s` and far under the seconds a tokenizing or parsing
+    stall costs). `own_steps_s`: how much
     longer than an ordinary step the requests' own engine steps may be (a step that
     computes prompt logprobs for 128 positions is work, not a stall)."""
     before = [g for end, g in watch.gaps if end < window.start]
     during = watch.gaps_between(window.start, window.end)
     assert len(before) > 20 and len(during) > 10, (len(before), len(during))
     step = statistics.median(before)
-    allowance = max(before) + step + 0.1 + own_steps_s
+    allowance = max(before) + step + 0.2 + own_steps_s
     worst, second = sorted(during)[-1], sorted(during)[-2]
     assert second <= allowance, (second, max(before), step)
     assert worst <= worst_s, (worst, max(before), step)
