@@ -163,10 +163,10 @@ class CpuShareSampler:
         ours = 0
         for tid in tids:
             try:
-                state = (self.root / "self" / "task" / tid / "stat").read_text()
-            except OSError:
+                state = _stat_fields((self.root / "self" / "task" / tid / "stat").read_text())[0]
+            except (OSError, ValueError, IndexError):
                 continue  # exited since the listing
-            ours += state[state.rindex(")") + 2:].startswith("R")
+            ours += state == "R"
         return max(0, running - ours)
 
     def _runnable_taking_a_core(self) -> int | None:
@@ -191,7 +191,7 @@ class CpuShareSampler:
             for tid in tids:
                 try:
                     stat = (self.root / pid / "task" / tid / "stat").read_text()
-                    rest = stat[stat.rindex(")") + 2:].split()
+                    rest = _stat_fields(stat)
                     running, nice = rest[0] == "R", int(rest[16])
                 except (OSError, ValueError, IndexError):
                     continue
@@ -257,10 +257,16 @@ class CpuShareSampler:
         return True
 
 
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/<pid>/stat (or task stat) line after the name: the state
+    (field 3) first. The name in parentheses may hold spaces and parentheses, so count
+    from its closing one."""
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _own_cpu_ticks(stat: str) -> int:
-    """utime + stime from /proc/<pid>/stat (fields 14 and 15; the name in parentheses
-    may hold spaces, so count from its closing one)."""
-    rest = stat[stat.rindex(")") + 2:].split()
+    """utime + stime from /proc/<pid>/stat (fields 14 and 15)."""
+    rest = _stat_fields(stat)
     return int(rest[11]) + int(rest[12])
 
 
