@@ -9,7 +9,7 @@ from factories import FakeRunner, make_requests, make_scheduler, run_until_done,
 
 from stepserve.config.settings import ConfigError
 from stepserve.core.kv_cache import KVCacheManager
-from stepserve.core.prefix_hash import block_hash, block_hashes, chain_root
+from stepserve.core.prefix_hash import HASH_ALGOS, namer
 from stepserve.core.request import Request, SamplingParams
 
 PROMPT = list(range(100, 148))  # 48 tokens: 12 blocks of 4
@@ -36,33 +36,75 @@ def computed(kv: KVCacheManager, r: Request, n: int) -> None:
 
 # ---- the hash chain ----
 
-def test_a_block_is_named_by_its_parent_and_its_tokens():
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_a_block_is_named_by_its_parent_and_its_tokens(algo):
+    names = namer(algo)
     a = salted("a", PROMPT, None)
     b = salted("b", PROMPT[:8] + [999] + PROMPT[9:], None)  # differs in block 2 only
-    ha, hb = block_hashes(a, 12, 4), block_hashes(b, 12, 4)
+    ha, hb = names.names(a, 12, 4), names.names(b, 12, 4)
     assert ha[:2] == hb[:2]
     assert all(x != y for x, y in zip(ha[2:], hb[2:]))  # a different parent: all differ
     # the same tokens after another parent get another name
-    assert block_hash(ha[0], PROMPT[4:8]) == ha[1]
-    assert block_hash(hb[2], PROMPT[12:16]) != ha[3]
+    assert names.name(ha[0], PROMPT[4:8]) == ha[1]
+    assert names.name(hb[2], PROMPT[12:16]) != ha[3]
+    assert names.prompt_names(PROMPT, None, 4) == ha
+    assert names.prompt_names(PROMPT, None, 4, count=3) == ha[:3]
 
 
-def test_cache_salt_isolates_whole_chains():
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_cache_salt_isolates_whole_chains(algo):
     plain, x1, x2, y = (salted(k, PROMPT, s) for k, s in
                         (("p", None), ("x1", "tenant-x"), ("x2", "tenant-x"), ("y", "tenant-y")))
-    names = [block_hashes(r, 12, 4) for r in (plain, x1, x2, y)]
+    names = [namer(algo).names(r, 12, 4) for r in (plain, x1, x2, y)]
     assert names[1] == names[2]
     assert not set(names[0]) & set(names[1]) and not set(names[1]) & set(names[3])
-    assert chain_root("") == chain_root(None)
+    assert namer(algo).root("") == namer(algo).root(None)
 
 
-def test_names_cover_output_tokens_and_grow_lazily():
+@pytest.mark.parametrize("algo", ["builtin", "xxhash"])
+def test_a_fast_name_carries_its_salt_so_no_collision_crosses_salts(algo):
+    """The fast hashes are not collision resistant; a salted request's names hold the
+    salt itself, so even equal hash values under two salts are different names."""
+    x = namer(algo).names(salted("x", PROMPT, "tenant-x"), 12, 4)
+    assert all(type(h) is tuple and h[0] == "tenant-x" for h in x)
+    forged = [("tenant-y", value) for _, value in x]  # the same values under another salt
+    assert not set(forged) & set(x)
+    assert not set(value for _, value in x) & set(x)  # nor the unsalted names
+
+
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_names_cover_output_tokens_and_grow_lazily(algo):
+    names = namer(algo)
     r = salted("a", PROMPT[:6], None)
     r.output_token_ids += [7, 8]
-    assert block_hashes(r, 2, 4)[1] == block_hash(block_hashes(r, 1, 4)[0], PROMPT[4:6] + [7, 8])
+    assert names.names(r, 2, 4)[1] == names.name(names.names(r, 1, 4)[0],
+                                                 PROMPT[4:6] + [7, 8])
     assert len(r.block_hashes) == 2
     with pytest.raises(ValueError, match="not full"):
-        block_hashes(r, 3, 4)
+        names.names(r, 3, 4)
+
+
+def test_the_names_are_the_same_in_every_process():
+    """Python's hash() of str and bytes changes with PYTHONHASHSEED; the chains must
+    not, or a simulation would depend on the process it ran in."""
+    import subprocess
+    import sys
+
+    code = ("from stepserve.core.prefix_hash import namer; "
+            "print([namer(a).prompt_names(list(range(64)), s, 16) "
+            "for a in ('builtin', 'xxhash', 'sha256') for s in (None, 'salt')])")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": seed},
+                           check=True).stdout for seed in ("1", "2")}
+    assert len(runs) == 1
+
+
+def test_an_unknown_hash_algo_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="builtin, sha256, xxhash"):
+        namer("md5")
+    with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
+        from stepserve.config.settings import CacheConfig
+        CacheConfig(prefix_caching_hash_algo="sha256_cbor")
 
 
 # ---- reference counts and the LRU ----

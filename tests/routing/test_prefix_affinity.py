@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from stepserve.config.settings import ConfigError, EngineConfig
-from stepserve.core.prefix_hash import block_hashes
+from stepserve.core.prefix_hash import namer
 from stepserve.core.request import Request, SamplingParams
 from stepserve.routing.pools import PoolRouter, deployment_from
 from stepserve.routing.prefix_affinity import PrefixAffinity, PrefixAffinityOptions
@@ -115,7 +115,7 @@ def test_block_names_are_the_kv_managers_and_the_salt_separates_them():
     ids = list(range(5 * BS + 3))
     for salt in (None, "tenant-a"):
         req = Request("r", ids, SamplingParams(max_tokens=1), 0.0, cache_salt=salt)
-        assert router().prompt_hashes(route(ids, salt)) == block_hashes(req, 5, BS)
+        assert router().prompt_hashes(route(ids, salt)) == namer().names(req, 5, BS)
     r = router()
     warm(r, 0, ids)
     assert r.pick(views(1, 0), route(ids, "tenant-b")) == 1  # no match across salts

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import astuple
 from unittest.mock import patch
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,11 +69,33 @@ def test_shared_blocks_come_out_the_same_with_and_without_decode_runs(
     assert snapshot(fast) == snapshot(stepped)
 
 
-def test_a_shared_system_prompt_is_computed_once_and_hit_after():
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.05]), st.integers(1, 90),
+                               st.integers(1, 40)), min_size=1, max_size=30),
+       groups=st.integers(1, 3), shared_len=st.sampled_from([8, 24, 60]),
+       preemption=st.sampled_from(["recompute", "swap"]), blocks=st.integers(20, 50))
+def test_a_simulation_is_the_same_whichever_hash_names_the_blocks(
+        rows, groups, shared_len, preemption, blocks):
+    """builtin, xxhash and sha256 give the same hits, evictions and twins: only what a
+    name costs differs (prefix_caching_hash_algo)."""
+    config = EngineConfig().replace(
+        max_model_len=160, block_size=8, max_num_seqs=6, max_num_batched_tokens=64,
+        preemption_mode=preemption, num_cpu_blocks=40 if preemption == "swap" else 0)
+    specs = specs_of(rows)
+    with shared_prompts(groups, shared_len):
+        runs = [snapshot(simulate(config.replace(prefix_caching_hash_algo=algo), specs,
+                                  ConstantCost(0.02), blocks))
+                for algo in ("builtin", "xxhash", "sha256")]
+    assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.parametrize("algo", ["builtin", "xxhash", "sha256"])
+def test_a_shared_system_prompt_is_computed_once_and_hit_after(algo):
     """40 requests, one 96-token system prompt and 32 tokens each of their own, arriving
     0.1 s apart (each ends before the next): every one after the first computes only its
     own part, and the fast path still takes the decode steps."""
-    config = EngineConfig().replace(max_model_len=256, block_size=16)
+    config = EngineConfig().replace(max_model_len=256, block_size=16,
+                                    prefix_caching_hash_algo=algo)
     specs = specs_of([(0.1, 128, 4)] * 40)
     with shared_prompts(1, 96):
         sim = simulate(config, specs, ConstantCost(0.01), 64)

@@ -62,6 +62,7 @@ class _Section:
 
 
 BATCHING_MODES = ("continuous", "static", "dynamic")
+PREFIX_CACHING_HASH_ALGOS = ("builtin", "sha256", "xxhash")  # core/prefix_hash.py
 POLICIES = ("fcfs", "priority", "srpt", "fair", "lpm")
 PREEMPTION_MODES = ("recompute", "swap", "none")
 BUDGET_ORDERS = ("decode_first", "prefill_first")
@@ -174,6 +175,12 @@ class CacheConfig(_Section):
         True, "automatic prefix caching, as vLLM: full KV blocks are kept (shared by reference "
         "count, evicted least recently used first) and a prompt starting with a cached "
         "prefix computes only the rest; same outputs either way", bool)
+    prefix_caching_hash_algo: str = knob(
+        "builtin", "what names a full KV block for the prefix cache (vLLM's flag): builtin "
+        "(Python's hash, fastest), xxhash, or sha256 (collision resistant across requests "
+        "without a cache_salt); the same blocks are shared whichever names them, and the "
+        "fast ones never share a block across cache_salt values", str,
+        choices=PREFIX_CACHING_HASH_ALGOS)
     swap_space: float = knob(0.0, "GiB of CPU memory for KV swapped out by preemption "
                              "(vLLM's swap_space): sets num_cpu_blocks from the model's KV "
                              "bytes per token. 0: num_cpu_blocks as given", float, lo=0.0,

@@ -20,7 +20,7 @@ def make_scheduler(config: EngineConfig, clock: Clock, num_gpu_blocks: int) -> S
     """The scheduler for `config.scheduler.batching`, with its own KV block manager."""
     cache = config.cache
     kv = KVCacheManager(num_gpu_blocks, cache.block_size, cache.num_cpu_blocks, cache.watermark,
-                        cache.enable_prefix_caching)
+                        cache.enable_prefix_caching, cache.prefix_caching_hash_algo)
     return SCHEDULERS[config.scheduler.batching](config, kv, clock)
 
 

@@ -31,12 +31,15 @@ invariant (take more than is free, release what nobody holds) raises KVCacheErro
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from itertools import chain
-from operator import eq
+from functools import partial
+from itertools import chain, compress, islice, repeat
+from operator import eq, is_, is_not
 
 from stepserve.core.prefix_hash import BlockHash
+
+_drain = partial(deque, maxlen=0)  # runs an iterator to its end, keeping nothing
 
 
 class KVCacheError(RuntimeError):
@@ -67,21 +70,32 @@ class BlockPool:
         return list(self.free_queue)
 
     # ---- handing blocks out and back ----
+    # The simulator moves every block of every request through take, name and release,
+    # so each makes its passes over a batch of blocks with map() at C speed (`_drain`
+    # consumes one), and a slower block-by-block path handles what the fast path cannot
+    # (shared blocks, twins): the same result either way.
     def take(self, n: int) -> list[int]:
         """`n` blocks from the head of the free queue, held once each; a named one is
         evicted (its name dropped)."""
         queue = self.free_queue
         if n > len(queue):
             raise KVCacheError(f"take({n}) with only {len(queue)} free blocks")
-        pop, names, ref = queue.popitem, self.block_hash, self.ref_cnt
-        out = []
-        for _ in range(n):
-            b = pop(last=False)[0]
-            if names[b] is not None:
-                self._drop_name(b)
-                self.num_evictions += 1
-            ref[b] = 1
-            out.append(b)
+        out = list(islice(queue, n))
+        _drain(map(queue.__delitem__, out))
+        _drain(map(self.ref_cnt.__setitem__, out, repeat(1)))
+        names = self.block_hash
+        hs = list(map(names.__getitem__, out))
+        evicted = n - hs.count(None)
+        if evicted:
+            self.num_evictions += evicted
+            named = list(compress(out, map(is_not, hs, repeat(None))))
+            if self.twins and not self.twins.keys().isdisjoint(map(names.__getitem__, named)):
+                for b in named:
+                    self._drop_name(b)
+            else:  # each is its name's only block
+                _drain(map(self.cached.__delitem__, map(names.__getitem__, named)))
+                _drain(map(names.__setitem__, named, repeat(None)))
+                self.num_named -= evicted
         self.num_held += n
         self.num_refs += n
         return out
@@ -103,9 +117,23 @@ class BlockPool:
         nobody holds any more joins the free queue (named: at the tail; unnamed: at the
         head)."""
         ref, queue, names = self.ref_cnt, self.free_queue, self.block_hash
-        if not all(map(ref.__getitem__, blocks)):
+        held = list(map(ref.__getitem__, blocks))
+        if not all(held):
             stray = next(b for b in blocks if ref[b] <= 0)
             raise KVCacheError(f"block {stray} released but not held")
+        n = len(blocks)
+        if held.count(1) == n:  # held by this table alone, the usual case: all go free
+            order = blocks[::-1]
+            _drain(map(ref.__setitem__, order, repeat(0)))
+            before = len(queue)
+            queue.update(dict.fromkeys(order))  # at the tail, last block first
+            if len(queue) - before != n:
+                raise KVCacheError("a block released twice (one table names it twice)")
+            for b in compress(order, map(is_, map(names.__getitem__, order), repeat(None))):
+                queue.move_to_end(b, last=False)  # unnamed: to the head
+            self.num_held -= n
+            self.num_refs -= n
+            return
         for b in reversed(blocks):
             left = ref[b] - 1
             ref[b] = left
@@ -116,26 +144,39 @@ class BlockPool:
                 self.num_held -= 1
             elif left < 0:
                 raise KVCacheError(f"block {b} released twice")
-        self.num_refs -= len(blocks)
+        self.num_refs -= n
 
     # ---- names ----
-    def name(self, b: int, h: BlockHash) -> None:
-        """Name held block `b` by `h`: its KV is computed and others may share it."""
-        current = self.block_hash[b]
-        if current is not None:
-            if current != h:
-                raise KVCacheError(f"block {b} is named twice, by different prefixes")
-            return
-        self.block_hash[b] = h
-        self.num_named += 1
-        first = self.cached.get(h)
-        if first is None:
-            self.cached[h] = b
-        elif b < first:
-            self.cached[h] = b
-            self.twins.setdefault(h, []).append(first)
-        else:
-            self.twins.setdefault(h, []).append(b)
+    def name(self, blocks: list[int], hashes: list[BlockHash], lo: int, hi: int) -> None:
+        """Name held blocks `blocks[lo:hi]` by `hashes[lo:hi]`: their KV is computed and
+        others may share them."""
+        names, cached = self.block_hash, self.cached
+        bl, hs = blocks[lo:hi], hashes[lo:hi]
+        if list(map(names.__getitem__, bl)).count(None) == len(bl) and \
+                cached.keys().isdisjoint(hs):  # new names for unnamed blocks: the usual case
+            before = len(cached)
+            cached.update(zip(hs, bl))
+            if len(cached) - before == len(bl):
+                _drain(map(names.__setitem__, bl, hs))
+                self.num_named += len(bl)
+                return
+            _drain(map(cached.pop, hs))  # a name twice among them: one at a time, below
+        for b, h in zip(bl, hs):
+            current = names[b]
+            if current is not None:
+                if current != h:
+                    raise KVCacheError(f"block {b} is named twice, by different prefixes")
+                continue
+            names[b] = h
+            self.num_named += 1
+            first = cached.get(h)
+            if first is None:
+                cached[h] = b
+            elif b < first:
+                cached[h] = b
+                self.twins.setdefault(h, []).append(first)
+            else:
+                self.twins.setdefault(h, []).append(b)
 
     def _drop_name(self, b: int) -> None:
         h = self.block_hash[b]

@@ -13,7 +13,7 @@ ever an optimisation: correctness never depends on it.
 from __future__ import annotations
 
 from stepserve.core.output import SchedulerOutput
-from stepserve.core.prefix_hash import BlockHash, block_hashes
+from stepserve.core.prefix_hash import BlockHash, BlockNamer
 from stepserve.core.request import Request
 
 
@@ -21,9 +21,10 @@ class InFlightBlocks:
     """The names of the full blocks one step's prefill chunks compute, gathered from the
     step's batch when first asked and kept up to date as the batch grows."""
 
-    def __init__(self, out: SchedulerOutput, block_size: int) -> None:
+    def __init__(self, out: SchedulerOutput, block_size: int, namer: BlockNamer) -> None:
         self.out = out
         self.block_size = block_size
+        self.namer = namer
         self.names: set[BlockHash] = set()
         self.seen = 0  # entries of out.requests gathered so far
 
@@ -44,5 +45,5 @@ class InFlightBlocks:
                 start = req.num_computed_tokens
                 lo, hi = start // bs, (start + n) // bs
                 if hi > lo:
-                    self.names.update(block_hashes(req, hi, bs)[lo:hi])
+                    self.names.update(self.namer.names(req, hi, bs)[lo:hi])
         self.seen = len(requests)

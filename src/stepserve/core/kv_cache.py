@@ -26,7 +26,7 @@ an empty result) and changes nothing; a broken invariant raises.
 from __future__ import annotations
 
 from stepserve.core.block_pool import BlockPool, KVCacheError
-from stepserve.core.prefix_hash import block_hashes
+from stepserve.core.prefix_hash import DEFAULT_HASH_ALGO, namer
 from stepserve.core.request import Request
 
 __all__ = ["BlockPool", "KVCacheError", "KVCacheManager", "blocks_for"]
@@ -40,7 +40,8 @@ class KVCacheManager:
     """Block tables for running (device) and swapped (CPU) requests; the prefix cache."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 watermark: float = 0.0, enable_prefix_caching: bool = True) -> None:
+                 watermark: float = 0.0, enable_prefix_caching: bool = True,
+                 hash_algo: str = DEFAULT_HASH_ALGO) -> None:
         if num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks = {num_gpu_blocks}: must be >= 1")
         self.block_size = block_size
@@ -48,6 +49,7 @@ class KVCacheManager:
         self.cpu = BlockPool(num_cpu_blocks)
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.enable_prefix_caching = enable_prefix_caching
+        self.namer = namer(hash_algo)  # prefix_hash.py: what names a full block
         self.block_tables: dict[str, list[int]] = {}  # request id -> device blocks
         self.cpu_tables: dict[str, list[int]] = {}  # request id -> CPU blocks (swapped)
         # request id -> how many leading blocks of its device table are named already
@@ -94,7 +96,7 @@ class KVCacheManager:
         hits: list[int] = []
         for i in range(limit):
             if i == len(hashes):  # named lazily: a miss ends the walk
-                block_hashes(request, i + 1, bs)
+                self.namer.names(request, i + 1, bs)
             b = lookup(hashes[i])
             if b is None:
                 break
@@ -117,10 +119,7 @@ class KVCacheManager:
         done = self.num_named.get(rid, 0)
         if full <= done:
             return
-        hashes = block_hashes(request, full, self.block_size)
-        name = self.gpu.name
-        for i in range(done, full):
-            name(table[i], hashes[i])
+        self.gpu.name(table, self.namer.names(request, full, self.block_size), done, full)
         self.num_named[rid] = full
 
     # ---- device allocation ----

@@ -184,7 +184,7 @@ class Request:
     # prefix cache: tokens it gave at the first admission (usage's cached_tokens), the latest
     num_cached_tokens: int = 0
     prefix_hit_tokens: int = 0
-    block_hashes: list[bytes] = field(default_factory=list, repr=False)  # the KV manager's
+    block_hashes: list = field(default_factory=list, repr=False)  # the KV manager's
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)

@@ -221,7 +221,7 @@ class Scheduler(SchedulerBase):
         reserve_all = self.preemption.reserves_worst_case
         kv = self.kv
         bs = kv.block_size
-        in_flight = InFlightBlocks(out, bs) if kv.enable_prefix_caching else None
+        in_flight = InFlightBlocks(out, bs, kv.namer) if kv.enable_prefix_caching else None
         # Prompts left mid-prefill, counted when a chunk first needs them (a prompt that
         # fits whole, the usual case, never does): -1 until then.
         partial = long_partial = -1

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepserve.core.end_reasons import FinishReason
-from stepserve.core.prefix_hash import BlockHash, block_hash, chain_root
+from stepserve.core.prefix_hash import BlockHash, namer
 from stepserve.core.request import Request
 
 UNCLASSIFIED = "unclassified"  # class name for requests without a request_class
@@ -124,7 +124,7 @@ def repeated_prefix_tokens(requests: Sequence[Request],
         ids = req.prompt_token_ids
         if len(ids) <= block_size:
             continue  # no full block below its last token
-        first = block_hash(chain_root(req.cache_salt), ids[:block_size])
+        first = namer().prompt_names(ids, req.cache_salt, block_size, 1)[0]
         earlier = first_seen.setdefault(first, req)
         if earlier is req:
             continue
@@ -142,8 +142,4 @@ def repeated_prefix_tokens(requests: Sequence[Request],
 
 def _chain(req: Request, block_size: int) -> list[BlockHash]:
     """The names of the full blocks of `req`'s prompt."""
-    ids, parent, names = req.prompt_token_ids, chain_root(req.cache_salt), []
-    for lo in range(0, len(ids) - block_size + 1, block_size):
-        parent = block_hash(parent, ids[lo:lo + block_size])
-        names.append(parent)
-    return names
+    return namer().prompt_names(req.prompt_token_ids, req.cache_salt, block_size)

@@ -33,7 +33,7 @@ from typing import Any
 from stepserve.config.settings import ConfigError
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
-from stepserve.core.prefix_hash import BlockHash, block_hash, chain_root
+from stepserve.core.prefix_hash import BlockHash, namer
 from stepserve.routing.view import ReplicaView, Router, RouteRequest
 
 MAX_WEIGHT = 1000.0
@@ -127,13 +127,8 @@ class PrefixAffinity(Router):
 
     def prompt_hashes(self, request: RouteRequest) -> list[BlockHash]:
         """The names of the prompt's leading full blocks, as the KV manager names them."""
-        ids, size = request.prompt_token_ids, self.block_size
-        count = min(len(ids) // size, self.options.max_prefix_blocks)
-        parent, out = chain_root(request.cache_salt), []
-        for i in range(count):
-            parent = block_hash(parent, list(ids[i * size:(i + 1) * size]))
-            out.append(parent)
-        return out
+        return namer().prompt_names(list(request.prompt_token_ids), request.cache_salt,
+                                    self.block_size, self.options.max_prefix_blocks)
 
     def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
         opts = self.options
