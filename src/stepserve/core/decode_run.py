@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import compress, repeat
 from operator import attrgetter, sub
 
 from stepserve.core.output import StepRecord
@@ -229,9 +230,10 @@ class _Run:
         sched, step = self.sched, self.step
         batch, plain = self.batch, self.plain
         if self.n < len(batch):  # some ended in the run: only the others remain
-            left = [i for i in range(len(batch)) if self.final[i] > step]
-            batch, plain = [batch[i] for i in left], [plain[i] for i in left]
-            sched.running = [r for r in sched.running if r.status is _RUNNING]
+            left = list(compress(range(len(batch)), map(step.__lt__, self.final)))
+            # (`batch` is sched.running itself: the run ends requests without leaving it)
+            batch, plain = list(map(batch.__getitem__, left)), list(map(plain.__getitem__, left))
+            sched.running = batch
         _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
         sched._step_index = self.step0 + step
         # The blocks the run filled are named for the prefix cache now, not in the step
@@ -239,9 +241,10 @@ class _Run:
         # a run, and which block a name gives does not depend on naming order
         # (block_pool.py); a request that ended in the run named its blocks as it let go.
         if self.kv.enable_prefix_caching:
-            cache_blocks = self.kv.cache_blocks
-            for req in batch:
-                cache_blocks(req, req.num_computed_tokens)
+            cache_blocks, bs = self.kv.cache_blocks, self.block_size
+            for req, named in zip(batch, map(self.kv.num_named.get, map(_ID, batch), repeat(0))):
+                if req.num_computed_tokens // bs > named:
+                    cache_blocks(req, req.num_computed_tokens)
 
 
 def _catch_up(sched: Scheduler, requests: list[Request], plain: list[int], steps: int,

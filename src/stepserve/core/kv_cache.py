@@ -109,18 +109,16 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Name the full blocks among the first `num_tokens` tokens of `request`, whose KV
-        is computed: from now on other requests may share them."""
-        if self.enable_prefix_caching:
-            self._name_blocks(request, self.block_tables[request.request_id], num_tokens)
-
-    def _name_blocks(self, request: Request, table: list[int], num_tokens: int) -> None:
+        is computed: from now on other requests may share them (with caching on)."""
+        if not self.enable_prefix_caching:
+            return
         rid = request.request_id
         full = num_tokens // self.block_size
         done = self.num_named.get(rid, 0)
-        if full <= done:
-            return
-        self.gpu.name(table, self.namer.names(request, full, self.block_size), done, full)
-        self.num_named[rid] = full
+        if full > done:
+            self.gpu.name(self.block_tables[rid],
+                          self.namer.names(request, full, self.block_size), done, full)
+            self.num_named[rid] = full
 
     # ---- device allocation ----
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve_total: int = 0,
@@ -168,9 +166,8 @@ class KVCacheManager:
         """Release every block `request` holds, on the device and in the CPU pool; its
         computed device blocks stay cached (named) for whoever shares the prefix next."""
         rid = request.request_id
-        table = self.block_tables.pop(rid, None)
-        if table:
-            self._let_go(request, table)
+        if rid in self.block_tables:
+            self._let_go(request)
         cpu_table = self.cpu_tables.pop(rid, None)
         if cpu_table:
             self.cpu.release(cpu_table)
@@ -178,14 +175,16 @@ class KVCacheManager:
             # An ended request's names serve nobody, and a simulation keeps every request.
             request.block_hashes.clear()
 
-    def _let_go(self, request: Request, table: list[int]) -> None:
-        """Release `request`'s device `table`, first naming what `cache_blocks` has not
-        named yet (a decode run applies its steps without it), so it stays cached."""
-        if self.enable_prefix_caching:
-            self._name_blocks(request, table, min(request.num_computed_tokens,
-                                                  request.num_tokens))
-        self.num_named.pop(request.request_id, None)
+    def _let_go(self, request: Request) -> list[int]:
+        """Release `request`'s device table (returned), first naming what `cache_blocks`
+        has not named yet (a decode run applies its steps without it), so it stays
+        cached."""
+        self.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
+        rid = request.request_id
+        self.num_named.pop(rid, None)
+        table = self.block_tables.pop(rid)
         self.gpu.release(table)
+        return table
 
     # ---- swapping ----
     # A swapped request keeps its own CPU copy of every block, shared or not, and lets go
@@ -202,9 +201,7 @@ class KVCacheManager:
             return []
         cpu_blocks = self.cpu.take(len(table))
         self.cpu_tables[rid] = cpu_blocks
-        del self.block_tables[rid]
-        self._let_go(request, table)
-        return list(zip(table, cpu_blocks))
+        return list(zip(self._let_go(request), cpu_blocks))
 
     def can_swap_in(self, request: Request) -> bool:
         """Room for its blocks, leaving the watermark free unless no request holds any."""

@@ -83,8 +83,9 @@ class Scheduler(SchedulerBase):
         cap = self.sc.chunk_cap
         step = out.step_index
         add = out.add
+        add_request, add_count = out.requests.append, out.num_scheduled_tokens.append
         is_decoding = _is_decoding
-        num_decode_ready = 0
+        num_decode_ready = num_decodes = 0
         # Walk a snapshot: a victim leaves self.running and RUNNING status, so one still
         # ahead of the walk is skipped, and the walk's place never shifts. (Status is read
         # only after _make_room, where victims are made: a read per request costs ~25 ns.)
@@ -101,7 +102,12 @@ class Scheduler(SchedulerBase):
                 # The common case, first: its next token fits in the blocks it holds.
                 table = tables[req.request_id]
                 if req.num_computed_tokens < len(table) * bs:
-                    add(req, 1, True)
+                    # out.add(req, 1, True) written out: a simulation's hottest lines
+                    req.sched_step = step
+                    req.sched_tokens = 1
+                    add_request(req)
+                    add_count(1)
+                    num_decodes += 1
                     budget -= 1
                     continue
                 n, decoding = 1, True
@@ -122,6 +128,8 @@ class Scheduler(SchedulerBase):
                     add(req, n, False)
                     budget -= n
                     continue
+            out.num_decode_tokens += num_decodes  # before a victim's tokens come out
+            num_decodes = 0
             budget += self._make_room(req, n, out, now)
             made_room = True
             if req.status is not _RUNNING:
@@ -129,6 +137,7 @@ class Scheduler(SchedulerBase):
             add(req, n, decoding)
             budget -= n
         out.num_decode_ready += num_decode_ready
+        out.num_decode_tokens += num_decodes
         return budget
 
     def _make_room(self, req: Request, n: int, out: SchedulerOutput, now: float) -> int:

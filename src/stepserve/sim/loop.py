@@ -21,6 +21,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from stepserve.config.settings import EngineConfig
 from stepserve.core.clock import VirtualClock
@@ -73,13 +74,20 @@ class SimResult:
 def make_request(spec: RequestSpec, arrival: float, history: list[int] | None = None
                  ) -> Request:
     """`history`: a later turn's conversation so far, its prompt's first ids."""
-    params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
-                            priority=spec.priority, tenant=spec.tenant)
+    params = _sim_params(spec.max_tokens, spec.priority, spec.tenant)
     ids = prompt_token_ids(spec) if history is None else \
         history + _own_ids(spec, spec.prompt_len - spec.history_len)
     return Request(request_id=str(spec.index), prompt_token_ids=ids,
                    sampling_params=params, arrival_time=arrival, eos_token_id=SIM_EOS,
                    request_class=spec.request_class, length_estimate=spec.length_estimate)
+
+
+@lru_cache(maxsize=4096)
+def _sim_params(max_tokens: int, priority: int, tenant: str) -> SamplingParams:
+    """One SamplingParams for the simulated requests alike (nothing changes one once it
+    is made), checked once instead of once a request."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, priority=priority,
+                          tenant=tenant)
 
 
 # Simulated prompts start with a token no other request has, above any id the runner
