@@ -101,7 +101,7 @@ class CpuShare:
         return cls(wall, rate(a.others_s, b.others_s), rate(a.steal_s, b.steal_s), share,
                    wait, b.usable_cpus, rate(a.nice_s, b.nice_s))
 
-    def fields(self, source: str | None,
+    def fields(self, source: str,
                step_time_over_quiet: float | None = None) -> dict[str, float | str | None]:
         """The run summary's cpu fields (CPU_KEYS) for this window, measured by `source`
         (engine, server or client)."""
