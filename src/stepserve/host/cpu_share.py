@@ -21,11 +21,10 @@ never per step.
 A file that is not there (not Linux, a kernel without schedstat) makes its part None:
 `available` says whether anything could be read, and nothing downstream fails.
 
-Every reader goes by the one reading, CpuReading, and by CpuShare, what two of them say:
-the engine's thread policy (step_threads.py) over half a second, a bench run from its
-start to its end (CpuWatch), the server's /metrics as the reading's totals, read back from
-two scraped pages for `doctor --url` and `bench --target` (cpu_metrics.py). CpuShare's
-`fields` are the run summary's cpu fields, what the doctor's cpu_shared rule reads.
+Every reader goes by CpuReading and CpuShare (what two readings say): the thread policy
+(step_threads.py), a bench run (CpuWatch), the server's /metrics and the two scraped pages
+read back from it (cpu_metrics.py); `CpuShare.fields` are the run summary's cpu fields
+that the doctor's cpu_shared rule reads.
 """
 
 from __future__ import annotations
@@ -302,12 +301,10 @@ def _clock_ticks() -> int:
 
 
 class CpuWatch:
-    """A bench run's CPU sharing as this process sees it: the sampler read when the run
-    starts (`start`) and again for its fields. `bench --engine` measures the engine's
-    threads (they are ours): source "engine". Against a target whose /metrics has no CPU
-    series (cpu_metrics.py: "server"), this machine around the run: "client", the
-    client's threads and the others as seen from here (a server on the same machine
-    counts among the others), which the doctor does not read as the engine's."""
+    """A bench run's CPU sharing seen from this process, read at `start` and for its
+    fields: source "engine" under `bench --engine` (the engine's threads are ours);
+    "client" against a target without CPU series (a server on this machine then counts
+    among the others), which the doctor does not read as the engine's."""
 
     def __init__(self, sampler: CpuShareSampler, start: CpuReading) -> None:
         self.sampler, self.start_reading = sampler, start

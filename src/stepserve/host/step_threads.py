@@ -36,15 +36,12 @@ from cpu_share.py's readings:
 
 `threads` fixed by the user (`--threads`, or OMP_NUM_THREADS) is kept as it is.
 
-Why a canary asks and not the team: trying the team's extra thread for a step answers
-the question at the team's expense (beside a nice-19 loop from another session, a
-batch-8 step on two threads took 1,248 ms instead of 71 ms on one, every barrier waiting
-for the thread the scheduler keeps off its core). The canary asks it for ~0.1 s of one
-thread: a loop of GIL-free work (hashing a buffer) on a thread of its own while the
-engine steps on, then that thread's run-queue wait share (/proc/thread-self/schedstat).
-Measured on 2 cores with a second thread of the same process busy: 0.00-0.01 on a quiet
-machine and beside a nice-19 loop in the same session (it yields), 0.50 beside a nice-19
-loop in another session and beside a busy loop at normal priority (it does not).
+A canary asks, not the team's extra thread, because a wrong try costs a step the
+1,248 ms above (against 71 ms on one thread). It hashes a buffer (GIL-free work) on a
+thread of its own while the engine steps on, then reads that thread's run-queue wait
+share (/proc/thread-self/schedstat). Measured on 2 cores beside a busy thread of ours:
+0.00-0.01 quiet and beside a nice-19 loop in our session (it yields), 0.50 beside one in
+another session or a busy loop at normal priority (it does not).
 """
 
 from __future__ import annotations
