@@ -1,5 +1,5 @@
-"""The layering holds: imports go one way (cli -> services -> engine/sim -> core ->
-foundation), and the scheduling core and the simulator load no torch, no web framework
+"""The layering holds: imports go one way (cli -> services -> engine/sim -> core and
+host -> foundation), and the scheduling core and the simulator load no torch, no web framework
 and no plotting library. A new import that breaks either fails here, not in review."""
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ SRC = Path(__file__).parents[1] / "src" / "stepserve"
 # rank or lower, never higher
 LAYERS = {
     0: {"stepserve", "config"},  # foundation: settings, limits, the user's files
-    1: {"core", "workload", "plan", "routing"},  # scheduling core, workloads, routers
+    # scheduling core, workloads, routers, and the host machine (its cores, the threads
+    # a step gets, the readings of CPU sharing that engine/, server/, metrics/ and bench/
+    # read)
+    1: {"core", "workload", "plan", "routing", "host"},
     2: {"engine", "model", "sim", "metrics"},  # the engine core's two runners, measures
     3: {"bench", "sweep", "server", "demo", "profile", "cluster"},  # services
     4: {"cli", "__main__"},  # the command line
@@ -29,7 +32,7 @@ LAZY_EXCEPTIONS = {
 }
 # the torch-free part: importing all of it must load none of these
 HEAVY = ("torch", "fastapi", "starlette", "uvicorn", "matplotlib", "transformers")
-LIGHT_PACKAGES = ("core", "sim", "workload", "metrics", "plan", "routing")
+LIGHT_PACKAGES = ("core", "sim", "workload", "metrics", "plan", "routing", "host")
 
 
 def _unit(module: str) -> str:

@@ -8,8 +8,8 @@ import torch
 
 from stepserve import LLM, SamplingParams
 from stepserve.config.errors import UsageError
-from stepserve.engine.cpu_share import CpuReading
-from stepserve.engine.step_threads import StepThreads
+from stepserve.host.cpu_share import CpuReading
+from stepserve.host.step_threads import StepThreads
 
 pytestmark = pytest.mark.xdist_group("torch_threads")
 

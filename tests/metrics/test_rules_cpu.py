@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from stepserve.host.cpu_metrics import cpu_window
 from stepserve.metrics.alerts import diagnose, unevaluable
-from stepserve.metrics.cpu_window import cpu_window
 from stepserve.metrics.doctor import DoctorOptions, load_runs, run_doctor
 from stepserve.metrics.live import live_summary
 from stepserve.metrics.prometheus import Snapshot, parse_prometheus

@@ -13,12 +13,12 @@ import httpx
 import pytest
 from server_harness import MODEL, Served, serve
 
-from stepserve.engine.cpu_share import CpuShareSampler
+from stepserve.host.cpu_share import CpuShareSampler
+from stepserve.host.step_reference import MIN_STEPS
 from stepserve.metrics.alerts import diagnose
 from stepserve.metrics.live import live_summary
 from stepserve.metrics.prometheus import Snapshot, parse_prometheus
 from stepserve.metrics.rules_cpu import CPU_SHARED
-from stepserve.metrics.step_reference import MIN_STEPS
 
 LINUX = Path("/proc/self/task").exists()
 

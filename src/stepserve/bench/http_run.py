@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.cpu_fields import CpuWatch
 from stepserve.bench.loadgen import HttpTarget, LoadPlan, interruptible, run_http
 from stepserve.bench.plan import BenchError
 from stepserve.bench.scrape import Scraper, scrape_summary
 from stepserve.config.urls import check_http_url
+from stepserve.host.cpu_share import CpuWatch
 from stepserve.metrics.live import live_config
 from stepserve.metrics.run_summary import RunSummary
 
@@ -119,4 +119,4 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
             out.scrape = RunSummary.from_json(scrape_summary(
                 out.snapshots, scraper.failures if scraper else ()))
             if out.scrape.cpu_source is None:
-                out.scrape = out.scrape.updated(cpu.fields("client"))
+                out.scrape = out.scrape.with_values(**cpu.fields("client"))

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.cpu_fields import CpuWatch
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompts import token_prompt
@@ -20,6 +19,7 @@ from stepserve.config.settings import EngineConfig
 from stepserve.core.end_reasons import end_of
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, SamplingParams
+from stepserve.host.cpu_share import CpuWatch
 from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.run_summary import REQUEST_FIELDS, STEP_FIELDS, RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
@@ -104,7 +104,7 @@ def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] 
     records = load.records()
     series = step_timeseries(load.steps, t0=load.t0) if load.steps else None
     full = summarize([r for _, r in load.issued], load.steps, load.clock.now() - load.t0)
-    return records, engine_keys(full).updated(cpu.fields("engine", load.steps)), series
+    return records, engine_keys(full).with_values(**cpu.fields("engine", load.steps)), series
 
 
 class _WallClockLoad:

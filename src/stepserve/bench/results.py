@@ -18,7 +18,8 @@ peak_concurrency, warmup_requests, interrupted, and the scrape fields (scrape.py
 The prefix cache, over completed requests: prefix_cache_hit_rate where the answers said
 how many prompt tokens were cached (usage.prompt_tokens_details.cached_tokens; absent,
 not 0, from a server that does not say), prefix_repeated_share from the prompts the
-bench built (prefix_cache.py). Whether the CPU was shared: the cpu_* fields (cpu_fields.py).
+bench built (prefix_cache.py). Whether the CPU was shared: the cpu_* fields
+(host/cpu_share.py's CpuWatch, or the target's own: host/cpu_metrics.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.cpu_fields import cpu_row
 from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.bench.slo import GoodputSLO
@@ -248,6 +248,17 @@ def _fmt(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
     return str(value)
+
+
+def cpu_row(s: RunSummary) -> str:
+    """The cpu fields as one row of the bench table."""
+    parts = [f"others {s.cpu_others_cores:.2f} of {s.cpu_usable or 0:g} cores"
+             if s.cpu_others_cores is not None else "others -",
+             f"waited {s.cpu_wait_share:.0%}" if s.cpu_wait_share is not None
+             else "waited -"]
+    if s.step_time_over_quiet is not None:
+        parts.append(f"steps {s.step_time_over_quiet:.2f}x quiet")
+    return ", ".join(parts)
 
 
 def table_rows(summary: RunSummary) -> list[tuple[str, str]]:

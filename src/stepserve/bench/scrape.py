@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from stepserve.host.cpu_metrics import cpu_window
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
-from stepserve.metrics.cpu_window import cpu_window
 from stepserve.metrics.live import level_summary
 from stepserve.metrics.prometheus import (
     Samples,
@@ -118,5 +118,5 @@ def scrape_summary(snapshots: list[Snapshot], failures: Sequence[str] = ()) -> d
         out.update(mean_step_s=step_time.mean, step_p50_s=step_time.quantile(0.5),
                    step_p99_s=step_time.quantile(0.99))
     if (cpu := cpu_window(first, last))["cpu_source"] is not None:
-        out.update(cpu)  # the server's CPU sharing (bench/cpu_fields.py)
+        out.update(cpu)  # the server's CPU sharing (host/cpu_metrics.py)
     return out

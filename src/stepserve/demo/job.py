@@ -5,7 +5,7 @@ simulator, side by side.
    machine runs them): a closed-loop job with 64 in flight, ~15% of requests 100x longer
    than the rest (1 or 100 output tokens), twice as many requests as slots; once with
    static batching, once with continuous batching, under the CPU's scheduling defaults
-   (engine/step_budget.py).
+   (host/step_budget.py).
 2. The same job shape at full-scale lengths (P50 20 / P99 2,000 tokens; 2,000 requests,
    ~31 rounds of 64: the speedup settles within a few percent of the workload's 6,400)
    in the simulator on an H100 profile.

@@ -38,7 +38,7 @@ class LLM:
                  **settings: Any) -> None:
         if num_kv_blocks is not None:
             settings["num_gpu_blocks"] = num_kv_blocks
-        # Without a config, the settings go on the hardware's defaults (step_budget.py).
+        # Without a config, the settings go on the hardware's defaults (host/step_budget.py).
         overrides = ConfigOverrides(settings=settings)
         chosen: EngineConfig | ConfigOverrides = overrides \
             if config is None else config.replace(**settings) if settings else config

@@ -29,7 +29,7 @@ from stepserve.engine.outputs import (
     logprobs_list,
 )
 from stepserve.engine.runner_settings import settings_for_runner
-from stepserve.engine.step_threads import follow_free_cores
+from stepserve.host.step_threads import follow_free_cores
 
 log = logging.getLogger("stepserve.engine")
 
@@ -42,7 +42,7 @@ class LLMEngine:
                  quantization: str | None = "auto") -> None:
         """`config`: a complete EngineConfig is used as it is; settings (ConfigOverrides,
         or None for none) are applied on the hardware's scheduling defaults
-        (step_budget.py). `runner`: reuse an already loaded TorchRunner (its weights and
+        (host/step_budget.py). `runner`: reuse an already loaded TorchRunner (its weights and
         KV store) instead of loading `model` again; this engine gets a fresh KV block
         manager over it. A max_model_len beyond the model's is lowered to it, or with
         `strict_max_model_len` (the user chose it) refused, as vLLM does.

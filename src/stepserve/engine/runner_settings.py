@@ -1,5 +1,5 @@
 """An engine's settings once its model is loaded: the user's settings on the hardware's
-scheduling defaults (step_budget.py; only where settings, not a complete EngineConfig,
+scheduling defaults (host/step_budget.py; only where settings, not a complete EngineConfig,
 were given), max_model_len within what the model allows, and the CPU block pool the
 runner actually sized (swap_space turns into a block count)."""
 
@@ -9,7 +9,7 @@ import logging
 
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import ConfigError, EngineConfig
-from stepserve.engine.step_budget import (
+from stepserve.host.step_budget import (
     StepBudget,
     cpu_step_budget,
     hardware_base,

@@ -36,7 +36,7 @@ Summary keys:
   per-step ratios behind a summary's active_ratio_p50 / active_ratio_mean are not
   published, so a live window has neither);
   cpu_others_cores, cpu_wait_share, cpu_usable, step_time_over_quiet, cpu_source: the
-  server's CPU sharing over the window (cpu_window.py).
+  server's CPU sharing over the window (host/cpu_metrics.py).
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ from typing import Any
 import httpx
 
 from stepserve.config.urls import check_http_url
+from stepserve.host.cpu_metrics import cpu_window
+from stepserve.host.cpu_share import CPU_KEYS
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
-from stepserve.metrics.cpu_window import CPU_KEYS, cpu_window
 from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
 from stepserve.metrics.prom_sources import LEVELS
 from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta

@@ -9,6 +9,9 @@ of a core taken from a 2-core engine already shows in the tail), or the engine's
 waited 10% or more of their time for a core. A window in which the engine ran no step
 (an idle server) is left alone: sharing an idle CPU costs nothing.
 
+It reads the summary's cpu fields, which the host's readings fill (host/cpu_share.py's
+CpuShare.fields: a bench run's own process, or a server's /metrics read back).
+
 Readings from the bench client's own machine (`cpu_source` "client": the target had no
 such series) are not the engine's, and the client's machine may hold the server itself,
 whose CPU would count as the others': the rule does not read them.

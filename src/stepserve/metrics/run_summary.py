@@ -139,7 +139,7 @@ class RunSummary:
     peak_concurrency: float | None = None
     warmup_requests: float | None = None
     interrupted: bool | None = None
-    # ---- the CPU the engine shared (engine/cpu_share.py, metrics/step_reference.py):
+    # ---- the CPU the engine shared (host/cpu_share.py, host/step_reference.py):
     # from the engine's process (bench --engine), a server's /metrics, or the bench
     # client's own machine (cpu_source says which) ----
     cpu_others_cores: float | None = None  # other processes' CPU s / wall s (normal nice)

@@ -76,7 +76,7 @@ class TorchRunner:
         self.kv = KVStore(self.args, num_gpu_blocks, block_size, num_cpu_blocks, self.device,
                           DTYPES[dtype])
         self.gather_buffers = GatherBuffers()
-        # Before each step: how many threads it runs on (engine/step_threads.py); None:
+        # Before each step: how many threads it runs on (host/step_threads.py); None:
         # torch's count as it stands.
         self.thread_count: Callable[[], int] | None = None
         self.max_threads = torch.get_num_threads()  # the count at load: the most a step uses

@@ -74,7 +74,7 @@ def grid(quick: bool, max_len: int) -> list[GridPoint]:
     points += [GridPoint(chunk=n, chunk_start=s) for s in starts for n in chunks
                if s + n <= max_len]
     # a chunk riding with decodes: the steps chunked prefill makes, a CPU's small chunks
-    # (64-256 tokens, engine/step_budget.py) beside decodes at a short and a long context
+    # (64-256 tokens, host/step_budget.py) beside decodes at a short and a long context
     mixed = chunks[-2:] if quick else [n for n in (64, 128, 256, 1024) if n <= max_len]
     contexts_mixed = (128,) if quick else (128, 1024)
     points += [GridPoint(d, c, n) for d in ((4,) if quick else (4, 16, 32))

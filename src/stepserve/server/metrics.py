@@ -52,9 +52,9 @@ from stepserve.core.end_reasons import (
 )
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request
+from stepserve.host.cpu_metrics import CpuMetrics
 from stepserve.metrics.request_metrics import request_metrics
 from stepserve.server.cache_metrics import CacheMetrics
-from stepserve.server.cpu_metrics import CpuMetrics
 
 P = "stepserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,

@@ -13,7 +13,7 @@ its own session, so it takes a whole core's share, and the two threads, each now
 on the run queue half the time, took a batch-8 step from 46 ms to 1,248 ms.
 
 So a step runs on as many threads as the cores it really gets, decided every WINDOW_S
-from engine/cpu_share.py's readings:
+from cpu_share.py's readings:
 
 * one thread fewer when other processes take more than SHRINK_AT of a core the team
   runs on (niced work counts until a probe has shown that it yields to us), or when the
@@ -25,7 +25,7 @@ from engine/cpu_share.py's readings:
 * one more onto a core that is idle (everyone's CPU, niced work included, leaves it at
   most GROW_AT busy); onto a core that niced work holds (which our threads may or may
   not preempt) or that a light neighbour keeps under SHRINK_AT busy (a benchmark client,
-  after a burst that took the thread), a probe: a canary (engine/core_canary.py) asks
+  after a burst that took the thread), a probe: a canary (Canary, below) asks
   whether a thread of ours would get that core, at the cost of ~0.1 s of one thread, and
   the team grows if it would (where no canary can run, the extra thread is tried for a
   window). A grown count stays unless a window says to shrink again. Every shrink, and
@@ -35,17 +35,31 @@ from engine/cpu_share.py's readings:
   to PROBE_MAX_S).
 
 `threads` fixed by the user (`--threads`, or OMP_NUM_THREADS) is kept as it is.
+
+A canary asks, not the team's extra thread, because a wrong try costs a step the
+1,248 ms above (against 71 ms on one thread). It hashes a buffer (GIL-free work) on a
+thread of its own while the engine steps on, then reads that thread's run-queue wait
+share (/proc/thread-self/schedstat). Measured on 2 cores beside a busy thread of ours:
+0.00-0.01 quiet and beside a nice-19 loop in our session (it yields), 0.50 beside one in
+another session or a busy loop at normal priority (it does not).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stepserve.engine.core_canary import Canary
-from stepserve.engine.cpu_share import CpuReading, CpuShare, CpuShareSampler, usable_cpus
+from stepserve.host.cpu_share import (
+    CpuReading,
+    CpuShare,
+    CpuShareSampler,
+    read_schedstat,
+    usable_cpus,
+)
 
 # A team shrinks once others take more than SHRINK_AT of the cores it runs on (one busy
 # loop beside a 2-thread team gets its fair 0.67 of a core), and grows back only onto a
@@ -62,6 +76,9 @@ PROBE_MAX_S = 60.0
 KEPT_S = 5.0  # a count held this long was right: the next shrink starts the backoff over
 STALE_S = 2.0  # a window longer than this (an idle spell) says nothing of the present
 NICE_GONE = 0.1  # niced work under this many cores: none to speak of
+CANARY_S = 0.1  # how long a canary works
+SCHEDSTAT = "/proc/thread-self/schedstat"
+_BUFFER = bytes(1 << 18)  # hashed in a loop: sha256 lets go of the GIL for big inputs
 
 
 @dataclass
@@ -202,6 +219,64 @@ class StepThreads:
         PROBE_MAX_S at most)."""
         self._probe_wait = min(max(2 * self._probe_wait, PROBE_FIRST_S), PROBE_MAX_S)
         self._next_probe = now + self._probe_wait
+
+
+def canary_wait_share(seconds: float = CANARY_S, path: str = SCHEDSTAT) -> float | None:
+    """This thread's run-queue wait share over `seconds` of busy work; None where the
+    kernel does not say (no schedstat)."""
+    if (before := read_schedstat(path)) is None:
+        return None
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        hashlib.sha256(_BUFFER)
+    if (after := read_schedstat(path)) is None:
+        return None
+    (on0, wait0), (on1, wait1) = before, after
+    total = (on1 - on0) + (wait1 - wait0)
+    return (wait1 - wait0) / total if total > 0 else None
+
+
+def _daemon(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="stepserve-canary", daemon=True).start()
+
+
+class Canary:
+    """Would one more thread of ours get a core? One canary at a time: `start()` runs
+    `measure` on a thread of its own (`spawn`); `take()` hands back (finished, wait
+    share) once, then forgets it."""
+
+    def __init__(self, measure: Callable[[], float | None] = canary_wait_share,
+                 spawn: Callable[[Callable[[], None]], None] = _daemon) -> None:
+        self._measure, self._spawn = measure, spawn
+        self._lock = threading.Lock()
+        self._running = False
+        self._result: tuple[float | None] | None = None  # a finished run's share
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        with self._lock:
+            if self._running:
+                return
+            self._running, self._result = True, None
+        self._spawn(self._run)
+
+    def _run(self) -> None:
+        try:
+            share = self._measure()
+        except Exception:  # noqa: BLE001 - a canary that fails says nothing
+            share = None
+        with self._lock:
+            self._result, self._running = (share,), False
+
+    def take(self) -> tuple[bool, float | None]:
+        with self._lock:
+            if self._result is None:
+                return False, None
+            (share,), self._result = self._result, None
+            return True, share
 
 
 def follow_free_cores(runner, fixed: int | None) -> StepThreads:

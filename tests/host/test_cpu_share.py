@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stepserve.engine.cpu_share import CpuReading, CpuShare, CpuShareSampler
+from stepserve.host.cpu_share import CpuReading, CpuShare, CpuShareSampler
 
 TICK_S = 0.01  # USER_HZ is 100 on Linux
 
@@ -194,15 +194,27 @@ def test_running_others_unreadable_is_none(proc):
     assert proc.sampler().running_others(looks=1) is None
 
 
+GLANCES = 200  # looks at a child known to be looping, each after a 10 ms pause
+
+
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux's /proc")
 def test_a_busy_child_process_is_running_at_a_glance():
     sampler = CpuShareSampler()
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    child = subprocess.Popen([sys.executable, "-c", "print('looping', flush=True)\n"
+                              "while True: pass"], stdout=subprocess.PIPE, text=True)
     try:
-        # runnable from its first instruction on, whether or not it holds a core
-        while sampler.running_others(looks=1) < 1:
-            assert child.poll() is None
+        # its line says it runs; runnable from then on, whether or not it holds a core
+        assert child.stdout is not None and child.stdout.readline() == "looping\n"
+        seen = []
+        for _ in range(GLANCES):
+            seen.append(sampler.running_others(looks=1))
+            if seen[-1] is not None and seen[-1] >= 1:
+                break
+            assert child.poll() is None, "the busy child exited"
             time.sleep(0.01)
+        else:
+            pytest.fail(f"a looping child never showed as runnable in {GLANCES} glances "
+                        f"(the last said {seen[-5:]}): the sampler misses other processes")
     finally:
         child.kill()
         child.wait()

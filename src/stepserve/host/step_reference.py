@@ -11,7 +11,7 @@ steps whose shape has at least MIN_STEPS steps behind its reference).
 The caveat, said plainly: the reference is what this run has seen. A run that was
 contended from its first step has no quiet steps, so its reference is slow and N
 understates the slowdown (down to about 1 under steady contention). The run-queue wait of
-the engine's threads and the other processes' CPU (engine/cpu_share.py) say it directly;
+the engine's threads and the other processes' CPU (cpu_share.py) say it directly;
 N tells how much the steps suffered when the contention came and went.
 """
 

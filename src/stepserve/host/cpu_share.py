@@ -20,6 +20,11 @@ never per step.
 
 A file that is not there (not Linux, a kernel without schedstat) makes its part None:
 `available` says whether anything could be read, and nothing downstream fails.
+
+Every reader goes by CpuReading and CpuShare (what two readings say): the thread policy
+(step_threads.py), a bench run (CpuWatch), the server's /metrics and the two scraped pages
+read back from it (cpu_metrics.py); `CpuShare.fields` are the run summary's cpu fields
+that the doctor's cpu_shared rule reads.
 """
 
 from __future__ import annotations
@@ -27,11 +32,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepserve.core.output import StepRecord
+from stepserve.host.step_reference import step_time_over_quiet
+
 NS = 1e-9
+# the run summary's cpu fields (metrics/run_summary.py), in the order they are reported
+CPU_KEYS = ("cpu_others_cores", "cpu_wait_share", "cpu_usable", "step_time_over_quiet",
+            "cpu_source")
 
 
 def read_schedstat(path: str | Path) -> tuple[int, int] | None:
@@ -46,14 +57,15 @@ def read_schedstat(path: str | Path) -> tuple[int, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class CpuReading:
-    """Totals since the sampler began, at monotonic time `t_s`; None where unavailable."""
+    """Totals since the sampler began (or the server started: a scraped page), at time
+    `t_s`; None where unavailable."""
 
     t_s: float
     runqueue_wait_s: float | None  # this process's threads, waiting for a core
     on_cpu_s: float | None  # this process's threads, on a core
     others_s: float | None  # other processes at normal priority
     steal_s: float | None
-    usable_cpus: int
+    usable_cpus: float | None  # None: a page without the gauge
     nice_s: float | None = None  # everyone's time at positive nice (ours included, if niced)
 
     @property
@@ -70,7 +82,7 @@ class CpuShare:
     steal_cores: float | None
     wait_share: float | None  # wait / (on cpu + wait) of this process's threads
     runqueue_wait_s: float | None
-    usable_cpus: int
+    usable_cpus: float | None
     nice_cores: float | None = None  # processes at positive nice, CPU s / wall s
 
     @classmethod
@@ -78,18 +90,29 @@ class CpuShare:
         wall = b.t_s - a.t_s
 
         def rate(x: float | None, y: float | None) -> float | None:
-            return None if x is None or y is None or wall <= 0 else (y - x) / wall
+            up = _increase(x, y)
+            return None if up is None or wall <= 0 else up / wall
 
-        wait = _sub(b.runqueue_wait_s, a.runqueue_wait_s)
-        on = _sub(b.on_cpu_s, a.on_cpu_s)
+        wait = _increase(a.runqueue_wait_s, b.runqueue_wait_s)
+        on = _increase(a.on_cpu_s, b.on_cpu_s)
         share = wait / (wait + on) if wait is not None and on is not None \
             and wait + on > 0 else None
         return cls(wall, rate(a.others_s, b.others_s), rate(a.steal_s, b.steal_s), share,
                    wait, b.usable_cpus, rate(a.nice_s, b.nice_s))
 
+    def fields(self, source: str,
+               step_time_over_quiet: float | None = None) -> dict[str, float | str | None]:
+        """The run summary's cpu fields (CPU_KEYS) for this window, measured by `source`
+        (engine, server or client)."""
+        usable = None if self.usable_cpus is None else float(self.usable_cpus)
+        return dict(zip(CPU_KEYS, (self.others_cores, self.wait_share, usable,
+                                   step_time_over_quiet, source), strict=True))
 
-def _sub(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
+
+def _increase(a: float | None, b: float | None) -> float | None:
+    """A total's increase from `a` to `b`. A sampler's totals never go back; a server's
+    that did was restarted in between, and counts from its start."""
+    return None if a is None or b is None else b - a if b >= a else b
 
 
 def usable_cpus() -> int:
@@ -275,3 +298,28 @@ def _clock_ticks() -> int:
         return int(os.sysconf("SC_CLK_TCK"))
     except (AttributeError, ValueError, OSError):
         return 100
+
+
+class CpuWatch:
+    """A bench run's CPU sharing seen from this process, read at `start` and for its
+    fields: source "engine" under `bench --engine` (the engine's threads are ours);
+    "client" against a target without CPU series (a server on this machine then counts
+    among the others), which the doctor does not read as the engine's."""
+
+    def __init__(self, sampler: CpuShareSampler, start: CpuReading) -> None:
+        self.sampler, self.start_reading = sampler, start
+
+    @classmethod
+    def start(cls, sampler: CpuShareSampler | None = None) -> CpuWatch:
+        sampler = sampler or CpuShareSampler()
+        return cls(sampler, sampler.read())
+
+    def fields(self, source: str,
+               steps: Sequence[StepRecord] = ()) -> dict[str, float | str | None]:
+        """The cpu fields since `start` measured by `source`; where the host says nothing,
+        only the steps' time over their quiet time (if there are steps)."""
+        end = self.sampler.read()
+        over = step_time_over_quiet(steps) if steps else None
+        if not end.available:
+            return {} if over is None else {"step_time_over_quiet": over}
+        return CpuShare.between(self.start_reading, end).fields(source, over)

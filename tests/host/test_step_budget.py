@@ -1,4 +1,4 @@
-"""Scheduling defaults from the hardware (engine/step_budget.py): a CPU gets a step
+"""Scheduling defaults from the hardware (host/step_budget.py): a CPU gets a step
 budget of a few hundred tokens that grows with its cores, a GPU keeps the config's
 defaults, and whatever the user sets wins without making the config invalid."""
 
@@ -9,7 +9,7 @@ import pytest
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.engine import llm_engine, runner_settings
-from stepserve.engine.step_budget import Hardware, cpu_step_budget, hardware_base
+from stepserve.host.step_budget import Hardware, cpu_step_budget, hardware_base
 
 SMOLLM2_PREFILL_PARAMS = 106_203_456  # SmolLM2-135M without its (tied) embedding table
 

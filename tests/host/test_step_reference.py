@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stepserve.core.output import StepRecord
-from stepserve.metrics.step_reference import (
+from stepserve.host.step_reference import (
     QuietStepReference,
     power_of_two_bucket,
     shape_of,

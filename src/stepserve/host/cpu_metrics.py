@@ -1,5 +1,6 @@
-"""Whether the server shares its CPU, on /metrics (read at scrape time; the engine
-thread only adds each step's time to the quiet reference):
+"""Whether a server shares its CPU: the readings on /metrics (read at scrape time; the
+engine thread only adds each step's time to the quiet reference), and read back from two
+scraped pages as a run's cpu fields (`doctor --url`, `bench --target`):
 
 * `cpu_runqueue_wait_seconds_total`: this process's threads' time waiting on a run
   queue for a core; `cpu_on_cpu_seconds_total`: their time on one (the wait's share of
@@ -9,35 +10,65 @@ thread only adds each step's time to the quiet reference):
   hypervisor took;
 * `cpu_usable`: the cores this process may run on;
 * `step_time_over_quiet`: the recent steps' time over their shapes' quiet time
-  (metrics/step_reference.py), absent until a shape has a reference;
+  (step_reference.py), absent until a shape has a reference;
 * `step_threads`: the CPU threads the engine's steps run on now, and
-  `step_threads_changes_total` how often that count changed (engine/step_threads.py;
-  absent until the engine is watched).
+  `step_threads_changes_total` how often that count changed (step_threads.py; absent
+  until the engine is watched).
 
-All counters since the server started (engine/cpu_share.py). Where the host does not
-say (not Linux, no schedstat), the series it cannot read are absent.
+All counters since the server started (cpu_share.py). Where the host does not say (not
+Linux, no schedstat), the series it cannot read are absent.
+
+Several engines behind one /metrics (a cluster's merged page) each count the others'
+CPU from their own process, the other engines included: read back, the others' CPU and
+the gauges are the largest engine's, not a sum; the wait and on-CPU times are summed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stepserve.core.output import StepRecord
-from stepserve.engine.cpu_share import CpuShareSampler
-from stepserve.engine.step_threads import StepThreads
-from stepserve.metrics.step_reference import QuietStepReference
+from stepserve.host.cpu_share import CpuReading, CpuShare, CpuShareSampler
+from stepserve.host.step_reference import QuietStepReference
+from stepserve.host.step_threads import StepThreads
 
 P = "stepserve:"
-COUNTERS = (
+
+
+class Page(Protocol):
+    """A scraped /metrics page (metrics/prometheus.py's Snapshot)."""
+
+    t_s: float
+    samples: Mapping[tuple[str, Any], float]
+
+
+def _values(page: Page, name: str) -> list[float]:
+    return [v for (n, _labels), v in page.samples.items()
+            if n == P + name and not math.isnan(v)]
+
+
+def _sum(page: Page, name: str) -> float | None:
+    vals = _values(page, name)
+    return sum(vals) if vals else None
+
+
+def _max(page: Page, name: str) -> float | None:
+    return max(_values(page, name), default=None)
+
+
+# (series, the CpuReading total it publishes, help, how a page of several engines adds up)
+COUNTERS: tuple[tuple[str, str, str, Callable[[Page, str], float | None]], ...] = (
     ("cpu_runqueue_wait_seconds", "runqueue_wait_s",
-     "this process's threads' time waiting on a run queue for a core"),
-    ("cpu_on_cpu_seconds", "on_cpu_s", "this process's threads' time on a core"),
+     "this process's threads' time waiting on a run queue for a core", _sum),
+    ("cpu_on_cpu_seconds", "on_cpu_s", "this process's threads' time on a core", _sum),
     ("cpu_others_seconds", "others_s",
-     "CPU time of other processes at normal (or higher) priority"),
-    ("cpu_steal_seconds", "steal_s", "CPU time a hypervisor took (steal)"),
+     "CPU time of other processes at normal (or higher) priority", _max),
+    ("cpu_steal_seconds", "steal_s", "CPU time a hypervisor took (steal)", _max),
 )
 
 
@@ -65,7 +96,7 @@ class CpuMetrics:
 
     def collect(self) -> Iterator[Metric]:
         reading = self.sampler.read()
-        for name, attr, doc in COUNTERS:
+        for name, attr, doc, _ in COUNTERS:
             value = getattr(reading, attr)
             if value is not None:
                 family = CounterMetricFamily(P + name, doc, labels=self.labels)
@@ -90,8 +121,24 @@ class CpuMetrics:
 
     def describe(self) -> list[Metric]:
         """The names, for the registry's clash check."""
-        return [*(CounterMetricFamily(P + name, "") for name, _, _ in COUNTERS),
+        return [*(CounterMetricFamily(P + name, "") for name, *_ in COUNTERS),
                 GaugeMetricFamily(P + "cpu_usable", ""),
                 GaugeMetricFamily(P + "step_threads", ""),
                 CounterMetricFamily(P + "step_threads_changes", ""),
                 GaugeMetricFamily(P + "step_time_over_quiet", "")]
+
+
+def page_reading(page: Page) -> CpuReading:
+    """The CpuReading a server published on `page` (None where a series is absent)."""
+    totals = {attr: pick(page, name + "_total") for name, attr, _, pick in COUNTERS}
+    return CpuReading(page.t_s, usable_cpus=_max(page, "cpu_usable"), **totals)
+
+
+def cpu_window(first: Page, last: Page) -> dict[str, float | str | None]:
+    """The run summary's cpu fields over the window from `first` to `last`: the gauges
+    at its end; cpu_source "server" where any of them was published, else all None."""
+    share = CpuShare.between(page_reading(first), page_reading(last))
+    out = share.fields("server", _max(last, "step_time_over_quiet"))
+    if all(v is None for k, v in out.items() if k != "cpu_source"):
+        out["cpu_source"] = None
+    return out
