@@ -6,12 +6,12 @@ from factories import make_requests, make_scheduler
 
 from stepserve.config import settings as config
 from stepserve.config.settings import SchedulerConfig
-from stepserve.core.budget_order import BUDGET_ORDERS, PrefillFirst, make_budget_order
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.policies import make_policy
 from stepserve.core.preemption import PREEMPTIONS, NoPreemption, Recompute, Swap, make_preemption
 from stepserve.core.request import RequestStatus
+from stepserve.core.scheduler import BUDGET_ORDERS, PrefillFirst, make_budget_order
 
 
 def test_registries_hold_exactly_the_names_config_accepts():

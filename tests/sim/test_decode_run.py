@@ -38,7 +38,8 @@ COSTS = {
 
 def snapshot(sim):
     """Everything a simulation leaves behind that metrics or a reader could see."""
-    requests = [(r.request_id, r.status, r.finish_reason, r.finish_message, r.finish_time,
+    requests = [(r.request_id, r.status, r.finish_reason, r.finish_message, r.stop_reason,
+                 r.finish_time,
                  tuple(r.output_token_ids), tuple(r.token_times), r.num_computed_tokens,
                  r.first_scheduled_time, r.num_preemptions, r.reject_reason)
                 for r in sim.requests]

@@ -79,12 +79,8 @@ class SchedulerBase:
             reason, why = (f"queue full: {len(self.waiting)} requests waiting, max_waiting "
                            f"= {self.qc.max_waiting}; retry later", RejectReason.QUEUE_FULL)
         if why is not None:
-            request.status = RequestStatus.FINISHED_REJECTED
-            request.finish_reason = FINISH_REASON_OF[request.status]
-            request.finish_message = reason
             request.reject_reason = why
-            request.finish_time = self.clock.now()
-            self.finished.append(request)
+            self.end_request(request, RequestStatus.FINISHED_REJECTED, reason)
             return False
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
@@ -104,7 +100,7 @@ class SchedulerBase:
             if request in queue:
                 queue.remove(request)
                 break
-        self._end(request, status, message, stop_reason=stop_reason)
+        self.end_request(request, status, message, stop_reason=stop_reason)
         return True
 
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
@@ -125,23 +121,26 @@ class SchedulerBase:
         return [r for r in dict.fromkeys(touched)
                 if self.finish_request(r.request_id, RequestStatus.FINISHED_ERROR, message)]
 
-    def _end(self, request: Request, status: RequestStatus, message: str = "",
-             now: float | None = None, stop_reason: str | int | None = None) -> None:
-        """End `request` (at `now`, default the clock's time): free its blocks, log it.
-        Every end passes here (a step's, a decode run's, a driver's), so a stop token's
-        `stop_reason` is read here, from the token that stopped it."""
+    def end_request(self, request: Request, status: RequestStatus, message: str = "",
+                    now: float | None = None, stop_reason: str | int | None = None) -> None:
+        """End `request` (at `now`, default the clock's time) with `status`: the one way
+        any request ends (a step's stop or length, a decode run's, a queue timeout, a
+        failed step, an abort, a stop string, admission's refusal). A live one's blocks
+        are freed and the runner is told at the next step; the caller has taken it out
+        of its queue. `stop_reason`: the stop string or stop token id that ended it, set
+        where the stop was decided. Every end is logged in `finished`, once."""
         if request.is_finished:
             raise RuntimeError(f"request {request.request_id} ended twice")
         request.status = status
         request.finish_reason = FINISH_REASON_OF[status]
         request.finish_message = message
-        if stop_reason is None and status is _FINISHED_STOPPED:
-            stop_reason = _stop_token(request)
         request.stop_reason = stop_reason
         request.finish_time = self.clock.now() if now is None else now
+        self.finished.append(request)
+        if status is RequestStatus.FINISHED_REJECTED:
+            return  # never admitted: no blocks, no policy state, nothing for the runner
         self.kv.free(request)
         del self.requests[request.request_id]
-        self.finished.append(request)
         self._freed_ids.append(request.request_id)
         self.policy.on_finish(request)
 
@@ -155,7 +154,7 @@ class SchedulerBase:
         gone = set(map(id, expired))
         self.waiting = [r for r in self.waiting if id(r) not in gone]
         for r in expired:
-            self._end(r, RequestStatus.FINISHED_TIMED_OUT,
+            self.end_request(r, RequestStatus.FINISHED_TIMED_OUT,
                       f"waited {now - r.arrival_time:.3f} s in the queue, over "
                       f"max_queue_time_s = {limit}")
 
@@ -178,6 +177,34 @@ class SchedulerBase:
                                        self.LOG_KEEP)
         return new
 
+    # ---- steps applied outside schedule() (core/decode_run.py) ----
+    @property
+    def step_index(self) -> int:
+        """The index the next step will get."""
+        return self._step_index
+
+    def skip_steps(self, n: int) -> None:
+        """`n` steps were applied outside schedule() (a decode run): the next one is
+        numbered after them."""
+        self._step_index += n
+
+    @property
+    def num_freed(self) -> int:
+        """Requests ended since the last schedule(), whose ids the runner is yet to get."""
+        return len(self._freed_ids)
+
+    def take_freed_ids(self, count: int | None = None) -> list[str]:
+        """The ids of requests ended since the last schedule() (the first `count` of
+        them), for a runner to drop; they are not told again."""
+        taken = self._freed_ids[:count] if count is not None else self._freed_ids
+        self._freed_ids = self._freed_ids[len(taken):]
+        return taken
+
+    def keep_running(self, requests: list[Request]) -> None:
+        """`requests` are the running ones now, in admission order (a decode run ended
+        the others)."""
+        self.running = requests
+
     # ---- state ----
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -199,8 +226,7 @@ class SchedulerBase:
         out = SchedulerOutput(step_index=self._step_index)
         self._step_index += 1
         if self._freed_ids:
-            out.finished_request_ids = self._freed_ids
-            self._freed_ids = []
+            out.finished_request_ids = self.take_freed_ids()
         if self.qc.max_queue_time_s and self.waiting:
             self._expire_waiting(now)
         self.fill(out, now)
@@ -248,11 +274,12 @@ class SchedulerBase:
             req.token_times.append(now)
             emit(req)
             if len(output) >= req.max_tokens:
-                self._end(req, _FINISHED_LENGTH)
+                self.end_request(req, _FINISHED_LENGTH)
                 ended.append(req)
             elif tok in req.stop_ids and len(output) >= req.min_tokens:
                 # EOS (unless ignore_eos) or a stop id; none before min_tokens (vLLM)
-                self._end(req, _FINISHED_STOPPED)
+                self.end_request(req, _FINISHED_STOPPED,
+                                 stop_reason=None if tok == req.stop_eos else tok)
                 ended.append(req)
         for req in ended:  # a few per step: list.remove beats rebuilding `running`
             self.running.remove(req)
@@ -272,17 +299,6 @@ class SchedulerBase:
         request.admitted_seq = self._admit_seq
         self._admit_seq += 1
         self.running.append(request)
-
-
-def _stop_token(request: Request) -> int | None:
-    """The stop token id that ended `request`, or None where EOS did (as vLLM: EOS is
-    checked first and is no stop_reason, even when stop_token_ids name it too)."""
-    if not request.output_token_ids:
-        return None
-    last = request.output_token_ids[-1]
-    if last == request.eos_token_id and not request.sampling_params.ignore_eos:
-        return None
-    return last if last in request.stop_token_ids else None
 
 
 def _trimmed(log: list, taken: int, keep: int) -> int:

@@ -63,11 +63,11 @@ class DecodeRun:
 
 def decoding_batch(sched: Scheduler) -> list[Request] | None:
     """The running requests when the next step is a plain decode-only step; else None.
-    Plain: continuous batching, a budget order that serves every decode, nothing swapped
+    Plain: continuous batching (every budget order serves every decode), nothing swapped
     out, every running request decoding, all within the token budget, and nothing
     waiting, or only requests that cannot be admitted (every batch slot is taken) and
     cannot time out (no max_queue_time_s)."""
-    if type(sched) is not Scheduler or not sched.budget_order.plain_decode_steps:
+    if type(sched) is not Scheduler:
         return None
     running = sched.running
     if sched.swapped or not running or len(running) > sched.sc.max_num_batched_tokens:
@@ -123,7 +123,7 @@ def run_decodes(sched: Scheduler, start: float, until: float,
     run = _Run(sched, batch, sampler)
     stop_at_first_end = stop_at_first_end or run.num_waiting > 0
     straddle = straddle and not sched.policy.tracks_tokens
-    released, sched._freed_ids = sched._freed_ids, []
+    num_released = sched.num_freed  # ended before the run: the runner is told now
     t, straddles = start, False
     while run.n and t < until:
         duration = step_time(run.n, run.computed)
@@ -143,10 +143,9 @@ def run_decodes(sched: Scheduler, start: float, until: float,
         if straddles or (stop_at_first_end and run.n < active):
             break
     if not run.step:
-        sched._freed_ids = released + sched._freed_ids
         return None
     run.catch_up_the_rest()
-    return DecodeRun(t, released, straddles)
+    return DecodeRun(t, sched.take_freed_ids(num_released), straddles)
 
 
 class _Run:
@@ -176,7 +175,7 @@ class _Run:
         self.again: dict[int, list[int]] = {}  # step -> positions taking another block then
         self.n = len(batch)  # requests still running
         self.computed = sum(done)
-        self.step0 = sched._step_index
+        self.step0 = sched.step_index
         self.num_waiting = len(sched.waiting)
         self.times: list[float] = []  # each applied step's end
         self.step = self.e = self.k = 0  # steps applied; next in `ending`; next in `taking`
@@ -212,7 +211,12 @@ class _Run:
             _catch_up(self.sched, [req], [self.plain[i]], step, self.times, self.sampler,
                       self.step0)
             self.computed -= req.num_computed_tokens
-            self.sched._end(req, _LENGTH if self.by_length[i] else _STOPPED, now=end_s)
+            if self.by_length[i]:
+                self.sched.end_request(req, _LENGTH, now=end_s)
+            else:  # the token it sampled in its last step stopped it
+                last = self.sampler.token if step <= self.plain[i] else self.sampler.eos
+                self.sched.end_request(req, _STOPPED, now=end_s,
+                                       stop_reason=None if last == req.stop_eos else last)
             self.n -= 1
 
     def record(self, end_s: float, duration: float, active: int) -> None:
@@ -233,9 +237,9 @@ class _Run:
             left = list(compress(range(len(batch)), map(step.__lt__, self.final)))
             # (`batch` is sched.running itself: the run ends requests without leaving it)
             batch, plain = list(map(batch.__getitem__, left)), list(map(plain.__getitem__, left))
-            sched.running = batch
+            sched.keep_running(batch)
         _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
-        sched._step_index = self.step0 + step
+        sched.skip_steps(step)
         # The blocks the run filled are named for the prefix cache now, not in the step
         # that filled each (as update_from_output does): nobody looks the cache up during
         # a run, and which block a name gives does not depend on naming order

@@ -197,6 +197,9 @@ class Request:
         # what ends it once min_tokens are out: its stop ids, and EOS unless ignore_eos
         eos = self.eos_token_id is not None and not self.sampling_params.ignore_eos
         self.stop_ids = frozenset(self.stop_token_ids + ((self.eos_token_id,) if eos else ()))
+        # the one stop id that is no stop_reason: EOS, where it ends the request (vLLM:
+        # EOS is checked first, even when stop_token_ids name it too)
+        self.stop_eos = self.eos_token_id if eos else None
         if self.sampling_params.logprobs is not None:
             self.output_logprobs = []
         if self.sampling_params.prompt_logprobs is not None:

@@ -1,20 +1,24 @@
-"""The continuous-batching scheduler: the batch is re-formed every step.
+"""The continuous-batching scheduler: the batch is re-formed every step. The whole
+order of a step is in this file.
 
-One step (six steps, 1-4 here, 5-6 in update_from_output):
-  1. expire requests that waited past max_queue_time_s;
+One step (six steps, 1-4 here, 5-6 in SchedulerBase.update_from_output):
+  1. expire requests that waited past max_queue_time_s (SchedulerBase.schedule);
   2. split the token budget (max_num_batched_tokens) between decode and prefill: the
-     budget order (core/budget_order.py) runs the named steps below in its sequence.
-     decode_first serves running sequences before new prompts; prefill_first (legacy)
-     serves prompts first, and a step that prefills leaves decode budget - chunk cap
-     ("decode 预算 = 总预算 - 本步 prefill chunk");
+     budget order (below, chosen once by `budget_order`) runs the named steps in its
+     sequence, each taking the budget left and returning what it leaves:
+
+       decode_first (default)   schedule_running -> schedule_swapped -> schedule_waiting
+                                (running sequences, decodes and unfinished prefills in
+                                admission order, before swapped ones, before new prompts)
+       prefill_first (legacy)   schedule_running_prefills -> schedule_waiting ->
+                                decode budget -> schedule_running_decodes ->
+                                schedule_swapped ("decode 预算 = 总预算 - 本步 prefill
+                                chunk": a step that prefills leaves decode budget - cap)
+
   3. allocate KV blocks; when they run out, preempt a victim chosen by the policy; the
      preemption mode (core/preemption.py) swaps it to the CPU pool or drops its KV to
      recompute later; new prompts just wait;
   4. hand the batch to the runner as a SchedulerOutput.
-
-The named steps each take the budget left and return what they leave:
-  schedule_running (and its halves schedule_running_prefills / _decodes),
-  schedule_swapped, schedule_waiting.
 
 Token rule: a request needs `num_tokens - num_computed_tokens` more tokens computed; a
 new prompt starts past its cached prefix (the KV manager's prefix cache), so the budget,
@@ -29,9 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stepserve.config.settings import EngineConfig
+from stepserve.config.settings import EngineConfig, SchedulerConfig
 from stepserve.core.base import SchedulerBase
-from stepserve.core.budget_order import make_budget_order
 from stepserve.core.clock import Clock
 from stepserve.core.in_flight import InFlightBlocks
 from stepserve.core.kv_cache import KVCacheManager
@@ -45,6 +48,73 @@ _SWAPPED = RequestStatus.SWAPPED
 # Request.is_decoding's getter, called as a plain function in the hot loops: Python 3.11
 # does not specialise property access, which costs ~20-40 ns more per request.
 _is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget
+
+
+# ---- the budget order: which named steps get a step's token budget first ----
+class BudgetOrder:
+    """Interface: `fill` runs the scheduler's named steps in this order's sequence,
+    passing the budget on. Every order serves every decode of a step in which nothing
+    waits or is swapped and all running requests decode (core/decode_run.py relies on
+    it)."""
+
+    name = ""
+
+    def __init__(self, sc: SchedulerConfig) -> None:
+        self.max_num_batched_tokens = sc.max_num_batched_tokens
+
+    def fill(self, steps: Scheduler, out: SchedulerOutput, now: float) -> None:
+        raise NotImplementedError
+
+
+class DecodeFirst(BudgetOrder):
+    """Running sequences (decodes and unfinished prefills alike, in admission order) before
+    swapped ones, before new prompts: a running sequence never waits behind a new one."""
+
+    name = "decode_first"
+
+    def fill(self, steps: Scheduler, out: SchedulerOutput, now: float) -> None:
+        budget = steps.schedule_running(out, self.max_num_batched_tokens, now)
+        budget = steps.schedule_swapped(out, budget, now)
+        steps.schedule_waiting(out, budget, now)
+
+
+class PrefillFirst(BudgetOrder):
+    """Legacy: prompts first (running chunks, then new prompts), decode gets what is left
+    under the rule "decode 预算 = 总预算 - 本步 prefill chunk", then swapped ones."""
+
+    name = "prefill_first"
+
+    def __init__(self, sc: SchedulerConfig) -> None:
+        super().__init__(sc)
+        self.chunk_cap = sc.chunk_cap
+
+    def fill(self, steps: Scheduler, out: SchedulerOutput, now: float) -> None:
+        budget = steps.schedule_running_prefills(out, self.max_num_batched_tokens, now)
+        budget = steps.schedule_waiting(out, budget, now)
+        budget = self.decode_budget(budget, out.num_prefill_tokens)
+        budget = steps.schedule_running_decodes(out, budget, now)
+        steps.schedule_swapped(out, budget, now)
+
+    def decode_budget(self, budget: int, num_prefill_tokens: int) -> int:
+        """A step that prefills reserves a whole chunk for it, so decode budget = budget -
+        chunk cap. A cap equal to the budget leaves decode nothing until no prompt is left
+        (the mixed-pool incident)."""
+        if not num_prefill_tokens:
+            return budget
+        return min(budget, self.max_num_batched_tokens
+                   - max(num_prefill_tokens, self.chunk_cap))
+
+
+BUDGET_ORDERS: dict[str, type[BudgetOrder]] = {
+    order.name: order for order in (DecodeFirst, PrefillFirst)}
+
+
+def make_budget_order(name: str, sc: SchedulerConfig) -> BudgetOrder:
+    """The budget order called `name`, with the budget and chunk cap of `sc`."""
+    order = BUDGET_ORDERS.get(name)
+    if order is None:
+        raise ValueError(f"budget_order = {name!r}: must be one of {', '.join(BUDGET_ORDERS)}")
+    return order(sc)
 
 
 class Scheduler(SchedulerBase):
