@@ -1,5 +1,5 @@
 """Static and dynamic batching look up the prefix cache at admission as continuous
-batching does (one lookup, `core/prefix_admission.py`): the baselines are compared with
+batching does (one lookup, `KVCacheManager.take_prefix_hit`): the baselines are compared with
 continuous batching on equal terms with caching on."""
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ from operator import attrgetter
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.clock import Clock
 from stepserve.core.end_reasons import FINISH_REASON_OF
-from stepserve.core.integrity import check_scheduler
-from stepserve.core.kv_cache import KVCacheManager, blocks_for
+from stepserve.core.kv_cache import KVCacheError, KVCacheManager, blocks_for
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.policies import make_policy
 from stepserve.core.request import RejectReason, Request, RequestStatus
@@ -210,7 +209,7 @@ class SchedulerBase:
         return bool(self.waiting or self.running or self.swapped)
 
     def check_integrity(self, full: bool = True) -> None:
-        """Raise KVCacheError unless the blocks and the queues agree (core/integrity.py;
+        """Raise KVCacheError unless the blocks and the queues agree (check_scheduler;
         `full=False`: the counts only, cheap enough for every step)."""
         check_scheduler(self, full)
 
@@ -299,6 +298,43 @@ class SchedulerBase:
         request.admitted_seq = self._admit_seq
         self._admit_seq += 1
         self.running.append(request)
+
+
+def check_scheduler(sched: SchedulerBase, full: bool = True) -> None:
+    # Run after every step by the engine core while STEPSERVE_CHECK_INTEGRITY=1, so a leak,
+    # a double free or a lost request raises at the step that made it. `full=False`:
+    # counts only, O(requests), cheap enough for every step of a long simulation.
+    """Raise KVCacheError unless: the block manager's own invariant holds (reference
+    counts, free queue, prefix cache names); every live request is in exactly one queue;
+    exactly the running requests hold device blocks, covering their computed tokens (a
+    prefix cache hit included), and exactly the swapped ones hold CPU blocks (a table
+    left behind by an ended request is a leak)."""
+    kv = sched.kv
+    kv.check_integrity(full)
+    live = sched.requests
+    queues = (sched.waiting, sched.running, sched.swapped)
+    queued = sum(map(len, queues))
+    if queued != len(live) or (full and {r.request_id for q in queues for r in q}
+                               != live.keys()):
+        raise KVCacheError(f"queues hold {queued} requests, the live table {len(live)}, "
+                           f"or they name different requests")
+    if not (kv.block_tables.keys() <= live.keys() and kv.cpu_tables.keys() <= live.keys()):
+        leaked = (kv.block_tables.keys() | kv.cpu_tables.keys()) - live.keys()
+        raise KVCacheError(f"blocks held by ended or unknown request {sorted(leaked)[0]!r}")
+    if len(kv.block_tables) != len(sched.running) or \
+            len(kv.cpu_tables) != len(sched.swapped):
+        raise KVCacheError(f"{len(kv.block_tables)} device tables for {len(sched.running)} "
+                           f"running requests, {len(kv.cpu_tables)} CPU tables for "
+                           f"{len(sched.swapped)} swapped ones")
+    if not full:
+        return
+    bs = kv.block_size
+    for req in sched.running:
+        table = kv.block_tables.get(req.request_id)
+        if table is None or req.num_computed_tokens > len(table) * bs:
+            raise KVCacheError(f"running request {req.request_id!r}: "
+                               f"{req.num_computed_tokens} tokens computed, its table "
+                               f"holds {0 if table is None else len(table)} blocks")
 
 
 def _trimmed(log: list, taken: int, keep: int) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from stepserve.core.base import SchedulerBase
 from stepserve.core.output import SchedulerOutput
-from stepserve.core.prefix_admission import take_prefix_hit
 from stepserve.core.request import Request
 
 
@@ -42,7 +41,7 @@ class StaticBatchScheduler(SchedulerBase):
             if not kv.allocate_slots(req, 0, reserve_total=req.max_total_tokens,
                                      cached=hits):
                 break
-            take_prefix_hit(kv, req, len(hits) * kv.block_size)
+            kv.take_prefix_hit(req, len(hits) * kv.block_size)
             self._admit(req, now)
             taken += 1
         del self.waiting[:taken]

@@ -103,6 +103,21 @@ class KVCacheManager:
             hits.append(b)
         return hits
 
+    def take_prefix_hit(self, request: Request, hit_tokens: int) -> None:
+        """`request` was admitted holding `hit_tokens` tokens from the prefix cache (the
+        blocks `cached_prefix` found, handed to `allocate_slots`): it starts past them.
+        Continuous, static and dynamic batching all admit through here, so the baselines
+        are compared with continuous batching on the same cache and counters."""
+        request.num_computed_tokens += hit_tokens
+        request.prefix_hit_tokens = hit_tokens
+        if request.first_scheduled_time is None:  # its prompt's first admission: for usage
+            request.num_cached_tokens = hit_tokens
+            # the metrics count first admissions only (vLLM's counters leave preempted
+            # requests out), so they move by exactly what usage reports
+            if self.looks_up(request):
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += hit_tokens
+
     def looks_up(self, request: Request) -> bool:
         """Whether `request` may start from cached blocks (`cached_prefix`)."""
         return self.enable_prefix_caching and request.prompt_logprobs is None

@@ -40,7 +40,6 @@ from stepserve.core.in_flight import InFlightBlocks
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.preemption import make_preemption
-from stepserve.core.prefix_admission import take_prefix_hit
 from stepserve.core.request import Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
@@ -332,7 +331,7 @@ class Scheduler(SchedulerBase):
             reserve = req.max_total_tokens if reserve_all else 0
             if not kv.allocate_slots(req, n, reserve, hits):
                 break  # no room: new prompts wait rather than evict anyone
-            take_prefix_hit(kv, req, hit_tokens)
+            kv.take_prefix_hit(req, hit_tokens)
             if n < remaining:
                 partial += 1
                 long_partial += is_long
