@@ -30,8 +30,9 @@ pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11),
                                 reason="the budgets count CPython 3.11's bytecode")
 
 MARGIN = 1.2
-# bytecodes per request-iteration measured on this tree (CPython 3.11.7), by cost model
-MEASURED = {"constant": 136.3, "roofline": 128.7, "calibrated": 123.5, "stepped": 304.0}
+# bytecodes per request-iteration measured on this tree (CPython 3.11.7), each case in a
+# fresh process (a case run after another counts ~3% fewer: caches the first one filled)
+MEASURED = {"constant": 165.0, "roofline": 166.3, "calibrated": 161.4, "stepped": 323.7}
 ROOFLINE = RooflineCost(get_hardware("h100"), get_model_spec("llama-3-8b"))
 COSTS = {
     "constant": ConstantCost(0.025),
@@ -86,3 +87,9 @@ def test_the_simulators_work_per_request_iteration_stays_within_budget(name):
     assert measured <= budget, (
         f"{name}: {measured:.1f} bytecodes per request-iteration, over the budget of "
         f"{budget:.1f} ({MEASURED[name]} measured + 20%): the simulator's hot path grew")
+
+
+if __name__ == "__main__":  # what MEASURED should say after a change meant to move it
+    for case in sorted(MEASURED):
+        cost, runs = (COSTS["constant"], False) if case == "stepped" else (COSTS[case], True)
+        print(f"{case}: {bytecodes_per_request_iteration(cost, runs):.1f}")

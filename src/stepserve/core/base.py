@@ -256,15 +256,16 @@ class SchedulerBase:
         # when scheduled, so a failed or preempted step leaves nothing half-computed in
         # the cache (vLLM names blocks as it schedules them and shares them within a
         # step; here the next step shares them).
-        cache_blocks = self.kv.cache_blocks if self.kv.enable_prefix_caching else None
-        bs = self.kv.block_size
+        cache_blocks = self.kv.cache_blocks
+        # with caching off, a "block" no step's tokens ever cross: one test a token, not two
+        bs = self.kv.block_size if self.kv.enable_prefix_caching else 1 << 62
         # No max_model_len check here: admission guarantees prompt + max_tokens fits it.
         # (With _schedule_running, the hottest loop of a simulation: locals, no indexing.)
         for req, n, tok in zip(requests, counts, result.sampled_token_ids):
             if req.status is not _RUNNING:
                 continue  # ended (aborted) while the step ran
             computed = req.num_computed_tokens = req.num_computed_tokens + n
-            if cache_blocks is not None and computed % bs < n:
+            if computed % bs < n:
                 cache_blocks(req, computed)
             if tok is None:
                 continue

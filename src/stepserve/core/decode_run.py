@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import repeat
 from operator import attrgetter, sub
 
 from stepserve.core.output import StepRecord
@@ -234,7 +234,7 @@ class _Run:
         sched, step = self.sched, self.step
         batch, plain = self.batch, self.plain
         if self.n < len(batch):  # some ended in the run: only the others remain
-            left = list(compress(range(len(batch)), map(step.__lt__, self.final)))
+            left = [i for i, final in enumerate(self.final) if final > step]
             # (`batch` is sched.running itself: the run ends requests without leaving it)
             batch, plain = list(map(batch.__getitem__, left)), list(map(plain.__getitem__, left))
             sched.keep_running(batch)

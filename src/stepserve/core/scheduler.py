@@ -153,7 +153,6 @@ class Scheduler(SchedulerBase):
         step = out.step_index
         add = out.add
         add_request, add_count = out.requests.append, out.num_scheduled_tokens.append
-        is_decoding = _is_decoding
         num_decode_ready = num_decodes = 0
         # Walk a snapshot: a victim leaves self.running and RUNNING status, so one still
         # ahead of the walk is skipped, and the walk's place never shifts. (Status is read
@@ -162,7 +161,9 @@ class Scheduler(SchedulerBase):
         for req in self.running[:]:
             if req.sched_step == step or (made_room and req.status is not _RUNNING):
                 continue  # scheduled in an earlier pass of this step, or a victim
-            if is_decoding(req):
+            computed, num_output = req.num_computed_tokens, len(req.output_token_ids)
+            if num_output and req.num_prompt_tokens + num_output - computed == 1:
+                # decoding (Request.is_decoding, written out: the walk's hottest test)
                 if not decodes:
                     continue
                 num_decode_ready += 1
@@ -170,7 +171,7 @@ class Scheduler(SchedulerBase):
                     continue
                 # The common case, first: its next token fits in the blocks it holds.
                 table = tables[req.request_id]
-                if req.num_computed_tokens < len(table) * bs:
+                if computed < len(table) * bs:
                     # out.add(req, 1, True) written out: a simulation's hottest lines
                     req.sched_step = step
                     req.sched_tokens = 1
