@@ -1,14 +1,15 @@
 """Test factories shared by every test folder: `make_scheduler(**overrides)` and
-`make_requests(n, ...)` build the objects, `step` and `run_until_done` drive them by hand."""
+`make_requests(n, ...)` build the objects, `step` and `run_until_done` drive them by hand
+through the real engine core (core/engine_core.py), as every driver does."""
 
 from __future__ import annotations
 
 import itertools
 
 from stepserve.config.settings import EngineConfig
-from stepserve.core import make_scheduler as _make_scheduler
 from stepserve.core.base import SchedulerBase, integrity_checks_on
 from stepserve.core.clock import VirtualClock
+from stepserve.core.engine_core import EngineCore
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.core.request import Request, SamplingParams
@@ -23,9 +24,13 @@ def make_config(**overrides) -> EngineConfig:
 
 def make_scheduler(num_gpu_blocks: int = 1024, clock: VirtualClock | None = None,
                    **overrides) -> SchedulerBase:
-    """A scheduler on a virtual clock; any config setting can be overridden by name."""
+    """A scheduler on a virtual clock, inside the engine core that `step` drives; any
+    config setting can be overridden by name."""
     overrides.setdefault("watermark", 0.0)
-    return _make_scheduler(make_config(**overrides), clock or VirtualClock(), num_gpu_blocks)
+    core = EngineCore(make_config(**overrides), FakeRunner(), clock or VirtualClock(),
+                      num_gpu_blocks)
+    core.scheduler.engine_core = core  # (a test holds the scheduler; `step` finds its core)
+    return core.scheduler
 
 
 # Each made prompt starts with a token no other has, so requests share no cached prefix
@@ -74,23 +79,32 @@ class FakeRunner:
         return RunnerOutput(sampled, self.step_s)
 
 
-def step(sched: SchedulerBase, runner: FakeRunner | None = None) -> SchedulerOutput:
-    """One full step on a virtual clock: schedule, execute, advance time, update."""
-    runner = runner or FakeRunner()
-    out = sched.schedule()
-    result = runner.execute(out)
-    sched.clock.advance(result.elapsed_s)
-    sched.update_from_output(out, result)
+def step(sched: SchedulerBase, runner: FakeRunner | None = None) -> SchedulerOutput | None:
+    """One step of the engine core around `sched` (from `make_scheduler`), on its virtual
+    clock: begin (schedule, execute), advance the clock by the step's time, complete
+    (update). Returns the step's batch; None if nothing was scheduled (the clock is then
+    moved to the scheduler's next wakeup, if it has one). With the debug switch on, the
+    blocks are fully checked after every step, not only every FULL_CHECK_EVERY steps."""
+    core: EngineCore = sched.engine_core
+    core.runner = runner or FakeRunner()
+    pending = core.begin_step()
+    if pending.ran:
+        sched.clock.advance(pending.elapsed_s)
+    elif (wake := core.next_wakeup_time()) is not None:
+        sched.clock.advance_to(wake)
+    core.complete_step(pending)
     if integrity_checks_on():
-        sched.check_integrity()
-    return out
+        core.check_integrity()
+    return pending.out
 
 
 def run_until_done(sched: SchedulerBase, runner: FakeRunner | None = None,
                    max_steps: int = 100_000) -> list[SchedulerOutput]:
+    """Step until nothing is left; the batches of the steps that ran."""
     outs = []
     for _ in range(max_steps):
         if not sched.has_unfinished():
             return outs
-        outs.append(step(sched, runner))
+        if (out := step(sched, runner)) is not None:
+            outs.append(out)
     raise AssertionError(f"not done after {max_steps} steps")

@@ -7,14 +7,16 @@ are kept in `settings["seen"]`. No /metrics (so the bench must do without a scra
 
 Hooks for tests that act at a defined point of a run (they run on the server's thread):
 `on_models()` when GET /v1/models arrives, `on_answered(n)` when the n-th stream has
-been sent whole."""
+been sent whole, and `hold_until()`: a stream sends nothing until it is true (a run's
+shape made certain by events, not by `delay_s` being long enough; after HOLD_S the
+stream goes on, and the test's own assertion says what never happened)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,6 +24,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from server_harness import free_port, wait_until_up
+
+HOLD_S = 60.0
 
 
 @dataclass
@@ -76,6 +80,8 @@ def make_app(settings: dict) -> FastAPI:
         broken = bool(broken) and count["n"] % broken == 0
 
         async def events():
+            if (hold := settings.get("hold_until")) is not None:
+                await held(hold)
             for i in range(n):
                 await asyncio.sleep(settings.get("delay_s", 0.0))
                 if broken and i == 1:
@@ -98,6 +104,14 @@ def make_app(settings: dict) -> FastAPI:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
+
+
+async def held(ready: Callable[[], bool]) -> None:
+    """Until `ready()` (checked as the server's loop goes on), HOLD_S at most."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HOLD_S
+    while not ready() and loop.time() < deadline:
+        await asyncio.sleep(0.005)
 
 
 @contextmanager

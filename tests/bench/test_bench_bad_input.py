@@ -181,10 +181,14 @@ def test_interrupt_during_blocking_start_up_work_is_not_held_back(monkeypatch, f
 def test_open_loop_shapes_on_fake_server(tmp_path):
     out = tmp_path / "a.json"
     with run_fake(delay_s=0.02) as fake:
+        # no stream is answered before the eighth request arrived: "all at once" holds
+        # however slowly a busy machine sends them
+        fake.settings["hold_until"] = lambda: len(fake.settings["seen"]) >= 8
         assert main(["bench", "--target", fake.url, *SMALL, "--num-prompts", "8",
                      "--request-rate", "inf", "--json", str(out)]) == 0
         s = json.loads(out.read_text())["runs"][0]["summary"]
         assert s["requests_finished"] == 8 and s["peak_concurrency"] == 8  # all at once
+        del fake.settings["hold_until"]
         assert main(["bench", "--target", fake.url, *SMALL, "--num-prompts", "400",
                      "--request-rate", "20", "--burstiness", "0.5", "--duration-s", "0.5",
                      "--json", str(out)]) == 0

@@ -52,9 +52,15 @@ def with_metrics(app, plan: list[str], served: list[str]):
 
 
 @contextmanager
-def failing_metrics_target(plan: list[str]) -> Iterator[tuple[str, list[str]]]:
+def failing_metrics_target(plan: list[str], hold_for_scrapes: int = 0
+                           ) -> Iterator[tuple[str, list[str]]]:
+    """`hold_for_scrapes`: no stream is answered before /metrics was asked that often
+    (the run lasts until then, however fast or slow the machine)."""
     served: list[str] = []
-    app = with_metrics(make_app({"delay_s": 0.02}), plan, served)
+    settings = {"delay_s": 0.02}
+    if hold_for_scrapes:
+        settings["hold_until"] = lambda: len(served) >= hold_for_scrapes
+    app = with_metrics(make_app(settings), plan, served)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="critical"))
@@ -82,7 +88,8 @@ def bench(url: str, tmp_path, capsys, *extra: str) -> tuple[dict, str]:
 
 def test_failed_scrapes_mid_run_are_skipped_and_counted(tmp_path, capsys):
     plan = ["ok", "500", "garbage", "drop"]
-    with failing_metrics_target(plan) as (url, served):
+    # the run goes on until one scrape after the failures (then one more once it ends)
+    with failing_metrics_target(plan, hold_for_scrapes=len(plan) + 1) as (url, served):
         s, printed = bench(url, tmp_path, capsys)
     assert served[:4] == plan and len(served) >= 6  # it went on scraping after them
     assert s["requests_finished"] == 12 and s["requests_failed"] == 0

@@ -140,6 +140,7 @@ def test_at_least_forty_hostile_inputs():
     assert len(CASES) >= 40
 
 
+@pytest.mark.timing  # the inter-token gaps' bound is the point
 def test_hostile_inputs_answered_fast_without_stalling_a_stream(server):
     watch = StreamWatch(server.url)
     slow = []

@@ -53,6 +53,7 @@ def server():
         yield s
 
 
+@pytest.mark.timing  # the inter-token gaps' bound is the point
 def test_hostile_text_is_a_400_without_stalling_a_stream(server):
     watch = StreamWatch(server.url)
     slow = []

@@ -113,6 +113,7 @@ def test_over_the_cap_is_a_fast_400(server):
             assert time.perf_counter() - t0 < 10, path
 
 
+@pytest.mark.timing  # the inter-token gaps' bound is the point
 def test_just_under_the_cap_does_not_stall_other_streams(server):
     ask = completion_ask(completion(**ECHO_UNDER), 128, 1, True, 93)
     assert ask.entries == 249_984 <= CAP
