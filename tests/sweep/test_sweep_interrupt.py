@@ -86,7 +86,7 @@ def test_interrupt_before_the_first_point_writes_nothing(monkeypatch, tmp_path, 
 
 def test_a_target_lost_mid_sweep_keeps_the_points_before_it(monkeypatch, workload, tmp_path,
                                                             cli, capsys):
-    from stepserve.bench.plan import BenchError
+    from stepserve.bench.workload_options import BenchError
 
     real = live.bench_http
     calls = []

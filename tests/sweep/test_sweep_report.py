@@ -13,7 +13,7 @@ from stepserve.sweep.plots import Group, latency_cdf, timeseries_plot
 from stepserve.sweep.report import write_report
 from stepserve.sweep.report_job import load_result
 from stepserve.sweep.result import SweepResult
-from stepserve.sweep.runner import run_points
+from stepserve.sweep.sim_points import run_points
 from stepserve.workload.overrides import WorkloadOverrides
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -14,7 +14,7 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.cpu_fields import CpuWatch
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompts import token_prompt
+from stepserve.bench.prompt_maker import token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config.settings import EngineConfig
 from stepserve.core.end_reasons import end_of

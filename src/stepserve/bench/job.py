@@ -14,12 +14,11 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.http_run import HttpRun, bench_http, check_url
 from stepserve.bench.load import offered_load, prompt_maker, vllm_setup
 from stepserve.bench.loadgen import LoadPlan, make_records
-from stepserve.bench.plan import BenchError, BenchWorkloadOptions, build_workload, make_specs
+from stepserve.bench.request_shape import RequestShape
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
@@ -32,6 +31,12 @@ from stepserve.bench.results import (
 from stepserve.bench.run_data import http_extras, latency_samples
 from stepserve.bench.save_result import SaveOptions, save_vllm_result
 from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
+from stepserve.bench.workload_options import (
+    BenchError,
+    BenchWorkloadOptions,
+    build_workload,
+    make_specs,
+)
 from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.load import to_dict as config_to_dict

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from stepserve.bench.loadgen import LoadPlan
-from stepserve.bench.prompts import PromptMaker, load_tokenizer
+from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer
 from stepserve.bench.vllm_result import VllmSetup
 from stepserve.workload.arrivals import Constant, Gamma
 from stepserve.workload.spec import Workload

@@ -6,7 +6,7 @@ one ends.
 
 A multi-turn session (workload/sessions.py) is one task: its first turn is due at its
 arrival, each later turn `think_time_s` after the answer before it arrived, its prompt
-the conversation so far (prompts.py's Conversation) and a new user message; a turn not
+the conversation so far (prompt_maker.py's Conversation) and a new user message; a turn not
 answered in full ends the session (the rest stay `not_sent`). Later turns wait for no
 arrival, and a capped run counts sessions in flight: a user keeps their slot while
 thinking, as the simulator's closed loop counts sessions.
@@ -29,10 +29,10 @@ from typing import TypeVar
 
 import httpx
 
-from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord, stream_completion
 from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompts import Conversation, PromptMaker
+from stepserve.bench.prompt_maker import Conversation, PromptMaker
+from stepserve.bench.request_shape import RequestShape
 from stepserve.config.errors import UsageError
 from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.spec import RequestSpec

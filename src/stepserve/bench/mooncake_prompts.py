@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from stepserve.bench.prompts import WORDS, exact_text
+from stepserve.bench.prompt_maker import WORDS, exact_text
 from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.workload.mooncake import TraceSpec, prompt_blocks, trace_token_ids
 

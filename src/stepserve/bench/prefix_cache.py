@@ -36,7 +36,7 @@ def prompt_tokens(r: RequestRecord) -> int:
 
 def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
     """For each spec, the prompt tokens an earlier one's prompt began with. The prompts
-    (prompts.py) share exactly their shared prefix, so that is the prefix of any spec
+    (prompt_maker.py) share exactly their shared prefix, so that is the prefix of any spec
     whose prefix came before, in the whole blocks a cache could give. A trace's prompts
     share what their hash ids do (mooncake_prompts.py)."""
     if specs and all(isinstance(s, TraceSpec) for s in specs):

@@ -33,7 +33,7 @@ import httpx
 
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
 from stepserve.metrics.cpu_window import cpu_window
-from stepserve.metrics.live import level_summary
+from stepserve.metrics.live_window import level_summary
 from stepserve.metrics.prometheus import (
     Samples,
     Snapshot,

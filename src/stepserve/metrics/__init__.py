@@ -1,5 +1,6 @@
 """Metrics: per-request latencies, per-step batch accounting, run summaries, and the
-alert rules (`stepserve doctor`). Standard library only.
+alert rules (`stepserve doctor`). No torch: the standard library, prometheus_client
+(parsing /metrics text, prometheus.py) and httpx (scraping a live server).
 
     percentiles.py      percentile (numpy's linear method), mean, least-squares slope
     request_metrics.py  RequestLatencies: TTFT, TPOT, ITL, E2E, queue time (vLLM's definitions)

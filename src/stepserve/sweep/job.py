@@ -1,5 +1,5 @@
 """`stepserve sweep`'s job: vary settings or load on the simulator (or the load on a live
-server, `target`, see sweep/live.py), find the knee, write a result JSON and an HTML
+server, `target`, see sweep/target_points.py), find the knee, write a result JSON and an HTML
 report. Ctrl-C keeps the points already measured: the result is printed and written,
 marked interrupted, and the exit status is 130."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.bench.plan import BenchError
+from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import report_error
 from stepserve.config.load import ConfigOverrides, load_config
 from stepserve.config.settings import ConfigError, EngineConfig
@@ -36,10 +36,9 @@ from stepserve.sweep.knee import (
     P99_METRIC,
     analyze_runs,
 )
-from stepserve.sweep.live import LiveOptions, run_target_points, target_points
 from stepserve.sweep.predict import predict_points
 from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
-from stepserve.sweep.runner import (
+from stepserve.sweep.sim_points import (
     MIN_SPAN_S,
     run_points,
     sized_workload,
@@ -53,6 +52,7 @@ from stepserve.sweep.spec import (
     parse_summary_slo,
     parse_vary,
 )
+from stepserve.sweep.target_points import LiveOptions, run_target_points, target_points
 from stepserve.sweep.text import format_knees
 from stepserve.sweep.window import STEADY, WindowRule
 from stepserve.workload.errors import WorkloadError

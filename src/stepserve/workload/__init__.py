@@ -21,6 +21,7 @@ from stepserve.workload.arrivals import (
     poisson,
     trace_replay,
 )
+from stepserve.workload.builtin import get_workload, list_workloads
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.lengths import (
     Empirical,
@@ -43,7 +44,6 @@ from stepserve.workload.loader import (
 )
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.parse import parse_arrival, parse_length
-from stepserve.workload.scenarios import get_workload, list_workloads
 from stepserve.workload.spec import LENGTH_ESTIMATES, RequestClass, RequestSpec, Workload
 from stepserve.workload.trace import load_trace, save_trace
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from stepserve.bench.http_run import HttpRun, bench_http
 from stepserve.bench.loadgen import LoadPlan, make_records
-from stepserve.bench.plan import BenchError
 from stepserve.bench.results import BenchRun, summarize_records
 from stepserve.bench.run_data import http_extras
+from stepserve.bench.workload_options import BenchError
 from stepserve.sim.scenarios import RunSpec
 from stepserve.sweep.result import SweepCoords, SweepPointResult
 from stepserve.sweep.spec import SweepPoint, build_points
