@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from stepserve.metrics.run_data import SAMPLE_CAP, step_timeseries, thin
+from stepserve.metrics.summary import SAMPLE_CAP, step_timeseries, thin
 from stepserve.sim.run import SimulateResult, run_scenario, simulate_run
 from stepserve.sim.scenarios import get_scenario
 from stepserve.sweep.job import SweepOptions, build_sweep, sweep_result

@@ -20,10 +20,9 @@ from stepserve.config.settings import EngineConfig
 from stepserve.core.end_reasons import end_of
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, SamplingParams
-from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.run_summary import REQUEST_FIELDS, STEP_FIELDS, RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
-from stepserve.metrics.summary import summarize
+from stepserve.metrics.summary import step_timeseries, summarize
 
 if TYPE_CHECKING:
     from stepserve.sim.run import RunResult

@@ -23,7 +23,7 @@ from stepserve.bench.request_shape import (
     request_headers,
     sampling_fields,
 )
-from stepserve.bench.save_result import SaveOptions, parse_metric_names, parse_percentiles
+from stepserve.bench.vllm_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.bench.workload_options import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.cli.simulate import (

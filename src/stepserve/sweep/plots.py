@@ -19,9 +19,9 @@ from typing import Any, Protocol
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from stepserve.metrics.run_data import LatencySamples
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.metrics.summary import LatencySamples
 
 
 class PlotRun(Protocol):

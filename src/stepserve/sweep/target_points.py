@@ -6,7 +6,7 @@ files, scenario runs and engine flags are refused with a message saying so (the 
 checks, sweep/job.py). Each point
 is a full `stepserve bench --target` run (bench.http_run): the client's TTFT, TPOT, ITL,
 E2EL and throughput, the target's /metrics sampled alongside, and the plot data of
-bench.run_data. Ctrl-C stops the sweep; the points already measured are kept (the one
+bench.results. Ctrl-C stops the sweep; the points already measured are kept (the one
 cut off is dropped, as a partial point would put a false value on the curve).
 """
 
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from stepserve.bench.http_run import HttpRun, bench_http
 from stepserve.bench.loadgen import LoadPlan, make_records
-from stepserve.bench.results import BenchRun, summarize_records
-from stepserve.bench.run_data import http_extras
+from stepserve.bench.results import BenchRun, http_extras, summarize_records
 from stepserve.bench.workload_options import BenchError
 from stepserve.sim.scenarios import RunSpec
 from stepserve.sweep.result import SweepCoords, SweepPointResult
