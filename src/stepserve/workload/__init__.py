@@ -38,12 +38,13 @@ from stepserve.workload.lengths import (
 )
 from stepserve.workload.loader import (
     load_workload,
+    parse_arrival,
+    parse_length,
     save_workload,
     workload_from_dict,
     workload_to_dict,
 )
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
-from stepserve.workload.parse import parse_arrival, parse_length
 from stepserve.workload.spec import LENGTH_ESTIMATES, RequestClass, RequestSpec, Workload
 from stepserve.workload.trace import load_trace, save_trace
 
