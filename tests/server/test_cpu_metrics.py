@@ -14,9 +14,9 @@ import pytest
 from server_harness import MODEL, Served, serve
 
 from stepserve.engine.cpu_share import CpuShareSampler
-from stepserve.metrics.alerts import diagnose
 from stepserve.metrics.live_window import live_summary
 from stepserve.metrics.prometheus import Snapshot, parse_prometheus
+from stepserve.metrics.rules import diagnose
 from stepserve.metrics.rules_cpu import CPU_SHARED
 from stepserve.metrics.step_reference import MIN_STEPS
 

@@ -15,9 +15,8 @@ from stepserve.bench.results import LATENCY_NAMES, SUMMARY_KEYS_ORDER
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.cli import main
 from stepserve.demo import job as demo
-from stepserve.metrics.alerts import unevaluable
 from stepserve.metrics.live_window import LIVE_KEYS
-from stepserve.metrics.rules import RULES
+from stepserve.metrics.rules import RULES, unevaluable
 from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary
 from stepserve.sim.run import SimulateResult, run_scenario
 from stepserve.sim.scenarios import get_scenario

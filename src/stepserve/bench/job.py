@@ -44,7 +44,7 @@ from stepserve.config.load import ConfigOverrides
 from stepserve.config.load import to_dict as config_to_dict
 from stepserve.config.settings import ConfigError
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
-from stepserve.metrics.alerts import findings_for
+from stepserve.metrics.rules import findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.workload.errors import WorkloadError

@@ -115,7 +115,7 @@ def peak_concurrency(records: Sequence[RequestRecord]) -> int:
 
 
 @dataclass(frozen=True)
-class Measured:
+class MeasuredRequests:
     """A run's measured requests (warm-up left out): those sent, those of them completed
     (stop or length), and the duration from the first send to the last end."""
 
@@ -125,7 +125,7 @@ class Measured:
     duration_s: float
 
     @classmethod
-    def of(cls, records: Sequence[RequestRecord]) -> Measured:
+    def of(cls, records: Sequence[RequestRecord]) -> MeasuredRequests:
         measured = [r for r in records if not r.warmup]
         sent = [r for r in measured if r.send_s is not None]
         starts = [r.send_s for r in sent if r.send_s is not None]
@@ -147,7 +147,7 @@ def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None =
                       scrape: RunSummary | None = None, interrupted: bool = False
                       ) -> RunSummary:
     slo = slo or GoodputSLO()
-    m = Measured.of(records)
+    m = MeasuredRequests.of(records)
     sent, done, duration = m.sent, m.done, m.duration_s
     errors = Counter(r.outcome for r in sent if not r.ok)
     output_tokens = sum(r.num_output_tokens for r in done)

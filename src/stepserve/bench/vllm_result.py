@@ -41,7 +41,7 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
-    Measured,
+    MeasuredRequests,
     e2e_s,
     itl_s,
     latency_values,
@@ -51,8 +51,8 @@ from stepserve.bench.results import (
 from stepserve.bench.slo import GoodputSLO
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import check_output_dir, check_output_file, write_atomic
-from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.percentiles import mean, percentile
+from stepserve.metrics.rules import findings_for
 from stepserve.metrics.summary import sample_set
 from stepserve.metrics.vllm_summary import vllm_summary
 
@@ -176,7 +176,7 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
                  percentiles: Sequence[float] = DEFAULT_METRIC_PERCENTILES
                  ) -> dict[str, Any]:
     """The metric keys of vLLM's result (the module doc) from a run's records."""
-    m = Measured.of(records)
+    m = MeasuredRequests.of(records)
     sent, done, duration = m.sent, m.done, m.duration_s
     total_in = sum(_input_len(r) for r in done)
     total_out = sum(r.num_output_tokens for r in done)

@@ -2,7 +2,8 @@
 needs (rule.py) and reads them as attributes. Each returns one Finding or None; the
 settings only sharpen the advice, e.g. name the chunk cap actually set. `RULES` holds
 every one in listing order (the host's rule, rules_cpu.py, stands apart: diagnose puts it
-first).
+first). Applying them to runs: `diagnose` one summary, say which rules a summary cannot
+feed (`unevaluable`), and the findings of every run of a result (`findings_for`).
 
 Thresholds come from the incidents' post-mortems (night-report, mixed-pool, promo-spike:
 docs/guide.md tells each story) and the tail-latency table; where a rule's early signal
@@ -11,7 +12,8 @@ leads a later alert, the lead is measured on the run's own series (alert_times.p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from stepserve.core.end_reasons import RejectReason, end_reason
 from stepserve.metrics.alert_times import (
@@ -25,9 +27,10 @@ from stepserve.metrics.alert_times import (
     ZERO_DECODE_STEP_SHARE_MAX,
     lead,
 )
-from stepserve.metrics.finding import Finding
+from stepserve.metrics.finding import SEVERITIES, Finding
 from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.rule import Rule, RuleSettings, S, pct, rule
+from stepserve.metrics.rules_cpu import first_if_cpu_shared
 from stepserve.metrics.run_summary import RunSummary
 
 # ---- the incidents' queue, capacity, preemption and chunk-cap rules ----
@@ -720,3 +723,40 @@ RULES: tuple[Rule, ...] = (
     low_slot_utilization, low_active_ratio, prefix_cache_thrash, rejections, timeouts,
     tpot_tail, throughput_over_experience,
 )
+
+
+# ---- applying them ----
+
+class DiagnosedRun(Protocol):
+    """A run the rules can read: a result's run (sim/run.py, bench/results.py), a sweep
+    point, or a run of a file the doctor loaded."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def summary(self) -> RunSummary: ...
+
+    def rule_settings(self) -> RuleSettings: ...
+
+
+def diagnose(summary: RunSummary, settings: RuleSettings | None = None) -> list[Finding]:
+    """Every rule that fires, most severe first (rule order within a severity); a
+    shared CPU (rules_cpu.py) before them all."""
+    settings = settings or RuleSettings.of(summary)
+    found = [f for rule in RULES if (f := rule(summary, settings)) is not None]
+    found = sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+    # the host's rule: a shared CPU goes first, whatever the severities
+    return first_if_cpu_shared(summary, settings, found)
+
+
+def unevaluable(summary: RunSummary) -> dict[str, list[str]]:
+    """{rule: the inputs it lacks ("a or b" per group)} for each rule the summary cannot
+    feed, in rule order."""
+    return {rule.name: missing for rule in RULES if (missing := rule.missing(summary))}
+
+
+def findings_for(runs: Iterable[DiagnosedRun]) -> list[Finding]:
+    """Every rule that fires on each run, each finding naming its run."""
+    return [f.on_run(run.name) for run in runs
+            for f in diagnose(run.summary, run.rule_settings())]
