@@ -56,6 +56,7 @@ from stepserve.config.user_files import write_atomic
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.percentiles import mean, ratio
 from stepserve.metrics.prometheus import counter_delta
+from stepserve.metrics.request_metrics import stream_latencies
 from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
@@ -74,25 +75,23 @@ SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
                       "peak_concurrency")
 
 
+def _latencies(r: RequestRecord) -> tuple[float | None, float | None, float | None]:
+    """(TTFT, E2E, TPOT) of a record on the client's clock; all None if never sent."""
+    if r.send_s is None:
+        return None, None, None
+    return stream_latencies(r.send_s, r.chunk_times_s, r.end_s, r.num_output_tokens)
+
+
 def ttft_s(r: RequestRecord) -> float | None:
-    if r.send_s is None or not r.chunk_times_s:
-        return None
-    return r.chunk_times_s[0] - r.send_s
+    return _latencies(r)[0]
 
 
 def e2e_s(r: RequestRecord) -> float | None:
-    if r.send_s is None:
-        return None
-    end = r.chunk_times_s[-1] if r.chunk_times_s else r.end_s
-    return None if end is None else end - r.send_s
+    return _latencies(r)[1]
 
 
 def tpot_s(r: RequestRecord) -> float | None:
-    n = r.num_output_tokens
-    first, whole = ttft_s(r), e2e_s(r)
-    if n < 2 or first is None or whole is None:
-        return None
-    return (whole - first) / (n - 1)
+    return _latencies(r)[2]
 
 
 def itl_s(r: RequestRecord) -> list[float]:
