@@ -231,7 +231,8 @@ def _rate_and_burstiness(options: BenchOptions, workload: Workload) -> tuple[flo
     return float(rate), float(burstiness)
 
 
-def _json_float(x: float) -> float | str:
+def json_float(x: float) -> float | str:
+    """A number as the result files write it: an infinite one as "inf"."""
     return "inf" if math.isinf(x) else x
 
 
@@ -241,7 +242,7 @@ def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
     w = options.workload
     rate, burstiness = _rate_and_burstiness(options, workload)
     out: dict[str, Any] = {
-        "request_rate": _json_float(rate), "burstiness": _json_float(burstiness),
+        "request_rate": json_float(rate), "burstiness": json_float(burstiness),
         "max_concurrency": plan.concurrency, "num_prompts": len(plan.specs) - plan.warmup,
         "warmup": plan.warmup, "seed": workload.seed, "arrival": workload.arrival.describe(),
         "duration_s": plan.duration_s}

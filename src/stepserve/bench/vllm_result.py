@@ -38,12 +38,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepserve.bench.client import RequestRecord
+from stepserve.bench.prefix_cache import prompt_tokens
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
     MeasuredRequests,
     e2e_s,
     itl_s,
+    json_float,
     latency_values,
     tpot_s,
     ttft_s,
@@ -87,7 +89,7 @@ class VllmSetup:
             "model_id": self.model_id, "tokenizer_id": self.tokenizer_id,
             "num_prompts": self.num_prompts}
         out.update(self.metadata)
-        out["request_rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        out["request_rate"] = json_float(self.request_rate)
         out["burstiness"] = self.burstiness
         out["max_concurrency"] = self.max_concurrency
         return out
@@ -167,10 +169,6 @@ def peak_buckets(done: Sequence[RequestRecord]) -> tuple[float, int]:
     return float(max(tokens)), max(active)
 
 
-def _input_len(r: RequestRecord) -> int:
-    return r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
-
-
 def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None,
                  metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
                  percentiles: Sequence[float] = DEFAULT_METRIC_PERCENTILES
@@ -178,7 +176,7 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
     """The metric keys of vLLM's result (the module doc) from a run's records."""
     m = MeasuredRequests.of(records)
     sent, done, duration = m.sent, m.done, m.duration_s
-    total_in = sum(_input_len(r) for r in done)
+    total_in = sum(prompt_tokens(r) for r in done)
     total_out = sum(r.num_output_tokens for r in done)
     slo = slo or GoodputSLO()
     good = sum(1 for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r)))
@@ -194,7 +192,7 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "request_goodput": None if slo.empty else per_s(good),
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
-        "input_lens": [_input_len(r) for r in sent],
+        "input_lens": [prompt_tokens(r) for r in sent],
         "output_lens": [r.num_output_tokens if r.ok else 0 for r in sent],
         "ttfts": [ttft_s(r) or 0.0 for r in sent],
         "itls": [itl_s(r) for r in sent],
