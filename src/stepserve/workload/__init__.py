@@ -2,9 +2,9 @@
 
 A `Workload` (request classes x arrival process x count x seed) generates a list of
 `RequestSpec`s, the same list for the same seed. Length distributions live in `lengths`,
-arrival processes in `arrivals`, their YAML shapes in `parse`, JSONL traces in `trace`,
-workload YAML in `loader`, the incidents' scenarios in `scenarios`, and overriding a
-workload's count, seed, rate or concurrency in `overrides`. Standard library only
+arrival processes in `arrivals`, the workload YAML with their YAML shapes in `loader`,
+JSONL traces in `trace`, the built-in workloads (the incidents' traffic) in `builtin`,
+and overriding a workload's count, seed, rate or concurrency in `overrides`. Standard library only
 (`random`, `math`) besides pyyaml; no numpy, no torch.
 """
 
