@@ -16,7 +16,7 @@ import pytest
 from fake_server import run_fake
 from server_harness import free_port
 
-from stepserve.bench.prompts import PromptMaker
+from stepserve.bench.prompt_maker import PromptMaker
 from stepserve.cli import main
 
 SMALL = ["--random-input-len", "4", "--random-output-len", "3", "--no-progress"]

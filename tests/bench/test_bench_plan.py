@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from stepserve.bench.plan import build_workload, make_specs
+from stepserve.bench.workload_options import build_workload, make_specs
 from stepserve.cli.bench import add_bench_parser, bench_options
 from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
 

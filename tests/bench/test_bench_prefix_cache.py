@@ -11,10 +11,10 @@ import json
 import pytest
 
 from stepserve.bench.client import RequestRecord, _take_event
-from stepserve.bench.plan import build_workload, make_specs
 from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompts import PromptMaker, token_prompt
+from stepserve.bench.prompt_maker import PromptMaker, token_prompt
 from stepserve.bench.results import format_table, summarize_records
+from stepserve.bench.workload_options import build_workload, make_specs
 from stepserve.cli import main
 from stepserve.cli.bench import add_bench_parser, bench_options
 from stepserve.workload.spec import RequestSpec

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stepserve.bench.mooncake_prompts import repeated_trace_tokens
-from stepserve.bench.plan import BenchError, build_workload, make_specs
-from stepserve.bench.prompts import PromptMaker, load_tokenizer, token_prompt
+from stepserve.bench.prefix_cache import repeated_trace_tokens
+from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer, token_prompt
+from stepserve.bench.workload_options import BenchError, build_workload, make_specs
 from stepserve.cli import main
 from stepserve.cli.bench import add_bench_parser, bench_options
 from stepserve.workload.mooncake import load_mooncake_trace

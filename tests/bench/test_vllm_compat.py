@@ -10,9 +10,9 @@ import random
 import pytest
 from fake_server import run_fake
 
-from stepserve.bench.body import RequestShape
-from stepserve.bench.plan import build_workload, make_specs
-from stepserve.bench.prompts import exact_text
+from stepserve.bench.prompt_maker import exact_text
+from stepserve.bench.request_shape import RequestShape
+from stepserve.bench.workload_options import build_workload, make_specs
 from stepserve.cli import main
 from stepserve.cli.bench import add_bench_parser, bench_options
 from stepserve.workload.arrivals import Gamma
@@ -148,7 +148,7 @@ def test_body_shapes():
 
 def test_exact_length_text_with_a_tokenizer():
     pytest.importorskip("tokenizers")
-    from stepserve.bench.prompts import load_tokenizer
+    from stepserve.bench.prompt_maker import load_tokenizer
 
     tok = load_tokenizer("tiny")
     rng = random.Random(0)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stepserve.cli import main
-from stepserve.metrics.alerts import unevaluable
+from stepserve.metrics.rules import unevaluable
 from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
 
 # As `vllm bench serve --dataset-name random --save-result --save-detailed --goodput

@@ -7,10 +7,9 @@ from dataclasses import replace
 import pytest
 
 from stepserve.metrics import rules
-from stepserve.metrics.alerts import diagnose, unevaluable
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import RULES
+from stepserve.metrics.rules import RULES, diagnose, unevaluable
 from stepserve.metrics.run_summary import RunSummary
 
 HEALTHY = {

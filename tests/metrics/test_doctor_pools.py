@@ -9,7 +9,7 @@ import re
 from metrics.canned_texts import rising_vllm_texts, vllm_text, window
 
 from stepserve.metrics.doctor import live_runs
-from stepserve.metrics.live import pool_windows
+from stepserve.metrics.live_window import pool_windows
 
 
 def _labelled(text: str, pool: str, engine: int) -> str:

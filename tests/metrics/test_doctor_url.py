@@ -170,7 +170,7 @@ def test_a_window_with_under_two_good_scrapes_is_an_error(capsys):
 
 def test_label_values_with_commas_and_quotes_survive_a_scrape():
     from stepserve.config.settings import SchedulerConfig
-    from stepserve.metrics.live import fetch
+    from stepserve.metrics.live_window import fetch
     from stepserve.server.metrics import ServerMetrics
 
     name = 'org/model,v2 "chat"'

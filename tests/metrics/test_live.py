@@ -4,10 +4,9 @@ TGI), the rules it feeds, and the rules it cannot."""
 import pytest
 from metrics.canned_texts import hist, rising_vllm_window, vllm_text, window
 
-from stepserve.metrics.alerts import diagnose, unevaluable
-from stepserve.metrics.live import LIVE_KEYS, live_config, live_summary
+from stepserve.metrics.live_window import LIVE_KEYS, live_config, live_summary
 from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import RULES
+from stepserve.metrics.rules import RULES, diagnose, unevaluable
 
 RULE_NAMES = {rule.name for rule in RULES}
 

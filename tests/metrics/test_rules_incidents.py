@@ -10,11 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
-from stepserve.metrics.alerts import diagnose
 from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import RIDE_ALONG_RATIO, STALL_RATIO, diagnose
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.metrics.stall_rule import RIDE_ALONG_RATIO, STALL_RATIO
 from stepserve.sim.run import RunResult, run_scenario
 from stepserve.sim.scenarios import get_scenario
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 import pytest
 
 from stepserve.config.settings import EngineConfig
-from stepserve.metrics.alerts import diagnose
-from stepserve.metrics.rules_experience import throughput_over_experience, tpot_tail
-from stepserve.metrics.rules_outcomes import rejections, timeouts
+from stepserve.metrics.rules import (
+    diagnose,
+    rejections,
+    throughput_over_experience,
+    timeouts,
+    tpot_tail,
+)
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.run import RunResult, simulate_run

@@ -15,9 +15,9 @@ from server_harness import MODEL, Served, serve
 
 from stepserve.host.cpu_share import CpuShareSampler
 from stepserve.host.step_reference import MIN_STEPS
-from stepserve.metrics.alerts import diagnose
-from stepserve.metrics.live import live_summary
+from stepserve.metrics.live_window import live_summary
 from stepserve.metrics.prometheus import Snapshot, parse_prometheus
+from stepserve.metrics.rules import diagnose
 from stepserve.metrics.rules_cpu import CPU_SHARED
 
 LINUX = Path("/proc/self/task").exists()

@@ -15,9 +15,8 @@ from stepserve.bench.results import LATENCY_NAMES, SUMMARY_KEYS_ORDER
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.cli import main
 from stepserve.demo import job as demo
-from stepserve.metrics.alerts import unevaluable
-from stepserve.metrics.live import LIVE_KEYS
-from stepserve.metrics.rules import RULES
+from stepserve.metrics.live_window import LIVE_KEYS
+from stepserve.metrics.rules import RULES, unevaluable
 from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary
 from stepserve.sim.run import SimulateResult, run_scenario
 from stepserve.sim.scenarios import get_scenario
@@ -29,7 +28,7 @@ from stepserve.workload.overrides import WorkloadOverrides
 SRC = Path(__file__).parents[2] / "src" / "stepserve"
 # modules whose table rows and rules read a summary's fields as attributes
 READERS = ["sim/table.py", "demo/job.py", "sweep/text.py", "sweep/report.py", "sweep/knee.py",
-           "metrics/rules.py", "bench/results.py", "sweep/runner.py", "sweep/live.py"]
+           "metrics/rules.py", "bench/results.py", "sweep/sim_points.py", "sweep/target_points.py"]
 METHODS = {name for name in dir(RunSummary) if not name.startswith("_")} - set(FIELD_KINDS)
 
 

@@ -7,6 +7,6 @@
     results.py   metrics from records with vLLM's definitions; JSON, CSV, Markdown writers
     scrape.py    sample a target's /metrics during a run (stepserve, vLLM, SGLang, TGI names)
     inprocess.py the same workload through LLMEngine (--engine) or the simulator (--sim)
-    plan.py      the request list from BenchWorkloadOptions (scenario, file, random lengths)
+    workload_options.py  the request list from BenchWorkloadOptions (scenario, file, random lengths)
     job.py       BenchOptions and run_bench: one run, printed and written (`stepserve bench`)
 """

@@ -18,11 +18,11 @@ import httpx
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import HttpTarget, LoadPlan, interruptible, run_http
-from stepserve.bench.plan import BenchError
 from stepserve.bench.scrape import Scraper, scrape_summary
+from stepserve.bench.workload_options import BenchError
 from stepserve.config.urls import check_http_url
 from stepserve.host.cpu_share import CpuWatch
-from stepserve.metrics.live import live_config
+from stepserve.metrics.live_window import live_config
 from stepserve.metrics.run_summary import RunSummary
 
 SETTLE_TRIES = 10

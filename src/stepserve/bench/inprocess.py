@@ -11,19 +11,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.loadgen import LoadPlan
+from stepserve.bench.loadgen import LoadPlan, SendWindow
 from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompts import token_prompt
+from stepserve.bench.prompt_maker import token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config.settings import EngineConfig
 from stepserve.core.end_reasons import end_of
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, SamplingParams
 from stepserve.host.cpu_share import CpuWatch
-from stepserve.metrics.run_data import step_timeseries
 from stepserve.metrics.run_summary import REQUEST_FIELDS, STEP_FIELDS, RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
-from stepserve.metrics.summary import summarize
+from stepserve.metrics.summary import step_timeseries, summarize
 
 if TYPE_CHECKING:
     from stepserve.sim.run import RunResult
@@ -123,7 +122,7 @@ class _WallClockLoad:
         self.live = 0  # issued and not yet ended
         self.next_i = 0
         self.n = len(plan.specs)  # lowered when the plan's duration runs out
-        self._measure_start: float | None = None
+        self.window = SendWindow(plan, self.clock.now)
 
     def run(self) -> None:
         """Issue what is due and step, until every request issued has ended."""
@@ -147,20 +146,11 @@ class _WallClockLoad:
         while self.next_i < self.n and self._due_at(self.next_i) <= now:
             if closed and self.live >= self.plan.concurrency:
                 return
-            if not self._within_duration(self.next_i):
+            if not self.window.allows(self.next_i):
                 self.n = self.next_i
                 return
             self._issue(self.next_i, now if closed else self._due_at(self.next_i))
             self.next_i += 1
-
-    def _within_duration(self, i: int) -> bool:
-        """Warm-up requests always go; the rest only until the plan's duration, timed from
-        the first measured one, has passed."""
-        if self.plan.duration_s is None or i < self.plan.warmup:
-            return True
-        if self._measure_start is None:
-            self._measure_start = self.clock.now()
-        return self.clock.now() - self._measure_start <= self.plan.duration_s
 
     def _issue(self, i: int, arrival: float) -> None:
         spec = self.plan.specs[i]

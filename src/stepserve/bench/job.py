@@ -14,30 +14,37 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.http_run import HttpRun, bench_http, check_url
-from stepserve.bench.load import offered_load, prompt_maker, vllm_setup
 from stepserve.bench.loadgen import LoadPlan, make_records
-from stepserve.bench.plan import BenchError, BenchWorkloadOptions, build_workload, make_specs
+from stepserve.bench.prompt_maker import prompt_maker
+from stepserve.bench.request_shape import RequestShape
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
     format_table,
+    http_extras,
+    latency_samples,
+    offered_load,
     summarize_records,
     write_csv,
     write_json,
     write_markdown,
 )
-from stepserve.bench.run_data import http_extras, latency_samples
-from stepserve.bench.save_result import SaveOptions, save_vllm_result
 from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
+from stepserve.bench.vllm_result import SaveOptions, save_vllm_result, vllm_setup
+from stepserve.bench.workload_options import (
+    BenchError,
+    BenchWorkloadOptions,
+    build_workload,
+    make_specs,
+)
 from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.load import to_dict as config_to_dict
 from stepserve.config.settings import ConfigError
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
-from stepserve.metrics.alerts import findings_for
+from stepserve.metrics.rules import findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.workload.errors import WorkloadError

@@ -6,7 +6,7 @@ one ends.
 
 A multi-turn session (workload/sessions.py) is one task: its first turn is due at its
 arrival, each later turn `think_time_s` after the answer before it arrived, its prompt
-the conversation so far (prompts.py's Conversation) and a new user message; a turn not
+the conversation so far (prompt_maker.py's Conversation) and a new user message; a turn not
 answered in full ends the session (the rest stay `not_sent`). Later turns wait for no
 arrival, and a capped run counts sessions in flight: a user keeps their slot while
 thinking, as the simulator's closed loop counts sessions.
@@ -29,10 +29,10 @@ from typing import TypeVar
 
 import httpx
 
-from stepserve.bench.body import RequestShape
 from stepserve.bench.client import RequestRecord, stream_completion
 from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompts import Conversation, PromptMaker
+from stepserve.bench.prompt_maker import Conversation, PromptMaker
+from stepserve.bench.request_shape import RequestShape
 from stepserve.config.errors import UsageError
 from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.spec import RequestSpec
@@ -62,6 +62,24 @@ class HttpTarget:
     @property
     def completions_url(self) -> str:
         return self.base_url.rstrip("/") + self.endpoint
+
+
+@dataclass
+class SendWindow:
+    """Whether a plan's request may still be sent: warm-up requests always go; the rest
+    only until the plan's duration, timed on `clock` from the first measured one, has
+    passed."""
+
+    plan: LoadPlan
+    clock: Callable[[], float]
+    start: float | None = None
+
+    def allows(self, i: int) -> bool:
+        if self.plan.duration_s is None or i < self.plan.warmup:
+            return True
+        if self.start is None:
+            self.start = self.clock()
+        return self.clock() - self.start <= self.plan.duration_s
 
 
 def make_records(plan: LoadPlan) -> list[RequestRecord]:
@@ -102,15 +120,8 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
     starts = session_starts(plan.specs) if next_turn else range(len(plan.specs))
     prompts = interruptible(lambda: [plan.prompts(spec) for spec in plan.specs])
     t0 = time.perf_counter()
-    measure_start: list[float] = []
+    window = SendWindow(plan, time.perf_counter)
     slots = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
-
-    def out_of_time(i: int) -> bool:
-        if plan.duration_s is None or i < plan.warmup:
-            return False
-        if not measure_start:
-            measure_start.append(time.perf_counter())
-        return time.perf_counter() - measure_start[0] > plan.duration_s
 
     async def send(i: int, body: dict) -> None:
         record = records[i]
@@ -125,7 +136,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
         spec, record = plan.specs[i], records[i]
         body = plan.shape.body(target.model, prompts[i], spec.max_tokens, plan.ignore_eos)
         async with slots or contextlib.nullcontext():
-            if out_of_time(i):
+            if not window.allows(i):
                 return  # never sent
             if i in next_turn:
                 return await session(i)
@@ -156,7 +167,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             delay = plan.specs[i].arrival_s - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            if slots is None and out_of_time(i):
+            if slots is None and not window.allows(i):
                 break
             tasks.append(asyncio.create_task(one(i)))
         if tasks:

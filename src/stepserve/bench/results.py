@@ -20,6 +20,19 @@ how many prompt tokens were cached (usage.prompt_tokens_details.cached_tokens; a
 not 0, from a server that does not say), prefix_repeated_share from the prompts the
 bench built (prefix_cache.py). Whether the CPU was shared: the cpu_* fields
 (host/cpu_share.py's CpuWatch, or the target's own: host/cpu_metrics.py).
+
+Beside the summary a run records the load it offered (`load` in the bench JSON: rate,
+burstiness, concurrency cap, count, seed, dataset and lengths, and how the requests were
+sent) and its plot data, of the types `stepserve report` reads (as
+metrics.summary.measure_run gives a simulation):
+
+  latency_samples: TTFT and E2E of the completed, measured requests (client clock), thinned
+      to SAMPLE_CAP order statistics;
+  timeseries: one row per /metrics sample of the target, t in seconds from the first
+      (taken before the load): waiting and running (levels), and per interval since the
+      previous sample the preemptions, prompt tokens (as prefill_tokens), generation
+      tokens (as decode_tokens) and, where the target counts them (stepserve:steps),
+      engine steps. Without /metrics samples there is no timeseries.
 """
 
 from __future__ import annotations
@@ -27,24 +40,33 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepserve.bench.client import RequestRecord
+from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
-from stepserve.bench.scrape import SCRAPE_KEYS
+from stepserve.bench.scrape import SCRAPE_KEYS, Snapshot
 from stepserve.bench.slo import GoodputSLO
 from stepserve.config.user_files import write_atomic
 from stepserve.metrics.finding import Finding
-from stepserve.metrics.percentiles import mean, percentile, ratio
+from stepserve.metrics.percentiles import mean, ratio
+from stepserve.metrics.prometheus import counter_delta
+from stepserve.metrics.request_metrics import stream_latencies
 from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.run_data import LatencySamples
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.metrics.summary import SAMPLE_CAP, LatencySamples, latency_fields, sample_set
+from stepserve.workload.arrivals import Constant, Gamma
+from stepserve.workload.spec import Workload
+
+if TYPE_CHECKING:
+    from stepserve.bench.job import BenchOptions
 
 LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
 SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
@@ -53,25 +75,23 @@ SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
                       "peak_concurrency")
 
 
+def _latencies(r: RequestRecord) -> tuple[float | None, float | None, float | None]:
+    """(TTFT, E2E, TPOT) of a record on the client's clock; all None if never sent."""
+    if r.send_s is None:
+        return None, None, None
+    return stream_latencies(r.send_s, r.chunk_times_s, r.end_s, r.num_output_tokens)
+
+
 def ttft_s(r: RequestRecord) -> float | None:
-    if r.send_s is None or not r.chunk_times_s:
-        return None
-    return r.chunk_times_s[0] - r.send_s
+    return _latencies(r)[0]
 
 
 def e2e_s(r: RequestRecord) -> float | None:
-    if r.send_s is None:
-        return None
-    end = r.chunk_times_s[-1] if r.chunk_times_s else r.end_s
-    return None if end is None else end - r.send_s
+    return _latencies(r)[1]
 
 
 def tpot_s(r: RequestRecord) -> float | None:
-    n = r.num_output_tokens
-    first, whole = ttft_s(r), e2e_s(r)
-    if n < 2 or first is None or whole is None:
-        return None
-    return (whole - first) / (n - 1)
+    return _latencies(r)[2]
 
 
 def itl_s(r: RequestRecord) -> list[float]:
@@ -93,35 +113,46 @@ def peak_concurrency(records: Sequence[RequestRecord]) -> int:
     return peak
 
 
+@dataclass(frozen=True)
+class MeasuredRequests:
+    """A run's measured requests (warm-up left out): those sent, those of them completed
+    (stop or length), and the duration from the first send to the last end."""
+
+    measured: list[RequestRecord]
+    sent: list[RequestRecord]
+    done: list[RequestRecord]
+    duration_s: float
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord]) -> MeasuredRequests:
+        measured = [r for r in records if not r.warmup]
+        sent = [r for r in measured if r.send_s is not None]
+        starts = [r.send_s for r in sent if r.send_s is not None]
+        ends = [r.end_s for r in sent if r.end_s is not None]
+        duration = max(ends) - min(starts) if starts and ends else 0.0
+        return cls(measured, sent, [r for r in sent if r.ok], duration)
+
+
+def latency_values(done: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    """Each latency's values over completed requests: TTFT, TPOT (outputs over one
+    token), every ITL gap, E2E."""
+    return {"ttft": [v for r in done if (v := ttft_s(r)) is not None],
+            "tpot": [v for r in done if (v := tpot_s(r)) is not None],
+            "itl": [g for r in done for g in itl_s(r)],
+            "e2e": [v for r in done if (v := e2e_s(r)) is not None]}
+
+
 def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None = None,
                       scrape: RunSummary | None = None, interrupted: bool = False
                       ) -> RunSummary:
     slo = slo or GoodputSLO()
-    measured = [r for r in records if not r.warmup]
-    sent = [r for r in measured if r.send_s is not None]
-    done = [r for r in sent if r.ok]
-    starts = [r.send_s for r in sent if r.send_s is not None]
-    ends = [r.end_s for r in sent if r.end_s is not None]
-    duration = max(ends) - min(starts) if starts and ends else 0.0
+    m = MeasuredRequests.of(records)
+    sent, done, duration = m.sent, m.done, m.duration_s
     errors = Counter(r.outcome for r in sent if not r.ok)
     output_tokens = sum(r.num_output_tokens for r in done)
     good = [r for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r))]
-    values = {
-        "ttft": [v for r in done if (v := ttft_s(r)) is not None],
-        "tpot": [v for r in done if (v := tpot_s(r)) is not None],
-        "itl": [g for r in done for g in itl_s(r)],
-        "e2e": [v for r in done if (v := e2e_s(r)) is not None],
-    }
-    latencies: dict[str, float | None] = {}
-    for name, vals in values.items():
-        latencies[f"{name}_mean_s"] = mean(vals)
-        for p in (50, 95, 99):
-            latencies[f"{name}_p{p}_s"] = percentile(vals, p)
-    for name in ("e2e", "ttft", "tpot"):
-        latencies[f"p99_p50_{name}_ratio"] = ratio(latencies[f"{name}_p99_s"],
-                                                   latencies[f"{name}_p50_s"])
     client = RunSummary.of(
-        requests_total=len(sent), requests_not_sent=len(measured) - len(sent),
+        requests_total=len(sent), requests_not_sent=len(m.measured) - len(sent),
         requests_finished=len(done), requests_failed=sum(errors.values()),
         errors=dict(sorted(errors.items())),
         error_examples={k: next(r.error for r in sent if r.outcome == k)
@@ -133,13 +164,112 @@ def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None =
         throughput_requests_per_s=ratio(len(done), duration),
         goodput_requests_per_s=ratio(len(good), duration) if not slo.empty else None,
         goodput_requests=len(good) if not slo.empty else None,
-        goodput_slo=slo.describe(), **latencies,
+        goodput_slo=slo.describe(), **latency_fields(latency_values(done)),
         peak_concurrency=peak_concurrency(sent),
-        warmup_requests=len(records) - len(measured), interrupted=interrupted)
+        warmup_requests=len(records) - len(m.measured), interrupted=interrupted)
     client = client.updated(prefix_cache_fields(done))
     unscraped = RunSummary.of(**{k: 0 if k == "scrape_samples" else None
                                  for k in SCRAPE_KEYS})
     return client.updated(unscraped).updated(scrape or RunSummary())
+
+
+# ---- the plot data and the offered load a run records beside its summary ----
+
+# timeseries field -> the counter it is the per-interval increase of
+INTERVAL_COUNTERS = {"preemptions": "preemptions", "prefill_tokens": "prompt_tokens",
+                     "decode_tokens": "generation_tokens", "steps": "steps"}
+
+
+def latency_samples(records: Sequence[RequestRecord], cap: int = SAMPLE_CAP
+                    ) -> LatencySamples:
+    done = [r for r in records if r.ok and not r.warmup]
+    ttft = [v for r in done if (v := ttft_s(r)) is not None]
+    e2e = [v for r in done if (v := e2e_s(r)) is not None]
+    return sample_set(ttft, e2e, len(done), cap)
+
+def scrape_timeseries(snapshots: Sequence[Snapshot]) -> TimeSeries | None:
+    """The sampled levels and per-interval counter increases; None with under 2 samples.
+    A counter the target does not expose is left out (`steps`) or reads 0."""
+    if len(snapshots) < 2:
+        return None
+    t0 = snapshots[0].t_s
+    # the first row is the sample before the load (levels as seen, no increase yet)
+    rows = [(snapshots[0], snapshots[0])] + list(zip(snapshots, snapshots[1:], strict=False))
+
+    def level(key: str) -> list[float]:
+        return [b.level(key) or 0.0 for _a, b in rows]
+
+    def increase(field: str) -> list[float | None]:
+        return [counter_delta(a, b, INTERVAL_COUNTERS[field]) for a, b in rows]
+
+    def counted(field: str) -> list[float]:
+        return [d or 0.0 for d in increase(field)]
+
+    steps = increase("steps")
+    return TimeSeries(t=[b.t_s - t0 for _a, b in rows], waiting=level("waiting"),
+                      running=level("running"), kv_usage=None,
+                      prefill_tokens=counted("prefill_tokens"),
+                      decode_tokens=counted("decode_tokens"), preemptions=counted("preemptions"),
+                      steps=None if all(d is None for d in steps) else [d or 0.0 for d in steps])
+
+
+def http_extras(records: Sequence[RequestRecord], snapshots: Sequence[Snapshot]
+                ) -> tuple[LatencySamples, TimeSeries | None]:
+    """(latency samples, the /metrics time series or None) of a run against a target."""
+    return latency_samples(records), scrape_timeseries(snapshots)
+
+
+def _rate_and_burstiness(options: BenchOptions, workload: Workload) -> tuple[float, float]:
+    rate = options.workload.offered_rate()
+    arrival = workload.arrival
+    if rate is None:  # the workload's own arrivals; a closed loop or a trace: inf
+        rate = getattr(arrival, "rate_per_s", math.inf)
+    burstiness = options.workload.burstiness
+    if burstiness is None:
+        burstiness = arrival.burstiness if isinstance(arrival, Gamma) else \
+            math.inf if isinstance(arrival, Constant) else 1.0
+    return float(rate), float(burstiness)
+
+
+def json_float(x: float) -> float | str:
+    """A number as the result files write it: an infinite one as "inf"."""
+    return "inf" if math.isinf(x) else x
+
+
+def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
+                 ) -> dict[str, Any]:
+    """The offered load, JSON-ready (an infinite rate or burstiness as "inf")."""
+    w = options.workload
+    rate, burstiness = _rate_and_burstiness(options, workload)
+    out: dict[str, Any] = {
+        "request_rate": json_float(rate), "burstiness": json_float(burstiness),
+        "max_concurrency": plan.concurrency, "num_prompts": len(plan.specs) - plan.warmup,
+        "warmup": plan.warmup, "seed": workload.seed, "arrival": workload.arrival.describe(),
+        "duration_s": plan.duration_s}
+    dataset = w.dataset()
+    if dataset == "random":
+        cls = workload.classes[0]
+        out.update(dataset="random", input_len=cls.prompt.describe(),
+                   output_len=cls.output.describe(), range_ratio=w.random_range_ratio or 0.0)
+    elif dataset == "prefix_repetition":
+        prefix_len, suffix_len, num_prefixes, output_len = w.prefix_repetition()
+        out.update(dataset=dataset, prefix_len=prefix_len, suffix_len=suffix_len,
+                   num_prefixes=num_prefixes, output_len=output_len)
+    elif dataset == "sharegpt":
+        out.update(dataset="sharegpt", dataset_path=w.sharegpt,
+                   sharegpt_output_len=w.sharegpt_output_len)
+    elif dataset == "mooncake":
+        out.update(dataset=dataset, dataset_path=w.sharegpt, trace_slowdown=w.trace_slowdown)
+    else:
+        out["dataset"] = f"scenario {w.scenario}" if w.scenario else f"workload {w.workload}"
+    sessions = {c.name: c.multi_turn.to_dict() for c in workload.classes if c.multi_turn}
+    if sessions:  # num_prompts counts their turns; the arrivals time only first turns
+        out.update(multi_turn=sessions,
+                   sessions=sum(1 for s in plan.specs[plan.warmup:] if s.turn == 0))
+    if options.target:
+        out.update(endpoint=options.shape.endpoint, sampling=dict(options.shape.sampling))
+    out["ignore_eos"] = plan.ignore_eos
+    return out
 
 
 @dataclass(frozen=True)
@@ -159,7 +289,7 @@ class BenchRun:
     latency_samples: LatencySamples | None = None
     timeseries: TimeSeries | None = None
     started_at: float | None = None
-    load: dict[str, Any] | None = None  # the load offered (bench/load.py)
+    load: dict[str, Any] | None = None  # the load offered (offered_load)
 
     def rule_settings(self) -> RuleSettings:
         return RuleSettings.of(self.summary, self.config, self.batching)

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
 from stepserve.host.cpu_metrics import cpu_window
-from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
-from stepserve.metrics.live import level_summary
+from stepserve.metrics.bounded_scrape import ScrapeLimits
+from stepserve.metrics.live_window import ScrapeWindow, level_summary
 from stepserve.metrics.prometheus import (
     Samples,
     Snapshot,
@@ -57,35 +57,22 @@ _COUNTER_KEYS = {"preemptions": "preemptions", "server_requests_finished": "requ
 
 
 @dataclass
-class Scraper:
+class Scraper(ScrapeWindow):
     """Polls `url` every `interval_s` until stopped; keeps every snapshot that worked and
     one line per scrape that failed."""
 
     url: str
     interval_s: float = 0.5
     limits: ScrapeLimits | None = None  # None: bounded_scrape.SCRAPE_LIMITS
-    snapshots: list[Snapshot] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    attempts: int = 0
 
     async def scrape_once(self, client: httpx.AsyncClient) -> Snapshot | None:
         """One scrape; None (and a line in `failures`) when it failed."""
-        self.attempts += 1
-        try:
-            snap = await fetch_snapshot(client, self.url, self.limits)
-        except LiveScrapeError as e:
-            self.failures.append(f"scrape {self.attempts}: {e}")
-            return None
-        self.snapshots.append(snap)
-        return snap
+        return await self.scrape(client, self.url, self.limits)
 
     async def start(self, client: httpx.AsyncClient) -> bool:
         """The scrape before the run, retried once at once; False when both failed (the
         target has no usable /metrics: the run goes on without them)."""
-        for _ in range(2):
-            if await self.scrape_once(client) is not None:
-                return True
-        return False
+        return await self.first(client, self.url, self.limits)
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -1,5 +1,7 @@
 """`--save-result`: a run as `vllm bench serve --save-result` writes it, so tools that read
 vLLM results read ours; and a vLLM result read back as a BenchResult (`stepserve report`).
+The file goes in `--result-dir` (default: here) under `--result-filename` (default: vLLM's
+`{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json`); `SaveOptions` holds the flags.
 
 The flat keys and their definitions are vLLM's (vllm/benchmarks/serve.py), over the
 measured requests that were sent (warm-up and requests never sent are left out):
@@ -27,19 +29,37 @@ measured requests that were sent (warm-up and requests never sent are left out):
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.results import BenchResult, BenchRun, e2e_s, itl_s, tpot_s, ttft_s
+from stepserve.bench.prefix_cache import prompt_tokens
+from stepserve.bench.results import (
+    BenchResult,
+    BenchRun,
+    MeasuredRequests,
+    e2e_s,
+    itl_s,
+    json_float,
+    latency_values,
+    tpot_s,
+    ttft_s,
+)
 from stepserve.bench.slo import GoodputSLO
-from stepserve.metrics.alerts import findings_for
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import check_output_dir, check_output_file, write_atomic
 from stepserve.metrics.percentiles import mean, percentile
-from stepserve.metrics.run_data import sample_set
+from stepserve.metrics.rules import findings_for
+from stepserve.metrics.summary import sample_set
 from stepserve.metrics.vllm_summary import vllm_summary
+
+if TYPE_CHECKING:
+    from stepserve.bench.job import BenchOptions
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # vLLM's default for generation
@@ -69,7 +89,7 @@ class VllmSetup:
             "model_id": self.model_id, "tokenizer_id": self.tokenizer_id,
             "num_prompts": self.num_prompts}
         out.update(self.metadata)
-        out["request_rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        out["request_rate"] = json_float(self.request_rate)
         out["burstiness"] = self.burstiness
         out["max_concurrency"] = self.max_concurrency
         return out
@@ -81,6 +101,20 @@ class VllmSetup:
         date = self.to_json()["date"]
         return (f"{self.label or self.backend}-{float(self.request_rate)}qps{cap}-"
                 f"{self.model_id.split('/')[-1]}-{date}.json")
+
+
+def vllm_setup(options: BenchOptions, run: BenchRun) -> VllmSetup:
+    """The setup keys of the `--save-result` file."""
+    load = run.load or {}
+    model = run.model or options.model or str(run.target)
+    return VllmSetup(
+        backend=options.backend, model_id=model,
+        tokenizer_id=options.workload.tokenizer or model,
+        num_prompts=int(load.get("num_prompts", 0)),
+        request_rate=float(load.get("request_rate", math.inf)),
+        burstiness=float(load.get("burstiness", 1.0)),
+        max_concurrency=load.get("max_concurrency"), label=options.save.label,
+        metadata=options.save.metadata)
 
 
 def _stats(values: list[float]) -> tuple[float, float, float]:
@@ -100,11 +134,8 @@ def _p_word(p: float) -> str:
 def latency_keys(done: Sequence[RequestRecord], metrics: Sequence[str],
                  percentiles: Sequence[float]) -> dict[str, float]:
     """mean/median/std/pNN of each metric asked, in ms, over completed requests."""
-    values = {"ttft": [v for r in done if (v := ttft_s(r)) is not None],
-              "tpot": [v for r in done if r.num_output_tokens > 1
-                       and (v := tpot_s(r)) is not None],
-              "itl": [g for r in done for g in itl_s(r)],
-              "e2el": [v for r in done if (v := e2e_s(r)) is not None]}
+    values = latency_values(done)
+    values["e2el"] = values.pop("e2e")
     out: dict[str, float] = {}
     for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
         if name not in metrics:
@@ -138,21 +169,14 @@ def peak_buckets(done: Sequence[RequestRecord]) -> tuple[float, int]:
     return float(max(tokens)), max(active)
 
 
-def _input_len(r: RequestRecord) -> int:
-    return r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
-
-
 def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None,
                  metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
                  percentiles: Sequence[float] = DEFAULT_METRIC_PERCENTILES
                  ) -> dict[str, Any]:
     """The metric keys of vLLM's result (the module doc) from a run's records."""
-    sent = [r for r in records if not r.warmup and r.send_s is not None]
-    done = [r for r in sent if r.ok]
-    starts = [r.send_s for r in sent if r.send_s is not None]
-    ends = [r.end_s for r in sent if r.end_s is not None]
-    duration = max(ends) - min(starts) if starts and ends else 0.0
-    total_in = sum(_input_len(r) for r in done)
+    m = MeasuredRequests.of(records)
+    sent, done, duration = m.sent, m.done, m.duration_s
+    total_in = sum(prompt_tokens(r) for r in done)
     total_out = sum(r.num_output_tokens for r in done)
     slo = slo or GoodputSLO()
     good = sum(1 for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r)))
@@ -168,7 +192,7 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "request_goodput": None if slo.empty else per_s(good),
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
-        "input_lens": [_input_len(r) for r in sent],
+        "input_lens": [prompt_tokens(r) for r in sent],
         "output_lens": [r.num_output_tokens if r.ok else 0 for r in sent],
         "ttfts": [ttft_s(r) or 0.0 for r in sent],
         "itls": [itl_s(r) for r in sent],
@@ -206,3 +230,68 @@ def bench_result_from_vllm(data: Mapping[str, Any], name: str = "vllm") -> Bench
                    model=None if data.get("model_id") is None else str(data["model_id"]),
                    latency_samples=samples)
     return BenchResult([run], findings_for([run]))
+
+
+# ---- the flags and the writer ----
+
+@dataclass(frozen=True)
+class SaveOptions:
+    save: bool = False  # --save-result
+    detailed: bool = False  # --save-detailed: the per-request lists too
+    result_dir: str | None = None
+    result_filename: str | None = None
+    label: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
+    metric_percentiles: tuple[float, ...] = DEFAULT_METRIC_PERCENTILES
+
+    def check(self) -> None:
+        """What can be refused before the run: the metric names, the percentiles, and
+        where the file goes."""
+        for name in self.percentile_metrics:
+            if name not in PERCENTILE_METRICS:
+                raise UsageError(f"--percentile-metrics {name!r}: allowed: "
+                                 f"{', '.join(PERCENTILE_METRICS)}")
+        for p in self.metric_percentiles:
+            if not 0.0 <= p <= 100.0:
+                raise UsageError(f"--metric-percentiles {p:g}: must be in [0, 100]")
+        if self.save:
+            check_output_dir("--result-dir", self.result_dir)
+            if self.result_filename and self.result_dir is None:
+                check_output_file("--result-filename", self.result_filename)
+
+    def path(self, setup: VllmSetup) -> Path:
+        name = Path(self.result_filename or setup.filename())
+        return Path(self.result_dir) / name if self.result_dir else name
+
+
+def parse_metric_names(text: str | None) -> tuple[str, ...]:
+    """`ttft,tpot,itl` -> ("ttft", "tpot", "itl"); None: vLLM's default."""
+    if text is None:
+        return DEFAULT_PERCENTILE_METRICS
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def parse_percentiles(text: str | None) -> tuple[float, ...]:
+    """`25,50,99` -> (25.0, 50.0, 99.0); None: vLLM's default (99)."""
+    if text is None:
+        return DEFAULT_METRIC_PERCENTILES
+    try:
+        values = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise UsageError(f"--metric-percentiles {text!r}: expected numbers separated by "
+                         "commas, e.g. 25,50,99") from None
+    if not values or not all(math.isfinite(p) for p in values):
+        raise UsageError(f"--metric-percentiles {text!r}: expected finite percentiles")
+    return values
+
+
+def save_vllm_result(options: SaveOptions, setup: VllmSetup,
+                     records: Sequence[RequestRecord], slo: GoodputSLO) -> Path:
+    """Write the file; its path."""
+    metrics = vllm_metrics(records, slo, options.percentile_metrics,
+                           options.metric_percentiles)
+    path = options.path(setup)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(vllm_result(setup, metrics, options.detailed)))
+    return path

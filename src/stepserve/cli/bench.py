@@ -15,16 +15,16 @@ import argparse
 import json
 import os
 
-from stepserve.bench.body import (
+from stepserve.bench.job import BenchOptions, run_bench
+from stepserve.bench.request_shape import (
     RequestShape,
     key_values,
     pick_endpoint,
     request_headers,
     sampling_fields,
 )
-from stepserve.bench.job import BenchOptions, run_bench
-from stepserve.bench.plan import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
-from stepserve.bench.save_result import SaveOptions, parse_metric_names, parse_percentiles
+from stepserve.bench.vllm_result import SaveOptions, parse_metric_names, parse_percentiles
+from stepserve.bench.workload_options import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.cli.simulate import (
     add_cost_model_arguments,
@@ -47,7 +47,7 @@ from stepserve.config.limits import (
     Range,
     check_flags,
 )
-from stepserve.workload.scenarios import list_workloads
+from stepserve.workload.builtin import list_workloads
 
 # Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
 BENCH_FLAGS = {

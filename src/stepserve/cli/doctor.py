@@ -7,7 +7,7 @@ from typing import Any
 
 from stepserve.config.errors import reports_usage_errors
 from stepserve.metrics.doctor import DoctorOptions, run_doctor
-from stepserve.metrics.live import INTERVAL_S, WINDOW_S
+from stepserve.metrics.live_window import INTERVAL_S, WINDOW_S
 
 
 def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -38,7 +38,7 @@ from stepserve.sim.hardware import get_hardware
 from stepserve.sim.roofline import RooflineCost
 from stepserve.sim.run import RunResult, run_config
 from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
-from stepserve.workload.scenarios import get_workload
+from stepserve.workload.builtin import get_workload
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",
           "server uptime", "a new coffee machine", "the warehouse inventory", "a team offsite",

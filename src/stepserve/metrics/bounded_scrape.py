@@ -1,5 +1,5 @@
 """One scrape of a server's `/metrics`, bounded whatever the server does: `doctor --url`
-(live.py) and `bench` (bench/scrape.py) both read a target through `fetch_snapshot`.
+(live_window.py) and `bench` (bench/scrape.py) both read a target through `fetch_snapshot`.
 
 A server may be slow, broken or hostile, and the reader must still come back soon with a
 bounded amount of memory. So a scrape has `ScrapeLimits`:

@@ -6,7 +6,7 @@ RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary
 applied afresh), a bare summary dict, or a `vllm bench serve --save-result` file
 (metrics/vllm_summary.py; the report then says which rules need server-side data);
 each summary is read as a RunSummary, whose fields the file lacks are None. `--url` scrapes a live server's /metrics over a window instead
-(metrics/live.py) and applies the same rules to what it saw; the JSON then also carries
+(metrics/live_window.py) and applies the same rules to what it saw; the JSON then also carries
 that "summary", the server's "config" and the rules "not_evaluable" for lack of data.
 A missing or malformed file, one without runs or with impossible values (a negative
 count, a share over 1, NaN: metrics/summary_checks.py), or a target that cannot be scraped,
@@ -25,9 +25,8 @@ from typing import Any
 from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_SECONDS, Range, check_flags
 from stepserve.config.user_files import load_json, preview
-from stepserve.metrics.alerts import diagnose, findings_for, unevaluable
 from stepserve.metrics.finding import Finding
-from stepserve.metrics.live import (
+from stepserve.metrics.live_window import (
     INTERVAL_S,
     WINDOW_S,
     LiveScrapeError,
@@ -39,6 +38,7 @@ from stepserve.metrics.live import (
 )
 from stepserve.metrics.prometheus import Snapshot
 from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import diagnose, findings_for, unevaluable
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values, wrong_types

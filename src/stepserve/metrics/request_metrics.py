@@ -62,18 +62,26 @@ class RequestLatencies:
         return self.finish_reason is not None and self.finish_reason.completed
 
 
+def stream_latencies(start: float, times: Sequence[float], end: float | None,
+                     num_output_tokens: int) -> tuple[float | None, float | None, float | None]:
+    """(TTFT, E2E, TPOT) of a stream begun at `start`, its tokens at `times`, ended at
+    `end`, by the definitions above: a request on the engine's clock and a bench
+    client's record on its own are measured alike."""
+    ttft = times[0] - start if times else None
+    last = times[-1] if times else end
+    e2e = None if last is None else last - start
+    if num_output_tokens < 2 or ttft is None or e2e is None:
+        return ttft, e2e, None
+    return ttft, e2e, (e2e - ttft) / (num_output_tokens - 1)
+
+
 def request_metrics(req: Request, repeated_tokens: int | None = None) -> RequestLatencies:
     """Measure one request from its timestamps (`repeated_tokens`: see
     `measure_requests`)."""
     times = req.token_times
     arrival = req.arrival_time
-    ttft = times[0] - arrival if times else None
-    end = times[-1] if times else req.finish_time
-    e2e = end - arrival if end is not None else None
     n_out = len(req.output_token_ids)
-    tpot = None
-    if n_out >= 2 and ttft is not None and e2e is not None:
-        tpot = (e2e - ttft) / (n_out - 1)
+    ttft, e2e, tpot = stream_latencies(arrival, times, req.finish_time, n_out)
     itl = tuple(b - a for a, b in zip(times, times[1:], strict=False))
     queue = None
     if req.first_scheduled_time is not None:

@@ -1,32 +1,39 @@
-"""The incidents' alert rules, each a small check over a RunSummary that declares the
-fields it needs (rule.py) and reads them as attributes. Each returns one Finding or None;
-the settings only sharpen the advice, e.g. name the chunk cap actually set.
+"""The alert rules, each a small check over a RunSummary that declares the fields it
+needs (rule.py) and reads them as attributes. Each returns one Finding or None; the
+settings only sharpen the advice, e.g. name the chunk cap actually set. `RULES` holds
+every one in listing order (the host's rule, rules_cpu.py, stands apart: diagnose puts it
+first). Applying them to runs: `diagnose` one summary, say which rules a summary cannot
+feed (`unevaluable`), and the findings of every run of a result (`findings_for`).
 
 Thresholds come from the incidents' post-mortems (night-report, mixed-pool, promo-spike:
 docs/guide.md tells each story) and the tail-latency table; where a rule's early signal
 leads a later alert, the lead is measured on the run's own series (alert_times.py).
-`RULES` also holds the rules of rules_batching.py, stall_rule.py, rules_outcomes.py,
-rules_experience.py and rules_cache.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from stepserve.core.end_reasons import RejectReason, end_reason
 from stepserve.metrics.alert_times import (
+    ACTIVE_RATIO_MIN,
     PREFILL_STEP_SHARE_MAX,
     QUEUE_ALERT,
+    SLOT_UTILIZATION_MIN,
     STEP_WINDOW,
+    SUSTAIN_STEPS,
     TTFT_P99_ALERT_S,
     ZERO_DECODE_STEP_SHARE_MAX,
     lead,
 )
-from stepserve.metrics.finding import Finding
+from stepserve.metrics.finding import SEVERITIES, Finding
+from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.rule import Rule, RuleSettings, S, pct, rule
-from stepserve.metrics.rules_batching import low_active_ratio, low_slot_utilization
-from stepserve.metrics.rules_cache import prefix_cache_thrash
-from stepserve.metrics.rules_experience import throughput_over_experience, tpot_tail
-from stepserve.metrics.rules_outcomes import rejections, timeouts
+from stepserve.metrics.rules_cpu import first_if_cpu_shared
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.metrics.stall_rule import prefill_stalls_decode
+
+# ---- the incidents' queue, capacity, preemption and chunk-cap rules ----
 
 CAPACITY_TAIL_RATIO = 10.0  # promo-spike: P99/P50 over this with preemptions > 0
 QUEUE_CLIMB_MIN_STEPS = 10  # a climb over fewer steps is a burst of arrivals, not a trend
@@ -227,6 +234,488 @@ def tail_ttft_from_prefill(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         "long prompts to their own pool")
 
 
+# ---- batching ----
+# The night-report incident's rules: held batch slots that produce nothing. The active
+# ratio (sequences producing a token / slots held) is the early signal the incident names;
+# slot utilisation below 50% says continuous batching is worth 2x or more.
+
+def _active_ratio(s: RunSummary) -> tuple[float | None, str]:
+    """(active ratio, which statistic it is): the per-step median (with the mean of the
+    per-step ratios beside it) where the run has per-step fields; else slot utilisation,
+    the slot-weighted ratio over all steps, which is all a /metrics window can give."""
+    median, mean = s.active_ratio_p50, s.active_ratio_mean
+    if median is not None:
+        tail = f" (mean over steps {pct(mean)})" if mean is not None else ""
+        return median, f"in the median step only {pct(median)} of the held batch slots " \
+            f"produced a token{tail}"
+    if s.slot_utilization is not None:
+        # a per-step mean without its median is a live window's ratio of sums, i.e. this
+        return s.slot_utilization, ("slot-weighted over all steps (slot utilisation: no "
+                                    f"per-step ratios) only {pct(s.slot_utilization)} of "
+                                    "the held batch slots produced a token")
+    if mean is not None:
+        return mean, f"on the mean over steps only {pct(mean)} of the held batch slots " \
+            "produced a token"
+    return None, ""
+
+
+@rule((S.active_ratio_p50, S.slot_utilization, S.active_ratio_mean))
+def low_active_ratio(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    r, seen = _active_ratio(s)
+    if r is None or r >= ACTIVE_RATIO_MIN:
+        return None
+    measured = lead(s, S.alert_low_active_at_s,
+                    ("the active ratio", f"stayed under {ACTIVE_RATIO_MIN:.0%} for "
+                     f"{SUSTAIN_STEPS} steps"),
+                    S.alert_low_slot_util_at_s,
+                    ("slot utilisation since the start", f"stayed under "
+                     f"{SLOT_UTILIZATION_MIN:.0%} for {SUSTAIN_STEPS} steps"),
+                    "the night-report incident reported that alerting on it would have "
+                    "caught the waste about a week earlier")
+    return Finding(
+        "low_active_ratio", "warning",
+        f"{seen}; alert threshold {ACTIVE_RATIO_MIN:.0%}; {measured}",
+        "alert on active sequences / concurrency below 30% rather than GPU utilisation (in "
+        "the night-report incident it fell to 10 of 64 by step 20 while the GPU looked "
+        "unsaturated); then compute slot utilisation and the speedup cap (`stepserve plan "
+        "speedup`) before changing the scheduler")
+
+
+@rule((S.slot_utilization,))
+def low_slot_utilization(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    u = s.slot_utilization
+    if u is None or u >= SLOT_UTILIZATION_MIN:
+        return None
+    cap = f"; the cap on a continuous-batching speedup is about 1/{u:.3f} = {1 / u:.1f}x" \
+        if u > 0 else ""
+    evidence = (f"slot utilisation {pct(u)} (useful output / held slots x steps), below "
+                f"{SLOT_UTILIZATION_MIN:.0%}{cap}")
+    if cfg.batching == "continuous":
+        action = ("the batch is already continuous, so held slots idle for another reason: "
+                  "requests waiting for KV blocks, preempted, or mid-prefill; check "
+                  "preemptions and KV capacity (`stepserve plan capacity`)")
+    else:
+        action = ("switch to continuous batching (scheduler.batching: continuous), which is "
+                  "worth 2x or more below 50%; compute the speedup cap for this length mix "
+                  "first (`stepserve plan speedup`) and promise that, not the folk 10-20x")
+    return Finding("low_slot_utilization", "warning", evidence, action)
+
+
+# ---- prefill stalls ----
+# Prefill-heavy steps that stall decoding or first tokens (a wave of prompts prefilled
+# in one multi-second step while every running sequence and every new prompt waits), with
+# the step times as evidence and a smaller step budget, computed from them, as the action.
+#
+# What a slow step costs depends on who waits it out. Where prefill goes first (or decode
+# was skipped in some steps), a running sequence gets no token until the prefill step
+# ends: a step over 5 decode steps is a stall. Where decode goes first and no step skipped
+# it, every running sequence rides in each step, a bounded chunk included, and its pace
+# (TPOT) already pays for the chunk steps: a stall is then a step the pace does not absorb,
+# over 20x the TPOT P50. The mixed-pool incident's fix (budget 8192, chunk cap 2048, decode
+# first) accepts a 2,048-token chunk step of about 0.4 s on an engine whose TPOT P50 was
+# 58 ms, about 7x, and simulated its P99 step is about 10x (the cap is per request: a
+# summary's chunk and the chats that arrived with it fill the 8,192-token step): a 5x
+# line over the bare decode step flags that fix itself, and 20x is twice the fix's own
+# figure. A wave of prompts prefilled in one step is far past it (65x on a CPU-like engine
+# at a budget of 8,192).
+
+STALL_RATIO = 5.0  # the slow steps (or token gaps) over this many decode steps: a stall
+RIDE_ALONG_RATIO = 20.0  # decode first: the slow steps over this many TPOT P50s
+DECODE_SKIPPED_MAX = 0.01  # a zero-decode share under 1%: decode was not skipped
+STALL_PREFILL_SHARE_MIN = 0.2  # below it prompts are too small a share to stall anything
+STALL_TARGET_RATIO = 3.0  # advice: a budget whose fullest step costs ~3 decode steps
+
+
+def _prefill_share(s: RunSummary) -> float | None:
+    """Prefill's share of the computed tokens; from a client's token counts (prompts /
+    prompts + outputs) where no engine or scrape measured it."""
+    if s.prefill_token_share is not None:
+        return s.prefill_token_share
+    if s.prompt_tokens and s.output_tokens is not None:
+        return s.prompt_tokens / (s.prompt_tokens + s.output_tokens)
+    return None
+
+
+def _stall_budget(budget: int, pace: float, stall: float) -> int:
+    """A step budget whose fullest step costs about STALL_TARGET_RATIO decode steps, if
+    a prefill-heavy step's time grows with its tokens: a power of two, at least 64."""
+    want = budget * STALL_TARGET_RATIO * pace / stall
+    power = 64
+    while power * 2 <= want:
+        power *= 2
+    return min(power, budget)
+
+
+def _decoders_ride_along(s: RunSummary, cfg: RuleSettings) -> bool:
+    """Decode goes first and no step skipped it: running sequences are never held back
+    by a prefill step, only slowed by the ones they share."""
+    skipped = s.zero_decode_step_share
+    return cfg.budget_order == "decode_first" and (skipped is None
+                                                   or skipped < DECODE_SKIPPED_MAX)
+
+
+@rule((S.step_p99_s, S.itl_p99_s), (S.decode_step_p50_s, S.tpot_p50_s),
+      (S.prefill_token_share, S.prompt_tokens))
+def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    stall, stall_name = ((s.step_p99_s, "step time P99") if s.step_p99_s is not None
+                         else (s.itl_p99_s, "ITL P99"))
+    pace, pace_name = ((s.decode_step_p50_s, "median decode step")
+                       if s.decode_step_p50_s is not None else (s.tpot_p50_s, "TPOT P50"))
+    share = _prefill_share(s)
+    if stall is None or not pace or share is None or stall <= STALL_RATIO * pace:
+        return None
+    if share < STALL_PREFILL_SHARE_MIN:
+        return None  # prompts are a small share of the work: long steps come from elsewhere
+    seen = [f"{stall_name} {stall:.3g} s is {stall / pace:.0f}x the {pace_name} "
+            f"({pace:.3g} s; alert over {STALL_RATIO:g}x)"]
+    if _decoders_ride_along(s, cfg) and s.tpot_p50_s:
+        tpot = s.tpot_p50_s
+        if stall <= RIDE_ALONG_RATIO * tpot:
+            return None  # a bounded step every running sequence rode in: its pace paid
+        seen.append(f"{stall / tpot:.0f}x the TPOT P50 ({tpot:.3g} s), which with decode "
+                    f"first pays for the prefill steps it rides in (alert over "
+                    f"{RIDE_ALONG_RATIO:g}x)")
+    seen.append(f"prefill is {pct(share)} of the tokens")
+    if s.step_max_s is not None:
+        seen.append(f"the longest step took {s.step_max_s:.3g} s")
+    if s.ttft_p50_s is not None:
+        seen.append(f"TTFT P50 {s.ttft_p50_s:.3g} s")
+    budget = cfg.max_num_batched_tokens
+    if budget is not None:
+        new = _stall_budget(budget, pace, stall)
+        change = (f"lower max_num_batched_tokens from {budget} toward {new} (where a step's "
+                  f"time grows with its tokens, that makes the fullest step ~"
+                  f"{STALL_TARGET_RATIO:g} decode steps) and long_prefill_token_threshold "
+                  f"to {max(new // 2, 1)}")
+    else:
+        change = ("lower max_num_batched_tokens (the step budget) to what this machine "
+                  "prefills in a few decode steps, and cap each request's chunk "
+                  "(long_prefill_token_threshold)")
+    return Finding(
+        "prefill_stalls_decode", "warning",
+        "; ".join(seen) + ": prefill-heavy steps stall decoding",
+        f"{change}, budget_order decode_first; check the choice on this machine's step "
+        "times first: `stepserve profile --out cost.json`, then `stepserve sweep --cost "
+        "cost.json --vary max_num_batched_tokens=...` on this workload")
+
+
+# ---- outcomes ----
+# Rules on how requests ended: the share refused at admission (by reason, naming the
+# setting that refused them) and the share that timed out in the queue.
+#
+# Thresholds, from the promo-spike incident's own figures: 429s at 0.1% were its healthy
+# level (it ruled out a retry storm on them) and timeouts went from 0.5% to 12% at the
+# spike. A share of 1% is ten times that healthy rejection level and twice the healthy
+# timeout level: warn. 10% is the scale of the spike's 12%: critical, a tenth of the
+# offered load is being turned away.
+
+OUTCOME_WARN_SHARE = 0.01
+OUTCOME_CRITICAL_SHARE = 0.10
+
+# an HTTP bench sees only status codes: a 429 is the server's queue cap (ours, vLLM's
+# and SGLang's answer a full queue so); a 400 whose message names the context length
+_CONTEXT_WORDS = ("max_model_len", "context length", "context_length")
+
+
+def _counts(value: Mapping | None) -> dict[str, float]:
+    """The numeric counts of a reason -> count mapping (a file may hold anything)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+
+
+def _from_http(s: RunSummary) -> dict[str, float]:
+    """Rejections by reason as an HTTP client saw them (bench's `errors`)."""
+    errors, examples = _counts(s.errors), s.error_examples or {}
+    found: dict[str, float] = {}
+    full = f"http_{end_reason(RejectReason.QUEUE_FULL).http_status}"
+    if errors.get(full):
+        found[RejectReason.QUEUE_FULL.value] = errors[full]
+    too_long = f"http_{end_reason(RejectReason.TOO_LONG).http_status}"  # any 400's
+    example = str(examples.get(too_long) or "").lower()
+    if errors.get(too_long) and any(word in example for word in _CONTEXT_WORDS):
+        found[RejectReason.TOO_LONG.value] = errors[too_long]
+    return found
+
+
+def rejections_by_reason(s: RunSummary) -> dict[str, float]:
+    """{reason: count}: the engine's count by reason, else the client's status codes;
+    rejections the engine counted without a reason are "unknown"."""
+    by_reason = _counts(s.rejected_by_reason)
+    if s.requests_rejected is None and s.rejected_by_reason is None:
+        return _from_http(s)
+    unnamed = (s.requests_rejected or 0) - sum(by_reason.values())
+    return {**by_reason, "unknown": unnamed} if unnamed > 0 else by_reason
+
+
+def _severity(share: float) -> str:
+    return "critical" if share >= OUTCOME_CRITICAL_SHARE else "warning"
+
+
+def _why_and_fix(reason: str, cfg: RuleSettings) -> tuple[str, str]:
+    """(what refused them, what to change) for one reject reason."""
+    if reason == RejectReason.TOO_LONG.value:
+        limit = f" ({cfg.max_model_len})" if cfg.max_model_len is not None else ""
+        raise_it = f" from {cfg.max_model_len}" if cfg.max_model_len is not None else ""
+        return (f"prompt + max_tokens longer than max_model_len{limit}",
+                f"raise max_model_len{raise_it} if KV "
+                "holds it (`stepserve plan capacity`), or route long prompts elsewhere (their "
+                "own pool: `--pools`) and cap request length at the client")
+    if reason == RejectReason.QUEUE_FULL.value:
+        cap = f" = {cfg.max_waiting}" if cfg.max_waiting else ""
+        if cap and cfg.replicas and cfg.replicas > 1:
+            cap += f" per replica (x {cfg.replicas})"
+        return (f"by the queue cap max_waiting{cap}",
+                "add replicas (`stepserve plan capacity --peak-concurrency N`), or raise "
+                f"max_waiting{' from ' + str(cfg.max_waiting) if cfg.max_waiting else ''} if "
+                "the latency SLO allows the longer queue")
+    if reason == RejectReason.EMPTY_PROMPT.value:
+        return "for an empty prompt", "fix the client that sends empty prompts"
+    return (f"for reason {reason!r}",
+            "read the server's request_rejected counter by reason for the cause")
+
+
+@rule((S.requests_total,), (S.requests_rejected, S.rejected_by_reason, S.errors))
+def rejections(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    total = s.requests_total
+    by_reason = rejections_by_reason(s)
+    rejected = sum(by_reason.values())
+    if not total or rejected / total < OUTCOME_WARN_SHARE:
+        return None
+    share = rejected / total
+    ranked = sorted(by_reason.items(), key=lambda kv: -kv[1])
+    seen, fixes = [], []
+    for reason, n in ranked:
+        why, fix = _why_and_fix(reason, cfg)
+        seen.append(f"{pct(n / total)} {why} ({int(n)})")
+        fixes.append(f"{why}: {fix}")
+    return Finding(
+        "rejections", _severity(share),
+        f"{pct(share)} of {int(total)} requests were rejected at admission: "
+        f"{'; '.join(seen)} (alert at {OUTCOME_WARN_SHARE:.0%}, critical at "
+        f"{OUTCOME_CRITICAL_SHARE:.0%})",
+        "; ".join(fixes))
+
+
+@rule((S.requests_total,), (S.requests_timed_out,))
+def timeouts(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    total, timed_out = s.requests_total, s.requests_timed_out
+    if not total or not timed_out or timed_out / total < OUTCOME_WARN_SHARE:
+        return None
+    share = timed_out / total
+    limit = cfg.max_queue_time_s
+    setting = f"queue.max_queue_time_s = {limit:g} s" if limit else "queue.max_queue_time_s"
+    seen = [f"{pct(share)} of {int(total)} requests ({int(timed_out)}) timed out waiting "
+            f"to run, past {setting}"]
+    if s.waiting_max is not None:
+        seen.append(f"the waiting queue peaked at {s.waiting_max:g}")
+    if s.queue_time_p99_s is not None:
+        seen.append(f"queue time P99 of those that ran {s.queue_time_p99_s:.3g} s")
+    raise_it = f" from {limit:g} s" if limit else ""
+    return Finding(
+        "timeouts", _severity(share),
+        "; ".join(seen) + f" (alert at {OUTCOME_WARN_SHARE:.0%}, critical at "
+        f"{OUTCOME_CRITICAL_SHARE:.0%})",
+        f"{setting} is failing requests fast, as set: the cause is running capacity below "
+        "the offered load: add replicas (`stepserve plan capacity --peak-concurrency N`); "
+        "where preemption holds requests back, lower max_num_seqs to what KV holds; raise "
+        f"max_queue_time_s{raise_it} only if the latency SLO allows the longer wait")
+
+
+# ---- experience ----
+# Rules from the tail-latency table's second and fourth rows: a TPOT tail while the
+# typical stream's pace is normal (preemption, batch swings, memory pressure: lower
+# concurrency, keep headroom, split pools), and high throughput with a poor experience
+# (a batch too large: limit the batch, tune by the SLA).
+
+# TPOT P99 over 5x its P50, the line the TTFT row of the table is held to
+# (tail_ttft_from_prefill): the slowest streams get a token a fifth as often as the
+# typical one. Simulated incident configurations run at 1.0-3.1 (a mixed pool's chunk
+# steps slow the streams that share them); the mixed-pool incident's spike was 6.8 s
+# over a 58 ms median, over 100x.
+TPOT_TAIL_RATIO = 5.0
+TPOT_MEAN_NORMAL = 1.5  # a mean within 1.5x the median: the typical stream is fine
+STEP_SWING_RATIO = 3.0  # step time P99 over 3x its P50: the batch's make-up swings
+# Fewer than 9 in 10 completed requests meeting the SLO is an SLO missed (goodput is
+# counted against the SLO a bench run was given); fewer than half is critical.
+GOODPUT_SHARE_MIN = 0.90
+GOODPUT_SHARE_CRITICAL = 0.50
+# Without an SLO: a full batch (running at 90% of max_num_seqs x replicas, every held
+# slot producing) and no queue, yet the TTFT P99 past the promo-spike incident's P99
+# alert (5 s) and over 50 steps: a first token should take the few steps of its prefill
+# once admitted, so the batch is sharing the steps too thinly. A batch that never filled
+# its slots is not "too large" (the tail is then the prompts' own; tail_ttft_from_prefill).
+# E2E is no such yardstick: a 2,000-token answer takes 2,000 steps by design.
+BUSY_SLOT_UTILIZATION = 0.90
+FULL_BATCH = 0.90
+FAR_STEPS = 50
+QUEUED_SHARE_OF_TTFT = 0.5  # queue time P99 at half the TTFT P99: the wait is the queue
+
+
+@rule((S.tpot_p99_s, S.p99_p50_tpot_ratio), (S.tpot_p50_s, S.p99_p50_tpot_ratio))
+def tpot_tail(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    p99, p50, mean = s.tpot_p99_s, s.tpot_p50_s, s.tpot_mean_s
+    r = ratio(p99, p50) if p99 is not None and p50 is not None else s.p99_p50_tpot_ratio
+    if r is None or r < TPOT_TAIL_RATIO:
+        return None
+    if mean is not None and p50 and mean > TPOT_MEAN_NORMAL * p50:
+        return None  # the typical stream is slow too: queueing or saturation, not a tail
+    shown = f" (P99 {p99:.3g} s, P50 {p50:.3g} s" if p99 is not None and p50 is not None \
+        else " ("
+    shown += f", mean {mean:.3g} s)" if mean is not None else ")"
+    causes, fixes = [], []
+    seqs = f" from {cfg.max_num_seqs}" if cfg.max_num_seqs is not None else ""
+    if s.preemptions:
+        causes.append(f"{int(s.preemptions)} preemptions (a preempted stream waits to be "
+                      "recomputed or swapped back in)")
+    if s.kv_usage_max is not None and s.kv_usage_max >= KV_FULL:
+        causes.append(f"KV usage peaked at {pct(s.kv_usage_max)} (memory pressure)")
+    if causes:
+        fixes.append(f"lower concurrency (max_num_seqs{seqs}) to what KV holds with headroom "
+                     "(`stepserve plan capacity` keeps 15%)")
+    swing = ratio(s.step_p99_s, s.step_p50_s)
+    if swing is not None and swing >= STEP_SWING_RATIO:
+        causes.append(f"step time swings: P99 {s.step_p99_s:.3g} s vs P50 "
+                      f"{s.step_p50_s:.3g} s ({swing:.1f}x, the batch's make-up changes "
+                      "from step to step)")
+        fixes.append("bound what prefill takes of a step (long_prefill_token_threshold below "
+                     "max_num_batched_tokens, budget_order decode_first)")
+    fixes.append("split online and offline traffic into their own pools (`--pools`)")
+    why = "; likely causes in this run: " + "; ".join(causes) if causes else \
+        ("; none of preemption, step-time swings or KV pressure shows in this run: compare "
+         "TPOT by request class")
+    return Finding(
+        "tpot_tail", "warning",
+        f"TPOT P99/P50 = {r:.1f}{shown}: the slowest streams' pace is over "
+        f"{TPOT_TAIL_RATIO:g}x the typical one's while the mean stays normal{why}",
+        "; ".join(fixes))
+
+
+def _batch_text(s: RunSummary, cfg: RuleSettings) -> str:
+    parts = []
+    if s.slot_utilization is not None:
+        parts.append(f"slot utilisation {pct(s.slot_utilization)}")
+    if s.running_max is not None:
+        cap = f" of max_num_seqs {cfg.max_num_seqs}" if cfg.max_num_seqs is not None else ""
+        parts.append(f"running peaked at {s.running_max:g}{cap}")
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def _batch_full(s: RunSummary, cfg: RuleSettings) -> bool | None:
+    """Whether running reached its slot cap (max_num_seqs x replicas); None if unknown."""
+    if s.running_max is None or cfg.max_num_seqs is None:
+        return None
+    return s.running_max >= FULL_BATCH * cfg.max_num_seqs * (cfg.replicas or 1)
+
+
+def _queued(s: RunSummary) -> str | None:
+    """What says requests waited for a slot (the queue rules' case), or None."""
+    if s.waiting_p50:
+        return f"requests queued (median {s.waiting_p50:g} waiting)"
+    wait, ttft = s.queue_time_p99_s, s.ttft_p99_s
+    if wait is not None and ttft and wait >= QUEUED_SHARE_OF_TTFT * ttft:
+        return f"requests queued (queue time P99 {wait:.3g} s of a TTFT P99 of {ttft:.3g} s)"
+    return None
+
+
+def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
+    budget = f" (now {cfg.max_num_batched_tokens})" \
+        if cfg.max_num_batched_tokens is not None else ""
+    if _batch_full(s, cfg) is False:
+        what, knob = (f"the step budget: lower max_num_batched_tokens{budget} (running never "
+                      f"filled max_num_seqs {cfg.max_num_seqs}, so lowering that changes "
+                      "nothing)", "max_num_batched_tokens")
+    else:
+        seqs = f" (now {cfg.max_num_seqs})" if cfg.max_num_seqs is not None else ""
+        what, knob = (f"lower max_num_seqs{seqs} and max_num_batched_tokens{budget}",
+                      "max_num_seqs")
+    limit = (f"limit the batch: {what}, and tune it by the SLA, not by throughput: "
+             f"`stepserve sweep --vary {knob}=... --slo {slo}` recommends the largest that "
+             "meets it")
+    queued = _queued(s)
+    if queued is not None:
+        return (f"{queued}: the SLO is missed waiting for a slot, so add replicas first "
+                f"(`stepserve plan capacity --peak-concurrency N`); then {limit}")
+    return limit
+
+
+# goodput, or every input of the judgement without an SLO
+@rule((S.goodput_requests_per_s, S.ttft_p99_s), (S.goodput_requests_per_s, S.mean_step_s),
+      (S.goodput_requests_per_s, S.slot_utilization), (S.goodput_requests_per_s, S.waiting_p50))
+def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    good, done = s.goodput_requests_per_s, s.throughput_requests_per_s
+    if good is not None:
+        share = ratio(good, done)
+        if share is None or share >= GOODPUT_SHARE_MIN:
+            return None
+        slo = f" ({s.goodput_slo})" if s.goodput_slo else ""
+        return Finding(
+            "throughput_over_experience",
+            "critical" if share < GOODPUT_SHARE_CRITICAL else "warning",
+            f"goodput {good:.3g} req/s is {pct(share)} of the {done:.3g} req/s completed: "
+            f"{pct(1 - share)} of completed requests missed the SLO{slo} (alert under "
+            f"{GOODPUT_SHARE_MIN:.0%}){_batch_text(s, cfg)}",
+            _limit_batch(s, cfg, "ttft_p99_s=..."))
+    ttft, step, busy = s.ttft_p99_s, s.mean_step_s, s.slot_utilization
+    if ttft is None or not step or busy is None or busy < BUSY_SLOT_UTILIZATION:
+        return None
+    if not _batch_full(s, cfg):
+        return None  # a batch below its slot cap is not too large; unknown: cannot tell
+    if s.waiting_p50 is None or _queued(s) is not None:
+        return None  # a queue explains the wait (the queue rules); unknown: cannot tell
+    if ttft <= TTFT_P99_ALERT_S or ttft < FAR_STEPS * step:
+        return None
+    return Finding(
+        "throughput_over_experience", "warning",
+        f"TTFT P99 {ttft:.3g} s is {ttft / step:.0f} mean steps ({step:.3g} s) at a busy "
+        f"batch with no queue{_batch_text(s, cfg)}: past the {TTFT_P99_ALERT_S:g} s P99 "
+        f"alert and over {FAR_STEPS} steps, far more than a prompt's own prefill takes",
+        _limit_batch(s, cfg, f"ttft_p99_s={TTFT_P99_ALERT_S:g}")
+        + "; give the bench an SLO (`stepserve bench --goodput ttft:MS`) to measure goodput")
+
+
+# ---- the prefix cache ----
+# The prefix cache's rule: a cache that thrashes. The workload repeats much of its
+# prompts (the share of prompt tokens an earlier prompt began with: what a cache that never
+# evicted could give), yet the cache gave far less: blocks were evicted before the
+# requests that wanted them came, or the requests went where the blocks were not.
+#
+# Lines: a repeated share under 20% leaves too little to win for a miss to matter (a few
+# shared system prompts in a mostly distinct workload); a hit rate under half the repeated
+# share means the cache kept less than half of what was there to keep. Cold misses are
+# already out of the repeated share (a prefix's first request counts nothing), so a
+# healthy cache sits near it, less only the blocks a shorter block grain splits.
+
+REPEATED_SHARE_MIN = 0.20  # below this the workload has little to share
+HIT_OF_REPEATED_MIN = 0.50  # the hit rate as a fraction of the repeated share
+
+
+@rule((S.prefix_cache_hit_rate,), (S.prefix_repeated_share,))
+def prefix_cache_thrash(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    hit, repeated = s.prefix_cache_hit_rate, s.prefix_repeated_share
+    if hit is None or repeated is None or repeated < REPEATED_SHARE_MIN:
+        return None
+    if hit >= HIT_OF_REPEATED_MIN * repeated:
+        return None
+    kept = hit / repeated
+    kv = f"; KV usage peaked at {pct(s.kv_usage_max)}" if s.kv_usage_max is not None else ""
+    routed = ""
+    if cfg.replicas is not None and cfg.replicas > 1:
+        routed = f" over {cfg.replicas} replicas"
+    return Finding(
+        "prefix_cache_thrash", "warning",
+        f"{pct(repeated)} of the prompt tokens repeat an earlier prompt's prefix, but the "
+        f"prefix cache gave only {pct(hit)} ({pct(kept)} of what was there to share)"
+        f"{routed}{kv}: cached blocks are evicted before the requests that want them come, "
+        "or those requests land where their prefix is not",
+        "raise the KV pool (--num-gpu-blocks-override, or more KV memory per replica) so a "
+        "prefix outlives the gap between its requests; with replicas, route by prefix "
+        "(router prefix_affinity) so a prefix's requests meet its blocks; use "
+        "--scheduling-policy lpm so waiting requests whose prefix is cached run before it "
+        "is evicted; and check that prefix caching is on (--enable-prefix-caching)")
+
+
 # Findings are listed most severe first, in this order within a severity.
 RULES: tuple[Rule, ...] = (
     capacity, chunk_cap_eats_budget, queue_growing, running_below_offered,
@@ -234,3 +723,40 @@ RULES: tuple[Rule, ...] = (
     low_slot_utilization, low_active_ratio, prefix_cache_thrash, rejections, timeouts,
     tpot_tail, throughput_over_experience,
 )
+
+
+# ---- applying them ----
+
+class DiagnosedRun(Protocol):
+    """A run the rules can read: a result's run (sim/run.py, bench/results.py), a sweep
+    point, or a run of a file the doctor loaded."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def summary(self) -> RunSummary: ...
+
+    def rule_settings(self) -> RuleSettings: ...
+
+
+def diagnose(summary: RunSummary, settings: RuleSettings | None = None) -> list[Finding]:
+    """Every rule that fires, most severe first (rule order within a severity); a
+    shared CPU (rules_cpu.py) before them all."""
+    settings = settings or RuleSettings.of(summary)
+    found = [f for rule in RULES if (f := rule(summary, settings)) is not None]
+    found = sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+    # the host's rule: a shared CPU goes first, whatever the severities
+    return first_if_cpu_shared(summary, settings, found)
+
+
+def unevaluable(summary: RunSummary) -> dict[str, list[str]]:
+    """{rule: the inputs it lacks ("a or b" per group)} for each rule the summary cannot
+    feed, in rule order."""
+    return {rule.name: missing for rule in RULES if (missing := rule.missing(summary))}
+
+
+def findings_for(runs: Iterable[DiagnosedRun]) -> list[Finding]:
+    """Every rule that fires on each run, each finding naming its run."""
+    return [f.on_run(run.name) for run in runs
+            for f in diagnose(run.summary, run.rule_settings())]

@@ -2,7 +2,7 @@
 
 A simulation or an engine run (summary.py, step_metrics.py) fills the request and step
 fields, and sim/run.py adds the settings the doctor's advice names; a by-class summary has
-the request fields only; a live /metrics window (live.py), a bench run (bench/results.py)
+the request fields only; a live /metrics window (live_window.py), a bench run (bench/results.py)
 or a file in another tool's shape have some of the fields. Every field is None where its
 source does not measure it or where it is undefined (no completed request, no steps, no
 preemption), so the rules read one type and a rule whose inputs are None cannot run.
@@ -119,7 +119,7 @@ class RunSummary:
     enable_chunked_prefill: bool | None = None
     budget_order: str | None = None
     max_waiting: float | None = None
-    # ---- a server's /metrics (live.py over a window, bench/scrape.py over a run) ----
+    # ---- a server's /metrics (live_window.py over a window, bench/scrape.py over a run) ----
     window_s: float | None = None
     scrape_samples: float | None = None
     metrics_source: str | None = None  # stepserve, vllm, sglang, tgi, or engine

@@ -145,8 +145,8 @@ class TimeSeries:
     """A run over time, in bins, for plots. t: bin centres (s). waiting, running:
     cluster-wide mean level in the bin (the last value carried through empty bins);
     kv_usage: mean over replicas; prefill_tokens, decode_tokens, preemptions: totals in
-    the bin; steps: step records per bin (run_data.step_timeseries), so tokens per step
-    can be drawn. From a bench's /metrics samples (bench/run_data.py) a row is a sample:
+    the bin; steps: step records per bin (summary.step_timeseries), so tokens per step
+    can be drawn. From a bench's /metrics samples (bench/results.py) a row is a sample:
     no kv_usage, and steps only where the target counts them. A None series is absent
     from the JSON."""
 

@@ -5,27 +5,42 @@ The request fields come from each request's RequestLatencies (request_metrics.py
 latencies from completed requests only), the step fields from the step records
 (step_metrics.py), and when each alert would first have fired from both
 (alert_times.py). Measure the requests once and hand the latencies to every summary
-that needs them (`summarize_latencies`, `by_class`): run_data.measure_run does.
+that needs them (`summarize_latencies`, `by_class`): `measure_run` does, and gives with
+the summary and the by-class summaries a binned time series of the step records and
+thinned latency samples (TTFT and E2E). Result files store the last two under
+`timeseries` and `latency_samples` so `stepserve report` can draw time series and CDFs
+from a file.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from stepserve.core.request import FinishReason, Request
 from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.metrics.step_metrics import Steps, TimeSeries, step_summary, timeseries
+from stepserve.metrics.step_metrics import (
+    Steps,
+    TimeSeries,
+    per_replica,
+    step_summary,
+    timeseries,
+)
 
-__all__ = ["LATENCIES", "RunSummary", "TimeSeries", "by_class", "request_summary",
+__all__ = ["LATENCIES", "LatencySamples", "RunMetrics", "RunSummary", "TimeSeries",
+           "by_class", "measure_run", "request_summary", "sample_set", "step_timeseries",
            "summarize", "summarize_by_class", "summarize_latencies", "timeseries"]
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queue_time")
 # output tokens; the promo-spike incident's long requests ("输出超过 1,200 token 的请求")
 LONG_REQUEST_THRESHOLD = 1200
+SAMPLE_CAP = 5000
+TIMESERIES_BINS = 200
 
 
 def _latency_values(done: list[RequestLatencies]) -> dict[str, list[float]]:
@@ -38,16 +53,18 @@ def _latency_values(done: list[RequestLatencies]) -> dict[str, list[float]]:
     }
 
 
-def _latency_fields(done: list[RequestLatencies]) -> dict[str, float | None]:
-    """{ttft,tpot,itl,e2e,queue_time}_{mean,p50,p95,p99}_s, itl_max_s and the P99/P50
-    ratios, in the summary's order."""
+def latency_fields(values: Mapping[str, list[float]], max_of: tuple[str, ...] = ()
+                   ) -> dict[str, float | None]:
+    """{name}_{mean,p50,p95,p99}_s of each name's values ({name}_max_s after them for the
+    names in `max_of`), then the P99/P50 ratios of e2e, ttft and tpot: the latency fields
+    of a summary, in its order, whoever measured the requests."""
     out: dict[str, float | None] = {}
-    for name, values in _latency_values(done).items():
-        out[f"{name}_mean_s"] = mean(values)
+    for name, vals in values.items():
+        out[f"{name}_mean_s"] = mean(vals)
         for p in (50, 95, 99):
-            out[f"{name}_p{p}_s"] = percentile(values, p)
-        if name == "itl":
-            out["itl_max_s"] = max(values, default=None)
+            out[f"{name}_p{p}_s"] = percentile(vals, p)
+        if name in max_of:
+            out[f"{name}_max_s"] = max(vals, default=None)
     for name in ("e2e", "ttft", "tpot"):
         out[f"p99_p50_{name}_ratio"] = ratio(out[f"{name}_p99_s"], out[f"{name}_p50_s"])
     return out
@@ -98,7 +115,7 @@ def request_summary(ms: Sequence[RequestLatencies], duration_s: float, *,
         duration_s=duration_s,
         throughput_tokens_per_s=ratio(output_tokens, duration_s),
         throughput_requests_per_s=ratio(len(done), duration_s),
-        **_latency_fields(done),
+        **latency_fields(_latency_values(done), max_of=("itl",)),
         preemptions=preemptions,
         preempted_requests=sum(1 for m in ms if m.num_preemptions > 0),
         long_request_threshold=long_request_threshold,
@@ -153,3 +170,95 @@ def summarize_by_class(requests: Sequence[Request], steps: Steps, duration_s: fl
     del steps
     return by_class(measure_requests(requests), duration_s,
                     long_request_threshold=long_request_threshold)
+
+
+# ---- everything measured of one run, each measured once ----
+
+def thin(values: list[float], cap: int) -> list[float]:
+    """Sorted values, cut to `cap` evenly spaced order statistics (the CDF's shape)."""
+    values = sorted(values)
+    if len(values) <= cap:
+        return values
+    step = (len(values) - 1) / (cap - 1)
+    return [values[round(i * step)] for i in range(cap)]
+
+
+@dataclass(frozen=True)
+class LatencySamples:
+    """TTFT and E2E of completed requests (seconds), each thinned to at most `cap`
+    sorted values, out of `count` completed requests (`capped` when thinned)."""
+
+    ttft_s: list[float]
+    e2e_s: list[float]
+    count: int
+    capped: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ttft_s": list(self.ttft_s), "e2e_s": list(self.e2e_s), "count": self.count,
+                "capped": self.capped}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LatencySamples:
+        ttft, e2e = data["ttft_s"], data["e2e_s"]
+        if not isinstance(ttft, list) or not isinstance(e2e, list):
+            raise ValueError("latency_samples.ttft_s and .e2e_s must be lists")
+        count = data.get("count", len(ttft))
+        return cls(ttft, e2e, count, bool(data.get("capped", False)))
+
+
+def sample_set(ttft: list[float], e2e: list[float], count: int,
+               cap: int = SAMPLE_CAP) -> LatencySamples:
+    """TTFT and E2E thinned to `cap` values each, out of `count` completed requests."""
+    return LatencySamples(thin(ttft, cap), thin(e2e, cap), count, count > cap)
+
+
+def latency_samples(ms: Sequence[RequestLatencies], cap: int = SAMPLE_CAP) -> LatencySamples:
+    done = [m for m in ms if m.completed]
+    return sample_set([m.ttft_s for m in done if m.ttft_s is not None],
+                      [m.e2e_s for m in done if m.e2e_s is not None], len(done), cap)
+
+
+def step_timeseries(steps: Steps, bins: int = TIMESERIES_BINS, t0: float = 0.0
+                    ) -> TimeSeries:
+    """The binned step records (step_metrics.timeseries) with `steps`, the step records
+    per bin; from a simulation or an engine. Never more bins than steps (a short run
+    would be mostly empty bins); times are seconds after `t0` (the run's start on an
+    engine's clock)."""
+    bins = max(1, min(bins, sum(len(r) for r in per_replica(steps))))
+    ts = timeseries(steps, bins=bins)
+    return replace(ts, t=[t - t0 for t in ts.t], steps=_steps_per_bin(steps, bins))
+
+
+def _steps_per_bin(steps: Steps, bins: int) -> list[int]:
+    # same binning as step_metrics.timeseries: by each step's end time
+    recs = [s for r in per_replica(steps) for s in r]
+    if not recs:
+        return []
+    t0 = min(s.start_s for s in recs)
+    t1 = max(s.start_s + s.duration_s for s in recs)
+    width = (t1 - t0) / bins or 1.0
+    counts = [0] * bins
+    for s in recs:
+        counts[min(int((s.start_s + s.duration_s - t0) / width), bins - 1)] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One run measured: `by_class` only when its requests have more than one class."""
+
+    summary: RunSummary
+    by_class: dict[str, RunSummary] | None
+    timeseries: TimeSeries
+    latency_samples: LatencySamples
+
+
+def measure_run(requests: Sequence[Request], steps: Steps, duration_s: float, *,
+                bins: int = TIMESERIES_BINS, cap: int = SAMPLE_CAP) -> RunMetrics:
+    """Every request measured once; the summary, the classes and the samples share it."""
+    ms = measure_requests(requests)  # with each prompt's repeat of an earlier one
+    several = len({r.request_class for r in requests}) > 1
+    return RunMetrics(summary=summarize_latencies(ms, steps, duration_s),
+                      by_class=by_class(ms, duration_s) if several else None,
+                      timeseries=step_timeseries(steps, bins),
+                      latency_samples=latency_samples(ms, cap))

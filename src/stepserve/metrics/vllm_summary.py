@@ -10,7 +10,7 @@ file has them (`--save-detailed`: `ttfts`, `itls`, `output_lens`, `errors`), els
 None. A run with no completed request has no latencies (vLLM writes 0.0 there).
 
 It is the client's view only: no queue, batch, KV or preemption numbers, so the rules
-that need the server's side cannot run on it (`alerts.unevaluable` names them).
+that need the server's side cannot run on it (`rules.unevaluable` names them).
 """
 
 from __future__ import annotations

@@ -77,10 +77,8 @@ def run_capacity(options: CapacityOptions) -> int:
         if o.model_spec is not None:
             spec = get_model_spec(o.model_spec)
             per_token = spec.kv_bytes_per_token
-            source = (
-                f"{spec.name}: 2 (K,V) x {spec.num_layers} layers x {spec.num_kv_heads} "
-                f"kv heads x {spec.head_dim} head_dim x {spec.dtype_bytes} bytes"
-            )
+            source = (f"{spec.name}: 2 (K,V) x {spec.num_layers} layers x {spec.num_kv_heads} "
+                      f"kv heads x {spec.head_dim} head_dim x {spec.dtype_bytes} bytes")
         elif o.kv_bytes_per_token is not None:
             spec = None
             per_token = _checked_size("--kv-bytes-per-token", o.kv_bytes_per_token,
@@ -106,22 +104,22 @@ def run_model_specs(as_json: bool = False) -> int:
         rows = [dict(vars(s), kv_bytes_per_token=s.kv_bytes_per_token) for s in specs]
         print(json.dumps(rows, indent=2))
         return 0
-    print(
-        f"{'name':<14} {'params':>8} {'layers':>6} {'heads':>5} {'kv':>3} {'head_dim':>8}"
-        f" {'KV/token':>10}"
-    )
+    print(f"{'name':<14} {'params':>8} {'layers':>6} {'heads':>5} {'kv':>3} {'head_dim':>8}"
+          f" {'KV/token':>10}")
     for s in specs:
-        print(
-            f"{s.name:<14} {s.num_params / 1e9:>7.2f}B {s.num_layers:>6} {s.num_heads:>5}"
-            f" {s.num_kv_heads:>3} {s.head_dim:>8} {format_size(s.kv_bytes_per_token):>10}"
-        )
+        print(f"{s.name:<14} {s.num_params / 1e9:>7.2f}B {s.num_layers:>6} {s.num_heads:>5}"
+              f" {s.num_kv_heads:>3} {s.head_dim:>8} {format_size(s.kv_bytes_per_token):>10}")
     print("KV/token = 2 (K,V) x layers x kv heads x head_dim x 2 bytes (bf16)")
     return 0
 
 
+def _filled(r: SpeedupResult) -> str:
+    """How requests filled the static batches, in words."""
+    return "longest first" if r.fill_order == "longest-first" else "in the order given"
+
+
 def _batch_rows(r: SpeedupResult) -> list[str]:
-    how = "longest first" if r.fill_order == "longest-first" else "in the order given"
-    lines = ["", f"static batches, filled {how}:",
+    lines = ["", f"static batches, filled {_filled(r)}:",
              f"  {'batch':<13} {'requests':>8} {'steps':>8} {'useful':>10} {'slot util':>9}"]
     for b in r.batches:
         last = b.first_batch + b.num_batches - 1
@@ -151,60 +149,39 @@ def _order_rows(r: SpeedupResult) -> list[str]:
 def format_speedup(r: SpeedupResult) -> str:
     mix = " + ".join(f"{count}x{length}" for count, length in r.groups)
     c = r.concurrency
-    how = "longest first" if r.fill_order == "longest-first" else "in the order given"
     lines = [
         f"static vs. continuous batching: {r.num_requests:,} requests ({mix}) at concurrency {c}",
-        _row(
-            "static steps",
-            f"{r.static_steps:,}",
-            f"sum over {r.num_batches:,} static batch(es), filled {how}, of its longest "
-            "request",
-        ),
+        _row("static steps", f"{r.static_steps:,}",
+             f"sum over {r.num_batches:,} static batch(es), filled {_filled(r)}, of its "
+             "longest request"),
         _row("useful tokens", f"{r.useful_tokens:,}", f"{mix} output tokens"),
-        _row(
-            "slot utilisation",
-            f"{r.slot_utilization:.1%}",
-            f"{r.useful_tokens:,} useful / ({c} slots x {r.static_steps:,} static steps)",
-        ),
-        _row(
-            "ideal steps",
-            f"{r.ideal_steps:,.1f}",
-            f"{r.useful_tokens:,} useful / {c} slots: every slot refilled at once, no idling",
-        ),
-        _row(
-            "speedup cap",
-            f"{r.speedup_cap:.2f}x",
-            f"{r.static_steps:,} static / {r.ideal_steps:,.1f} ideal steps (= 1 / slot util)",
-        ),
-        _row(
-            "longest request",
-            f"{r.longest_request_steps:,}",
-            "no single run ends sooner; the cap is for sustained load, drain ignored",
-        ),
+        _row("slot utilisation", f"{r.slot_utilization:.1%}",
+             f"{r.useful_tokens:,} useful / ({c} slots x {r.static_steps:,} static steps)"),
+        _row("ideal steps", f"{r.ideal_steps:,.1f}",
+             f"{r.useful_tokens:,} useful / {c} slots: every slot refilled at once, no idling"),
+        _row("speedup cap", f"{r.speedup_cap:.2f}x",
+             f"{r.static_steps:,} static / {r.ideal_steps:,.1f} ideal steps (= 1 / slot util)"),
+        _row("longest request", f"{r.longest_request_steps:,}",
+             "no single run ends sooner; the cap is for sustained load, drain ignored"),
         *_order_rows(r),
     ]
     if r.num_batches > 1:
         lines += _batch_rows(r)
     last_batch = r.batches[-1]
     if last_batch.num_requests < c:
-        lines.append(
-            f"note: the last batch fills {last_batch.num_requests} of {c} slots; "
-            "its empty slots count as idle"
-        )
+        lines.append(f"note: the last batch fills {last_batch.num_requests} of {c} slots; "
+                     "its empty slots count as idle")
     if r.slot_utilization_min < 0.5 <= r.slot_utilization_max:
         lines.append(
             f"verdict: slot utilisation {r.slot_utilization_min:.1%}-"
             f"{r.slot_utilization_max:.1%} depending on the order: continuous batching "
             f"can gain {r.speedup_cap_min:.2f}x-{r.speedup_cap_max:.2f}x at most")
     elif r.slot_utilization < 0.5:
-        lines.append(
-            "verdict: slot utilisation below 50%: continuous batching has room for more than 2x"
-        )
+        lines.append("verdict: slot utilisation below 50%: continuous batching has room for "
+                     "more than 2x")
     else:
-        lines.append(
-            "verdict: slot utilisation at or above 50%: continuous batching can "
-            "gain at most 2x, before its scheduling overhead"
-        )
+        lines.append("verdict: slot utilisation at or above 50%: continuous batching can "
+                     "gain at most 2x, before its scheduling overhead")
     return "\n".join(lines)
 
 
@@ -219,34 +196,19 @@ def format_capacity(r: CapacityResult, source: str) -> str:
         _row("kv bytes/token", f"{per_token}", source),
         _row("tokens capacity", f"{r.tokens_capacity:,}", f"floor({kv} / {per_token})"),
         _row("bytes per seq", per_seq, f"max_len {r.max_len:,} x {per_token}"),
-        _row(
-            "seqs per replica",
-            f"{r.seqs_per_replica:,}",
-            f"floor({kv} / {per_seq}) = floor({exact:,.2f}): the KV limit",
-        ),
-        _row(
-            "max_num_seqs",
-            f"{r.max_num_seqs:,}",
-            f"floor({exact:,.2f} x {keep:g}) = floor({exact * keep:,.2f}): keeps "
-            f"{r.headroom:.0%} of KV free",
-        ),
-        _row(
-            "replicas",
-            f"{r.replicas:,}",
-            f"ceil({r.peak_concurrency:,} peak / {r.seqs_per_replica:,} seqs per replica): "
-            "fewest whose KV holds the peak",
-        ),
-        _row(
-            "queued at peak",
-            f"{r.queued_at_peak:,}",
-            f"max(0, {r.peak_concurrency:,} - {r.replicas} x {r.max_num_seqs:,}): waiting at "
-            "peak; size max_waiting for it",
-        ),
-        _row(
-            "replicas, no queue",
-            f"{r.replicas_within_headroom:,}",
-            f"ceil({r.peak_concurrency:,} / {r.max_num_seqs:,}): the whole peak runs at once",
-        ),
+        _row("seqs per replica", f"{r.seqs_per_replica:,}",
+             f"floor({kv} / {per_seq}) = floor({exact:,.2f}): the KV limit"),
+        _row("max_num_seqs", f"{r.max_num_seqs:,}",
+             f"floor({exact:,.2f} x {keep:g}) = floor({exact * keep:,.2f}): keeps "
+             f"{r.headroom:.0%} of KV free"),
+        _row("replicas", f"{r.replicas:,}",
+             f"ceil({r.peak_concurrency:,} peak / {r.seqs_per_replica:,} seqs per replica): "
+             "fewest whose KV holds the peak"),
+        _row("queued at peak", f"{r.queued_at_peak:,}",
+             f"max(0, {r.peak_concurrency:,} - {r.replicas} x {r.max_num_seqs:,}): waiting at "
+             "peak; size max_waiting for it"),
+        _row("replicas, no queue", f"{r.replicas_within_headroom:,}",
+             f"ceil({r.peak_concurrency:,} / {r.max_num_seqs:,}): the whole peak runs at once"),
     ]
     return "\n".join(lines)
 

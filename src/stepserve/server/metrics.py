@@ -12,7 +12,7 @@ own; the per-request histograms (E2E, queue, prefill, decode, inference, TPOT, p
 and generation tokens) are observed when a request ends, for completed requests only
 (stop or length), as the offline summary does (metrics/request_metrics.py).
 
-What a windowed reader (`stepserve doctor --url`, metrics/live.py) needs is kept as
+What a windowed reader (`stepserve doctor --url`, metrics/live_window.py) needs is kept as
 counters and histograms, whose increase between two scrapes describes just that window:
 step_duration_seconds (engine step wall time), active_sequence_steps and held_slot_steps
 (their increases' ratio is the window's mean active ratio), beside the steps counters.

@@ -20,13 +20,13 @@ from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_BLOCKS
 from stepserve.config.load import apply_nested, to_dict
 from stepserve.config.settings import EngineConfig
-from stepserve.metrics.alerts import findings_for
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.run_data import LatencySamples, measure_run
+from stepserve.metrics.rules import findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.metrics.summary import LatencySamples, measure_run
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.routing.pools import Deployment, deployment_from
 from stepserve.sim.cost import CostModel

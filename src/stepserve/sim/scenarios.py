@@ -17,8 +17,8 @@ from stepserve.sim.cost import ConstantCost, CostModel, SchedulingOverhead
 from stepserve.sim.hardware import get_hardware
 from stepserve.sim.kv_sizing import num_gpu_blocks_for
 from stepserve.sim.roofline import RooflineCost
+from stepserve.workload.builtin import get_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
-from stepserve.workload.scenarios import get_workload
 from stepserve.workload.spec import Workload
 
 _BASE = EngineConfig()

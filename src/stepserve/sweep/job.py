@@ -1,7 +1,9 @@
 """`stepserve sweep`'s job: vary settings or load on the simulator (or the load on a live
-server, `target`, see sweep/live.py), find the knee, write a result JSON and an HTML
+server, `target`, see sweep/target_points.py), find the knee, write a result JSON and an HTML
 report. Ctrl-C keeps the points already measured: the result is printed and written,
-marked interrupted, and the exit status is 130."""
+marked interrupted, and the exit status is 130. The options are checked before any point
+runs: what a live server cannot take, and the knee's metric and SLO limits (a typo there
+would be silently never met)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.bench.plan import BenchError
-from stepserve.config.errors import report_error
+from stepserve.bench.http_run import check_url
+from stepserve.bench.workload_options import BenchError
+from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides, load_config
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.config.user_files import (
@@ -22,13 +25,14 @@ from stepserve.config.user_files import (
     check_output_file,
     write_outputs,
 )
-from stepserve.metrics.alerts import findings_for
+from stepserve.metrics.rules import findings_for
+from stepserve.metrics.summary import LATENCIES
+from stepserve.metrics.summary_checks import allowed as metric_range
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.job import changed_name, changed_settings
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
-from stepserve.sweep.checks import DEFAULT_REQUESTS, check_knee_options, check_live_sweep
 from stepserve.sweep.knee import (
     MAX_P99_RISE,
     MIN_THROUGHPUT_GAIN,
@@ -36,10 +40,9 @@ from stepserve.sweep.knee import (
     P99_METRIC,
     analyze_runs,
 )
-from stepserve.sweep.live import LiveOptions, run_target_points, target_points
 from stepserve.sweep.predict import predict_points
 from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
-from stepserve.sweep.runner import (
+from stepserve.sweep.sim_points import (
     MIN_SPAN_S,
     run_points,
     sized_workload,
@@ -47,12 +50,14 @@ from stepserve.sweep.runner import (
     timed_workload,
 )
 from stepserve.sweep.spec import (
+    WORKLOAD_AXES,
     Axis,
     SweepPoint,
     build_points,
     parse_summary_slo,
     parse_vary,
 )
+from stepserve.sweep.target_points import LiveOptions, run_target_points, target_points
 from stepserve.sweep.text import format_knees
 from stepserve.sweep.window import STEADY, WindowRule
 from stepserve.workload.errors import WorkloadError
@@ -61,6 +66,7 @@ from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.spec import Workload
 
 EXIT_INTERRUPTED = 130
+DEFAULT_REQUESTS = 600
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,56 @@ class SweepPlan:
     pools: Mapping[str, Any] | None = None  # the pools file's contents (simulator only)
 
 
+def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
+    """ValueError for what a live server cannot take."""
+    assert options.live is not None
+    check_url(options.live.target)
+    if options.configs:
+        raise ValueError("--configs: a live server runs its own config; sweep configs on "
+                         "the simulator, or start one server per config and sweep each")
+    if options.scenario_runs is not None:
+        raise ValueError("--scenario-runs: a live server runs its own config; with "
+                         "--target the scenario gives only the workload")
+    if options.pools:
+        raise ValueError("--pools: a live server runs its own deployment; start it with "
+                         "`stepserve serve --pools FILE` and sweep its load")
+    if options.config.given and not options.predict:
+        named = ", ".join(["--config"] * bool(options.config.config_file)
+                          + sorted(options.config.settings))
+        raise ValueError(f"{named}: engine settings cannot be changed on a live server; "
+                         "restart it with them (`stepserve serve ...`)")
+    fixed = [a.name for a in axes if a.name not in WORKLOAD_AXES]
+    if fixed:
+        raise ValueError(f"--vary {', '.join(fixed)}: a live server's settings cannot be "
+                         f"varied; with --target vary only {', '.join(sorted(WORKLOAD_AXES))}")
+    if not axes:
+        raise ValueError("--target needs --vary rate=... (or concurrency=...): the load "
+                         "is what a live sweep varies")
+    warmup = options.live.warmup
+    requests = options.requests or DEFAULT_REQUESTS
+    if warmup < 0 or warmup >= requests:
+        raise ValueError(f"--warmup {warmup}: must be >= 0 and below --requests "
+                         f"({requests})")
+
+
+def check_knee_options(options: SweepOptions) -> None:
+    """The p99 metric names a latency the summaries have; each SLO limit is a value its
+    metric can take (a NaN or negative latency would never be met, silently)."""
+    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95",
+                                                                         "p99")]
+    if options.p99_metric not in latencies:
+        raise UsageError(f"--p99-metric {options.p99_metric!r}: unknown; allowed: "
+                         f"{', '.join(latencies)}")
+    for text in options.slo:
+        try:
+            slo = parse_summary_slo(text)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        problem = metric_range(slo.metric).problem(f"--slo {slo.metric}: limit", slo.limit)
+        if problem is not None:
+            raise UsageError(problem)
+
+
 def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunSpec]:
     wanted = [n for n in (options.scenario_runs or "").split(",") if n]
     runs = [r for r in scenario.runs if not wanted or r.name in wanted]
@@ -145,7 +201,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     base_load = WorkloadOverrides(num_requests=options.requests or DEFAULT_REQUESTS,
                                   seed=options.seed, rate=options.rate)
     # A steady window needs a span of arrivals: unless the size was given, a simulated
-    # point at a high rate gets more than the default count (runner.sized_workload).
+    # point at a high rate gets more than the default count (sim_points.sized_workload).
     min_span = MIN_SPAN_S if options.requests is None and options.duration_s is None \
         and not live else None
     runs: list[RunSpec] = []
@@ -161,11 +217,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
                 scenario = with_cost(scenario, cost_setup_for(options.cost))
             cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
 
-        def make_workload(load: WorkloadOverrides) -> Workload:
-            workload = scenario.workload_with(base_load.merged(load))
-            return timed_workload(sized_workload(workload, min_span), options.duration_s,
-                                  live=bool(live))
-
+        source: Callable[[WorkloadOverrides], Workload] = scenario.workload_with
         name, description = scenario.name, scenario.description
     else:
         if options.scenario_runs is not None:
@@ -179,12 +231,15 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
             setup = cost_setup_for(options.cost)
             cost, blocks = setup.cost_model, setup.num_gpu_blocks
 
-        def make_workload(load: WorkloadOverrides) -> Workload:
-            loaded = override_workload(workload, base_load.merged(load))
-            return timed_workload(sized_workload(loaded, min_span), options.duration_s,
-                                  live=bool(live))
+        def source(load: WorkloadOverrides) -> Workload:
+            return override_workload(workload, load)
 
         name, description = workload.name, f"workload {options.workload}"
+
+    def make_workload(load: WorkloadOverrides) -> Workload:
+        return timed_workload(sized_workload(source(base_load.merged(load)), min_span),
+                              options.duration_s, live=bool(live))
+
     if live:
         description += f", against the live server {live.target}"
         x_axis, points = target_points(live.target, axes)

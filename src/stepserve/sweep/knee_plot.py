@@ -21,7 +21,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from stepserve.sweep.knee import is_ordered
-from stepserve.sweep.plots import distinct_labels, panels, styles
+from stepserve.sweep.plots import distinct_labels, label_axes, panels, styles
 from stepserve.sweep.spec import SummarySLO
 
 THROUGHPUT = "throughput_tokens_per_s"
@@ -120,16 +120,11 @@ def knee_plot(series: list[KneeSeries], x_name: str, p99_metric: str,
     _slo_lines(ax_t, slos, THROUGHPUT)
     _slo_lines(ax_p, slos, p99_metric)
     _log_if_wide(ax_p, [v for s in series for v in s.p99], slos, p99_metric)
-    ax_t.set_ylabel("output tokens / s")
-    ax_t.set_title(f"throughput vs {x_name}", fontsize=10)
-    ax_p.set_ylabel(p99_metric)
-    ax_p.set_title(f"{p99_metric} vs {x_name}", fontsize=10)
-    for ax in (ax_t, ax_p):
+    for ax, what in ((ax_t, "throughput"), (ax_p, p99_metric)):
         if names is not None:
             ax.set_xticks(ticks, names)
-        ax.set_xlabel(x_name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_axes(ax, f"{what} vs {x_name}", x_name,
+                   "output tokens / s" if ax is ax_t else p99_metric)
     return fig
 
 

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from stepserve.metrics.run_data import LatencySamples
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.metrics.summary import LatencySamples
 
 
 class PlotRun(Protocol):
@@ -52,6 +52,15 @@ def panels(n_panels: int, cols: int = 1, height: float = 3.2,
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(n_panels)]
     return fig, axes
+
+
+def label_axes(ax: Any, title: str, xlabel: str, ylabel: str, **legend: Any) -> None:
+    """A panel's title, axis labels, light grid and small legend, as every plot has them."""
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, **legend)
 
 
 def _colors(n: int) -> list:
@@ -131,12 +140,8 @@ def latency_cdf(groups: list[Group], samples: Callable[[LatencySamples], list[fl
         seen = [v for xs in data for v in xs] + [v for v, _ in limits]
         if seen and min(seen) > 0 and max(seen) / min(seen) > 100:
             ax.set_xscale("log")
-        ax.set_title(f"{title}: {g.name}", fontsize=10)
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("share of requests")
         ax.set_ylim(0, 1.01)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        label_axes(ax, f"{title}: {g.name}", "seconds", "share of requests", loc="lower right")
     return fig
 
 
@@ -168,11 +173,7 @@ def timeseries_plot(groups: list[Group], series: Callable[[TimeSeries], list[flo
             ax.set_ylim(-0.5, 1)
             ax.text(0.5, 0.5, f"no {what} in any run", transform=ax.transAxes,
                     ha="center", color="grey")
-        ax.set_title(f"{title}: {g.name}", fontsize=10)
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_axes(ax, f"{title}: {g.name}", "time (s)", ylabel)
     return fig
 
 
@@ -200,9 +201,5 @@ def tokens_per_step_plot(groups: list[Group]) -> Figure:
             for style, label, pts in zip(styles(len(g.runs)), labels, lines):
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label,
                         **style.kwargs())
-            ax.set_title(f"{kind} {unit}: {g.name}", fontsize=10)
-            ax.set_xlabel("time (s)")
-            ax.set_ylabel(unit)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            label_axes(ax, f"{kind} {unit}: {g.name}", "time (s)", unit)
     return fig

@@ -3,7 +3,7 @@
 `stepserve simulate --json` or `stepserve bench --json` result.
 
 Time series and CDFs need per-run `timeseries` and `latency_samples` (see
-metrics.run_data.measure_run); runs without them are skipped with a note on the page.
+metrics.summary.measure_run); runs without them are skipped with a note on the page.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _plottable(groups: list[Group], key: str, has: Callable[[PlotRun], bool]
         if pairs:
             kept.append(Group(g.name, [p[0] for p in pairs], [p[1] for p in pairs]))
     notes = [f"no `{key}` in the JSON for: {', '.join(missing)}; those plots are skipped "
-             "(write the result with per-run data, see metrics.run_data.measure_run)"] \
+             "(write the result with per-run data, see metrics.summary.measure_run)"] \
         if missing else []
     return kept, notes
 

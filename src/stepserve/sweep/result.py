@@ -23,10 +23,10 @@ from typing import Any
 from stepserve.bench.results import BenchRun
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.run_data import LatencySamples
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.metrics.summary import LatencySamples
 from stepserve.sim.run import RunResult
 from stepserve.sweep.knee import NOISE_MARGIN, KneeResult
 from stepserve.sweep.spec import Axis, SummarySLO

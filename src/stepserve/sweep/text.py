@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepserve.sweep.knee import LOAD_AXES, KneeResult, group_series, is_ordered
 from stepserve.sweep.predict import agreement
-from stepserve.sweep.runner import MIN_SPAN_S
+from stepserve.sweep.sim_points import MIN_SPAN_S
 from stepserve.sweep.window import SETTLED_LIFETIMES
 
 if TYPE_CHECKING:

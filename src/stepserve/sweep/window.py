@@ -38,9 +38,8 @@ from typing import Any
 from stepserve.core.request import Request
 from stepserve.metrics.percentiles import percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
-from stepserve.metrics.run_data import latency_samples
 from stepserve.metrics.step_metrics import step_summary
-from stepserve.metrics.summary import by_class, request_summary
+from stepserve.metrics.summary import by_class, latency_samples, request_summary
 from stepserve.sim.loop import SimResult
 from stepserve.sim.run import RunResult, config_facts
 

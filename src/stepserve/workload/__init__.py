@@ -2,9 +2,9 @@
 
 A `Workload` (request classes x arrival process x count x seed) generates a list of
 `RequestSpec`s, the same list for the same seed. Length distributions live in `lengths`,
-arrival processes in `arrivals`, their YAML shapes in `parse`, JSONL traces in `trace`,
-workload YAML in `loader`, the incidents' scenarios in `scenarios`, and overriding a
-workload's count, seed, rate or concurrency in `overrides`. Standard library only
+arrival processes in `arrivals`, the workload YAML with their YAML shapes in `loader`,
+JSONL traces in `trace`, the built-in workloads (the incidents' traffic) in `builtin`,
+and overriding a workload's count, seed, rate or concurrency in `overrides`. Standard library only
 (`random`, `math`) besides pyyaml; no numpy, no torch.
 """
 
@@ -21,6 +21,7 @@ from stepserve.workload.arrivals import (
     poisson,
     trace_replay,
 )
+from stepserve.workload.builtin import get_workload, list_workloads
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.lengths import (
     Empirical,
@@ -37,13 +38,13 @@ from stepserve.workload.lengths import (
 )
 from stepserve.workload.loader import (
     load_workload,
+    parse_arrival,
+    parse_length,
     save_workload,
     workload_from_dict,
     workload_to_dict,
 )
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
-from stepserve.workload.parse import parse_arrival, parse_length
-from stepserve.workload.scenarios import get_workload, list_workloads
 from stepserve.workload.spec import LENGTH_ESTIMATES, RequestClass, RequestSpec, Workload
 from stepserve.workload.trace import load_trace, save_trace
 

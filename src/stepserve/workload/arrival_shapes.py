@@ -8,7 +8,7 @@
   (the promotion that lifts a daily rate to its peak at 20:00); constant after its last
   point.
 
-YAML shapes (workload/parse.py reads them through `SHAPES`):
+YAML shapes (workload/loader.py reads them through `SHAPES`):
 
     {rounds: {concurrency: 64, groups: [{name: short, count: 54, prompt: 128, output: 20},
                                         {name: long, count: 10, prompt: 128, output: 2000}]}}
@@ -197,7 +197,7 @@ def _mapping(where: str, body: Any, keys: tuple[str, ...]) -> Mapping[str, Any]:
     return body
 
 
-# The YAML kinds these shapes add to workload/parse.py's arrivals, and their readers.
+# The YAML kinds these shapes add to workload/loader.py's arrivals, and their readers.
 SHAPES: dict[str, Callable[[Any], ArrivalProcess]] = {
     "rounds": JobRounds.from_yaml,
     "rate_schedule": RateSchedule.from_yaml,

@@ -27,19 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.config.errors import UsageError
 from stepserve.config.limits import (
     MAX_LEN,
-    MAX_NUM_REQUESTS,
     MAX_SECONDS,
     MAX_SEED,
     MAX_WORKLOAD_TOKENS,
 )
-from stepserve.config.user_files import preview, read_text
+from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import TraceReplay, trace_replay
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.spec import RequestSpec, Workload
+from stepserve.workload.trace import read_jsonl
 
 MOONCAKE_BLOCK_TOKENS = 512  # the prompt tokens each hash id stands for in Mooncake's traces
 REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -136,38 +135,19 @@ def load_mooncake_trace(path: str | Path, slowdown: float = 1.0,
     block_tokens = BLOCK_TOKENS.check("--trace-block-tokens", block_tokens, WorkloadError)
     p = Path(path)
     where = f"Mooncake trace {str(p)!r}"
-    try:
-        text = read_text(p, "Mooncake trace")
-    except UsageError as e:
-        raise WorkloadError(str(e)) from None
     specs: list[TraceSpec] = []
     tokens = 0
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        if len(specs) == MAX_NUM_REQUESTS:
-            raise WorkloadError(f"{where}: more than {MAX_NUM_REQUESTS:,} requests (the "
-                                "most a workload may have)")
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise WorkloadError(f"{where} line {number}: not valid JSON ({e.msg} at column "
-                                f"{e.colno})") from None
-        except (RecursionError, ValueError) as e:  # nested too deeply; a huge number
-            raise WorkloadError(f"{where} line {number}: not valid JSON "
-                                f"({type(e).__name__}: {e})") from None
+    for at, record in read_jsonl(p, "Mooncake trace"):
         try:
             spec = record_to_spec(record, len(specs), block_tokens)
         except WorkloadError as e:
-            raise WorkloadError(f"{where} line {number}: {e}") from None
+            raise WorkloadError(f"{at}: {e}") from None
         tokens += spec.prompt_len + spec.output_len
         if tokens > MAX_WORKLOAD_TOKENS:  # the simulator holds every token id
-            raise WorkloadError(f"{where} line {number}: more than {MAX_WORKLOAD_TOKENS:,} "
+            raise WorkloadError(f"{at}: more than {MAX_WORKLOAD_TOKENS:,} "
                                 "prompt and output tokens up to here (the most a workload "
                                 "may hold)")
         specs.append(spec)
-    if not specs:
-        raise WorkloadError(f"{where}: holds no requests")
     in_order = all(a.arrival_s <= b.arrival_s for a, b in zip(specs, specs[1:]))
     note = "" if in_order else f"{where}: timestamps out of order; requests sorted by them"
     specs.sort(key=lambda s: s.arrival_s)

@@ -144,8 +144,8 @@ class MultiTurn:
 
 
 def parse_multi_turn(data: Any, where: str, base_dir: Path | None) -> MultiTurn:
-    # parse.py's arrival shapes build RequestSpecs, whose module checks against this one
-    from stepserve.workload.parse import parse_length
+    # loader.py's arrival shapes build RequestSpecs, whose module checks against this one
+    from stepserve.workload.loader import parse_length
 
     if not isinstance(data, Mapping):
         raise WorkloadError(f"{where} = {preview(data)}: must be a mapping with keys "

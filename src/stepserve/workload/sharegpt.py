@@ -19,7 +19,7 @@ is not valid Unicode (a lone surrogate, `\\ud800` in the JSON) is an error namin
 conversation, with or without a tokenizer.
 
 Prompts themselves are not kept: the bench sends prompts of the counted length, each its
-own (bench/prompts.py), since a scheduler sees lengths, not words. What the texts share
+own (bench/prompt_maker.py), since a scheduler sees lengths, not words. What the texts share
 is lost with them, so the prefix cache finds nothing to reuse in a ShareGPT run; a
 workload's shared_prefixes or the bench's prefix_repetition dataset is how to measure it.
 """

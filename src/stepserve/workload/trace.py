@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,37 +71,47 @@ def record_to_spec(record: Any, index: int) -> RequestSpec:
     )
 
 
-def load_trace(path: str | Path) -> list[RequestSpec]:
-    """Read a JSONL trace. Blank lines are skipped; requests are sorted (stably) by
-    arrival and re-indexed 0..n-1. Errors name the file and the line number."""
+def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, Any]]:
+    """The decoded records of a JSON Lines file of requests (`what`: "trace"), blank lines
+    skipped, each with where it stands (`trace 'path' line N`) for an error about it; at
+    most MAX_NUM_REQUESTS. WorkloadError for a file that cannot be read, a line that is
+    not JSON, too many requests or none."""
     p = Path(path)
+    where = f"{what} {str(p)!r}"
     try:
-        text = read_text(p, "trace")
+        text = read_text(p, what)
     except UsageError as e:
         raise WorkloadError(str(e)) from None
-    records: list[tuple[int, Any]] = []
+    count = 0
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        if len(records) == MAX_NUM_REQUESTS:
-            raise WorkloadError(f"trace {str(p)!r}: more than {MAX_NUM_REQUESTS:,} requests "
-                                "(the most a workload may have)")
+        if count == MAX_NUM_REQUESTS:
+            raise WorkloadError(f"{where}: more than {MAX_NUM_REQUESTS:,} requests (the "
+                                "most a workload may have)")
         try:
-            records.append((number, json.loads(line)))
+            record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise WorkloadError(f"trace {str(p)!r} line {number}: not valid JSON ({e.msg} at "
-                                f"column {e.colno})") from None
+            raise WorkloadError(f"{where} line {number}: not valid JSON ({e.msg} at column "
+                                f"{e.colno})") from None
         except (RecursionError, ValueError) as e:  # nested too deeply; a huge number
-            raise WorkloadError(f"trace {str(p)!r} line {number}: not valid JSON "
+            raise WorkloadError(f"{where} line {number}: not valid JSON "
                                 f"({type(e).__name__}: {e})") from None
+        count += 1
+        yield f"{where} line {number}", record
+    if not count:
+        raise WorkloadError(f"{where}: holds no requests")
+
+
+def load_trace(path: str | Path) -> list[RequestSpec]:
+    """Read a JSONL trace. Blank lines are skipped; requests are sorted (stably) by
+    arrival and re-indexed 0..n-1. Errors name the file and the line number."""
     specs = []
-    for number, record in records:
+    for at, record in list(read_jsonl(path, "trace")):  # every line JSON before any check
         try:
             specs.append(record_to_spec(record, 0))
         except WorkloadError as e:
-            raise WorkloadError(f"trace {str(p)!r} line {number}: {e}") from None
-    if not specs:
-        raise WorkloadError(f"trace {str(p)!r}: holds no requests")
+            raise WorkloadError(f"{at}: {e}") from None
     specs.sort(key=lambda s: s.arrival_s)
     return [dataclasses.replace(s, index=i) for i, s in enumerate(specs)]
 

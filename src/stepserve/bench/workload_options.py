@@ -21,11 +21,11 @@ from stepserve.workload.arrivals import (
     Poisson,
     TraceReplay,
 )
+from stepserve.workload.builtin import get_workload
 from stepserve.workload.lengths import fixed, uniform
 from stepserve.workload.loader import load_workload
 from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TraceOptions, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
-from stepserve.workload.scenarios import get_workload
 from stepserve.workload.shared_prefix import MAX_SHARED_PREFIXES, prefix_name
 from stepserve.workload.sharegpt import sharegpt_class
 from stepserve.workload.spec import RequestClass, RequestSpec, Workload

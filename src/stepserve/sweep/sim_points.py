@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from stepserve.config.settings import EngineConfig
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost import CostModel
 from stepserve.sim.run import simulate_run
 from stepserve.sweep.result import SweepCoords, SweepPointResult
@@ -105,17 +106,16 @@ def _simulate(points, make_workload, cost_model, blocks_for_config, log, runs,
                                      measured))
         if log:
             s = run.summary
-            log(f"[{i}/{len(points)}] {p.label}: {_n(s.throughput_tokens_per_s)} tok/s, "
-                f"e2e P99 {_s(s.e2e_p99_s)}, preemptions {s.preemptions} "
-                f"({time.perf_counter() - started:.1f} s)")
+            log(progress_line(i, len(points), p, s, f"preemptions {s.preemptions}", started))
 
 
-def _s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} s"
-
-
-def _n(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}"
+def progress_line(i: int, n: int, point: SweepPoint, s: RunSummary, detail: str,
+                  started: float) -> str:
+    """The log line of a finished point: its throughput, E2E P99, `detail`, its time."""
+    tokens = "-" if s.throughput_tokens_per_s is None else f"{s.throughput_tokens_per_s:.0f}"
+    e2e = "-" if s.e2e_p99_s is None else f"{s.e2e_p99_s:.2f} s"
+    return (f"[{i}/{n}] {point.label}: {tokens} tok/s, e2e P99 {e2e}, {detail} "
+            f"({time.perf_counter() - started:.1f} s)")
 
 
 def stderr_log(line: str) -> None:

@@ -6,7 +6,7 @@ files, scenario runs and engine flags are refused with a message saying so (the 
 checks, sweep/job.py). Each point
 is a full `stepserve bench --target` run (bench.http_run): the client's TTFT, TPOT, ITL,
 E2EL and throughput, the target's /metrics sampled alongside, and the plot data of
-bench.run_data. Ctrl-C stops the sweep; the points already measured are kept (the one
+bench.results. Ctrl-C stops the sweep; the points already measured are kept (the one
 cut off is dropped, as a partial point would put a false value on the curve).
 """
 
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from stepserve.bench.http_run import HttpRun, bench_http
 from stepserve.bench.loadgen import LoadPlan, make_records
-from stepserve.bench.plan import BenchError
-from stepserve.bench.results import BenchRun, summarize_records
-from stepserve.bench.run_data import http_extras
+from stepserve.bench.results import BenchRun, http_extras, summarize_records
+from stepserve.bench.workload_options import BenchError
 from stepserve.sim.scenarios import RunSpec
 from stepserve.sweep.result import SweepCoords, SweepPointResult
+from stepserve.sweep.sim_points import progress_line
 from stepserve.sweep.spec import SweepPoint, build_points
 from stepserve.workload.overrides import WorkloadOverrides
 from stepserve.workload.spec import Workload
@@ -86,17 +86,7 @@ def run_target_points(live: LiveOptions, points: list[SweepPoint],
         runs.append(SweepPointResult(run, SweepCoords(p.series, p.run, p.x, p.values)))
         if log:
             failed = summary.requests_failed
-            log(f"[{i}/{len(points)}] {p.label}: {_n(summary.throughput_tokens_per_s)} "
-                f"tok/s, e2e P99 {_s(summary.e2e_p99_s)}, "
-                f"{summary.requests_finished}/{summary.requests_total} done"
-                f"{f', {failed} failed' if failed else ''} "
-                f"({time.perf_counter() - started:.1f} s)")
+            log(progress_line(i, len(points), p, summary,
+                              f"{summary.requests_finished}/{summary.requests_total} done"
+                              f"{f', {failed} failed' if failed else ''}", started))
     return runs, None
-
-
-def _s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} s"
-
-
-def _n(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}"

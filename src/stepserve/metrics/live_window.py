@@ -94,14 +94,37 @@ def fetch(url: str, limits: ScrapeLimits | None = None) -> Snapshot:
     return asyncio.run(once())
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ScrapeWindow:
     """The scrapes of a window that worked, in time order, and one line per one that
-    failed (skipped)."""
+    failed (skipped); `error`: the last failure. bench/scrape.py's Scraper is one too."""
 
-    snapshots: list[Snapshot]
+    snapshots: list[Snapshot] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     attempts: int = 0
+    error: LiveScrapeError | None = None
+
+    async def scrape(self, client: httpx.AsyncClient, url: str,
+                     limits: ScrapeLimits | None = None) -> Snapshot | None:
+        """One scrape into the window; None (and a line in `failures`) when it failed."""
+        self.attempts += 1
+        try:
+            snap = await fetch_snapshot(client, url, limits)
+        except LiveScrapeError as e:
+            self.failures.append(f"scrape {self.attempts}: {e}")
+            self.error = e
+            return None
+        self.snapshots.append(snap)
+        return snap
+
+    async def first(self, client: httpx.AsyncClient, url: str,
+                    limits: ScrapeLimits | None = None) -> bool:
+        """The first scrape, retried once at once; False when both failed (a target that
+        is not there is reported without waiting out the window)."""
+        for _ in range(2):
+            if await self.scrape(client, url, limits) is not None:
+                return True
+        return False
 
 
 def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTERVAL_S
@@ -124,30 +147,19 @@ def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTE
 
 
 async def _scrape_window(target: str, window_s: float, n: int) -> ScrapeWindow:
-    out = ScrapeWindow([])
+    out = ScrapeWindow()
     async with httpx.AsyncClient() as client:
         t0 = time.monotonic()
         for i in range(n):
             wait = t0 + window_s * i / (n - 1) - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            await _scrape_once(client, target, out, retry=i == 0)
+            if i:
+                await out.scrape(client, target)
+            elif not await out.first(client, target):
+                assert out.error is not None
+                raise out.error
     return out
-
-
-async def _scrape_once(client: httpx.AsyncClient, target: str, out: ScrapeWindow,
-                       retry: bool) -> None:
-    """One scrape into `out`; with `retry` (the window's first) a second try, and a
-    LiveScrapeError when both fail."""
-    for attempt in range(2 if retry else 1):
-        out.attempts += 1
-        try:
-            out.snapshots.append(await fetch_snapshot(client, target))
-            return
-        except LiveScrapeError as e:
-            out.failures.append(f"scrape {out.attempts}: {e}")
-            if retry and attempt == 1:
-                raise
 
 
 def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:

@@ -16,6 +16,14 @@ shared prefixes (`prefix_repetition`, a workload's `shared_prefixes`) opens with
 prefix, drawn from the prefix's own seed, then its own part: prompts share exactly their
 prefix, as the simulator's do. A later turn of a multi-turn session (workload/sessions.py)
 is its new user message only; a `Conversation` puts the session so far in front of it.
+
+A Mooncake trace's request (workload/mooncake.py) is built block by block, each from its
+hash id's seed, so prompts share text (and, on the server, tokens) exactly as far as
+their hash ids agree (`TracePrompts`). Token ids: the trace's own ids in the vocabulary.
+Text with a tokenizer: each block text that encodes to its token count (a cut last
+block: the same draws, fewer tokens); the tokens at a seam between blocks may merge, so
+a shared prefix is shared up to the seam where two prompts part. Without one: a word a
+token.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepserve.config.limits import MAX_NUM_REQUESTS
-from stepserve.workload.mooncake import TraceSpec, trace_token_ids
+from stepserve.workload.mooncake import TraceSpec, prompt_blocks, trace_token_ids
 from stepserve.workload.spec import RequestSpec
 
 if TYPE_CHECKING:
@@ -38,6 +46,9 @@ WORDS = tuple(
     "after also did many down way most well back year work life day good long world part "
     "small great place old same head night house light point water hand open".split())
 FIT_TRIES = 8  # decode/encode rounds before a text's length is taken as it stands
+# Fitted trace block texts kept for reuse: a trace repeats its hash ids (that is its
+# point), and fitting one is a few encode/decode rounds. Bounded: a long trace has millions.
+MAX_CACHED_BLOCKS = 100_000
 
 
 FIRST_ID = 10  # token ids below this are left alone: special tokens sit there
@@ -118,6 +129,30 @@ def exact_text(tokenizer: Tokenizer, n: int, rng: random.Random) -> str:
     return text
 
 
+class TracePrompts:
+    """Prompts of trace requests, the fitted text of each (seed, tokens) block kept."""
+
+    def __init__(self) -> None:
+        self._texts: dict[tuple[str, int], str] = {}
+
+    def token_ids(self, spec: TraceSpec, vocab: int) -> list[int]:
+        return trace_token_ids(spec, vocab)
+
+    def text(self, spec: TraceSpec, tokenizer: Tokenizer | None) -> str:
+        if tokenizer is None:
+            return " ".join(_words(random.Random(seed), n) for seed, n in prompt_blocks(spec))
+        return " ".join(self._fitted(tokenizer, seed, n) for seed, n in prompt_blocks(spec))
+
+    def _fitted(self, tokenizer: Tokenizer, seed: str, n: int) -> str:
+        text = self._texts.get((seed, n))
+        if text is None:
+            text = exact_text(tokenizer, n, random.Random(seed))
+            if len(self._texts) >= MAX_CACHED_BLOCKS:
+                self._texts.pop(next(iter(self._texts)))  # the oldest
+            self._texts[(seed, n)] = text
+        return text
+
+
 class PromptMaker:
     """The prompt of each spec: token ids, exact-length text (with a tokenizer) or
     words."""
@@ -129,8 +164,6 @@ class PromptMaker:
         self.seed = seed
         self.vocab = vocab
         self._prefixes: dict[str, str] = {}  # a shared prefix's text, fitted once
-        from stepserve.bench.mooncake_prompts import TracePrompts  # it imports this module
-
         self._traces = TracePrompts()
 
     def fit_to_model(self, model: str) -> None:
@@ -185,6 +218,12 @@ def load_tokenizer(name: str) -> Tokenizer:
         raise UsageError(f"--tokenizer {name!r}: {e}") from None
 
 
+def prompt_maker(token_ids: bool, tokenizer: str | None, seed: int) -> PromptMaker:
+    """Token ids, or text (of exact length when a tokenizer is named)."""
+    tok = load_tokenizer(tokenizer) if tokenizer and not token_ids else None
+    return PromptMaker(token_ids=token_ids, tokenizer=tok, seed=seed)
+
+
 @dataclass
 class Conversation:
     """One session's exchanges so far, which each later turn sends again in front of its
@@ -197,7 +236,7 @@ class Conversation:
 
     def body(self, shape: Any, model: str, user: str | list[int], max_tokens: int,
              ignore_eos: bool) -> dict[str, Any]:
-        """The turn's request body (`shape`: bench/body.py's RequestShape)."""
+        """The turn's request body (`shape`: bench/request_shape.py's RequestShape)."""
         if not isinstance(user, str):
             raise TypeError("a conversation sends text prompts")
         if self.chat:
