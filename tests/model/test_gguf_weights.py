@@ -97,7 +97,5 @@ def test_mode_errors(gguf_dir, tiny_dir):
         TorchRunner(gguf_dir, num_gpu_blocks=8, quantization="q4_1", dtype="bfloat16")
     with pytest.raises(ValueError, match="no GGUF source"):
         TorchRunner(tiny_dir, num_gpu_blocks=8, quantization="int4")
-    with pytest.raises(ValueError, match="onednn"):
-        TorchRunner(gguf_dir, num_gpu_blocks=8, quantization="int8", linear_backend="onednn")
     assert TorchRunner(tiny_dir, num_gpu_blocks=8).quantization == "none"  # auto, no GGUF
     assert TorchRunner(gguf_dir, num_gpu_blocks=8, dtype="bfloat16").quantization == "none"

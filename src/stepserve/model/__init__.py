@@ -6,7 +6,6 @@ Map (nothing is imported here, so `import stepserve.model` stays torch-free):
     llama.py           the decoder over a ragged, flattened batch
     paged_attention.py attention metadata and batched attention over paged K/V
     kv_store.py        KV tensors, the CPU swap pool, sizing from a memory budget
-    cpu_linear.py      optional oneDNN-prepacked projections for CPU
     weights.py         safetensors loading into the fused layout
     gguf_convert.py    one-time GGUF -> safetensors conversion (the default model)
     quant.py           GGUF Q4_1/Q8_0 matrices; linear layers on them (ours, torch int4/int8)

@@ -91,23 +91,13 @@ def describe_quantization(mode: str) -> str:
 
 
 def _unique_nbytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t.is_mkldnn:  # oneDNN's opaque layout: no storage to share
-            seen[id(t)] = t.numel() * t.element_size()
-        else:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(seen.values())
 
 
 def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """A module's own parameters and buffers (not its children's), and oneDNN's prepacked
-    weight, which cpu_linear.py holds as a plain attribute."""
-    import torch
-
-    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-    packed = getattr(module, "packed", None)
-    return tensors + ([packed] if isinstance(packed, torch.Tensor) else [])
+    """A module's own parameters and buffers (not its children's)."""
+    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
 
 
 def weight_nbytes(model: nn.Module) -> int:

@@ -23,7 +23,6 @@ from stepserve.config.settings import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.core.request import Request
 from stepserve.model.config import ModelArgs
-from stepserve.model.cpu_linear import packing_available
 from stepserve.model.fused_decode import FusedDecoder
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_weights import load_packed_model
@@ -44,11 +43,6 @@ from stepserve.model.weights import DTYPES, load_model
 
 log = logging.getLogger("stepserve.model")
 
-# torch: F.linear, the same GEMM as the reference; onednn: prepacked weights
-# (cpu_linear.py); auto: onednn on CPU. SmolLM2 decode steps at context 64 on 2 cores,
-# torch/onednn: batch 1 29.9/36.9 ms, 8 60.1/49.8, 32 88.5/84.7, 64 140.6/130.9.
-LINEAR_BACKENDS = ("torch", "onednn", "auto")
-
 
 class TorchRunner:
     def __init__(self, model: str | Path = "default", *, block_size: int = 16,
@@ -56,15 +50,12 @@ class TorchRunner:
                  kv_cache_memory: int | None = None,
                  gpu_memory_utilization: float | None = None, swap_space_gib: float = 0.0,
                  dtype: str = "float32", device: str = "cpu",
-                 linear_backend: str = "torch", quantization: str | None = "auto") -> None:
+                 quantization: str | None = "auto") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype = {dtype!r}: must be one of {', '.join(DTYPES)}")
-        if linear_backend not in LINEAR_BACKENDS:
-            raise ValueError(f"linear_backend = {linear_backend!r}: must be one of "
-                             f"{', '.join(LINEAR_BACKENDS)}")
         self.device = torch.device(device)
         self.model_path = resolve_model(model)
-        self.model = self._load_model(model, dtype, linear_backend, quantization)
+        self.model = self._load_model(model, dtype, quantization)
         self.args: ModelArgs = self.model.args
         self.tokenizer = Tokenizer(self.model_path)
         self.kv_budget, num_gpu_blocks = kv_blocks(self.args, block_size, self.device,
@@ -81,12 +72,10 @@ class TorchRunner:
         self.thread_count: Callable[[], int] | None = None
         self.max_threads = torch.get_num_threads()  # the count at load: the most a step uses
 
-    def _load_model(self, model: str | Path, dtype: str, linear_backend: str,
+    def _load_model(self, model: str | Path, dtype: str,
                     quantization: str | None) -> LlamaModel:
-        """The weights in the mode asked for (modes.py); sets `quantization` and
-        `linear_backend` to what was chosen."""
-        if quantization == "auto" and linear_backend == "onednn":
-            quantization = "none"  # oneDNN packing is for float weights: asking for it says so
+        """The weights in the mode asked for (modes.py); sets `quantization` to what was
+        chosen."""
         gguf = resolve_gguf(model, self.model_path)
         self.quantization, self.quantization_note = choose_quantization(
             quantization, dtype, self.device, gguf)
@@ -94,40 +83,21 @@ class TorchRunner:
             log.warning("quantization auto: float weights, not the GGUF's own (%s)",
                         self.quantization_note)
         if self.quantization == "none":
-            self.linear_backend = self._choose_backend(linear_backend)
-            loaded = load_model(self.model_path, dtype, self.device)
-            if self.linear_backend == "onednn":
-                loaded.pack_for_cpu()
-            return loaded
-        if linear_backend == "onednn":
-            raise ValueError("linear_backend = 'onednn' packs float weights; it does not "
-                             f"apply with quantization = {self.quantization!r}")
+            return load_model(self.model_path, dtype, self.device)
         assert gguf is not None  # choose_quantization checked
-        self.linear_backend = "torch"
         loaded = load_packed_model(gguf, self.model_path, self.quantization, dtype)
         if self.quantization in GGUF_KERNEL_MODES and self.device.type == "cpu":
             loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels())
         return loaded
 
-    def _choose_backend(self, wanted: str) -> str:
-        usable = self.device.type == "cpu" and packing_available()
-        if wanted == "onednn" and not usable:
-            raise ValueError(f"linear_backend = 'onednn' needs a CPU device with oneDNN; "
-                             f"device is {self.device}")
-        if wanted == "auto":
-            return "onednn" if usable else "torch"
-        return wanted
-
     @classmethod
     def from_config(cls, model: str | Path, cache: CacheConfig, dtype: str = "float32",
-                    device: str = "cpu", linear_backend: str = "torch",
-                    quantization: str | None = "auto") -> TorchRunner:
+                    device: str = "cpu", quantization: str | None = "auto") -> TorchRunner:
         return cls(model, block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
                    num_cpu_blocks=cache.num_cpu_blocks, kv_cache_memory=cache.kv_cache_memory,
                    gpu_memory_utilization=cache.gpu_memory_utilization,
                    swap_space_gib=cache.swap_space,
-                   dtype=dtype, device=device,
-                   linear_backend=linear_backend, quantization=quantization)
+                   dtype=dtype, device=device, quantization=quantization)
 
     # ---- what the engine reads ----
     @property
@@ -159,7 +129,7 @@ class TorchRunner:
             weights += f" ({self.quantization_note})"
         return (f"{self.model_path} ({a.architecture}, {a.num_parameters / 1e6:.1f}M params, "
                 f"{a.dtype}, {self.device}, weights {weights}"
-                f" {self.weight_bytes / 1e6:.0f} MB, {self.linear_backend} linear); "
+                f" {self.weight_bytes / 1e6:.0f} MB); "
                 f"{self.kv_budget.describe(a, self.block_size)}")
 
     # ---- one step ----
