@@ -20,7 +20,7 @@
    the same dequantised weights) over N prompts x `--agreement-tokens` tokens
    (stepserve/model/agreement.py: free-running sequences, teacher-forced flips).
 
-    python benchmarks/bandwidth.py [--modes none/float32,q4_1/float32,int4/bfloat16]
+    python benchmarks/bandwidth.py [--modes none/float32,q4_1/float32,none/bfloat16]
         [--rounds 3] [--repeats 10] [--agreement 64] [--json OUT]
 """
 
@@ -41,7 +41,7 @@ from stepserve.model.profile import measure_step
 from stepserve.model.runner import TorchRunner
 from stepserve.model.weights import DTYPES
 
-DEFAULT_MODES = "none/float32,q4_1/float32,int4/bfloat16,int8/bfloat16,none/bfloat16"
+DEFAULT_MODES = "none/float32,q4_1/float32,none/bfloat16"
 BATCHES = (1, 2, 4, 8, 16, 32)
 GOAL_BATCH1_RATIO = 1.5
 COPY_REPEATS = 10  # copies a round's bandwidth is the best of
@@ -159,7 +159,7 @@ def format_agreement(runs: list[ModeRun]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default=DEFAULT_MODES,
-                    help="comma-separated quantization/dtype pairs (none, q4_1, int4, int8)")
+                    help="comma-separated quantization/dtype pairs (none, q4_1)")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
                     help="decode batch sizes")
     ap.add_argument("--context", type=int, default=64, help="tokens each decode attends to")

@@ -115,6 +115,4 @@ def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
                              "stepserve's kernels where the model has a GGUF and the CPU "
                              "runs them, else float), none (float weights at --dtype), "
                              "q4_1, q4_1_q8 (q4_1 with int8 activations: llama.cpp's "
-                             "arithmetic, AVX-512 VNNI), int4 (torch int4pack), int8 "
-                             "(torch int8pack); see "
-                             "docs/guide.md")
+                             "arithmetic, AVX-512 VNNI); see docs/guide.md")

@@ -8,7 +8,7 @@ Map (nothing is imported here, so `import stepserve.model` stays torch-free):
     kv_store.py        KV tensors, the CPU swap pool, sizing from a memory budget
     weights.py         safetensors loading into the fused layout
     gguf_convert.py    one-time GGUF -> safetensors conversion (the default model)
-    quant.py           GGUF Q4_1/Q8_0 matrices; linear layers on them (ours, torch int4/int8)
+    quant.py           GGUF Q4_1/Q8_0 matrices and the linear layers on them
     ggml_kernels.py    builds and loads ggml_kernels.c: float32 matmuls on GGUF groups
     fused_decode.py    a decode-only step's layers in one C call (decode_kernels.c)
     omp.py             freeing a thread's OpenMP workers before another thread steps

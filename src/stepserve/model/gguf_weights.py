@@ -51,8 +51,6 @@ from stepserve.model.quant import (
     GGUFEmbedding,
     GGUFLinear,
     GGUFMatrix,
-    Int4PackLinear,
-    Int8PackLinear,
 )
 from stepserve.model.rope import inv_frequencies
 
@@ -201,7 +199,7 @@ class _Builder:
         if quantization in GGUF_KERNEL_MODES:
             if dtype != torch.float32:
                 raise ValueError(f"quantization = {quantization!r} computes in float32 (the "
-                                 "GGUF kernels); use dtype = 'float32', or 'int4' for bfloat16")
+                                 "GGUF kernels); use dtype = 'float32'")
             self.kernels = load_kernels()
             self.scratch = DequantScratch()
 
@@ -220,10 +218,6 @@ class _Builder:
         if m is not None and self.quantization in GGUF_KERNEL_MODES:
             return GGUFLinear(m, None, self.kernels, self.scratch, GEMM_ROWS[self.kernels.isa],
                               int8_activations=self.quantization == "q4_1_q8")
-        if m is not None and m.fmt == Q4_1 and self.quantization == "int4":
-            return Int4PackLinear(m, None, self.dtype)
-        if m is not None and m.fmt == Q4_1 and self.quantization == "int8":
-            return Int8PackLinear(m.dequantize(), None, self.dtype)
         # Not Q4_1 (the default model's Q8_0 embedding): kept as it is, dequantised.
         weight = self.float_weight(name)
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")

@@ -6,9 +6,6 @@
     q4_1          float32   GGUF Q4_1 groups, our kernels    GGUF Q8_0 groups, our kernels
     q4_1_q8       float32   the same, activations rounded    as q4_1
                             to int8 per group (VNNI)
-    int4          bfloat16  torch int4pack (bf16 scales)     dequantised, bfloat16
-    int4          float32   torch int4pack, scalar fp32 loop dequantised, float32
-    int8          bf16/f32  torch int8pack (per-row re-quantised)  dequantised
 
 "auto" (the default) is q4_1 where it can run (a model with a GGUF source, the CPU, float32,
 kernels that build here) and none elsewhere, with the reason it fell back: q4_1 is the
@@ -31,15 +28,13 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-QUANTIZATIONS = ("q4_1", "q4_1_q8", "int4", "int8")  # quantised modes (quant.py: the layers)
+QUANTIZATIONS = ("q4_1", "q4_1_q8")  # quantised modes (quant.py: the layers)
 GGUF_KERNEL_MODES = ("q4_1", "q4_1_q8")  # the modes our kernels run (GGUFLinear)
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATIONS)
 _DESCRIPTIONS = {
     "none": "float",
     "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)",
     "q4_1_q8": "GGUF Q4_1/Q8_0, int8 activations (stepserve VNNI kernels)",
-    "int4": "int4 (torch int4pack)",
-    "int8": "int8 per-row (torch int8pack)",
 }
 
 
@@ -70,8 +65,7 @@ def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
                          "model has no GGUF source (the default model has one)")
     if wanted in GGUF_KERNEL_MODES:
         if dtype != "float32":
-            raise ValueError(f"quantization = {wanted!r} computes in float32, not {dtype} "
-                             "(for bfloat16 activations use quantization = 'int4')")
+            raise ValueError(f"quantization = {wanted!r} computes in float32, not {dtype}")
         reason = kernels_unavailable_reason()
         if reason is None and wanted == "q4_1_q8":
             from stepserve.model.ggml_kernels import load_kernels
