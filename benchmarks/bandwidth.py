@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from stepserve.model.modes import QUANTIZATIONS, streamed_weight_nbytes
+from stepserve.model.modes import MODES, streamed_weight_nbytes
 from stepserve.model.profile import measure_step
 from stepserve.model.runner import TorchRunner
 from stepserve.model.weights import DTYPES
@@ -179,9 +179,9 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in modes:
         quantization, _, dtype = mode.partition("/")
-        if quantization not in ("none", *QUANTIZATIONS) or dtype not in DTYPES:
+        if quantization not in MODES or dtype not in DTYPES:
             ap.error(f"--modes: {mode!r} is not quantization/dtype (quantization one of "
-                     f"none, {', '.join(QUANTIZATIONS)}; dtype one of {', '.join(DTYPES)})")
+                     f"{', '.join(MODES)}; dtype one of {', '.join(DTYPES)})")
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

@@ -40,7 +40,7 @@ def test_packed_weights_dequantize_to_the_reference(gguf_dir):
     from stepserve.model.weights import load_model
 
     gguf_path = gguf_dir.parent / "tiny.gguf"
-    quant = load_packed_model(gguf_path, gguf_dir, "q4_1")
+    quant = load_packed_model(gguf_path, gguf_dir)
     ref = load_model(gguf_dir)
     assert packed_path(gguf_dir, gguf_path).is_file()
     from stepserve.model.quant import GGUFMatrix
@@ -72,13 +72,13 @@ def test_q4_1_greedy_tokens_equal_the_float_reference(gguf_dir, driver):
 def test_packed_file_is_rebuilt_when_the_gguf_changes(gguf_dir, tmp_path):
     gguf_path = tmp_path / "copy.gguf"
     shutil.copy(gguf_dir.parent / "tiny.gguf", gguf_path)
-    load_packed_model(gguf_path, gguf_dir, "q4_1")
+    load_packed_model(gguf_path, gguf_dir)
     packed = packed_path(gguf_dir, gguf_path)
     first = packed.stat().st_mtime_ns
-    load_packed_model(gguf_path, gguf_dir, "q4_1")
+    load_packed_model(gguf_path, gguf_dir)
     assert packed.stat().st_mtime_ns == first  # reused
     gguf_path.touch()
-    load_packed_model(gguf_path, gguf_dir, "q4_1")
+    load_packed_model(gguf_path, gguf_dir)
     assert packed.stat().st_mtime_ns != first  # rebuilt
 
 

@@ -1,5 +1,5 @@
-"""A `LlamaModel` whose projections stay in the GGUF's quantised groups (quant.py), for
-the `quantization` modes.
+"""A `LlamaModel` whose projections stay in the GGUF's quantised groups (quant.py): the
+`q4_1` mode.
 
 Two steps, like the float path's conversion: `pack_gguf` reads the GGUF once and writes
 its tensors in our layout (fused, un-permuted, scales split from quants) to a safetensors
@@ -43,7 +43,6 @@ from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_file import read_gguf
 from stepserve.model.huge_pages import move_to_huge_pages
 from stepserve.model.llama import LlamaModel
-from stepserve.model.modes import GGUF_KERNEL_MODES
 from stepserve.model.quant import (
     Q4_1,
     Q8_0,
@@ -64,7 +63,7 @@ PACKED_FORMAT = "stepserve-gguf-packed/1"
 # AVX-512 (AMD EPYC, 2 threads, whole prefill steps of the default model, kernel against
 # dequantise + GEMM from 64 rows): 64 rows 80 vs 180 ms, 256: 300 vs 382, 1,024: 1,759 vs
 # 1,913: the kernel at every size.
-GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62, "avx512_vnni": 1 << 62}
+GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
 _QUANTISED_TYPES = (Q4_1, Q8_0)
 
 # GGUF tensor -> (our parameter, number of heads whose rows to un-permute)
@@ -190,18 +189,14 @@ def _read_packed(path: Path, gguf_path: Path) -> tuple[dict[str, torch.Tensor], 
 # ---- loading: the packed file into a model ----
 
 class _Builder:
-    """Makes each module of the chosen mode from packed tensors."""
+    """Makes each module from packed tensors: our kernels' layers on the GGUF's groups,
+    float32 where a tensor is not in a type they run."""
 
-    def __init__(self, state: dict[str, torch.Tensor], types: dict[str, str],
-                 quantization: str, dtype: torch.dtype) -> None:
+    def __init__(self, state: dict[str, torch.Tensor], types: dict[str, str]) -> None:
         self.state, self.types = state, types
-        self.quantization, self.dtype = quantization, dtype
-        if quantization in GGUF_KERNEL_MODES:
-            if dtype != torch.float32:
-                raise ValueError(f"quantization = {quantization!r} computes in float32 (the "
-                                 "GGUF kernels); use dtype = 'float32'")
-            self.kernels = load_kernels()
-            self.scratch = DequantScratch()
+        self.kernels = load_kernels()
+        self.scratch = DequantScratch()
+        self.gemm_rows = GEMM_ROWS[self.kernels.isa]
 
     def matrix(self, name: str) -> GGUFMatrix | None:
         fmt = self.types[name]
@@ -211,14 +206,12 @@ class _Builder:
 
     def float_weight(self, name: str) -> torch.Tensor:
         m = self.matrix(name)
-        return (self.state[name] if m is None else m.dequantize()).to(self.dtype)
+        return self.state[name] if m is None else m.dequantize()
 
     def linear(self, name: str) -> nn.Module:
         m = self.matrix(name)
-        if m is not None and self.quantization in GGUF_KERNEL_MODES:
-            return GGUFLinear(m, None, self.kernels, self.scratch, GEMM_ROWS[self.kernels.isa],
-                              int8_activations=self.quantization == "q4_1_q8")
-        # Not Q4_1 (the default model's Q8_0 embedding): kept as it is, dequantised.
+        if m is not None:
+            return GGUFLinear(m, None, self.kernels, self.scratch, self.gemm_rows)
         weight = self.float_weight(name)
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         linear.weight = nn.Parameter(weight, requires_grad=False)
@@ -228,18 +221,18 @@ class _Builder:
         return nn.Parameter(self.float_weight(name), requires_grad=False)
 
 
-def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
-                      dtype: str = "float32") -> LlamaModel:
-    """The model in `model_dir`'s configuration with `gguf_path`'s weights, projections run
-    as `quantization` says (modes.QUANTIZATIONS); packs the GGUF on first use. CPU."""
-    args = load_model_args(model_dir, dtype)
+def load_packed_model(gguf_path: Path, model_dir: Path) -> LlamaModel:
+    """The model in `model_dir`'s configuration with `gguf_path`'s weights, its projections
+    on the GGUF's groups through our kernels (the q4_1 mode, float32); packs the GGUF on
+    first use. CPU."""
+    args = load_model_args(model_dir)
     path = packed_path(model_dir, gguf_path)
     packed = _read_packed(path, gguf_path)
     if packed is None:
         pack_gguf(gguf_path, args, path)
         packed = _read_packed(path, gguf_path)
         assert packed is not None
-    build = _Builder(*packed, quantization, getattr(torch, dtype))
+    build = _Builder(*packed)
     with torch.device("meta"):
         model = LlamaModel(args)
     for i, layer in enumerate(model.layers):
@@ -250,11 +243,11 @@ def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
             f"layers.{i}.post_attention_layernorm")
     model.norm.weight = build.norm_weight("norm")
     embed = build.matrix("embed_tokens")
-    if embed is not None and quantization in GGUF_KERNEL_MODES:
+    if embed is not None:
         model.embed_tokens = GGUFEmbedding(embed, build.kernels)
         if args.tie_word_embeddings:  # the head reads the same groups, not a copy
             model.packed_head = GGUFLinear(embed, None, build.kernels, build.scratch,
-                                           GEMM_ROWS[build.kernels.isa])
+                                           build.gemm_rows)
     else:
         model.embed_tokens = nn.Embedding.from_pretrained(build.float_weight("embed_tokens"),
                                                           freeze=True)
@@ -264,6 +257,5 @@ def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
     leftover = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if leftover:
         raise ValueError(f"{gguf_path.name}: no weights for {', '.join(leftover[:5])}")
-    if quantization in GGUF_KERNEL_MODES:
-        move_to_huge_pages(model)  # before anything (the fused decoder) takes pointers
+    move_to_huge_pages(model)  # before anything (the fused decoder) takes pointers
     return model.requires_grad_(False).eval()

@@ -4,17 +4,12 @@
 Q4_1 (4-bit q, fp16 scale d and minimum m per group, w = d * q + m) or Q8_0 (int8 q,
 fp16 d, w = d * q), with the quants and the scales split into two tensors.
 
-Two ways to multiply by one (modes.QUANTIZATIONS):
-
-* `q4_1`: `GGUFLinear` on the GGUF's own groups through our kernels (ggml_kernels.c),
-  float32 activations, every weight dequantised to exactly the reference's float32.
-  From `gemm_rows` activation rows up (a prefill chunk) it dequantises the matrix into a
-  shared scratch buffer (at most 8 MB at a time) and runs a BLAS GEMM instead: there the
-  GEMM's cache blocking wins and one dequantisation per step is cheap next to it.
-* `q4_1_q8`: the same `GGUFLinear` with `int8_activations`: a Q4_1 matrix's activations
-  are rounded to int8 per group of 32 and multiplied by the 4-bit quants as integers
-  (ggml_act8.c: llama.cpp's Q4_1 x Q8_1 arithmetic, AVX-512 VNNI), at every row count;
-  the Q8_0 head keeps float32 activations.
+`GGUFLinear` multiplies by one on the GGUF's own groups through our kernels
+(ggml_kernels.c), float32 activations, every weight dequantised to exactly the reference's
+float32 (the `q4_1` mode). From `gemm_rows` activation rows up (a prefill chunk) it
+dequantises the matrix into a shared scratch buffer (at most 8 MB at a time) and runs a
+BLAS GEMM instead: there the GEMM's cache blocking wins and one dequantisation per step
+is cheap next to it.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q4_1_Q8, FMT_Q8_0, GGMLKernels
+from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q8_0, GGMLKernels
 
 GROUP = 32
 Q4_1, Q8_0 = "Q4_1", "Q8_0"
@@ -135,16 +130,10 @@ class GGUFLinear(nn.Module):
     """y = x @ W.T (+ b), W a `GGUFMatrix`, x float32."""
 
     def __init__(self, weight: GGUFMatrix, bias: torch.Tensor | None, kernels: GGMLKernels,
-                 scratch: DequantScratch, gemm_rows: int, int8_activations: bool = False) -> None:
+                 scratch: DequantScratch, gemm_rows: int) -> None:
         super().__init__()
         self.fmt = weight.fmt
         self.kernel_format = KERNEL_FORMAT[weight.fmt]
-        if int8_activations and weight.fmt == Q4_1:
-            if not kernels.has_act8:
-                raise ValueError(f"int8 activations need the AVX-512 VNNI kernels; the "
-                                 f"{kernels.isa} build has none")
-            self.kernel_format = FMT_Q4_1_Q8
-            gemm_rows = 1 << 62  # the dequantise + GEMM path would compute in float
         self.out_features, self.in_features = weight.shape
         self.register_buffer("qs", weight.qs)
         self.register_buffer("scales", weight.scales)

@@ -28,12 +28,7 @@ from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_weights import load_packed_model
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
-from stepserve.model.modes import (
-    GGUF_KERNEL_MODES,
-    choose_quantization,
-    describe_quantization,
-    weight_nbytes,
-)
+from stepserve.model.modes import choose_quantization, describe_quantization, weight_nbytes
 from stepserve.model.paged_attention import GatherBuffers, build_attention_metadata
 from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample, token_logprobs
@@ -85,9 +80,8 @@ class TorchRunner:
         if self.quantization == "none":
             return load_model(self.model_path, dtype, self.device)
         assert gguf is not None  # choose_quantization checked
-        loaded = load_packed_model(gguf, self.model_path, self.quantization, dtype)
-        if self.quantization in GGUF_KERNEL_MODES and self.device.type == "cpu":
-            loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels())
+        loaded = load_packed_model(gguf, self.model_path)  # q4_1: float32 on the CPU
+        loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels())
         return loaded
 
     @classmethod
