@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from stepserve.model.ggml_kernels import FMT_F32, GGMLKernels
-from stepserve.model.kernel_abi import PROJECTIONS
-from stepserve.model.kernel_args import tensor_pointer
+from stepserve.model.kernel_abi import PROJECTIONS, tensor_pointer
 from stepserve.model.kv_store import KVStore
 from stepserve.model.llama import LlamaModel, RMSNorm
 from stepserve.model.paged_attention import AttentionMetadata

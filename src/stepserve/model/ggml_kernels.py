@@ -15,7 +15,7 @@ Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s), plus `-mavx512f -mavx51
 loads the narrower build anyway. Where the machine is not x86-64 with AVX2, no compiler
 works, or the library's layout differs from kernel_abi.h, `load_kernels()` raises
 `KernelsUnavailable` with the reason. Every tensor is checked before its pointer crosses
-(kernel_args.py); a kernel that could not allocate raises MemoryError.
+(kernel_abi.py); a kernel that could not allocate raises MemoryError.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from stepserve.model.kernel_abi import (
     FMT_Q8_0,
     KERNEL_OK,
     KERNEL_OUT_OF_MEMORY,
+    KernelArgumentError,
     KernelsUnavailable,
     read_layout,
+    tensor_pointer,
 )
-from stepserve.model.kernel_args import KernelArgumentError, tensor_pointer
 from stepserve.model.kernel_cache import ISAS, load_library, remove_old_builds
 
 __all__ = ["FMT_F32", "FMT_Q4_1", "FMT_Q8_0", "ISAS", "ISA_ENV",
@@ -111,7 +112,7 @@ def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
 
 class GGMLKernels:
     """Typed wrappers around the library's entry points; each checks its tensors before
-    their pointers cross (kernel_args.py) and turns a kernel's status into an exception."""
+    their pointers cross (kernel_abi.tensor_pointer) and turns a kernel's status into an exception."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, isa: str = "avx2") -> None:
         self.path, self.isa = path, isa
