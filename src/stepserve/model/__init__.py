@@ -1,7 +1,7 @@
 """The real-model executor: a Llama-family decoder with a paged KV cache.
 
 Map (nothing is imported here, so `import stepserve.model` stays torch-free):
-    config.py          ModelArgs from a Hugging Face config.json (Llama, Mistral, Qwen2)
+    model_args.py      ModelArgs from a Hugging Face config.json (Llama, Mistral, Qwen2)
     rope.py            rotary embeddings with checkpoint scaling (linear, llama3)
     llama.py           the decoder over a ragged, flattened batch
     paged_attention.py attention metadata and batched attention over paged K/V

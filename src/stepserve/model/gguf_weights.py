@@ -38,11 +38,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from stepserve.model.config import ModelArgs, load_model_args
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_file import read_gguf
 from stepserve.model.huge_pages import move_to_huge_pages
 from stepserve.model.llama import LlamaModel
+from stepserve.model.model_args import ModelArgs, load_model_args
 from stepserve.model.quant import (
     Q4_1,
     Q8_0,

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stepserve.model.config import ModelArgs
 from stepserve.model.kv_store import KVStore
+from stepserve.model.model_args import ModelArgs
 from stepserve.model.paged_attention import AttentionMetadata, paged_attention
 from stepserve.model.rope import apply_rope, inv_frequencies, rope_cos_sin
 

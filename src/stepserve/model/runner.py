@@ -28,12 +28,12 @@ import torch
 from stepserve.config.settings import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.core.request import Request
-from stepserve.model.config import ModelArgs
 from stepserve.model.fused_decode import FusedDecoder
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_weights import load_packed_model
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
+from stepserve.model.model_args import ModelArgs
 from stepserve.model.modes import choose_quantization, describe_quantization, weight_nbytes
 from stepserve.model.paged_attention import (
     GatherBuffers,

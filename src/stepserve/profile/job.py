@@ -212,8 +212,8 @@ def machine(device: str) -> dict[str, Any]:
 
 def profile(opts: ProfileOptions,
             progress: Callable[[str], None] | None = None) -> ProfileResult:
-    from stepserve.model.config import load_model_args
     from stepserve.model.kv_store import default_kv_budget
+    from stepserve.model.model_args import load_model_args
     from stepserve.model.presets import resolve_model
     from stepserve.model.runner import TorchRunner
 
