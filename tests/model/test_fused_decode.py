@@ -17,8 +17,8 @@ from stepserve.model.ggml_kernels import (
     load_kernels,
 )
 from stepserve.model.paged_attention import build_attention_metadata
-from stepserve.model.profile import measure_step
 from stepserve.model.runner import TorchRunner
+from stepserve.model.step_timing import measure_step
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,
                                 reason=str(kernels_unavailable_reason()))

@@ -20,5 +20,5 @@ Map (nothing is imported here, so `import stepserve.model` stays torch-free):
     tokenizer.py       tokenizer.json + chat template + streaming detokenizer
     sampler.py         batched greedy / temperature / top-k / top-p / seeded sampling
     runner.py          TorchRunner.execute(SchedulerOutput) -> RunnerOutput
-    profile.py         step-time measurements on synthetic batches
+    step_timing.py     step-time measurements on synthetic batches (benchmarks, `stepserve profile`)
 """

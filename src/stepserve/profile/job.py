@@ -113,7 +113,7 @@ def point_terms(p: GridPoint, knee_tokens: int) -> tuple[float, ...]:
 
 def _time_point(runner, p: GridPoint) -> float:
     """One timing of one grid point (seconds)."""
-    from stepserve.model.profile import measure_step
+    from stepserve.model.step_timing import measure_step
 
     if not p.swap_blocks:
         return measure_step(runner, p.decodes, p.context or 1, p.chunk, repeats=1, warmup=0,
