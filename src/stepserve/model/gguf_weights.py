@@ -29,23 +29,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from stepserve.model.ggml_kernels import load_kernels
-from stepserve.model.gguf_file import read_gguf
+from stepserve.model.gguf_file import read_gguf, unpermute_rows
 from stepserve.model.huge_pages import move_to_huge_pages
 from stepserve.model.llama import LlamaModel
 from stepserve.model.model_args import ModelArgs, load_model_args
 from stepserve.model.quant import (
-    Q4_1,
-    Q8_0,
+    KERNEL_FORMAT,
     DequantScratch,
     GGUFEmbedding,
     GGUFLinear,
@@ -64,7 +61,6 @@ PACKED_FORMAT = "stepserve-gguf-packed/1"
 # dequantise + GEMM from 64 rows): 64 rows 80 vs 180 ms, 256: 300 vs 382, 1,024: 1,759 vs
 # 1,913: the kernel at every size.
 GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
-_QUANTISED_TYPES = (Q4_1, Q8_0)
 
 # GGUF tensor -> (our parameter, number of heads whose rows to un-permute)
 _PARTS = {
@@ -73,36 +69,6 @@ _PARTS = {
     "gate_up_proj": ("mlp", [("ffn_gate", None), ("ffn_up", None)]),
     "down_proj": ("mlp", [("ffn_down", None)]),
 }
-
-
-@dataclass(frozen=True)
-class GGUFTensor:
-    name: str
-    type_name: str  # "Q4_1", "Q8_0", "F32", ...
-    shape: tuple[int, ...]  # torch order: [rows, columns]
-    data: np.ndarray  # the file's bytes (quantised types) or values, memory-mapped
-
-    def matrix(self) -> GGUFMatrix:
-        return GGUFMatrix.from_blocks(self.type_name, torch.from_numpy(np.array(self.data)))
-
-    def dequantized(self) -> torch.Tensor:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        values = dequantize(self.data, GGMLQuantizationType[self.type_name])
-        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.shape)
-
-
-def read_gguf_tensors(path: Path) -> dict[str, GGUFTensor]:
-    return {t.name: GGUFTensor(t.name, t.type_name, t.shape, t.data)
-            for t in read_gguf(path).tensors.values()}
-
-
-def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
-    """The row order that undoes llama.cpp's Q/K permutation (transformers'
-    `_reverse_permute_weights`: rows (head, i, pair) become (head, pair, i))."""
-    dim = num_rows // num_heads // 2
-    return torch.arange(num_rows).view(num_heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
 # ---- packing: the GGUF once, into our layout ----
@@ -123,7 +89,7 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
     """Write `gguf_path`'s weights to `out` in our layout: for each quantised parameter P,
     `P.qs` and `P.scales` (quant.GGUFMatrix), its type in the metadata; other tensors
     as float32 under their own names. Written to a temporary name, then renamed."""
-    tensors = read_gguf_tensors(gguf_path)
+    tensors = read_gguf(gguf_path).tensors
     if any(name.endswith(".bias") for name in tensors) or args.attention_bias \
             or args.o_proj_bias or args.mlp_bias:
         raise ValueError(f"{gguf_path.name}: projections with biases are not supported by "
@@ -134,7 +100,7 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
     def put(name: str, parts: list[tuple[str, int | None]]) -> None:
         src = [tensors[n] for n, _ in parts]
         kinds = {t.type_name for t in src}
-        if len(kinds) == 1 and src[0].type_name in _QUANTISED_TYPES:
+        if len(kinds) == 1 and src[0].runs_quantised:
             mats = [_permuted(t.matrix(), heads) for t, (_, heads) in zip(src, parts)]
             m = GGUFMatrix.cat(mats) if len(mats) > 1 else mats[0]
             state[f"{name}.qs"], state[f"{name}.scales"] = m.qs, m.scales
@@ -200,7 +166,7 @@ class _Builder:
 
     def matrix(self, name: str) -> GGUFMatrix | None:
         fmt = self.types[name]
-        if fmt not in _QUANTISED_TYPES:
+        if fmt not in KERNEL_FORMAT:
             return None
         return GGUFMatrix(fmt, self.state[f"{name}.qs"], self.state[f"{name}.scales"])
 
