@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q8_0, GGMLKernels
+from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q8_0, GROUP, GGMLKernels
 
-GROUP = 32
 Q4_1, Q8_0 = "Q4_1", "Q8_0"
 _BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}  # a GGUF block: scales then quants
 _SCALES_PER_GROUP = {Q4_1: 2, Q8_0: 1}
