@@ -8,7 +8,7 @@
    against steps from another would compare two machines.
 2. For each weight mode (`--modes quantization/dtype,...`, see stepserve/model/modes.py):
    `TorchRunner.execute` decode steps at batch 1, 2, 4, 8, 16, 32 and context `--context`
-   (`stepserve.model.profile.measure_step`), and one prefill chunk of `--prefill`
+   (`stepserve.model.step_timing.measure_step`), and one prefill chunk of `--prefill`
    tokens alone. The floor of a step is the bytes of weights it streams once (every
    layer, the final norm and the head; the embedding only when tied to the head) divided
    by the copy bandwidth; the table prints each median step and its ratio to the floor.
@@ -20,7 +20,7 @@
    the same dequantised weights) over N prompts x `--agreement-tokens` tokens
    (stepserve/model/agreement.py: free-running sequences, teacher-forced flips).
 
-    python benchmarks/bandwidth.py [--modes none/float32,q4_1/float32,int4/bfloat16]
+    python benchmarks/bandwidth.py [--modes none/float32,q4_1/float32,none/bfloat16]
         [--rounds 3] [--repeats 10] [--agreement 64] [--json OUT]
 """
 
@@ -36,12 +36,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from stepserve.model.modes import QUANTIZATIONS, streamed_weight_nbytes
-from stepserve.model.profile import measure_step
+from stepserve.model.modes import MODES, streamed_weight_nbytes
 from stepserve.model.runner import TorchRunner
+from stepserve.model.step_timing import measure_step
 from stepserve.model.weights import DTYPES
 
-DEFAULT_MODES = "none/float32,q4_1/float32,int4/bfloat16,int8/bfloat16,none/bfloat16"
+DEFAULT_MODES = "none/float32,q4_1/float32,none/bfloat16"
 BATCHES = (1, 2, 4, 8, 16, 32)
 GOAL_BATCH1_RATIO = 1.5
 COPY_REPEATS = 10  # copies a round's bandwidth is the best of
@@ -159,7 +159,7 @@ def format_agreement(runs: list[ModeRun]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default=DEFAULT_MODES,
-                    help="comma-separated quantization/dtype pairs (none, q4_1, int4, int8)")
+                    help="comma-separated quantization/dtype pairs (none, q4_1)")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
                     help="decode batch sizes")
     ap.add_argument("--context", type=int, default=64, help="tokens each decode attends to")
@@ -179,9 +179,9 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in modes:
         quantization, _, dtype = mode.partition("/")
-        if quantization not in ("none", *QUANTIZATIONS) or dtype not in DTYPES:
+        if quantization not in MODES or dtype not in DTYPES:
             ap.error(f"--modes: {mode!r} is not quantization/dtype (quantization one of "
-                     f"none, {', '.join(QUANTIZATIONS)}; dtype one of {', '.join(DTYPES)})")
+                     f"{', '.join(MODES)}; dtype one of {', '.join(DTYPES)})")
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

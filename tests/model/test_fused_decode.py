@@ -17,8 +17,8 @@ from stepserve.model.ggml_kernels import (
     load_kernels,
 )
 from stepserve.model.paged_attention import build_attention_metadata
-from stepserve.model.profile import measure_step
 from stepserve.model.runner import TorchRunner
+from stepserve.model.step_timing import measure_step
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,
                                 reason=str(kernels_unavailable_reason()))
@@ -26,9 +26,7 @@ pytest.importorskip("gguf")
 BS = 4
 
 
-# Each kernel build with the exact mode, and the int8-activation mode where a build has it.
-MODES = ([("q4_1", isa) for isa in available_isas()]
-         + [("q4_1_q8", isa) for isa in available_isas() if isa == "avx512_vnni"])
+MODES = [("q4_1", isa) for isa in available_isas()]  # each kernel build
 
 
 def q4_runner(gguf_dir, quantization="q4_1", **kw) -> TorchRunner:
@@ -110,8 +108,6 @@ def test_runner_takes_the_fused_path_only_for_small_decode_only_steps(gguf_dir):
 
 
 def test_models_the_kernel_cannot_run_get_no_fused_path(gguf_dir):
-    int4 = TorchRunner(gguf_dir, block_size=BS, num_gpu_blocks=16, quantization="int4")
-    assert int4.model.fused_decode is None
     model = q4_runner(gguf_dir).model
     assert FusedDecoder.for_model(model, load_kernels(), 64) is not None
     model.layers[0].mlp.down_proj = torch.nn.Linear(192, 64, bias=True)  # a bias

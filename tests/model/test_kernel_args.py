@@ -1,4 +1,4 @@
-"""Tensors are checked before their pointers cross to the kernels (kernel_args.py): a wrong
+"""Tensors are checked before their pointers cross to the kernels (kernel_abi.py): a wrong
 dtype, a non-contiguous view, another device, a wrong shape or size, a format the build
 cannot run, or a row index out of range is a clear KernelArgumentError naming the
 argument, never garbage read from raw memory or a crashed process."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from stepserve.model.ggml_kernels import (
+    FMT_F32,
     FMT_Q4_1,
-    FMT_Q4_1_Q8,
     FMT_Q8_0,
     KernelArgumentError,
     kernels_unavailable_reason,
@@ -61,7 +61,7 @@ def test_wrong_weights_and_outputs_are_named(q4):
         (lambda: kernels.matmul(FMT_Q4_1, x, qs, scales[:, :1], torch.empty(3, N)),
          r"scales must be .*; got a non-contiguous float16"),
         (lambda: kernels.matmul(7, x, qs, scales, torch.empty(3, N)),
-         r"weight format 7 is not one of \[0, 1, 3\]"),
+         r"weight format 7 is not one of \[0, 1\]"),
         (lambda: kernels.matmul(FMT_Q4_1, torch.randn(3, 48), qs, scales, torch.empty(3, N)),
          r"K = 48 must be a positive multiple of 32"),
         (lambda: kernels.dequantize(FMT_Q4_1, qs, scales, K, torch.empty(2, K),
@@ -78,10 +78,11 @@ def test_wrong_weights_and_outputs_are_named(q4):
             call()
 
 
-def test_int8_activations_on_a_build_without_them_are_refused(q4):
-    kernels = load_kernels(isa="avx2")  # never has them
-    with pytest.raises(KernelArgumentError, match="the avx2 build has no int8-activation"):
-        kernels.matmul(FMT_Q4_1_Q8, torch.randn(3, K), *q4, torch.empty(3, N))
+@pytest.mark.parametrize("fmt", [FMT_F32, 3])  # F32: decode_layers' only; 3: no format
+def test_a_format_the_products_do_not_run_is_refused(q4, fmt):
+    kernels = load_kernels(isa="avx2")
+    with pytest.raises(KernelArgumentError, match=f"weight format {fmt} is not one of"):
+        kernels.matmul(fmt, torch.randn(3, K), *q4, torch.empty(3, N))
 
 
 def test_the_fused_step_checks_its_tensors(gguf_dir):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from stepserve.model.config import ModelArgs
 from stepserve.model.kv_store import KVBudget, KVStore, default_kv_budget, num_blocks_for_memory
+from stepserve.model.model_args import ModelArgs
 
 ARGS = ModelArgs(vocab_size=10, hidden_size=16, intermediate_size=32, num_layers=3,
                  num_heads=4, num_kv_heads=2, head_dim=4)

@@ -51,7 +51,7 @@ def run_case(model_dir, prompts, settings, quantization):
 
 
 def check_modes(model_dir, reference, quantization="none"):
-    from stepserve.model.config import ModelArgs
+    from stepserve.model.model_args import ModelArgs
 
     vocab = ModelArgs.from_dir(model_dir).vocab_size if hasattr(ModelArgs, "from_dir") \
         else 500

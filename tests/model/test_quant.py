@@ -28,8 +28,6 @@ from stepserve.model.quant import (
     GGUFEmbedding,
     GGUFLinear,
     GGUFMatrix,
-    Int4PackLinear,
-    Int8PackLinear,
 )
 
 gguf = pytest.importorskip("gguf")
@@ -142,32 +140,6 @@ def test_linear_refuses_bfloat16_activations():
     m, _ = matrix(Q4_1, 16, 64)
     with pytest.raises(TypeError, match="float32"):
         GGUFLinear(m, None, load_kernels(), DequantScratch(), 16)(torch.randn(1, 64).bfloat16())
-
-
-def test_int4pack_holds_the_q4_1_groups():
-    """torch's int4 kernel in float32 (its scalar path): the same groups, as
-    (q - 8) * d + (m + 8 d), which can differ from d * q + m in the last bit."""
-    m, w = matrix(Q4_1, 64, 128)
-    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
-    y = Int4PackLinear(m, None, torch.float32)(x)
-    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
-
-
-def test_int4pack_in_bfloat16_rounds_scales_and_activations():
-    m, w = matrix(Q4_1, 64, 128)
-    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
-    y = Int4PackLinear(m, None, torch.bfloat16)(x.bfloat16())
-    assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float(), F.linear(x, w), rtol=0.05, atol=0.05)
-
-
-def test_int8pack_requantizes_per_row():
-    _, w = matrix(Q4_1, 64, 128)
-    lin = Int8PackLinear(w, None, torch.float32)
-    assert (lin.q.float() * lin.scale[:, None] - w).abs().max() <= lin.scale.max() / 2 + 1e-7
-    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(lin(x), F.linear(x, lin.q.float() * lin.scale[:, None]),
-                               rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels

@@ -22,12 +22,9 @@ def hf_tiny(tiny_dir, reference):
     return reference(tiny_dir, tiny_prompts(), 20)
 
 
-@pytest.mark.parametrize("block_size,chunk,admit,backend", [
-    (16, 7, 2, "torch"), (4, 5, 3, "torch"), (32, 1000, 16, "torch"), (16, 7, 2, "onednn")])
-def test_tiny_matches_transformers(tiny_dir, driver, hf_tiny, block_size, chunk, admit,
-                                   backend):
-    runner = TorchRunner(tiny_dir, block_size=block_size, num_gpu_blocks=512,
-                         linear_backend=backend)
+@pytest.mark.parametrize("block_size,chunk,admit", [(16, 7, 2), (4, 5, 3), (32, 1000, 16)])
+def test_tiny_matches_transformers(tiny_dir, driver, hf_tiny, block_size, chunk, admit):
+    runner = TorchRunner(tiny_dir, block_size=block_size, num_gpu_blocks=512)
     got = driver(runner, tiny_prompts(), 20, chunk=chunk, admit_per_step=admit)
     assert got == hf_tiny
 

@@ -74,12 +74,11 @@ def want(default_dir, prompts, reference) -> list[list[int]]:
     return reference(default_dir, prompts, 20)
 
 
-@pytest.mark.parametrize("linear_backend,quantization", [
-    ("torch", "none"), ("onednn", "none"), ("torch", "q4_1")])
+@pytest.mark.parametrize("quantization", ["none", "q4_1"])
 def test_default_matches_transformers_token_for_token(default_dir, prompts, driver, want,
-                                                      linear_backend, quantization):
+                                                      quantization):
     runner = TorchRunner("default", block_size=16, num_gpu_blocks=256,
-                         linear_backend=linear_backend, quantization=quantization)
+                         quantization=quantization)
     assert runner.model_path == default_dir
     steps = []
     got = driver(runner, prompts, 20, chunk=7, admit_per_step=2,

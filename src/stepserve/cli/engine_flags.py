@@ -111,10 +111,7 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
-                        help="weight mode: auto (the GGUF's own Q4_1 groups through "
-                             "stepserve's kernels where the model has a GGUF and the CPU "
-                             "runs them, else float), none (float weights at --dtype), "
-                             "q4_1, q4_1_q8 (q4_1 with int8 activations: llama.cpp's "
-                             "arithmetic, AVX-512 VNNI), int4 (torch int4pack), int8 "
-                             "(torch int8pack); see "
-                             "docs/guide.md")
+                        help="weight mode: auto (q4_1 where the model has a GGUF and the "
+                             "CPU runs stepserve's kernels, else none), none (float weights "
+                             "at --dtype), q4_1 (the GGUF's own Q4_1 groups through "
+                             "stepserve's kernels, float32); see docs/guide.md")

@@ -119,15 +119,6 @@ static void add_to(float *x, const float *y, int64_t n) {
         x[j] = x[j] + y[j];
 }
 
-/* Whether any projection of the step runs the int8-activation kernels. */
-static int uses_act8(const struct decode_layer *w, int64_t num_layers) {
-    int any = 0;
-    for (int64_t l = 0; l < num_layers; l++)
-        any |= w[l].qkv.format == FMT_Q4_1_Q8 || w[l].o.format == FMT_Q4_1_Q8
-               || w[l].gate_up.format == FMT_Q4_1_Q8 || w[l].down.format == FMT_Q4_1_Q8;
-    return any;
-}
-
 /* x [B, hidden] (the embeddings in, the last layer's output out, residual included).
  * One OpenMP team for the whole call: the matrix products and attention are shared out
  * with `omp for`, the small row-wise steps run on one thread (`omp single`), each ending
@@ -149,13 +140,12 @@ int decode_layers(const struct decode_layer *layers, int64_t num_layers,
     for (int64_t b = 0; b < B; b++)
         longest = ctx_lens[b] > longest ? ctx_lens[b] : longest;
     widest = widest > heads * hd ? widest : heads * hd;
-    const int act8 = uses_act8(layers, num_layers);
     int missing = 0;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
-        struct team_buffers buf = team_buffers_alloc(B, widest, act8);
+        struct team_buffers buf = team_buffers_alloc(B, widest);
         float *scores = malloc((size_t)longest * sizeof(float));
-        const int lacking = team_buffers_missing(&buf, B, widest, act8) || !scores;
+        const int lacking = team_buffers_missing(&buf, B, widest) || !scores;
         const int skip = team_any_missing(lacking, &missing);
         for (int64_t l = 0; !skip && l < num_layers; l++) {
             const struct decode_layer *w = layers + l;

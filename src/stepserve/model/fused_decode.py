@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stepserve.model.ggml_kernels import FMT_F32, FMT_Q4_1_Q8, GGMLKernels
-from stepserve.model.kernel_abi import PROJECTIONS
-from stepserve.model.kernel_args import tensor_pointer
+from stepserve.model.ggml_kernels import FMT_F32, GGMLKernels
+from stepserve.model.kernel_abi import PROJECTIONS, tensor_pointer
 from stepserve.model.kv_store import KVStore
 from stepserve.model.llama import LlamaModel, RMSNorm
 from stepserve.model.paged_attention import AttentionMetadata
@@ -41,8 +40,6 @@ def _projection(module: nn.Module, kernels: GGMLKernels) -> tuple[int, int, int]
     """(format, quants, scales) of a projection for struct decode_projection, or None if
     the kernel cannot run it."""
     if isinstance(module, GGUFLinear) and module.bias is None:
-        if module.kernel_format == FMT_Q4_1_Q8 and not kernels.has_act8:
-            return None
         qs, scales, _ = kernels.weights("decode_layers", module.kernel_format, module.qs,
                                         module.scales, module.in_features,
                                         module.out_features)

@@ -29,12 +29,12 @@
 #define QK 32
 #define INLINE static inline __attribute__((always_inline))
 
-/* The weights' sizes; FMT_Q4_1_Q8's weights are Q4_1. */
+/* The weights' sizes. */
 INLINE int scales_per_group(int fmt) { return fmt == FMT_Q8_0 ? 1 : 2; }
 INLINE int64_t qs_bytes_per_group(int fmt) { return fmt == FMT_Q8_0 ? QK : QK / 2; }
 
-/* Output rows (weight rows) per task of a product's `omp for`: ggml_matmul_team's and
- * ggml_act8.c's tasks, which decode_kernels.c's prefetch_start follows. */
+/* Output rows (weight rows) per task of a product's `omp for`: ggml_matmul_team's tasks,
+ * which decode_kernels.c's prefetch_start follows. */
 #define TASK_ROWS 16
 
 /* Hints that the n bytes at p will be read soon, a cache line at a time. */

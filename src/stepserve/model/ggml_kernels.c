@@ -231,10 +231,6 @@ INLINE void matmul_rows(int fmt, const float *x, int64_t M, int64_t K, const uin
 void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                       const uint16_t *scales, int64_t N, float *y,
                       const struct team_buffers *buf) {
-    if (fmt == FMT_Q4_1_Q8) {
-        ggml_matmul_act8_team(x, M, K, qs, scales, N, y, buf->act8);
-        return;
-    }
     float *panel = buf->panel;
     const int64_t chunk = TASK_ROWS, tasks = (N + chunk - 1) / chunk;
     const int panels = M >= PANEL_ROWS;
@@ -259,12 +255,12 @@ int64_t ggml_panel_floats(int64_t M, int64_t K) { return M >= PANEL_ROWS ? PANEL
  * KERNEL_OUT_OF_MEMORY (y untouched) where a thread's buffers could not be allocated. */
 int ggml_matmul(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                 const uint16_t *scales, int64_t N, float *y, int num_threads) {
-    const int act8 = fmt == FMT_Q4_1_Q8, needed = team_buffers_needed(M, K, act8);
+    const int needed = team_buffers_needed(M, K);
     int missing = 0;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
-        struct team_buffers buf = team_buffers_alloc(M, K, act8);
-        if (!needed || !team_any_missing(team_buffers_missing(&buf, M, K, act8), &missing))
+        struct team_buffers buf = team_buffers_alloc(M, K);
+        if (!needed || !team_any_missing(team_buffers_missing(&buf, M, K), &missing))
             ggml_matmul_team(fmt, x, M, K, qs, scales, N, y, &buf);
         team_buffers_free(&buf);
     }
@@ -280,7 +276,7 @@ void ggml_dequantize(int fmt, const uint8_t *qs, const uint16_t *scales, int64_t
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && count >= 64)
     for (int64_t r = 0; r < count; r++) {
         const int64_t n = rows ? rows[r] : r;
-        if (fmt != FMT_Q8_0)  /* FMT_Q4_1 or FMT_Q4_1_Q8 (Q4_1 weights too) */
+        if (fmt == FMT_Q4_1)
             dequant_row(FMT_Q4_1, qs + n * row_qs, scales + n * row_sc, K, out + r * K);
         else
             dequant_row(FMT_Q8_0, qs + n * row_qs, scales + n * row_sc, K, out + r * K);

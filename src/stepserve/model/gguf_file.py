@@ -1,5 +1,6 @@
 """A GGUF file read in one pass over its header: the metadata as Python values and every
-tensor as a numpy view of the memory-mapped file (no copy, no per-element loop).
+tensor as a numpy view of the memory-mapped file (no copy, no per-element loop), which
+gives its values dequantised or, in a type our kernels run, its groups.
 
 gguf-py's `GGUFReader` builds a numpy object for each element of each metadata array, so
 the 49k-token vocabulary and 48k merges of the default model alone cost it seconds; here
@@ -18,9 +19,15 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch and the kernels only when a tensor's values are asked for
+    import torch
+
+    from stepserve.model.ggml_kernels import GGMLKernels
+    from stepserve.model.quant import GGUFMatrix
 
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
             10: "<u8", 11: "<i8", 12: "<f8"}  # GGUF value type -> numpy dtype
@@ -28,11 +35,56 @@ _STRING, _ARRAY, _BOOL = 8, 9, 7
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class GGUFTensor:
     name: str
     type_name: str  # gguf-py's GGMLQuantizationType name: "Q4_1", "Q8_0", "F32", ...
     shape: tuple[int, ...]  # torch order: [rows, columns]
     data: np.ndarray  # the file's bytes (uint8, [rows, row bytes]) or values (F32/F16)
+
+    @property
+    def runs_quantised(self) -> bool:
+        """Whether our kernels run this tensor's type as it is (quant.py)."""
+        from stepserve.model.quant import KERNEL_FORMAT
+
+        return self.type_name in KERNEL_FORMAT
+
+    def matrix(self) -> GGUFMatrix:
+        """The tensor's groups, copied out of the mapped file (a type that runs quantised)."""
+        import torch
+
+        from stepserve.model.quant import GGUFMatrix
+
+        return GGUFMatrix.from_blocks(self.type_name, torch.from_numpy(np.array(self.data)))
+
+    def dequantized(self, kernels: GGMLKernels | None = None) -> torch.Tensor:
+        """float32 [rows, columns], the values gguf-py dequantises to (the float reference's
+        bits); with `kernels`, a type they run is dequantised by them in one threaded pass
+        (the same arithmetic)."""
+        import torch
+
+        if self.runs_quantised:
+            m = self.matrix()
+            if kernels is None:
+                return m.dequantize()
+            from stepserve.model.quant import KERNEL_FORMAT
+
+            return kernels.dequantize(KERNEL_FORMAT[m.fmt], m.qs, m.scales, self.shape[1],
+                                      torch.empty(self.shape))
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        values = dequantize(self.data, GGMLQuantizationType[self.type_name])
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.shape)
+
+
+def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's Q/K permutation (transformers'
+    `_reverse_permute_weights`: rows (head, i, pair) become (head, pair, i)). llama.cpp's
+    converter permutes the rows of Q and K so that rotary pairs are adjacent."""
+    import torch
+
+    dim = num_rows // num_heads // 2
+    return torch.arange(num_rows).view(num_heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
 class _Cursor:
@@ -85,7 +137,7 @@ class _Cursor:
 class GGUFFile:
     path: Path
     metadata: dict[str, Any]
-    tensors: dict[str, TensorInfo]  # in file order
+    tensors: dict[str, GGUFTensor]  # in file order
 
     @property
     def architecture(self) -> str:
@@ -132,5 +184,5 @@ def read_gguf(path: Path | str) -> GGUFFile:
             data = raw.view(np.float32 if qtype.name == "F32" else np.float16).reshape(shape)
         else:
             data = raw.reshape(rows, row_bytes)
-        tensors[name] = TensorInfo(name, qtype.name, shape, data)
+        tensors[name] = GGUFTensor(name, qtype.name, shape, data)
     return GGUFFile(path, metadata, tensors)

@@ -1,5 +1,5 @@
-"""A `LlamaModel` whose projections stay in the GGUF's quantised groups (quant.py), for
-the `quantization` modes.
+"""A `LlamaModel` whose projections stay in the GGUF's quantised groups (quant.py): the
+`q4_1` mode.
 
 Two steps, like the float path's conversion: `pack_gguf` reads the GGUF once and writes
 its tensors in our layout (fused, un-permuted, scales split from quants) to a safetensors
@@ -29,30 +29,24 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from stepserve.model.config import ModelArgs, load_model_args
 from stepserve.model.ggml_kernels import load_kernels
-from stepserve.model.gguf_file import read_gguf
+from stepserve.model.gguf_file import read_gguf, unpermute_rows
 from stepserve.model.huge_pages import move_to_huge_pages
 from stepserve.model.llama import LlamaModel
-from stepserve.model.modes import GGUF_KERNEL_MODES
+from stepserve.model.model_args import ModelArgs, load_model_args
 from stepserve.model.quant import (
-    Q4_1,
-    Q8_0,
+    KERNEL_FORMAT,
     DequantScratch,
     GGUFEmbedding,
     GGUFLinear,
     GGUFMatrix,
-    Int4PackLinear,
-    Int8PackLinear,
 )
 from stepserve.model.rope import inv_frequencies
 
@@ -66,8 +60,7 @@ PACKED_FORMAT = "stepserve-gguf-packed/1"
 # AVX-512 (AMD EPYC, 2 threads, whole prefill steps of the default model, kernel against
 # dequantise + GEMM from 64 rows): 64 rows 80 vs 180 ms, 256: 300 vs 382, 1,024: 1,759 vs
 # 1,913: the kernel at every size.
-GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62, "avx512_vnni": 1 << 62}
-_QUANTISED_TYPES = (Q4_1, Q8_0)
+GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
 
 # GGUF tensor -> (our parameter, number of heads whose rows to un-permute)
 _PARTS = {
@@ -76,36 +69,6 @@ _PARTS = {
     "gate_up_proj": ("mlp", [("ffn_gate", None), ("ffn_up", None)]),
     "down_proj": ("mlp", [("ffn_down", None)]),
 }
-
-
-@dataclass(frozen=True)
-class GGUFTensor:
-    name: str
-    type_name: str  # "Q4_1", "Q8_0", "F32", ...
-    shape: tuple[int, ...]  # torch order: [rows, columns]
-    data: np.ndarray  # the file's bytes (quantised types) or values, memory-mapped
-
-    def matrix(self) -> GGUFMatrix:
-        return GGUFMatrix.from_blocks(self.type_name, torch.from_numpy(np.array(self.data)))
-
-    def dequantized(self) -> torch.Tensor:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        values = dequantize(self.data, GGMLQuantizationType[self.type_name])
-        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.shape)
-
-
-def read_gguf_tensors(path: Path) -> dict[str, GGUFTensor]:
-    return {t.name: GGUFTensor(t.name, t.type_name, t.shape, t.data)
-            for t in read_gguf(path).tensors.values()}
-
-
-def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
-    """The row order that undoes llama.cpp's Q/K permutation (transformers'
-    `_reverse_permute_weights`: rows (head, i, pair) become (head, pair, i))."""
-    dim = num_rows // num_heads // 2
-    return torch.arange(num_rows).view(num_heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
 # ---- packing: the GGUF once, into our layout ----
@@ -126,7 +89,7 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
     """Write `gguf_path`'s weights to `out` in our layout: for each quantised parameter P,
     `P.qs` and `P.scales` (quant.GGUFMatrix), its type in the metadata; other tensors
     as float32 under their own names. Written to a temporary name, then renamed."""
-    tensors = read_gguf_tensors(gguf_path)
+    tensors = read_gguf(gguf_path).tensors
     if any(name.endswith(".bias") for name in tensors) or args.attention_bias \
             or args.o_proj_bias or args.mlp_bias:
         raise ValueError(f"{gguf_path.name}: projections with biases are not supported by "
@@ -137,7 +100,7 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
     def put(name: str, parts: list[tuple[str, int | None]]) -> None:
         src = [tensors[n] for n, _ in parts]
         kinds = {t.type_name for t in src}
-        if len(kinds) == 1 and src[0].type_name in _QUANTISED_TYPES:
+        if len(kinds) == 1 and src[0].runs_quantised:
             mats = [_permuted(t.matrix(), heads) for t, (_, heads) in zip(src, parts)]
             m = GGUFMatrix.cat(mats) if len(mats) > 1 else mats[0]
             state[f"{name}.qs"], state[f"{name}.scales"] = m.qs, m.scales
@@ -192,39 +155,29 @@ def _read_packed(path: Path, gguf_path: Path) -> tuple[dict[str, torch.Tensor], 
 # ---- loading: the packed file into a model ----
 
 class _Builder:
-    """Makes each module of the chosen mode from packed tensors."""
+    """Makes each module from packed tensors: our kernels' layers on the GGUF's groups,
+    float32 where a tensor is not in a type they run."""
 
-    def __init__(self, state: dict[str, torch.Tensor], types: dict[str, str],
-                 quantization: str, dtype: torch.dtype) -> None:
+    def __init__(self, state: dict[str, torch.Tensor], types: dict[str, str]) -> None:
         self.state, self.types = state, types
-        self.quantization, self.dtype = quantization, dtype
-        if quantization in GGUF_KERNEL_MODES:
-            if dtype != torch.float32:
-                raise ValueError(f"quantization = {quantization!r} computes in float32 (the "
-                                 "GGUF kernels); use dtype = 'float32', or 'int4' for bfloat16")
-            self.kernels = load_kernels()
-            self.scratch = DequantScratch()
+        self.kernels = load_kernels()
+        self.scratch = DequantScratch()
+        self.gemm_rows = GEMM_ROWS[self.kernels.isa]
 
     def matrix(self, name: str) -> GGUFMatrix | None:
         fmt = self.types[name]
-        if fmt not in _QUANTISED_TYPES:
+        if fmt not in KERNEL_FORMAT:
             return None
         return GGUFMatrix(fmt, self.state[f"{name}.qs"], self.state[f"{name}.scales"])
 
     def float_weight(self, name: str) -> torch.Tensor:
         m = self.matrix(name)
-        return (self.state[name] if m is None else m.dequantize()).to(self.dtype)
+        return self.state[name] if m is None else m.dequantize()
 
     def linear(self, name: str) -> nn.Module:
         m = self.matrix(name)
-        if m is not None and self.quantization in GGUF_KERNEL_MODES:
-            return GGUFLinear(m, None, self.kernels, self.scratch, GEMM_ROWS[self.kernels.isa],
-                              int8_activations=self.quantization == "q4_1_q8")
-        if m is not None and m.fmt == Q4_1 and self.quantization == "int4":
-            return Int4PackLinear(m, None, self.dtype)
-        if m is not None and m.fmt == Q4_1 and self.quantization == "int8":
-            return Int8PackLinear(m.dequantize(), None, self.dtype)
-        # Not Q4_1 (the default model's Q8_0 embedding): kept as it is, dequantised.
+        if m is not None:
+            return GGUFLinear(m, None, self.kernels, self.scratch, self.gemm_rows)
         weight = self.float_weight(name)
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         linear.weight = nn.Parameter(weight, requires_grad=False)
@@ -234,18 +187,18 @@ class _Builder:
         return nn.Parameter(self.float_weight(name), requires_grad=False)
 
 
-def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
-                      dtype: str = "float32") -> LlamaModel:
-    """The model in `model_dir`'s configuration with `gguf_path`'s weights, projections run
-    as `quantization` says (modes.QUANTIZATIONS); packs the GGUF on first use. CPU."""
-    args = load_model_args(model_dir, dtype)
+def load_packed_model(gguf_path: Path, model_dir: Path) -> LlamaModel:
+    """The model in `model_dir`'s configuration with `gguf_path`'s weights, its projections
+    on the GGUF's groups through our kernels (the q4_1 mode, float32); packs the GGUF on
+    first use. CPU."""
+    args = load_model_args(model_dir)
     path = packed_path(model_dir, gguf_path)
     packed = _read_packed(path, gguf_path)
     if packed is None:
         pack_gguf(gguf_path, args, path)
         packed = _read_packed(path, gguf_path)
         assert packed is not None
-    build = _Builder(*packed, quantization, getattr(torch, dtype))
+    build = _Builder(*packed)
     with torch.device("meta"):
         model = LlamaModel(args)
     for i, layer in enumerate(model.layers):
@@ -256,11 +209,11 @@ def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
             f"layers.{i}.post_attention_layernorm")
     model.norm.weight = build.norm_weight("norm")
     embed = build.matrix("embed_tokens")
-    if embed is not None and quantization in GGUF_KERNEL_MODES:
+    if embed is not None:
         model.embed_tokens = GGUFEmbedding(embed, build.kernels)
         if args.tie_word_embeddings:  # the head reads the same groups, not a copy
             model.packed_head = GGUFLinear(embed, None, build.kernels, build.scratch,
-                                           GEMM_ROWS[build.kernels.isa])
+                                           build.gemm_rows)
     else:
         model.embed_tokens = nn.Embedding.from_pretrained(build.float_weight("embed_tokens"),
                                                           freeze=True)
@@ -270,6 +223,5 @@ def load_packed_model(gguf_path: Path, model_dir: Path, quantization: str,
     leftover = [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if leftover:
         raise ValueError(f"{gguf_path.name}: no weights for {', '.join(leftover[:5])}")
-    if quantization in GGUF_KERNEL_MODES:
-        move_to_huge_pages(model)  # before anything (the fused decoder) takes pointers
+    move_to_huge_pages(model)  # before anything (the fused decoder) takes pointers
     return model.requires_grad_(False).eval()

@@ -18,7 +18,7 @@ struct abi_entry {
 
 static const struct abi_entry ENTRIES[] = {
     CONST(STEPSERVE_ABI_VERSION),
-    CONST(FMT_Q4_1), CONST(FMT_Q8_0), CONST(FMT_F32), CONST(FMT_Q4_1_Q8),
+    CONST(FMT_Q4_1), CONST(FMT_Q8_0), CONST(FMT_F32),
     CONST(KERNEL_OK), CONST(KERNEL_OUT_OF_MEMORY),
     SIZE(decode_dims),
     FIELD(decode_dims, hidden), FIELD(decode_dims, heads), FIELD(decode_dims, kv_heads),

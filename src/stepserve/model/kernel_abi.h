@@ -21,8 +21,7 @@
 enum kernel_format {
     FMT_Q4_1 = 0,
     FMT_Q8_0 = 1,
-    FMT_F32 = 2,      /* decode_layers only: float32 rows [N, K], no scales */
-    FMT_Q4_1_Q8 = 3,  /* Q4_1 weights, int8 activations (ggml_act8.c; VNNI builds only) */
+    FMT_F32 = 2,  /* decode_layers only: float32 rows [N, K], no scales */
 };
 
 /* What an entry point returns. */

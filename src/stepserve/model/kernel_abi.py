@@ -1,4 +1,5 @@
-"""The kernel library's interface as Python sees it (kernel_abi.h, defined once there).
+"""The kernel library's interface as Python sees it: the layout defined once in
+kernel_abi.h, and the check every tensor passes before its pointer crosses.
 
 The enums and the version are read from the header itself at import (quant.py and the
 tests need the format ids before any library is built); the structs' sizes and field
@@ -6,6 +7,12 @@ offsets are read from the loaded library (`read_layout`), whose own copy of the 
 version must match the header's. A library that differs in any of them, or whose structs
 hold fields Python does not fill, is refused with `KernelsUnavailable` saying what
 differs: the caller falls back as for a library that could not be built.
+
+A kernel reads raw memory: a float64 tensor read as float32, a CUDA pointer, a strided
+view or a short buffer would give garbage or crash the process. Every ctypes call path
+(ggml_kernels.py's wrappers, fused_decode.py) passes its tensors through `tensor_pointer`,
+which raises `KernelArgumentError` naming the argument, what the kernel reads and what it
+got. Cheap on purpose (a few attribute reads): a decode step makes ~120 such calls.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import torch
 
 HEADER = Path(__file__).with_name("kernel_abi.h")
 VERSION_NAME = "STEPSERVE_ABI_VERSION"
@@ -29,6 +38,10 @@ _WORD = 8  # every struct field is an int64
 
 class KernelsUnavailable(RuntimeError):
     """The GGUF kernels cannot run here (the message says why)."""
+
+
+class KernelArgumentError(ValueError):
+    """A tensor a kernel cannot read as it is."""
 
 
 @cache
@@ -46,7 +59,7 @@ def header_constants() -> dict[str, int]:
 _HEADER = header_constants()
 ABI_VERSION = _HEADER[VERSION_NAME]
 FMT_Q4_1, FMT_Q8_0 = _HEADER["FMT_Q4_1"], _HEADER["FMT_Q8_0"]
-FMT_F32, FMT_Q4_1_Q8 = _HEADER["FMT_F32"], _HEADER["FMT_Q4_1_Q8"]
+FMT_F32 = _HEADER["FMT_F32"]
 KERNEL_OK, KERNEL_OUT_OF_MEMORY = _HEADER["KERNEL_OK"], _HEADER["KERNEL_OUT_OF_MEMORY"]
 
 
@@ -140,3 +153,53 @@ def read_layout(lib: ctypes.CDLL, where: str) -> KernelLayout:
                                  + ", ".join(differ))
     return KernelLayout(version, _struct(entries, "decode_dims", DIMS_FIELDS, where),
                         _struct(entries, "decode_layer", LAYER_FIELDS, where))
+
+
+# ---- tensors crossing to C ----
+
+Shape = tuple[int | None, ...]  # None: any size in that dimension
+
+
+def _matches(got: torch.Size, want: Shape) -> bool:
+    """got against a shape with wildcards (the slower path: a concrete shape compares at
+    once)."""
+    return len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
+
+
+def _wanted(dtype: torch.dtype, shape: Shape | None, ndim: int | None, numel: int | None,
+            at_least: int | None) -> str:
+    text = f"a contiguous {str(dtype).removeprefix('torch.')} CPU tensor"
+    if ndim is not None:
+        text += f" of {ndim} dimensions"
+    if shape is not None:
+        text += f" of shape [{', '.join('*' if s is None else str(s) for s in shape)}]"
+    if numel is not None:
+        text += f" of {numel} elements"
+    if at_least is not None:
+        text += f" of at least {at_least} elements"
+    return text
+
+
+def _got(t: object) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"a {type(t).__name__}"
+    layout = "" if t.is_contiguous() else "non-contiguous "
+    return (f"a {layout}{str(t.dtype).removeprefix('torch.')} tensor of shape "
+            f"{list(t.shape)} on {t.device}")
+
+
+def tensor_pointer(what: str, t: torch.Tensor, dtype: torch.dtype, shape: Shape | None = None,
+                   *, ndim: int | None = None, numel: int | None = None,
+                   at_least: int | None = None) -> int:
+    """t's data pointer, after checking that it is a contiguous CPU tensor of `dtype` with
+    the given shape (None: any size there), number of dimensions, element count, or at
+    least that many elements."""
+    if (not isinstance(t, torch.Tensor) or t.dtype is not dtype or not t.is_cpu
+            or not t.is_contiguous()
+            or (shape is not None and t.shape != shape and not _matches(t.shape, shape))
+            or (ndim is not None and t.dim() != ndim)
+            or (numel is not None and t.numel() != numel)
+            or (at_least is not None and t.numel() < at_least)):
+        wanted = _wanted(dtype, shape, ndim, numel, at_least)
+        raise KernelArgumentError(f"{what} must be {wanted}; got {_got(t)}")
+    return t.data_ptr()

@@ -37,8 +37,8 @@ from stepserve.model.kernel_abi import KernelsUnavailable
 _HERE = Path(__file__).parent
 # decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul_team: one
 # library.
-SOURCES = tuple(_HERE / n for n in ("ggml_kernels.c", "ggml_act8.c", "decode_kernels.c",
-                                    "decode_attention.c", "kernel_abi.c"))
+SOURCES = tuple(_HERE / n for n in ("ggml_kernels.c", "decode_kernels.c", "decode_attention.c",
+                                    "kernel_abi.c"))
 HEADERS = tuple(_HERE / n for n in ("ggml_groups.h", "ggml_panels.h", "ggml_team.h",
                                     "paged_attend.h", "kernel_abi.h"))  # in the key, not compiled
 # -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
@@ -46,12 +46,9 @@ HEADERS = tuple(_HERE / n for n in ("ggml_groups.h", "ggml_panels.h", "ggml_team
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
           "-fPIC", "-std=gnu11")
 # Each instruction set the library is built for: its extra flags and the CPU flags it needs.
-# avx512_vnni is the avx512 build plus the int8 dot products of the q4_1_q8 mode.
-_AVX512 = (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vector-width=512"),
-           ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
 ISAS = {"avx2": ((), ()),
-        "avx512": _AVX512,
-        "avx512_vnni": ((*_AVX512[0], "-mavx512vnni"), (*_AVX512[1], "avx512_vnni"))}
+        "avx512": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                    "-mprefer-vector-width=512"), ("avx512f", "avx512bw", "avx512vl", "avx512dq"))}
 LIBRARY_NAME = re.compile(r"ggml_kernels-[a-z0-9_]+-[0-9a-f]{16}\.so")
 _BUILD_TIMEOUT_S = 120  # a build takes a few seconds on two cores
 _OPEN_LIBRARY = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

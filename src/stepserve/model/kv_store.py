@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stepserve.model.config import ModelArgs
+from stepserve.model.model_args import ModelArgs
 
 GiB = 1 << 30
 

@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stepserve.model.config import ModelArgs
-from stepserve.model.cpu_linear import PackedLinear, pack_linears
 from stepserve.model.kv_store import KVStore
+from stepserve.model.model_args import ModelArgs
 from stepserve.model.paged_attention import AttentionMetadata, paged_attention
 from stepserve.model.rope import apply_rope, inv_frequencies, rope_cos_sin
 
@@ -120,23 +119,12 @@ class LlamaModel(nn.Module):
         self.lm_head = (None if args.tie_word_embeddings
                         else nn.Linear(args.hidden_size, args.vocab_size, bias=False))
         self.register_buffer("inv_freq", inv_frequencies(args), persistent=False)
-        # A head module that replaces lm_head / the tied embedding in `logits`: oneDNN's
-        # prepacked copy (cpu_linear.py) or a quantised one (gguf_weights.py).
+        # A head module that replaces the tied embedding in `logits`: the quantised
+        # embedding's groups read as a linear layer (gguf_weights.py).
         self.packed_head: nn.Module | None = None
         # fused_decode.FusedDecoder: all layers of a decode-only step in one C call (set
         # by the runner where the weights allow; None: the torch path always).
         self.fused_decode = None
-
-    def pack_for_cpu(self) -> None:
-        """Prepack every float projection and the lm_head for oneDNN (see cpu_linear.py). A
-        tied lm_head gets its own packed copy: the embedding lookup still needs the plain
-        one. Quantised projections stay as they are."""
-        pack_linears(self.layers)
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        if self.packed_head is not None or not isinstance(head, (nn.Linear, nn.Embedding)):
-            return
-        self.packed_head = PackedLinear(head.weight, None)
-        self.lm_head = None  # packed_head replaces it; drop the unpacked copy
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,
                       meta: AttentionMetadata, kv: KVStore) -> torch.Tensor:

@@ -1,23 +1,16 @@
 """Which weight mode a runner uses (`quantization` with `dtype`), and what it costs in bytes.
 
     quantization  dtype     projections                      head / embedding (tied)
-    none          float32   float32 GEMM (today's path)      float32
+    none          float32   float32 GEMM (the reference)     float32
     none          bfloat16  bfloat16 GEMM                    bfloat16
     q4_1          float32   GGUF Q4_1 groups, our kernels    GGUF Q8_0 groups, our kernels
-    q4_1_q8       float32   the same, activations rounded    as q4_1
-                            to int8 per group (VNNI)
-    int4          bfloat16  torch int4pack (bf16 scales)     dequantised, bfloat16
-    int4          float32   torch int4pack, scalar fp32 loop dequantised, float32
-    int8          bf16/f32  torch int8pack (per-row re-quantised)  dequantised
 
 "auto" (the default) is q4_1 where it can run (a model with a GGUF source, the CPU, float32,
-kernels that build here) and none elsewhere, with the reason it fell back: q4_1 is the
-fastest mode whose greedy output equals the float32 reference on the same dequantised
-weights (tests/model/test_quantized_smollm2.py; the agreement over many prompts is in
-docs/benchmarks.md); int4 and int8 change the weights or round activations to bfloat16,
-and flip greedy tokens; q4_1_q8 rounds the projections' activations to 8 bits
-(llama.cpp's arithmetic for Q4_1, on AVX-512 VNNI: faster, and greedy tokens flip now and
-then: the rate is in docs/benchmarks.md). Those are opt-in.
+kernels that build here) and none elsewhere, with the reason it fell back. q4_1 is the
+fastest mode on every CPU measured, at every batch size, and its greedy output equals the
+float32 reference on the same dequantised weights (tests/model/test_quantized_smollm2.py);
+none is that reference, and the only mode for a model without a GGUF or on CUDA.
+docs/benchmarks.md ("Weight modes kept") has the measurements, and the modes dropped.
 
 This module imports no torch at load time: the CLI reads `QUANTIZATION_CHOICES` from it.
 """
@@ -31,16 +24,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-QUANTIZATIONS = ("q4_1", "q4_1_q8", "int4", "int8")  # quantised modes (quant.py: the layers)
-GGUF_KERNEL_MODES = ("q4_1", "q4_1_q8")  # the modes our kernels run (GGUFLinear)
-QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATIONS)
-_DESCRIPTIONS = {
-    "none": "float",
-    "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)",
-    "q4_1_q8": "GGUF Q4_1/Q8_0, int8 activations (stepserve VNNI kernels)",
-    "int4": "int4 (torch int4pack)",
-    "int8": "int8 per-row (torch int8pack)",
-}
+MODES = ("none", "q4_1")  # what a runner loads; "auto" picks one of them
+QUANTIZATION_CHOICES = ("auto", *MODES)
+_DESCRIPTIONS = {"none": "float", "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)"}
 
 
 def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
@@ -68,21 +54,11 @@ def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
     if gguf is None:
         raise ValueError(f"quantization = {wanted!r} loads the model's GGUF weights, and this "
                          "model has no GGUF source (the default model has one)")
-    if wanted in GGUF_KERNEL_MODES:
-        if dtype != "float32":
-            raise ValueError(f"quantization = {wanted!r} computes in float32, not {dtype} "
-                             "(for bfloat16 activations use quantization = 'int4')")
-        reason = kernels_unavailable_reason()
-        if reason is None and wanted == "q4_1_q8":
-            from stepserve.model.ggml_kernels import load_kernels
-
-            kernels = load_kernels()
-            if not kernels.has_act8:
-                reason = (f"its int8 kernels need AVX-512 VNNI, and the {kernels.isa} "
-                          "build has none (this CPU lacks avx512_vnni, or "
-                          "STEPSERVE_KERNEL_ISA chose a narrower build)")
-        if reason is not None:
-            raise ValueError(f"quantization = {wanted!r} is unavailable here: {reason}")
+    if dtype != "float32":
+        raise ValueError(f"quantization = {wanted!r} computes in float32, not {dtype}")
+    reason = kernels_unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"quantization = {wanted!r} is unavailable here: {reason}")
     return wanted, None
 
 
@@ -91,23 +67,13 @@ def describe_quantization(mode: str) -> str:
 
 
 def _unique_nbytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t.is_mkldnn:  # oneDNN's opaque layout: no storage to share
-            seen[id(t)] = t.numel() * t.element_size()
-        else:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(seen.values())
 
 
 def _own_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """A module's own parameters and buffers (not its children's), and oneDNN's prepacked
-    weight, which cpu_linear.py holds as a plain attribute."""
-    import torch
-
-    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-    packed = getattr(module, "packed", None)
-    return tensors + ([packed] if isinstance(packed, torch.Tensor) else [])
+    """A module's own parameters and buffers (not its children's)."""
+    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
 
 
 def weight_nbytes(model: nn.Module) -> int:

@@ -4,24 +4,12 @@
 Q4_1 (4-bit q, fp16 scale d and minimum m per group, w = d * q + m) or Q8_0 (int8 q,
 fp16 d, w = d * q), with the quants and the scales split into two tensors.
 
-Four ways to multiply by one (modes.QUANTIZATIONS):
-
-* `q4_1`: `GGUFLinear` on the GGUF's own groups through our kernels (ggml_kernels.c),
-  float32 activations, every weight dequantised to exactly the reference's float32.
-  From `gemm_rows` activation rows up (a prefill chunk) it dequantises the matrix into a
-  shared scratch buffer (at most 8 MB at a time) and runs a BLAS GEMM instead: there the
-  GEMM's cache blocking wins and one dequantisation per step is cheap next to it.
-* `q4_1_q8`: the same `GGUFLinear` with `int8_activations`: a Q4_1 matrix's activations
-  are rounded to int8 per group of 32 and multiplied by the 4-bit quants as integers
-  (ggml_act8.c: llama.cpp's Q4_1 x Q8_1 arithmetic, AVX-512 VNNI), at every row count;
-  the Q8_0 head keeps float32 activations.
-* `int4`: `Int4PackLinear`, torch's `_weight_int4pack_mm_for_cpu`. Its dequantisation is
-  (q - 8) * scale + zero with scale and zero in the activation dtype, so the Q4_1 groups
-  map on it as scale = d, zero = m + 8 d. In bfloat16 (its only vectorised path on AVX2)
-  d and m are rounded to bfloat16: the weights are no longer the GGUF's.
-* `int8`: `Int8PackLinear`, torch's `_weight_int8pack_mm`: one scale per output row, so
-  the dequantised weights are re-quantised (lossy: a row's range / 254 per step instead
-  of a group's / 15).
+`GGUFLinear` multiplies by one on the GGUF's own groups through our kernels
+(ggml_kernels.c), float32 activations, every weight dequantised to exactly the reference's
+float32 (the `q4_1` mode). From `gemm_rows` activation rows up (a prefill chunk) it
+dequantises the matrix into a shared scratch buffer (at most 8 MB at a time) and runs a
+BLAS GEMM instead: there the GEMM's cache blocking wins and one dequantisation per step
+is cheap next to it.
 """
 
 from __future__ import annotations
@@ -32,9 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q4_1_Q8, FMT_Q8_0, GGMLKernels
+from stepserve.model.ggml_kernels import FMT_Q4_1, FMT_Q8_0, GROUP, GGMLKernels
 
-GROUP = 32
 Q4_1, Q8_0 = "Q4_1", "Q8_0"
 _BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}  # a GGUF block: scales then quants
 _SCALES_PER_GROUP = {Q4_1: 2, Q8_0: 1}
@@ -142,16 +129,10 @@ class GGUFLinear(nn.Module):
     """y = x @ W.T (+ b), W a `GGUFMatrix`, x float32."""
 
     def __init__(self, weight: GGUFMatrix, bias: torch.Tensor | None, kernels: GGMLKernels,
-                 scratch: DequantScratch, gemm_rows: int, int8_activations: bool = False) -> None:
+                 scratch: DequantScratch, gemm_rows: int) -> None:
         super().__init__()
         self.fmt = weight.fmt
         self.kernel_format = KERNEL_FORMAT[weight.fmt]
-        if int8_activations and weight.fmt == Q4_1:
-            if not kernels.has_act8:
-                raise ValueError(f"int8 activations need the AVX-512 VNNI kernels; the "
-                                 f"{kernels.isa} build has none")
-            self.kernel_format = FMT_Q4_1_Q8
-            gemm_rows = 1 << 62  # the dequantise + GEMM path would compute in float
         self.out_features, self.in_features = weight.shape
         self.register_buffer("qs", weight.qs)
         self.register_buffer("scales", weight.scales)
@@ -222,61 +203,3 @@ class GGUFEmbedding(nn.Module):
         self.kernels.dequantize(KERNEL_FORMAT[self.fmt], self.qs, self.scales,
                                 self.embedding_dim, out, rows=flat)
         return out.view(*ids.shape, self.embedding_dim)
-
-
-class Int4PackLinear(nn.Module):
-    """torch's weight-only int4 kernel on a Q4_1 matrix (group 32): see the module note."""
-
-    def __init__(self, weight: GGUFMatrix, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        super().__init__()
-        if weight.fmt != Q4_1:
-            raise ValueError(f"int4 packs Q4_1 weights, not {weight.fmt}")
-        self.out_features, self.in_features = weight.shape
-        if self.out_features % 16:
-            raise ValueError(f"int4 needs output features in multiples of 16, got "
-                             f"{self.out_features}")
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(
-            weight.quants(), 1))
-        d, m = weight.scales.float().unbind(-1)  # [N, K/32] each
-        # [K/32, N, 2]: (scale, zero) per group and output feature, in the activation dtype
-        self.register_buffer("scales_and_zeros", torch.stack(
-            [d, m + 8 * d], dim=-1).transpose(0, 1).contiguous().to(dtype))
-        self.bias = None if bias is None else bias.to(dtype)
-
-    @property
-    def weight_nbytes(self) -> int:
-        return self.packed.nbytes + self.scales_and_zeros.nbytes
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).contiguous()
-        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.scales_and_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*lead, self.out_features)
-
-
-class Int8PackLinear(nn.Module):
-    """torch's weight-only int8 kernel: the float weight re-quantised per output row."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        w = weight.float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-        self.register_buffer("q", torch.round(w / scale[:, None]).clamp(-127, 127)
-                             .to(torch.int8))
-        self.register_buffer("scale", scale.to(dtype))
-        self.bias = None if bias is None else bias.to(dtype)
-
-    @property
-    def weight_nbytes(self) -> int:
-        return self.q.nbytes + self.scale.nbytes
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.q,
-                                      self.scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*lead, self.out_features)

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from stepserve.model.config import ModelArgs
+from stepserve.model.model_args import ModelArgs
 
 
 def inv_frequencies(args: ModelArgs) -> torch.Tensor:

@@ -8,6 +8,11 @@ the sampled tokens in `update_from_output`.
 Block ids come in the SchedulerOutput (`block_tables`, from the KV block manager the
 engine core owns); the runner only sizes its KV store (`num_gpu_blocks`) and copies and
 reads blocks by id.
+
+A step's ragged batch is flattened into a `StepBatch`: sequences go decode first
+(paged_attention.decode_first_order); each contributes the tokens it computes this step,
+its block table, and, where its chunk reaches the end of the sequence, a row to sample;
+rows that score prompt tokens (prompt logprobs) are listed apart.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,32 +28,79 @@ import torch
 from stepserve.config.settings import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.core.request import Request
-from stepserve.model.config import ModelArgs
-from stepserve.model.cpu_linear import packing_available
 from stepserve.model.fused_decode import FusedDecoder
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_weights import load_packed_model
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
-from stepserve.model.modes import (
-    GGUF_KERNEL_MODES,
-    choose_quantization,
-    describe_quantization,
-    weight_nbytes,
+from stepserve.model.model_args import ModelArgs
+from stepserve.model.modes import choose_quantization, describe_quantization, weight_nbytes
+from stepserve.model.paged_attention import (
+    GatherBuffers,
+    build_attention_metadata,
+    decode_first_order,
 )
-from stepserve.model.paged_attention import GatherBuffers, build_attention_metadata
 from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample, token_logprobs
-from stepserve.model.step_batch import StepBatch, build_step_batch
 from stepserve.model.tokenizer import Tokenizer
 from stepserve.model.weights import DTYPES, load_model
 
 log = logging.getLogger("stepserve.model")
 
-# torch: F.linear, the same GEMM as the reference; onednn: prepacked weights
-# (cpu_linear.py); auto: onednn on CPU. SmolLM2 decode steps at context 64 on 2 cores,
-# torch/onednn: batch 1 29.9/36.9 ms, 8 60.1/49.8, 32 88.5/84.7, 64 140.6/130.9.
-LINEAR_BACKENDS = ("torch", "onednn", "auto")
+
+def new_tokens(request: Request, start: int, n: int) -> list[int]:
+    """`request.all_token_ids[start:start + n]` without concatenating the whole list
+    (a decode step needs one token, not a copy of a 4k-token history)."""
+    prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
+    if start >= num_prompt:
+        return request.output_token_ids[start - num_prompt:start - num_prompt + n]
+    if start + n <= num_prompt:
+        return prompt[start:start + n]
+    return prompt[start:] + request.output_token_ids[:start + n - num_prompt]
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """One step's flattened ragged batch, in decode-first order."""
+
+    starts: list[int] = field(default_factory=list)
+    lens: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    input_ids: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)  # flat row of each sampling seq
+    sample_of: list[int] = field(default_factory=list)  # and its index in the step
+    # (index in the step, flat row, the prompt token that row predicts)
+    prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
+    num_decoding: int = 0
+
+
+def build_step_batch(sched_out: SchedulerOutput, scheduled: list[int]) -> StepBatch:
+    requests, counts = sched_out.requests, sched_out.num_scheduled_tokens
+    ends = [requests[i].num_computed_tokens + counts[i] for i in scheduled]
+    decoding = [requests[i].is_decoding for i in scheduled]
+    b = StepBatch(num_decoding=sum(decoding))
+    for i in (scheduled[j] for j in decode_first_order(decoding, ends)):
+        req, n = requests[i], counts[i]
+        start = req.num_computed_tokens
+        if start + n > req.num_tokens:
+            raise ValueError(f"request {req.request_id}: {n} tokens scheduled at "
+                             f"{start} but it has only {req.num_tokens}")
+        base = len(b.input_ids)
+        b.starts.append(start)
+        b.lens.append(n)
+        b.tables.append(sched_out.block_tables[i])
+        b.input_ids += new_tokens(req, start, n)
+        if req.prompt_logprobs is not None:
+            # position p predicts prompt token p + 1; positions already scored (before a
+            # recompute, say) are not scored again
+            prompt = req.prompt_token_ids
+            first = max(start, len(req.prompt_logprobs))
+            b.prompt_rows += [(i, base + p - start, prompt[p + 1])
+                              for p in range(first, min(start + n, len(prompt) - 1))]
+        if start + n == req.num_tokens:
+            b.sample_rows.append(len(b.input_ids) - 1)
+            b.sample_of.append(i)
+    return b
 
 
 class TorchRunner:
@@ -56,15 +109,12 @@ class TorchRunner:
                  kv_cache_memory: int | None = None,
                  gpu_memory_utilization: float | None = None, swap_space_gib: float = 0.0,
                  dtype: str = "float32", device: str = "cpu",
-                 linear_backend: str = "torch", quantization: str | None = "auto") -> None:
+                 quantization: str | None = "auto") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype = {dtype!r}: must be one of {', '.join(DTYPES)}")
-        if linear_backend not in LINEAR_BACKENDS:
-            raise ValueError(f"linear_backend = {linear_backend!r}: must be one of "
-                             f"{', '.join(LINEAR_BACKENDS)}")
         self.device = torch.device(device)
         self.model_path = resolve_model(model)
-        self.model = self._load_model(model, dtype, linear_backend, quantization)
+        self.model = self._load_model(model, dtype, quantization)
         self.args: ModelArgs = self.model.args
         self.tokenizer = Tokenizer(self.model_path)
         self.kv_budget, num_gpu_blocks = kv_blocks(self.args, block_size, self.device,
@@ -81,12 +131,10 @@ class TorchRunner:
         self.thread_count: Callable[[], int] | None = None
         self.max_threads = torch.get_num_threads()  # the count at load: the most a step uses
 
-    def _load_model(self, model: str | Path, dtype: str, linear_backend: str,
+    def _load_model(self, model: str | Path, dtype: str,
                     quantization: str | None) -> LlamaModel:
-        """The weights in the mode asked for (modes.py); sets `quantization` and
-        `linear_backend` to what was chosen."""
-        if quantization == "auto" and linear_backend == "onednn":
-            quantization = "none"  # oneDNN packing is for float weights: asking for it says so
+        """The weights in the mode asked for (modes.py); sets `quantization` to what was
+        chosen."""
         gguf = resolve_gguf(model, self.model_path)
         self.quantization, self.quantization_note = choose_quantization(
             quantization, dtype, self.device, gguf)
@@ -94,40 +142,20 @@ class TorchRunner:
             log.warning("quantization auto: float weights, not the GGUF's own (%s)",
                         self.quantization_note)
         if self.quantization == "none":
-            self.linear_backend = self._choose_backend(linear_backend)
-            loaded = load_model(self.model_path, dtype, self.device)
-            if self.linear_backend == "onednn":
-                loaded.pack_for_cpu()
-            return loaded
-        if linear_backend == "onednn":
-            raise ValueError("linear_backend = 'onednn' packs float weights; it does not "
-                             f"apply with quantization = {self.quantization!r}")
+            return load_model(self.model_path, dtype, self.device)
         assert gguf is not None  # choose_quantization checked
-        self.linear_backend = "torch"
-        loaded = load_packed_model(gguf, self.model_path, self.quantization, dtype)
-        if self.quantization in GGUF_KERNEL_MODES and self.device.type == "cpu":
-            loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels())
+        loaded = load_packed_model(gguf, self.model_path)  # q4_1: float32 on the CPU
+        loaded.fused_decode = FusedDecoder.for_model(loaded, load_kernels())
         return loaded
-
-    def _choose_backend(self, wanted: str) -> str:
-        usable = self.device.type == "cpu" and packing_available()
-        if wanted == "onednn" and not usable:
-            raise ValueError(f"linear_backend = 'onednn' needs a CPU device with oneDNN; "
-                             f"device is {self.device}")
-        if wanted == "auto":
-            return "onednn" if usable else "torch"
-        return wanted
 
     @classmethod
     def from_config(cls, model: str | Path, cache: CacheConfig, dtype: str = "float32",
-                    device: str = "cpu", linear_backend: str = "torch",
-                    quantization: str | None = "auto") -> TorchRunner:
+                    device: str = "cpu", quantization: str | None = "auto") -> TorchRunner:
         return cls(model, block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
                    num_cpu_blocks=cache.num_cpu_blocks, kv_cache_memory=cache.kv_cache_memory,
                    gpu_memory_utilization=cache.gpu_memory_utilization,
                    swap_space_gib=cache.swap_space,
-                   dtype=dtype, device=device,
-                   linear_backend=linear_backend, quantization=quantization)
+                   dtype=dtype, device=device, quantization=quantization)
 
     # ---- what the engine reads ----
     @property
@@ -159,7 +187,7 @@ class TorchRunner:
             weights += f" ({self.quantization_note})"
         return (f"{self.model_path} ({a.architecture}, {a.num_parameters / 1e6:.1f}M params, "
                 f"{a.dtype}, {self.device}, weights {weights}"
-                f" {self.weight_bytes / 1e6:.0f} MB, {self.linear_backend} linear); "
+                f" {self.weight_bytes / 1e6:.0f} MB); "
                 f"{self.kv_budget.describe(a, self.block_size)}")
 
     # ---- one step ----

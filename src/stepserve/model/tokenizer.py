@@ -23,6 +23,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from stepserve.model.model_args import generation_eos_ids
+
 try:
     from tokenizers.decoders import DecodeStream
 except ImportError:  # tokenizers < 0.21
@@ -89,11 +91,7 @@ class Tokenizer:
 
     def _eos_ids(self, model_dir: Path) -> tuple[int, ...]:
         """Every id that ends generation: generation_config's, then the tokenizer's eos."""
-        ids: list[int] = []
-        gen = model_dir / "generation_config.json"
-        if gen.is_file():
-            value = json.loads(gen.read_text()).get("eos_token_id")
-            ids += value if isinstance(value, list) else [] if value is None else [value]
+        ids = list(generation_eos_ids(model_dir))
         if self.eos_token is not None:
             tid = self._tok.token_to_id(self.eos_token)
             if tid is not None and tid not in ids:

@@ -113,7 +113,7 @@ def point_terms(p: GridPoint, knee_tokens: int) -> tuple[float, ...]:
 
 def _time_point(runner, p: GridPoint) -> float:
     """One timing of one grid point (seconds)."""
-    from stepserve.model.profile import measure_step
+    from stepserve.model.step_timing import measure_step
 
     if not p.swap_blocks:
         return measure_step(runner, p.decodes, p.context or 1, p.chunk, repeats=1, warmup=0,
@@ -212,8 +212,8 @@ def machine(device: str) -> dict[str, Any]:
 
 def profile(opts: ProfileOptions,
             progress: Callable[[str], None] | None = None) -> ProfileResult:
-    from stepserve.model.config import load_model_args
     from stepserve.model.kv_store import default_kv_budget
+    from stepserve.model.model_args import load_model_args
     from stepserve.model.presets import resolve_model
     from stepserve.model.runner import TorchRunner
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stepserve.model.config import ModelArgs, load_model_args, model_args_from_hf
+from stepserve.model.model_args import ModelArgs, load_model_args, model_args_from_hf
 
 SMOLLM2 = {  # as transformers 5 writes it (rope_parameters)
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,

@@ -157,11 +157,15 @@ def load_model_args(model_dir: str | Path, dtype: str = "float32") -> ModelArgs:
         raise FileNotFoundError(f"{path}: no config.json; is {model_dir} a Hugging Face "
                                 "model directory?")
     args = model_args_from_hf(json.loads(path.read_text()), dtype)
-    gen = model_dir / "generation_config.json"
-    if gen.is_file():
-        eos = _token_ids(json.loads(gen.read_text()).get("eos_token_id"))
-        if eos:
-            from dataclasses import replace
+    eos = generation_eos_ids(model_dir)
+    if eos:
+        from dataclasses import replace
 
-            args = replace(args, eos_token_ids=eos)
+        args = replace(args, eos_token_ids=eos)
     return args
+
+
+def generation_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
+    """The eos ids `model_dir/generation_config.json` names; () without one."""
+    gen = Path(model_dir) / "generation_config.json"
+    return _token_ids(json.loads(gen.read_text()).get("eos_token_id")) if gen.is_file() else ()
