@@ -32,6 +32,10 @@ def integrity_checks_on() -> bool:
 
 
 class SchedulerBase:
+    # Whether schedule() looks up the batch's block tables (`SchedulerOutput.block_tables`):
+    # a runner that never reads block ids (the simulator's) has its engine core turn it off.
+    fills_block_tables = True
+
     def __init__(self, config: EngineConfig, kv: KVCacheManager, clock: Clock) -> None:
         self.config = config
         self.sc = config.scheduler
@@ -229,8 +233,9 @@ class SchedulerBase:
         if self.qc.max_queue_time_s and self.waiting:
             self._expire_waiting(now)
         self.fill(out, now)
-        out.block_tables = list(map(self.kv.block_tables.__getitem__,
-                                    map(_REQUEST_ID, out.requests)))
+        if self.fills_block_tables:
+            out.block_tables = list(map(self.kv.block_tables.__getitem__,
+                                        map(_REQUEST_ID, out.requests)))
         return out
 
     def fill(self, out: SchedulerOutput, now: float) -> None:

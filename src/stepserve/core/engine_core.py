@@ -70,6 +70,9 @@ class EngineDead(RuntimeError):
 
 
 class Runner(Protocol):
+    """What the engine core steps: `execute` a batch. A runner whose class says
+    `reads_block_tables = False` gets batches without their block tables."""
+
     def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
 
 
@@ -114,6 +117,7 @@ class EngineCore:
         self.runner = runner
         self.clock = clock
         self.scheduler: SchedulerBase = make_scheduler(config, clock, num_gpu_blocks)
+        self.scheduler.fills_block_tables = getattr(runner, "reads_block_tables", True)
         self.on_tokens = on_tokens
         self._failed_in_a_row = 0
         self.integrity_checks = integrity_checks_on()

@@ -17,6 +17,8 @@ _ID = attrgetter("request_id")
 
 
 class SimRunner:
+    reads_block_tables = False  # a cost model prices counts, never block ids
+
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
         # request id -> how many output tokens it holds when it samples EOS (its workload
