@@ -27,6 +27,7 @@ from stepserve.config.settings import EngineConfig
 from stepserve.core.clock import WallClock
 from stepserve.core.end_reasons import FinishReason, Refusal
 from stepserve.core.request import SamplingParams
+from stepserve.engine.outputs import StreamOutput
 from stepserve.routing.pools import Deployment
 from stepserve.routing.view import RouteRequest
 from stepserve.server.drain import drain_live
@@ -35,7 +36,6 @@ from stepserve.server.streams import (
     RequestFailed,
     RequestRejected,
     RequestStream,
-    StreamOutput,
 )
 
 log = logging.getLogger("stepserve.cluster")

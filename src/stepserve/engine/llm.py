@@ -110,18 +110,14 @@ class LLM:
                 for g in groups[:-1]:
                     for r in g:
                         engine.abort_request(r.request_id)
-                for g in groups:
-                    engine.release(g)
                 raise ValueError(f"prompt {k}: {group[0].finish_message}")
         total = sum(len(g) for g in groups)
         bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm,
                    leave=False, mininterval=0.5)
-        run_to_completion(engine, lambda result: bar.update(len(result.finished)))
+        finals = run_to_completion(engine, lambda result: bar.update(len(result.finished)))
         bar.close()
-        outputs = [engine.output_of(g) for g in groups]
-        for g in groups:
-            engine.release(g)
-        return outputs
+        return [engine.output_of(g, finals, p if isinstance(p, str) else None)
+                for g, p in zip(groups, prompts, strict=True)]
 
 
 def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | None,

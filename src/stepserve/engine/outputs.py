@@ -1,7 +1,8 @@
-"""What the engine hands back, in vLLM's shape: RequestOutput.outputs[i].text, and, when
-asked, logprobs as vLLM gives them: per position a dict {token id: Logprob} holding the
-token there and the top alternatives (prompt logprobs start with None: the first prompt
-token has no context to be predicted from)."""
+"""What the engine hands back. Offline, in vLLM's shape: RequestOutput.outputs[i].text,
+and, when asked, logprobs as vLLM gives them: per position a dict {token id: Logprob}
+holding the token there and the top alternatives (prompt logprobs start with None: the
+first prompt token has no context to be predicted from). Step by step, to a server:
+one StreamOutput per sequence that has news (output_processor.py makes both)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,36 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from stepserve.core.request import Request, TokenLogprobs
+
+
+@dataclass(slots=True)
+class StreamOutput:
+    """What one sequence of a request (choice `index`; n > 1 requests have n) got in one
+    engine step (or at its end)."""
+
+    text: str  # new text since the previous output (streamed requests only)
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finished: bool = False
+    finish_reason: str | None = None  # a FinishReason value (end_reasons.py)
+    message: str = ""  # why it ended, when it did not end normally
+    full_text: str | None = None  # final output only: the whole completion
+    index: int = 0
+    # asked-for logprobs of the tokens since the previous output (final, unstreamed: all)
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the first output
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache gave (usage's cached_tokens)
+    # final output only: the stop string or stop token id that ended it (vLLM's
+    # stop_reason; None for EOS, length and every other end)
+    stop_reason: str | int | None = None
+
+    def merge_into(self, older: StreamOutput) -> None:
+        """Make this output also carry `older`'s, which the handler has not taken."""
+        self.text = older.text + self.text
+        if older.logprobs:
+            self.logprobs = older.logprobs + (self.logprobs or [])
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = older.prompt_logprobs
 
 
 @dataclass
@@ -60,6 +91,29 @@ class RequestOutput:
     # prompt tokens served from the prefix cache at admission (vLLM's field; whole
     # blocks); n > 1: the fewest any sequence got, as the server's usage counts them
     num_cached_tokens: int = 0
+
+    @classmethod
+    def of(cls, group: Sequence[Request], finals: Sequence[StreamOutput], prompt: str | None,
+           decode: Callable[[int], str]) -> RequestOutput:
+        """One request's output from its sequences (the children of an n > 1 request, in
+        index order) and their final outputs (the same order)."""
+        first = group[0]
+        prompt_lp = logprobs_list(first.prompt_logprobs, decode)
+        if prompt_lp is not None:
+            prompt_lp = [None, *prompt_lp]
+        completions = []
+        for req, final in zip(group, finals, strict=True):
+            found = req.output_logprobs
+            completions.append(CompletionOutput(
+                req.index, final.full_text or "", list(req.output_token_ids),
+                final.finish_reason, req.stop_reason,
+                None if found is None else sum(lp.logprob for lp in found),
+                logprobs_list(found, decode)))
+        messages = (f.message for f in finals if f.message)
+        return cls(first.parent_id or first.request_id, prompt, first.prompt_token_ids,
+                   completions, all(r.is_finished for r in group), RequestMetrics.of(first),
+                   "; ".join(dict.fromkeys(messages)), prompt_lp,
+                   min(r.num_cached_tokens for r in group))
 
 
 def position_logprobs(lp: TokenLogprobs, decode: Callable[[int], str]) -> PositionLogprobs:

@@ -14,20 +14,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stepserve.core.end_reasons import FinishReason
-from stepserve.core.output import StepResult
-from stepserve.core.request import Request, RequestStatus, SamplingParams
+from stepserve.core.request import SamplingParams
 from stepserve.core.snapshot import EngineSnapshot
+from stepserve.engine.outputs import StreamOutput
 from stepserve.server.streams import (
     EngineUnavailable,
     RequestFailed,
     RequestRejected,
     RequestStream,
-    StreamOutput,
 )
-from stepserve.server.tracked import Tracked
 
 if TYPE_CHECKING:
-    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.engine.llm_engine import EngineStep, LLMEngine
+    from stepserve.engine.output_processor import Outputs as EngineOutputs
     from stepserve.server.metrics import ServerMetrics
 
 log = logging.getLogger("stepserve.server")
@@ -54,6 +53,12 @@ class AddCommand:
 class AbortCommand:
     request_id: str
     message: str
+
+
+@dataclass(slots=True)
+class _Live:
+    stream: RequestStream
+    left: int  # sequences still to end (n of an n > 1 request)
 
 
 @dataclass
@@ -92,7 +97,7 @@ class EngineLoop:
         self.fault: str | None = None
         self.commands: deque[AddCommand | AbortCommand | None] = deque()
         self.wake = threading.Event()
-        self._tracked: dict[str, Tracked] = {}
+        self._live: dict[str, _Live] = {}  # admitted requests, by their id
         # what this iteration hands over at its end (on self: the fatal path needs them)
         self._outputs: Outputs = []
         self._admissions: Admissions = []
@@ -114,7 +119,7 @@ class EngineLoop:
             self.wake.clear()
             self._outputs, self._admissions = [], []
             if self._apply_commands():
-                for rid in list(self._tracked):
+                for rid in list(self._live):
                     engine.abort_request(rid, "server shutting down")
                 self._collect(engine.step())  # nothing left to run: only the ends
                 self._publish()
@@ -137,9 +142,26 @@ class EngineLoop:
                         min(max(wake_at - engine.clock.now(), 0.0), 0.05)
                 self.wake.wait(timeout)
 
-    def _collect(self, result: StepResult) -> None:
-        self._collect_tokens(result.emitted)
-        self._collect_finished(result.finished)
+    def _collect(self, step: EngineStep) -> None:
+        """Hand each output to its request's stream; count tokens and ends."""
+        if self.metrics is not None:
+            for req in step.emitted:
+                self.metrics.on_token(req)
+        self._route(step.outputs)
+
+    def _route(self, outputs: EngineOutputs) -> None:
+        for req, out in outputs:
+            rid = req.parent_id or req.request_id
+            live = self._live.get(rid)
+            if live is None:
+                continue  # a sibling of a refused one: never admitted
+            self._outputs.append((live.stream, out))
+            if out.finished:
+                live.left -= 1
+                if not live.left:
+                    del self._live[rid]
+                if self.metrics is not None:  # what the client got is what is counted
+                    self.metrics.on_finished(req, FinishReason(out.finish_reason))
 
     def _apply_commands(self) -> bool:
         """Apply queued adds and aborts; True when asked to stop."""
@@ -148,76 +170,29 @@ class EngineLoop:
             if cmd is None:
                 return True
             if isinstance(cmd, AbortCommand):
-                if cmd.request_id in self._tracked or cmd.request_id in self._parents():
-                    self.engine.abort_request(cmd.request_id, cmd.message)  # n > 1: all
+                self.engine.abort_request(cmd.request_id, cmd.message)  # n > 1: all
             else:
                 self._admissions.append((cmd.admitted, self._admit(cmd)))
         return False
 
-    def _parents(self) -> set[str]:
-        return {t.request.parent_id for t in self._tracked.values()
-                if t.request.parent_id is not None}
-
     def _admit(self, cmd: AddCommand) -> BaseException | None:
         """Hand one request to the engine; the admission error, or None if it was taken."""
-        engine = self.engine
         try:
-            children = engine.add_parallel(cmd.prompt_ids, cmd.params, cmd.request_id,
-                                           arrival_time=cmd.arrival_time,
-                                           stream_text=cmd.streamed,
-                                           cache_salt=cmd.cache_salt)
+            children = self.engine.add_parallel(cmd.prompt_ids, cmd.params, cmd.request_id,
+                                                arrival_time=cmd.arrival_time,
+                                                streamed=cmd.streamed,
+                                                cache_salt=cmd.cache_salt)
         except ValueError as e:
             return RequestRejected(str(e))
         except Exception as e:  # not the client's fault, and not queued: a 500 for it alone
             log.exception("admitting request %s failed", cmd.request_id)
             return RequestFailed(f"{type(e).__name__}: {e}")
         refused = children[0]
-        if refused.is_finished:  # refused at admission (the engine released its text state)
+        if refused.is_finished:  # refused at admission
             why = refused.reject_reason.value if refused.reject_reason else "invalid"
             return RequestRejected(refused.finish_message, why)
-        for req in children:  # n > 1: n sequences answered on one stream
-            self._tracked[req.request_id] = Tracked.of(req, cmd.stream, cmd.streamed)
+        self._live[cmd.request_id] = _Live(cmd.stream, len(children))  # n on one stream
         return None
-
-    def _collect_tokens(self, emitted: list[Request]) -> None:
-        text_of = self.engine.text_of
-        for req in emitted:
-            if self.metrics is not None:
-                self.metrics.on_token(req)
-            t = self._tracked.get(req.request_id)
-            if t is None or not t.streamed or req.is_finished:
-                continue  # finished ones are reported by _collect_finished
-            try:
-                self._outputs.append((t.stream, t.delta(text_of)))
-            except Exception as e:  # this request's text is broken, not the others'
-                log.exception("streaming request %s failed", req.request_id)
-                message = f"streaming failed: {type(e).__name__}: {e}"
-                self.engine.core.finish_request(req.request_id, RequestStatus.FINISHED_ERROR,
-                                                message)
-                # answered now (its end, in a later result, finds it untracked)
-                del self._tracked[req.request_id]
-                self._outputs.append((t.stream, t.error(message)))
-                if self.metrics is not None:
-                    self.metrics.on_finished(req)
-
-    def _collect_finished(self, finished: list[Request]) -> None:
-        ended = []
-        for req in finished:
-            t = self._tracked.pop(req.request_id, None)
-            if t is None:
-                continue  # rejected at admission: answered there
-            ended.append(req)
-            ended_as = None  # the engine's reason, unless the answer could not be built
-            try:
-                out = t.final(self.engine.final_text(req))
-            except Exception as e:
-                log.exception("the final text of request %s failed", req.request_id)
-                out = t.error(f"the final text failed: {type(e).__name__}: {e}")
-                ended_as = FinishReason.ERROR  # what the client got, and what is counted
-            self._outputs.append((t.stream, out))
-            if self.metrics is not None:
-                self.metrics.on_finished(req, ended_as)
-        self.engine.release(ended)
 
     def _publish(self) -> None:
         self.state = EngineState.of(self.engine.core.snapshot(), self.state.steps)
@@ -232,12 +207,10 @@ class EngineLoop:
             self.hand_over(outputs, admissions)
 
     def _fail_all(self, message: str) -> None:
-        """The loop is dead: every tracked request gets a final error, every admission
-        still pending an answer (taken ones resolve, and then their stream ends in error;
-        queued ones are refused)."""
-        for t in self._tracked.values():
-            self._outputs.append((t.stream, t.error(message)))
-        self._tracked.clear()
+        """The loop is dead: every live request gets its final error (the engine ends
+        them), every admission still pending an answer (taken ones resolve, and then
+        their stream ends in error; queued ones are refused)."""
+        self._route(self.engine.fail_all(message))
         while self.commands:
             cmd = self.commands.popleft()
             if isinstance(cmd, AddCommand):

@@ -1,13 +1,13 @@
-"""What a handler holds of one request: its RequestStream of StreamOutputs, and the three
+"""What a handler holds of one request: its RequestStream of StreamOutputs (the engine's
+outputs.py), and the three
 ways admission can fail (RequestRejected, RequestFailed, EngineUnavailable)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from stepserve.core.end_reasons import Refusal
-from stepserve.core.request import TokenLogprobs
+from stepserve.engine.outputs import StreamOutput
 
 
 class RequestRejected(Exception):
@@ -27,36 +27,6 @@ class RequestFailed(Exception):
 
 class EngineUnavailable(Exception):
     """The engine is shutting down, or stopped after a fault."""
-
-
-@dataclass(slots=True)
-class StreamOutput:
-    """What one sequence of a request (choice `index`; n > 1 requests have n) got in one
-    engine step (or at its end)."""
-
-    text: str  # new text since the previous output (streamed requests only)
-    num_prompt_tokens: int
-    num_output_tokens: int
-    finished: bool = False
-    finish_reason: str | None = None  # a FinishReason value (end_reasons.py)
-    message: str = ""  # why it ended, when it did not end normally
-    full_text: str | None = None  # final output only: the whole completion
-    index: int = 0
-    # asked-for logprobs of the tokens since the previous output (final, unstreamed: all)
-    logprobs: list[TokenLogprobs] | None = None
-    prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the first output
-    num_cached_tokens: int = 0  # prompt tokens the prefix cache gave (usage's cached_tokens)
-    # final output only: the stop string or stop token id that ended it (vLLM's
-    # stop_reason; None for EOS, length and every other end)
-    stop_reason: str | int | None = None
-
-    def merge_into(self, older: StreamOutput) -> None:
-        """Make this output also carry `older`'s, which the handler has not taken."""
-        self.text = older.text + self.text
-        if older.logprobs:
-            self.logprobs = older.logprobs + (self.logprobs or [])
-        if self.prompt_logprobs is None:
-            self.prompt_logprobs = older.prompt_logprobs
 
 
 class RequestStream:
