@@ -19,24 +19,22 @@ import contextvars
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stepserve.cluster.messages import Admission
-from stepserve.config.settings import EngineConfig
-from stepserve.core.clock import WallClock
 from stepserve.core.end_reasons import FinishReason, Refusal
-from stepserve.core.request import SamplingParams
-from stepserve.engine.outputs import StreamOutput
-from stepserve.routing.pools import Deployment
-from stepserve.routing.view import RouteRequest
-from stepserve.server.drain import drain_live
-from stepserve.server.streams import (
+from stepserve.engine.seam import (
     EngineUnavailable,
+    NewRequest,
     RequestFailed,
     RequestRejected,
     RequestStream,
+    StreamOutput,
 )
+from stepserve.routing.pools import Deployment
+from stepserve.routing.view import RouteRequest
+from stepserve.server.drain import drain_live
 
 log = logging.getLogger("stepserve.cluster")
 
@@ -44,16 +42,6 @@ log = logging.getLogger("stepserve.cluster")
 REQUEST_HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "stepserve_request_headers", default=None)
 ADMIT_TRIES = 3  # sends of a request whose replica died before admitting it
-
-
-@dataclass
-class IngressModel:
-    """What the handlers read of `engine.engine`: the tokenizer, the engine config the
-    pools start from (requests are checked against it) and a clock."""
-
-    tokenizer: Any
-    config: EngineConfig
-    clock: WallClock = field(default_factory=WallClock)
 
 
 @dataclass
@@ -66,11 +54,9 @@ class _Live:
 
 
 class ClusterEngine:
-    def __init__(self, deployment: Deployment, handles: Mapping[str, Any],
-                 model: IngressModel) -> None:
+    def __init__(self, deployment: Deployment, handles: Mapping[str, Any]) -> None:
         self.deployment = deployment
         self.handles = dict(handles)  # pool name -> its deployment's handle
-        self.engine = model
         self.accepting = True
         self.fault: str | None = None  # a cluster has no single engine to die
         self._live: dict[str, _Live] = {}
@@ -86,48 +72,43 @@ class ClusterEngine:
     def num_live(self) -> int:
         return len(self._live)
 
-    def route_of(self, prompt_ids: list[int], params: SamplingParams,
-                 cache_salt: str | None = None) -> RouteRequest:
-        return RouteRequest(len(prompt_ids), params.max_tokens, params.priority,
-                            params.tenant, REQUEST_HEADERS.get() or {}, prompt_ids,
-                            cache_salt)
+    def route_of(self, request: NewRequest) -> RouteRequest:
+        params = request.params
+        return RouteRequest(len(request.prompt_ids), params.max_tokens, params.priority,
+                            params.tenant, REQUEST_HEADERS.get() or {}, request.prompt_ids,
+                            request.cache_salt)
 
     # ---- requests ----
-    async def add(self, prompt_ids: list[int], params: SamplingParams, *,
-                  streamed: bool = True, request_id: str | None = None,
-                  arrival_time: float | None = None,
-                  cache_salt: str | None = None) -> RequestStream:
+    async def add(self, request: NewRequest) -> RequestStream:
         """Send to a replica of the request's pool; return its stream once admitted.
         Raises RequestRejected, RequestFailed or EngineUnavailable as AsyncEngine.add
         does. (The replica stamps its own arrival time.)"""
         if not self.accepting:
             raise EngineUnavailable("the server is shutting down")
+        params = request.params
         if params.n > 1:  # a replica answers one sequence per request stream here
             raise RequestRejected(
                 f"n = {params.n} (or best_of): more than one choice per request is not "
                 "supported through `serve --replicas` yet; send n requests, or serve one "
                 "engine", Refusal.INVALID.value)
-        route = self.route_of(prompt_ids, params, cache_salt)
+        route = self.route_of(request)
         pool = self.deployment.pool_for(route)
-        rid = request_id or f"ing-{uuid.uuid4().hex}"
-        generator, admission = await self._admit(pool, rid, prompt_ids, params, streamed,
-                                                 route, cache_salt)
-        stream = RequestStream(rid, len(prompt_ids))
+        rid = request.request_id or f"ing-{uuid.uuid4().hex}"
+        sent = replace(request, request_id=rid, arrival_time=None)
+        generator, admission = await self._admit(pool, sent, route)
+        stream = RequestStream(rid, len(request.prompt_ids))
         pump = asyncio.ensure_future(self._pump(rid))
         self._live[rid] = _Live(stream, pump, generator, admission)
         self._all_ended.clear()
         return stream
 
-    async def _admit(self, pool: str, rid: str, prompt_ids: list[int],
-                     params: SamplingParams, streamed: bool, route: RouteRequest,
-                     cache_salt: str | None = None):
+    async def _admit(self, pool: str, request: NewRequest, route: RouteRequest):
         from ray.exceptions import RayActorError
 
         handle = self.handles[pool].options(stream=True)
         died: Exception | None = None
         for _ in range(ADMIT_TRIES):
-            generator = handle.generate.remote(prompt_ids, params, streamed, rid,
-                                               route=route, cache_salt=cache_salt)
+            generator = handle.generate.remote(request, route=route)
             try:
                 admission = await generator.__anext__()
             except RayActorError as e:  # died before admitting it: send it again
@@ -207,7 +188,8 @@ def _raise_for(admission: Admission) -> None:
     if admission.error is None:
         return
     if admission.error == "rejected":
-        raise RequestRejected(admission.message, admission.reason)
+        raise RequestRejected(admission.message, admission.reason, admission.param,
+                              admission.code)
     if admission.error == "failed":
         raise RequestFailed(admission.message)
     raise EngineUnavailable(f"engine {admission.engine} ({admission.pool}): "

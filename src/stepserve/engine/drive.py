@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, SamplingParams
 from stepserve.engine.llm_engine import EngineStep, LLMEngine
-from stepserve.engine.outputs import StreamOutput
+from stepserve.engine.seam import StreamOutput
 
 
 def run_to_completion(engine: LLMEngine, on_step: Callable[[EngineStep], None] | None = None

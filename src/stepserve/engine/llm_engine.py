@@ -24,10 +24,16 @@ from stepserve.core.clock import Clock, WallClock
 from stepserve.core.engine_core import EngineCore
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
-from stepserve.core.request_limits import cache_salt_refusal, check_text, stop_tokens_refusal
+from stepserve.core.request_limits import (
+    cache_salt_refusal,
+    check_text,
+    priority_refusal,
+    stop_tokens_refusal,
+)
 from stepserve.engine.output_processor import End, OutputProcessor, Outputs
-from stepserve.engine.outputs import RequestOutput, StreamOutput
+from stepserve.engine.outputs import RequestOutput
 from stepserve.engine.runner_settings import settings_for_runner
+from stepserve.engine.seam import InvalidRequest, StreamOutput
 from stepserve.engine.step_threads import follow_free_cores
 
 log = logging.getLogger("stepserve.engine")
@@ -107,13 +113,7 @@ class LLMEngine:
         `streamed`: the step's outputs carry each sequence's new text as it comes (else
         only its final output)."""
         params = params or SamplingParams()
-        # inputs this model cannot take (request_limits.py says why), as the server's 400
-        refusal = (check_text("prompt", prompt) if isinstance(prompt, str) else None) or \
-            cache_salt_refusal(cache_salt) or \
-            stop_tokens_refusal(params.stop_token_ids, params.min_tokens,
-                                self.runner.args.vocab_size, self.runner.eos_token_id)
-        if refusal:
-            raise ValueError(refusal)
+        self._check(prompt, params, cache_salt)
         if request_id is None:
             request_id = f"req-{self._counter}"
             self._counter += 1
@@ -136,16 +136,30 @@ class LLMEngine:
             self.output.add(request, streamed)
         return requests
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def _check(self, prompt: str | list[int], params: SamplingParams,
+               cache_salt: str | None) -> None:
+        """The one check of a request against what this engine can take
+        (request_limits.py says why), offline and served alike: InvalidRequest naming the
+        field, as the server's 400 does. (Its length is admission's.)"""
+        vocab, eos = self.runner.args.vocab_size, self.runner.eos_token_id
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        ids = list(prompt)
-        vocab = self.runner.args.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); "
-                             f"got {bad[:5]}")
-        return ids
+            refusal = check_text("prompt", prompt)
+        else:
+            bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
+            refusal = bad and f"prompt token ids must be integers in [0, {vocab}); got " \
+                f"{bad[:5]}"
+        if refusal:
+            raise InvalidRequest(refusal, "prompt")
+        if refusal := cache_salt_refusal(cache_salt):
+            raise InvalidRequest(refusal, "cache_salt")
+        if refusal := stop_tokens_refusal(params.stop_token_ids, params.min_tokens, vocab,
+                                          eos):
+            raise InvalidRequest(refusal, "stop_token_ids")
+        if refusal := priority_refusal(params.priority, self.config.scheduler.policy):
+            raise InvalidRequest(refusal, "priority", "unsupported_value")
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
         """End a live request; a parent's id (n > 1) ends every child still running."""

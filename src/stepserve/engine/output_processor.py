@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from stepserve.core.end_reasons import FinishReason
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus
-from stepserve.engine.outputs import StreamOutput
+from stepserve.engine.seam import StreamOutput
 
 log = logging.getLogger("stepserve.engine")
 

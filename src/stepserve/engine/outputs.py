@@ -1,8 +1,8 @@
 """What the engine hands back. Offline, in vLLM's shape: RequestOutput.outputs[i].text,
 and, when asked, logprobs as vLLM gives them: per position a dict {token id: Logprob}
 holding the token there and the top alternatives (prompt logprobs start with None: the
-first prompt token has no context to be predicted from). Step by step, to a server:
-one StreamOutput per sequence that has news (output_processor.py makes both)."""
+first prompt token has no context to be predicted from). (Step by step, a server gets
+seam.py's StreamOutputs; output_processor.py makes both.)"""
 
 from __future__ import annotations
 
@@ -10,36 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from stepserve.core.request import Request, TokenLogprobs
-
-
-@dataclass(slots=True)
-class StreamOutput:
-    """What one sequence of a request (choice `index`; n > 1 requests have n) got in one
-    engine step (or at its end)."""
-
-    text: str  # new text since the previous output (streamed requests only)
-    num_prompt_tokens: int
-    num_output_tokens: int
-    finished: bool = False
-    finish_reason: str | None = None  # a FinishReason value (end_reasons.py)
-    message: str = ""  # why it ended, when it did not end normally
-    full_text: str | None = None  # final output only: the whole completion
-    index: int = 0
-    # asked-for logprobs of the tokens since the previous output (final, unstreamed: all)
-    logprobs: list[TokenLogprobs] | None = None
-    prompt_logprobs: list[TokenLogprobs] | None = None  # once, in the first output
-    num_cached_tokens: int = 0  # prompt tokens the prefix cache gave (usage's cached_tokens)
-    # final output only: the stop string or stop token id that ended it (vLLM's
-    # stop_reason; None for EOS, length and every other end)
-    stop_reason: str | int | None = None
-
-    def merge_into(self, older: StreamOutput) -> None:
-        """Make this output also carry `older`'s, which the handler has not taken."""
-        self.text = older.text + self.text
-        if older.logprobs:
-            self.logprobs = older.logprobs + (self.logprobs or [])
-        if self.prompt_logprobs is None:
-            self.prompt_logprobs = older.prompt_logprobs
+from stepserve.engine.seam import StreamOutput
 
 
 @dataclass

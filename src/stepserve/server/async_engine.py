@@ -3,7 +3,7 @@ asyncio stream per request.
 
     HTTP handler --add/abort--> command queue --> engine thread: commands, step(), publish
          ^                                                             |
-         +----- RequestStream (merging slot) <-- call_soon_threadsafe --+
+         +----- RequestStream (merging slot) <-- outbox (a queue) -----+
 
 Invariants:
 * Only the engine thread touches the engine (add, abort, step), so the scheduler is
@@ -19,18 +19,22 @@ Invariants:
     request with "error", resolves every admission still pending (including those
     accepted in the failing iteration, kept on `self` for that reason), refuses queued
     ones, and calls `on_fatal` so the server exits non-zero for a supervisor to restart.
-* Everything the engine thread hands the event loop for one iteration goes in a single
-  call_soon_threadsafe (one wake-up of the loop per step, not one per token).
+* Everything the engine thread hands the event loop for one iteration is one message on
+  its outbox (one call_soon_threadsafe: one wake-up of the loop per step, not one per
+  token). Calls go one way: this side calls nothing of the engine thread's but its
+  command queue and wake-up event, and the engine thread calls nothing of this side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from stepserve.core.request import SamplingParams
+from stepserve.engine.seam import EngineUnavailable, NewRequest, RequestStream
 from stepserve.server.drain import drain_live
 from stepserve.server.engine_loop import (
     AbortCommand,
@@ -40,11 +44,12 @@ from stepserve.server.engine_loop import (
     EngineState,
     Outputs,
 )
-from stepserve.server.streams import EngineUnavailable, RequestStream
 
 if TYPE_CHECKING:
     from stepserve.engine.llm_engine import LLMEngine
     from stepserve.server.metrics import ServerMetrics
+
+log = logging.getLogger("stepserve.server")
 
 
 class AsyncEngine:
@@ -59,10 +64,12 @@ class AsyncEngine:
             if (threads := getattr(engine, "step_threads", None)) is not None:
                 metrics.cpu.watch(threads)
         self.accepting = True
-        self._worker = EngineLoop(engine, metrics, self._hand_over, on_fatal)
+        self._worker = EngineLoop(engine, metrics, on_fatal)
         self._commands = self._worker.commands
         self._wake = self._worker.wake
+        self._outbox = self._worker.outbox
         self._thread: threading.Thread | None = None
+        self._reader: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[str, RequestStream] = {}  # event loop only
         self._all_ended: asyncio.Event | None = None
@@ -81,6 +88,8 @@ class AsyncEngine:
         from stepserve.model.omp import release_openmp_pool
 
         release_openmp_pool()
+        self._outbox.open(self._loop)
+        self._reader = self._loop.create_task(self._read_outbox())
         self._thread = threading.Thread(target=self._worker.run, name="stepserve-engine",
                                         daemon=True)
         self._thread.start()
@@ -125,27 +134,35 @@ class AsyncEngine:
         self._wake.set()
         await asyncio.to_thread(self._thread.join, 30.0)
         self._thread = None
+        # the thread's last messages are queued by now (they were posted before the join
+        # returned, and calls made thread-safe run in order): deliver them, then stop
+        queue = self._outbox.queue
+        while queue is not None and not queue.empty():
+            self._deliver(*queue.get_nowait())
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
 
     # ---- requests (event loop side) ----
-    async def add(self, prompt_ids: list[int], params: SamplingParams, *,
-                  streamed: bool = True, request_id: str | None = None,
-                  arrival_time: float | None = None,
-                  cache_salt: str | None = None) -> RequestStream:
+    async def add(self, request: NewRequest) -> RequestStream:
         """Submit a request; returns its stream once the scheduler admitted it.
-        Raises RequestRejected (queue full, too long) or EngineUnavailable."""
+        Raises RequestRejected (queue full, too long, a field the engine cannot take) or
+        EngineUnavailable."""
         if not self.accepting or not self.is_running:
             raise EngineUnavailable(self.fault or "the server is shutting down")
+        request_id = request.request_id
         if request_id is None:
             request_id = f"srv-{self._counter}"
             self._counter += 1
         assert self._loop is not None
-        stream = RequestStream(request_id, len(prompt_ids), params.n)
+        stream = RequestStream(request_id, len(request.prompt_ids), request.params.n)
         admitted = self._loop.create_future()
-        arrival = self.engine.clock.now() if arrival_time is None else arrival_time
+        arrival = self.engine.clock.now() if request.arrival_time is None \
+            else request.arrival_time
         self._live[request_id] = stream
         self._all_ended.clear()  # type: ignore[union-attr]
-        self._commands.append(AddCommand(prompt_ids, params, request_id, arrival, stream,
-                                         streamed, admitted, cache_salt))
+        self._commands.append(AddCommand(
+            replace(request, request_id=request_id, arrival_time=arrival), stream, admitted))
         self._wake.set()
         if self.fault is not None:  # the loop died after the check above and may have
             # drained the queue already: answer here (whoever answers first wins)
@@ -171,10 +188,16 @@ class AsyncEngine:
         if not self._live and self._all_ended is not None:
             self._all_ended.set()
 
-    def _hand_over(self, outputs: Outputs, admissions: Admissions) -> None:
-        """Engine thread: one wake-up of the event loop for a whole iteration's results."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._deliver, outputs, admissions)
+    async def _read_outbox(self) -> None:
+        """Event loop: deliver each of the engine thread's messages as it comes."""
+        queue = self._outbox.queue
+        assert queue is not None
+        while True:
+            outputs, admissions = await queue.get()
+            try:
+                self._deliver(outputs, admissions)
+            except Exception:  # a bug; the next message must still be delivered
+                log.exception("delivering the engine's outputs failed")
 
     def _deliver(self, outputs: Outputs, admissions: Admissions) -> None:
         for fut, err in admissions:

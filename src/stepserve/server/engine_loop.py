@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stepserve.core.end_reasons import FinishReason
-from stepserve.core.request import SamplingParams
 from stepserve.core.snapshot import EngineSnapshot
-from stepserve.engine.outputs import StreamOutput
-from stepserve.server.streams import (
+from stepserve.engine.seam import (
     EngineUnavailable,
+    InvalidRequest,
+    NewRequest,
     RequestFailed,
     RequestRejected,
     RequestStream,
+    StreamOutput,
 )
 
 if TYPE_CHECKING:
@@ -39,14 +40,9 @@ Admissions = list[tuple[asyncio.Future, BaseException | None]]
 
 @dataclass(slots=True)
 class AddCommand:
-    prompt_ids: list[int]
-    params: SamplingParams
-    request_id: str
-    arrival_time: float
+    request: NewRequest  # its id and arrival time set
     stream: RequestStream
-    streamed: bool
     admitted: asyncio.Future
-    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -82,16 +78,34 @@ class EngineState:
                    snap.num_gpu_blocks_used, snap.kv_usage, snap.num_preemptions_total, steps)
 
 
+class Outbox:
+    """The engine thread's messages to the event loop, each (outputs, admissions) of one
+    iteration: one call_soon_threadsafe onto a queue the event loop reads."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.queue: asyncio.Queue[tuple[Outputs, Admissions]] | None = None
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the event loop, before the engine thread starts."""
+        self._loop, self.queue = loop, asyncio.Queue()
+
+    def post(self, outputs: Outputs, admissions: Admissions) -> None:
+        """Engine thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, (outputs, admissions))
+
+
 class EngineLoop:
     """Runs on the engine thread only (`run`); the event loop talks to it through
-    `commands` and `wake`, and receives `hand_over(outputs, admissions)` calls."""
+    `commands` and `wake`, and hears from it through `outbox`: neither calls the
+    other."""
 
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None,
-                 hand_over: Callable[[Outputs, Admissions], None],
                  on_fatal: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
-        self.hand_over = hand_over
+        self.outbox = Outbox()
         self.on_fatal = on_fatal
         self.state = EngineState()
         self.fault: str | None = None
@@ -177,34 +191,36 @@ class EngineLoop:
 
     def _admit(self, cmd: AddCommand) -> BaseException | None:
         """Hand one request to the engine; the admission error, or None if it was taken."""
+        new = cmd.request
         try:
-            children = self.engine.add_parallel(cmd.prompt_ids, cmd.params, cmd.request_id,
-                                                arrival_time=cmd.arrival_time,
-                                                streamed=cmd.streamed,
-                                                cache_salt=cmd.cache_salt)
+            children = self.engine.add_parallel(new.prompt_ids, new.params, new.request_id,
+                                                new.arrival_time, new.streamed,
+                                                new.cache_salt)
+        except InvalidRequest as e:
+            return RequestRejected.of(e)
         except ValueError as e:
             return RequestRejected(str(e))
         except Exception as e:  # not the client's fault, and not queued: a 500 for it alone
-            log.exception("admitting request %s failed", cmd.request_id)
+            log.exception("admitting request %s failed", new.request_id)
             return RequestFailed(f"{type(e).__name__}: {e}")
         refused = children[0]
         if refused.is_finished:  # refused at admission
             why = refused.reject_reason.value if refused.reject_reason else "invalid"
             return RequestRejected(refused.finish_message, why)
-        self._live[cmd.request_id] = _Live(cmd.stream, len(children))  # n on one stream
+        self._live[new.request_id] = _Live(cmd.stream, len(children))  # n on one stream
         return None
 
     def _publish(self) -> None:
         self.state = EngineState.of(self.engine.core.snapshot(), self.state.steps)
         if self.metrics is not None:
             self.metrics.on_state(self.state)
-        self._hand_over()
+        self._post()
 
-    def _hand_over(self) -> None:
+    def _post(self) -> None:
         outputs, admissions = self._outputs, self._admissions
         self._outputs, self._admissions = [], []
         if outputs or admissions:
-            self.hand_over(outputs, admissions)
+            self.outbox.post(outputs, admissions)
 
     def _fail_all(self, message: str) -> None:
         """The loop is dead: every live request gets its final error (the engine ends
@@ -215,4 +231,4 @@ class EngineLoop:
             cmd = self.commands.popleft()
             if isinstance(cmd, AddCommand):
                 self._admissions.append((cmd.admitted, EngineUnavailable(message)))
-        self._hand_over()
+        self._post()

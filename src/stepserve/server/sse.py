@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from stepserve.engine.outputs import StreamOutput
+from stepserve.engine.seam import StreamOutput
 from stepserve.server.logprobs import (
     JSONText,
     LogprobRenderer,
