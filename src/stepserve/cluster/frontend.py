@@ -4,10 +4,11 @@ by the deployment's rules and hands the request to that pool's Ray Serve deploym
 whose request router picks the replica (request_router.py).
 
 Every accepted request gets exactly one final output, whatever happens to its replica:
-* the replica's own outputs, ending with its final one;
-* a replica that dies mid-request: a final "error" output naming the replica;
-* an abort (client gone, drain cut): the replica's stream is cancelled (the replica
-  aborts the request) and the handler gets a final "abort" output at once.
+* the replica's own outputs, ending with its final one; an abort (client gone, drain
+  cut) too ends there: the replica's engine aborts the request, and its final "abort"
+  output comes back on the stream as every end does;
+* a replica that dies mid-request, or cannot be told to abort: the only answer the
+  ingress makes itself, a final "error" output naming the replica (its engine is gone).
 A replica that dies before it admitted a request costs nothing: the request is sent
 again (Ray Serve's router no longer offers the dead replica).
 """
@@ -51,6 +52,7 @@ class _Live:
     generator: Any  # ray.serve DeploymentResponseGenerator
     admission: Admission
     last: StreamOutput | None = None
+    aborting: asyncio.Task | None = None  # the call asking the replica to abort it
 
 
 class ClusterEngine:
@@ -133,30 +135,45 @@ class ClusterEngine:
                 live.stream.put(out)
                 if out.finished:
                     return
-            self._end(live, FinishReason.ERROR,
-                      f"{_where(live)} ended the stream without a final output")
+            self._fail(live, f"{_where(live)} ended the stream without a final output")
         except asyncio.CancelledError:
             raise
         except Exception as e:
             log.warning("request %s: %s failed: %s", rid, _where(live), _brief(e))
-            self._end(live, FinishReason.ERROR,
-                      f"{_where(live)} failed while running the request: {_brief(e)}")
+            self._fail(live, f"{_where(live)} failed while running the request: "
+                             f"{_brief(e)}")
         finally:
             self._forget(rid)
 
     def abort(self, request_id: str, message: str = "aborted by the client") -> None:
-        """End a request now: cancel its replica stream, give the handler a final
-        "abort" output. No-op if it already ended."""
+        """Ask the request's replica to end it (its final output then ends the stream).
+        No-op if it already ended or is being aborted."""
         live = self._live.get(request_id)
-        if live is None:
+        if live is None or live.aborting is not None:
             return
-        live.pump.cancel()
-        live.generator.cancel()
-        self._end(live, FinishReason.ABORT, message)
-        self._forget(request_id)
+        live.aborting = asyncio.ensure_future(self._abort_on_replica(live, message))
+
+    async def _abort_on_replica(self, live: _Live, message: str) -> None:
+        a = live.admission
+        call = self.handles[a.pool].abort.remote(live.stream.request_id, message,
+                                                 target=a.engine)
+        try:
+            await call
+        except Exception as e:  # its engine cannot be reached: stop reading it (a
+            # cancelled stream aborts the request there, if anything is left of it)
+            log.warning("request %s: aborting it on %s failed: %s", live.stream.request_id,
+                        _where(live), _brief(e))
+            live.pump.cancel()
+            live.generator.cancel()
+            self._fail(live, f"{_where(live)} could not be told to abort the request "
+                             f"({message}): {_brief(e)}")
+            self._forget(live.stream.request_id)
 
     @staticmethod
-    def _end(live: _Live, reason: FinishReason, message: str) -> None:
+    def _fail(live: _Live, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
+        """The answer when the replica cannot give one: a final output of its own."""
+        if live.stream.all_put:
+            return
         last = live.last
         live.stream.put(StreamOutput(
             "", live.stream.num_prompt_tokens, last.num_output_tokens if last else 0,
@@ -180,8 +197,12 @@ class ClusterEngine:
         self._drain_cut.set()
 
     async def stop(self) -> None:
-        for rid in list(self._live):
-            self.abort(rid, "server stopped")
+        """After the drain: stop reading what is left (their replicas abort them)."""
+        for rid, live in list(self._live.items()):
+            live.pump.cancel()
+            live.generator.cancel()
+            self._fail(live, "server stopped", FinishReason.ABORT)
+            self._forget(rid)
 
 
 def _raise_for(admission: Admission) -> None:

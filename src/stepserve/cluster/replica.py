@@ -5,7 +5,9 @@ request's StreamOutputs back to the ingress.
 
 Ray Serve calls:
 * `generate(...)` (streamed): first an Admission, then the request's StreamOutputs; a
-  cancelled stream (the client went away, the ingress drains) aborts the request here.
+  cancelled stream (the ingress stopped reading) aborts the request here.
+* `abort(request_id, message)`: the ingress's abort (a client gone, a drain cut), ended
+  by this engine, its final output sent on the request's stream.
 * `record_routing_stats()`: the ReplicaStats the request router builds its view from.
 * `check_health()`: raises once the engine loop died, so Ray Serve restarts the replica.
 * `health()`, `metrics_text()`: the ingress's per-replica /health and merged /metrics.
@@ -82,6 +84,12 @@ class EngineReplica:
         finally:
             if not stream.finished:  # cancelled by the ingress: do not run unread
                 engine.abort(stream.request_id, "cancelled by the ingress")
+
+    async def abort(self, request_id: str, message: str, target: int | None = None) -> None:
+        """End a request in this replica's engine (the ingress's abort; `target`: read by
+        the request router): its final output goes out on the request's stream."""
+        if self._engine is not None:
+            self._engine.abort(request_id, message)
 
     def stats(self) -> ReplicaStats:
         engine = self._engine
