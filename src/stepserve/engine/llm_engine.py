@@ -2,8 +2,9 @@
 plus the text around it: tokenizing prompts, and the output processor
 (output_processor.py: detokenizing, stop strings, what each sequence was sent).
 
-    step() = core.step()  (schedule -> runner.execute -> update, stop strings in between)
-             -> output.process(result)
+    step() = core.step()                  schedule -> runner.execute -> update
+             output.add_tokens(emitted)   new text, stop strings -> core.finish_request
+             output.process(result)       deltas, final outputs
              -> EngineStep(record, emitted, finished, outputs)
 
 The scheduler, its KV block manager and its step records are exactly the ones the
@@ -21,7 +22,7 @@ from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock, WallClock
-from stepserve.core.engine_core import EngineCore
+from stepserve.core.engine_core import EngineCore, PendingStep
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
 from stepserve.core.request_limits import (
@@ -73,8 +74,7 @@ class LLMEngine:
         config = self.config
         self.step_threads = follow_free_cores(runner, config.threads)
         self.clock = clock or WallClock()
-        self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks,
-                               on_tokens=self._on_tokens)
+        self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks)
         self.tokenizer = self.runner.tokenizer
         self.output = OutputProcessor(self.tokenizer)
         self._counter = 0
@@ -172,16 +172,18 @@ class LLMEngine:
     # ---- the loop ----
     def step(self) -> EngineStep:
         """One engine step (core/engine_core.py): what ran, who got a token, who ended,
-        and the outputs of the sequences that have news (output_processor.py)."""
+        and the outputs of the sequences that have news (output_processor.py). The ends
+        the new text decides (stop strings) are this step's: the core ends them, and a
+        step that runs nothing (`complete_step` of an empty one) takes them."""
         result = self.core.step()
-        outputs, ends = self.output.process(result)
+        finished = result.finished
+        if ends := self.output.add_tokens(result.emitted):
+            self._apply(ends)
+            finished = finished + self.core.complete_step(PendingStep()).finished
+        step = StepResult(result.record, result.emitted, finished)
+        outputs, ends = self.output.process(step)
         self._apply(ends)
-        return EngineStep(result.record, result.emitted, result.finished, outputs)
-
-    def _on_tokens(self, emitted: list[Request]) -> None:
-        """Inside the core's step, before it takes the step's ends: the text's own ends
-        (stop strings) are this step's."""
-        self._apply(self.output.add_tokens(emitted))
+        return EngineStep(result.record, result.emitted, finished, outputs)
 
     def _apply(self, ends: list[End]) -> None:
         for end in ends:

@@ -5,8 +5,8 @@ its text, the characters held back because they might start a stop string, and h
 text and how many logprobs were already sent; per n > 1 request: its live children.
 
     add(request, streamed)                 after the core took it
-    add_tokens(emitted) -> ends            inside the core's step: new text, stop strings
-    process(result) -> outputs, ends       after the step: deltas, then final outputs
+    add_tokens(emitted) -> ends            after a step: new text, stop strings
+    process(result) -> outputs, ends       then: deltas, then final outputs
 
 A sequence's state goes with its final output (nothing to release by hand); a parent's
 goes with its last child's. Ends (a stop string, a text that failed) are returned, for the
