@@ -22,7 +22,7 @@ pytest.importorskip("ray")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from stepserve.cluster.app import IngressSettings, create_ingress_app  # noqa: E402
-from stepserve.cluster.frontend import ClusterEngine, IngressModel  # noqa: E402
+from stepserve.cluster.frontend import ClusterEngine  # noqa: E402
 from stepserve.config.settings import EngineConfig  # noqa: E402
 from stepserve.model.presets import resolve_model  # noqa: E402
 from stepserve.model.tokenizer import Tokenizer  # noqa: E402
@@ -57,8 +57,8 @@ def ingress(single):
     vocab_size = single.app.state.ctx.vocab_size
     settings = IngressSettings(MODEL, BASE.scheduler.max_model_len, vocab_size,
                                BASE.scheduler.max_model_len * tokenizer.max_token_bytes())
-    cluster = ClusterEngine(Deployment.single(BASE), {}, IngressModel(tokenizer, BASE))
-    app = create_ingress_app(cluster, settings)
+    cluster = ClusterEngine(Deployment.single(BASE), {})
+    app = create_ingress_app(cluster, settings, tokenizer)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -87,7 +87,7 @@ def test_utility_routes_answer_as_the_single_server(single, ingress, method, pat
 
 def test_tokenize_through_the_ingress_uses_the_model_tokenizer(ingress):
     status, got = answer(ingress, "POST", "/tokenize", {"prompt": PROMPT})
-    tokenizer = ingress.app.state.ctx.engine.engine.tokenizer
+    tokenizer = ingress.app.state.ctx.tokenizer
     assert status == 200 and got["tokens"] == tokenizer.encode(PROMPT)
     back = answer(ingress, "POST", "/detokenize", {"tokens": got["tokens"]})
     assert back == (200, {"prompt": PROMPT})
@@ -120,7 +120,7 @@ def test_openapi_document_is_served(ingress):
 
 
 def test_a_pool_without_a_live_replica_is_a_short_503():
-    cluster = ClusterEngine(Deployment.single(BASE), {"spare": None}, IngressModel(None, BASE))
+    cluster = ClusterEngine(Deployment.single(BASE), {"spare": None})
     settings = IngressSettings(MODEL, 256, 512, 4096)
     with TestClient(create_ingress_app(cluster, settings)) as client:
         probe = client.get("/health")
@@ -134,13 +134,13 @@ def test_a_pool_without_a_live_replica_is_a_short_503():
 
 
 def test_a_valid_body_passes_the_request_checks_to_the_pools(ingress, monkeypatch):
-    # Every check a request body goes through runs on the ingress's model (tokenizer and
-    # config, no runner): a valid body with stop_token_ids reaches ClusterEngine.add with
+    # Every check a request body goes through at the ingress runs on its tokenizer and
+    # limits (no runner): a valid body with stop_token_ids reaches ClusterEngine.add with
     # its parameters, instead of failing in the checks (a 500).
     reached = []
 
-    async def add(self, prompt_ids, params, **kw):
-        reached.append(params)
+    async def add(self, request):
+        reached.append(request.params)
         raise APIError(503, "reached the pools", "service_unavailable_error", code="test")
 
     monkeypatch.setattr(ClusterEngine, "add", add)

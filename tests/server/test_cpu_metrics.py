@@ -53,7 +53,7 @@ def test_the_series_parse(served):
         "stepserve:cpu_on_cpu_seconds_total"]
     assert after["stepserve:cpu_usable"] == len(os.sched_getaffinity(0))
     assert after["stepserve:step_time_over_quiet"] > 0
-    policy = served.app.state.async_engine.engine.step_threads
+    policy = served.engine.step_threads
     assert after["stepserve:step_threads"] == policy.choice.threads >= 1
     assert after["stepserve:step_threads_changes_total"] == policy.choice.changes
 

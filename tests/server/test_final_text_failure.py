@@ -7,17 +7,19 @@ import openai
 import pytest
 from server_harness import MODEL, make_engine, serve
 
+from stepserve.engine.output_processor import SequenceState
 
-def test_a_failed_final_text_is_an_error_answer_and_counted_as_one():
-    engine = make_engine()
-    final_text = engine.final_text
 
-    def breaking(req):
-        if req.sampling_params.max_tokens == 5:  # the sabotaged request
+def test_a_failed_final_text_is_an_error_answer_and_counted_as_one(monkeypatch):
+    final_text = SequenceState.final_text
+
+    def breaking(state, tokenizer):
+        if state.request.sampling_params.max_tokens == 5:  # the sabotaged request
             raise RuntimeError("injected final-text fault")
-        return final_text(req)
+        return final_text(state, tokenizer)
 
-    engine.final_text = breaking
+    engine = make_engine()
+    monkeypatch.setattr(SequenceState, "final_text", breaking)
     with serve(engine) as served:
         client = served.client()
         counted = {r: served.metric("stepserve:request_success_total", finished_reason=r)

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine
 from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
+from stepserve.core.clock import WallClock
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.api import add_error_handlers, add_openai_routes
 from stepserve.server.auth import ApiKeyAuth
@@ -51,16 +52,19 @@ class IngressSettings:
     api_keys: tuple[str, ...] = ()  # every route but the public ones needs one (auth.py)
 
 
-def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings) -> FastAPI:
+def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
+                       tokenizer=None) -> FastAPI:
+    """`tokenizer`: the model's, for the work the handlers do before a request is sent
+    (templating, tokenizing, /tokenize); the replicas' engines check the rest."""
     s = settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.async_engine = cluster  # http_server's graceful shutdown drains it
         app.state.shutdown_timeout_s = s.shutdown_timeout_s
-        app.state.ctx = ServingContext(cluster, s.model_name, s.max_model_len, s.vocab_size,
-                                       s.retry_after_s, s.max_request_bytes,
-                                       s.max_prompt_chars)
+        app.state.ctx = ServingContext(cluster, tokenizer, WallClock(), s.model_name,
+                                       s.max_model_len, s.vocab_size, s.retry_after_s,
+                                       s.max_request_bytes, s.max_prompt_chars)
         try:
             yield
         finally:

@@ -4,10 +4,11 @@ by the deployment's rules and hands the request to that pool's Ray Serve deploym
 whose request router picks the replica (request_router.py).
 
 Every accepted request gets exactly one final output, whatever happens to its replica:
-* the replica's own outputs, ending with its final one;
-* a replica that dies mid-request: a final "error" output naming the replica;
-* an abort (client gone, drain cut): the replica's stream is cancelled (the replica
-  aborts the request) and the handler gets a final "abort" output at once.
+* the replica's own outputs, ending with its final one; an abort (client gone, drain
+  cut) too ends there: the replica's engine aborts the request, and its final "abort"
+  output comes back on the stream as every end does;
+* a replica that dies mid-request, or cannot be told to abort: the only answer the
+  ingress makes itself, a final "error" output naming the replica (its engine is gone).
 A replica that dies before it admitted a request costs nothing: the request is sent
 again (Ray Serve's router no longer offers the dead replica).
 """
@@ -19,24 +20,22 @@ import contextvars
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stepserve.cluster.messages import Admission
-from stepserve.config.settings import EngineConfig
-from stepserve.core.clock import WallClock
 from stepserve.core.end_reasons import FinishReason, Refusal
-from stepserve.core.request import SamplingParams
-from stepserve.routing.pools import Deployment
-from stepserve.routing.view import RouteRequest
-from stepserve.server.drain import drain_live
-from stepserve.server.streams import (
+from stepserve.engine.seam import (
     EngineUnavailable,
+    NewRequest,
     RequestFailed,
     RequestRejected,
     RequestStream,
     StreamOutput,
 )
+from stepserve.routing.pools import Deployment
+from stepserve.routing.view import RouteRequest
+from stepserve.server.drain import drain_live
 
 log = logging.getLogger("stepserve.cluster")
 
@@ -47,30 +46,19 @@ ADMIT_TRIES = 3  # sends of a request whose replica died before admitting it
 
 
 @dataclass
-class IngressModel:
-    """What the handlers read of `engine.engine`: the tokenizer, the engine config the
-    pools start from (requests are checked against it) and a clock."""
-
-    tokenizer: Any
-    config: EngineConfig
-    clock: WallClock = field(default_factory=WallClock)
-
-
-@dataclass
 class _Live:
     stream: RequestStream
     pump: asyncio.Task
     generator: Any  # ray.serve DeploymentResponseGenerator
     admission: Admission
     last: StreamOutput | None = None
+    aborting: asyncio.Task | None = None  # the call asking the replica to abort it
 
 
 class ClusterEngine:
-    def __init__(self, deployment: Deployment, handles: Mapping[str, Any],
-                 model: IngressModel) -> None:
+    def __init__(self, deployment: Deployment, handles: Mapping[str, Any]) -> None:
         self.deployment = deployment
         self.handles = dict(handles)  # pool name -> its deployment's handle
-        self.engine = model
         self.accepting = True
         self.fault: str | None = None  # a cluster has no single engine to die
         self._live: dict[str, _Live] = {}
@@ -86,48 +74,43 @@ class ClusterEngine:
     def num_live(self) -> int:
         return len(self._live)
 
-    def route_of(self, prompt_ids: list[int], params: SamplingParams,
-                 cache_salt: str | None = None) -> RouteRequest:
-        return RouteRequest(len(prompt_ids), params.max_tokens, params.priority,
-                            params.tenant, REQUEST_HEADERS.get() or {}, prompt_ids,
-                            cache_salt)
+    def route_of(self, request: NewRequest) -> RouteRequest:
+        params = request.params
+        return RouteRequest(len(request.prompt_ids), params.max_tokens, params.priority,
+                            params.tenant, REQUEST_HEADERS.get() or {}, request.prompt_ids,
+                            request.cache_salt)
 
     # ---- requests ----
-    async def add(self, prompt_ids: list[int], params: SamplingParams, *,
-                  streamed: bool = True, request_id: str | None = None,
-                  arrival_time: float | None = None,
-                  cache_salt: str | None = None) -> RequestStream:
+    async def add(self, request: NewRequest) -> RequestStream:
         """Send to a replica of the request's pool; return its stream once admitted.
         Raises RequestRejected, RequestFailed or EngineUnavailable as AsyncEngine.add
         does. (The replica stamps its own arrival time.)"""
         if not self.accepting:
             raise EngineUnavailable("the server is shutting down")
+        params = request.params
         if params.n > 1:  # a replica answers one sequence per request stream here
             raise RequestRejected(
                 f"n = {params.n} (or best_of): more than one choice per request is not "
                 "supported through `serve --replicas` yet; send n requests, or serve one "
                 "engine", Refusal.INVALID.value)
-        route = self.route_of(prompt_ids, params, cache_salt)
+        route = self.route_of(request)
         pool = self.deployment.pool_for(route)
-        rid = request_id or f"ing-{uuid.uuid4().hex}"
-        generator, admission = await self._admit(pool, rid, prompt_ids, params, streamed,
-                                                 route, cache_salt)
-        stream = RequestStream(rid, len(prompt_ids))
+        rid = request.request_id or f"ing-{uuid.uuid4().hex}"
+        sent = replace(request, request_id=rid, arrival_time=None)
+        generator, admission = await self._admit(pool, sent, route)
+        stream = RequestStream(rid, len(request.prompt_ids))
         pump = asyncio.ensure_future(self._pump(rid))
         self._live[rid] = _Live(stream, pump, generator, admission)
         self._all_ended.clear()
         return stream
 
-    async def _admit(self, pool: str, rid: str, prompt_ids: list[int],
-                     params: SamplingParams, streamed: bool, route: RouteRequest,
-                     cache_salt: str | None = None):
+    async def _admit(self, pool: str, request: NewRequest, route: RouteRequest):
         from ray.exceptions import RayActorError
 
         handle = self.handles[pool].options(stream=True)
         died: Exception | None = None
         for _ in range(ADMIT_TRIES):
-            generator = handle.generate.remote(prompt_ids, params, streamed, rid,
-                                               route=route, cache_salt=cache_salt)
+            generator = handle.generate.remote(request, route=route)
             try:
                 admission = await generator.__anext__()
             except RayActorError as e:  # died before admitting it: send it again
@@ -152,30 +135,45 @@ class ClusterEngine:
                 live.stream.put(out)
                 if out.finished:
                     return
-            self._end(live, FinishReason.ERROR,
-                      f"{_where(live)} ended the stream without a final output")
+            self._fail(live, f"{_where(live)} ended the stream without a final output")
         except asyncio.CancelledError:
             raise
         except Exception as e:
             log.warning("request %s: %s failed: %s", rid, _where(live), _brief(e))
-            self._end(live, FinishReason.ERROR,
-                      f"{_where(live)} failed while running the request: {_brief(e)}")
+            self._fail(live, f"{_where(live)} failed while running the request: "
+                             f"{_brief(e)}")
         finally:
             self._forget(rid)
 
     def abort(self, request_id: str, message: str = "aborted by the client") -> None:
-        """End a request now: cancel its replica stream, give the handler a final
-        "abort" output. No-op if it already ended."""
+        """Ask the request's replica to end it (its final output then ends the stream).
+        No-op if it already ended or is being aborted."""
         live = self._live.get(request_id)
-        if live is None:
+        if live is None or live.aborting is not None:
             return
-        live.pump.cancel()
-        live.generator.cancel()
-        self._end(live, FinishReason.ABORT, message)
-        self._forget(request_id)
+        live.aborting = asyncio.ensure_future(self._abort_on_replica(live, message))
+
+    async def _abort_on_replica(self, live: _Live, message: str) -> None:
+        a = live.admission
+        call = self.handles[a.pool].abort.remote(live.stream.request_id, message,
+                                                 target=a.engine)
+        try:
+            await call
+        except Exception as e:  # its engine cannot be reached: stop reading it (a
+            # cancelled stream aborts the request there, if anything is left of it)
+            log.warning("request %s: aborting it on %s failed: %s", live.stream.request_id,
+                        _where(live), _brief(e))
+            live.pump.cancel()
+            live.generator.cancel()
+            self._fail(live, f"{_where(live)} could not be told to abort the request "
+                             f"({message}): {_brief(e)}")
+            self._forget(live.stream.request_id)
 
     @staticmethod
-    def _end(live: _Live, reason: FinishReason, message: str) -> None:
+    def _fail(live: _Live, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
+        """The answer when the replica cannot give one: a final output of its own."""
+        if live.stream.all_put:
+            return
         last = live.last
         live.stream.put(StreamOutput(
             "", live.stream.num_prompt_tokens, last.num_output_tokens if last else 0,
@@ -199,15 +197,20 @@ class ClusterEngine:
         self._drain_cut.set()
 
     async def stop(self) -> None:
-        for rid in list(self._live):
-            self.abort(rid, "server stopped")
+        """After the drain: stop reading what is left (their replicas abort them)."""
+        for rid, live in list(self._live.items()):
+            live.pump.cancel()
+            live.generator.cancel()
+            self._fail(live, "server stopped", FinishReason.ABORT)
+            self._forget(rid)
 
 
 def _raise_for(admission: Admission) -> None:
     if admission.error is None:
         return
     if admission.error == "rejected":
-        raise RequestRejected(admission.message, admission.reason)
+        raise RequestRejected(admission.message, admission.reason, admission.param,
+                              admission.code)
     if admission.error == "failed":
         raise RequestFailed(admission.message)
     raise EngineUnavailable(f"engine {admission.engine} ({admission.pool}): "

@@ -21,7 +21,7 @@ from typing import Any
 
 from stepserve.cluster.deploy import ReplicaSettings
 from stepserve.cluster.extra import require_ray_serve
-from stepserve.cluster.frontend import ClusterEngine, IngressModel
+from stepserve.cluster.frontend import ClusterEngine
 from stepserve.cluster.local_ray import prefer_loopback
 from stepserve.config.errors import UsageError
 from stepserve.config.load import ConfigOverrides
@@ -117,8 +117,8 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
     settings = IngressSettings(replicas.model_name, max_len, first["vocab_size"],
                                max_len * tokenizer.max_token_bytes(), retry_after_s,
                                shutdown_timeout_s, max_request_bytes, api_keys)
-    cluster = ClusterEngine(deployment, handles, IngressModel(tokenizer, base))
-    return Ingress(create_ingress_app(cluster, settings), cluster, first["runner"])
+    cluster = ClusterEngine(deployment, handles)
+    return Ingress(create_ingress_app(cluster, settings, tokenizer), cluster, first["runner"])
 
 
 def _serve(o: ClusterServeOptions, base: EngineConfig, deployment: Deployment,

@@ -28,13 +28,16 @@ class ReplicaSpec:
 @dataclass(frozen=True, slots=True)
 class Admission:
     """Whether the replica's engine took the request. `error`: None (taken), "rejected"
-    (RequestRejected, with its `reason`), "failed" (RequestFailed) or "unavailable"."""
+    (RequestRejected, with its `reason`, and the field at fault and error code where the
+    engine named them), "failed" (RequestFailed) or "unavailable"."""
 
     engine: int
     pool: str
     error: str | None = None
     reason: str = ""
     message: str = ""
+    param: str | None = None
+    code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ request's StreamOutputs back to the ingress.
 
 Ray Serve calls:
 * `generate(...)` (streamed): first an Admission, then the request's StreamOutputs; a
-  cancelled stream (the client went away, the ingress drains) aborts the request here.
+  cancelled stream (the ingress stopped reading) aborts the request here.
+* `abort(request_id, message)`: the ingress's abort (a client gone, a drain cut), ended
+  by this engine, its final output sent on the request's stream.
 * `record_routing_stats()`: the ReplicaStats the request router builds its view from.
 * `check_health()`: raises once the engine loop died, so Ray Serve restarts the replica.
 * `health()`, `metrics_text()`: the ingress's per-replica /health and merged /metrics.
@@ -20,7 +22,12 @@ from collections.abc import AsyncIterator
 from stepserve.cluster.messages import Admission, ReplicaSpec, ReplicaStats
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import EngineConfig
-from stepserve.core.request import SamplingParams
+from stepserve.engine.seam import (
+    EngineUnavailable,
+    NewRequest,
+    RequestFailed,
+    RequestRejected,
+)
 
 log = logging.getLogger("stepserve.cluster")
 
@@ -53,20 +60,15 @@ class EngineReplica:
             self._engine.start()
         return self._engine
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, streamed: bool,
-                       request_id: str, route=None, cache_salt: str | None = None
-                       ) -> AsyncIterator[object]:
+    async def generate(self, request: NewRequest, route=None) -> AsyncIterator[object]:
         """`route` (the RouteRequest) is read by the request router, not here."""
-        from stepserve.server.streams import EngineUnavailable, RequestFailed, RequestRejected
-
         engine = self._async_engine()
         me = (self.engine_index, self.spec.pool)
         try:
-            stream = await engine.add(prompt_ids, params, streamed=streamed,
-                                      request_id=request_id, cache_salt=cache_salt)
+            stream = await engine.add(request)
         except RequestRejected as e:
             self.metrics.on_rejected(e.reason)
-            yield Admission(*me, "rejected", e.reason, e.message)
+            yield Admission(*me, "rejected", e.reason, e.message, e.param, e.code)
             return
         except RequestFailed as e:
             yield Admission(*me, "failed", message=str(e))
@@ -81,7 +83,13 @@ class EngineReplica:
                 yield out
         finally:
             if not stream.finished:  # cancelled by the ingress: do not run unread
-                engine.abort(request_id, "cancelled by the ingress")
+                engine.abort(stream.request_id, "cancelled by the ingress")
+
+    async def abort(self, request_id: str, message: str, target: int | None = None) -> None:
+        """End a request in this replica's engine (the ingress's abort; `target`: read by
+        the request router): its final output goes out on the request's stream."""
+        if self._engine is not None:
+            self._engine.abort(request_id, message)
 
     def stats(self) -> ReplicaStats:
         engine = self._engine

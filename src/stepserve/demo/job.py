@@ -133,10 +133,7 @@ def sample_text(engine) -> str:
     prompt = tok.apply_chat_template([{"role": "user",
                                        "content": "What is the capital of France?"}])
     req = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=24))
-    engine.run_until_done()
-    text = engine.text_of(req).strip()
-    engine.release([req])
-    return text
+    return engine.run_until_done()[req.request_id].full_text.strip()
 
 
 def _tokens(v: float | None, fmt: str) -> str:

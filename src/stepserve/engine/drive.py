@@ -7,18 +7,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from stepserve.core.output import StepRecord, StepResult
+from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, SamplingParams
-from stepserve.engine.llm_engine import LLMEngine
+from stepserve.engine.llm_engine import EngineStep, LLMEngine
+from stepserve.engine.seam import StreamOutput
 
 
-def run_to_completion(engine: LLMEngine,
-                      on_step: Callable[[StepResult], None] | None = None) -> None:
-    """Step until nothing is left; `on_step` sees every result."""
+def run_to_completion(engine: LLMEngine, on_step: Callable[[EngineStep], None] | None = None
+                      ) -> dict[str, StreamOutput]:
+    """Step until nothing is left; `on_step` sees every result. Returns every sequence's
+    final output, by its request id."""
+    finals: dict[str, StreamOutput] = {}
     while engine.has_unfinished():
         result = engine.step()
+        finals.update((req.request_id, out) for req, out in result.outputs if out.finished)
         if on_step is not None:
             on_step(result)
+    return finals
 
 
 @dataclass
@@ -64,5 +69,4 @@ def run_closed_loop(engine: LLMEngine, jobs: Sequence[tuple[list[int], SamplingP
             progress(len(ended))
         for _ in ended:
             issue_one()
-    engine.release(issued)
     return ClosedLoopResult(issued, steps, clock.now() - start)

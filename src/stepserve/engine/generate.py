@@ -85,8 +85,7 @@ def run_generate(options: GenerateOptions) -> int:
     req = engine.add_request(prompt, params)
     if req.is_finished:  # refused at admission, e.g. longer than max_model_len
         return report_error(req.finish_message or "the request was refused")
-    engine.run_until_done()
-    out = engine.output_of(req)
+    out = engine.output_of(req, engine.run_until_done())
     m = out.metrics
     n = len(req.output_token_ids)
     print(out.outputs[0].text)

@@ -19,7 +19,6 @@ from tqdm import tqdm
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.core.request import Request, SamplingParams
-from stepserve.core.request_limits import cache_salt_refusal, priority_refusal
 from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
@@ -62,8 +61,8 @@ class LLM:
                  use_tqdm: bool = True, priority: Sequence[int] | None = None
                  ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. A prompt the
-        engine cannot take (too long, empty) raises ValueError before anything runs.
-        `priority`: one per prompt (lower runs first), as vLLM's; only under the priority
+        engine cannot take (too long, empty, a bad field) raises ValueError before anything
+        runs. `priority`: one per prompt (lower runs first), as vLLM's; only under the priority
         scheduling policy (otherwise ValueError, as vLLM raises). A prompt dict's
         "cache_salt" is its prefix cache namespace, as vLLM's."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
@@ -72,15 +71,7 @@ class LLM:
         params = _params_for(sampling_params, len(prompts))
         if priority is not None:
             params = _with_priority(params, priority)
-        policy = self.engine.config.scheduler.policy
-        for p in params:
-            refusal = priority_refusal(p.priority, policy)
-            if refusal:
-                raise ValueError(refusal)
         salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in prompts]
-        for k, salt in enumerate(salts):  # before anything is queued
-            if refusal := cache_salt_refusal(salt):
-                raise ValueError(f"prompt {k}: {refusal}")
         return self._run([_prompt_input(p) for p in prompts], params, use_tqdm, salts)
 
     def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
@@ -104,24 +95,28 @@ class LLM:
         engine = self.engine
         groups: list[list[Request]] = []
         for k, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            group = engine.add_parallel(prompt, p, cache_salt=salts[k] if salts else None)
-            groups.append(group)
+            try:
+                group = engine.add_parallel(prompt, p, cache_salt=salts[k] if salts else None)
+            except ValueError:  # one the engine cannot take: nothing of the batch runs
+                _abort(engine, groups)
+                raise
             if group[0].is_finished:  # rejected at once: undo the batch, say why
-                for g in groups[:-1]:
-                    for r in g:
-                        engine.abort_request(r.request_id)
-                for g in groups:
-                    engine.release(g)
+                _abort(engine, groups)
                 raise ValueError(f"prompt {k}: {group[0].finish_message}")
+            groups.append(group)
         total = sum(len(g) for g in groups)
         bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm,
                    leave=False, mininterval=0.5)
-        run_to_completion(engine, lambda result: bar.update(len(result.finished)))
+        finals = run_to_completion(engine, lambda result: bar.update(len(result.finished)))
         bar.close()
-        outputs = [engine.output_of(g) for g in groups]
-        for g in groups:
-            engine.release(g)
-        return outputs
+        return [engine.output_of(g, finals, p if isinstance(p, str) else None)
+                for g, p in zip(groups, prompts, strict=True)]
+
+
+def _abort(engine: LLMEngine, groups: list[list[Request]]) -> None:
+    for group in groups:
+        for r in group:
+            engine.abort_request(r.request_id)
 
 
 def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | None,

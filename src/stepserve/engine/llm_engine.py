@@ -1,8 +1,11 @@
 """LLMEngine: the real engine: a torch runner under the engine core (core/engine_core.py),
-plus the text around it: tokenizing prompts, detokenizing outputs, stop strings.
+plus the text around it: tokenizing prompts, and the output processor
+(output_processor.py: detokenizing, stop strings, what each sequence was sent).
 
-    step() = core.step()  (schedule -> runner.execute -> update, stop strings in between)
-             -> StepResult(record, emitted, finished)
+    step() = core.step()                  schedule -> runner.execute -> update
+             output.add_tokens(emitted)   new text, stop strings -> core.finish_request
+             output.process(result)       deltas, final outputs
+             -> EngineStep(record, emitted, finished, outputs)
 
 The scheduler, its KV block manager and its step records are exactly the ones the
 simulator uses; only the runner differs (a torch model instead of a cost model).
@@ -11,24 +14,27 @@ simulator uses; only the runner differs (a torch model instead of a cost model).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock, WallClock
-from stepserve.core.engine_core import EngineCore
+from stepserve.core.engine_core import EngineCore, PendingStep
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
-from stepserve.core.request_limits import cache_salt_refusal, check_text, stop_tokens_refusal
-from stepserve.engine.outputs import (
-    CompletionOutput,
-    RequestMetrics,
-    RequestOutput,
-    logprobs_list,
+from stepserve.core.request_limits import (
+    cache_salt_refusal,
+    check_text,
+    priority_refusal,
+    stop_tokens_refusal,
 )
+from stepserve.engine.output_processor import End, OutputProcessor, Outputs
+from stepserve.engine.outputs import RequestOutput
 from stepserve.engine.runner_settings import settings_for_runner
+from stepserve.engine.seam import InvalidRequest, StreamOutput
 from stepserve.host.step_threads import follow_free_cores
 
 log = logging.getLogger("stepserve.engine")
@@ -68,15 +74,9 @@ class LLMEngine:
         config = self.config
         self.step_threads = follow_free_cores(runner, config.threads)
         self.clock = clock or WallClock()
-        self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks,
-                               on_tokens=self._process_text)
+        self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks)
         self.tokenizer = self.runner.tokenizer
-        self._prompts: dict[str, str | None] = {}
-        self._detok: dict[str, object] = {}  # request id -> IncrementalDetokenizer
-        self._children: dict[str, set[str]] = {}  # n > 1: parent id -> live children
-        # request id -> where its text ends, for one a stop string ended (the match
-        # itself kept with include_stop_str_in_output)
-        self._text_end: dict[str, int] = {}
+        self.output = OutputProcessor(self.tokenizer)
         self._counter = 0
 
     @property
@@ -88,7 +88,7 @@ class LLMEngine:
     # ---- requests ----
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    stream_text: bool = False, cache_salt: str | None = None) -> Request:
+                    streamed: bool = False, cache_salt: str | None = None) -> Request:
         """Queue a prompt (text or token ids) with n = 1 (`add_parallel` takes any n). A
         request the scheduler rejects comes back already finished, with status
         FINISHED_REJECTED and the reason in finish_message (and is in no StepResult)."""
@@ -96,187 +96,134 @@ class LLMEngine:
         if params.n != 1:
             raise ValueError(f"n = {params.n}: add_request queues one sequence; use "
                              "add_parallel for n > 1")
-        (request,) = self.add_parallel(prompt, params, request_id, arrival_time,
-                                       stream_text, cache_salt)
+        (request,) = self.add_parallel(prompt, params, request_id, arrival_time, streamed,
+                                       cache_salt)
         return request
 
     def add_parallel(self, prompt: str | list[int], params: SamplingParams | None = None,
                      request_id: str | None = None, arrival_time: float | None = None,
-                     stream_text: bool = False, cache_salt: str | None = None
+                     streamed: bool = False, cache_salt: str | None = None
                      ) -> list[Request]:
         """Queue a prompt as `params.n` sequences, as vLLM V1 does: n child requests of the
         same prompt with their own KV (ids `"{i}_{request_id}"`, `child_params` seeds);
         n = 1 is the request itself. Returns the children in index order; if admission
         refused one, the ones before it are aborted and only the refused one (finished)
         comes back. `abort_request(request_id)` aborts every child. `cache_salt`: the
-        prefix cache's namespace (vLLM's): requests of different salts share no block."""
+        prefix cache's namespace (vLLM's): requests of different salts share no block.
+        `streamed`: the step's outputs carry each sequence's new text as it comes (else
+        only its final output)."""
         params = params or SamplingParams()
-        # inputs this model cannot take (request_limits.py says why), as the server's 400
-        refusal = (check_text("prompt", prompt) if isinstance(prompt, str) else None) or \
-            cache_salt_refusal(cache_salt) or \
-            stop_tokens_refusal(params.stop_token_ids, params.min_tokens,
-                                self.runner.args.vocab_size, self.runner.eos_token_id)
-        if refusal:
-            raise ValueError(refusal)
+        self._check(prompt, params, cache_salt)
         if request_id is None:
             request_id = f"req-{self._counter}"
             self._counter += 1
-        ids, text = self._prompt_ids(prompt)
+        ids = self._prompt_ids(prompt)
         arrival = self.clock.now() if arrival_time is None else arrival_time
+        eos = self.runner.eos_token_id
         if params.n == 1:
-            return [self._add(Request(request_id, ids, params, arrival_time=arrival,
-                                      eos_token_id=self.runner.eos_token_id,
-                                      cache_salt=cache_salt), text,
-                              stream_text)]
-        children: list[Request] = []
-        for k in range(params.n):
-            child = self._add(Request(f"{k}_{request_id}", list(ids), child_params(params, k),
-                                      arrival_time=arrival,
-                                      eos_token_id=self.runner.eos_token_id,
-                                      parent_id=request_id, index=k,
-                                      cache_salt=cache_salt), text, stream_text)
-            if child.is_finished:
-                for c in children:
-                    self.core.abort_request(c.request_id, "a sibling was refused")
-                self.release(children)
-                return [child]
-            children.append(child)
-        self._children[request_id] = {c.request_id for c in children}
-        return children
+            requests = [Request(request_id, ids, params, arrival_time=arrival,
+                                eos_token_id=eos, cache_salt=cache_salt)]
+        else:
+            requests = [Request(f"{k}_{request_id}", list(ids), child_params(params, k),
+                                arrival_time=arrival, eos_token_id=eos,
+                                parent_id=request_id, index=k, cache_salt=cache_salt)
+                        for k in range(params.n)]
+        for k, request in enumerate(requests):
+            if not self.core.add_request(request):
+                for taken in requests[:k]:
+                    self.core.abort_request(taken.request_id, "a sibling was refused")
+                return [request]
+            self.output.add(request, streamed)
+        return requests
 
-    def _prompt_ids(self, prompt: str | list[int]) -> tuple[list[int], str | None]:
+    def _check(self, prompt: str | list[int], params: SamplingParams,
+               cache_salt: str | None) -> None:
+        """The one check of a request against what this engine can take
+        (request_limits.py says why), offline and served alike: InvalidRequest naming the
+        field, as the server's 400 does. (Its length is admission's.)"""
+        vocab, eos = self.runner.args.vocab_size, self.runner.eos_token_id
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt), prompt
-        ids = list(prompt)
-        vocab = self.runner.args.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); "
-                             f"got {bad[:5]}")
-        return ids, None
+            refusal = check_text("prompt", prompt)
+        else:
+            bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab]
+            refusal = bad and f"prompt token ids must be integers in [0, {vocab}); got " \
+                f"{bad[:5]}"
+        if refusal:
+            raise InvalidRequest(refusal, "prompt")
+        if refusal := cache_salt_refusal(cache_salt):
+            raise InvalidRequest(refusal, "cache_salt")
+        if refusal := stop_tokens_refusal(params.stop_token_ids, params.min_tokens, vocab,
+                                          eos):
+            raise InvalidRequest(refusal, "stop_token_ids")
+        if refusal := priority_refusal(params.priority, self.config.scheduler.policy):
+            raise InvalidRequest(refusal, "priority", "unsupported_value")
 
-    def _add(self, request: Request, text: str | None, stream_text: bool) -> Request:
-        params = request.sampling_params
-        self._prompts[request.request_id] = text
-        if params.stop or stream_text:
-            self._detok[request.request_id] = self.tokenizer.detokenizer(
-                request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
-        if not self.core.add_request(request):
-            self.release([request])
-        return request
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
         """End a live request; a parent's id (n > 1) ends every child still running."""
-        children = self._children.get(request_id)
-        if children is None:
-            return self.core.abort_request(request_id, message)
-        return any([self.core.abort_request(c, message) for c in sorted(children)])
+        return any([self.core.abort_request(rid, message)
+                    for rid in self.output.sequence_ids(request_id)])
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
     # ---- the loop ----
-    def step(self) -> StepResult:
-        """One engine step (core/engine_core.py): what ran, who got a token, who ended."""
-        return self.core.step()
+    def step(self) -> EngineStep:
+        """One engine step (core/engine_core.py): what ran, who got a token, who ended,
+        and the outputs of the sequences that have news (output_processor.py). The ends
+        the new text decides (stop strings) are this step's: the core ends them, and a
+        step that runs nothing (`complete_step` of an empty one) takes them."""
+        result = self.core.step()
+        finished = result.finished
+        if ends := self.output.add_tokens(result.emitted):
+            self._apply(ends)
+            finished = finished + self.core.complete_step(PendingStep()).finished
+        step = StepResult(result.record, result.emitted, finished)
+        outputs, ends = self.output.process(step)
+        self._apply(ends)
+        return EngineStep(result.record, result.emitted, finished, outputs)
 
-    def run_until_done(self) -> None:
+    def _apply(self, ends: list[End]) -> None:
+        for end in ends:
+            self.core.finish_request(end.request_id, end.status, end.message,
+                                     stop_reason=end.stop_reason)
+
+    def fail_all(self, message: str) -> Outputs:
+        """The loop over this engine cannot go on: end every live sequence as an error
+        (as far as the core still can) and return their final outputs."""
+        outputs = self.output.fail_all(message)
+        for req, _ in outputs:
+            try:
+                self.core.finish_request(req.request_id, RequestStatus.FINISHED_ERROR, message)
+            except Exception:  # the core itself is broken: the answer is what matters
+                log.exception("ending request %s failed", req.request_id)
+        return outputs
+
+    def run_until_done(self) -> dict[str, StreamOutput]:
+        """Step until nothing is left; every sequence's final output by its request id."""
         from stepserve.engine.drive import run_to_completion
 
-        run_to_completion(self)
-
-    def _process_text(self, emitted: list[Request]) -> None:
-        """Each new token into its request's text; a stop string ends the request. A
-        failure here ends that request alone."""
-        for req in emitted:
-            detok = self._detok.get(req.request_id)
-            if detok is None:
-                continue
-            try:
-                delta = detok.add(req.output_token_ids[-1])
-                self._check_stop_strings(req, detok.text, len(delta))
-            except Exception as e:
-                log.exception("detokenizing request %s failed", req.request_id)
-                self.core.finish_request(req.request_id, RequestStatus.FINISHED_ERROR,
-                                         f"detokenizing failed: {type(e).__name__}: {e}")
-
-    def _check_stop_strings(self, req: Request, text: str, num_new: int) -> None:
-        """End `req` at the first stop string that its `num_new` newest characters
-        complete (one seen before min_tokens did not stop it, and does not now)."""
-        params = req.sampling_params
-        if req.is_finished or not params.stop or req.num_output_tokens <= params.min_tokens:
-            return  # as vLLM: no stop string ends a request before min_tokens
-        found = [(k, stop) for stop in params.stop if stop and (k := text.find(
-            stop, max(len(text) - num_new - len(stop) + 1, 0))) >= 0]
-        if not found:
-            return
-        k, stop = min(found)
-        if self.core.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED,
-                                    f"stop string {stop!r}", stop_reason=stop):
-            self._text_end[req.request_id] = k + len(stop) * params.include_stop_str_in_output
+        return run_to_completion(self)
 
     # ---- results ----
-    def decode_output(self, req: Request) -> str:
-        """All of `req`'s output tokens as text (special tokens as its params say)."""
-        return self.tokenizer.decode(req.output_token_ids,
-                                     req.sampling_params.skip_special_tokens)
-
-    def text_of(self, req: Request) -> str:
-        """The completion text so far (a stream's text: the incremental detokenizer's,
-        which holds back an unfinished character), ending where a stop string ended it."""
-        detok = self._detok.get(req.request_id)
-        if detok is None:
-            return self.decode_output(req)
-        end = self._text_end.get(req.request_id)
-        return detok.text if end is None else detok.text[:end]
-
-    def final_text(self, req: Request) -> str:
-        """The text an ended request reports, offline and served alike: cut at the stop
-        string that stopped it (kept with include_stop_str_in_output); else all its tokens
-        decoded, unless that does not extend the streamed text (then the streamed one)."""
-        detok = self._detok.get(req.request_id)
-        if detok is None or req.request_id in self._text_end:
-            return self.text_of(req)
-        plain = self.decode_output(req)
-        return plain if plain.startswith(detok.text) else detok.text
-
-    def output_of(self, requests: Request | Sequence[Request]) -> RequestOutput:
-        """One request's output in vLLM's shape; the children of an n > 1 request (in
-        index order) make one output with n completions."""
-        group = [requests] if isinstance(requests, Request) else list(requests)
-        first = group[0]
-        decode = self._token_text
-        prompt_lp = logprobs_list(first.prompt_logprobs, decode)
-        if prompt_lp is not None:
-            prompt_lp = [None, *prompt_lp]
-        finished = all(r.is_finished for r in group)
-        return RequestOutput(
-            request_id=first.parent_id or first.request_id,
-            prompt=self._prompts.get(first.request_id), prompt_token_ids=first.prompt_token_ids,
-            outputs=[self._completion(r) for r in group], finished=finished,
-            metrics=RequestMetrics.of(first),
-            message="; ".join(dict.fromkeys(r.finish_message for r in group if r.finish_message)),
-            prompt_logprobs=prompt_lp, num_cached_tokens=min(r.num_cached_tokens for r in group))
-
-    def _completion(self, req: Request) -> CompletionOutput:
-        reason = req.finish_reason.value if req.finish_reason else None
-        found = req.output_logprobs
-        return CompletionOutput(
-            req.index, self.final_text(req), list(req.output_token_ids), reason, req.stop_reason,
-            None if found is None else sum(lp.logprob for lp in found),
-            logprobs_list(found, self._token_text))
+    def output_of(self, group: Request | Sequence[Request],
+                  finals: dict[str, StreamOutput], prompt: str | None = None
+                  ) -> RequestOutput:
+        """One request's output in vLLM's shape from its sequences' final outputs; the
+        children of an n > 1 request (in index order) make one output with n
+        completions."""
+        group = [group] if isinstance(group, Request) else list(group)
+        return RequestOutput.of(group, [finals[r.request_id] for r in group], prompt,
+                                self._token_text)
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def release(self, requests: Iterable[Request]) -> None:
-        """Forget per-request text state of ended requests (and of a parent whose
-        children have all been released)."""
-        for r in requests:
-            self._prompts.pop(r.request_id, None)
-            self._detok.pop(r.request_id, None)
-            self._text_end.pop(r.request_id, None)
-            if r.parent_id is not None and (kids := self._children.get(r.parent_id)):
-                kids.discard(r.request_id)
-                if not kids:
-                    del self._children[r.parent_id]
+
+@dataclass(frozen=True, slots=True)
+class EngineStep(StepResult):
+    """The core's StepResult and what the output processor made of it."""
+
+    outputs: Outputs = field(default_factory=list)

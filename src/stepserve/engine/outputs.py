@@ -1,7 +1,8 @@
-"""What the engine hands back, in vLLM's shape: RequestOutput.outputs[i].text, and, when
-asked, logprobs as vLLM gives them: per position a dict {token id: Logprob} holding the
-token there and the top alternatives (prompt logprobs start with None: the first prompt
-token has no context to be predicted from)."""
+"""What the engine hands back. Offline, in vLLM's shape: RequestOutput.outputs[i].text,
+and, when asked, logprobs as vLLM gives them: per position a dict {token id: Logprob}
+holding the token there and the top alternatives (prompt logprobs start with None: the
+first prompt token has no context to be predicted from). (Step by step, a server gets
+seam.py's StreamOutputs; output_processor.py makes both.)"""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from stepserve.core.request import Request, TokenLogprobs
+from stepserve.engine.seam import StreamOutput
 
 
 @dataclass
@@ -60,6 +62,29 @@ class RequestOutput:
     # prompt tokens served from the prefix cache at admission (vLLM's field; whole
     # blocks); n > 1: the fewest any sequence got, as the server's usage counts them
     num_cached_tokens: int = 0
+
+    @classmethod
+    def of(cls, group: Sequence[Request], finals: Sequence[StreamOutput], prompt: str | None,
+           decode: Callable[[int], str]) -> RequestOutput:
+        """One request's output from its sequences (the children of an n > 1 request, in
+        index order) and their final outputs (the same order)."""
+        first = group[0]
+        prompt_lp = logprobs_list(first.prompt_logprobs, decode)
+        if prompt_lp is not None:
+            prompt_lp = [None, *prompt_lp]
+        completions = []
+        for req, final in zip(group, finals, strict=True):
+            found = req.output_logprobs
+            completions.append(CompletionOutput(
+                req.index, final.full_text or "", list(req.output_token_ids),
+                final.finish_reason, req.stop_reason,
+                None if found is None else sum(lp.logprob for lp in found),
+                logprobs_list(found, decode)))
+        messages = (f.message for f in finals if f.message)
+        return cls(first.parent_id or first.request_id, prompt, first.prompt_token_ids,
+                   completions, all(r.is_finished for r in group), RequestMetrics.of(first),
+                   "; ".join(dict.fromkeys(messages)), prompt_lp,
+                   min(r.num_cached_tokens for r in group))
 
 
 def position_logprobs(lp: TokenLogprobs, decode: Callable[[int], str]) -> PositionLogprobs:

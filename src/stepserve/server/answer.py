@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 
 from stepserve.core import request_limits as lim
 from stepserve.core.end_reasons import end_of
+from stepserve.engine.seam import RequestStream, StreamOutput
 from stepserve.server.errors import SERVER_ERROR, APIError
 from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
 from stepserve.server.prompts import ServingContext
@@ -50,7 +51,6 @@ from stepserve.server.responses import (
     prompt_cached_tokens,
 )
 from stepserve.server.sse import SSE_DONE, Chunks, Echo
-from stepserve.server.streams import RequestStream, StreamOutput
 
 log = logging.getLogger("stepserve.server")
 

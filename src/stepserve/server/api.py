@@ -96,7 +96,7 @@ def _start_serving(app: FastAPI, llm_engine, model_name: str | None,
     app.state.async_engine = async_engine
     max_len = llm_engine.config.scheduler.max_model_len
     app.state.ctx = ServingContext(
-        async_engine, name, max_len, llm_engine.runner.args.vocab_size, retry_after_s,
+        async_engine, llm_engine.tokenizer, llm_engine.clock, name, max_len, llm_engine.runner.args.vocab_size, retry_after_s,
         max_request_bytes, max_len * llm_engine.tokenizer.max_token_bytes())
     # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
     # server: take it out of the cyclic GC's reach, or every full collection walks it

@@ -1,9 +1,10 @@
-"""AsyncEngine: the synchronous LLMEngine's step loop on a background thread, with one
-asyncio stream per request.
+"""AsyncEngine: the engine client of one process (engine/seam.py): the synchronous
+LLMEngine's step loop on a thread of its own (`EngineLoop`), one asyncio stream per
+request.
 
     HTTP handler --add/abort--> command queue --> engine thread: commands, step(), publish
          ^                                                             |
-         +----- RequestStream (merging slot) <-- call_soon_threadsafe --+
+         +----- RequestStream (merging slot) <-- outbox (a queue) -----+
 
 Invariants:
 * Only the engine thread touches the engine (add, abort, step), so the scheduler is
@@ -15,37 +16,254 @@ Invariants:
   (finished, with a reason: stop, length, abort, timed_out, error). Every path keeps it:
   - a fault while a step runs ends that step's requests with "error" (LLMEngine.step);
   - a fault while turning one request's tokens into text ends that request with "error";
-  - a fault of the loop itself (the scheduler, a dead runner) answers every tracked
-    request with "error", resolves every admission still pending (including those
+  - a fault of the loop itself (the scheduler, a dead runner) answers every live
+    request with "error" (LLMEngine.fail_all), resolves every admission still pending (including those
     accepted in the failing iteration, kept on `self` for that reason), refuses queued
     ones, and calls `on_fatal` so the server exits non-zero for a supervisor to restart.
-* Everything the engine thread hands the event loop for one iteration goes in a single
-  call_soon_threadsafe (one wake-up of the loop per step, not one per token).
+* Everything the engine thread hands the event loop for one iteration is one message on
+  its outbox (one call_soon_threadsafe: one wake-up of the loop per step, not one per
+  token). Calls go one way: AsyncEngine touches nothing of EngineLoop's but its command
+  queue, wake-up event and published state, and EngineLoop calls nothing of AsyncEngine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from stepserve.core.request import SamplingParams
-from stepserve.server.drain import drain_live
-from stepserve.server.engine_loop import (
-    AbortCommand,
-    AddCommand,
-    Admissions,
-    EngineLoop,
-    EngineState,
-    Outputs,
+from stepserve.core.end_reasons import FinishReason
+from stepserve.core.snapshot import EngineSnapshot
+from stepserve.engine.seam import (
+    EngineUnavailable,
+    InvalidRequest,
+    NewRequest,
+    RequestFailed,
+    RequestRejected,
+    RequestStream,
+    StreamOutput,
 )
-from stepserve.server.streams import EngineUnavailable, RequestStream
+from stepserve.server.drain import drain_live
 
 if TYPE_CHECKING:
-    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.engine.llm_engine import EngineStep, LLMEngine
+    from stepserve.engine.output_processor import Outputs as EngineOutputs
     from stepserve.server.metrics import ServerMetrics
 
+log = logging.getLogger("stepserve.server")
+
+IDLE_POLL_S = 0.002  # work is queued but nothing could be scheduled: look again soon
+
+Outputs = list[tuple[RequestStream, StreamOutput]]
+Admissions = list[tuple[asyncio.Future, BaseException | None]]
+
+
+@dataclass(slots=True)
+class AddCommand:
+    request: NewRequest  # its id and arrival time set
+    stream: RequestStream
+    admitted: asyncio.Future
+
+
+@dataclass(slots=True)
+class AbortCommand:
+    request_id: str
+    message: str
+
+
+@dataclass(slots=True)
+class _Live:
+    stream: RequestStream
+    left: int  # sequences still to end (n of an n > 1 request)
+
+
+@dataclass
+class EngineState:
+    """What the engine thread publishes for /health and /metrics: the core's snapshot
+    and the steps this loop ran."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_gpu_blocks: int = 0
+    num_gpu_blocks_used: int = 0
+    kv_usage: float = 0.0
+    num_preemptions_total: int = 0
+    steps: int = 0
+    time: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def of(cls, snap: EngineSnapshot, steps: int) -> EngineState:
+        return cls(snap.num_running, snap.num_waiting, snap.num_swapped, snap.num_gpu_blocks,
+                   snap.num_gpu_blocks_used, snap.kv_usage, snap.num_preemptions_total, steps)
+
+
+class Outbox:
+    """The engine thread's messages to the event loop, each (outputs, admissions) of one
+    iteration: one call_soon_threadsafe onto a queue the event loop reads."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.queue: asyncio.Queue[tuple[Outputs, Admissions]] | None = None
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the event loop, before the engine thread starts."""
+        self._loop, self.queue = loop, asyncio.Queue()
+
+    def post(self, outputs: Outputs, admissions: Admissions) -> None:
+        """Engine thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, (outputs, admissions))
+
+
+# ---- the engine thread ----
+
+class EngineLoop:
+    """The engine thread of the server: apply the handlers' commands, run a step, hand
+    each output to its request's stream; keep the exactly-once promise on every failure
+    path. Runs on the engine thread only (`run`); the event loop talks to it through
+    `commands` and `wake`, and hears from it through `outbox`: neither calls the
+    other."""
+
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.outbox = Outbox()
+        self.on_fatal = on_fatal
+        self.state = EngineState()
+        self.fault: str | None = None
+        self.commands: deque[AddCommand | AbortCommand | None] = deque()
+        self.wake = threading.Event()
+        self._live: dict[str, _Live] = {}  # admitted requests, by their id
+        # what this iteration hands over at its end (on self: the fatal path needs them)
+        self._outputs: Outputs = []
+        self._admissions: Admissions = []
+
+    def run(self) -> None:
+        """The thread's body."""
+        try:
+            self._loop_forever()
+        except Exception as e:  # the loop cannot go on: answer everyone, then exit
+            log.exception("engine loop failed")
+            self.fault = f"engine failed: {type(e).__name__}: {e}"
+            self._fail_all(self.fault)
+            if self.on_fatal is not None:
+                self.on_fatal(self.fault)
+
+    def _loop_forever(self) -> None:
+        engine = self.engine
+        while True:
+            self.wake.clear()
+            self._outputs, self._admissions = [], []
+            if self._apply_commands():
+                for rid in list(self._live):
+                    engine.abort_request(rid, "server shutting down")
+                self._collect(engine.step())  # nothing left to run: only the ends
+                self._publish()
+                return
+            # Stepped even with nothing to run: the result carries requests that ended
+            # without a step (aborts, queue timeouts).
+            t0 = time.perf_counter()
+            result = engine.step()
+            if result.ran:
+                self.state.steps += 1
+                if self.metrics is not None:
+                    self.metrics.on_steps([result.record], time.perf_counter() - t0)
+            self._collect(result)
+            self._publish()
+            if not result.ran:
+                timeout = None
+                if engine.has_unfinished():
+                    wake_at = engine.core.next_wakeup_time()
+                    timeout = IDLE_POLL_S if wake_at is None else \
+                        min(max(wake_at - engine.clock.now(), 0.0), 0.05)
+                self.wake.wait(timeout)
+
+    def _collect(self, step: EngineStep) -> None:
+        """Hand each output to its request's stream; count tokens and ends."""
+        if self.metrics is not None:
+            for req in step.emitted:
+                self.metrics.on_token(req)
+        self._route(step.outputs)
+
+    def _route(self, outputs: EngineOutputs) -> None:
+        for req, out in outputs:
+            rid = req.parent_id or req.request_id
+            live = self._live.get(rid)
+            if live is None:
+                continue  # a sibling of a refused one: never admitted
+            self._outputs.append((live.stream, out))
+            if out.finished:
+                live.left -= 1
+                if not live.left:
+                    del self._live[rid]
+                if self.metrics is not None:  # what the client got is what is counted
+                    self.metrics.on_finished(req, FinishReason(out.finish_reason))
+
+    def _apply_commands(self) -> bool:
+        """Apply queued adds and aborts; True when asked to stop."""
+        while self.commands:
+            cmd = self.commands.popleft()
+            if cmd is None:
+                return True
+            if isinstance(cmd, AbortCommand):
+                self.engine.abort_request(cmd.request_id, cmd.message)  # n > 1: all
+            else:
+                self._admissions.append((cmd.admitted, self._admit(cmd)))
+        return False
+
+    def _admit(self, cmd: AddCommand) -> BaseException | None:
+        """Hand one request to the engine; the admission error, or None if it was taken."""
+        new = cmd.request
+        try:
+            children = self.engine.add_parallel(new.prompt_ids, new.params, new.request_id,
+                                                new.arrival_time, new.streamed,
+                                                new.cache_salt)
+        except InvalidRequest as e:
+            return RequestRejected.of(e)
+        except ValueError as e:
+            return RequestRejected(str(e))
+        except Exception as e:  # not the client's fault, and not queued: a 500 for it alone
+            log.exception("admitting request %s failed", new.request_id)
+            return RequestFailed(f"{type(e).__name__}: {e}")
+        refused = children[0]
+        if refused.is_finished:  # refused at admission
+            why = refused.reject_reason.value if refused.reject_reason else "invalid"
+            return RequestRejected(refused.finish_message, why)
+        self._live[new.request_id] = _Live(cmd.stream, len(children))  # n on one stream
+        return None
+
+    def _publish(self) -> None:
+        self.state = EngineState.of(self.engine.core.snapshot(), self.state.steps)
+        if self.metrics is not None:
+            self.metrics.on_state(self.state)
+        self._post()
+
+    def _post(self) -> None:
+        outputs, admissions = self._outputs, self._admissions
+        self._outputs, self._admissions = [], []
+        if outputs or admissions:
+            self.outbox.post(outputs, admissions)
+
+    def _fail_all(self, message: str) -> None:
+        """The loop is dead: every live request gets its final error (the engine ends
+        them), every admission still pending an answer (taken ones resolve, and then
+        their stream ends in error; queued ones are refused)."""
+        self._route(self.engine.fail_all(message))
+        while self.commands:
+            cmd = self.commands.popleft()
+            if isinstance(cmd, AddCommand):
+                self._admissions.append((cmd.admitted, EngineUnavailable(message)))
+        self._post()
+
+
+# ---- the event loop's side ----
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None,
@@ -59,10 +277,12 @@ class AsyncEngine:
             if (threads := getattr(engine, "step_threads", None)) is not None:
                 metrics.cpu.watch(threads)
         self.accepting = True
-        self._worker = EngineLoop(engine, metrics, self._hand_over, on_fatal)
+        self._worker = EngineLoop(engine, metrics, on_fatal)
         self._commands = self._worker.commands
         self._wake = self._worker.wake
+        self._outbox = self._worker.outbox
         self._thread: threading.Thread | None = None
+        self._reader: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[str, RequestStream] = {}  # event loop only
         self._all_ended: asyncio.Event | None = None
@@ -81,6 +301,8 @@ class AsyncEngine:
         from stepserve.model.omp import release_openmp_pool
 
         release_openmp_pool()
+        self._outbox.open(self._loop)
+        self._reader = self._loop.create_task(self._read_outbox())
         self._thread = threading.Thread(target=self._worker.run, name="stepserve-engine",
                                         daemon=True)
         self._thread.start()
@@ -125,27 +347,35 @@ class AsyncEngine:
         self._wake.set()
         await asyncio.to_thread(self._thread.join, 30.0)
         self._thread = None
+        # the thread's last messages are queued by now (they were posted before the join
+        # returned, and calls made thread-safe run in order): deliver them, then stop
+        queue = self._outbox.queue
+        while queue is not None and not queue.empty():
+            self._deliver(*queue.get_nowait())
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
 
     # ---- requests (event loop side) ----
-    async def add(self, prompt_ids: list[int], params: SamplingParams, *,
-                  streamed: bool = True, request_id: str | None = None,
-                  arrival_time: float | None = None,
-                  cache_salt: str | None = None) -> RequestStream:
+    async def add(self, request: NewRequest) -> RequestStream:
         """Submit a request; returns its stream once the scheduler admitted it.
-        Raises RequestRejected (queue full, too long) or EngineUnavailable."""
+        Raises RequestRejected (queue full, too long, a field the engine cannot take) or
+        EngineUnavailable."""
         if not self.accepting or not self.is_running:
             raise EngineUnavailable(self.fault or "the server is shutting down")
+        request_id = request.request_id
         if request_id is None:
             request_id = f"srv-{self._counter}"
             self._counter += 1
         assert self._loop is not None
-        stream = RequestStream(request_id, len(prompt_ids), params.n)
+        stream = RequestStream(request_id, len(request.prompt_ids), request.params.n)
         admitted = self._loop.create_future()
-        arrival = self.engine.clock.now() if arrival_time is None else arrival_time
+        arrival = self.engine.clock.now() if request.arrival_time is None \
+            else request.arrival_time
         self._live[request_id] = stream
         self._all_ended.clear()  # type: ignore[union-attr]
-        self._commands.append(AddCommand(prompt_ids, params, request_id, arrival, stream,
-                                         streamed, admitted, cache_salt))
+        self._commands.append(AddCommand(
+            replace(request, request_id=request_id, arrival_time=arrival), stream, admitted))
         self._wake.set()
         if self.fault is not None:  # the loop died after the check above and may have
             # drained the queue already: answer here (whoever answers first wins)
@@ -171,10 +401,16 @@ class AsyncEngine:
         if not self._live and self._all_ended is not None:
             self._all_ended.set()
 
-    def _hand_over(self, outputs: Outputs, admissions: Admissions) -> None:
-        """Engine thread: one wake-up of the event loop for a whole iteration's results."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._deliver, outputs, admissions)
+    async def _read_outbox(self) -> None:
+        """Event loop: deliver each of the engine thread's messages as it comes."""
+        queue = self._outbox.queue
+        assert queue is not None
+        while True:
+            outputs, admissions = await queue.get()
+            try:
+                self._deliver(outputs, admissions)
+            except Exception:  # a bug; the next message must still be delivered
+                log.exception("delivering the engine's outputs failed")
 
     def _deliver(self, outputs: Outputs, admissions: Admissions) -> None:
         for fut, err in admissions:

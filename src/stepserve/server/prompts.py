@@ -1,5 +1,6 @@
 """From a validated body to what the engine takes: the prompt's token ids and the
-SamplingParams, with every check that needs the model (its name, vocabulary, context).
+SamplingParams, with the checks of the body that need the model's name and context (the
+engine checks the rest when it takes the request: token ids, stop tokens, priority).
 
 Heavy work stays off the event loop: chat templating and tokenizing run on a worker
 thread (the tokenizer releases the GIL), and a text longer than any prompt of
@@ -13,20 +14,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from stepserve.core.clock import Clock
 from stepserve.core.request import SamplingParams
-from stepserve.core.request_limits import priority_refusal, stop_tokens_refusal
 from stepserve.server.errors import APIError, bad_request
 from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
 if TYPE_CHECKING:
-    from stepserve.server.async_engine import AsyncEngine
+    from stepserve.engine.seam import EngineClient
+    from stepserve.model.tokenizer import Tokenizer
 
 
 @dataclass
 class ServingContext:
-    """What the handlers need from the app."""
+    """What the handlers need from the app: the engine client (seam.py), and
+    the model's tokenizer, limits and clock, for the work done before a request is
+    sent (templating, tokenizing, the checks that need no engine)."""
 
-    engine: AsyncEngine
+    engine: EngineClient
+    tokenizer: Tokenizer
+    clock: Clock  # the engine's: a request's arrival is stamped on it
     model_name: str
     max_model_len: int
     vocab_size: int
@@ -58,16 +64,9 @@ def check_common(ctx: ServingContext, body: _Sampling) -> None:
     if best_of is not None and best_of > body.n and body.stream:
         raise bad_request("best_of > n cannot be streamed (the best are known at the end)",
                           "best_of", "unsupported_value")
-    refusal = priority_refusal(body.priority, ctx.engine.engine.config.scheduler.policy)
-    if refusal:
-        raise bad_request(refusal, "priority", "unsupported_value")
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true",
                           "stream_options")
-    refusal = stop_tokens_refusal(body.stop_token_ids or (), body.min_tokens,
-                                  ctx.vocab_size, ctx.engine.engine.tokenizer.eos_token_id)
-    if refusal:
-        raise bad_request(refusal, "stop_token_ids")
 
 
 def check_length(ctx: ServingContext, ids: list[int], max_tokens: int, param: str,
@@ -140,12 +139,8 @@ async def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> lis
             raise bad_request("the prompt is empty; at least one token is required",
                               "prompt", "empty_prompt")
         check_text_size(ctx, len(prompt), "prompt")
-        return await ctx.off_loop(ctx.engine.engine.tokenizer.encode, prompt)
-    bad = [t for t in prompt if not 0 <= t < ctx.vocab_size]
-    if bad:
-        raise bad_request(f"prompt token ids must be in [0, {ctx.vocab_size}); got "
-                          f"{bad[:5]}", "prompt")
-    return list(prompt)
+        return await ctx.off_loop(ctx.tokenizer.encode, prompt)
+    return list(prompt)  # their range is the engine's check
 
 
 async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
@@ -154,9 +149,8 @@ async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
 
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     check_text_size(ctx, sum(len(m["content"]) for m in messages), "messages")
-    tokenizer = ctx.engine.engine.tokenizer
     try:
-        return await ctx.off_loop(tokenizer.encode_chat, messages, add_generation_prompt)
+        return await ctx.off_loop(ctx.tokenizer.encode_chat, messages, add_generation_prompt)
     except jinja2.TemplateError as e:
         raise bad_request(f"the chat template rejected the messages: {e}", "messages") \
             from None

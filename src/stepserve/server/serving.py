@@ -13,7 +13,13 @@ from starlette.responses import Response
 
 from stepserve.core.end_reasons import Refusal, end_reason
 from stepserve.core.engine_core import default_max_tokens
-from stepserve.core.request import SamplingParams
+from stepserve.engine.seam import (
+    EngineUnavailable,
+    NewRequest,
+    RequestFailed,
+    RequestRejected,
+    RequestStream,
+)
 from stepserve.server.answer import Answer
 from stepserve.server.body import VALUE_SLACK, parse_json, read_limited
 from stepserve.server.errors import APIError, bad_request, from_validation_error
@@ -29,12 +35,6 @@ from stepserve.server.prompts import (
 )
 from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from stepserve.server.sse import ChatChunks, CompletionChunks, Echo
-from stepserve.server.streams import (
-    EngineUnavailable,
-    RequestFailed,
-    RequestRejected,
-    RequestStream,
-)
 
 log = logging.getLogger("stepserve.server")
 
@@ -62,16 +62,15 @@ async def parse_body(ctx: ServingContext, request: Request,
     return validate(await read_json(ctx, request), model)
 
 
-async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
-                 streamed: bool, arrival: float, cache_salt: str | None = None
-                 ) -> RequestStream:
+async def submit(ctx: ServingContext, request: NewRequest) -> RequestStream:
     try:
-        return await ctx.engine.add(ids, params, streamed=streamed, arrival_time=arrival,
-                                    cache_salt=cache_salt)
+        return await ctx.engine.add(request)
     except RequestRejected as e:
         end = end_reason(e.reason)
+        if e.code is not None:
+            raise bad_request(e.message, e.param, e.code) from None
         retry = {"Retry-After": str(ctx.retry_after_s)} if end.retry_after else None
-        raise APIError.of(end, e.message, headers=retry) from None
+        raise APIError.of(end, e.message, e.param, headers=retry) from None
     except RequestFailed as e:
         raise APIError.of(end_reason(Refusal.FAILED), str(e)) from None
     except EngineUnavailable as e:
@@ -82,7 +81,7 @@ async def submit(ctx: ServingContext, ids: list[int], params: SamplingParams,
 # ---- the endpoints ----
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
-    arrival = ctx.engine.engine.clock.now()
+    arrival = ctx.clock.now()
     body = await parse_body(ctx, request, CompletionRequest)
     assert isinstance(body, CompletionRequest)
     check_common(ctx, body)
@@ -107,15 +106,16 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
         text = body.prompt if isinstance(body.prompt, str) else \
             body.prompt[0] if isinstance(body.prompt, list) and body.prompt \
             and isinstance(body.prompt[0], str) else \
-            await ctx.off_loop(ctx.engine.engine.tokenizer.decode, ids)
+            await ctx.off_loop(ctx.tokenizer.decode, ids)
         echo = Echo(text, ids, only_prompt)
     answer = Answer(ctx, body, "cmpl", _renderer(ctx, body.logprobs, prompt_lp), echo)
-    stream = await submit(ctx, ids, params, body.stream, arrival, body.cache_salt)
+    stream = await submit(ctx, NewRequest(ids, params, body.stream, arrival_time=arrival,
+                                          cache_salt=body.cache_salt))
     return await answer.send(request, stream, CompletionChunks, answer.completion)
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
-    arrival = ctx.engine.engine.clock.now()
+    arrival = ctx.clock.now()
     body = await parse_body(ctx, request, ChatCompletionRequest)
     assert isinstance(body, ChatCompletionRequest)
     check_common(ctx, body)
@@ -131,7 +131,8 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
     answer = Answer(ctx, body, "chatcmpl", _renderer(ctx, logprobs, body.prompt_logprobs))
-    stream = await submit(ctx, ids, params, body.stream, arrival, body.cache_salt)
+    stream = await submit(ctx, NewRequest(ids, params, body.stream, arrival_time=arrival,
+                                          cache_salt=body.cache_salt))
     return await answer.send(request, stream, ChatChunks, answer.chat)
 
 
@@ -139,5 +140,5 @@ def _renderer(ctx: ServingContext, logprobs: int | None,
               prompt_logprobs: int | None) -> LogprobRenderer | None:
     if logprobs is None and prompt_logprobs is None:
         return None
-    return LogprobRenderer(ctx.engine.engine.tokenizer, logprobs or 0)
+    return LogprobRenderer(ctx.tokenizer, logprobs or 0)
 

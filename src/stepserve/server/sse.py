@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from stepserve.engine.seam import StreamOutput
 from stepserve.server.logprobs import (
     JSONText,
     LogprobRenderer,
@@ -33,7 +34,6 @@ from stepserve.server.responses import (
     UsageInfo,
     prompt_cached_tokens,
 )
-from stepserve.server.streams import StreamOutput
 
 SSE_DONE = "data: [DONE]\n\n"
 

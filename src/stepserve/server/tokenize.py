@@ -75,7 +75,7 @@ def install_tokenize_routes(app: FastAPI) -> None:
         """vLLM's /tokenize: `prompt` (text), or `messages` rendered by the chat
         template; `{count, max_model_len, tokens, token_strs}`."""
         ctx: ServingContext = request.app.state.ctx
-        tok = ctx.engine.engine.tokenizer
+        tok = ctx.tokenizer
         data = await read_json(ctx, request)
         chat = isinstance(data, dict) and "messages" in data
         body = validate(data, TokenizeChatRequest if chat else TokenizeCompletionRequest)
@@ -105,7 +105,7 @@ def install_tokenize_routes(app: FastAPI) -> None:
         if bad:
             raise bad_request(f"tokens must be in [0, {ctx.vocab_size}); got {bad[:5]}",
                               "tokens")
-        text = await ctx.off_loop(ctx.engine.engine.tokenizer.decode, body.tokens)
+        text = await ctx.off_loop(ctx.tokenizer.decode, body.tokens)
         return JSONResponse({"prompt": text})
 
     @app.get("/version", response_model=VersionResponse)

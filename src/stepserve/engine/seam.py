@@ -1,13 +1,51 @@
-"""What a handler holds of one request: its RequestStream of StreamOutputs, and the three
-ways admission can fail (RequestRejected, RequestFailed, EngineUnavailable)."""
+"""The one seam between a front end (the HTTP handlers) and the engine that serves it:
+what crosses it, both ways, as typed values, and the interface (`EngineClient`) that both
+engines implement, the one in this process (server/async_engine.py, over an LLMEngine on
+its own thread) and the one over Ray Serve replicas (cluster/frontend.py).
+
+    front end -> engine:  add(NewRequest) -> its RequestStream, once admitted
+                          (or RequestRejected, RequestFailed, EngineUnavailable)
+                          abort(request_id), drain(timeout_s), cut_drain(), stop()
+    engine -> front end:  StreamOutputs on the request's RequestStream, exactly one
+                          final one per sequence; `fault` once the engine died
+
+A request is checked once, by the engine that takes it (LLMEngine.add_parallel, the
+scheduler's admission); a refusal comes back as RequestRejected naming the field.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Protocol
 
 from stepserve.core.end_reasons import Refusal
-from stepserve.core.request import TokenLogprobs
+from stepserve.core.request import SamplingParams, TokenLogprobs
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A request for the engine: the prompt's token ids and how to sample. `streamed`:
+    text as it comes (else only the final outputs carry it); no `arrival_time`: now, on
+    the engine's clock; `cache_salt`: the prefix cache's namespace."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    streamed: bool = True
+    request_id: str | None = None
+    arrival_time: float | None = None
+    cache_salt: str | None = None
+
+
+class InvalidRequest(ValueError):
+    """The engine cannot take a request as it is (a client's mistake, a 400): `param`
+    names the field, `code` the OpenAI error code."""
+
+    def __init__(self, message: str, param: str | None = None,
+                 code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 class RequestRejected(Exception):
@@ -15,10 +53,17 @@ class RequestRejected(Exception):
     (queue_full, too_long, empty_prompt), or a Refusal value (invalid: a request the
     engine could not take at all); its answer and counter are end_reasons.py's row."""
 
-    def __init__(self, message: str, reason: str = Refusal.INVALID.value) -> None:
+    def __init__(self, message: str, reason: str = Refusal.INVALID.value,
+                 param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
+        self.param = param  # the field at fault, where the engine knows it
+        self.code = code  # the error code, where it is not the reason's own
+
+    @classmethod
+    def of(cls, error: InvalidRequest) -> RequestRejected:
+        return cls(str(error), Refusal.INVALID.value, error.param, error.code)
 
 
 class RequestFailed(Exception):
@@ -123,3 +168,26 @@ class RequestStream:
             self._ended += 1
             self.finished = self._ended >= self.n
         return out
+
+
+class EngineClient(Protocol):
+    """What the handlers and the server's lifecycle use of an engine."""
+
+    accepting: bool  # False once a drain began
+    fault: str | None  # why the engine died (None while it runs)
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def num_live(self) -> int: ...  # requests admitted and not yet ended
+
+    async def add(self, request: NewRequest) -> RequestStream: ...
+
+    def abort(self, request_id: str, message: str = "aborted by the client") -> None: ...
+
+    async def drain(self, timeout_s: float) -> tuple[int, int]: ...
+
+    def cut_drain(self) -> None: ...
+
+    async def stop(self) -> None: ...
