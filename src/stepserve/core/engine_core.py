@@ -1,7 +1,7 @@
 """The engine core: the one loop body of the system, shared by every driver.
 
     step() = begin_step()                 schedule(), then runner.execute(out)
-             complete_step(pending)       update_from_output(), on_tokens hook,
+             complete_step(pending)       update_from_output()
                                           -> StepResult(record, emitted, finished)
 
 The core owns the scheduler and its KV block manager; the runner (a torch model in
@@ -12,9 +12,11 @@ step is the real engine's step with another runner.
 
 Every driver is a thin loop over `step()` (or, where time passes between starting and
 ending a step, as in the simulator, over `begin_step()` / `complete_step()`):
-LLM.generate and `run_closed_loop` (engine/drive.py), bench's in-process load
-(bench/inprocess.py), the server's engine thread (server/engine_loop.py), the
-simulator's event loop (sim/loop.py).
+LLM.generate and `run_closed_loop` (engine/drive.py, through LLMEngine.step), bench's
+in-process load (bench/inprocess.py), the server's engine thread (server/async_engine.py),
+the simulator's event loop (sim/loop.py). The core calls none of them back: what a
+driver does with a step's tokens (stop strings, text) it does after the step, and the
+ends it decides then are taken with `take_finished`.
 
 Every end of a request from outside a step (an abort, a stop string, a client gone, a
 failure in the text layer) goes through `finish_request`, which ends it exactly once and
@@ -108,17 +110,13 @@ class DecodeRunResult:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, runner: Runner, clock: Clock,
-                 num_gpu_blocks: int,
-                 on_tokens: Callable[[list[Request]], None] | None = None) -> None:
-        """`num_gpu_blocks`: the device KV pool the runner holds. `on_tokens(emitted)`:
-        called after each step's tokens are applied, before its finished requests are
-        taken (the text layer checks stop strings there)."""
+                 num_gpu_blocks: int) -> None:
+        """`num_gpu_blocks`: the device KV pool the runner holds."""
         self.config = config
         self.runner = runner
         self.clock = clock
         self.scheduler: SchedulerBase = make_scheduler(config, clock, num_gpu_blocks)
         self.scheduler.fills_block_tables = getattr(runner, "reads_block_tables", True)
-        self.on_tokens = on_tokens
         self._failed_in_a_row = 0
         self.integrity_checks = integrity_checks_on()
         self._unchecked_steps = 0
@@ -202,12 +200,15 @@ class EngineCore:
         emitted = sched.update_from_output(pending.out, pending.result)
         if pending.result.logprobs is not None or pending.result.prompt_logprobs is not None:
             _keep_logprobs(pending.out, pending.result)
-        if self.on_tokens is not None and emitted:
-            self.on_tokens(emitted)
         (record,) = sched.take_step_records()
         if self.integrity_checks:
             self._check()
         return StepResult(record, emitted, sched.take_finished())
+
+    def take_finished(self) -> list[Request]:
+        """The requests ended since the last result and not yet reported (those a driver
+        ended after a step, e.g. by a stop string), in the order they ended."""
+        return self.scheduler.take_finished()
 
     def run_decodes(self, start: float, until: float,
                     step_time: Callable[[int, int], float], sampler: Sampler,
@@ -217,8 +218,6 @@ class EngineCore:
         before `until`, worked out at once where the scheduler's steps are plain
         (core/decode_run.py), with the runner's side given as `step_time` and `sampler`.
         None: none could be; step() as usual."""
-        if self.on_tokens is not None:
-            return None  # the hook wants every step's tokens as they come
         sched = self.scheduler
         run = run_decodes(sched, start, until, step_time, sampler, stop_at_first_end,
                           straddle)

@@ -22,7 +22,7 @@ from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock, WallClock
-from stepserve.core.engine_core import EngineCore, PendingStep
+from stepserve.core.engine_core import EngineCore
 from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
 from stepserve.core.request_limits import (
@@ -179,7 +179,7 @@ class LLMEngine:
         finished = result.finished
         if ends := self.output.add_tokens(result.emitted):
             self._apply(ends)
-            finished = finished + self.core.complete_step(PendingStep()).finished
+            finished = finished + self.core.take_finished()
         step = StepResult(result.record, result.emitted, finished)
         outputs, ends = self.output.process(step)
         self._apply(ends)
