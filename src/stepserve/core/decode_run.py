@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
-from operator import attrgetter, sub
+from operator import attrgetter, eq, sub
 
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, RequestStatus
@@ -89,7 +89,7 @@ def _end_steps(batch: list[Request], held: list[int], plain: list[int], sampler:
     at_length = list(map(sub, map(_MAX_TOKENS, batch), held))
     first_eos = [p + 1 for p in plain]
     if not any(map(_MIN_TOKENS, batch)) and \
-            all(map(frozenset((eos,)).__eq__, map(_STOP_IDS, batch))):
+            all(map(eq, map(_STOP_IDS, batch), repeat(frozenset((eos,))))):
         final = list(map(min, at_length, first_eos))  # the usual case: EOS ends it
     else:
         final = []
@@ -245,10 +245,15 @@ class _Run:
         # a run, and which block a name gives does not depend on naming order
         # (block_pool.py); a request that ended in the run named its blocks as it let go.
         if self.kv.enable_prefix_caching:
-            cache_blocks, bs = self.kv.cache_blocks, self.block_size
-            for req, named in zip(batch, map(self.kv.num_named.get, map(_ID, batch), repeat(0))):
-                if req.num_computed_tokens // bs > named:
-                    cache_blocks(req, req.num_computed_tokens)
+            # Only a request whose last block had at most `step` free slots filled one;
+            # `taking` lists them first (it is in the order of the slots they had).
+            cache_blocks, room, final, everyone = self.kv.cache_blocks, self.room, \
+                self.final, self.batch
+            for i in self.taking:
+                if room[i] > step:
+                    break
+                if final[i] > step:  # still running
+                    cache_blocks(everyone[i], everyone[i].num_computed_tokens)
 
 
 def _catch_up(sched: Scheduler, requests: list[Request], plain: list[int], steps: int,

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)
+# made for every routing decision: not frozen (a frozen class's __init__ costs ~6x)
+@dataclass(slots=True)
 class ReplicaView:
     index: int  # position in the deployment, stable for the replica's life
     pool: str = "default"
