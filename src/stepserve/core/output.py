@@ -123,8 +123,7 @@ class StepRecord:
         return self.num_decode_ready > 0 and self.num_decode_tokens == 0
 
 
-# made once a step: not frozen (a frozen class's __init__ costs ~6x)
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StepResult:
     """What one call of the engine core's step did: the one thing every driver reads.
 
