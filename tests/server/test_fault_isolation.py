@@ -96,19 +96,24 @@ def _sabotage(monkeypatch, engine, rng: random.Random) -> FaultyRunner:
 
     monkeypatch.setattr(engine.tokenizer, "detokenizer", detokenizer)
 
-    real_init, real_token = sse.Chunks.__init__, sse.Chunks.token
+    real_init, real_token, real_tail = sse.Chunks.__init__, sse.Chunks.token, sse.Chunks.tail
 
     def init(self, rid, created, model, body, *args, **kwargs):
         real_init(self, rid, created, model, body, *args, **kwargs)
         self.sabotaged = body.user == STREAM_MARK
 
-    def token(self, out):
-        if getattr(self, "sabotaged", False) and out.num_output_tokens >= 4:
-            raise RuntimeError("injected stream renderer fault")
-        return real_token(self, out)
+    def breaking(real):
+        def render(self, out):
+            if getattr(self, "sabotaged", False) and out.num_output_tokens >= 4:
+                raise RuntimeError("injected stream renderer fault")
+            return real(self, out)
+        return render
 
     monkeypatch.setattr(sse.Chunks, "__init__", init)
-    monkeypatch.setattr(sse.Chunks, "token", token)
+    # both the chunks of new text and the last one: on a busy machine a short request's
+    # outputs can all merge into its final output before the handler reads any
+    monkeypatch.setattr(sse.Chunks, "token", breaking(real_token))
+    monkeypatch.setattr(sse.Chunks, "tail", breaking(real_tail))
     return runner
 
 
