@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepserve.config.settings import EngineConfig
+from stepserve.core.block_pool import Chain
 from stepserve.sim import loop
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import simulate
@@ -87,6 +88,44 @@ def test_a_simulation_is_the_same_whichever_hash_names_the_blocks(
                                   ConstantCost(0.02), blocks))
                 for algo in ("builtin", "xxhash", "sha256")]
     assert runs[0] == runs[1] == runs[2]
+
+
+@contextmanager
+def every_block_named_at_once():
+    """The KV manager with naming on demand turned off: a chain is never filed, so
+    cache_blocks names each block as it is computed."""
+    real = Chain.__init__
+
+    def init(self, *args):
+        real(self, *args)
+        self.leave()
+
+    with patch.object(Chain, "__init__", init):
+        yield
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.05]), st.integers(1, 90),
+                               st.integers(1, 40)), min_size=1, max_size=30),
+       groups=st.integers(1, 3), shared_len=st.sampled_from([8, 24, 60]),
+       preemption=st.sampled_from(["recompute", "swap"]), blocks=st.integers(20, 50),
+       policy=st.sampled_from(["fcfs", "lpm"]))
+def test_naming_blocks_on_demand_shares_what_naming_them_at_once_shares(
+        rows, groups, shared_len, preemption, blocks, policy):
+    """The hits, evictions, twins and counters of a run are the same whether a block is
+    named when computed or only when a lookup's first block could lead to it."""
+    config = EngineConfig().replace(
+        max_model_len=160, block_size=8, max_num_seqs=6, max_num_batched_tokens=64,
+        preemption_mode=preemption, num_cpu_blocks=40 if preemption == "swap" else 0,
+        policy=policy)
+    specs = specs_of(rows)
+    with shared_prompts(groups, shared_len):
+        on_demand = simulate(config, specs, ConstantCost(0.02), blocks)
+        with every_block_named_at_once():
+            at_once = simulate(config, specs, ConstantCost(0.02), blocks)
+    assert snapshot(on_demand) == snapshot(at_once)
+    assert [r.num_cached_tokens for r in on_demand.requests] == \
+        [r.num_cached_tokens for r in at_once.requests]
 
 
 @pytest.mark.parametrize("algo", ["builtin", "xxhash", "sha256"])

@@ -9,12 +9,17 @@ Every block is in one of two states:
          prefix has that name takes it back (`touch`) instead of recomputing it. It stays
          named until `take` hands it out for new data: an eviction drops the name.
 
+A block may also be *marked* (`lazy[b]`, its `Chain`): its KV is computed and kept, but
+its name is computed only if a lookup asks (kv_cache.py, "named on demand"). A marked
+block is cached, placed and evicted exactly as a named one; only its name is missing.
+
 The free queue, head first (take pops the head):
 
-    [unnamed blocks ...][named blocks, least recently freed ... most recently freed]
+    [empty blocks ...][named or marked blocks, least recently freed ... most recently]
 
-An unnamed block holds nothing anyone can ask for, so it is reused before any named one;
-a named block joins at the tail, so the least recently used is evicted first. A table is
+An empty block (neither named nor marked) holds nothing anyone can ask for, so it is
+reused before any cached one; a cached block joins at the tail, so the least recently
+used is evicted first. A table is
 released tail block first (`release`), so of one request's blocks, the tail of its
 sequence (the part least likely shared) is evicted before its head.
 
@@ -43,6 +48,36 @@ class KVCacheError(RuntimeError):
     """An invariant of the block manager is broken (a bug, not a capacity problem)."""
 
 
+class Chain:
+    """One block table's computed blocks that are to be named only when asked for (see
+    kv_cache.py, "named on demand"): the request whose tokens they hold, the table, and
+    how many of its blocks still hold that content unnamed (`alive`). A chain that is
+    no request's any more (`live` False) and holds nothing leaves its registry bucket."""
+
+    __slots__ = ("request", "table", "first", "alive", "live", "filed", "registry")
+
+    def __init__(self, request: object, table: list[int], first: BlockHash,
+                 registry: dict[BlockHash, dict[int, Chain]]) -> None:
+        self.request, self.table, self.first = request, table, first
+        self.alive = 0
+        self.live = True
+        self.filed = True  # in its registry bucket: its blocks are named on demand
+        self.registry = registry
+        registry.setdefault(first, {})[id(self)] = self
+
+    def lose(self, n: int = 1) -> None:
+        """`n` of its blocks no longer hold its content unnamed (evicted, or named)."""
+        self.alive -= n
+        if not self.alive and not self.live:
+            self.leave()
+
+    def leave(self) -> None:
+        self.filed = False
+        bucket = self.registry.get(self.first)
+        if bucket is not None and bucket.pop(id(self), None) is not None and not bucket:
+            del self.registry[self.first]
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
@@ -54,7 +89,10 @@ class BlockPool:
         self.cached: dict[BlockHash, int] = {}  # name -> its lowest-id block
         self.twins: dict[BlockHash, list[int]] = {}  # name -> its other blocks
         self.num_named = 0
-        self.num_evictions = 0  # named blocks taken for new data
+        # a block whose KV is computed but not yet named: the chain it belongs to
+        self.lazy: list[Chain | None] = [None] * num_blocks
+        self.num_lazy = 0
+        self.num_evictions = 0  # cached blocks (named or lazy) taken for new data
 
     @property
     def num_free(self) -> int:
@@ -76,10 +114,10 @@ class BlockPool:
         queue = self.free_queue
         if n > len(queue):
             raise KVCacheError(f"take({n}) with only {len(queue)} free blocks")
-        pop, names, ref = queue.popitem, self.block_hash, self.ref_cnt
+        pop, names, ref, lazy = queue.popitem, self.block_hash, self.ref_cnt, self.lazy
         cached, twins = self.cached, self.twins
         out = []
-        evicted = inline = 0
+        evicted = inline = lost = 0
         for _ in range(n):
             b = pop(last=False)[0]
             h = names[b]
@@ -91,10 +129,17 @@ class BlockPool:
                     del cached[h]
                     names[b] = None
                     inline += 1
+            else:
+                chain = lazy[b]
+                if chain is not None:  # cached, never named: nothing to drop but the mark
+                    lazy[b] = None
+                    chain.lose()
+                    lost += 1
             ref[b] = 1
             out.append(b)
-        self.num_evictions += evicted
+        self.num_evictions += evicted + lost
         self.num_named -= inline
+        self.num_lazy -= lost
         self.num_held += n
         self.num_refs += n
         return out
@@ -115,7 +160,7 @@ class BlockPool:
         """Drop one hold on each of `blocks` (one table's), its last block first; a block
         nobody holds any more joins the free queue (named: at the tail; unnamed: at the
         head)."""
-        ref, queue, names = self.ref_cnt, self.free_queue, self.block_hash
+        ref, queue, names, lazy = self.ref_cnt, self.free_queue, self.block_hash, self.lazy
         if not all(map(ref.__getitem__, blocks)):
             stray = next(b for b in blocks if ref[b] <= 0)
             raise KVCacheError(f"block {stray} released but not held")
@@ -125,7 +170,7 @@ class BlockPool:
             ref[b] = left
             if left == 0:
                 queue[b] = None
-                if names[b] is None:
+                if names[b] is None and lazy[b] is None:  # holds nothing anyone could ask for
                     queue.move_to_end(b, last=False)
                 freed += 1
             elif left < 0:
@@ -158,6 +203,31 @@ class BlockPool:
                 self.twins.setdefault(h, []).append(b)
         self.num_named += named
 
+    def mark_lazy(self, blocks: list[int], lo: int, hi: int, chain: Chain) -> None:
+        """Held blocks `blocks[lo:hi]` hold `chain`'s computed KV, to be named on demand
+        (`name_chain`); they are cached as named blocks are (the free queue's tail)."""
+        names, lazy = self.block_hash, self.lazy
+        k = 0
+        for i in range(lo, hi):
+            b = blocks[i]
+            if names[b] is None and lazy[b] is None:
+                lazy[b] = chain
+                k += 1
+        chain.alive += k
+        self.num_lazy += k
+
+    def name_chain(self, chain: Chain, hashes: list[BlockHash], hi: int) -> None:
+        """Name the blocks among `chain.table[:hi]` that still hold its content unnamed by
+        `hashes` (the chain's names)."""
+        table, lazy = chain.table, self.lazy
+        mine = [i for i in range(min(hi, len(table))) if lazy[table[i]] is chain]
+        for i in mine:
+            lazy[table[i]] = None
+        self.num_lazy -= len(mine)
+        chain.lose(len(mine))
+        for i in mine:
+            self.name(table, hashes, i, i + 1)
+
     def _drop_name(self, b: int) -> None:
         h = self.block_hash[b]
         assert h is not None
@@ -185,6 +255,9 @@ class BlockPool:
             raise KVCacheError(f"{name}: free {len(self.free_queue)} + held {self.num_held} "
                                f"!= total {self.num_blocks}, or tables name {entries} blocks "
                                f"against {self.num_refs} references")
+        if self.num_blocks - self.lazy.count(None) != self.num_lazy:
+            raise KVCacheError(f"{name}: {self.num_lazy} blocks to be named on demand, "
+                               f"{self.num_blocks - self.lazy.count(None)} marked")
         if len(self.cached) + sum(map(len, self.twins.values())) != self.num_named:
             raise KVCacheError(f"{name}: {self.num_named} named blocks, the name map has "
                                f"{len(self.cached)} names and "

@@ -3,10 +3,20 @@ count (block_pool.py), a CPU swap pool, per-request block tables, and automatic 
 caching.
 
 Prefix caching (on unless `enable_prefix_caching=False`): a block whose tokens are all
-computed is named by the hash chain of prefix_hash.py (`cache_blocks`, called as each
-step's tokens are applied) and stays in the pool after its request lets go, until the
-pool needs it for new data. A new request starts from the longest run of named blocks
-that matches its own chain (`cached_prefix`), holding them beside their other holders.
+computed is cached (`cache_blocks`, called as each step's tokens are applied) and stays
+in the pool after its request lets go, until the pool needs it for new data. A new
+request starts from the longest run of named blocks that matches its own chain of
+prefix_hash.py (`cached_prefix`), holding them beside their other holders.
+
+Named on demand: a cached block is named only once some lookup could want it. Every
+block of a table's chain hangs off the name of the chain's first block (a lookup can hit
+block i of a chain only if its own block 0 has the same name), so `cache_blocks` names
+the first block and marks the rest (`BlockPool.mark_lazy`, in a `Chain` filed under that
+first name), and a lookup whose first block has that name first names every chain filed
+there (`BlockPool.name_chain`); a chain once named is named eagerly from then on. The
+blocks a lookup can see are exactly those that naming each at once would give (a marked
+block is cached, evicted and counted as a named one is); the hashes of blocks nobody
+asks for, most of them, are never computed.
 
     a table:  [hit][hit][hit][new][new]    hits: shared, read-only; new: its own
                                ^ num_computed_tokens starts here
@@ -25,7 +35,7 @@ an empty result) and changes nothing; a broken invariant raises.
 
 from __future__ import annotations
 
-from stepserve.core.block_pool import BlockPool, KVCacheError
+from stepserve.core.block_pool import BlockPool, Chain, KVCacheError
 from stepserve.core.prefix_hash import DEFAULT_HASH_ALGO, namer
 from stepserve.core.request import Request
 
@@ -52,8 +62,11 @@ class KVCacheManager:
         self.namer = namer(hash_algo)  # prefix_hash.py: what names a full block
         self.block_tables: dict[str, list[int]] = {}  # request id -> device blocks
         self.cpu_tables: dict[str, list[int]] = {}  # request id -> CPU blocks (swapped)
-        # request id -> how many leading blocks of its device table are named already
+        # request id -> how many leading blocks of its device table are named already, or
+        # marked to be named on demand
         self.num_named: dict[str, int] = {}
+        self.chain_of: dict[str, Chain] = {}  # request id -> its table's chain (on demand)
+        self.chains: dict = {}  # a first block's name -> the chains filed under it, by id
         # Counters for the metrics (vLLM's prefix_cache_queries / _hits, in tokens), over
         # first admissions that looked the cache up; evictions (named blocks reused) in blocks.
         self.prefix_cache_queries = 0
@@ -86,12 +99,18 @@ class KVCacheManager:
         """The device blocks of the longest cached prefix of `request` (which holds no
         blocks), at most (num_tokens - 1) // block_size of them so its last token is
         computed. Empty with caching off, and for a request that wants prompt logprobs
-        (its prompt positions must be computed to be scored). Changes nothing."""
+        (its prompt positions must be computed to be scored). Changes nothing a caller
+        sees (it names the blocks marked under its first block's name)."""
         if not self.looks_up(request):
             return []
         bs = self.block_size
         limit = (request.num_tokens - 1) // bs
         hashes = request.block_hashes
+        if limit:
+            first = self.namer.names(request, 1, bs)[0]
+            if first in self.chains:
+                for chain in list(self.chains[first].values()):
+                    self._name_chain(chain)
         lookup = self.gpu.cached.get
         hits: list[int] = []
         for i in range(limit):
@@ -123,17 +142,34 @@ class KVCacheManager:
         return self.enable_prefix_caching and request.prompt_logprobs is None
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Name the full blocks among the first `num_tokens` tokens of `request`, whose KV
+        """Cache the full blocks among the first `num_tokens` tokens of `request`, whose KV
         is computed: from now on other requests may share them (with caching on)."""
         if not self.enable_prefix_caching:
             return
         rid = request.request_id
         full = num_tokens // self.block_size
         done = self.num_named.get(rid, 0)
-        if full > done:
-            self.gpu.name(self.block_tables[rid],
-                          self.namer.names(request, full, self.block_size), done, full)
-            self.num_named[rid] = full
+        if full <= done:
+            return
+        table = self.block_tables[rid]
+        chain = self.chain_of.get(rid)
+        if chain is None:
+            first = self.namer.names(request, 1, self.block_size)[0]
+            chain = self.chain_of[rid] = Chain(request, table, first, self.chains)
+        if chain.filed:  # nobody asked for its first block yet: named on demand
+            self.gpu.mark_lazy(table, done, full, chain)
+        else:
+            self.gpu.name(table, self.namer.names(request, full, self.block_size), done, full)
+        self.num_named[rid] = full
+
+    def _name_chain(self, chain: Chain) -> None:
+        """Name what `chain` holds unnamed; a live one's later blocks are named at once."""
+        hi = len(chain.table)
+        if chain.alive:
+            req, bs = chain.request, self.block_size
+            hi = min(hi, req.num_tokens // bs)
+            self.gpu.name_chain(chain, self.namer.names(req, hi, bs), hi)
+        chain.leave()
 
     # ---- device allocation ----
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve_total: int = 0,
@@ -197,6 +233,10 @@ class KVCacheManager:
         self.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
         rid = request.request_id
         self.num_named.pop(rid, None)
+        chain = self.chain_of.pop(rid, None)
+        if chain is not None:  # its marked blocks stay cached, filed under its first name
+            chain.live = False
+            chain.lose(0)
         table = self.block_tables.pop(rid)
         self.gpu.release(table)
         return table
@@ -249,7 +289,7 @@ class KVCacheManager:
                 pool.check(name, list(tables.values()))
             else:
                 pool.check_counts(name, tables.values())
-        stray = self.num_named.keys() - self.block_tables.keys()
+        stray = (self.num_named.keys() | self.chain_of.keys()) - self.block_tables.keys()
         if stray:
             raise KVCacheError(f"named-block count kept for request {min(stray)!r}, which "
                                f"holds no device blocks")
