@@ -10,10 +10,11 @@ prefix_hash.py (`cached_prefix`), holding them beside their other holders.
 
 Named on demand: a cached block is named only once some lookup could want it. Every
 block of a table's chain hangs off the name of the chain's first block (a lookup can hit
-block i of a chain only if its own block 0 has the same name), so `cache_blocks` names
-the first block and marks the rest (`BlockPool.mark_lazy`, in a `Chain` filed under that
-first name), and a lookup whose first block has that name first names every chain filed
-there (`BlockPool.name_chain`); a chain once named is named eagerly from then on. The
+block i of a chain only if its own block 0 has the same name), so `cache_blocks` hashes
+only the first block, files the table's `Chain` under that name and marks the blocks
+(`BlockPool.mark_lazy`); a lookup whose first block has that name first names every
+chain filed there (`BlockPool.name_chain`), and a chain once named is named eagerly from
+then on. The
 blocks a lookup can see are exactly those that naming each at once would give (a marked
 block is cached, evicted and counted as a named one is); the hashes of blocks nobody
 asks for, most of them, are never computed.
