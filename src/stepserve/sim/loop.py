@@ -85,7 +85,8 @@ def make_request(spec: RequestSpec, arrival: float, history: list[int] | None = 
 @lru_cache(maxsize=4096)
 def _sim_params(max_tokens: int, priority: int, tenant: str) -> SamplingParams:
     """One SamplingParams for the simulated requests alike (nothing changes one once it
-    is made), checked once instead of once a request."""
+    is made): checked once for each distinct (max_tokens, priority, tenant), not once a
+    request."""
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, priority=priority,
                           tenant=tenant)
 
