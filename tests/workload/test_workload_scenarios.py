@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from stepserve.workload import WorkloadError, get_workload, list_workloads
-from stepserve.workload.arrival_shapes import JobRounds, RateSchedule
+from stepserve.workload.arrivals import JobRounds, RateSchedule
 
 
 def percentile(values: list[int], q: float) -> float:

@@ -1,11 +1,8 @@
 """Workloads: who sends what, and when.
 
 A `Workload` (request classes x arrival process x count x seed) generates a list of
-`RequestSpec`s, the same list for the same seed. Length distributions live in `lengths`,
-arrival processes in `arrivals`, the workload YAML with their YAML shapes in `loader`,
-JSONL traces in `trace`, the built-in workloads (the incidents' traffic) in `builtin`,
-and overriding a workload's count, seed, rate or concurrency in `overrides`. Standard library only
-(`random`, `math`) besides pyyaml; no numpy, no torch.
+`RequestSpec`s, the same list for the same seed. Standard library only (`random`, `math`)
+besides pyyaml; no numpy, no torch.
 """
 
 from stepserve.workload.arrivals import (
@@ -18,6 +15,7 @@ from stepserve.workload.arrivals import (
     closed_loop,
     constant,
     gamma,
+    parse_arrival,
     poisson,
     trace_replay,
 )
@@ -34,12 +32,11 @@ from stepserve.workload.lengths import (
     fixed,
     lognormal,
     mixture,
+    parse_length,
     uniform,
 )
 from stepserve.workload.loader import (
     load_workload,
-    parse_arrival,
-    parse_length,
     save_workload,
     workload_from_dict,
     workload_to_dict,

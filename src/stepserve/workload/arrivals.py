@@ -1,39 +1,59 @@
-"""When requests arrive: open-loop processes (Poisson, gamma, constant rate, trace replay)
-and the closed loop (N requests kept in flight).
+"""When requests arrive, and the YAML shapes that name each process (`parse_arrival`):
 
-Open loop: `times(n, rng)` gives n non-decreasing arrival times starting at 0.0 (the first
-request is sent at once, as `vllm bench serve` does). Closed loop: every request is
-available from the start and the runner keeps `closed_loop_concurrency` of them in flight,
-issuing the next when one finishes; arrival times are all 0.0 and mean nothing.
+    {poisson: {rate: 5.0}}                       # independent users
+    {gamma: {rate: 5.0, burstiness: 0.5}}        # burstier (< 1) or smoother (> 1)
+    {constant: {rate: 2.0}}
+    {closed_loop: {concurrency: 64}}             # `batch:` is another name for it
+    {trace: requests.jsonl}  or  {trace: {path: requests.jsonl, concurrency: 64}}
+    {rounds: {concurrency: 64, groups: [{name: short, count: 54, prompt: 128, output: 20},
+                                        {name: long, count: 10, prompt: 128, output: 2000}]}}
+    {rate_schedule: {points: [[0, 13.0], [120, 13.0], [180, 16.33]]}}   # [seconds, req/s]
 
-Their YAML shapes are read by `parse.parse_arrival`. Rates, burstiness and concurrency are
-bounded by limits.py.
+Open loop: `times(n, rng)` gives n non-decreasing arrival times, the first at 0.0 (sent at
+once, as `vllm bench serve` does). Closed loop: every request is available from the start
+and the runner keeps `closed_loop_concurrency` of them in flight, issuing the next when one
+finishes; arrival times are all 0.0 and mean nothing.
 """
 
 from __future__ import annotations
 
 import abc
+import bisect
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, overload
 
 from stepserve.config.limits import (
     MAX_BURSTINESS,
     MAX_CONCURRENCY,
+    MAX_LEN,
+    MAX_NUM_REQUESTS,
     MAX_RATE,
+    MAX_SECONDS,
     MIN_BURSTINESS,
     MIN_RATE,
 )
-from stepserve.workload.errors import WorkloadError, check_int, check_range
+from stepserve.config.user_files import preview
+from stepserve.workload.errors import (
+    WorkloadError,
+    check_int,
+    check_keys,
+    check_range,
+    check_str,
+    one_key,
+    prefixed,
+    resolved,
+)
+from stepserve.workload.request_spec import RequestSpec
+from stepserve.workload.trace import load_trace
 
-if TYPE_CHECKING:
-    from stepserve.workload.spec import RequestSpec
+GROUP_KEYS = ("name", "count", "prompt", "output")
+MAX_POINTS = 1_000
 
 
 class ArrivalProcess(abc.ABC):
-    """Arrival times for a workload."""
-
     @abc.abstractmethod
     def times(self, n: int, rng: random.Random) -> list[float]:
         """n non-decreasing arrival times in seconds, the first at 0.0."""
@@ -61,37 +81,44 @@ def _from_gaps(n: int, gap: Any) -> list[float]:
 
 
 @dataclass(frozen=True)
-class Poisson(ArrivalProcess):
-    """Exponential gaps with mean 1/rate: independent users."""
+class RatedArrival(ArrivalProcess):
+    """Open-loop arrivals at a mean rate: the processes a rate override applies to."""
 
     rate_per_s: float
+    kind: ClassVar[str]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate_per_s",
-                           check_range("poisson.rate", self.rate_per_s, MIN_RATE, MAX_RATE))
+        object.__setattr__(self, "rate_per_s", check_range(f"{self.kind}.rate", self.rate_per_s,
+                                                           MIN_RATE, MAX_RATE))
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.rate_per_s:g} req/s"
+
+    def to_dict(self) -> Any:
+        return {self.kind: {"rate": self.rate_per_s}}
+
+
+@dataclass(frozen=True)
+class Poisson(RatedArrival):
+    """Exponential gaps with mean 1/rate: independent users."""
+
+    kind = "poisson"
 
     def times(self, n: int, rng: random.Random) -> list[float]:
         return _from_gaps(n, lambda: rng.expovariate(self.rate_per_s))
 
-    def describe(self) -> str:
-        return f"poisson {self.rate_per_s:g} req/s"
-
-    def to_dict(self) -> Any:
-        return {"poisson": {"rate": self.rate_per_s}}
-
 
 @dataclass(frozen=True)
-class Gamma(ArrivalProcess):
+class Gamma(RatedArrival):
     """Gamma gaps with mean 1/rate and shape = burstiness, as in `vllm bench serve`:
     burstiness 1 is Poisson, below 1 burstier (CV^2 of the gaps = 1/burstiness), above 1
     smoother."""
 
-    rate_per_s: float
     burstiness: float = 1.0
+    kind = "gamma"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate_per_s",
-                           check_range("gamma.rate", self.rate_per_s, MIN_RATE, MAX_RATE))
+        super().__post_init__()
         object.__setattr__(self, "burstiness", check_range(
             "gamma.burstiness", self.burstiness, MIN_BURSTINESS, MAX_BURSTINESS))
 
@@ -101,30 +128,20 @@ class Gamma(ArrivalProcess):
         return _from_gaps(n, lambda: rng.gammavariate(self.burstiness, scale))
 
     def describe(self) -> str:
-        return f"gamma {self.rate_per_s:g} req/s, burstiness {self.burstiness:g}"
+        return f"{super().describe()}, burstiness {self.burstiness:g}"
 
     def to_dict(self) -> Any:
         return {"gamma": {"rate": self.rate_per_s, "burstiness": self.burstiness}}
 
 
 @dataclass(frozen=True)
-class Constant(ArrivalProcess):
+class Constant(RatedArrival):
     """Evenly spaced: one request every 1/rate seconds (no randomness)."""
 
-    rate_per_s: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rate_per_s",
-                           check_range("constant.rate", self.rate_per_s, MIN_RATE, MAX_RATE))
+    kind = "constant"
 
     def times(self, n: int, rng: random.Random) -> list[float]:
         return [i / self.rate_per_s for i in range(n)]
-
-    def describe(self) -> str:
-        return f"constant {self.rate_per_s:g} req/s"
-
-    def to_dict(self) -> Any:
-        return {"constant": {"rate": self.rate_per_s}}
 
 
 @dataclass(frozen=True)
@@ -188,25 +205,201 @@ class TraceReplay(ArrivalProcess):
         return {"trace": {"path": self.path, "concurrency": self.concurrency}}
 
 
-# ---- lower-case constructors ----
+class _RoundSpecs(Sequence[RequestSpec]):
+    """Request i of a job that repeats `groups` (name, count, prompt, output) forever, in
+    order; as long as a workload may be, built only when read."""
 
-def poisson(rate_per_s: float) -> Poisson:
-    return Poisson(rate_per_s)
+    def __init__(self, groups: tuple[tuple[str, int, int, int], ...]) -> None:
+        self.order = [(name, prompt, output) for name, count, prompt, output in groups
+                      for _ in range(count)]
+
+    def __len__(self) -> int:
+        return MAX_NUM_REQUESTS
+
+    @overload
+    def __getitem__(self, i: int) -> RequestSpec: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[RequestSpec]: ...
+
+    def __getitem__(self, i: int | slice) -> RequestSpec | list[RequestSpec]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        name, prompt, output = self.order[i % len(self.order)]
+        return RequestSpec(i, 0.0, prompt, output, output, request_class=name)
 
 
-def gamma(rate_per_s: float, burstiness: float = 1.0) -> Gamma:
-    return Gamma(rate_per_s, burstiness)
+@dataclass(frozen=True)
+class JobRounds(TraceReplay):
+    """A batch job that sends the same requests every round, in the same order (the
+    night-report job: 54 short and 10 long reports a round, 64 in flight): `concurrency`
+    in flight, every round the same `groups` (name, count, prompt tokens, output tokens).
+    Its lengths are exact, not sampled (max_tokens = output), so it is a trace generated
+    on demand: any count, no file."""
+
+    specs: Sequence[RequestSpec] = field(init=False, repr=False, compare=False)
+    path: str = field(init=False, default="", repr=False, compare=False)
+    concurrency: int | None = 64
+    groups: tuple[tuple[str, int, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        check_int("rounds.concurrency", self.concurrency, lo=1, hi=MAX_CONCURRENCY)
+        if not self.groups:
+            raise WorkloadError("rounds.groups = []: a round needs at least one group")
+        seen: set[str] = set()
+        for i, group in enumerate(self.groups):
+            if len(group) != 4:
+                raise WorkloadError(f"rounds.groups[{i}] = {preview(group)}: must be "
+                                    "(name, count, prompt, output)")
+            name, count, prompt, output = group
+            where = f"rounds.groups[{i}]"
+            if check_str(f"{where}.name", name) in seen:
+                raise WorkloadError(f"{where}.name = {name!r}: names must be unique")
+            seen.add(name)
+            check_int(f"{where}.count", count, lo=1, hi=MAX_NUM_REQUESTS)
+            check_int(f"{where}.prompt", prompt, lo=1, hi=MAX_LEN)
+            check_int(f"{where}.output", output, lo=1, hi=MAX_LEN)
+        object.__setattr__(self, "groups", tuple(tuple(g) for g in self.groups))
+        object.__setattr__(self, "specs", _RoundSpecs(self.groups))
+
+    def describe(self) -> str:
+        mix = " + ".join(f"{count} {name} ({prompt} -> {output} tokens)"
+                         for name, count, prompt, output in self.groups)
+        return f"job rounds of {mix}, closed loop, {self.concurrency} in flight"
+
+    def to_dict(self) -> Any:
+        return {"rounds": {"concurrency": self.concurrency, "groups": [
+            dict(zip(GROUP_KEYS, group)) for group in self.groups]}}
 
 
-def constant(rate_per_s: float) -> Constant:
-    return Constant(rate_per_s)
+@dataclass(frozen=True)
+class RateSchedule(ArrivalProcess):
+    """Poisson arrivals at a rate that changes over time (the promotion that lifts a daily
+    rate to its peak at 20:00): linear between `points` (seconds, req/s), the first at
+    0 s, constant after the last (which must be > 0)."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        points = self.points
+        if not isinstance(points, (list, tuple)) or not 1 <= len(points) <= MAX_POINTS:
+            raise WorkloadError(f"rate_schedule.points = {preview(points)}: must be 1 to "
+                                f"{MAX_POINTS} [seconds, req/s] pairs")
+        clean: list[tuple[float, float]] = []
+        for i, point in enumerate(points):
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise WorkloadError(f"rate_schedule.points[{i}] = {preview(point)}: must be "
+                                    "[seconds, req/s]")
+            t = check_range(f"rate_schedule.points[{i}] seconds", point[0], 0.0, MAX_SECONDS)
+            rate = check_range(f"rate_schedule.points[{i}] rate", point[1], 0.0, MAX_RATE)
+            if clean and t <= clean[-1][0]:
+                raise WorkloadError(f"rate_schedule.points[{i}] seconds = {t:g}: must be "
+                                    f"after the point before ({clean[-1][0]:g})")
+            clean.append((float(t), float(rate)))
+        if clean[0][0] != 0.0:
+            raise WorkloadError(f"rate_schedule.points[0] seconds = {clean[0][0]:g}: the "
+                                "schedule starts at 0")
+        if clean[-1][1] <= 0.0:
+            raise WorkloadError(f"rate_schedule.points[{len(clean) - 1}] rate = 0: the last "
+                                "rate holds forever and must be > 0")
+        object.__setattr__(self, "points", tuple(clean))
+
+    def rate_at(self, t: float) -> float:
+        """The rate at `t` seconds: linear between points, the last one after them."""
+        times = [p[0] for p in self.points]
+        k = bisect.bisect_right(times, t) - 1
+        if k + 1 >= len(self.points):
+            return self.points[-1][1]
+        (t0, r0), (t1, r1) = self.points[k], self.points[k + 1]
+        return r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+
+    def times(self, n: int, rng: random.Random) -> list[float]:
+        # Thinning: candidates at the highest rate, each kept with probability rate(t) /
+        # highest; the first request goes out at 0, as every open loop's does.
+        top = max(rate for _, rate in self.points)
+        out, t = [0.0] if n else [], 0.0
+        while len(out) < n:
+            t += rng.expovariate(top)
+            if rng.random() * top < self.rate_at(t):
+                out.append(t)
+        return out
+
+    def describe(self) -> str:
+        steps = ", ".join(f"{rate:g} req/s at {t:g} s" for t, rate in self.points)
+        return f"poisson on a rate schedule: {steps}, then steady"
+
+    def to_dict(self) -> Any:
+        return {"rate_schedule": {"points": [list(p) for p in self.points]}}
 
 
-def closed_loop(concurrency: int) -> ClosedLoop:
-    return ClosedLoop(concurrency)
+# the lower-case names the docs and scenarios use
+poisson, gamma, constant, closed_loop = Poisson, Gamma, Constant, ClosedLoop
 
 
 def trace_replay(path: str | Path, concurrency: int | None = None) -> TraceReplay:
-    from stepserve.workload.trace import load_trace
-
     return TraceReplay(tuple(load_trace(path)), str(path), concurrency)
+
+
+# The kinds whose body is a mapping of exactly these keys, passed in this order.
+KEYED_KINDS: dict[str, tuple[type[ArrivalProcess], tuple[str, ...]]] = {
+    "poisson": (Poisson, ("rate",)),
+    "gamma": (Gamma, ("rate", "burstiness")),
+    "constant": (Constant, ("rate",)),
+    "closed_loop": (ClosedLoop, ("concurrency",)),
+    "batch": (ClosedLoop, ("concurrency",)),
+}
+ARRIVAL_KINDS = (*KEYED_KINDS, "trace", "rounds", "rate_schedule")
+
+
+def parse_arrival(data: Any, where: str = "arrival",
+                  base_dir: Path | None = None) -> ArrivalProcess:
+    """Build an arrival process from its YAML shape; `where` prefixes error messages and
+    `base_dir` resolves a relative trace path."""
+    try:
+        return _arrival(data, base_dir)
+    except WorkloadError as e:
+        raise prefixed(where, e) from None
+
+
+def _keyed(where: str, body: Any, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    """A mapping with exactly `keys`."""
+    if not isinstance(body, Mapping):
+        raise WorkloadError(f"{where} = {preview(body)}: must be a mapping with keys "
+                            f"{', '.join(keys)}")
+    check_keys(where, body, keys, keys)
+    return body
+
+
+def _arrival(data: Any, base_dir: Path | None) -> ArrivalProcess:
+    kind, body = one_key("", data, ARRIVAL_KINDS)
+    if kind in KEYED_KINDS:
+        cls, keys = KEYED_KINDS[kind]
+        body = _keyed(kind, body, keys)
+        return cls(*(body[k] for k in keys))
+    if kind == "rounds":
+        body = _keyed("rounds", body, ("concurrency", "groups"))
+        groups = body["groups"]
+        if not isinstance(groups, list):
+            raise WorkloadError(f"rounds.groups = {preview(groups)}: must be a list of "
+                                f"{{{', '.join(GROUP_KEYS)}}}")
+        rows = []
+        for i, group in enumerate(groups):
+            group = _keyed(f"rounds.groups[{i}]", group, GROUP_KEYS)
+            rows.append(tuple(group[k] for k in GROUP_KEYS))
+        return JobRounds(concurrency=body["concurrency"], groups=tuple(rows))
+    if kind == "rate_schedule":
+        points = _keyed("rate_schedule", body, ("points",))["points"]
+        if isinstance(points, list):  # YAML lists: the constructor checks each pair
+            points = tuple(tuple(p) if isinstance(p, list) else p for p in points)
+        return RateSchedule(points)
+    concurrency = None
+    if isinstance(body, Mapping):
+        check_keys("trace", body, ("path", "concurrency"), ("path",))
+        concurrency = body.get("concurrency")
+        body = body["path"]
+    path = resolved(check_str("trace", body), base_dir)
+    if concurrency is not None:  # before the file is read
+        check_int("trace.concurrency", concurrency, lo=1, hi=MAX_CONCURRENCY)
+    return trace_replay(path, concurrency)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from stepserve.workload.arrival_shapes import JobRounds, RateSchedule
-from stepserve.workload.arrivals import ClosedLoop, Poisson
+from stepserve.workload.arrivals import ClosedLoop, JobRounds, Poisson, RateSchedule
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.lengths import fixed, lognormal, uniform
 from stepserve.workload.spec import RequestClass, Workload
@@ -32,7 +31,7 @@ def night_report(num_requests: int = 6400, seed: int = 0, concurrency: int = 64)
 
     The night-report incident's own mix (output P50 20 / P99 2,000; static 64-slot
     batching fills 21,080 of 128,000 slot-steps, 16.5%), not sampled: a `rounds` job
-    (workload/arrival_shapes.py). Each round sends its short reports first, then the long
+    (arrivals.py). Each round sends its short reports first, then the long
     ones, so under static batching a round's 10 long reports are sent as the round before
     ends and run in the next batch without waiting for it. Prompts 128 tokens (the
     incident gives none: 64 of them make one 8,192-token prefill step). Closed loop: the
@@ -99,7 +98,7 @@ def promo_spike(num_requests: int = 4740, seed: int = 0) -> Workload:
 
     The promo-spike incident (from 20:00 concurrency 96 -> 140 on max_num_seqs 128,
     980 req/min, preemptions on requests over 1,200 output tokens, which are 6% of
-    traffic). Arrivals follow a rate schedule (workload/arrival_shapes.py): 11 req/s at
+    traffic). Arrivals follow a rate schedule (arrivals.py): 11 req/s at
     t = 0 (20:00), rising linearly to 980/60 = 16.33 req/s at t = 60 s, then held. Classes
     `short` (94%, lognormal output P50 150 / P99 800, at most 1,200) and `long` (6%,
     uniform 1,201..2,000); mean output ~278. Prompts P50 580 tokens. max_tokens 2,048 for

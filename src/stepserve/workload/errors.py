@@ -1,13 +1,14 @@
-"""`WorkloadError` and the small checks every workload constructor shares.
+"""`WorkloadError` and the small checks every workload reader shares.
 
-Every message has the same shape as `ConfigError`'s: `field = value: what is allowed`,
-so a user can fix a YAML file from the message alone; numbers and their ranges are
-checked by config/validate.py. Upper bounds come from limits.py.
+Every message has `ConfigError`'s shape, `field = value: what is allowed`, so a user can
+fix a YAML file from the message alone; numbers and their ranges are checked by
+config/validate.py, upper bounds come from limits.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from stepserve.config.errors import UsageError
@@ -31,12 +32,10 @@ def check_positive(field: str, value: Any, *, allow_zero: bool = False,
 
 
 def check_range(field: str, value: Any, lo: float, hi: float) -> float:
-    """A finite number in [lo, hi], returned as float."""
     return Allowed(lo, hi, float).check(field, value, WorkloadError)
 
 
 def check_str(field: str, value: Any) -> str:
-    """A non-empty string."""
     if not isinstance(value, str) or not value:
         raise WorkloadError(f"{field} = {preview(value)}: must be a non-empty string")
     return value
@@ -54,7 +53,8 @@ def check_keys(field: str, data: Mapping[str, Any], allowed: Iterable[str],
     allowed = list(allowed)
     for key in data:
         if key not in allowed:
-            raise WorkloadError(f"{field}: unknown key {preview(key)}; allowed keys: {', '.join(allowed)}")
+            raise WorkloadError(f"{field}: unknown key {preview(key)}; allowed keys: "
+                                f"{', '.join(allowed)}")
     for key in required:
         if key not in data:
             raise WorkloadError(f"{field}: missing required key {preview(key)}")
@@ -63,12 +63,11 @@ def check_keys(field: str, data: Mapping[str, Any], allowed: Iterable[str],
 def one_key(field: str, data: Any, choices: Iterable[str]) -> tuple[str, Any]:
     """A mapping with exactly one key out of `choices`: returns (key, value)."""
     choices = list(choices)
-    allowed = "a mapping with exactly one of: " + ", ".join(choices)
     if not isinstance(data, Mapping) or len(data) != 1:
-        raise WorkloadError(f"{field} = {preview(data)}: must be {allowed}")
+        raise WorkloadError(f"{field} = {preview(data)}: must be a mapping with exactly one "
+                            f"of: {', '.join(choices)}")
     ((key, value),) = data.items()
-    if key not in choices:
-        raise WorkloadError(f"{field}: unknown key {preview(key)}; allowed keys: {', '.join(choices)}")
+    check_keys(field, data, choices)
     return key, value
 
 
@@ -81,3 +80,9 @@ def prefixed(where: str, error: WorkloadError) -> WorkloadError:
     if text.startswith((" ", ":")):
         return WorkloadError(where + text)
     return WorkloadError(f"{where}.{text}")
+
+
+def resolved(path: str, base_dir: Path | None) -> Path:
+    """A file named in a workload: a relative path is the workload file's folder's."""
+    p = Path(path)
+    return base_dir / p if base_dir is not None and not p.is_absolute() else p

@@ -1,11 +1,14 @@
-"""Token-length distributions for prompts and outputs.
+"""Token-length distributions for prompts and outputs, and their YAML shapes
+(`parse_length`; `to_dict()` writes them back):
 
-Every distribution is a small frozen class behind one interface: `sample(rng)` returns an
-integer >= 1, `mean()` its expected value, `describe()` one line for humans and `to_dict()`
-the YAML shape that `parse_length` reads back. Randomness comes only from the `rng` the
-caller passes, so a workload is reproducible from its seed.
+    {fixed: 20}  (or just 20)
+    {uniform: [10, 50]}                        # integers, both ends included
+    {lognormal: {p50: 20, p99: 2000, max: 4096}}
+    {mixture: [{weight: 0.85, fixed: 20}, {weight: 0.15, fixed: 2000}]}
+    {empirical: [1, 2, 3]}  or  {empirical: {file: lengths.txt}}
 
-Their YAML shapes are read by `parse.parse_length`.
+`sample(rng)` returns an integer >= 1; randomness comes only from the `rng` the caller
+passes, so a workload is reproducible from its seed.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import abc
 import bisect
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,11 @@ from stepserve.config.user_files import preview, read_text
 from stepserve.workload.errors import (
     WorkloadError,
     check_int,
+    check_keys,
     check_positive,
+    one_key,
+    prefixed,
+    resolved,
 )
 
 # z of the 99th percentile of the standard normal: P99 = exp(mu + Z99 * sigma).
@@ -33,8 +40,6 @@ Z99 = 2.3263478740408408
 
 
 class LengthDist(abc.ABC):
-    """A distribution of token counts (>= 1)."""
-
     @abc.abstractmethod
     def sample(self, rng: random.Random) -> int: ...
 
@@ -92,6 +97,16 @@ class Uniform(LengthDist):
 
     def to_dict(self) -> Any:
         return {"uniform": [self.lo, self.hi]}
+
+
+def cumulative_shares(weights: Sequence[float]) -> tuple[float, ...]:
+    """The normalised running sums of `weights`, for a weighted pick by bisecting
+    rng.random(); the last is exactly 1.0, so round-off never lets a draw fall off the end."""
+    total = math.fsum(weights)
+    cumulative = [math.fsum(weights[: i + 1]) / total for i in range(len(weights))]
+    if cumulative:
+        cumulative[-1] = 1.0
+    return tuple(cumulative)
 
 
 def _normal_cdf(x: float) -> float:
@@ -183,11 +198,8 @@ class Mixture(LengthDist):
         # The weights are kept as given (so to_dict round-trips exactly); sampling uses
         # their normalised running sums.
         parts = tuple((float(w), dist) for w, dist in parts)
-        total = math.fsum(w for w, _ in parts)
-        cumulative = [math.fsum(w for w, _ in parts[: i + 1]) / total for i in range(len(parts))]
-        cumulative[-1] = 1.0  # so float round-off can never let rng.random() fall off the end
         object.__setattr__(self, "parts", parts)
-        object.__setattr__(self, "_cumulative", tuple(cumulative))
+        object.__setattr__(self, "_cumulative", cumulative_shares([w for w, _ in parts]))
 
     @property
     def weights(self) -> tuple[float, ...]:
@@ -266,22 +278,8 @@ class Empirical(LengthDist):
         return {"empirical": {"file": self.source} if self.source else list(self.values)}
 
 
-# ---- lower-case constructors, the names the docs and scenarios use ----
-
-def fixed(n: int) -> Fixed:
-    return Fixed(n)
-
-
-def uniform(lo: int, hi: int) -> Uniform:
-    return Uniform(lo, hi)
-
-
-def lognormal(p50: float, p99: float, max: int | None = None) -> LogNormal:
-    return LogNormal(p50, p99, max)
-
-
-def mixture(parts: Sequence[tuple[float, LengthDist]]) -> Mixture:
-    return Mixture(tuple(parts))
+# the lower-case names the docs and scenarios use
+fixed, uniform, lognormal, mixture = Fixed, Uniform, LogNormal, Mixture
 
 
 def empirical(values: Sequence[int] | str | Path) -> Empirical:
@@ -289,3 +287,56 @@ def empirical(values: Sequence[int] | str | Path) -> Empirical:
     if isinstance(values, (str, Path)):
         return Empirical.from_file(values)
     return Empirical(tuple(values))
+
+
+LENGTH_KINDS = ("fixed", "uniform", "lognormal", "mixture", "empirical")
+
+
+def parse_length(data: Any, where: str = "length", base_dir: Path | None = None) -> LengthDist:
+    """Build a distribution from its YAML shape. `where` (e.g. `classes[1].output`) prefixes
+    error messages; `base_dir` resolves relative empirical file paths."""
+    try:
+        return _length(data, base_dir)
+    except WorkloadError as e:
+        raise prefixed(where, e) from None
+
+
+def _length(data: Any, base_dir: Path | None) -> LengthDist:
+    if isinstance(data, int) and not isinstance(data, bool):
+        return Fixed(data)  # shorthand: `output: 200`
+    kind, body = one_key("", data, LENGTH_KINDS)
+    if kind == "fixed":
+        return Fixed(body)
+    if kind == "uniform":
+        if not isinstance(body, Sequence) or isinstance(body, str) or len(body) != 2:
+            raise WorkloadError(f"uniform = {preview(body)}: must be [lo, hi], integers >= 1")
+        return Uniform(body[0], body[1])
+    if kind == "lognormal":
+        if not isinstance(body, Mapping):
+            raise WorkloadError(f"lognormal = {preview(body)}: must be a mapping {{p50, p99, max}}")
+        check_keys("lognormal", body, ("p50", "p99", "max"), required=("p50", "p99"))
+        return LogNormal(body["p50"], body["p99"], body.get("max"))
+    if kind == "mixture":
+        if not isinstance(body, Sequence) or isinstance(body, str) or not body:
+            raise WorkloadError(f"mixture = {preview(body)}: must be a non-empty list of "
+                                "{weight: w, <distribution>}")
+        parts = []
+        for i, entry in enumerate(body):
+            if not isinstance(entry, Mapping) or "weight" not in entry:
+                raise WorkloadError(f"mixture[{i}] = {preview(entry)}: must be a mapping with "
+                                    f"'weight' and one of: {', '.join(LENGTH_KINDS)}")
+            rest = {k: v for k, v in entry.items() if k != "weight"}
+            try:
+                parts.append((entry["weight"], _length(rest, base_dir)))
+            except WorkloadError as e:
+                raise prefixed(f"mixture[{i}]", e) from None
+        return Mixture(tuple(parts))
+    if isinstance(body, Mapping):
+        check_keys("empirical", body, ("file",), required=("file",))
+        body = body["file"]
+    if isinstance(body, str):
+        return Empirical.from_file(resolved(body, base_dir))
+    if not isinstance(body, Sequence):
+        raise WorkloadError(f"empirical = {preview(body)}: must be a list of integers >= 1 or "
+                            "{file: path}")
+    return Empirical(body)  # the constructor checks and freezes it

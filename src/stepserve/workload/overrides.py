@@ -21,18 +21,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.workload.arrivals import (
-    ArrivalProcess,
-    ClosedLoop,
-    Constant,
-    Gamma,
-    Poisson,
-    TraceReplay,
-)
+from stepserve.workload.arrivals import ArrivalProcess, ClosedLoop, RatedArrival, TraceReplay
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.spec import Workload
-
-RATED = (Poisson, Gamma, Constant)
 
 
 @dataclass(frozen=True)
@@ -66,7 +57,7 @@ def override_workload(workload: Workload, overrides: WorkloadOverrides) -> Workl
     rate = changes.pop("rate", None)
     concurrency = changes.pop("concurrency", None)
     if rate is not None:
-        if not isinstance(arrival, RATED):
+        if not isinstance(arrival, RatedArrival):
             raise WorkloadError(
                 f"rate = {rate:g}: workload {workload.name} has {arrival.describe()}, which "
                 "has no rate; a rate applies to poisson, gamma and constant arrivals")

@@ -1,5 +1,8 @@
-"""`RequestSpec`: one request of a workload, engine-neutral (see spec.py), and the checks
-of the fields a request's SamplingParams will take."""
+"""`RequestSpec`: one request of a workload, engine-neutral: the simulator turns it into a
+`Request` with `prompt_len` dummy tokens, the bench client into an HTTP call. `output_len`
+is the truth the simulated model obeys (it generates that many tokens, then stops);
+`max_tokens` is only what the client asked for, which is all a real scheduler would see.
+"""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from stepserve.config.limits import MAX_LEN, MAX_NUM_REQUESTS
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
 from stepserve.workload.errors import WorkloadError, check_keys, one_key, prefixed
-from stepserve.workload.lengths import LengthDist
+from stepserve.workload.lengths import LengthDist, parse_length
 
 if TYPE_CHECKING:
     from stepserve.workload.request_spec import RequestSpec
@@ -144,9 +144,6 @@ class MultiTurn:
 
 
 def parse_multi_turn(data: Any, where: str, base_dir: Path | None) -> MultiTurn:
-    # loader.py's arrival shapes build RequestSpecs, whose module checks against this one
-    from stepserve.workload.loader import parse_length
-
     if not isinstance(data, Mapping):
         raise WorkloadError(f"{where} = {preview(data)}: must be a mapping with keys "
                             f"{', '.join(MULTI_TURN_KEYS)}")

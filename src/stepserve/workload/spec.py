@@ -1,17 +1,11 @@
 """What a workload is: request classes, an arrival process, a count and a seed; and what
-it produces: a list of `RequestSpec`s, the same list every time for the same seed.
-
-A `RequestSpec` (request_spec.py) is engine-neutral: the simulator turns it into a `Request` with
-`prompt_len` dummy tokens, the bench client into an HTTP call. `output_len` is the truth
-the simulated model obeys (it generates that many tokens, then stops); `max_tokens` is only
-what the client asked for, which is all a real scheduler would see.
+it produces: a list of `RequestSpec`s (request_spec.py), the same list for the same seed.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -26,7 +20,7 @@ from stepserve.config.limits import (
 from stepserve.config.user_files import preview
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_str
-from stepserve.workload.lengths import LengthDist
+from stepserve.workload.lengths import LengthDist, cumulative_shares
 from stepserve.workload.request_spec import RequestSpec, check_priority_and_tenant
 from stepserve.workload.sessions import MultiTurn, check_session_count, later_turns
 from stepserve.workload.shared_prefix import check_shared_prefixes, prefix_name
@@ -174,12 +168,7 @@ class Workload:
         else:
             self._check_classes(classes)
             self._check_size(classes)
-        total = sum(c.share for c in classes)
-        cumulative = [math.fsum(c.share for c in classes[: i + 1]) / total
-                      for i in range(len(classes))]
-        if cumulative:
-            cumulative[-1] = 1.0  # rng.random() < 1.0 always lands on a class
-        object.__setattr__(self, "_cumulative", tuple(cumulative))
+        object.__setattr__(self, "_cumulative", cumulative_shares([c.share for c in classes]))
 
     def _check_trace(self, classes: tuple[RequestClass, ...]) -> None:
         assert isinstance(self.arrival, TraceReplay)

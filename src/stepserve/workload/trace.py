@@ -22,7 +22,7 @@ from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_NUM_REQUESTS, MAX_SECONDS
 from stepserve.config.user_files import preview, read_text, write_atomic
 from stepserve.workload.errors import WorkloadError, check_positive
-from stepserve.workload.spec import RequestSpec
+from stepserve.workload.request_spec import RequestSpec
 
 REQUIRED = ("arrival_s", "prompt_len", "output_len")
 OPTIONAL = ("max_tokens", "priority", "tenant", "class", "length_estimate")
