@@ -36,7 +36,7 @@ from stepserve.config.limits import (
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import TraceReplay, trace_replay
-from stepserve.workload.errors import WorkloadError
+from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_range
 from stepserve.workload.spec import RequestSpec, Workload
 from stepserve.workload.trace import read_jsonl
 
@@ -48,12 +48,6 @@ SIM_VOCAB = 32_000
 MAX_SLOWDOWN = 1e6
 # what detection reads before it gives up: a first request past these is no trace of ours
 DETECT_LINES, DETECT_BYTES = 1000, 1 << 20
-
-TIMESTAMP = Allowed(0, MAX_SECONDS * 1000.0, float)
-LENGTH = Allowed(1, MAX_LEN)
-HASH_ID = Allowed(0, MAX_SEED)
-SLOWDOWN = Allowed(0.0, MAX_SLOWDOWN, float, lo_open=True)
-BLOCK_TOKENS = Allowed(1, MAX_LEN)
 
 
 @dataclass(frozen=True)
@@ -107,9 +101,9 @@ def record_to_spec(record: Any, index: int, block_tokens: int) -> TraceSpec:
         if key not in record:
             raise WorkloadError(f"missing required key {key!r} (a Mooncake line has "
                                 f"{', '.join(REQUIRED)})")
-    timestamp = TIMESTAMP.check("timestamp", record["timestamp"], WorkloadError)
-    input_length = LENGTH.check("input_length", record["input_length"], WorkloadError)
-    output_length = LENGTH.check("output_length", record["output_length"], WorkloadError)
+    timestamp = check_range("timestamp", record["timestamp"], 0, MAX_SECONDS * 1000.0)
+    input_length = check_int("input_length", record["input_length"], lo=1, hi=MAX_LEN)
+    output_length = check_int("output_length", record["output_length"], lo=1, hi=MAX_LEN)
     hash_ids = record["hash_ids"]
     if not isinstance(hash_ids, list):
         raise WorkloadError(f"hash_ids = {preview(hash_ids)}: must be a list of integers")
@@ -119,7 +113,7 @@ def record_to_spec(record: Any, index: int, block_tokens: int) -> TraceSpec:
                             f"{blocks} (input_length {input_length} in blocks of "
                             f"{block_tokens} tokens, the last partial)")
     for i, h in enumerate(hash_ids):
-        HASH_ID.check(f"hash_ids[{i}]", h, WorkloadError)
+        check_int(f"hash_ids[{i}]", h, lo=0, hi=MAX_SEED)
     return TraceSpec(index=index, arrival_s=timestamp / 1000.0, prompt_len=input_length,
                      output_len=output_length, max_tokens=output_length,
                      request_class="mooncake", hash_ids=tuple(hash_ids),
@@ -131,8 +125,8 @@ def load_mooncake_trace(path: str | Path, slowdown: float = 1.0,
     """Read a Mooncake trace; WorkloadError naming the file and line on a bad one.
     Blank lines are skipped; requests are sorted (stably) by timestamp and indexed
     0..n-1, arrivals counted from the first."""
-    slowdown = SLOWDOWN.check("--trace-slowdown", slowdown, WorkloadError)
-    block_tokens = BLOCK_TOKENS.check("--trace-block-tokens", block_tokens, WorkloadError)
+    slowdown = check_positive("--trace-slowdown", slowdown, hi=MAX_SLOWDOWN)
+    block_tokens = check_int("--trace-block-tokens", block_tokens, lo=1, hi=MAX_LEN)
     p = Path(path)
     where = f"Mooncake trace {str(p)!r}"
     specs: list[TraceSpec] = []
@@ -155,15 +149,6 @@ def load_mooncake_trace(path: str | Path, slowdown: float = 1.0,
     return MooncakeTrace(tuple(dataclasses.replace(s, index=i, arrival_s=(s.arrival_s - start)
                                                    * slowdown)
                                for i, s in enumerate(specs)), str(p), note)
-
-
-def mooncake_workload(path: str | Path, slowdown: float = 1.0,
-                      block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> tuple[Workload, str]:
-    """The trace as a workload replaying it on its own times, and the reader's note."""
-    trace = load_mooncake_trace(path, slowdown, block_tokens)
-    workload = Workload(Path(path).stem, (), TraceReplay(trace.specs, trace.path),
-                        len(trace.specs), description=f"Mooncake trace {trace.path}")
-    return workload, trace.note
 
 
 def is_mooncake_trace(path: str | Path) -> bool:
@@ -203,20 +188,20 @@ def trace_workload(options: TraceOptions) -> Workload:
     Mooncake file sorted) printed to stderr."""
     Allowed(choices=TRACE_FORMATS, kind=str).check("--trace-format", options.format,
                                                    WorkloadError)
-    mooncake = options.format == "mooncake" or \
-        (options.format == "auto" and is_mooncake_trace(options.path))
-    if mooncake:
-        workload, note = mooncake_workload(options.path, options.slowdown,
-                                           options.block_tokens)
-        if note:
-            print(f"note: {note}", file=sys.stderr)
-        return workload
-    if options.block_tokens != MOONCAKE_BLOCK_TOKENS:
-        raise WorkloadError(f"--trace-block-tokens {options.block_tokens}: goes with a "
-                            "Mooncake trace (ours gives no block hashes)")
-    slowdown = SLOWDOWN.check("--trace-slowdown", options.slowdown, WorkloadError)
-    replay = trace_replay(options.path)
-    specs = tuple(dataclasses.replace(s, arrival_s=s.arrival_s * slowdown)
-                  for s in replay.specs)
-    return Workload(Path(options.path).stem, (), TraceReplay(specs, replay.path),
-                    len(specs), description=f"trace {options.path}")
+    if options.format == "mooncake" or \
+            (options.format == "auto" and is_mooncake_trace(options.path)):
+        trace = load_mooncake_trace(options.path, options.slowdown, options.block_tokens)
+        if trace.note:
+            print(f"note: {trace.note}", file=sys.stderr)
+        specs, path, description = trace.specs, trace.path, f"Mooncake trace {trace.path}"
+    else:
+        if options.block_tokens != MOONCAKE_BLOCK_TOKENS:
+            raise WorkloadError(f"--trace-block-tokens {options.block_tokens}: goes with a "
+                                "Mooncake trace (ours gives no block hashes)")
+        slowdown = check_positive("--trace-slowdown", options.slowdown, hi=MAX_SLOWDOWN)
+        replay = trace_replay(options.path)
+        specs = tuple(dataclasses.replace(s, arrival_s=s.arrival_s * slowdown)
+                      for s in replay.specs)
+        path, description = replay.path, f"trace {options.path}"
+    return Workload(Path(options.path).stem, (), TraceReplay(specs, path),
+                    len(specs), description=description)
