@@ -152,10 +152,6 @@ DEMO_ROWS: list[Row] = [
 ]
 
 
-def format_table(cols: list[DemoRun]) -> str:
-    return format_runs(cols, DEMO_ROWS)
-
-
 @dataclass(frozen=True)
 class DemoOptions:
     model: str = "default"  # model preset or HF directory
@@ -167,58 +163,6 @@ class DemoOptions:
     cost: str | None = None  # the simulator's cost model (default: H100 roofline)
 
 
-@dataclass
-class _Clock:
-    """Where the demo's time went, measured as it runs."""
-
-    start: float
-    fresh: bool = False  # the model was not in the cache: converted first
-    model_s: float = 0.0
-    real_s: float = 0.0
-    sim_s: float = 0.0
-
-    def line(self) -> str:
-        return (f"total {time.perf_counter() - self.start:.0f} s: model {self.model_s:.0f} s"
-                f"{' (from a fresh cache)' if self.fresh else ''}, real engine "
-                f"{self.real_s:.0f} s, simulator {self.sim_s:.0f} s")
-
-
-def _load(model: str, clock: _Clock, say):
-    """The real engine, converted first where the cache lacks it."""
-    from stepserve.engine.llm_engine import LLMEngine
-
-    clock.fresh = not _model_ready(model)
-    try:
-        engine = LLMEngine(model, ConfigOverrides(settings={"max_model_len": 2048}))
-    except (ValueError, FileNotFoundError) as e:  # an unknown model name or directory
-        raise UsageError(f"--model {model!r}: {e}") from None
-    clock.model_s = time.perf_counter() - clock.start
-    say(f"model: {engine.runner.describe()}")
-    say(f"  ready in {clock.model_s:.0f} s"
-        + (" (fresh cache: converted from the GGUF first)" if clock.fresh else " (cached)"))
-    return engine
-
-
-def _real_pair(engine, options: DemoOptions, clock: _Clock, say
-               ) -> tuple[list[DemoRun], list[int]]:
-    jobs, lengths = demo_jobs(engine.tokenizer, options.requests, options.short, options.long)
-    say(f"real engine: {len(jobs)} requests, outputs {options.short} or {options.long} tokens "
-        f"({sum(n == options.long for n in lengths)} long), 64 in flight, CPU ...")
-    real = [run_real(engine.runner, b, jobs, 64) for b in ("static", "continuous")]
-    clock.real_s = sum(r.wall_s or 0.0 for r in real)
-    return real, lengths
-
-
-def _sim_pair(options: DemoOptions, clock: _Clock, say) -> tuple[list[DemoRun], list[int]]:
-    say(f"  done in {clock.real_s:.0f} s; simulator at full-scale lengths "
-        f"({options.sim_requests} requests, P50 20 / P99 2000 tokens) on "
-        f"{options.cost or 'H100'} ...")
-    t0 = time.perf_counter()
-    sims = [run_sim(b, options.sim_requests, options.cost) for b in ("static", "continuous")]
-    clock.sim_s = time.perf_counter() - t0
-    return [run for run, _ in sims], sims[0][1]
-
-
 def _speedup(pair: list[DemoRun]) -> float:
     """Continuous over static throughput."""
     fast = pair[1].summary.throughput_tokens_per_s
@@ -227,52 +171,64 @@ def _speedup(pair: list[DemoRun]) -> float:
     return fast / slow
 
 
-def _comparison(real: list[DemoRun], real_lengths: list[int], sim: list[DemoRun],
-                sim_lengths: list[int]) -> dict[str, float]:
-    cap_real = speedup_for_lengths(real_lengths, 64)
-    return {"cpu_speedup": _speedup(real), "cpu_speedup_cap": cap_real.speedup_cap,
-            "cpu_static_slot_utilization": cap_real.slot_utilization,
-            "sim_speedup": _speedup(sim),
-            "sim_speedup_cap": speedup_for_lengths(sim_lengths, 64).speedup_cap}
-
-
-def _report(cols: list[DemoRun], c: dict[str, float], sim_name: str, text: str, say) -> None:
-    say("")
-    say(format_table(cols))
-    say("")
-    say(f"continuous / static throughput: CPU measured {c['cpu_speedup']:.2f}x against a "
-        f"step-count cap of {c['cpu_speedup_cap']:.2f}x (static slot utilisation "
-        f"{c['cpu_static_slot_utilization'] * 100:.1f}%); {sim_name} simulated "
-        f"{c['sim_speedup']:.2f}x against a cap of {c['sim_speedup_cap']:.2f}x.")
-    say("why they differ: on a CPU a step's cost grows with the batch, so static batching's "
-        "near-empty tail steps are cheap; on a memory-bound GPU a step costs about the same "
-        "at 10 or 64 sequences, so the gain follows the step count.")
-    say(f"the model's own words (greedy, chat template): \"What is the capital of France?\" "
-        f"-> {text!r}")
-
-
 def run_demo(options: DemoOptions) -> int:
     check_output_file("--json", options.json_out)  # before minutes of work
     if options.cost is not None:  # a bad cost file is refused before the real runs
         cost_setup_for(CostModelOptions(options.cost, model_spec="smollm2-135m"))
-    say = print
-    say("stepserve demo: the night-report incident's job (64 in flight, ~15% of requests 100x "
-        "longer than the rest), static vs continuous batching.")
-    clock = _Clock(time.perf_counter())
-    engine = _load(options.model, clock, say)
+    print("stepserve demo: the night-report incident's job (64 in flight, ~15% of requests "
+          "100x longer than the rest), static vs continuous batching.")
+    start = time.perf_counter()
+    fresh = not _model_ready(options.model)
+    from stepserve.engine.llm_engine import LLMEngine
+
+    try:  # converted first where the cache lacks it
+        engine = LLMEngine(options.model, ConfigOverrides(settings={"max_model_len": 2048}))
+    except (ValueError, FileNotFoundError) as e:  # an unknown model name or directory
+        raise UsageError(f"--model {options.model!r}: {e}") from None
+    timing: dict[str, Any] = {"model": time.perf_counter() - start, "fresh_cache": fresh}
+    print(f"model: {engine.runner.describe()}")
+    print(f"  ready in {timing['model']:.0f} s"
+          + (" (fresh cache: converted from the GGUF first)" if fresh else " (cached)"))
     text = sample_text(engine)
-    real, real_lengths = _real_pair(engine, options, clock, say)
-    sim, sim_lengths = _sim_pair(options, clock, say)
-    comparison = _comparison(real, real_lengths, sim, sim_lengths)
-    _report(real + sim, comparison, "H100" if options.cost is None else sim[0].describe,
-            text, say)
-    say(clock.line())
+
+    jobs, real_lengths = demo_jobs(engine.tokenizer, options.requests, options.short,
+                                   options.long)
+    print(f"real engine: {len(jobs)} requests, outputs {options.short} or {options.long} "
+          f"tokens ({sum(n == options.long for n in real_lengths)} long), 64 in flight, "
+          "CPU ...")
+    real = [run_real(engine.runner, b, jobs, 64) for b in ("static", "continuous")]
+    timing["real_engine"] = sum(r.wall_s or 0.0 for r in real)
+    print(f"  done in {timing['real_engine']:.0f} s; simulator at full-scale lengths "
+          f"({options.sim_requests} requests, P50 20 / P99 2000 tokens) on "
+          f"{options.cost or 'H100'} ...")
+    t0 = time.perf_counter()
+    sims = [run_sim(b, options.sim_requests, options.cost) for b in ("static", "continuous")]
+    timing["simulator"] = time.perf_counter() - t0
+    sim = [run for run, _ in sims]
+
+    cap_real = speedup_for_lengths(real_lengths, 64)
+    c = {"cpu_speedup": _speedup(real), "cpu_speedup_cap": cap_real.speedup_cap,
+         "cpu_static_slot_utilization": cap_real.slot_utilization,
+         "sim_speedup": _speedup(sim),
+         "sim_speedup_cap": speedup_for_lengths(sims[0][1], 64).speedup_cap}
+    print(f"\n{format_runs(real + sim, DEMO_ROWS)}\n")
+    print(f"continuous / static throughput: CPU measured {c['cpu_speedup']:.2f}x against a "
+          f"step-count cap of {c['cpu_speedup_cap']:.2f}x (static slot utilisation "
+          f"{c['cpu_static_slot_utilization'] * 100:.1f}%); "
+          f"{'H100' if options.cost is None else sim[0].describe} simulated "
+          f"{c['sim_speedup']:.2f}x against a cap of {c['sim_speedup_cap']:.2f}x.")
+    print("why they differ: on a CPU a step's cost grows with the batch, so static batching's "
+          "near-empty tail steps are cheap; on a memory-bound GPU a step costs about the same "
+          "at 10 or 64 sequences, so the gain follows the step count.")
+    print(f"the model's own words (greedy, chat template): \"What is the capital of France?\" "
+          f"-> {text!r}")
+    timing["total"] = time.perf_counter() - start
+    print(f"total {timing['total']:.0f} s: model {timing['model']:.0f} s"
+          f"{' (from a fresh cache)' if fresh else ''}, real engine "
+          f"{timing['real_engine']:.0f} s, simulator {timing['simulator']:.0f} s")
     if options.json_out:
-        payload = {"runs": [c.to_json() for c in real + sim], "comparison": comparison,
-                   "sample_text": text,
-                   "timing_s": {"model": clock.model_s, "fresh_cache": clock.fresh,
-                                "real_engine": clock.real_s, "simulator": clock.sim_s,
-                                "total": time.perf_counter() - clock.start}}
+        payload = {"runs": [run.to_json() for run in real + sim], "comparison": c,
+                   "sample_text": text, "timing_s": timing}
         failed = write_outputs([OutputFile.text("--json", options.json_out,
                                                 lambda: json.dumps(payload, indent=2))])
         if failed:
