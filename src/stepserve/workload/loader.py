@@ -39,13 +39,7 @@ import yaml
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import load_yaml, preview, write_atomic
 from stepserve.workload.arrivals import TraceReplay, parse_arrival
-from stepserve.workload.errors import (
-    WorkloadError,
-    check_keys,
-    check_mapping,
-    prefixed,
-    resolved,
-)
+from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed, resolved
 from stepserve.workload.lengths import parse_length
 from stepserve.workload.sessions import parse_multi_turn
 from stepserve.workload.spec import RequestClass, Workload

@@ -27,12 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.config.limits import (
-    MAX_LEN,
-    MAX_SECONDS,
-    MAX_SEED,
-    MAX_WORKLOAD_TOKENS,
-)
+from stepserve.config.limits import MAX_LEN, MAX_SECONDS, MAX_SEED, MAX_WORKLOAD_TOKENS
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import TraceReplay, trace_replay

@@ -18,6 +18,7 @@ from stepserve.config.limits import (
     MAX_WORKLOAD_TOKENS,
 )
 from stepserve.config.user_files import preview
+from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_str
 from stepserve.workload.lengths import LengthDist, cumulative_shares
@@ -78,9 +79,8 @@ class RequestClass:
         if self.max_tokens is not None:
             check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_LEN)
         check_priority_and_tenant(self.priority, self.tenant)
-        if self.length_estimate not in LENGTH_ESTIMATES:
-            raise WorkloadError(f"length_estimate = {preview(self.length_estimate)}: must be one of "
-                                f"{', '.join(LENGTH_ESTIMATES)}")
+        Allowed(choices=LENGTH_ESTIMATES, kind=str).check("length_estimate", self.length_estimate,
+                                                          WorkloadError)
         check_shared_prefixes(self.shared_prefixes, self.prefix_len)
         if self.multi_turn is not None and not isinstance(self.multi_turn, MultiTurn):
             raise WorkloadError(f"multi_turn = {preview(self.multi_turn)}: must be a MultiTurn")
@@ -125,13 +125,12 @@ class RequestClass:
             estimate = max(1, round(self.output.mean()))
             if self.max_tokens is not None:
                 estimate = min(estimate, self.max_tokens)
-        if not self.shared_prefixes:
-            return RequestSpec(index, arrival_s, prompt_len, output_len, max_tokens,
-                               self.priority, self.tenant, self.name, estimate)
-        prefix = prefix_name(self.name, rng.randrange(self.shared_prefixes))
-        return RequestSpec(index, arrival_s, min(prompt_len + self.prefix_len, MAX_LEN),
-                           output_len, max_tokens, self.priority, self.tenant, self.name,
-                           estimate, prefix, self.prefix_len)
+        prefix = None  # prefix_len is 0 too
+        if self.shared_prefixes:
+            prefix = prefix_name(self.name, rng.randrange(self.shared_prefixes))
+            prompt_len = min(prompt_len + self.prefix_len, MAX_LEN)
+        return RequestSpec(index, arrival_s, prompt_len, output_len, max_tokens, self.priority,
+                           self.tenant, self.name, estimate, prefix, self.prefix_len)
 
 
 @dataclass(frozen=True)
@@ -164,32 +163,23 @@ class Workload:
             object.__setattr__(self, "duration_s",
                                check_positive("duration_s", self.duration_s, hi=MAX_SECONDS))
         if isinstance(self.arrival, TraceReplay):
-            self._check_trace(classes)
+            if classes:
+                raise WorkloadError("classes: a trace gives every request's lengths; remove "
+                                    "classes or use another arrival process")
+            if self.num_requests > len(self.arrival.specs):
+                raise WorkloadError(f"num_requests = {self.num_requests}: the trace "
+                                    f"{self.arrival.path!r} holds only {len(self.arrival.specs)}")
         else:
-            self._check_classes(classes)
+            if not classes:
+                raise WorkloadError("classes = []: a workload needs at least one request class")
+            for i, c in enumerate(classes):
+                if not isinstance(c, RequestClass):
+                    raise WorkloadError(f"classes[{i}] = {preview(c)}: must be a RequestClass")
+                if c.name in (other.name for other in classes[:i]):
+                    raise WorkloadError(f"classes[{i}].name = {preview(c.name)}: names must be "
+                                        "unique")
             self._check_size(classes)
         object.__setattr__(self, "_cumulative", cumulative_shares([c.share for c in classes]))
-
-    def _check_trace(self, classes: tuple[RequestClass, ...]) -> None:
-        assert isinstance(self.arrival, TraceReplay)
-        if classes:
-            raise WorkloadError("classes: a trace gives every request's lengths; remove "
-                                "classes or use another arrival process")
-        if self.num_requests > len(self.arrival.specs):
-            raise WorkloadError(f"num_requests = {self.num_requests}: the trace "
-                                f"{self.arrival.path!r} holds only {len(self.arrival.specs)}")
-
-    @staticmethod
-    def _check_classes(classes: tuple[RequestClass, ...]) -> None:
-        if not classes:
-            raise WorkloadError("classes = []: a workload needs at least one request class")
-        seen: set[str] = set()
-        for i, c in enumerate(classes):
-            if not isinstance(c, RequestClass):
-                raise WorkloadError(f"classes[{i}] = {preview(c)}: must be a RequestClass")
-            if c.name in seen:
-                raise WorkloadError(f"classes[{i}].name = {preview(c.name)}: names must be unique")
-            seen.add(c.name)
 
     def _check_size(self, classes: tuple[RequestClass, ...]) -> None:
         """Refuse a workload whose expected tokens would not fit in memory (the simulator
