@@ -7,17 +7,27 @@ config/validate.py, upper bounds come from limits.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
 
+T = TypeVar("T")
+
 
 class WorkloadError(UsageError):
     """A workload, length distribution, arrival process or trace is malformed."""
+
+
+def read_user_file(read: Callable[[Path, str], T], path: Path, what: str) -> T:
+    """`read(path, what)`, a reader of config/user_files.py, refusing with WorkloadError."""
+    try:
+        return read(path, what)
+    except UsageError as e:
+        raise WorkloadError(str(e)) from None
 
 
 def check_int(field: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_LEN, MAX_WEIGHT
 from stepserve.config.user_files import preview, read_text
 from stepserve.workload.errors import (
@@ -32,6 +31,7 @@ from stepserve.workload.errors import (
     check_positive,
     one_key,
     prefixed,
+    read_user_file,
     resolved,
 )
 
@@ -244,10 +244,7 @@ class Empirical(LengthDist):
     def from_file(cls, path: str | Path) -> Empirical:
         """One integer per line; blank lines and lines starting with # are skipped."""
         p = Path(path)
-        try:
-            text = read_text(p, "empirical.file")
-        except UsageError as e:
-            raise WorkloadError(str(e)) from None
+        text = read_user_file(read_text, p, "empirical.file")
         values = []
         for number, line in enumerate(text.splitlines(), start=1):
             line = line.strip()

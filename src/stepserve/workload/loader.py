@@ -36,10 +36,16 @@ from typing import Any
 
 import yaml
 
-from stepserve.config.errors import UsageError
 from stepserve.config.user_files import load_yaml, preview, write_atomic
 from stepserve.workload.arrivals import TraceReplay, parse_arrival
-from stepserve.workload.errors import WorkloadError, check_keys, check_mapping, prefixed, resolved
+from stepserve.workload.errors import (
+    WorkloadError,
+    check_keys,
+    check_mapping,
+    prefixed,
+    read_user_file,
+    resolved,
+)
 from stepserve.workload.lengths import parse_length
 from stepserve.workload.sessions import parse_multi_turn
 from stepserve.workload.spec import RequestClass, Workload
@@ -123,10 +129,7 @@ def load_workload(path: str | Path) -> Workload:
     """Read a workload YAML file; relative trace and empirical paths are resolved against
     the file's folder, and the name defaults to the file's stem."""
     p = Path(path)
-    try:
-        data = load_yaml(p, "workload file")
-    except UsageError as e:
-        raise WorkloadError(str(e)) from None
+    data = read_user_file(load_yaml, p, "workload file")
     try:
         return workload_from_dict(data, p.resolve().parent, default_name=p.stem)
     except WorkloadError as e:

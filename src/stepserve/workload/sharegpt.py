@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_LEN
 from stepserve.config.user_files import load_json
 from stepserve.core.request_limits import check_text
-from stepserve.workload.errors import WorkloadError, check_int
+from stepserve.workload.errors import WorkloadError, check_int, read_user_file
 from stepserve.workload.lengths import Empirical
 from stepserve.workload.spec import RequestClass
 
@@ -94,10 +93,7 @@ def load_sharegpt(path: str | Path, tokenizer: str | None = None,
     where = f"sharegpt file {str(p)!r}"
     if output_len is not None:
         check_int("output_len", output_len, lo=1, hi=MAX_LEN)
-    try:
-        data = load_json(p, "sharegpt file")
-    except UsageError as e:
-        raise WorkloadError(str(e)) from None
+    data = read_user_file(load_json, p, "sharegpt file")
     if not isinstance(data, list):
         raise WorkloadError(f"{where}: expected a JSON list of conversations "
                             f'[{{"conversations": [{{"from": "human", "value": ...}}, ...]}}], '

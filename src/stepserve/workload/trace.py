@@ -18,29 +18,22 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_NUM_REQUESTS, MAX_SECONDS
 from stepserve.config.user_files import preview, read_text, write_atomic
-from stepserve.workload.errors import WorkloadError, check_positive
+from stepserve.workload.errors import WorkloadError, check_positive, read_user_file
 from stepserve.workload.request_spec import RequestSpec
 
+# a line's keys -> the RequestSpec fields they fill (the index is the line's place)
+FIELDS = {"arrival_s": "arrival_s", "prompt_len": "prompt_len", "output_len": "output_len",
+          "max_tokens": "max_tokens", "priority": "priority", "tenant": "tenant",
+          "class": "request_class", "length_estimate": "length_estimate"}
 REQUIRED = ("arrival_s", "prompt_len", "output_len")
-OPTIONAL = ("max_tokens", "priority", "tenant", "class", "length_estimate")
 
 
 def spec_to_record(spec: RequestSpec) -> dict[str, Any]:
-    """One trace line's content (the index is the line's place, not a field)."""
-    record: dict[str, Any] = {
-        "arrival_s": spec.arrival_s,
-        "prompt_len": spec.prompt_len,
-        "output_len": spec.output_len,
-        "max_tokens": spec.max_tokens,
-        "priority": spec.priority,
-        "tenant": spec.tenant,
-        "class": spec.request_class,
-    }
-    if spec.length_estimate is not None:
-        record["length_estimate"] = spec.length_estimate
+    record = {key: getattr(spec, attr) for key, attr in FIELDS.items()}
+    if spec.length_estimate is None:
+        del record["length_estimate"]
     return record
 
 
@@ -48,27 +41,16 @@ def record_to_spec(record: Any, index: int) -> RequestSpec:
     """A spec from one decoded line; raises WorkloadError naming the bad field."""
     if not isinstance(record, dict):
         raise WorkloadError(f"{preview(record)}: must be a JSON object with keys "
-                            f"{', '.join(REQUIRED + OPTIONAL)}")
+                            f"{', '.join(FIELDS)}")
     for key in record:
-        if key not in REQUIRED + OPTIONAL:
-            raise WorkloadError(f"unknown key {preview(key)}; allowed keys: "
-                                f"{', '.join(REQUIRED + OPTIONAL)}")
+        if key not in FIELDS:
+            raise WorkloadError(f"unknown key {preview(key)}; allowed keys: {', '.join(FIELDS)}")
     for key in REQUIRED:
         if key not in record:
             raise WorkloadError(f"missing required key {preview(key)}")
-    output_len = record["output_len"]
     check_positive("arrival_s", record["arrival_s"], allow_zero=True, hi=MAX_SECONDS)
-    return RequestSpec(
-        index=index,
-        arrival_s=record["arrival_s"],
-        prompt_len=record["prompt_len"],
-        output_len=output_len,
-        max_tokens=record.get("max_tokens", output_len),
-        priority=record.get("priority", 0),
-        tenant=record.get("tenant", "default"),
-        request_class=record.get("class", "default"),
-        length_estimate=record.get("length_estimate"),
-    )
+    fields = {attr: record[key] for key, attr in FIELDS.items() if key in record}
+    return RequestSpec(index=index, **{"max_tokens": record["output_len"], **fields})
 
 
 def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, Any]]:
@@ -78,10 +60,7 @@ def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, Any]]:
     not JSON, too many requests or none."""
     p = Path(path)
     where = f"{what} {str(p)!r}"
-    try:
-        text = read_text(p, what)
-    except UsageError as e:
-        raise WorkloadError(str(e)) from None
+    text = read_user_file(read_text, p, what)
     count = 0
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
