@@ -42,8 +42,8 @@ from stepserve.workload.errors import (
     check_keys,
     check_range,
     check_str,
+    located,
     one_key,
-    prefixed,
     resolved,
 )
 from stepserve.workload.request_spec import RequestSpec
@@ -357,10 +357,37 @@ def parse_arrival(data: Any, where: str = "arrival",
                   base_dir: Path | None = None) -> ArrivalProcess:
     """Build an arrival process from its YAML shape; `where` prefixes error messages and
     `base_dir` resolves a relative trace path."""
-    try:
-        return _arrival(data, base_dir)
-    except WorkloadError as e:
-        raise prefixed(where, e) from None
+    with located(where):
+        kind, body = one_key("", data, ARRIVAL_KINDS)
+        if kind in KEYED_KINDS:
+            cls, keys = KEYED_KINDS[kind]
+            body = _keyed(kind, body, keys)
+            return cls(*(body[k] for k in keys))
+        if kind == "rounds":
+            body = _keyed("rounds", body, ("concurrency", "groups"))
+            groups = body["groups"]
+            if not isinstance(groups, list):
+                raise WorkloadError(f"rounds.groups = {preview(groups)}: must be a list of "
+                                    f"{{{', '.join(GROUP_KEYS)}}}")
+            rows = []
+            for i, group in enumerate(groups):
+                group = _keyed(f"rounds.groups[{i}]", group, GROUP_KEYS)
+                rows.append(tuple(group[k] for k in GROUP_KEYS))
+            return JobRounds(concurrency=body["concurrency"], groups=tuple(rows))
+        if kind == "rate_schedule":
+            points = _keyed("rate_schedule", body, ("points",))["points"]
+            if isinstance(points, list):  # YAML lists: the constructor checks each pair
+                points = tuple(tuple(p) if isinstance(p, list) else p for p in points)
+            return RateSchedule(points)
+        concurrency = None
+        if isinstance(body, Mapping):
+            check_keys("trace", body, ("path", "concurrency"), ("path",))
+            concurrency = body.get("concurrency")
+            body = body["path"]
+        path = resolved(check_str("trace", body), base_dir)
+        if concurrency is not None:  # before the file is read
+            check_int("trace.concurrency", concurrency, lo=1, hi=MAX_CONCURRENCY)
+        return trace_replay(path, concurrency)
 
 
 def _keyed(where: str, body: Any, keys: tuple[str, ...]) -> Mapping[str, Any]:
@@ -370,36 +397,3 @@ def _keyed(where: str, body: Any, keys: tuple[str, ...]) -> Mapping[str, Any]:
                             f"{', '.join(keys)}")
     check_keys(where, body, keys, keys)
     return body
-
-
-def _arrival(data: Any, base_dir: Path | None) -> ArrivalProcess:
-    kind, body = one_key("", data, ARRIVAL_KINDS)
-    if kind in KEYED_KINDS:
-        cls, keys = KEYED_KINDS[kind]
-        body = _keyed(kind, body, keys)
-        return cls(*(body[k] for k in keys))
-    if kind == "rounds":
-        body = _keyed("rounds", body, ("concurrency", "groups"))
-        groups = body["groups"]
-        if not isinstance(groups, list):
-            raise WorkloadError(f"rounds.groups = {preview(groups)}: must be a list of "
-                                f"{{{', '.join(GROUP_KEYS)}}}")
-        rows = []
-        for i, group in enumerate(groups):
-            group = _keyed(f"rounds.groups[{i}]", group, GROUP_KEYS)
-            rows.append(tuple(group[k] for k in GROUP_KEYS))
-        return JobRounds(concurrency=body["concurrency"], groups=tuple(rows))
-    if kind == "rate_schedule":
-        points = _keyed("rate_schedule", body, ("points",))["points"]
-        if isinstance(points, list):  # YAML lists: the constructor checks each pair
-            points = tuple(tuple(p) if isinstance(p, list) else p for p in points)
-        return RateSchedule(points)
-    concurrency = None
-    if isinstance(body, Mapping):
-        check_keys("trace", body, ("path", "concurrency"), ("path",))
-        concurrency = body.get("concurrency")
-        body = body["path"]
-    path = resolved(check_str("trace", body), base_dir)
-    if concurrency is not None:  # before the file is read
-        check_int("trace.concurrency", concurrency, lo=1, hi=MAX_CONCURRENCY)
-    return trace_replay(path, concurrency)

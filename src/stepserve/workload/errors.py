@@ -7,7 +7,8 @@ config/validate.py, upper bounds come from limits.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,15 +82,22 @@ def one_key(field: str, data: Any, choices: Iterable[str]) -> tuple[str, Any]:
     return key, value
 
 
-def prefixed(where: str, error: WorkloadError) -> WorkloadError:
-    """The same error with the YAML path in front, e.g. `classes[1].output.lognormal...`.
-    A message that starts with " =" or ":" (from `one_key("")`) is about `where` itself."""
-    text = str(error)
-    if not where:
-        return WorkloadError(text.lstrip(" :"))
-    if text.startswith((" ", ":")):
-        return WorkloadError(where + text)
-    return WorkloadError(f"{where}.{text}")
+@contextmanager
+def located(where: str) -> Iterator[None]:
+    """A WorkloadError raised inside gets the YAML path in front, e.g.
+    `classes[1].output.lognormal...`; one whose message starts with " =" or ":" (from
+    `one_key("")`) is about `where` itself."""
+    try:
+        yield
+    except WorkloadError as e:
+        text = str(e)
+        if not where:
+            text = text.lstrip(" :")
+        elif text.startswith((" ", ":")):
+            text = where + text
+        else:
+            text = f"{where}.{text}"
+        raise WorkloadError(text) from None
 
 
 def resolved(path: str, base_dir: Path | None) -> Path:

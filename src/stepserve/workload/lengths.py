@@ -29,8 +29,8 @@ from stepserve.workload.errors import (
     check_int,
     check_keys,
     check_positive,
+    located,
     one_key,
-    prefixed,
     read_user_file,
     resolved,
 )
@@ -127,18 +127,19 @@ class LogNormal(LengthDist):
         check_positive("lognormal.p50", self.p50)
         check_positive("lognormal.p99", self.p99)
         if self.p50 < 1:
-            raise WorkloadError(f"lognormal.p50 = {preview(self.p50)}: must be >= 1 (a token count)")
+            raise WorkloadError(f"lognormal.p50 = {preview(self.p50)}: must be >= 1 "
+                                "(a token count)")
         if self.p99 > MAX_LEN:
             raise WorkloadError(f"lognormal.p99 = {preview(self.p99)}: must be <= {MAX_LEN} tokens")
         if self.p99 < self.p50:
-            raise WorkloadError(
-                f"lognormal.p99 = {preview(self.p99)}: must be >= lognormal.p50 = {preview(self.p50)}")
+            raise WorkloadError(f"lognormal.p99 = {preview(self.p99)}: must be >= "
+                                f"lognormal.p50 = {preview(self.p50)}")
         if self.max is not None:
             check_int("lognormal.max", self.max, lo=1, hi=MAX_LEN)
             if self.max < self.p50:
-                raise WorkloadError(
-                    f"lognormal.max = {preview(self.max)}: must be >= lognormal.p50 = {preview(self.p50)}, "
-                    "or the median would be clipped away")
+                raise WorkloadError(f"lognormal.max = {preview(self.max)}: must be >= "
+                                    f"lognormal.p50 = {preview(self.p50)}, or the median "
+                                    "would be clipped away")
 
     @property
     def mu(self) -> float:
@@ -253,8 +254,8 @@ class Empirical(LengthDist):
             try:
                 value = int(line)
             except ValueError:
-                raise WorkloadError(f"empirical.file {str(p)!r} line {number} = {preview(line)}: must "
-                                    "be one integer >= 1") from None
+                raise WorkloadError(f"empirical.file {str(p)!r} line {number} = "
+                                    f"{preview(line)}: must be one integer >= 1") from None
             check_int(f"empirical.file {str(p)!r} line {number}", value, lo=1, hi=MAX_LEN)
             values.append(value)
         if not values:
@@ -292,48 +293,40 @@ LENGTH_KINDS = ("fixed", "uniform", "lognormal", "mixture", "empirical")
 def parse_length(data: Any, where: str = "length", base_dir: Path | None = None) -> LengthDist:
     """Build a distribution from its YAML shape. `where` (e.g. `classes[1].output`) prefixes
     error messages; `base_dir` resolves relative empirical file paths."""
-    try:
-        return _length(data, base_dir)
-    except WorkloadError as e:
-        raise prefixed(where, e) from None
-
-
-def _length(data: Any, base_dir: Path | None) -> LengthDist:
-    if isinstance(data, int) and not isinstance(data, bool):
-        return Fixed(data)  # shorthand: `output: 200`
-    kind, body = one_key("", data, LENGTH_KINDS)
-    if kind == "fixed":
-        return Fixed(body)
-    if kind == "uniform":
-        if not isinstance(body, Sequence) or isinstance(body, str) or len(body) != 2:
-            raise WorkloadError(f"uniform = {preview(body)}: must be [lo, hi], integers >= 1")
-        return Uniform(body[0], body[1])
-    if kind == "lognormal":
-        if not isinstance(body, Mapping):
-            raise WorkloadError(f"lognormal = {preview(body)}: must be a mapping {{p50, p99, max}}")
-        check_keys("lognormal", body, ("p50", "p99", "max"), required=("p50", "p99"))
-        return LogNormal(body["p50"], body["p99"], body.get("max"))
-    if kind == "mixture":
-        if not isinstance(body, Sequence) or isinstance(body, str) or not body:
-            raise WorkloadError(f"mixture = {preview(body)}: must be a non-empty list of "
-                                "{weight: w, <distribution>}")
-        parts = []
-        for i, entry in enumerate(body):
-            if not isinstance(entry, Mapping) or "weight" not in entry:
-                raise WorkloadError(f"mixture[{i}] = {preview(entry)}: must be a mapping with "
-                                    f"'weight' and one of: {', '.join(LENGTH_KINDS)}")
-            rest = {k: v for k, v in entry.items() if k != "weight"}
-            try:
-                parts.append((entry["weight"], _length(rest, base_dir)))
-            except WorkloadError as e:
-                raise prefixed(f"mixture[{i}]", e) from None
-        return Mixture(tuple(parts))
-    if isinstance(body, Mapping):
-        check_keys("empirical", body, ("file",), required=("file",))
-        body = body["file"]
-    if isinstance(body, str):
-        return Empirical.from_file(resolved(body, base_dir))
-    if not isinstance(body, Sequence):
-        raise WorkloadError(f"empirical = {preview(body)}: must be a list of integers >= 1 or "
-                            "{file: path}")
-    return Empirical(body)  # the constructor checks and freezes it
+    with located(where):
+        if isinstance(data, int) and not isinstance(data, bool):
+            return Fixed(data)  # shorthand: `output: 200`
+        kind, body = one_key("", data, LENGTH_KINDS)
+        if kind == "fixed":
+            return Fixed(body)
+        if kind == "uniform":
+            if not isinstance(body, Sequence) or isinstance(body, str) or len(body) != 2:
+                raise WorkloadError(f"uniform = {preview(body)}: must be [lo, hi], integers >= 1")
+            return Uniform(body[0], body[1])
+        if kind == "lognormal":
+            if not isinstance(body, Mapping):
+                raise WorkloadError(f"lognormal = {preview(body)}: must be a mapping "
+                                    "{p50, p99, max}")
+            check_keys("lognormal", body, ("p50", "p99", "max"), required=("p50", "p99"))
+            return LogNormal(body["p50"], body["p99"], body.get("max"))
+        if kind == "mixture":
+            if not isinstance(body, Sequence) or isinstance(body, str) or not body:
+                raise WorkloadError(f"mixture = {preview(body)}: must be a non-empty list of "
+                                    "{weight: w, <distribution>}")
+            parts = []
+            for i, entry in enumerate(body):
+                if not isinstance(entry, Mapping) or "weight" not in entry:
+                    raise WorkloadError(f"mixture[{i}] = {preview(entry)}: must be a mapping with "
+                                        f"'weight' and one of: {', '.join(LENGTH_KINDS)}")
+                rest = {k: v for k, v in entry.items() if k != "weight"}
+                parts.append((entry["weight"], parse_length(rest, f"mixture[{i}]", base_dir)))
+            return Mixture(tuple(parts))
+        if isinstance(body, Mapping):
+            check_keys("empirical", body, ("file",), required=("file",))
+            body = body["file"]
+        if isinstance(body, str):
+            return Empirical.from_file(resolved(body, base_dir))
+        if not isinstance(body, Sequence):
+            raise WorkloadError(f"empirical = {preview(body)}: must be a list of integers >= 1 or "
+                                "{file: path}")
+        return Empirical(body)  # the constructor checks and freezes it

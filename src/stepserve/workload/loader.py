@@ -42,7 +42,7 @@ from stepserve.workload.errors import (
     WorkloadError,
     check_keys,
     check_mapping,
-    prefixed,
+    located,
     read_user_file,
     resolved,
 )
@@ -115,14 +115,12 @@ def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
         length_estimate=data.get("length_estimate", "none"),
         shared_prefixes=data.get("shared_prefixes", 0), prefix_len=data.get("prefix_len", 0),
         multi_turn=multi_turn)
-    try:
+    with located(where):
         if dataset:
             from stepserve.workload.sharegpt import sharegpt_class
 
             return sharegpt_class(path, spec.get("tokenizer"), spec.get("output_len"), **options)
         return RequestClass(prompt=prompt, output=output, **options)
-    except WorkloadError as e:
-        raise prefixed(where, e) from None
 
 
 def load_workload(path: str | Path) -> Workload:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from stepserve.config.limits import MAX_LEN, MAX_NUM_REQUESTS
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
-from stepserve.workload.errors import WorkloadError, check_keys, one_key, prefixed
+from stepserve.workload.errors import WorkloadError, check_keys, located, one_key
 from stepserve.workload.lengths import LengthDist, parse_length
 
 if TYPE_CHECKING:
@@ -151,11 +151,8 @@ def parse_multi_turn(data: Any, where: str, base_dir: Path | None) -> MultiTurn:
     turns = parse_length(data["turns"], f"{where}.turns", base_dir)
     user = data.get("user_len")
     user_len = None if user is None else parse_length(user, f"{where}.user_len", base_dir)
-    try:
-        think = parse_think_time(data.get("think_time_s", 0))
-        return MultiTurn(turns, think, user_len)
-    except WorkloadError as e:
-        raise prefixed(where, e) from None
+    with located(where):
+        return MultiTurn(turns, parse_think_time(data.get("think_time_s", 0)), user_len)
 
 
 def check_session_count(num_sessions: int, multi_turn: MultiTurn | None) -> None:

@@ -152,7 +152,8 @@ class Workload:
             raise WorkloadError(f"arrival = {preview(self.arrival)}: must be an arrival process "
                                 "(poisson, gamma, constant, closed_loop, trace)")
         if not isinstance(self.classes, (list, tuple)):
-            raise WorkloadError(f"classes = {preview(self.classes)}: must be a list of request classes")
+            raise WorkloadError(f"classes = {preview(self.classes)}: must be a list of "
+                                "request classes")
         classes = tuple(self.classes)
         object.__setattr__(self, "classes", classes)
         check_int("num_requests", self.num_requests, lo=1, hi=MAX_NUM_REQUESTS)
