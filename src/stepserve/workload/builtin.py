@@ -142,12 +142,8 @@ def quickstart(num_requests: int = 1200, seed: int = 0, rate: float = 8.0) -> Wo
 
 
 SCENARIOS: dict[str, Callable[..., Workload]] = {
-    "night-report": night_report,
-    "mixed-pool": mixed_pool,
-    "promo-spike": promo_spike,
-    "promo-spike-closed": promo_spike_closed,
-    "quickstart": quickstart,
-}
+    fn.__name__.replace("_", "-"): fn
+    for fn in (night_report, mixed_pool, promo_spike, promo_spike_closed, quickstart)}
 
 
 def list_workloads() -> list[str]:

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.workload.arrivals import ArrivalProcess, ClosedLoop, RatedArrival, TraceReplay
+from stepserve.workload.arrivals import ArrivalProcess, RatedArrival
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.spec import Workload
 
@@ -63,9 +63,7 @@ def override_workload(workload: Workload, overrides: WorkloadOverrides) -> Workl
                 "has no rate; a rate applies to poisson, gamma and constant arrivals")
         arrival = dataclasses.replace(arrival, rate_per_s=float(rate))
     if concurrency is not None:
-        closed = isinstance(arrival, ClosedLoop) or \
-            (isinstance(arrival, TraceReplay) and arrival.concurrency is not None)
-        if not closed:
+        if arrival.closed_loop_concurrency is None:
             raise WorkloadError(
                 f"concurrency = {concurrency}: workload {workload.name} has "
                 f"{arrival.describe()} (open loop); concurrency applies to closed_loop "
