@@ -12,11 +12,7 @@ from stepserve.workload.arrivals import (
     Gamma,
     Poisson,
     TraceReplay,
-    closed_loop,
-    constant,
-    gamma,
     parse_arrival,
-    poisson,
     trace_replay,
 )
 from stepserve.workload.builtin import get_workload, list_workloads
@@ -47,8 +43,7 @@ from stepserve.workload.trace import load_trace, save_trace
 
 __all__ = [
     "ArrivalProcess", "ClosedLoop", "Constant", "Gamma", "Poisson", "TraceReplay",
-    "closed_loop", "constant", "gamma", "parse_arrival", "poisson", "trace_replay",
-    "WorkloadError",
+    "parse_arrival", "trace_replay", "WorkloadError",
     "Empirical", "Fixed", "LengthDist", "LogNormal", "Mixture", "Uniform",
     "empirical", "fixed", "lognormal", "mixture", "parse_length", "uniform",
     "load_workload", "save_workload", "workload_from_dict", "workload_to_dict",

@@ -60,8 +60,9 @@ class ArrivalProcess(abc.ABC):
 
     @property
     def closed_loop_concurrency(self) -> int | None:
-        """Requests kept in flight (closed loop), or None for open-loop arrivals."""
-        return None
+        """Requests kept in flight (closed loop), or None for open-loop arrivals: a process
+        with a `concurrency` (closed_loop, a trace replayed closed-loop, rounds) has one."""
+        return getattr(self, "concurrency", None)
 
     @abc.abstractmethod
     def describe(self) -> str: ...
@@ -157,10 +158,6 @@ class ClosedLoop(ArrivalProcess):
     def times(self, n: int, rng: random.Random) -> list[float]:
         return [0.0] * n
 
-    @property
-    def closed_loop_concurrency(self) -> int | None:
-        return self.concurrency
-
     def describe(self) -> str:
         return f"closed loop, {self.concurrency} in flight"
 
@@ -190,10 +187,6 @@ class TraceReplay(ArrivalProcess):
         if self.concurrency is not None:
             return [0.0] * n
         return [s.arrival_s for s in self.specs[:n]]
-
-    @property
-    def closed_loop_concurrency(self) -> int | None:
-        return self.concurrency
 
     def describe(self) -> str:
         how = f", closed loop {self.concurrency} in flight" if self.concurrency else ""
@@ -332,10 +325,6 @@ class RateSchedule(ArrivalProcess):
 
     def to_dict(self) -> Any:
         return {"rate_schedule": {"points": [list(p) for p in self.points]}}
-
-
-# the lower-case names the docs and scenarios use
-poisson, gamma, constant, closed_loop = Poisson, Gamma, Constant, ClosedLoop
 
 
 def trace_replay(path: str | Path, concurrency: int | None = None) -> TraceReplay:
