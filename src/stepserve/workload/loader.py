@@ -53,6 +53,9 @@ from stepserve.workload.spec import RequestClass, Workload
 TOP_KEYS = ("name", "description", "seed", "num_requests", "duration_s", "arrival", "classes")
 CLASS_KEYS = ("name", "share", "prompt", "output", "max_tokens", "priority", "tenant",
               "length_estimate", "sharegpt", "shared_prefixes", "prefix_len", "multi_turn")
+# the keys that go to RequestClass as they are (one left out: the field's default)
+CLASS_OPTIONS = ("name", "share", "max_tokens", "priority", "tenant", "length_estimate",
+                 "shared_prefixes", "prefix_len")
 SHAREGPT_KEYS = ("file", "tokenizer", "output_len")
 
 
@@ -75,15 +78,9 @@ def workload_from_dict(data: Any, base_dir: str | Path | None = None,
     if not isinstance(raw_classes, list):
         raise WorkloadError(f"classes = {preview(raw_classes)}: must be a list of request classes")
     classes = tuple(_parse_class(c, f"classes[{i}]", base) for i, c in enumerate(raw_classes))
-    return Workload(
-        name=data.get("name", default_name),
-        classes=classes,
-        arrival=arrival,
-        num_requests=data.get("num_requests", default_count),
-        seed=data.get("seed", 0),
-        duration_s=data.get("duration_s"),
-        description=data.get("description", ""),
-    )
+    return Workload(data.get("name", default_name), classes, arrival,
+                    data.get("num_requests", default_count),
+                    **{k: data[k] for k in ("seed", "duration_s", "description") if k in data})
 
 
 def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
@@ -109,12 +106,8 @@ def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
     multi_turn = None
     if "multi_turn" in data:
         multi_turn = parse_multi_turn(data["multi_turn"], f"{where}.multi_turn", base)
-    options: dict[str, Any] = dict(
-        name=data["name"], share=data.get("share", 1.0), max_tokens=data.get("max_tokens"),
-        priority=data.get("priority", 0), tenant=data.get("tenant", "default"),
-        length_estimate=data.get("length_estimate", "none"),
-        shared_prefixes=data.get("shared_prefixes", 0), prefix_len=data.get("prefix_len", 0),
-        multi_turn=multi_turn)
+    options = {"share": 1.0, **{k: data[k] for k in CLASS_OPTIONS if k in data},
+               "multi_turn": multi_turn}
     with located(where):
         if dataset:
             from stepserve.workload.sharegpt import sharegpt_class

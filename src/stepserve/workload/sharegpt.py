@@ -137,11 +137,8 @@ def sharegpt_class(path: str | Path, tokenizer: str | None = None,
     """A request class drawing (prompt, output) pairs from the file; `options` are the
     other RequestClass fields (max_tokens, priority, tenant, length_estimate)."""
     data = load_sharegpt(path, tokenizer, output_len)
-    dataset: dict[str, Any] = {"file": str(path)}
-    if tokenizer is not None:
-        dataset["tokenizer"] = tokenizer
-    if output_len is not None:
-        dataset["output_len"] = output_len
+    given = {"file": str(path), "tokenizer": tokenizer, "output_len": output_len}
+    dataset = {k: v for k, v in given.items() if v is not None}
     return RequestClass(
         name, share, Empirical(tuple(p for p, _ in data.pairs)),
         Empirical(tuple(o for _, o in data.pairs)), pairs=data.pairs,
