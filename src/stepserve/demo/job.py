@@ -1,18 +1,12 @@
-"""`stepserve demo`: the night-report incident, on a real model and in the
-simulator, side by side.
+"""`stepserve demo`: the night-report incident, on a real model and in the simulator.
 
-1. On the default model (SmolLM2-135M, CPU, on the GGUF's own 4-bit weights where the
-   machine runs them): a closed-loop job with 64 in flight, ~15% of requests 100x longer
-   than the rest (1 or 100 output tokens), twice as many requests as slots; once with
-   static batching, once with continuous batching, under the CPU's scheduling defaults
-   (host/step_budget.py).
-2. The same job shape at full-scale lengths (P50 20 / P99 2,000 tokens; 2,000 requests,
-   ~31 rounds of 64: the speedup settles within a few percent of the workload's 6,400)
-   in the simulator on an H100 profile.
-3. One table; the measured speedups against the cap computed for the same requests.
-
-Sized to finish within a minute on a 2-core CPU from a fresh cache (the GGUF's one-time
-conversion included); the demo prints where its time went.
+On the default model (SmolLM2-135M on a CPU) a closed-loop job with 64 in flight, ~15% of
+requests 100x longer than the rest, twice as many requests as slots, runs with static and
+with continuous batching under the CPU's scheduling defaults (host/step_budget.py); then
+the same job shape at full-scale lengths (P50 20 / P99 2,000; 2,000 requests, ~31 rounds
+of 64: the speedup settles within a few percent of the workload's 6,400) in the simulator
+on an H100 profile. One table, and the measured speedups against the cap for the same
+requests. Sized to finish within a minute on a 2-core CPU from a fresh cache.
 """
 
 from __future__ import annotations

@@ -380,7 +380,6 @@ def parse_arrival(data: Any, where: str = "arrival",
 
 
 def _keyed(where: str, body: Any, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    """A mapping with exactly `keys`."""
     if not isinstance(body, Mapping):
         raise WorkloadError(f"{where} = {preview(body)}: must be a mapping with keys "
                             f"{', '.join(keys)}")

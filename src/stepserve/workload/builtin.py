@@ -1,11 +1,7 @@
-"""Built-in workloads: the three incidents and the quick-start load, by name.
+"""Built-in workloads, by name: the three incidents' traffic and the quick-start load.
 
-    get_workload("night-report", num_requests=640)   # overrides go to the function
-    list_workloads()                                   # ['night-report', 'mixed-pool', ...]
-
-Every function's docstring ties its numbers to its incident (docs/guide.md tells each
-story and how the sizes were chosen). The engine configs that reproduce each incident
-live with the simulator; these are only the traffic.
+Each function's docstring opens with the workload's description, then ties its numbers to
+its incident (docs/guide.md tells each story); the engine configs live with the simulator.
 """
 
 from __future__ import annotations
@@ -147,7 +143,6 @@ SCENARIOS: dict[str, Callable[..., Workload]] = {
 
 
 def list_workloads() -> list[str]:
-    """Names of the built-in workloads."""
     return list(SCENARIOS)
 
 

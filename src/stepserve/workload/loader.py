@@ -132,8 +132,7 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
     out: dict[str, Any] = {"name": workload.name}
     if workload.description:
         out["description"] = workload.description
-    out["seed"] = workload.seed
-    out["num_requests"] = workload.num_requests
+    out.update(seed=workload.seed, num_requests=workload.num_requests)
     if workload.duration_s is not None:
         out["duration_s"] = workload.duration_s
     out["arrival"] = workload.arrival.to_dict()
@@ -150,8 +149,7 @@ def _class_to_dict(c: RequestClass) -> dict[str, Any]:
         out.update(prompt=c.prompt.to_dict(), output=c.output.to_dict())
     if c.max_tokens is not None:
         out["max_tokens"] = c.max_tokens
-    out["priority"] = c.priority
-    out["tenant"] = c.tenant
+    out.update(priority=c.priority, tenant=c.tenant)
     if c.length_estimate != "none":
         out["length_estimate"] = c.length_estimate
     if c.shared_prefixes:

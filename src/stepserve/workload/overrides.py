@@ -38,7 +38,6 @@ class WorkloadOverrides:
     duration_s: float | None = None
 
     def given(self) -> dict[str, Any]:
-        """The overrides set, by name."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) is not None}
 

@@ -14,9 +14,7 @@ or a local Hugging Face directory) when given, else estimated as one token per
 CHARS_PER_TOKEN characters (the description says which). `output_len` fixes every
 output length instead of the completion's. Pairs are dropped as vLLM drops them: prompt
 or output under MIN_LEN tokens, prompt over MAX_PROMPT_LEN, or both over MAX_TOTAL_LEN;
-the counts of what was dropped and why are kept for the description. A turn whose text
-is not valid Unicode (a lone surrogate, `\\ud800` in the JSON) is an error naming the
-conversation, with or without a tokenizer.
+the counts of what was dropped and why are kept for the description.
 
 Prompts themselves are not kept: the bench sends prompts of the counted length, each its
 own (bench/prompt_maker.py), since a scheduler sees lengths, not words. What the texts share

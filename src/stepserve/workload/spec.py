@@ -196,7 +196,6 @@ class Workload:
 
     @property
     def closed_loop_concurrency(self) -> int | None:
-        """Requests kept in flight for a closed loop; None for open-loop arrivals."""
         return self.arrival.closed_loop_concurrency
 
     @property
