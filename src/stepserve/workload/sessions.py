@@ -121,9 +121,6 @@ class MultiTurn:
             raise WorkloadError(f"think_time_s = {preview(self.think_time)}: must be seconds")
         Allowed(1, MAX_TURNS, float).check("turns (mean)", self.turns.mean(), WorkloadError)
 
-    def sample_turns(self, rng: random.Random) -> int:
-        return min(self.turns.sample(rng), MAX_TURNS)
-
     def describe(self) -> str:
         return (f"sessions of {self.turns.describe()} turns, {self.think_time.describe()} "
                 "between them" + (f", user messages {self.user_len.describe()}"
@@ -174,7 +171,7 @@ def later_turns(first: RequestSpec, make: Callable[[int, float, random.Random], 
     new user message. A session whose next prompt would pass MAX_LEN ends before it."""
     out: list[RequestSpec] = []
     prev = first
-    for turn in range(1, multi_turn.sample_turns(rng)):
+    for turn in range(1, min(multi_turn.turns.sample(rng), MAX_TURNS)):
         think = multi_turn.think_time.sample(rng)
         own: RequestSpec = make(first.index + turn, first.arrival_s, rng)
         user = multi_turn.user_len.sample(rng) if multi_turn.user_len is not None \
