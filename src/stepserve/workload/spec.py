@@ -209,14 +209,15 @@ class Workload:
         multi-turn class's arrival opens a session: its later turns follow their first,
         with its arrival as theirs (a lower bound: each is sent when the one before it
         has ended, sessions.py)."""
-        if isinstance(self.arrival, TraceReplay):
-            return self._replay()
         # Two streams: arrival times and request contents. So changing only the rate (a
         # sweep) keeps every request's class and lengths, and the runs stay comparable.
         times = self.arrival.times(self.num_requests,
                                    random.Random(f"stepserve:{self.seed}:arrivals"))
         if self.duration_s is not None and self.closed_loop_concurrency is None:
             times = [t for t in times if t <= self.duration_s]
+        if isinstance(self.arrival, TraceReplay):  # its requests, at those times
+            return [dataclasses.replace(spec, index=index, arrival_s=t)
+                    for index, (t, spec) in enumerate(zip(times, self.arrival.specs))]
         rng = random.Random(f"stepserve:{self.seed}:requests")
         specs: list[RequestSpec] = []
         for arrival_s in times:
@@ -226,17 +227,6 @@ class Workload:
                 raise WorkloadError(f"num_requests = {self.num_requests}: its sessions "
                                     f"made more than {MAX_NUM_REQUESTS:,} requests (lower "
                                     "num_requests or the turns)")
-        return specs
-
-    def _replay(self) -> list[RequestSpec]:
-        assert isinstance(self.arrival, TraceReplay)
-        closed = self.arrival.concurrency is not None
-        specs = []
-        for index, spec in enumerate(self.arrival.specs[: self.num_requests]):
-            arrival_s = 0.0 if closed else spec.arrival_s
-            if not closed and self.duration_s is not None and arrival_s > self.duration_s:
-                break  # the trace is sorted: everything after arrives later still
-            specs.append(dataclasses.replace(spec, index=index, arrival_s=arrival_s))
         return specs
 
     def describe(self) -> str:
