@@ -30,10 +30,10 @@ from typing import Any
 from stepserve.config.limits import MAX_LEN, MAX_SECONDS, MAX_SEED, MAX_WORKLOAD_TOKENS
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
-from stepserve.workload.arrivals import TraceReplay, trace_replay
+from stepserve.workload.arrivals import TraceReplay
 from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_range
 from stepserve.workload.spec import RequestSpec, Workload
-from stepserve.workload.trace import read_jsonl
+from stepserve.workload.trace import load_trace, read_jsonl
 
 MOONCAKE_BLOCK_TOKENS = 512  # the prompt tokens each hash id stands for in Mooncake's traces
 REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -194,9 +194,8 @@ def trace_workload(options: TraceOptions) -> Workload:
             raise WorkloadError(f"--trace-block-tokens {options.block_tokens}: goes with a "
                                 "Mooncake trace (ours gives no block hashes)")
         slowdown = check_positive("--trace-slowdown", options.slowdown, hi=MAX_SLOWDOWN)
-        replay = trace_replay(options.path)
         specs = tuple(dataclasses.replace(s, arrival_s=s.arrival_s * slowdown)
-                      for s in replay.specs)
-        path, description = replay.path, f"trace {options.path}"
+                      for s in load_trace(options.path))
+        path, description = str(options.path), f"trace {options.path}"
     return Workload(Path(options.path).stem, (), TraceReplay(specs, path),
                     len(specs), description=description)
