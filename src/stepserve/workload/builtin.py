@@ -26,13 +26,10 @@ def night_report(num_requests: int = 6400, seed: int = 0, concurrency: int = 64)
     long ones (2,000), exactly, 64 in flight.
 
     The night-report incident's own mix (output P50 20 / P99 2,000; static 64-slot
-    batching fills 21,080 of 128,000 slot-steps, 16.5%), not sampled: a `rounds` job
-    (arrivals.py). Each round sends its short reports first, then the long
-    ones, so under static batching a round's 10 long reports are sent as the round before
-    ends and run in the next batch without waiting for it. Prompts 128 tokens (the
-    incident gives none: 64 of them make one 8,192-token prefill step). Closed loop: the
-    job keeps `concurrency` outstanding. The default 6,400 requests are 100 rounds; any
-    count works. `seed` changes nothing: nothing is drawn.
+    batching fills 21,080 of 128,000 slot-steps, 16.5%), not sampled. Short reports go
+    first, so under static batching a round's long ones are sent as the round before ends
+    and run in the next batch. Prompts 128 tokens (the incident gives none: 64 of them make
+    one 8,192-token prefill step). 6,400 requests are 100 rounds; `seed` changes nothing.
     """
     arrival = JobRounds(concurrency=concurrency,
                         groups=(("short", 54, 128, 20), ("long", 10, 128, 2000)))
@@ -44,14 +41,11 @@ def mixed_pool(num_requests: int = 2000, seed: int = 0, rate: float = 0.8) -> Wo
     """Mixed pool: 30% 8K-token summaries with 70% ~300-token chats, Poisson arrivals.
 
     The mixed-pool incident (chunk cap = step budget = 32,768: chat TTFT P99 1.1 s -> 6.9
-    s when four 8K summaries fill one step). `summary`: prompt 8,192, output uniform
-    150..250 (~200); `chat`: prompt lognormal P50 300 / P99 900 (max 2,048), output
-    uniform 100..300. Rate 0.8 req/s: on the incident's engine (a 300-token prefill 0.07
-    s, a 2,048-token chunk 0.4 s: ~5,000 prompt tokens/s) a request brings ~2,670 prompt
-    tokens on average, so prefill takes ~45% of the engine's time and decoding the rest
-    of its capacity; summaries then pile up now and then, four of them fill a step, and
-    a bad budget split shows. Calibrate `rate` to your cost model. Needs max_model_len >=
-    8,442 (8,192 + 250).
+    s when four 8K summaries fill one step). Rate 0.8 req/s: on the incident's engine
+    (~5,000 prompt tokens/s) a request brings ~2,670 prompt tokens on average, so prefill
+    takes ~45% of the engine's time; summaries then pile up now and then, four of them
+    fill a step, and a bad budget split shows. Calibrate `rate` to your cost model. Needs
+    max_model_len >= 8,442 (8,192 + 250).
     """
     classes = (
         RequestClass("summary", 0.3, fixed(8192), uniform(150, 250), priority=1,
@@ -71,14 +65,11 @@ PROMO_SCHEDULE = ((0.0, 11.0), (60.0, 980 / 60))
 def _promo_classes() -> tuple[RequestClass, ...]:
     """Customer service: mean output ~280 tokens, 6% of requests over 1,200 tokens.
 
-    short (94%, priority 0): output lognormal P50 150 / P99 800 clipped at 1,200 (mean
-    ~194); long (6%, priority 1: long-form answers queue behind live chat, which is why
-    the incident's fix adds aging): output uniform 1,201..2,000 (mean ~1,600);
-    0.94*194 + 0.06*1,600 = ~278. Prompts: lognormal P50 580 / P99 2,048, max 2,048 (the
-    incident gives none: at P50 580 two replicas capped at 64 running each just fall
-    behind 980 requests/min, as the incident's queue did; docs/guide.md). Every client
-    asks max_tokens 2,048, so prompt + max_tokens <= 4,096: the 4K length the incident
-    sizes concurrency by.
+    Mean output 0.94 * 194 (short) + 0.06 * 1,600 (long) = ~278. `long` has priority 1:
+    long-form answers queue behind live chat, which is why the incident's fix adds aging.
+    Prompts P50 580 (the incident gives none: at that two replicas capped at 64 running
+    each just fall behind 980 requests/min, as the incident's queue did). max_tokens 2,048
+    so prompt + max_tokens <= 4,096, the 4K length the incident sizes concurrency by.
     """
     prompt = lognormal(580, 2048, max=2048)
     return (
@@ -94,11 +85,7 @@ def promo_spike(num_requests: int = 4740, seed: int = 0) -> Workload:
 
     The promo-spike incident (from 20:00 concurrency 96 -> 140 on max_num_seqs 128,
     980 req/min, preemptions on requests over 1,200 output tokens, which are 6% of
-    traffic). Arrivals follow a rate schedule (arrivals.py): 11 req/s at
-    t = 0 (20:00), rising linearly to 980/60 = 16.33 req/s at t = 60 s, then held. Classes
-    `short` (94%, lognormal output P50 150 / P99 800, at most 1,200) and `long` (6%,
-    uniform 1,201..2,000); mean output ~278. Prompts P50 580 tokens. max_tokens 2,048 for
-    all. The default 4,740 requests are the first five minutes from 20:00.
+    traffic). The default 4,740 requests are the first five minutes from 20:00.
     """
     return Workload("promo-spike", _promo_classes(), RateSchedule(PROMO_SCHEDULE),
                     num_requests, seed, description=_doc(promo_spike))
@@ -119,13 +106,10 @@ def promo_spike_closed(num_requests: int = 4900, seed: int = 0,
 def quickstart(num_requests: int = 1200, seed: int = 0, rate: float = 8.0) -> Workload:
     """Quick start: a fixed moderate mixed load for comparing configs A, B and C.
 
-    The quick start: run one fixed load against A (small max_num_batched_tokens, moderate
-    max_num_seqs), B (both large) and C (chunked prefill, capped request length), five
-    minutes each, and compare P50/P95/P99, throughput and preemptions. 1,200 requests at
-    8 req/s (Poisson), 2.5 minutes: below config A's knee, where all three carry the
-    load and only their latencies differ. 80% `chat` (prompt lognormal P50 300 / P99
-    1,500, max 2,048; output lognormal P50 150 / P99 800, max 1,024), 20% `document`
-    (prompt uniform 1,500..3,000, output uniform 100..400); everything fits max_model_len
+    A (small max_num_batched_tokens, moderate max_num_seqs), B (both large) and C
+    (chunked prefill, capped request length), compared on P50/P95/P99, throughput and
+    preemptions. 1,200 requests at 8 req/s, 2.5 minutes: below config A's knee, where all
+    three carry the load and only their latencies differ; everything fits max_model_len
     4,096. Sweep `rate` to find the knee.
     """
     classes = (
