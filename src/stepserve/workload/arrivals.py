@@ -42,6 +42,7 @@ from stepserve.workload.errors import (
     check_keys,
     check_range,
     check_str,
+    keyed,
     located,
     one_key,
     resolved,
@@ -350,21 +351,21 @@ def parse_arrival(data: Any, where: str = "arrival",
         kind, body = one_key("", data, ARRIVAL_KINDS)
         if kind in KEYED_KINDS:
             cls, keys = KEYED_KINDS[kind]
-            body = _keyed(kind, body, keys)
+            body = keyed(kind, body, keys)
             return cls(*(body[k] for k in keys))
         if kind == "rounds":
-            body = _keyed("rounds", body, ("concurrency", "groups"))
+            body = keyed("rounds", body, ("concurrency", "groups"))
             groups = body["groups"]
             if not isinstance(groups, list):
                 raise WorkloadError(f"rounds.groups = {preview(groups)}: must be a list of "
                                     f"{{{', '.join(GROUP_KEYS)}}}")
             rows = []
             for i, group in enumerate(groups):
-                group = _keyed(f"rounds.groups[{i}]", group, GROUP_KEYS)
+                group = keyed(f"rounds.groups[{i}]", group, GROUP_KEYS)
                 rows.append(tuple(group[k] for k in GROUP_KEYS))
             return JobRounds(concurrency=body["concurrency"], groups=tuple(rows))
         if kind == "rate_schedule":
-            points = _keyed("rate_schedule", body, ("points",))["points"]
+            points = keyed("rate_schedule", body, ("points",))["points"]
             if isinstance(points, list):  # YAML lists: the constructor checks each pair
                 points = tuple(tuple(p) if isinstance(p, list) else p for p in points)
             return RateSchedule(points)
@@ -377,11 +378,3 @@ def parse_arrival(data: Any, where: str = "arrival",
         if concurrency is not None:  # before the file is read
             check_int("trace.concurrency", concurrency, lo=1, hi=MAX_CONCURRENCY)
         return trace_replay(path, concurrency)
-
-
-def _keyed(where: str, body: Any, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(body, Mapping):
-        raise WorkloadError(f"{where} = {preview(body)}: must be a mapping with keys "
-                            f"{', '.join(keys)}")
-    check_keys(where, body, keys, keys)
-    return body

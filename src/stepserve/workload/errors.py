@@ -71,6 +71,16 @@ def check_keys(field: str, data: Mapping[str, Any], allowed: Iterable[str],
             raise WorkloadError(f"{field}: missing required key {preview(key)}")
 
 
+def keyed(field: str, data: Any, keys: tuple[str, ...],
+          required: tuple[str, ...] | None = None) -> Mapping[str, Any]:
+    """A mapping with only `keys`, and all of `required` (default: all of them)."""
+    if not isinstance(data, Mapping):
+        raise WorkloadError(f"{field} = {preview(data)}: must be a mapping with keys "
+                            f"{', '.join(keys)}")
+    check_keys(field, data, keys, keys if required is None else required)
+    return data
+
+
 def one_key(field: str, data: Any, choices: Iterable[str]) -> tuple[str, Any]:
     """A mapping with exactly one key out of `choices`: returns (key, value)."""
     choices = list(choices)

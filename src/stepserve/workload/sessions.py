@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from stepserve.config.limits import MAX_LEN, MAX_NUM_REQUESTS
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
-from stepserve.workload.errors import WorkloadError, check_keys, located, one_key
+from stepserve.workload.errors import WorkloadError, check_keys, keyed, located, one_key
 from stepserve.workload.lengths import LengthDist, parse_length
 
 if TYPE_CHECKING:
@@ -141,10 +141,7 @@ class MultiTurn:
 
 
 def parse_multi_turn(data: Any, where: str, base_dir: Path | None) -> MultiTurn:
-    if not isinstance(data, Mapping):
-        raise WorkloadError(f"{where} = {preview(data)}: must be a mapping with keys "
-                            f"{', '.join(MULTI_TURN_KEYS)}")
-    check_keys(where, data, MULTI_TURN_KEYS, required=("turns",))
+    keyed(where, data, MULTI_TURN_KEYS, required=("turns",))
     turns = parse_length(data["turns"], f"{where}.turns", base_dir)
     user = data.get("user_len")
     user_len = None if user is None else parse_length(user, f"{where}.user_len", base_dir)
