@@ -1,9 +1,5 @@
-"""Overriding a workload's count, seed, rate, concurrency, arrival process or duration:
-the one way every command (simulate, sweep, bench) and every scenario does it.
-
-    override_workload(workload, WorkloadOverrides(num_requests=600, rate=24.0))
-
-By arrival kind:
+"""Overriding a workload's count, seed, rate, concurrency, arrival process or duration,
+the one way every command and scenario does it. By arrival kind:
 
     rate         poisson, gamma, constant: the same process at the new rate (a gamma
                  keeps its burstiness); closed loop, trace: WorkloadError (no rate)

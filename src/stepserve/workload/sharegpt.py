@@ -9,17 +9,15 @@ benchmark reads one): a list of conversations, each
 token lengths are kept, as (prompt, output) pairs that a request class samples jointly
 (seeded, with replacement), so a long question keeps its long answer.
 
-Lengths are counted with `tokenizer` (a stepserve model name such as `tiny`/`default`,
-or a local Hugging Face directory) when given, else estimated as one token per
-CHARS_PER_TOKEN characters (the description says which). `output_len` fixes every
-output length instead of the completion's. Pairs are dropped as vLLM drops them: prompt
-or output under MIN_LEN tokens, prompt over MAX_PROMPT_LEN, or both over MAX_TOTAL_LEN;
-the counts of what was dropped and why are kept for the description.
+Lengths are counted with `tokenizer` (a model preset or a Hugging Face directory) when
+given, else estimated (CHARS_PER_TOKEN); `output_len` fixes every output length. Pairs
+are dropped as vLLM drops them (under MIN_LEN tokens, prompt over MAX_PROMPT_LEN, both
+over MAX_TOTAL_LEN), and the drops counted for the description.
 
 Prompts themselves are not kept: the bench sends prompts of the counted length, each its
-own (bench/prompt_maker.py), since a scheduler sees lengths, not words. What the texts share
-is lost with them, so the prefix cache finds nothing to reuse in a ShareGPT run; a
-workload's shared_prefixes or the bench's prefix_repetition dataset is how to measure it.
+own (bench/prompt_maker.py), since a scheduler sees lengths, not words. So the prefix
+cache finds nothing to reuse in a ShareGPT run; shared_prefixes or the bench's
+prefix_repetition dataset is how to measure it.
 """
 
 from __future__ import annotations

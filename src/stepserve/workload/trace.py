@@ -5,9 +5,8 @@ and cut with `head`.
      "priority": 0, "tenant": "a", "class": "chat"}
 
 `arrival_s`, `prompt_len` and `output_len` are required; `max_tokens` defaults to
-`output_len`, `priority` to 0, `tenant` and `class` to "default", `length_estimate` to none.
-A trace holds at most limits.MAX_NUM_REQUESTS requests, arriving within MAX_SECONDS.
-`save_trace` writes every field, and `load_trace` reads back the identical list.
+`output_len`, the rest to RequestSpec's defaults. At most limits.MAX_NUM_REQUESTS
+requests, arriving within MAX_SECONDS; `load_trace` reads back what `save_trace` wrote.
 """
 
 from __future__ import annotations
