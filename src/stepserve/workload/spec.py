@@ -21,7 +21,7 @@ from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_str
-from stepserve.workload.lengths import LengthDist, cumulative_shares
+from stepserve.workload.lengths import LENGTH_KINDS, LengthDist, cumulative_shares
 from stepserve.workload.request_spec import RequestSpec, check_priority_and_tenant
 from stepserve.workload.sessions import MultiTurn, check_session_count, later_turns
 from stepserve.workload.shared_prefix import check_shared_prefixes, prefix_name
@@ -74,8 +74,7 @@ class RequestClass:
         for name in ("prompt", "output"):
             if not isinstance(getattr(self, name), LengthDist):
                 raise WorkloadError(f"{name} = {preview(getattr(self, name))}: must be a length "
-                                    "distribution (fixed, uniform, lognormal, mixture, "
-                                    "empirical)")
+                                    f"distribution ({', '.join(LENGTH_KINDS)})")
         if self.max_tokens is not None:
             check_int("max_tokens", self.max_tokens, lo=1, hi=MAX_LEN)
         check_priority_and_tenant(self.priority, self.tenant)
