@@ -25,7 +25,6 @@ from typing import Any
 from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_SECONDS, Range, check_flags
 from stepserve.config.user_files import load_json, preview
-from stepserve.metrics.finding import Finding
 from stepserve.metrics.live_window import (
     INTERVAL_S,
     WINDOW_S,
@@ -37,8 +36,7 @@ from stepserve.metrics.live_window import (
     window_notes,
 )
 from stepserve.metrics.prometheus import Snapshot
-from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import diagnose, findings_for, unevaluable
+from stepserve.metrics.rules import Finding, RuleSettings, diagnose, findings_for, unevaluable
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values, wrong_types

@@ -29,7 +29,7 @@ def per_replica(steps: Steps) -> list[list[StepRecord]]:
     return [list(s) for s in steps]  # type: ignore[arg-type]
 
 
-def _end(s: StepRecord) -> float:
+def step_end(s: StepRecord) -> float:
     return s.start_s + s.duration_s
 
 
@@ -37,7 +37,7 @@ def merged_level(replicas: list[list[StepRecord]],
                  level: Callable[[StepRecord], float]) -> tuple[list[float], list[float]]:
     """(times, totals): after each step of any replica, the sum over replicas of each
     one's latest `level`. One replica: simply the level after each of its steps."""
-    events = sorted((_end(s), r, level(s)) for r, recs in enumerate(replicas) for s in recs)
+    events = sorted((step_end(s), r, level(s)) for r, recs in enumerate(replicas) for s in recs)
     latest: list[float] = [0] * len(replicas)  # ints stay ints in the JSON
     total: float = 0
     ts: list[float] = []
@@ -68,18 +68,6 @@ def longest_monotonic_rise(ts: Sequence[float], vs: Sequence[float]) -> tuple[fl
     return best_s, best_rise
 
 
-def _waiting(s: StepRecord) -> float:
-    return s.num_waiting
-
-
-def _running(s: StepRecord) -> float:
-    return s.num_running
-
-
-def _in_engine(s: StepRecord) -> float:
-    return s.num_running + s.num_waiting + s.num_swapped
-
-
 def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
                  ) -> RunSummary:
     """The step fields of a summary (see run_summary.py). `offered_window` is
@@ -95,9 +83,9 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
     decode_steps = [s.duration_s for s in recs if s.num_decode_tokens > 0]
     durations = [s.duration_s for s in recs]
 
-    wt, wv = merged_level(replicas, _waiting)
-    _, rv = merged_level(replicas, _running)
-    _, ev = merged_level(replicas, _in_engine)
+    wt, wv = merged_level(replicas, lambda s: s.num_waiting)
+    _, rv = merged_level(replicas, lambda s: s.num_running)
+    _, ev = merged_level(replicas, lambda s: s.num_running + s.num_waiting + s.num_swapped)
     growth = trend_rise = None
     if offered_window is not None:
         lo, hi = offered_window
@@ -194,11 +182,11 @@ def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
     if not replicas:
         return TimeSeries([], [], [], [], [], [], [])
     t0 = min(s.start_s for r in replicas for s in r)
-    t1 = max(_end(s) for r in replicas for s in r)
+    t1 = max(step_end(s) for r in replicas for s in r)
     width = (t1 - t0) / bins or 1.0
 
     def slot(s: StepRecord) -> int:
-        return min(int((_end(s) - t0) / width), bins - 1)
+        return min(int((step_end(s) - t0) / width), bins - 1)
 
     zeros_f = [0.0] * bins
     waiting, running, kv = list(zeros_f), list(zeros_f), list(zeros_f)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stepserve.core.request import FinishReason, Request
-from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
+from stepserve.metrics.rules import alert_times
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import (
     Steps,
