@@ -54,8 +54,7 @@ from stepserve.host.cpu_metrics import cpu_window
 from stepserve.host.cpu_share import CPU_KEYS
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
 from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
-from stepserve.metrics.prom_sources import LEVELS
-from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
+from stepserve.metrics.prometheus import LEVELS, Snapshot, counter_delta, histogram_delta
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import longest_monotonic_rise
 

@@ -183,25 +183,22 @@ class RunSummary:
         return getattr(self, name)
 
     def to_json(self) -> dict[str, Any]:
-        return {name: _copy(getattr(self, name)) for name in self.reported}
+        return {name: dict(v) if isinstance(v := getattr(self, name), dict) else v
+                for name in self.reported}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunSummary:
-        values = {k: _checked(FIELD_KINDS[k], v) for k, v in data.items() if k in FIELD_KINDS}
+        values = {k: v if value_kind(v) is FIELD_KINDS[k] else None
+                  for k, v in data.items() if k in FIELD_KINDS}
         return cls(**values, reported=tuple(values))
 
 
-def _copy(value: Any) -> Any:
-    return dict(value) if isinstance(value, dict) else value
-
-
-def _checked(kind: type, value: Any) -> Any:
-    """`value` if it is of the field's kind, else None (a bool is no number)."""
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    return value if ok else None
+def value_kind(value: Any) -> type:
+    """A JSON value's kind as FIELD_KINDS names kinds: float for any number (a bool is
+    none), bool, str, dict, or the value's own type (list, NoneType)."""
+    if isinstance(value, bool):
+        return bool
+    return float if isinstance(value, (int, float)) else type(value)
 
 
 def _kind(hint: Any) -> type:
