@@ -735,8 +735,9 @@ def _why_and_fix(reason: str, cfg: RuleSettings) -> tuple[str, str]:
     if reason == RejectReason.TOO_LONG.value:
         limit = f" ({cfg.max_model_len})" if cfg.max_model_len is not None else ""
         return (f"prompt + max_tokens longer than max_model_len{limit}",
-                f"raise max_model_len{_from(cfg.max_model_len)} if KV holds it (`stepserve plan capacity`), or route long prompts elsewhere (their "
-                "own pool: `--pools`) and cap request length at the client")
+                f"raise max_model_len{_from(cfg.max_model_len)} if KV holds it (`stepserve plan "
+                "capacity`), or route long prompts elsewhere (their own pool: `--pools`) and "
+                "cap request length at the client")
     if reason == RejectReason.QUEUE_FULL.value:
         cap = f" = {cfg.max_waiting}" if cfg.max_waiting else ""
         if cap and cfg.replicas and cfg.replicas > 1:

@@ -174,13 +174,14 @@ def _series(value: Any, name: str) -> list | None:
     return value
 
 
-def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
-    """Downsample the step records to `bins` equal time bins (by each step's end)."""
+def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> TimeSeries:
+    """Downsample the step records to `bins` equal time bins (by each step's end), with
+    the step records per bin where `count_steps`."""
     if bins < 1:
         raise ValueError(f"timeseries bins = {bins!r}: must be >= 1")
     replicas = [r for r in per_replica(steps) if r]
     if not replicas:
-        return TimeSeries([], [], [], [], [], [], [])
+        return TimeSeries([], [], [], [], [], [], [], [] if count_steps else None)
     t0 = min(s.start_s for r in replicas for s in r)
     t1 = max(step_end(s) for r in replicas for s in r)
     width = (t1 - t0) / bins or 1.0
@@ -190,7 +191,7 @@ def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
 
     zeros_f = [0.0] * bins
     waiting, running, kv = list(zeros_f), list(zeros_f), list(zeros_f)
-    prefill, decode, preempt = [0] * bins, [0] * bins, [0] * bins
+    prefill, decode, preempt, counts = [0] * bins, [0] * bins, [0] * bins, [0] * bins
     for recs in replicas:
         levels: list[list[tuple[float, float, float]]] = [[] for _ in range(bins)]
         for s in recs:
@@ -199,6 +200,7 @@ def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
             prefill[b] += s.num_prefill_tokens
             decode[b] += s.num_decode_tokens
             preempt[b] += s.num_preempted
+            counts[b] += 1
         last = (0.0, 0.0, 0.0)
         for b, samples in enumerate(levels):
             if samples:
@@ -209,4 +211,5 @@ def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
             running[b] += last[1]
             kv[b] += last[2] / len(replicas)
     t = [t0 + (b + 0.5) * width for b in range(bins)]
-    return TimeSeries(t, waiting, running, kv, prefill, decode, preempt)
+    return TimeSeries(t, waiting, running, kv, prefill, decode, preempt,
+                      counts if count_steps else None)
