@@ -35,10 +35,10 @@ from stepserve.config.urls import check_http_url
 from stepserve.host.cpu_metrics import cpu_window
 from stepserve.host.cpu_share import CPU_KEYS
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
-from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
+from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.prometheus import LEVELS, Snapshot, counter_delta, histogram_delta
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.metrics.step_metrics import longest_monotonic_rise
+from stepserve.metrics.step_metrics import queue_fields
 
 WINDOW_S = 10.0
 INTERVAL_S = 1.0
@@ -152,19 +152,10 @@ def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
         out[f"{key}_max"] = max(vals) if vals else None
     queue = [(s.t_s, v) for s in snapshots if (v := s.level("waiting")) is not None]
     ts, levels = [t for t, _ in queue], [v for _, v in queue]
-    slope = least_squares_slope(ts, levels)
-    rise_s, rise = longest_monotonic_rise(ts, levels) if queue else (None, None)
+    out.update(queue_fields(ts, levels, (ts[0], ts[-1]) if ts else None))
     both = [(w, r) for s in snapshots
             if (w := s.level("waiting")) is not None and (r := s.level("running")) is not None]
-    out.update({
-        "waiting_p50": percentile(levels, 50),
-        "waiting_nonzero_share": ratio(sum(1 for v in levels if v > 0), len(levels)),
-        "waiting_growth": slope,
-        "waiting_trend_rise": None if slope is None else slope * (ts[-1] - ts[0]),
-        "waiting_monotonic_rise": rise,
-        "waiting_monotonic_rise_s": rise_s,
-        "in_engine_max": max((w + r for w, r in both), default=None),
-    })
+    out["in_engine_max"] = max((w + r for w, r in both), default=None)
     return out
 
 

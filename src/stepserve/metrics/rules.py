@@ -621,14 +621,6 @@ def _stall_budget(budget: int, pace: float, stall: float) -> int:
     return min(power, budget)
 
 
-def _decoders_ride_along(s: RunSummary, cfg: RuleSettings) -> bool:
-    """Decode goes first and no step skipped it: running sequences are never held back
-    by a prefill step, only slowed by the ones they share."""
-    skipped = s.zero_decode_step_share
-    return cfg.budget_order == "decode_first" and (skipped is None
-                                                   or skipped < DECODE_SKIPPED_MAX)
-
-
 @rule((S.step_p99_s, S.itl_p99_s), (S.decode_step_p50_s, S.tpot_p50_s),
       (S.prefill_token_share, S.prompt_tokens))
 def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
@@ -643,7 +635,11 @@ def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None  # prompts are a small share of the work: long steps come from elsewhere
     seen = [f"{stall_name} {stall:.3g} s is {stall / pace:.0f}x the {pace_name} "
             f"({pace:.3g} s; alert over {STALL_RATIO:g}x)"]
-    if _decoders_ride_along(s, cfg) and s.tpot_p50_s:
+    # decode first and no step skipped it: running sequences are never held back by a
+    # prefill step, only slowed by the ones they share
+    ride_along = cfg.budget_order == "decode_first" \
+        and (s.zero_decode_step_share or 0) < DECODE_SKIPPED_MAX
+    if ride_along and s.tpot_p50_s:
         tpot = s.tpot_p50_s
         if stall <= RIDE_ALONG_RATIO * tpot:
             return None  # a bounded step every running sequence rode in: its pace paid

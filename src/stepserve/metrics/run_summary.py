@@ -215,7 +215,6 @@ _NAMES = list(FIELD_KINDS)
 # the fields by what measures them, in declaration (and JSON) order
 REQUEST_FIELDS = tuple(_NAMES[: _NAMES.index("replicas")])
 STEP_FIELDS = tuple(_NAMES[_NAMES.index("replicas"): _NAMES.index("batching")])
-SETTING_FIELDS = tuple(_NAMES[_NAMES.index("batching"): _NAMES.index("window_s")])
 
 
 def field_name(attribute: Any) -> str:

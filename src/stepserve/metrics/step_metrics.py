@@ -68,6 +68,22 @@ def longest_monotonic_rise(ts: Sequence[float], vs: Sequence[float]) -> tuple[fl
     return best_s, best_rise
 
 
+def queue_fields(ts: Sequence[float], vs: Sequence[float],
+                 fit: tuple[float, float] | None) -> dict[str, float | None]:
+    """The waiting_* fields of the queue's levels `vs` at times `ts`, its growth the
+    least-squares slope of the levels inside `fit` (first, last time); none without it."""
+    inside = [(t, v) for t, v in zip(ts, vs, strict=True) if fit and fit[0] <= t <= fit[1]]
+    growth = least_squares_slope([t for t, _ in inside], [v for _, v in inside])
+    rise_s, rise = longest_monotonic_rise(ts, vs) if vs else (None, None)
+    return {"waiting_max": max(vs) if vs else None, "waiting_p50": percentile(vs, 50),
+            "waiting_mean": mean(vs),
+            "waiting_nonzero_share": ratio(sum(1 for v in vs if v > 0), len(vs)),
+            "waiting_growth": growth,
+            "waiting_trend_rise": None if growth is None
+            else growth * (inside[-1][0] - inside[0][0]),
+            "waiting_monotonic_rise_s": rise_s, "waiting_monotonic_rise": rise}
+
+
 def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
                  ) -> RunSummary:
     """The step fields of a summary (see run_summary.py). `offered_window` is
@@ -86,14 +102,6 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
     wt, wv = merged_level(replicas, lambda s: s.num_waiting)
     _, rv = merged_level(replicas, lambda s: s.num_running)
     _, ev = merged_level(replicas, lambda s: s.num_running + s.num_waiting + s.num_swapped)
-    growth = trend_rise = None
-    if offered_window is not None:
-        lo, hi = offered_window
-        inside = [(t, v) for t, v in zip(wt, wv, strict=True) if lo <= t <= hi]
-        growth = least_squares_slope([t for t, _ in inside], [v for _, v in inside])
-        if growth is not None:
-            trend_rise = growth * (inside[-1][0] - inside[0][0])
-    rise_s, rise = longest_monotonic_rise(wt, wv)
 
     return RunSummary.of(
         replicas=len(replicas),
@@ -112,14 +120,7 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
         prefill_token_share=ratio(prefill_tok, prefill_tok + decode_tok),
         prefill_tokens_computed=prefill_tok,
         decode_tokens_computed=decode_tok,
-        waiting_max=max(wv) if wv else None,
-        waiting_p50=percentile(wv, 50),
-        waiting_mean=mean(wv),
-        waiting_nonzero_share=ratio(sum(1 for v in wv if v > 0), len(wv)),
-        waiting_growth=growth,
-        waiting_trend_rise=trend_rise,
-        waiting_monotonic_rise_s=rise_s if wv else None,
-        waiting_monotonic_rise=rise if wv else None,
+        **queue_fields(wt, wv, offered_window),
         running_max=max(rv) if rv else None,
         running_mean=mean(rv),
         in_engine_max=max(ev) if ev else None,
