@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +71,8 @@ def load_runs(path: str) -> list[Run]:
     check_schema(data, path)
     if is_vllm_result(data):
         name = str(data.get("label") or data.get("backend") or Path(path).stem)
-        run = _checked(path, name, vllm_summary(data).to_json(), None, {})
-        return [Run(run.name, run.summary, client_only=True)]
+        return [replace(_checked(path, name, vllm_summary(data).to_json(), None, {}),
+                        client_only=True)]
     if "runs" not in data:
         if not any(k in data for k in _SUMMARY_MARKERS):
             raise UsageError(f"{path}: neither a result file (no \"runs\") nor a summary "

@@ -111,10 +111,8 @@ class ScrapeWindow:
 def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTERVAL_S
                   ) -> ScrapeWindow:
     """Scrapes evenly spread over `window_s`, about every `interval_s`, at least two (the
-    first at once, the last at the window's end). A failed scrape (bounded_scrape.py's
-    limits included) is skipped; the first one is retried once at once (a target that is
-    not there is reported without waiting out the window), and LiveScrapeError comes
-    when fewer than two scrapes worked."""
+    first at once, the last at the window's end); LiveScrapeError when fewer than two
+    worked (failed ones are skipped, the first retried once: see ScrapeWindow)."""
     if window_s <= 0 or interval_s <= 0:
         raise LiveScrapeError(f"window {window_s:g} s, interval {interval_s:g} s: both must "
                               "be positive")

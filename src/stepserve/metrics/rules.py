@@ -968,9 +968,7 @@ def prefix_cache_thrash(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None
     kept = hit / repeated
     kv = f"; KV usage peaked at {pct(s.kv_usage_max)}" if s.kv_usage_max is not None else ""
-    routed = ""
-    if cfg.replicas is not None and cfg.replicas > 1:
-        routed = f" over {cfg.replicas} replicas"
+    routed = f" over {cfg.replicas} replicas" if (cfg.replicas or 0) > 1 else ""
     return Finding(
         "prefix_cache_thrash", "warning",
         f"{pct(repeated)} of the prompt tokens repeat an earlier prompt's prefix, but the "

@@ -1,16 +1,12 @@
-"""RunSummary: one run's numbers as typed fields, whatever measured them.
-
-A simulation or an engine run (summary.py, step_metrics.py) fills the request and step
-fields, and sim/run.py adds the settings the doctor's advice names; a by-class summary has
-the request fields only; a live /metrics window (live_window.py), a bench run (bench/results.py)
-or a file in another tool's shape have some of the fields. Every field is None where its
-source does not measure it or where it is undefined (no completed request, no steps, no
-preemption), so the rules read one type and a rule whose inputs are None cannot run.
+"""RunSummary: one run's numbers as typed fields, whatever measured them (a simulation or
+an engine run, a by-class summary, a live /metrics window, a bench run, another tool's
+file). Every field is None where its source does not measure it or where it is undefined
+(no completed request, no steps, no preemption), so the rules read one type and a rule
+whose inputs are None cannot run.
 
 `reported` names the fields the source reports, in order: `to_json` writes exactly those
-keys (a by-class summary has no step keys, a live one only what a scrape can see), and
-`from_json` reads any of them, dropping keys it does not know and values of the wrong
-kind (a string where a number belongs is no number).
+keys, and `from_json` reads any of them, dropping keys it does not know and values of the
+wrong kind (a string where a number belongs is no number).
 """
 
 from __future__ import annotations

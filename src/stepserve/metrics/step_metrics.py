@@ -1,11 +1,10 @@
-"""Step-level metrics: how full the batch was, how the budget was split, how the queues
-moved. Computed from the StepRecords the scheduler leaves, one per executed step.
+"""Step-level metrics from the StepRecords the scheduler leaves, one per executed step:
+how full the batch was, how the budget was split, how the queues moved.
 
-Steps come either as one list (one engine) or as one list per replica
-(`SimResult.steps`). Queue levels (waiting, running, in the engine) are cluster-wide:
-after every step of any replica, the sum of each replica's latest value. Every other
-step metric pools the records of all replicas.
-"""
+Steps come as one list (one engine) or one list per replica (`SimResult.steps`). Queue
+levels (waiting, running, in the engine) are cluster-wide: after every step of any
+replica, the sum of each replica's latest value. Every other step metric pools the
+records of all replicas."""
 
 from __future__ import annotations
 

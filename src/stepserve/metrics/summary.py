@@ -1,16 +1,9 @@
-"""One run, summarised as a RunSummary (run_summary.py): the numbers that matter for
-serving (latency percentiles, outcomes, preemption, batch and queue levels).
-
-The request fields come from each request's RequestLatencies (request_metrics.py;
-latencies from completed requests only), the step fields from the step records
-(step_metrics.py), and when each alert would first have fired from both
-(alert_times.py). Measure the requests once and hand the latencies to every summary
-that needs them (`summarize_latencies`, `by_class`): `measure_run` does, and gives with
-the summary and the by-class summaries a binned time series of the step records and
-thinned latency samples (TTFT and E2E). Result files store the last two under
-`timeseries` and `latency_samples` so `stepserve report` can draw time series and CDFs
-from a file.
-"""
+"""One run summarised as a RunSummary: the request fields from each request's
+RequestLatencies (latencies from completed requests only), the step fields from the step
+records, and the alert times from both. Measure the requests once and hand them to every
+summary that needs them: `measure_run` does, and adds the by-class summaries, a binned
+time series and thinned latency samples (a result's `timeseries` and `latency_samples`,
+from which `stepserve report` draws)."""
 
 from __future__ import annotations
 
