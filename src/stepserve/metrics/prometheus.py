@@ -3,14 +3,9 @@
 `parse_prometheus` turns the text format into {(name, labels): value}, through
 prometheus_client's own parser (label values with commas, escaped quotes and newlines
 survive). A `Source` names, for one kind of server, the series behind each signal the
-bench and the doctor read:
-
-  levels (gauges, read as they are): waiting, running, kv_usage (0..1);
-  counters (read as increases between two scrapes): preemptions, prompt_tokens,
-      generation_tokens, requests_finished (stop or length), steps, and our own
-      prefill_only_steps, zero_decode_steps, active_sequence_steps, held_slot_steps;
-  histograms (bucket increases between two scrapes): ttft, e2e, tpot (or the inter-token
-      latency where a server has no per-request TPOT), step_time.
+bench and the doctor read (LEVELS: gauges, read as they are; COUNTERS: increases between
+two scrapes, requests_finished counting stop or length only; HISTOGRAMS: bucket increases
+between two scrapes, tpot being the inter-token latency where a server has no TPOT).
 
 A key a server has no series for is simply absent from its maps: readers get None. Values
 of one name are summed over label sets (models, engines, methods); a counter may or may

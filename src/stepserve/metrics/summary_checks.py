@@ -1,11 +1,10 @@
-"""Which values a run's summary (summary.py's keys, or a bench or live summary) and its
-config can hold, so `stepserve doctor` refuses a file with impossible ones instead of
-reasoning from them (a negative preemption count, a share of 1.5, a NaN latency) or
-passing over them in silence (`"ttft_p99_s": "high"`: no rule could read it).
+"""Which values a run's summary and its config can hold, so `stepserve doctor` refuses a
+file with impossible ones instead of reasoning from them (a negative preemption count, a
+share of 1.5, a NaN latency) or passing over them in silence (`"ttft_p99_s": "high"`: no
+rule could read it).
 
-Types: each RunSummary field holds its kind (a number, a string, true or false, an
-object) or null (not measured); so do the config settings the advice names. Keys the
-doctor does not read are not checked.
+Types: each RunSummary field holds its kind or null (not measured); so do the config
+settings the advice names. Keys the doctor does not read are not checked.
 
 Ranges: numbers are classed by their key's name: the queue's fitted slopes may be
 negative; shares and ratios of held slots are in [0, 1]; every other number (counts,
