@@ -14,6 +14,7 @@ import typing
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import Any, Protocol
 
 from stepserve.core.end_reasons import RejectReason, end_reason
@@ -250,25 +251,12 @@ def _first_prefill_share_at(recs: list[StepRecord]) -> float | None:
     return None
 
 
-def _first_low_active_at(held: list[StepRecord]) -> float | None:
-    """When active / slots held had been under its line for SUSTAIN_STEPS steps."""
-    below = 0
-    for s in held:
-        below = below + 1 if s.num_active < ACTIVE_RATIO_MIN * s.slots_held else 0
-        if below == SUSTAIN_STEPS:
-            return step_end(s)
-    return None
-
-
-def _first_low_slot_util_at(held: list[StepRecord]) -> float | None:
-    """When slot utilisation since the start (useful tokens / slots held, so far) had
-    been under its line for SUSTAIN_STEPS steps."""
-    active = slots = below = 0
-    for s in held:
-        active += s.num_active
-        slots += s.slots_held
-        below = below + 1 if active < SLOT_UTILIZATION_MIN * slots else 0
-        if below == SUSTAIN_STEPS:
+def _first_sustained_at(held: list[StepRecord], below: Iterable[bool]) -> float | None:
+    """When `below` (one per step of `held`) had been true for SUSTAIN_STEPS steps."""
+    run = 0
+    for s, low in zip(held, below, strict=True):
+        run = run + 1 if low else 0
+        if run == SUSTAIN_STEPS:
             return step_end(s)
     return None
 
@@ -281,6 +269,9 @@ def alert_times(ms: Sequence[RequestLatencies], steps: Steps) -> RunSummary:
         return RunSummary()
     t0 = min([s.start_s for s in recs] + [m.arrival_time for m in ms])
     held = [s for s in recs if s.slots_held > 0]
+    # slot utilisation since the start: useful tokens / slots held, so far
+    so_far = zip(accumulate(s.num_active for s in held), accumulate(s.slots_held for s in held),
+                 strict=True)
 
     def since(t: float | None) -> float | None:
         return None if t is None else t - t0
@@ -289,8 +280,10 @@ def alert_times(ms: Sequence[RequestLatencies], steps: Steps) -> RunSummary:
         alert_queue_at_s=since(_first_queue_at(replicas)),
         alert_ttft_p99_at_s=since(_first_ttft_p99_at(ms)),
         alert_prefill_share_at_s=since(_first_prefill_share_at(recs)),
-        alert_low_active_at_s=since(_first_low_active_at(held)),
-        alert_low_slot_util_at_s=since(_first_low_slot_util_at(held)))
+        alert_low_active_at_s=since(_first_sustained_at(
+            held, (s.num_active < ACTIVE_RATIO_MIN * s.slots_held for s in held))),
+        alert_low_slot_util_at_s=since(_first_sustained_at(
+            held, (active < SLOT_UTILIZATION_MIN * slots for active, slots in so_far))))
 
 
 def _secs(x: float) -> str:
