@@ -888,9 +888,8 @@ def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
                       f"filled max_num_seqs {cfg.max_num_seqs}, so lowering that changes "
                       "nothing)", "max_num_batched_tokens")
     else:
-        what, knob = (f"lower max_num_seqs{_now(cfg.max_num_seqs)} and max_num_batched_tokens"
-                      f"{budget}",
-                      "max_num_seqs")
+        what = f"lower max_num_seqs{_now(cfg.max_num_seqs)} and max_num_batched_tokens{budget}"
+        knob = "max_num_seqs"
     limit = (f"limit the batch: {what}, and tune it by the SLA, not by throughput: "
              f"`stepserve sweep --vary {knob}=... --slo {slo}` recommends the largest that "
              "meets it")

@@ -100,7 +100,7 @@ class RunSummary:
     in_engine_max: float | None = None  # running + waiting + swapped
     kv_usage_max: float | None = None
     kv_usage_mean: float | None = None
-    # when each alert would first have fired, seconds from the run's start (alert_times.py;
+    # when each alert would first have fired, seconds from the run's start (rules.alert_times;
     # reported as None: measured, never fired; not reported: no series to time it)
     alert_queue_at_s: float | None = None  # waiting queue reached 10
     alert_ttft_p99_at_s: float | None = None  # rolling TTFT P99 over 5 s
