@@ -9,7 +9,7 @@ records of all replicas."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from stepserve.core.output import StepRecord
@@ -148,21 +148,19 @@ class TimeSeries:
     steps: list[float] | None = None
 
     def to_json(self) -> dict[str, list]:
-        return {name: list(v) for name in _SERIES if (v := getattr(self, name)) is not None}
+        return {f.name: list(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TimeSeries:
         """From a result file: `t` is required, a missing series reads as empty (kv_usage
         and steps as absent)."""
-        values = {name: _series(data.get(name), name) for name in _SERIES}
+        values = {f.name: _series(data.get(f.name), f.name) for f in fields(cls)}
         if values["t"] is None:
             raise ValueError("a timeseries without t")
         return cls(**{name: v if v is not None or name in _OPTIONAL else []
                       for name, v in values.items()})
 
 
-_SERIES = ("t", "waiting", "running", "kv_usage", "prefill_tokens", "decode_tokens",
-           "preemptions", "steps")
 _OPTIONAL = ("kv_usage", "steps")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from stepserve.core.request import FinishReason, Request
@@ -190,8 +190,7 @@ class LatencySamples:
     capped: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"ttft_s": list(self.ttft_s), "e2e_s": list(self.e2e_s), "count": self.count,
-                "capped": self.capped}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LatencySamples:
