@@ -11,9 +11,13 @@ import pytest
 from stepserve.config.settings import EngineConfig
 from stepserve.core.output import StepRecord
 from stepserve.core.request import FinishReason
-from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.request_metrics import RequestLatencies
-from stepserve.metrics.rules import chunk_cap_eats_budget, low_active_ratio, queue_growing
+from stepserve.metrics.rules import (
+    alert_times,
+    chunk_cap_eats_budget,
+    low_active_ratio,
+    queue_growing,
+)
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import per_replica
 from stepserve.sim.cost import ConstantCost

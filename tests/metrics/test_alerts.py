@@ -7,9 +7,7 @@ from dataclasses import replace
 import pytest
 
 from stepserve.metrics import rules
-from stepserve.metrics.finding import Finding
-from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import RULES, diagnose, unevaluable
+from stepserve.metrics.rules import RULES, Finding, RuleSettings, diagnose, unevaluable
 from stepserve.metrics.run_summary import RunSummary
 
 HEALTHY = {

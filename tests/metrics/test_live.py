@@ -5,8 +5,7 @@ import pytest
 from metrics.canned_texts import hist, rising_vllm_window, vllm_text, window
 
 from stepserve.metrics.live_window import LIVE_KEYS, live_config, live_summary
-from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import RULES, diagnose, unevaluable
+from stepserve.metrics.rules import RULES, RuleSettings, diagnose, unevaluable
 
 RULE_NAMES = {rule.name for rule in RULES}
 

@@ -7,7 +7,7 @@ from factories import FakeRunner, make_requests, make_scheduler, run_until_done,
 
 from stepserve.config.settings import EngineConfig
 from stepserve.metrics import RunSummary, diagnose, summarize, summarize_by_class, timeseries
-from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import RuleSettings
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import simulate
 from stepserve.workload.spec import RequestSpec

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from stepserve.metrics.prom_sources import SOURCES
 from stepserve.metrics.prometheus import (
+    SOURCES,
     Histogram,
     Snapshot,
     bucket_quantile,

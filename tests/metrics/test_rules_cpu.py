@@ -12,8 +12,7 @@ from stepserve.host.cpu_metrics import cpu_window
 from stepserve.metrics.doctor import DoctorOptions, load_runs, run_doctor
 from stepserve.metrics.live_window import live_summary
 from stepserve.metrics.prometheus import Snapshot, parse_prometheus
-from stepserve.metrics.rules import diagnose, unevaluable
-from stepserve.metrics.rules_cpu import CPU_SHARED, NOT_THE_SCHEDULER, cpu_shared
+from stepserve.metrics.rules import CPU_SHARED, NOT_THE_SCHEDULER, cpu_shared, diagnose, unevaluable
 from stepserve.metrics.run_summary import RunSummary
 
 

@@ -11,8 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from stepserve.metrics.percentiles import ratio
-from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import RIDE_ALONG_RATIO, STALL_RATIO, diagnose
+from stepserve.metrics.rules import RIDE_ALONG_RATIO, STALL_RATIO, RuleSettings, diagnose
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.run import RunResult, run_scenario
 from stepserve.sim.scenarios import get_scenario

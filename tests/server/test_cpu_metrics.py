@@ -17,8 +17,7 @@ from stepserve.host.cpu_share import CpuShareSampler
 from stepserve.host.step_reference import MIN_STEPS
 from stepserve.metrics.live_window import live_summary
 from stepserve.metrics.prometheus import Snapshot, parse_prometheus
-from stepserve.metrics.rules import diagnose
-from stepserve.metrics.rules_cpu import CPU_SHARED
+from stepserve.metrics.rules import CPU_SHARED, diagnose
 
 LINUX = Path("/proc/self/task").exists()
 

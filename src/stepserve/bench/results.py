@@ -53,11 +53,10 @@ from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
 from stepserve.bench.scrape import SCRAPE_KEYS, Snapshot
 from stepserve.bench.slo import GoodputSLO
 from stepserve.config.user_files import write_atomic
-from stepserve.metrics.finding import Finding
 from stepserve.metrics.percentiles import mean, ratio
 from stepserve.metrics.prometheus import counter_delta
 from stepserve.metrics.request_metrics import stream_latencies
-from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import Finding, RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from stepserve.metrics.prom_sources import KNOWN_PREFIXES
-from stepserve.metrics.prometheus import Snapshot, count_samples, parse_prometheus
+from stepserve.metrics.prometheus import KNOWN_PREFIXES, Snapshot, parse_prometheus, sample_lines
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ async def _read_body(resp: httpx.Response, url: str, cap: int) -> bytes:
 
 
 def _parse(url: str, text: str, limits: ScrapeLimits) -> dict:
-    series = count_samples(text)
+    series = len(sample_lines(text))
     if series > limits.max_series:
         raise LiveScrapeError(f"{url} has {series:,} series, more than the "
                               f"{limits.max_series:,} a scrape reads")

@@ -1,16 +1,13 @@
 """`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`'s job: which of the
 alert rules (docs/guide.md's table) fire.
 
-RESULT.json is a result file, `{"runs": [{"name", "batching", "config", "summary"}],
-"findings": [...]}` of any version (the stored findings are ignored: the rules are
-applied afresh), a bare summary dict, or a `vllm bench serve --save-result` file
-(metrics/vllm_summary.py; the report then says which rules need server-side data);
-each summary is read as a RunSummary, whose fields the file lacks are None. `--url` scrapes a live server's /metrics over a window instead
-(metrics/live_window.py) and applies the same rules to what it saw; the JSON then also carries
-that "summary", the server's "config" and the rules "not_evaluable" for lack of data.
-A missing or malformed file, one without runs or with impossible values (a negative
-count, a share over 1, NaN: metrics/summary_checks.py), or a target that cannot be scraped,
-prints `error: ...` (one line) to stderr and returns 2; otherwise 0, whatever fires.
+RESULT.json is a result file of any version (its stored findings are ignored: the rules
+are applied afresh), a bare summary dict, or a `vllm bench serve --save-result` file (the
+report then says which rules need server-side data). `--url` scrapes a live server's
+/metrics over a window instead (live_window.py); the JSON then also carries that
+"summary", the server's "config" and the rules "not_evaluable" for lack of data. A bad
+file (missing, malformed, without runs, or with impossible values: summary_checks.py) or
+a target that cannot be scraped is a UsageError; otherwise 0, whatever fires.
 """
 
 from __future__ import annotations
@@ -18,14 +15,13 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_SECONDS, Range, check_flags
 from stepserve.config.user_files import load_json, preview
-from stepserve.metrics.finding import Finding
 from stepserve.metrics.live_window import (
     INTERVAL_S,
     WINDOW_S,
@@ -37,8 +33,7 @@ from stepserve.metrics.live_window import (
     window_notes,
 )
 from stepserve.metrics.prometheus import Snapshot
-from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import diagnose, findings_for, unevaluable
+from stepserve.metrics.rules import Finding, RuleSettings, diagnose, findings_for, unevaluable
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values, wrong_types
@@ -76,8 +71,8 @@ def load_runs(path: str) -> list[Run]:
     check_schema(data, path)
     if is_vllm_result(data):
         name = str(data.get("label") or data.get("backend") or Path(path).stem)
-        run = _checked(path, name, vllm_summary(data).to_json(), None, {})
-        return [Run(run.name, run.summary, client_only=True)]
+        return [replace(_checked(path, name, vllm_summary(data).to_json(), None, {}),
+                        client_only=True)]
     if "runs" not in data:
         if not any(k in data for k in _SUMMARY_MARKERS):
             raise UsageError(f"{path}: neither a result file (no \"runs\") nor a summary "
@@ -149,15 +144,11 @@ def run_doctor(options: DoctorOptions) -> int:
         print(format_report([(run, diagnose(run.summary, run.rule_settings()))
                              for run in runs]))
         for missing in client_only.values():
-            print(client_only_note(missing))
+            print(f"  a client-side vLLM bench result: {len(missing)} rule(s) cannot run "
+                  f"without server-side data ({', '.join(missing) or 'none'}); run "
+                  "`stepserve doctor --url` or `stepserve bench --target` (it scrapes "
+                  "/metrics) for those")
     return 0
-
-
-def client_only_note(missing: Mapping[str, list[str]]) -> str:
-    """One line: which rules a client-side (vLLM bench) result cannot feed."""
-    return (f"  a client-side vLLM bench result: {len(missing)} rule(s) cannot run without "
-            f"server-side data ({', '.join(missing) or 'none'}); run `stepserve doctor "
-            "--url` or `stepserve bench --target` (it scrapes /metrics) for those")
 
 
 def run_live(options: DoctorOptions, url: str) -> int:

@@ -1,42 +1,24 @@
 """A live server's `/metrics`, scraped over a window and turned into a RunSummary with the
-fields the alert rules read (metrics/rules.py), for `stepserve doctor --url`.
+fields the alert rules read (rules.py), for `stepserve doctor --url`.
 
 Levels (gauges) are read at every scrape; counters and histograms as the increase from
 the first scrape to the last, so every key describes the window only. A scrape that fails
 inside the window (a 503, a half-written answer, or one past bounded_scrape.py's deadline,
 body size or series count) is skipped and reported, not fatal; the first is tried twice,
-and a window needs two scrapes that worked. Which series feed a key depends on the server
-(metrics/prometheus.py names them per source); a key the server has no series for stays
-None, and the rules reading it stay silent.
+and a window needs two scrapes that worked. A key the server has no series for
+(prometheus.py names them per source) stays None, and the rules reading it stay silent.
 
-Summary keys:
-  window_s, scrape_samples, metrics_source (stepserve, vllm, sglang, tgi);
-  waiting_max, waiting_p50, waiting_nonzero_share (share of scrapes with a queue),
-  waiting_growth (least-squares slope of the scraped queue, requests/s),
-  waiting_trend_rise (that slope times the window), waiting_monotonic_rise(_s) (the
-  longest climb without a dip), running_max, in_engine_max (waiting + running),
-  kv_usage_max (0..1): from the level gauges, as bench/scrape.py reads them;
-  preemptions, requests_finished (stop or length), prompt_tokens, generation_tokens:
-  counter increases over the window;
-  ttft_p50_s, ttft_p99_s, e2e_p50_s, e2e_p99_s, tpot_p50_s (the inter-token latency
-  where a server has no per-request TPOT), p99_p50_ttft_ratio, p99_p50_e2e_ratio: from
-  the histograms' bucket increases, interpolated inside a bucket as Prometheus'
-  histogram_quantile does (so only as fine as the buckets); None when no request
-  finished in the window;
-  prefill_token_share: prompt tokens / (prompt + generation tokens) over the window. An
-  approximation of the offline key (prefill / all computed tokens): servers count a
-  request's prompt tokens once (stepserve at its first token, SGLang when it finishes),
-  prefix-cache hits included and recomputation after a preemption left out;
-  mean_step_s, step_p50_s, step_p99_s: engine step time, mean and quantiles
-  (step_duration_seconds on ours, TGI's batch_inference_duration; vLLM and SGLang expose
-  no step time);
-  from our own server only: steps, prefill_step_share and zero_decode_step_share
-  (counter increases / steps), and slot_utilization (increase of active_sequence_steps /
-  increase of held_slot_steps: a ratio of sums, the offline slot_utilization; the
-  per-step ratios behind a summary's active_ratio_p50 / active_ratio_mean are not
-  published, so a live window has neither);
-  cpu_others_cores, cpu_wait_share, cpu_usable, step_time_over_quiet, cpu_source: the
-  server's CPU sharing over the window (host/cpu_metrics.py).
+How the keys (LIVE_KEYS) differ from a simulation's:
+  latency quantiles come from the histograms' bucket increases, interpolated inside a
+  bucket as Prometheus' histogram_quantile does (so only as fine as the buckets), and
+  tpot_p50_s is the inter-token latency where a server has no per-request TPOT;
+  prefill_token_share is prompt / (prompt + generation) tokens: servers count a prompt
+  once (stepserve at its first token, SGLang when it finishes), prefix-cache hits
+  included and recomputation after a preemption left out;
+  step times exist on ours and TGI only (vLLM and SGLang expose none); the step shares
+  and slot_utilization (a ratio of sums, as offline) on ours only: the per-step ratios
+  behind active_ratio_p50 / active_ratio_mean are not published;
+  the cpu fields are the server's CPU sharing over the window (host/cpu_metrics.py).
 """
 
 from __future__ import annotations
@@ -53,11 +35,10 @@ from stepserve.config.urls import check_http_url
 from stepserve.host.cpu_metrics import cpu_window
 from stepserve.host.cpu_share import CPU_KEYS
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
-from stepserve.metrics.percentiles import least_squares_slope, percentile, ratio
-from stepserve.metrics.prom_sources import LEVELS
-from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
+from stepserve.metrics.percentiles import ratio
+from stepserve.metrics.prometheus import LEVELS, Snapshot, counter_delta, histogram_delta
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.metrics.step_metrics import longest_monotonic_rise
+from stepserve.metrics.step_metrics import queue_fields
 
 WINDOW_S = 10.0
 INTERVAL_S = 1.0
@@ -130,10 +111,8 @@ class ScrapeWindow:
 def scrape_window(url: str, window_s: float = WINDOW_S, interval_s: float = INTERVAL_S
                   ) -> ScrapeWindow:
     """Scrapes evenly spread over `window_s`, about every `interval_s`, at least two (the
-    first at once, the last at the window's end). A failed scrape (bounded_scrape.py's
-    limits included) is skipped; the first one is retried once at once (a target that is
-    not there is reported without waiting out the window), and LiveScrapeError comes
-    when fewer than two scrapes worked."""
+    first at once, the last at the window's end); LiveScrapeError when fewer than two
+    worked (failed ones are skipped, the first retried once: see ScrapeWindow)."""
     if window_s <= 0 or interval_s <= 0:
         raise LiveScrapeError(f"window {window_s:g} s, interval {interval_s:g} s: both must "
                               "be positive")
@@ -171,75 +150,57 @@ def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
         out[f"{key}_max"] = max(vals) if vals else None
     queue = [(s.t_s, v) for s in snapshots if (v := s.level("waiting")) is not None]
     ts, levels = [t for t, _ in queue], [v for _, v in queue]
-    slope = least_squares_slope(ts, levels)
-    rise_s, rise = longest_monotonic_rise(ts, levels) if queue else (None, None)
+    out.update(queue_fields(ts, levels, (ts[0], ts[-1]) if ts else None))
     both = [(w, r) for s in snapshots
             if (w := s.level("waiting")) is not None and (r := s.level("running")) is not None]
-    out.update({
-        "waiting_p50": percentile(levels, 50),
-        "waiting_nonzero_share": ratio(sum(1 for v in levels if v > 0), len(levels)),
-        "waiting_growth": slope,
-        "waiting_trend_rise": None if slope is None else slope * (ts[-1] - ts[0]),
-        "waiting_monotonic_rise": rise,
-        "waiting_monotonic_rise_s": rise_s,
-        "in_engine_max": max((w + r for w, r in both), default=None),
-    })
+    out["in_engine_max"] = max((w + r for w, r in both), default=None)
     return out
 
 
 def live_summary(snapshots: Sequence[Snapshot]) -> RunSummary:
     """The LIVE_KEYS fields from scrapes in time order (first and last bound the window)."""
-    out = _live_values(snapshots)
+    out: dict[str, Any] = dict.fromkeys(LIVE_KEYS)
+    out["scrape_samples"] = len(snapshots)
+    if len(snapshots) >= 2 and (source := snapshots[0].source()) is not None:
+        out.update(_window_values(source.name, snapshots[0], snapshots[-1]))
+        out.update(level_summary(snapshots))
     return RunSummary.of(**{key: out[key] for key in LIVE_KEYS})
 
 
-def _live_values(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
-    out: dict[str, Any] = dict.fromkeys(LIVE_KEYS)
-    out["scrape_samples"] = len(snapshots)
-    if len(snapshots) < 2 or snapshots[0].source() is None:
-        return out
-    first, last = snapshots[0], snapshots[-1]
-    out["metrics_source"] = first.source().name  # type: ignore[union-attr]
-    out["window_s"] = last.t_s - first.t_s
-    out.update(level_summary(snapshots))
+def _window_values(source: str, first: Snapshot, last: Snapshot) -> dict[str, Any]:
+    """The counter and histogram keys: increases from `first` to `last`."""
 
     def delta(key: str) -> float | None:
         return counter_delta(first, last, key)
 
+    hist = {key: histogram_delta(first, last, key)
+            for key in ("ttft", "e2e", "tpot", "step_time")}
+
+    def quantile(key: str, q: float) -> float | None:
+        h = hist[key]
+        return None if h is None else h.quantile(q)
+
     prompt, generation = delta("prompt_tokens"), delta("generation_tokens")
-    out.update(preemptions=delta("preemptions"), prompt_tokens=prompt,
-               generation_tokens=generation)
-    if prompt is not None and generation is not None:
-        out["prefill_token_share"] = ratio(prompt, prompt + generation)
-    out.update(_latency(first, last))
     finished = delta("requests_finished")
-    if finished is None and (e2e := histogram_delta(first, last, "e2e")) is not None:
-        finished = e2e.count
-    out["requests_finished"] = finished
-    step_time = histogram_delta(first, last, "step_time")
-    out["mean_step_s"] = step_time.mean if step_time is not None else None
-    out["step_p50_s"] = step_time.quantile(0.5) if step_time is not None else None
-    out["step_p99_s"] = step_time.quantile(0.99) if step_time is not None else None
+    if finished is None and hist["e2e"] is not None:
+        finished = hist["e2e"].count
     steps = delta("steps")
-    out["steps"] = steps
-    out["prefill_step_share"] = ratio(delta("prefill_only_steps"), steps)
-    out["zero_decode_step_share"] = ratio(delta("zero_decode_steps"), steps)
-    active = ratio(delta("active_sequence_steps"), delta("held_slot_steps"))
-    out["slot_utilization"] = active
-    out.update(cpu_window(first, last))
-    return out
-
-
-def _latency(first: Snapshot, last: Snapshot) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
+    out = {"metrics_source": source, "window_s": last.t_s - first.t_s,
+           "preemptions": delta("preemptions"), "requests_finished": finished,
+           "prompt_tokens": prompt, "generation_tokens": generation,
+           "prefill_token_share": None if prompt is None or generation is None
+           else ratio(prompt, prompt + generation),
+           "tpot_p50_s": quantile("tpot", 0.5),
+           "mean_step_s": None if hist["step_time"] is None else hist["step_time"].mean,
+           "step_p50_s": quantile("step_time", 0.5), "step_p99_s": quantile("step_time", 0.99),
+           "steps": steps, "prefill_step_share": ratio(delta("prefill_only_steps"), steps),
+           "zero_decode_step_share": ratio(delta("zero_decode_steps"), steps),
+           "slot_utilization": ratio(delta("active_sequence_steps"), delta("held_slot_steps")),
+           **cpu_window(first, last)}
     for key in ("ttft", "e2e"):
-        h = histogram_delta(first, last, key)
-        p50 = h.quantile(0.5) if h is not None else None
-        p99 = h.quantile(0.99) if h is not None else None
-        out[f"{key}_p50_s"], out[f"{key}_p99_s"] = p50, p99
-        out[f"p99_p50_{key}_ratio"] = p99 / p50 if p50 and p99 is not None else None
-    tpot = histogram_delta(first, last, "tpot")
-    out["tpot_p50_s"] = tpot.quantile(0.5) if tpot is not None else None
+        p50, p99 = quantile(key, 0.5), quantile(key, 0.99)
+        out.update({f"{key}_p50_s": p50, f"{key}_p99_s": p99,
+                    f"p99_p50_{key}_ratio": p99 / p50 if p50 and p99 is not None else None})
     return out
 
 

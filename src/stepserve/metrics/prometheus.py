@@ -2,35 +2,127 @@
 
 `parse_prometheus` turns the text format into {(name, labels): value}, through
 prometheus_client's own parser (label values with commas, escaped quotes and newlines
-survive). A `Source` names,
-for one kind of server, the series behind each signal the bench and the doctor read:
-
-  levels (gauges, read as they are): waiting, running, kv_usage (0..1);
-  counters (read as increases between two scrapes): preemptions, prompt_tokens,
-      generation_tokens, requests_finished (stop or length), steps, and our own
-      prefill_only_steps, zero_decode_steps, active_sequence_steps, held_slot_steps;
-  histograms (bucket increases between two scrapes): ttft, e2e, tpot (or the inter-token
-      latency where a server has no per-request TPOT), step_time.
+survive). A `Source` names, for one kind of server, the series behind each signal the
+bench and the doctor read (LEVELS: gauges, read as they are; COUNTERS: increases between
+two scrapes, requests_finished counting stop or length only; HISTOGRAMS: bucket increases
+between two scrapes, tpot being the inter-token latency where a server has no TPOT).
 
 A key a server has no series for is simply absent from its maps: readers get None. Values
 of one name are summed over label sets (models, engines, methods); a counter may or may
 not carry the `_total` suffix (prometheus_client adds it, the TGI router does not); of
 several names for one key, the first one present wins (so an old server still reads).
 
-The sources and their names live in prom_sources.py.
+Where the names come from (each source's table below lists its own):
+  stepserve: src/stepserve/server/metrics.py (vLLM's names under `stepserve:`).
+  vLLM: vllm/v1/metrics/loggers.py and docs/design/metrics.md in vllm-project/vllm.
+      gpu_cache_usage_perc is kv_cache_usage_perc before 0.9 (kept as an alias); older
+      versions have only time_per_output_token_seconds, later split into
+      inter_token_latency_seconds; iteration_tokens_total is a histogram observed once
+      per engine step, so its _count counts steps.
+  SGLang: python/sglang/srt/metrics/collector.py and docs/references/production_metrics.md
+      in sgl-project/sglang. Retractions are its preemption; the prompt, generation and
+      request counters count when a request finishes.
+  TGI: docs/source/reference/metrics.md in huggingface/text-generation-inference (router
+      metrics). Token counts are histograms of tokens per request (their _sum counts the
+      tokens); batch_inference_* count forward passes, by method (prefill/decode). TGI
+      has no TTFT histogram, no KV usage and no preemption counter.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from stepserve.core.end_reasons import COMPLETED_REASONS
-from stepserve.metrics.prom_sources import SOURCES, Source
+
+LEVELS = ("waiting", "running", "kv_usage")
+COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished", "steps",
+            "prefill_only_steps", "zero_decode_steps", "active_sequence_steps",
+            "held_slot_steps")
+HISTOGRAMS = ("ttft", "e2e", "tpot", "step_time")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind of server: its name prefix and, per signal, the names to try in order
+    (without the prefix)."""
+
+    name: str
+    prefix: str
+    levels: Mapping[str, tuple[str, ...]]
+    counters: Mapping[str, tuple[str, ...]]
+    histograms: Mapping[str, tuple[str, ...]]
+    config_info: str | None = None  # an info gauge whose labels are scheduler settings
+
+    def __post_init__(self) -> None:
+        for kind, keys, known in (("levels", self.levels, LEVELS),
+                                  ("counters", self.counters, COUNTERS),
+                                  ("histograms", self.histograms, HISTOGRAMS)):
+            unknown = set(keys) - set(known)
+            if unknown:
+                raise ValueError(f"Source {self.name}: unknown {kind} {sorted(unknown)}")
+
+
+STEPSERVE = Source(
+    "stepserve", "stepserve:",
+    levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
+            "kv_usage": ("kv_cache_usage_perc",)},
+    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
+              "generation_tokens": ("generation_tokens",),
+              "requests_finished": ("request_success",), "steps": ("steps",),
+              "prefill_only_steps": ("prefill_only_steps",),
+              "zero_decode_steps": ("zero_decode_steps",),
+              "active_sequence_steps": ("active_sequence_steps",),
+              "held_slot_steps": ("held_slot_steps",)},
+    histograms={"ttft": ("time_to_first_token_seconds",),
+                "e2e": ("e2e_request_latency_seconds",),
+                "tpot": ("request_time_per_output_token_seconds",),
+                "step_time": ("step_duration_seconds",)},
+    config_info="scheduler_config_info")
+
+VLLM = Source(
+    "vllm", "vllm:",
+    levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
+            "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc")},
+    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
+              "generation_tokens": ("generation_tokens",),
+              "requests_finished": ("request_success",),
+              "steps": ("iteration_tokens_total_count",)},
+    histograms={"ttft": ("time_to_first_token_seconds",),
+                "e2e": ("e2e_request_latency_seconds",),
+                "tpot": ("request_time_per_output_token_seconds",
+                         "time_per_output_token_seconds", "inter_token_latency_seconds")})
+
+SGLANG = Source(
+    "sglang", "sglang:",
+    levels={"waiting": ("num_queue_reqs",), "running": ("num_running_reqs",),
+            "kv_usage": ("token_usage",)},
+    counters={"preemptions": ("num_retracted_requests",), "prompt_tokens": ("prompt_tokens",),
+              "generation_tokens": ("generation_tokens",),
+              "requests_finished": ("num_requests",)},
+    histograms={"ttft": ("time_to_first_token_seconds",),
+                "e2e": ("e2e_request_latency_seconds",),
+                "tpot": ("inter_token_latency_seconds", "time_per_output_token_seconds")})
+
+TGI = Source(
+    "tgi", "tgi_",
+    levels={"waiting": ("queue_size",), "running": ("batch_current_size",)},
+    counters={"prompt_tokens": ("request_input_length_sum",),
+              "generation_tokens": ("request_generated_tokens_sum",),
+              "requests_finished": ("request_success",),
+              "steps": ("batch_inference_success",)},
+    histograms={"e2e": ("request_duration",),
+                "tpot": ("request_mean_time_per_token_duration",),
+                "step_time": ("batch_inference_duration",)})
+
+SOURCES: tuple[Source, ...] = (STEPSERVE, VLLM, SGLANG, TGI)
+KNOWN_PREFIXES = ", ".join(s.prefix for s in SOURCES)
+
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -45,19 +137,18 @@ def parse_prometheus(text: str) -> Samples:
     except (ValueError, IndexError):
         pass
     out: Samples = {}
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            try:
-                out.update(_samples(line + "\n"))
-            except (ValueError, IndexError):
-                continue
+    for line in sample_lines(text):
+        try:
+            out.update(_samples(line + "\n"))
+        except (ValueError, IndexError):
+            continue
     return out
 
 
-def count_samples(text: str) -> int:
-    """How many sample lines (series) `text` holds: lines neither blank nor comments."""
-    return sum(1 for line in text.split("\n")
-               if line.strip() and not line.lstrip().startswith("#"))
+def sample_lines(text: str) -> list[str]:
+    """The sample lines (series) of `text`: lines neither blank nor comments."""
+    return [line for line in text.split("\n")
+            if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _samples(text: str) -> Samples:
@@ -145,13 +236,20 @@ class Snapshot:
 
     t_s: float
     samples: Samples
-    _source: Source | None = field(default=None, init=False, repr=False, compare=False)
-    _looked: bool = field(default=False, init=False, repr=False, compare=False)
 
     def source(self) -> Source | None:
-        if not self._looked:
-            self._source, self._looked = detect_source(self.samples), True
         return self._source
+
+    @cached_property
+    def _source(self) -> Source | None:
+        return detect_source(self.samples)
+
+    def _names(self, kind: str, key: str) -> list[str]:
+        """The series names to try for `key` of `kind` (levels, counters, histograms), in
+        order; none without a known source."""
+        src = self.source()
+        return [] if src is None else [src.prefix + base
+                                       for base in getattr(src, kind).get(key, ())]
 
     def _sum(self, name: str, keep: Callable[[frozenset], bool] | None = None
              ) -> float | None:
@@ -162,33 +260,19 @@ class Snapshot:
     def level(self, key: str) -> float | None:
         """waiting, running or kv_usage (0..1) now, summed over label sets; None where the
         source has no such series."""
-        src = self.source()
-        if src is None:
-            return None
-        for base in src.levels.get(key, ()):
-            if (v := self._sum(src.prefix + base)) is not None:
-                return v
-        return None
+        return next((v for name in self._names("levels", key)
+                     if (v := self._sum(name)) is not None), None)
 
     def counter(self, key: str) -> float | None:
         """A counter's value (one of COUNTERS), with or without `_total`."""
-        src = self.source()
-        if src is None:
-            return None
         keep = _completed if key == "requests_finished" else None
-        for base in src.counters.get(key, ()):
-            for name in (src.prefix + base, src.prefix + base + "_total"):
-                if (v := self._sum(name, keep)) is not None:
-                    return v
-        return None
+        return next((v for name in self._names("counters", key)
+                     for n in (name, name + "_total") if (v := self._sum(n, keep)) is not None),
+                    None)
 
     def histogram(self, key: str) -> Histogram | None:
         """A histogram (one of HISTOGRAMS), buckets summed over label sets."""
-        src = self.source()
-        if src is None:
-            return None
-        for base in src.histograms.get(key, ()):
-            name = src.prefix + base
+        for name in self._names("histograms", key):
             per_le: dict[float, float] = {}
             for (n, ls), v in self.samples.items():
                 if n == name + "_bucket" and (bound := _bound(dict(ls).get("le"))) is not None:

@@ -83,16 +83,15 @@ def request_metrics(req: Request, repeated_tokens: int | None = None) -> Request
     n_out = len(req.output_token_ids)
     ttft, e2e, tpot = stream_latencies(arrival, times, req.finish_time, n_out)
     itl = tuple(b - a for a, b in zip(times, times[1:], strict=False))
-    queue = None
-    if req.first_scheduled_time is not None:
-        queue = req.first_scheduled_time - arrival
+    first = req.first_scheduled_time
+    queue = None if first is None else first - arrival
     return RequestLatencies(
         request_id=req.request_id, request_class=req.request_class or UNCLASSIFIED,
         arrival_time=arrival,
         finish_reason=req.finish_reason,
         reject_reason=req.reject_reason.value if req.reject_reason is not None else None,
         num_prompt_tokens=req.num_prompt_tokens,
-        num_output_tokens=n_out, scheduled=req.first_scheduled_time is not None,
+        num_output_tokens=n_out, scheduled=first is not None,
         ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, queue_time_s=queue, itl_s=itl,
         num_preemptions=req.num_preemptions, num_swapped_out_blocks=req.num_swapped_out_blocks,
         num_recomputed_tokens=req.num_recomputed_tokens,

@@ -1,37 +1,317 @@
-"""The alert rules, each a small check over a RunSummary that declares the fields it
-needs (rule.py) and reads them as attributes. Each returns one Finding or None; the
-settings only sharpen the advice, e.g. name the chunk cap actually set. `RULES` holds
-every one in listing order (the host's rule, rules_cpu.py, stands apart: diagnose puts it
-first). Applying them to runs: `diagnose` one summary, say which rules a summary cannot
-feed (`unevaluable`), and the findings of every run of a result (`findings_for`).
+"""The alert rules (`stepserve doctor`): each a small check over a RunSummary that declares
+the fields it needs and returns one Finding or None; the settings only sharpen the
+advice, e.g. name the chunk cap actually set. `diagnose` applies them to one summary.
 
 Thresholds come from the incidents' post-mortems (night-report, mixed-pool, promo-spike:
 docs/guide.md tells each story) and the tail-latency table; where a rule's early signal
-leads a later alert, the lead is measured on the run's own series (alert_times.py).
+leads a later alert, the lead is measured on the run's own series (`alert_times`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+import math
+import typing
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import accumulate
+from typing import Any, Protocol
 
 from stepserve.core.end_reasons import RejectReason, end_reason
-from stepserve.metrics.alert_times import (
-    ACTIVE_RATIO_MIN,
-    PREFILL_STEP_SHARE_MAX,
-    QUEUE_ALERT,
-    SLOT_UTILIZATION_MIN,
-    STEP_WINDOW,
-    SUSTAIN_STEPS,
-    TTFT_P99_ALERT_S,
-    ZERO_DECODE_STEP_SHARE_MAX,
-    lead,
-)
-from stepserve.metrics.finding import SEVERITIES, Finding
+from stepserve.core.output import StepRecord
 from stepserve.metrics.percentiles import ratio
-from stepserve.metrics.rule import Rule, RuleSettings, S, pct, rule
-from stepserve.metrics.rules_cpu import first_if_cpu_shared
-from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.request_metrics import RequestLatencies
+from stepserve.metrics.run_summary import RunSummary, field_name
+from stepserve.metrics.step_metrics import Steps, merged_level, per_replica, step_end
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule that fired, with the numbers it saw and what to change; `run` names the
+    run it fired on where a result holds several."""
+
+    rule: str
+    severity: str  # critical | warning | info
+    evidence: str  # what was seen, with the numbers
+    action: str  # what to change, naming the setting
+    run: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"Finding.severity = {self.severity!r}: must be one of "
+                             f"{', '.join(SEVERITIES)}")
+
+    def on_run(self, run: str) -> Finding:
+        return replace(self, run=run)
+
+    def to_json(self) -> dict[str, str]:
+        """{"run"?, "rule", "severity", "evidence", "action"}: the published row."""
+        row = {"run": self.run} if self.run is not None else {}
+        return {**row, "rule": self.rule, "severity": self.severity,
+                "evidence": self.evidence, "action": self.action}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        run = data.get("run")
+        return cls(str(data["rule"]), str(data["severity"]), str(data.get("evidence", "")),
+                   str(data.get("action", "")), None if run is None else str(run))
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """The settings the rules' advice names (the chunk cap actually set, max_num_seqs
+    now): from the summary where it carries them (sim/run.py copies them in), else from
+    a run's config (flat, or nested by section like EngineConfig's JSON), else the run's
+    batching mode. None where unknown: the advice then speaks in general terms."""
+
+    batching: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None
+    budget_order: str | None = None
+    replicas: int | None = None
+    max_model_len: int | None = None
+    max_waiting: int | None = None
+    max_queue_time_s: float | None = None
+
+    @classmethod
+    def of(cls, summary: RunSummary, config: Mapping[str, Any] | None = None,
+           batching: str | None = None) -> RuleSettings:
+        def pick(name: str, kind: type) -> Any:
+            # a setting no summary carries (max_model_len) comes from the config only
+            for value in (getattr(summary, name, None), _from_config(config or {}, name)):
+                if value is not None:
+                    return _as(kind, value)
+            return None
+
+        found = cls(**{name: pick(name, kind) for name, kind in SETTING_TYPES.items()})
+        return replace(found, batching=found.batching or batching)
+
+
+# each setting's type: int, float or str
+SETTING_TYPES: dict[str, type] = {name: typing.get_args(hint)[0] for name, hint
+                                  in typing.get_type_hints(RuleSettings).items()}
+
+
+def _from_config(config: Mapping[str, Any], key: str) -> Any:
+    """`key` at the config's top level, else one section deep."""
+    if config.get(key) is not None:
+        return config[key]
+    for section in config.values():
+        if isinstance(section, Mapping) and section.get(key) is not None:
+            return section[key]
+    return None
+
+
+def _as(kind: type, value: Any) -> Any:
+    """A setting of the expected kind, else None (a file may hold anything)."""
+    number = (isinstance(value, int) and not isinstance(value, bool)) \
+        or (isinstance(value, float) and math.isfinite(value))
+    if kind is int:
+        return int(value) if number and (isinstance(value, int) or value.is_integer()) \
+            else None
+    if kind is float:
+        return float(value) if number else None
+    return value if isinstance(value, kind) else None
+
+
+Check = Callable[[RunSummary, RuleSettings], "Finding | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check and the RunSummary fields it needs, in groups: `@rule((S.preemptions,),
+    (S.p99_p50_e2e_ratio, S.p99_p50_ttft_ratio))` needs the preemptions and at least one
+    of the two ratios (a name that is no field fails at import). When every field of a
+    group is None (a live scrape or another tool's file may lack it) the rule cannot run:
+    it stays silent rather than guess, and `missing` says what it lacks."""
+
+    check: Check
+    needs: tuple[tuple[str, ...], ...]  # RunSummary field names; one of each group
+
+    @property
+    def name(self) -> str:
+        return self.check.__name__
+
+    def missing(self, summary: RunSummary) -> list[str]:
+        """The groups of inputs the summary has no value for, as "a or b"."""
+        return [" or ".join(group) for group in self.needs
+                if all(getattr(summary, name) is None for name in group)]
+
+    def __call__(self, summary: RunSummary, settings: RuleSettings | None = None
+                 ) -> Finding | None:
+        if self.missing(summary):
+            return None
+        return self.check(summary, settings or RuleSettings.of(summary))
+
+
+def rule(*needs: tuple[Any, ...]) -> Callable[[Check], Rule]:
+    """Declare a rule and the RunSummary fields it needs (see Rule)."""
+    groups = tuple(tuple(field_name(f) for f in group) for group in needs)
+    return lambda check: Rule(check, groups)
+
+
+S = RunSummary  # a rule's inputs are its fields: @rule((S.preemptions,))
+
+
+def pct(x: float) -> str:
+    """A share as a rule's evidence writes it: 0.1234 -> "12.3%"."""
+    return f"{x:.1%}"
+
+
+def _now(setting: object) -> str:
+    """" (now N)" after a setting's name where it is known."""
+    return "" if setting is None else f" (now {setting})"
+
+
+def _from(setting: object) -> str:
+    """" from N" after "raise/lower a setting" where it is known."""
+    return "" if setting is None else f" from {setting}"
+
+
+# ---- when each alert would first have fired ----
+# The incidents name three early signals and what they ran ahead of: the waiting queue
+# reaching 10 before TTFT P99 passed 5 s (promo-spike), the prefill-only share of steps
+# passing 70% (or zero-decode steps 10%) before the TTFT alert (mixed-pool), active
+# sequences / slots held falling under 30% before slot utilisation showed the waste
+# (night-report). `alert_times` finds the first moment each line was crossed in a run's
+# requests and step records, in seconds from the run's start; `lead` words the gap as
+# this run measured it. An incident's own figure ("about 20 minutes") is only ever quoted
+# as what that incident reported. A time the run measured but never reached is None; a
+# summary without the series does not report the field, and `lead` says so.
+
+QUEUE_ALERT = 10  # promo-spike: "它到 10 时 P99 还是 1.8 s"
+TTFT_P99_ALERT_S = 5.0  # promo-spike: the P99 alert the team had, "P99 超 5 s"
+PREFILL_STEP_SHARE_MAX = 0.70  # mixed-pool: prefill-only steps
+ZERO_DECODE_STEP_SHARE_MAX = 0.10  # mixed-pool: steps that starved decode-ready sequences
+ACTIVE_RATIO_MIN = 0.30  # night-report: active sequences / concurrency
+SLOT_UTILIZATION_MIN = 0.50  # below it continuous batching is worth >= 2x
+# A rolling P99 over the first tokens of the last minute, as a dashboard's 1-minute
+# window would show it: "over 5 s" once more than 1% of them came later than 5 s.
+TTFT_WINDOW_S = 60.0
+TTFT_TAIL_SHARE = 0.01
+# A share of steps is taken over the last 100 steps: over fewer, a run's start-up (every
+# step a first prefill) reads as a level.
+STEP_WINDOW = 100
+# The active ratio and slot utilisation must stay under their lines this many steps in a
+# row (an alert's `for:` clause): a step between batch members, or a first prompt's
+# chunks, is no level.
+SUSTAIN_STEPS = 10
+# what each alert time's line is, as a lead words it: (subject, what it did)
+ALERT_LINES = {
+    "alert_queue_at_s": ("the waiting queue", f"reached {QUEUE_ALERT}"),
+    "alert_ttft_p99_at_s": ("TTFT P99", f"passed {TTFT_P99_ALERT_S:g} s"),
+    "alert_prefill_share_at_s": (f"the last {STEP_WINDOW} steps",
+                                 f"passed {PREFILL_STEP_SHARE_MAX:.0%} prefill-only or "
+                                 f"{ZERO_DECODE_STEP_SHARE_MAX:.0%} zero-decode"),
+    "alert_low_active_at_s": ("the active ratio", f"stayed under {ACTIVE_RATIO_MIN:.0%} "
+                              f"for {SUSTAIN_STEPS} steps"),
+    "alert_low_slot_util_at_s": ("slot utilisation since the start", "stayed under "
+                                 f"{SLOT_UTILIZATION_MIN:.0%} for {SUSTAIN_STEPS} steps"),
+}
+
+
+def _first_queue_at(replicas: list[list[StepRecord]]) -> float | None:
+    ts, vs = merged_level(replicas, lambda s: s.num_waiting)
+    return next((t for t, v in zip(ts, vs, strict=True) if v >= QUEUE_ALERT), None)
+
+
+def _first_ttft_p99_at(ms: Sequence[RequestLatencies]) -> float | None:
+    """When the rolling TTFT P99 first passed TTFT_P99_ALERT_S, observed (as a server's
+    histogram is) when each first token came out."""
+    firsts = sorted((m.arrival_time + m.ttft_s, m.ttft_s) for m in ms if m.ttft_s is not None)
+    window: deque[tuple[float, float]] = deque()
+    late = 0
+    for t, ttft in firsts:
+        window.append((t, ttft))
+        late += ttft > TTFT_P99_ALERT_S
+        while window[0][0] <= t - TTFT_WINDOW_S:
+            late -= window.popleft()[1] > TTFT_P99_ALERT_S
+        if late > TTFT_TAIL_SHARE * len(window):
+            return t
+    return None
+
+
+def _first_prefill_share_at(recs: list[StepRecord]) -> float | None:
+    window: deque[StepRecord] = deque()
+    prefill = zero = 0
+    for s in recs:
+        window.append(s)
+        prefill += s.is_prefill_only
+        zero += s.is_zero_decode
+        if len(window) > STEP_WINDOW:
+            old = window.popleft()
+            prefill -= old.is_prefill_only
+            zero -= old.is_zero_decode
+        if len(window) == STEP_WINDOW and (prefill > PREFILL_STEP_SHARE_MAX * STEP_WINDOW
+                                           or zero > ZERO_DECODE_STEP_SHARE_MAX * STEP_WINDOW):
+            return step_end(s)
+    return None
+
+
+def _first_sustained_at(held: list[StepRecord], below: Iterable[bool]) -> float | None:
+    """When `below` (one per step of `held`) had been true for SUSTAIN_STEPS steps."""
+    run = 0
+    for s, low in zip(held, below, strict=True):
+        run = run + 1 if low else 0
+        if run == SUSTAIN_STEPS:
+            return step_end(s)
+    return None
+
+
+def alert_times(ms: Sequence[RequestLatencies], steps: Steps) -> RunSummary:
+    """The alert_*_at_s fields of a run with step records (nothing without them)."""
+    replicas = per_replica(steps)
+    recs = sorted((s for r in replicas for s in r), key=step_end)
+    if not recs:
+        return RunSummary()
+    t0 = min([s.start_s for s in recs] + [m.arrival_time for m in ms])
+    held = [s for s in recs if s.slots_held > 0]
+    # slot utilisation since the start: useful tokens / slots held, so far
+    so_far = zip(accumulate(s.num_active for s in held), accumulate(s.slots_held for s in held),
+                 strict=True)
+
+    def since(t: float | None) -> float | None:
+        return None if t is None else t - t0
+
+    return RunSummary.of(
+        alert_queue_at_s=since(_first_queue_at(replicas)),
+        alert_ttft_p99_at_s=since(_first_ttft_p99_at(ms)),
+        alert_prefill_share_at_s=since(_first_prefill_share_at(recs)),
+        alert_low_active_at_s=since(_first_sustained_at(
+            held, (s.num_active < ACTIVE_RATIO_MIN * s.slots_held for s in held))),
+        alert_low_slot_util_at_s=since(_first_sustained_at(
+            held, (active < SLOT_UTILIZATION_MIN * slots for active, slots in so_far))))
+
+
+def _secs(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def lead(s: RunSummary, early: object, late: object, reported: str) -> str:
+    """How far the early signal ran ahead of the late alert in this run, e.g. "in this
+    run the waiting queue reached 10 at t=81 s, 143 s before TTFT P99 passed 5 s", then
+    what the incident reported, labelled as such. `early` and `late` are alert time
+    fields (S.NAME), worded by ALERT_LINES."""
+    e_name, l_name = field_name(early), field_name(late)
+    (e_who, e_did), (l_who, l_did) = ALERT_LINES[e_name], ALERT_LINES[l_name]
+    if e_name not in s.reported or l_name not in s.reported:
+        return f"this summary has no time series to measure the lead ({reported})"
+    e, la = getattr(s, e_name), getattr(s, l_name)
+    if e is None:
+        seen = f"in this run {e_who} never {e_did}"
+    elif la is None:
+        seen = f"in this run {e_who} {e_did} at t={_secs(e)} s; {l_who} never {l_did}"
+    elif e <= la:
+        seen = (f"in this run {e_who} {e_did} at t={_secs(e)} s, {_secs(la - e)} s before "
+                f"{l_who} {l_did}")
+    else:
+        seen = (f"in this run {l_who} {l_did} at t={_secs(la)} s, before {e_who} {e_did} "
+                f"(t={_secs(e)} s): no lead")
+    return f"{seen} ({reported})"
+
 
 # ---- the incidents' queue, capacity, preemption and chunk-cap rules ----
 
@@ -42,7 +322,6 @@ WAITING_MOST_OF_RUN = 0.50  # a queue in more than half the samples
 TTFT_TAIL_RATIO = 5.0  # "mean TTFT normal, P99 high"
 TPOT_NORMAL_STEPS = 1.5  # TPOT P50 within this many mean steps is "normal"
 PREFILL_TOKEN_SHARE_MIN = 0.5  # prefill fills the steps: most computed tokens are prefill
-_TTFT_LATE = ("TTFT P99", f"passed {TTFT_P99_ALERT_S:g} s")
 
 
 @rule((S.prefill_step_share, S.zero_decode_step_share))
@@ -70,11 +349,8 @@ def chunk_cap_eats_budget(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     else:
         named = "the chunk cap (long_prefill_token_threshold) leaves decode no budget"
         example = "e.g. 2048 of 8192"
-    order_note = " (now prefill_first)" if cfg.budget_order == "prefill_first" else ""
-    measured = lead(s, S.alert_prefill_share_at_s,
-                    (f"the last {STEP_WINDOW} steps", f"passed {PREFILL_STEP_SHARE_MAX:.0%} "
-                     f"prefill-only or {ZERO_DECODE_STEP_SHARE_MAX:.0%} zero-decode"),
-                    S.alert_ttft_p99_at_s, _TTFT_LATE,
+    order_note = _now("prefill_first") if cfg.budget_order == "prefill_first" else ""
+    measured = lead(s, S.alert_prefill_share_at_s, S.alert_ttft_p99_at_s,
                     "the mixed-pool incident reported this alert about 40 minutes ahead of "
                     "its TTFT alert")
     return Finding(
@@ -93,15 +369,13 @@ def capacity(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     if not pre or worst is None or worst <= CAPACITY_TAIL_RATIO:
         return None
     shown = ", ".join(f"{name.upper()} {r:.1f}" for name, r in ratios.items() if r is not None)
-    seqs = cfg.max_num_seqs
-    lower = f"lower max_num_seqs (now {seqs})" if seqs is not None else "lower max_num_seqs"
     return Finding(
         "capacity", "critical",
         f"P99/P50 {shown} (alert over {CAPACITY_TAIL_RATIO:g}) with {int(pre)} preemptions: "
         "a capacity problem",
-        f"add replicas first, then {lower} to what KV holds at the maximum length, not the "
-        "mean (`stepserve plan capacity`), and cap max_waiting so excess load fails fast; "
-        "do not start by tweaking the batch size")
+        f"add replicas first, then lower max_num_seqs{_now(cfg.max_num_seqs)} to what KV "
+        "holds at the maximum length, not the mean (`stepserve plan capacity`), and cap "
+        "max_waiting so excess load fails fast; do not start by tweaking the batch size")
 
 
 @rule((S.preemptions,))
@@ -144,8 +418,7 @@ def queue_growing(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     large = trend >= 1 and peak >= max(QUEUE_ALERT, running)
     if not (sustained or large):
         return None
-    measured = lead(s, S.alert_queue_at_s, ("the waiting queue", f"reached {QUEUE_ALERT}"),
-                    S.alert_ttft_p99_at_s, _TTFT_LATE,
+    measured = lead(s, S.alert_queue_at_s, S.alert_ttft_p99_at_s,
                     "the promo-spike incident reported its queue about 20 minutes ahead of "
                     "its P99 alert")
     return Finding(
@@ -264,12 +537,7 @@ def low_active_ratio(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     r, seen = _active_ratio(s)
     if r is None or r >= ACTIVE_RATIO_MIN:
         return None
-    measured = lead(s, S.alert_low_active_at_s,
-                    ("the active ratio", f"stayed under {ACTIVE_RATIO_MIN:.0%} for "
-                     f"{SUSTAIN_STEPS} steps"),
-                    S.alert_low_slot_util_at_s,
-                    ("slot utilisation since the start", f"stayed under "
-                     f"{SLOT_UTILIZATION_MIN:.0%} for {SUSTAIN_STEPS} steps"),
+    measured = lead(s, S.alert_low_active_at_s, S.alert_low_slot_util_at_s,
                     "the night-report incident reported that alerting on it would have "
                     "caught the waste about a week earlier")
     return Finding(
@@ -346,14 +614,6 @@ def _stall_budget(budget: int, pace: float, stall: float) -> int:
     return min(power, budget)
 
 
-def _decoders_ride_along(s: RunSummary, cfg: RuleSettings) -> bool:
-    """Decode goes first and no step skipped it: running sequences are never held back
-    by a prefill step, only slowed by the ones they share."""
-    skipped = s.zero_decode_step_share
-    return cfg.budget_order == "decode_first" and (skipped is None
-                                                   or skipped < DECODE_SKIPPED_MAX)
-
-
 @rule((S.step_p99_s, S.itl_p99_s), (S.decode_step_p50_s, S.tpot_p50_s),
       (S.prefill_token_share, S.prompt_tokens))
 def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
@@ -368,7 +628,11 @@ def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None  # prompts are a small share of the work: long steps come from elsewhere
     seen = [f"{stall_name} {stall:.3g} s is {stall / pace:.0f}x the {pace_name} "
             f"({pace:.3g} s; alert over {STALL_RATIO:g}x)"]
-    if _decoders_ride_along(s, cfg) and s.tpot_p50_s:
+    # decode first and no step skipped it: running sequences are never held back by a
+    # prefill step, only slowed by the ones they share
+    ride_along = cfg.budget_order == "decode_first" \
+        and (s.zero_decode_step_share or 0) < DECODE_SKIPPED_MAX
+    if ride_along and s.tpot_p50_s:
         tpot = s.tpot_p50_s
         if stall <= RIDE_ALONG_RATIO * tpot:
             return None  # a bounded step every running sequence rode in: its pace paid
@@ -411,6 +675,8 @@ def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
 
 OUTCOME_WARN_SHARE = 0.01
 OUTCOME_CRITICAL_SHARE = 0.10
+_OUTCOME_LINES = (f" (alert at {OUTCOME_WARN_SHARE:.0%}, critical at "
+                  f"{OUTCOME_CRITICAL_SHARE:.0%})")
 
 # an HTTP bench sees only status codes: a 429 is the server's queue cap (ours, vLLM's
 # and SGLang's answer a full queue so); a 400 whose message names the context length
@@ -457,18 +723,17 @@ def _why_and_fix(reason: str, cfg: RuleSettings) -> tuple[str, str]:
     """(what refused them, what to change) for one reject reason."""
     if reason == RejectReason.TOO_LONG.value:
         limit = f" ({cfg.max_model_len})" if cfg.max_model_len is not None else ""
-        raise_it = f" from {cfg.max_model_len}" if cfg.max_model_len is not None else ""
         return (f"prompt + max_tokens longer than max_model_len{limit}",
-                f"raise max_model_len{raise_it} if KV "
-                "holds it (`stepserve plan capacity`), or route long prompts elsewhere (their "
-                "own pool: `--pools`) and cap request length at the client")
+                f"raise max_model_len{_from(cfg.max_model_len)} if KV holds it (`stepserve plan "
+                "capacity`), or route long prompts elsewhere (their own pool: `--pools`) and "
+                "cap request length at the client")
     if reason == RejectReason.QUEUE_FULL.value:
         cap = f" = {cfg.max_waiting}" if cfg.max_waiting else ""
         if cap and cfg.replicas and cfg.replicas > 1:
             cap += f" per replica (x {cfg.replicas})"
         return (f"by the queue cap max_waiting{cap}",
                 "add replicas (`stepserve plan capacity --peak-concurrency N`), or raise "
-                f"max_waiting{' from ' + str(cfg.max_waiting) if cfg.max_waiting else ''} if "
+                f"max_waiting{_from(cfg.max_waiting or None)} if "
                 "the latency SLO allows the longer queue")
     if reason == RejectReason.EMPTY_PROMPT.value:
         return "for an empty prompt", "fix the client that sends empty prompts"
@@ -493,8 +758,7 @@ def rejections(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     return Finding(
         "rejections", _severity(share),
         f"{pct(share)} of {int(total)} requests were rejected at admission: "
-        f"{'; '.join(seen)} (alert at {OUTCOME_WARN_SHARE:.0%}, critical at "
-        f"{OUTCOME_CRITICAL_SHARE:.0%})",
+        f"{'; '.join(seen)}{_OUTCOME_LINES}",
         "; ".join(fixes))
 
 
@@ -515,8 +779,7 @@ def timeouts(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     raise_it = f" from {limit:g} s" if limit else ""
     return Finding(
         "timeouts", _severity(share),
-        "; ".join(seen) + f" (alert at {OUTCOME_WARN_SHARE:.0%}, critical at "
-        f"{OUTCOME_CRITICAL_SHARE:.0%})",
+        "; ".join(seen) + _OUTCOME_LINES,
         f"{setting} is failing requests fast, as set: the cause is running capacity below "
         "the offered load: add replicas (`stepserve plan capacity --peak-concurrency N`); "
         "where preemption holds requests back, lower max_num_seqs to what KV holds; raise "
@@ -565,15 +828,14 @@ def tpot_tail(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         else " ("
     shown += f", mean {mean:.3g} s)" if mean is not None else ")"
     causes, fixes = [], []
-    seqs = f" from {cfg.max_num_seqs}" if cfg.max_num_seqs is not None else ""
     if s.preemptions:
         causes.append(f"{int(s.preemptions)} preemptions (a preempted stream waits to be "
                       "recomputed or swapped back in)")
     if s.kv_usage_max is not None and s.kv_usage_max >= KV_FULL:
         causes.append(f"KV usage peaked at {pct(s.kv_usage_max)} (memory pressure)")
     if causes:
-        fixes.append(f"lower concurrency (max_num_seqs{seqs}) to what KV holds with headroom "
-                     "(`stepserve plan capacity` keeps 15%)")
+        fixes.append(f"lower concurrency (max_num_seqs{_from(cfg.max_num_seqs)}) to what KV "
+                     "holds with headroom (`stepserve plan capacity` keeps 15%)")
     swing = ratio(s.step_p99_s, s.step_p50_s)
     if swing is not None and swing >= STEP_SWING_RATIO:
         causes.append(f"step time swings: P99 {s.step_p99_s:.3g} s vs P50 "
@@ -620,16 +882,14 @@ def _queued(s: RunSummary) -> str | None:
 
 
 def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
-    budget = f" (now {cfg.max_num_batched_tokens})" \
-        if cfg.max_num_batched_tokens is not None else ""
+    budget = _now(cfg.max_num_batched_tokens)
     if _batch_full(s, cfg) is False:
         what, knob = (f"the step budget: lower max_num_batched_tokens{budget} (running never "
                       f"filled max_num_seqs {cfg.max_num_seqs}, so lowering that changes "
                       "nothing)", "max_num_batched_tokens")
     else:
-        seqs = f" (now {cfg.max_num_seqs})" if cfg.max_num_seqs is not None else ""
-        what, knob = (f"lower max_num_seqs{seqs} and max_num_batched_tokens{budget}",
-                      "max_num_seqs")
+        what = f"lower max_num_seqs{_now(cfg.max_num_seqs)} and max_num_batched_tokens{budget}"
+        knob = "max_num_seqs"
     limit = (f"limit the batch: {what}, and tune it by the SLA, not by throughput: "
              f"`stepserve sweep --vary {knob}=... --slo {slo}` recommends the largest that "
              "meets it")
@@ -700,9 +960,7 @@ def prefix_cache_thrash(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         return None
     kept = hit / repeated
     kv = f"; KV usage peaked at {pct(s.kv_usage_max)}" if s.kv_usage_max is not None else ""
-    routed = ""
-    if cfg.replicas is not None and cfg.replicas > 1:
-        routed = f" over {cfg.replicas} replicas"
+    routed = f" over {cfg.replicas} replicas" if (cfg.replicas or 0) > 1 else ""
     return Finding(
         "prefix_cache_thrash", "warning",
         f"{pct(repeated)} of the prompt tokens repeat an earlier prompt's prefix, but the "
@@ -714,6 +972,64 @@ def prefix_cache_thrash(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         "(router prefix_affinity) so a prefix's requests meet its blocks; use "
         "--scheduling-policy lpm so waiting requests whose prefix is cached run before it "
         "is evicted; and check that prefix caching is on (--enable-prefix-caching)")
+
+
+# ---- the host: a shared CPU ----
+# When other processes compete for the engine's cores, its steps slow down far more than
+# the share of CPU they take explains (on 2 cores one busy loop beside the engine took a
+# batch-1 decode step from 12 ms to a median of 29-36 ms and a P90 of 120-150 ms: each
+# OpenMP thread waits on the run queue for its turn, and the others wait for the
+# slowest). Users then blame the scheduler's settings.
+#
+# Lines: other processes at normal priority used 0.25 cores or more on average (a quarter
+# of a core taken from a 2-core engine already shows in the tail), or the engine's threads
+# waited 10% or more of their time for a core. A window in which the engine ran no step
+# (an idle server) is left alone: sharing an idle CPU costs nothing. The cpu fields come
+# from host/cpu_share.py (a bench run's own process, or a server's /metrics read back).
+# Readings from the bench client's own machine (`cpu_source` "client") are not the
+# engine's, and that machine may hold the server itself, whose CPU would count as the
+# others': the rule does not read them. It is no member of RULES: `diagnose` puts its
+# finding first and tells every latency finding that the settings may not be its cause.
+
+OTHERS_CORES_MIN = 0.25  # other processes' CPU, in cores, averaged over the run
+WAIT_SHARE_MIN = 0.10  # of the engine threads' time, spent waiting for a core
+CPU_SHARED = "cpu_shared"
+# the rules whose findings are about time (latency, queues, steps), which a shared CPU
+# slows whatever the settings
+LATENCY_RULES = frozenset({
+    "capacity", "queue_growing", "running_below_offered", "prefill_stalls_decode",
+    "tail_ttft_from_prefill", "tpot_tail", "throughput_over_experience", "timeouts",
+})
+NOT_THE_SCHEDULER = "the scheduler's settings are not the cause"
+_CPU_CAVEAT = ("; but first: the CPU was shared over this run (cpu_shared), which slows "
+               "every step whatever the settings: fix that before changing them")
+
+
+@rule((S.cpu_others_cores, S.cpu_wait_share))
+def cpu_shared(s: RunSummary, cfg: RuleSettings) -> Finding | None:
+    if s.cpu_source == "client" or s.steps == 0:
+        return None
+    others, wait = s.cpu_others_cores, s.cpu_wait_share
+    crowded = others is not None and others >= OTHERS_CORES_MIN
+    waited = wait is not None and wait >= WAIT_SHARE_MIN
+    if not (crowded or waited):
+        return None
+    seen = []
+    if others is not None:
+        of = f" of {s.cpu_usable:g} cores" if s.cpu_usable else ""
+        seen.append(f"other processes used {others:.2f}{of}")
+    if wait is not None:
+        seen.append(f"the engine's threads waited {wait:.0%} of their time for a core")
+    if s.step_time_over_quiet is not None:
+        seen.append(f"steps took {s.step_time_over_quiet:.1f}x their quiet time")
+    return Finding(
+        CPU_SHARED, "warning",
+        f"the CPU is shared: {'; '.join(seen)} (alert at {OTHERS_CORES_MIN:g} cores or "
+        f"{WAIT_SHARE_MIN:.0%} waiting); every step waits for the other work, so latency "
+        "and throughput say little about the engine's settings",
+        "move the other work off these cores, or pin them apart (taskset); the engine "
+        "already steps on fewer threads while other work keeps whole cores busy, and "
+        f"--threads N fixes the count; {NOT_THE_SCHEDULER}")
 
 
 # Findings are listed most severe first, in this order within a severity.
@@ -741,13 +1057,17 @@ class DiagnosedRun(Protocol):
 
 
 def diagnose(summary: RunSummary, settings: RuleSettings | None = None) -> list[Finding]:
-    """Every rule that fires, most severe first (rule order within a severity); a
-    shared CPU (rules_cpu.py) before them all."""
+    """Every rule that fires, most severe first (rule order within a severity); a shared
+    CPU's finding before them all, whatever the severities, each latency finding's action
+    then saying to fix that first."""
     settings = settings or RuleSettings.of(summary)
     found = [f for rule in RULES if (f := rule(summary, settings)) is not None]
-    found = sorted(found, key=lambda f: SEVERITIES.index(f.severity))
-    # the host's rule: a shared CPU goes first, whatever the severities
-    return first_if_cpu_shared(summary, settings, found)
+    found.sort(key=lambda f: SEVERITIES.index(f.severity))
+    shared = cpu_shared(summary, settings)
+    if shared is None:
+        return found
+    return [shared, *(replace(f, action=f.action + _CPU_CAVEAT) if f.rule in LATENCY_RULES
+                      else f for f in found)]
 
 
 def unevaluable(summary: RunSummary) -> dict[str, list[str]]:

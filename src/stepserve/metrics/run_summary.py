@@ -1,16 +1,12 @@
-"""RunSummary: one run's numbers as typed fields, whatever measured them.
-
-A simulation or an engine run (summary.py, step_metrics.py) fills the request and step
-fields, and sim/run.py adds the settings the doctor's advice names; a by-class summary has
-the request fields only; a live /metrics window (live_window.py), a bench run (bench/results.py)
-or a file in another tool's shape have some of the fields. Every field is None where its
-source does not measure it or where it is undefined (no completed request, no steps, no
-preemption), so the rules read one type and a rule whose inputs are None cannot run.
+"""RunSummary: one run's numbers as typed fields, whatever measured them (a simulation or
+an engine run, a by-class summary, a live /metrics window, a bench run, another tool's
+file). Every field is None where its source does not measure it or where it is undefined
+(no completed request, no steps, no preemption), so the rules read one type and a rule
+whose inputs are None cannot run.
 
 `reported` names the fields the source reports, in order: `to_json` writes exactly those
-keys (a by-class summary has no step keys, a live one only what a scrape can see), and
-`from_json` reads any of them, dropping keys it does not know and values of the wrong
-kind (a string where a number belongs is no number).
+keys, and `from_json` reads any of them, dropping keys it does not know and values of the
+wrong kind (a string where a number belongs is no number).
 """
 
 from __future__ import annotations
@@ -104,7 +100,7 @@ class RunSummary:
     in_engine_max: float | None = None  # running + waiting + swapped
     kv_usage_max: float | None = None
     kv_usage_mean: float | None = None
-    # when each alert would first have fired, seconds from the run's start (alert_times.py;
+    # when each alert would first have fired, seconds from the run's start (rules.alert_times;
     # reported as None: measured, never fired; not reported: no series to time it)
     alert_queue_at_s: float | None = None  # waiting queue reached 10
     alert_ttft_p99_at_s: float | None = None  # rolling TTFT P99 over 5 s
@@ -183,25 +179,22 @@ class RunSummary:
         return getattr(self, name)
 
     def to_json(self) -> dict[str, Any]:
-        return {name: _copy(getattr(self, name)) for name in self.reported}
+        return {name: dict(v) if isinstance(v := getattr(self, name), dict) else v
+                for name in self.reported}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunSummary:
-        values = {k: _checked(FIELD_KINDS[k], v) for k, v in data.items() if k in FIELD_KINDS}
+        values = {k: v if value_kind(v) is FIELD_KINDS[k] else None
+                  for k, v in data.items() if k in FIELD_KINDS}
         return cls(**values, reported=tuple(values))
 
 
-def _copy(value: Any) -> Any:
-    return dict(value) if isinstance(value, dict) else value
-
-
-def _checked(kind: type, value: Any) -> Any:
-    """`value` if it is of the field's kind, else None (a bool is no number)."""
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    return value if ok else None
+def value_kind(value: Any) -> type:
+    """A JSON value's kind as FIELD_KINDS names kinds: float for any number (a bool is
+    none), bool, str, dict, or the value's own type (list, NoneType)."""
+    if isinstance(value, bool):
+        return bool
+    return float if isinstance(value, (int, float)) else type(value)
 
 
 def _kind(hint: Any) -> type:
@@ -218,7 +211,6 @@ _NAMES = list(FIELD_KINDS)
 # the fields by what measures them, in declaration (and JSON) order
 REQUEST_FIELDS = tuple(_NAMES[: _NAMES.index("replicas")])
 STEP_FIELDS = tuple(_NAMES[_NAMES.index("replicas"): _NAMES.index("batching")])
-SETTING_FIELDS = tuple(_NAMES[_NAMES.index("batching"): _NAMES.index("window_s")])
 
 
 def field_name(attribute: Any) -> str:

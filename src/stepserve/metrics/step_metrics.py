@@ -1,16 +1,15 @@
-"""Step-level metrics: how full the batch was, how the budget was split, how the queues
-moved. Computed from the StepRecords the scheduler leaves, one per executed step.
+"""Step-level metrics from the StepRecords the scheduler leaves, one per executed step:
+how full the batch was, how the budget was split, how the queues moved.
 
-Steps come either as one list (one engine) or as one list per replica
-(`SimResult.steps`). Queue levels (waiting, running, in the engine) are cluster-wide:
-after every step of any replica, the sum of each replica's latest value. Every other
-step metric pools the records of all replicas.
-"""
+Steps come as one list (one engine) or one list per replica (`SimResult.steps`). Queue
+levels (waiting, running, in the engine) are cluster-wide: after every step of any
+replica, the sum of each replica's latest value. Every other step metric pools the
+records of all replicas."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from stepserve.core.output import StepRecord
@@ -29,7 +28,7 @@ def per_replica(steps: Steps) -> list[list[StepRecord]]:
     return [list(s) for s in steps]  # type: ignore[arg-type]
 
 
-def _end(s: StepRecord) -> float:
+def step_end(s: StepRecord) -> float:
     return s.start_s + s.duration_s
 
 
@@ -37,7 +36,7 @@ def merged_level(replicas: list[list[StepRecord]],
                  level: Callable[[StepRecord], float]) -> tuple[list[float], list[float]]:
     """(times, totals): after each step of any replica, the sum over replicas of each
     one's latest `level`. One replica: simply the level after each of its steps."""
-    events = sorted((_end(s), r, level(s)) for r, recs in enumerate(replicas) for s in recs)
+    events = sorted((step_end(s), r, level(s)) for r, recs in enumerate(replicas) for s in recs)
     latest: list[float] = [0] * len(replicas)  # ints stay ints in the JSON
     total: float = 0
     ts: list[float] = []
@@ -68,16 +67,20 @@ def longest_monotonic_rise(ts: Sequence[float], vs: Sequence[float]) -> tuple[fl
     return best_s, best_rise
 
 
-def _waiting(s: StepRecord) -> float:
-    return s.num_waiting
-
-
-def _running(s: StepRecord) -> float:
-    return s.num_running
-
-
-def _in_engine(s: StepRecord) -> float:
-    return s.num_running + s.num_waiting + s.num_swapped
+def queue_fields(ts: Sequence[float], vs: Sequence[float],
+                 fit: tuple[float, float] | None) -> dict[str, float | None]:
+    """The waiting_* fields of the queue's levels `vs` at times `ts`, its growth the
+    least-squares slope of the levels inside `fit` (first, last time); none without it."""
+    inside = [(t, v) for t, v in zip(ts, vs, strict=True) if fit and fit[0] <= t <= fit[1]]
+    growth = least_squares_slope([t for t, _ in inside], [v for _, v in inside])
+    rise_s, rise = longest_monotonic_rise(ts, vs) if vs else (None, None)
+    return {"waiting_max": max(vs) if vs else None, "waiting_p50": percentile(vs, 50),
+            "waiting_mean": mean(vs),
+            "waiting_nonzero_share": ratio(sum(1 for v in vs if v > 0), len(vs)),
+            "waiting_growth": growth,
+            "waiting_trend_rise": None if growth is None
+            else growth * (inside[-1][0] - inside[0][0]),
+            "waiting_monotonic_rise_s": rise_s, "waiting_monotonic_rise": rise}
 
 
 def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
@@ -95,17 +98,9 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
     decode_steps = [s.duration_s for s in recs if s.num_decode_tokens > 0]
     durations = [s.duration_s for s in recs]
 
-    wt, wv = merged_level(replicas, _waiting)
-    _, rv = merged_level(replicas, _running)
-    _, ev = merged_level(replicas, _in_engine)
-    growth = trend_rise = None
-    if offered_window is not None:
-        lo, hi = offered_window
-        inside = [(t, v) for t, v in zip(wt, wv, strict=True) if lo <= t <= hi]
-        growth = least_squares_slope([t for t, _ in inside], [v for _, v in inside])
-        if growth is not None:
-            trend_rise = growth * (inside[-1][0] - inside[0][0])
-    rise_s, rise = longest_monotonic_rise(wt, wv)
+    wt, wv = merged_level(replicas, lambda s: s.num_waiting)
+    _, rv = merged_level(replicas, lambda s: s.num_running)
+    _, ev = merged_level(replicas, lambda s: s.num_running + s.num_waiting + s.num_swapped)
 
     return RunSummary.of(
         replicas=len(replicas),
@@ -124,14 +119,7 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
         prefill_token_share=ratio(prefill_tok, prefill_tok + decode_tok),
         prefill_tokens_computed=prefill_tok,
         decode_tokens_computed=decode_tok,
-        waiting_max=max(wv) if wv else None,
-        waiting_p50=percentile(wv, 50),
-        waiting_mean=mean(wv),
-        waiting_nonzero_share=ratio(sum(1 for v in wv if v > 0), len(wv)),
-        waiting_growth=growth,
-        waiting_trend_rise=trend_rise,
-        waiting_monotonic_rise_s=rise_s if wv else None,
-        waiting_monotonic_rise=rise if wv else None,
+        **queue_fields(wt, wv, offered_window),
         running_max=max(rv) if rv else None,
         running_mean=mean(rv),
         in_engine_max=max(ev) if ev else None,
@@ -160,21 +148,19 @@ class TimeSeries:
     steps: list[float] | None = None
 
     def to_json(self) -> dict[str, list]:
-        return {name: list(v) for name in _SERIES if (v := getattr(self, name)) is not None}
+        return {f.name: list(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TimeSeries:
         """From a result file: `t` is required, a missing series reads as empty (kv_usage
         and steps as absent)."""
-        values = {name: _series(data.get(name), name) for name in _SERIES}
+        values = {f.name: _series(data.get(f.name), f.name) for f in fields(cls)}
         if values["t"] is None:
             raise ValueError("a timeseries without t")
         return cls(**{name: v if v is not None or name in _OPTIONAL else []
                       for name, v in values.items()})
 
 
-_SERIES = ("t", "waiting", "running", "kv_usage", "prefill_tokens", "decode_tokens",
-           "preemptions", "steps")
 _OPTIONAL = ("kv_usage", "steps")
 
 
@@ -186,23 +172,24 @@ def _series(value: Any, name: str) -> list | None:
     return value
 
 
-def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
-    """Downsample the step records to `bins` equal time bins (by each step's end)."""
+def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> TimeSeries:
+    """Downsample the step records to `bins` equal time bins (by each step's end), with
+    the step records per bin where `count_steps`."""
     if bins < 1:
         raise ValueError(f"timeseries bins = {bins!r}: must be >= 1")
     replicas = [r for r in per_replica(steps) if r]
     if not replicas:
-        return TimeSeries([], [], [], [], [], [], [])
+        return TimeSeries([], [], [], [], [], [], [], [] if count_steps else None)
     t0 = min(s.start_s for r in replicas for s in r)
-    t1 = max(_end(s) for r in replicas for s in r)
+    t1 = max(step_end(s) for r in replicas for s in r)
     width = (t1 - t0) / bins or 1.0
 
     def slot(s: StepRecord) -> int:
-        return min(int((_end(s) - t0) / width), bins - 1)
+        return min(int((step_end(s) - t0) / width), bins - 1)
 
     zeros_f = [0.0] * bins
     waiting, running, kv = list(zeros_f), list(zeros_f), list(zeros_f)
-    prefill, decode, preempt = [0] * bins, [0] * bins, [0] * bins
+    prefill, decode, preempt, counts = [0] * bins, [0] * bins, [0] * bins, [0] * bins
     for recs in replicas:
         levels: list[list[tuple[float, float, float]]] = [[] for _ in range(bins)]
         for s in recs:
@@ -211,6 +198,7 @@ def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
             prefill[b] += s.num_prefill_tokens
             decode[b] += s.num_decode_tokens
             preempt[b] += s.num_preempted
+            counts[b] += 1
         last = (0.0, 0.0, 0.0)
         for b, samples in enumerate(levels):
             if samples:
@@ -221,4 +209,5 @@ def timeseries(steps: Steps, bins: int = 100) -> TimeSeries:
             running[b] += last[1]
             kv[b] += last[2] / len(replicas)
     t = [t0 + (b + 0.5) * width for b in range(bins)]
-    return TimeSeries(t, waiting, running, kv, prefill, decode, preempt)
+    return TimeSeries(t, waiting, running, kv, prefill, decode, preempt,
+                      counts if count_steps else None)

@@ -1,28 +1,21 @@
-"""One run, summarised as a RunSummary (run_summary.py): the numbers that matter for
-serving (latency percentiles, outcomes, preemption, batch and queue levels).
-
-The request fields come from each request's RequestLatencies (request_metrics.py;
-latencies from completed requests only), the step fields from the step records
-(step_metrics.py), and when each alert would first have fired from both
-(alert_times.py). Measure the requests once and hand the latencies to every summary
-that needs them (`summarize_latencies`, `by_class`): `measure_run` does, and gives with
-the summary and the by-class summaries a binned time series of the step records and
-thinned latency samples (TTFT and E2E). Result files store the last two under
-`timeseries` and `latency_samples` so `stepserve report` can draw time series and CDFs
-from a file.
-"""
+"""One run summarised as a RunSummary: the request fields from each request's
+RequestLatencies (latencies from completed requests only), the step fields from the step
+records, and the alert times from both. Measure the requests once and hand them to every
+summary that needs them: `measure_run` does, and adds the by-class summaries, a binned
+time series and thinned latency samples (a result's `timeseries` and `latency_samples`,
+from which `stepserve report` draws)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from stepserve.core.request import FinishReason, Request
-from stepserve.metrics.alert_times import alert_times
 from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
+from stepserve.metrics.rules import alert_times
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import (
     Steps,
@@ -53,16 +46,19 @@ def _latency_values(done: list[RequestLatencies]) -> dict[str, list[float]]:
     }
 
 
-def latency_fields(values: Mapping[str, list[float]], max_of: tuple[str, ...] = ()
-                   ) -> dict[str, float | None]:
+def latency_fields(values: Mapping[str, list[float]], max_of: tuple[str, ...] = (),
+                   given: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
     """{name}_{mean,p50,p95,p99}_s of each name's values ({name}_max_s after them for the
     names in `max_of`), then the P99/P50 ratios of e2e, ttft and tpot: the latency fields
-    of a summary, in its order, whoever measured the requests."""
+    of a summary, in its order, whoever measured the requests. A field `given` holds a
+    number for (another tool's file) is that number."""
+    given = given or {}
     out: dict[str, float | None] = {}
     for name, vals in values.items():
-        out[f"{name}_mean_s"] = mean(vals)
-        for p in (50, 95, 99):
-            out[f"{name}_p{p}_s"] = percentile(vals, p)
+        stats = {"mean": mean(vals), **{f"p{p}": percentile(vals, p) for p in (50, 95, 99)}}
+        for stat, computed in stats.items():
+            key = f"{name}_{stat}_s"
+            out[key] = given[key] if given.get(key) is not None else computed
         if name in max_of:
             out[f"{name}_max_s"] = max(vals, default=None)
     for name in ("e2e", "ttft", "tpot"):
@@ -194,8 +190,7 @@ class LatencySamples:
     capped: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"ttft_s": list(self.ttft_s), "e2e_s": list(self.e2e_s), "count": self.count,
-                "capped": self.capped}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LatencySamples:
@@ -225,22 +220,8 @@ def step_timeseries(steps: Steps, bins: int = TIMESERIES_BINS, t0: float = 0.0
     would be mostly empty bins); times are seconds after `t0` (the run's start on an
     engine's clock)."""
     bins = max(1, min(bins, sum(len(r) for r in per_replica(steps))))
-    ts = timeseries(steps, bins=bins)
-    return replace(ts, t=[t - t0 for t in ts.t], steps=_steps_per_bin(steps, bins))
-
-
-def _steps_per_bin(steps: Steps, bins: int) -> list[int]:
-    # same binning as step_metrics.timeseries: by each step's end time
-    recs = [s for r in per_replica(steps) for s in r]
-    if not recs:
-        return []
-    t0 = min(s.start_s for s in recs)
-    t1 = max(s.start_s + s.duration_s for s in recs)
-    width = (t1 - t0) / bins or 1.0
-    counts = [0] * bins
-    for s in recs:
-        counts[min(int((s.start_s + s.duration_s - t0) / width), bins - 1)] += 1
-    return counts
+    ts = timeseries(steps, bins=bins, count_steps=True)
+    return replace(ts, t=[t - t0 for t in ts.t])
 
 
 @dataclass(frozen=True)

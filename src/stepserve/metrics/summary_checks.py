@@ -1,11 +1,10 @@
-"""Which values a run's summary (summary.py's keys, or a bench or live summary) and its
-config can hold, so `stepserve doctor` refuses a file with impossible ones instead of
-reasoning from them (a negative preemption count, a share of 1.5, a NaN latency) or
-passing over them in silence (`"ttft_p99_s": "high"`: no rule could read it).
+"""Which values a run's summary and its config can hold, so `stepserve doctor` refuses a
+file with impossible ones instead of reasoning from them (a negative preemption count, a
+share of 1.5, a NaN latency) or passing over them in silence (`"ttft_p99_s": "high"`: no
+rule could read it).
 
-Types: each RunSummary field holds its kind (a number, a string, true or false, an
-object) or null (not measured); so do the config settings the advice names. Keys the
-doctor does not read are not checked.
+Types: each RunSummary field holds its kind or null (not measured); so do the config
+settings the advice names. Keys the doctor does not read are not checked.
 
 Ranges: numbers are classed by their key's name: the queue's fitted slopes may be
 negative; shares and ratios of held slots are in [0, 1]; every other number (counts,
@@ -20,7 +19,8 @@ from typing import Any
 
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
-from stepserve.metrics.run_summary import FIELD_KINDS
+from stepserve.metrics.rules import SETTING_TYPES
+from stepserve.metrics.run_summary import FIELD_KINDS, value_kind
 
 # fitted slopes of the waiting queue: a queue that drains has a negative one
 SIGNED_KEYS = frozenset({"waiting_growth", "waiting_trend_rise"})
@@ -59,13 +59,10 @@ def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
     return problems
 
 
-# the config settings the advice reads (rule.RuleSettings), top level or one section deep
-ADVICE_SETTINGS = {"batching": str, "budget_order": str, "max_num_seqs": float,
-                   "max_num_batched_tokens": float, "long_prefill_token_threshold": float,
-                   "replicas": float, "max_model_len": float, "max_waiting": float,
-                   "max_queue_time_s": float}
-_KIND_TEXT = {float: "a number", str: "a string", bool: "true or false",
-              dict: "an object"}
+# the config settings the advice reads (RuleSettings), top level or one section deep
+ADVICE_SETTINGS = {name: str if kind is str else float for name, kind in SETTING_TYPES.items()}
+_KIND_TEXT = {float: "a number", str: "a string", bool: "true or false", dict: "an object",
+              list: "a list"}
 
 
 def wrong_types(summary: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
@@ -84,28 +81,7 @@ def wrong_types(summary: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
 
 
 def _wrong(where: str, value: Any, kind: type) -> str:
-    if value is None or _is_kind(value, kind):
+    if value is None or value_kind(value) is kind:
         return ""
-    return f"{where} = {preview(value)} ({_json_type(value)}): must be {_KIND_TEXT[kind]} " \
-        "(or null)"
-
-
-def _is_kind(value: Any, kind: type) -> bool:
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-def _json_type(value: Any) -> str:
-    """What the value is, as JSON names it."""
-    if isinstance(value, bool):
-        return "true or false"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "an object"
-    return type(value).__name__
+    found = _KIND_TEXT.get(value_kind(value), type(value).__name__)
+    return f"{where} = {preview(value)} ({found}): must be {_KIND_TEXT[kind]} (or null)"

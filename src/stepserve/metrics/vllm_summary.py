@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.summary import latency_fields
 
 VLLM_MARKERS = ("completed", "duration", "request_throughput")
 # vLLM's metric name -> ours
@@ -64,26 +64,18 @@ def _per_request(data: Mapping[str, Any]) -> dict[str, list[float]] | None:
 
 
 def _latencies(data: Mapping[str, Any]) -> dict[str, float | None]:
-    raw = _per_request(data)
-    out: dict[str, float | None] = {}
+    """The file's latencies, computed from its per-request lists where it lacks one."""
+    raw = _per_request(data) or {}
+    given: dict[str, float | None] = {}
     for theirs, ours in METRIC_NAMES.items():
-        values = raw[theirs] if raw else []
         median = _seconds(data, f"median_{theirs}_ms")
-        stats = {"mean": _seconds(data, f"mean_{theirs}_ms"),
-                 "p50": median if median is not None else _seconds(data, f"p50_{theirs}_ms")}
+        given[f"{ours}_mean_s"] = _seconds(data, f"mean_{theirs}_ms")
+        given[f"{ours}_p50_s"] = median if median is not None \
+            else _seconds(data, f"p50_{theirs}_ms")
         for p in (95, 99):
-            stats[f"p{p}"] = _seconds(data, f"p{p}_{theirs}_ms")
-        if values:
-            stats["mean"] = stats["mean"] if stats["mean"] is not None else mean(values)
-            for p in (50, 95, 99):
-                if stats[f"p{p}"] is None:
-                    stats[f"p{p}"] = percentile(values, p)
-            if theirs == "itl":
-                out["itl_max_s"] = max(values)
-        out.update({f"{ours}_{k}_s": v for k, v in stats.items()})
-    for name in ("e2e", "ttft", "tpot"):
-        out[f"p99_p50_{name}_ratio"] = ratio(out[f"{name}_p99_s"], out[f"{name}_p50_s"])
-    return out
+            given[f"{ours}_p{p}_s"] = _seconds(data, f"p{p}_{theirs}_ms")
+    values = {ours: raw.get(theirs, []) for theirs, ours in METRIC_NAMES.items()}
+    return latency_fields(values, max_of=("itl",) if values["itl"] else (), given=given)
 
 
 def vllm_summary(data: Mapping[str, Any]) -> RunSummary:

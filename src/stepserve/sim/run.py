@@ -20,9 +20,7 @@ from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_BLOCKS
 from stepserve.config.load import apply_nested, to_dict
 from stepserve.config.settings import EngineConfig
-from stepserve.metrics.finding import Finding
-from stepserve.metrics.rule import RuleSettings
-from stepserve.metrics.rules import findings_for
+from stepserve.metrics.rules import Finding, RuleSettings, findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries

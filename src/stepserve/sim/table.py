@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from stepserve.metrics.finding import Finding
+from stepserve.metrics.rules import Finding
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.incident_verdicts import format_verdict
 from stepserve.sim.incidents import format_figures

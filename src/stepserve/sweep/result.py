@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepserve.bench.results import BenchRun
-from stepserve.metrics.finding import Finding
-from stepserve.metrics.rule import RuleSettings
+from stepserve.metrics.rules import Finding, RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
