@@ -33,9 +33,12 @@ from stepserve.server.errors import (
 )
 from stepserve.server.metrics import ServerMetrics
 from stepserve.server.openapi import install_openapi
-from stepserve.server.prompts import ServingContext
 from stepserve.server.protocol import ErrorResponse, HealthStatus, ModelCard, ModelList
-from stepserve.server.serving import create_chat_completion, create_completion
+from stepserve.server.serving import (
+    ServingContext,
+    create_chat_completion,
+    create_completion,
+)
 from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.server")
@@ -201,7 +204,7 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientDisconnect)
     async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
         # the client left (or its connection was cut: a stalled body gets its 408 from
-        # guarded_protocol.py) before its body arrived: nothing to answer, nothing to log
+        # connection_limits.py) before its body arrived: nothing to answer, nothing to log
         log.debug("%s %s: the client went away before its body arrived", request.method,
                   request.url.path)
         return Response(status_code=499)

@@ -36,12 +36,18 @@ import asyncio
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from stepserve.core.request_limits import check_text
-from stepserve.server.errors import APIError, bad_request
+from stepserve.server.errors import APIError, bad_request, from_validation_error
+
+if TYPE_CHECKING:
+    from stepserve.server.serving import ServingContext
+
+M = TypeVar("M", bound=BaseModel)
 
 # Values a body may hold besides the prompt's token ids: 2,048 messages of a few values,
 # 32 stop strings, 1,024 stop token ids, 300 logit biases and the scalar fields.
@@ -166,10 +172,16 @@ def _check_text(path: tuple[str, ...], text: str, what: str = "") -> None:
         raise _BodyError(problem, where, "invalid_value")
 
 
-async def read_limited(request: Request, max_bytes: int) -> bytes:
-    """The raw body, refused with 413 as soon as it is known to exceed `max_bytes`, and
-    with 415 if it comes compressed (the limits above count the bytes as sent)."""
+async def read_json(ctx: ServingContext, request: Request) -> Any:
+    """The body's JSON value: 415 unless it is uncompressed JSON, 413 as soon as it is
+    known to exceed --max-request-bytes (the limits below count the bytes as sent), a
+    400 for what parse_json refuses."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise APIError(415, f"Content-Type must be application/json, got {ctype!r}",
+                       param=None, code="unsupported_media_type")
     check_content_encoding(request.headers.get("content-encoding"))
+    max_bytes = ctx.max_request_bytes
     too_big = APIError(413, f"the request body exceeds {max_bytes} bytes (the server's "
                             f"--max-request-bytes)", param=None, code="body_too_large")
     length = request.headers.get("content-length")
@@ -181,7 +193,19 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
         if size > max_bytes:
             raise too_big
         chunks.append(chunk)
-    return b"".join(chunks)
+    return await parse_json(b"".join(chunks), ctx.max_model_len + VALUE_SLACK)
+
+
+def validate(data: object, model: type[M]) -> M:
+    """Strict validation of a parsed body; a 400 naming the first problem."""
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+async def parse_body(ctx: ServingContext, request: Request, model: type[M]) -> M:
+    return validate(await read_json(ctx, request), model)
 
 
 def check_content_encoding(encoding: str | None) -> None:
