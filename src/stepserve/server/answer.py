@@ -41,21 +41,22 @@ from stepserve.server.logprobs import (
     output_entries,
     prompt_entries,
 )
-from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest
-from stepserve.server.render_pace import render_thread
-from stepserve.server.responses import (
+from stepserve.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
     CompletionChoice,
+    CompletionRequest,
     CompletionResponse,
     DeltaMessage,
     RawBlocks,
     UsageInfo,
     prompt_cached_tokens,
 )
+from stepserve.server.render_pace import render_thread
 
 if TYPE_CHECKING:
     from stepserve.server.serving import ServingContext
@@ -129,6 +130,7 @@ class Answer:
     token costs one json.dumps; everything else is rendered by pydantic."""
 
     PREFIX: ClassVar[str]  # of the response id
+    CHUNK: ClassVar[type[CompletionResponse | ChatCompletionChunk]]  # a streamed chunk
     SENTINEL = "\x00stepserve-text\x00"
 
     def __init__(self, ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
@@ -197,12 +199,13 @@ class Answer:
         (`text`: its new text; `first`: the choice's first piece), the blocks rendered."""
         raise NotImplementedError
 
-    def _usage_chunk(self, usage: UsageInfo) -> BaseModel:
-        raise NotImplementedError
-
     def _opens_with_more(self) -> bool:
         """Whether a choice's first chunk carries more than its text (echo)."""
-        return self.echo is not None
+        return False
+
+    def _wrap(self, choices: list, usage: UsageInfo | None) -> BaseModel:
+        return self.CHUNK(id=self.rid, created=self.created, model=self.ctx.model_name,
+                          choices=choices, usage=usage)
 
     # ---- server-sent events ----
 
@@ -232,7 +235,7 @@ class Answer:
         """After every choice ended: the usage chunk, when asked for."""
         if not self.include_usage:
             return ""
-        return self._event(self._usage_chunk(self.usage_of(list(self._last.values()))))
+        return self._event(self._wrap([], self.usage_of(list(self._last.values()))))
 
     def _piece(self, out: StreamOutput, first: bool, finish_reason: str | None = None,
                stop_reason: str | int | None = None) -> BaseModel:
@@ -302,7 +305,7 @@ class Answer:
 
 
 class CompletionAnswer(Answer):
-    PREFIX = "cmpl"
+    PREFIX, CHUNK = "cmpl", CompletionResponse
     body: CompletionRequest
 
     def _opens_with_more(self) -> bool:
@@ -330,18 +333,10 @@ class CompletionAnswer(Answer):
                                 finish_reason=finish_reason, stop_reason=stop_reason,
                                 prompt_logprobs=self.raw.put(prompt_logprobs))
 
-    def _body(self, choices: list[CompletionChoice],
-              usage: UsageInfo | None) -> CompletionResponse:
-        return CompletionResponse(id=self.rid, created=self.created,
-                                  model=self.ctx.model_name, choices=choices, usage=usage)
-
     def _chunk(self, index, text, finish_reason=None, usage=None, logprobs=None,
                prompt_logprobs=None, stop_reason=None):
-        return self._body([self._choice(index, text, finish_reason, logprobs,
+        return self._wrap([self._choice(index, text, finish_reason, logprobs,
                                         prompt_logprobs, stop_reason)], usage)
-
-    def _usage_chunk(self, usage):
-        return self._body([], usage)
 
     def response(self, outs):
         usage = self.usage_of(outs)
@@ -355,18 +350,18 @@ class CompletionAnswer(Answer):
             text, block, prompt = self._content(o, o.full_text or "", True)
             choices.append(self._choice(o.index, text, o.finish_reason, block, prompt,
                                         o.stop_reason))
-        return self._body(choices, usage)
+        return self._wrap(choices, usage)
 
 
 class ChatAnswer(Answer):
-    PREFIX = "chatcmpl"
+    PREFIX, CHUNK = "chatcmpl", ChatCompletionChunk
     body: ChatCompletionRequest
 
     def head(self, first):
         usage = UsageInfo.of(first.num_prompt_tokens, 0, first.num_cached_tokens) \
             if self.continuous_usage else None
         return "".join(self._event(self._make(i, DeltaMessage(role="assistant", content=""),
-                                              None, usage, None))
+                                              None, usage))
                        for i in range(self.body.n))
 
     def _content(self, out, text, first):
@@ -380,16 +375,12 @@ class ChatAnswer(Answer):
         return self._make(index, delta, finish_reason, usage, logprobs, stop_reason)
 
     def _make(self, index: int, delta: DeltaMessage, finish_reason: str | None,
-              usage: UsageInfo | None, logprobs: JSONText | None,
-              stop_reason: str | int | None = None) -> ChatCompletionChunk:
-        choices = [ChatChunkChoice(index=index, delta=delta, logprobs=self.raw.put(logprobs),
-                                   finish_reason=finish_reason, stop_reason=stop_reason)]
-        return ChatCompletionChunk(id=self.rid, created=self.created,
-                                   model=self.ctx.model_name, choices=choices, usage=usage)
-
-    def _usage_chunk(self, usage):
-        return ChatCompletionChunk(id=self.rid, created=self.created,
-                                   model=self.ctx.model_name, choices=[], usage=usage)
+              usage: UsageInfo | None, logprobs: JSONText | None = None,
+              stop_reason: str | int | None = None) -> BaseModel:
+        return self._wrap([ChatChunkChoice(index=index, delta=delta,
+                                           logprobs=self.raw.put(logprobs),
+                                           finish_reason=finish_reason,
+                                           stop_reason=stop_reason)], usage)
 
     def response(self, outs):
         renderer, body = self.renderer, self.body
