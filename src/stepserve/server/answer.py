@@ -40,6 +40,7 @@ from stepserve.server.logprobs import (
     LogprobRenderer,
     output_entries,
     prompt_entries,
+    render_thread,
 )
 from stepserve.server.protocol import (
     ChatChoice,
@@ -56,7 +57,6 @@ from stepserve.server.protocol import (
     UsageInfo,
     prompt_cached_tokens,
 )
-from stepserve.server.render_pace import render_thread
 
 if TYPE_CHECKING:
     from stepserve.server.serving import ServingContext

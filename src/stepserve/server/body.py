@@ -1,33 +1,26 @@
 """Reading a request body without letting it stall the server: a byte limit (413), then
-JSON parsing whose cost on the event loop is bounded, then validation.
+JSON parsing whose cost on the event loop is bounded, then strict validation.
 
-Why not `model_validate_json(await request.body())`: the cost of parsing JSON grows with
-the number of values, not bytes (a 2.4 MB body of `[[1,2],...]` took 0.26 s in json's C
-parser and 0.79 s in pydantic's, all on the event loop while every stream waited), and
-pydantic checks a list's `max_length` only after validating every item.
+Why not `model_validate_json(await request.body())`: parsing JSON costs by the number of
+values, not bytes (a 2.4 MB body of `[[1,2],...]` took 0.26 s in json's C parser and
+0.79 s in pydantic's, all on the event loop), and pydantic checks a list's `max_length`
+only after validating every item.
 
-So: the number of JSON values is at most the number of structural characters
-(`,` `[` `{`) plus one. A body of at most INLINE_VALUES values is parsed at once on the
-event loop, cheap by construction. A larger one goes to a worker thread; if it may hold
-more than the value budget (enough for the longest legitimate prompt plus every other
-bounded field; string contents can hold those characters too), its values are first
-counted exactly, outside its strings, by a regex scan that stops as soon as the count
-passes the budget, so its cost is bounded by the budget, not the body, and it gives the
-GIL back every few milliseconds. Too many values: a 400. Otherwise the C parser takes
-it. Only then does pydantic validate, over a bounded number of values. Duplicate keys
-and the non-JSON constants NaN/Infinity are refused.
+So: the values are at most the structural characters (`,` `[` `{`) plus one. A body of
+at most INLINE_VALUES values is parsed on the event loop, cheap by construction; a larger
+one on a worker thread, where, if it may hold more than the value budget (the longest
+legitimate prompt plus every other bounded field), its values are first counted exactly,
+outside its strings, by a regex scan that stops once past the budget (a 400). Duplicate
+keys and NaN/Infinity are refused.
 
-Two things the C parser would let through are refused here, at the root, for every
-endpoint, naming the JSON path of the value (`messages.0.content`) in `param`:
-* an integer literal longer than any field takes: Python's int() of a long literal
-  costs time quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop
-  for 0.27 s) and over 4,300 digits it raises. The int hook keeps such a literal as a
-  marker instead. The hook is a Python call per integer (about 5x the C parser's cost on
-  a list of token ids), which is why larger bodies are parsed on the worker thread,
-  where those calls also let the GIL go back to the loop;
-* a lone surrogate: JSON's `\\ud800` escape decodes to one, and no tokenizer, log line or
-  UTF-8 response can carry it (request_limits.check_text). Only a body holding such an
-  escape is walked for it.
+Two things the C parser would let through are refused for every endpoint, naming the
+JSON path of the value (`messages.0.content`) in `param`:
+* an integer literal longer than any field takes: int() of a long literal costs time
+  quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop for 0.27 s).
+  The int hook keeps one as a marker instead; it is a Python call per integer (about 5x
+  the C parser's cost on token ids), which is why larger bodies go to the worker thread;
+* a lone surrogate (JSON's `\\ud800`): no tokenizer, log line or UTF-8 response can
+  carry one (request_limits.check_text). Only a body holding such an escape is walked.
 """
 
 from __future__ import annotations

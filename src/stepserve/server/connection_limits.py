@@ -1,36 +1,28 @@
-"""What one connection may hold of the server (`ConnectionLimits`: its request head's
-size, how long it may take to send the head and the body, how long it may sit idle, how
-many connections there may be at once) and uvicorn's httptools protocol that enforces
-them below any app code, so before the API key is looked at.
+"""What one connection may hold of the server (`ConnectionLimits`) and uvicorn's
+httptools protocol that enforces it below any app code, so before the API key is read.
 
-Without them, one client stops every other: a 100 MB header was parsed for 12-17 s with
+Without limits one client stops every other: a 100 MB header was parsed for 12-17 s with
 the event loop held, a head dribbled a byte at a time or a body announced and never sent
 held its connection forever, and 20,000 idle connections took every file descriptor, so
-new clients (probes of /health too) were reset.
-
-The defaults, beside what other servers do:
-* request head 64 KiB (`--max-header-bytes`): Node allows 16 KiB, nginx 4 x 8 KiB
-  buffers, Go 1 MiB. It is counted as its bytes arrive, before the parser sees them (the
-  parser never holds more than one read beyond the limit). Over it: 431.
+new clients (probes of /health too) were reset. The defaults, beside other servers':
+* request head 64 KiB (`--max-header-bytes`; Node 16 KiB, nginx 4 x 8 KiB, Go 1 MiB),
+  counted as its bytes arrive, before the parser sees them. Over it: 431.
 * head within 10 s of the connection, or of its first byte on a kept-alive connection
-  (`--header-timeout`): Node's headersTimeout is 60 s, Apache's 20-40 s; a real client
-  sends its head in one packet. Over it: 408, or a silent close when not a byte came.
+  (`--header-timeout`; Node 60 s, Apache 20-40 s; a real client sends it in one packet).
+  Over it: 408, or a silent close when not a byte came.
 * body (`--body-timeout`, 30 s): 408 once no byte came for that long, or once the body
-  falls behind BODY_MIN_BYTES_PER_S after that grace, so a body dribbled a byte at a
-  time is cut as surely as one never sent (nginx's client_body_timeout; Apache's
-  RequestReadTimeout body=20,MinRate=500 is the same two rules).
+  falls behind BODY_MIN_BYTES_PER_S after that grace, so a dribbled body is cut as surely
+  as one never sent (Apache's RequestReadTimeout body=20,MinRate=500: the same rules).
 * idle keep-alive 5 s (`--timeout-keep-alive`): uvicorn's, vLLM's and Node's default.
-* 2,048 connections (`--max-connections`), never more than the open-file limit (raised
-  from its soft to its hard value at startup) less FD_RESERVE: nginx serves 512 or
-  1,024 a worker, gunicorn's async workers 1,000. At the cap a new connection displaces
-  the longest-idle one that holds no request (as nginx reuses its idle keep-alive
-  connections); if every one is busy, it gets 503 and is closed at once.
+* 2,048 connections (`--max-connections`; nginx serves 512 or 1,024 a worker), never more
+  than the open-file limit (raised to its hard value) less FD_RESERVE. At the cap a new
+  connection displaces the longest-idle one holding no request (as nginx reuses idle
+  keep-alive connections); if every one is busy it gets 503 and is closed at once.
 
-The clocks run only while the server waits on the client, never while an answer is being
-sent: a stream of any length is untouched. A refusal goes out in OpenAI's error shape
-with `connection: close`; then the server reads and drops what the client still sends
-for up to LINGER_S (or LINGER_BYTES) and closes, so the client reads the status rather
-than a reset (nginx's lingering close).
+The clocks run only while the server waits on the client, never while an answer goes
+out. A refusal is sent in OpenAI's error shape with `connection: close`; then the server
+drops what the client still sends for up to LINGER_S (or LINGER_BYTES) and closes, so
+the client reads the status rather than a reset (nginx's lingering close).
 """
 
 from __future__ import annotations

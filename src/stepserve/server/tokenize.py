@@ -6,8 +6,6 @@ check first, then max_model_len tokens, as vLLM); tokenizing runs on a worker th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -25,9 +23,6 @@ from stepserve.server.serving import (
     check_text_size,
     check_token_count,
 )
-
-if TYPE_CHECKING:
-    from stepserve.model.tokenizer import Tokenizer
 
 
 class TokenizeCompletionRequest(_Lenient):
@@ -87,7 +82,8 @@ def install_tokenize_routes(app: FastAPI) -> None:
             ids = await ctx.off_loop(tok.encode, body.prompt, body.add_special_tokens)
             param = "prompt"
         check_token_count(ctx, len(ids), param)
-        strs = await ctx.off_loop(_token_strs, tok, ids) if body.return_token_strs else None
+        strs = await ctx.off_loop(lambda: [tok.id_to_token(i) or "" for i in ids]) \
+            if body.return_token_strs else None
         return JSONResponse({"count": len(ids), "max_model_len": ctx.max_model_len,
                              "tokens": ids, "token_strs": strs})
 
@@ -109,6 +105,3 @@ def install_tokenize_routes(app: FastAPI) -> None:
     async def version() -> dict:
         return {"version": __version__}
 
-
-def _token_strs(tok: Tokenizer, ids: list[int]) -> list[str]:
-    return [tok.id_to_token(i) or "" for i in ids]
