@@ -134,12 +134,15 @@ class Answer:
     SENTINEL = "\x00stepserve-text\x00"
 
     def __init__(self, ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
-                 renderer: LogprobRenderer | None = None, echo: Echo | None = None) -> None:
-        self.ctx, self.body, self.rid = ctx, body, ""
-        self.renderer, self.echo = renderer, echo
+                 logprobs: int | None, prompt_logprobs: int | None,
+                 echo: Echo | None = None) -> None:
+        """`logprobs`, `prompt_logprobs`: the top alternatives shown (None: no block)."""
+        self.ctx, self.body, self.rid, self.echo = ctx, body, "", echo
+        self.renderer = None if logprobs is None and prompt_logprobs is None \
+            else LogprobRenderer(ctx.tokenizer, logprobs or 0)
         self.raw = RawBlocks()  # the rendered logprob blocks of the body or event being made
         self.created = int(time.time())
-        self.big = renderer is not None or echo is not None or body.n > 1 \
+        self.big = self.renderer is not None or echo is not None or body.n > 1 \
             or getattr(body, "best_of", None) is not None
         opts = body.stream_options
         self.include_usage = bool(opts and opts.include_usage)

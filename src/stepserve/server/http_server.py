@@ -66,15 +66,12 @@ class StepServeServer(uvicorn.Server):
         state = self.stepserve_app.state
         engine = getattr(state, "async_engine", None)
         if engine is not None:
-            timeout = state.shutdown_timeout_s
-            live = engine.num_live
-            if live:
+            if engine.num_live:
                 log.warning("graceful shutdown: %d requests in flight; waiting up to %g s",
-                            live, timeout)
-            finished, aborted = await engine.drain(timeout)
-            self.drain_result = (finished, aborted)
+                            engine.num_live, state.shutdown_timeout_s)
+            self.drain_result = await engine.drain(state.shutdown_timeout_s)
             log.warning("graceful shutdown: %d in-flight requests finished, %d aborted",
-                        finished, aborted)
+                        *self.drain_result)
         await super().shutdown(sockets)
 
 

@@ -34,7 +34,6 @@ from stepserve.server.answer import Answer, ChatAnswer, CompletionAnswer, Echo
 from stepserve.server.body import parse_body
 from stepserve.server.errors import APIError, bad_request
 from stepserve.server.logprob_budget import chat_ask, check_logprob_budget, completion_ask
-from stepserve.server.logprobs import LogprobRenderer
 from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
 if TYPE_CHECKING:
@@ -227,7 +226,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
             and isinstance(body.prompt[0], str) else \
             await ctx.off_loop(ctx.tokenizer.decode, ids)
         echo = Echo(text, ids, only_prompt)
-    answer = CompletionAnswer(ctx, body, _renderer(ctx, body.logprobs, prompt_lp), echo)
+    answer = CompletionAnswer(ctx, body, body.logprobs, prompt_lp, echo)
     return await _answer(ctx, request, answer, ids, params, arrival)
 
 
@@ -246,12 +245,6 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     check_logprob_budget(chat_ask(body, param, max_tokens, len(ids)))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
-    answer = ChatAnswer(ctx, body, _renderer(ctx, logprobs, body.prompt_logprobs))
+    answer = ChatAnswer(ctx, body, logprobs, body.prompt_logprobs)
     return await _answer(ctx, request, answer, ids, params, arrival)
 
-
-def _renderer(ctx: ServingContext, logprobs: int | None,
-              prompt_logprobs: int | None) -> LogprobRenderer | None:
-    if logprobs is None and prompt_logprobs is None:
-        return None
-    return LogprobRenderer(ctx.tokenizer, logprobs or 0)
