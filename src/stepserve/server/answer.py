@@ -1,18 +1,17 @@
 """Answering one admitted request: its n sequences' final outputs as one JSON body, or
 server-sent events in OpenAI's chunk shapes as they come (with n > 1 the choices' chunks
-interleave, each tagged with its index); a request that ended abnormally becomes an
-error (a proper status while no header is sent, an SSE error event after).
+interleave, each tagged with its index).
 
-Outcomes map to statuses before any header is sent whenever possible: the handler waits
-for a request's first output before it starts a stream, so a queue timeout is still a
-clean 503. Failures after the stream began are an SSE error event, then `[DONE]`. A
-failure of one of n sequences ends the whole request (its siblings are aborted).
+The handler waits for a request's first output before it starts a stream, so an
+abnormal end (a queue timeout) is still a proper status while no header is sent;
+after, it is an SSE error event, then `[DONE]`. A failure of one of n sequences ends the
+whole request (its siblings are aborted).
 
 An answer that can be big (logprobs, echo, n > 1) is rendered on a worker thread, never
 on the event loop: its JSON body, and each batch of its server-sent events. Its size is
-bounded before it runs (logprob_budget.py); rendering it still takes a while, and on the
-loop that while would hold up every other stream's tokens. A plain stream's token chunks
-stay on the loop: one json.dumps each, cheaper than a hand-off.
+bounded before it runs (logprob_budget.py), yet rendering it on the loop would hold up
+every other stream's tokens. A plain stream's token chunks stay on the loop: one
+json.dumps each, cheaper than a hand-off.
 """
 
 from __future__ import annotations
