@@ -1,30 +1,26 @@
 """AsyncEngine: the engine client of one process (engine/seam.py): the synchronous
 LLMEngine's step loop on a thread of its own (`EngineLoop`), one asyncio stream per
-request; and `drain_live`, the graceful shutdown's drain it shares with the cluster
-ingress's ClusterEngine.
+request; and `drain_live`, the shutdown drain it shares with the cluster's ClusterEngine.
 
     HTTP handler --add/abort--> command queue --> engine thread: commands, step(), publish
          ^                                                             |
          +----- RequestStream (merging slot) <-- outbox (a queue) -----+
 
 Invariants:
-* Only the engine thread touches the engine (add, abort, step), so the scheduler is
-  never used concurrently. It sleeps on an Event when nothing is unfinished; a command
-  sets the Event. An abort is applied before the next step, so its blocks are free one
-  step later.
-* Exactly one answer per accepted request. Admission either raises (RequestRejected,
-  EngineUnavailable) or returns a stream that gets exactly one final StreamOutput
-  (finished, with a reason). A fault while a step runs ends that step's requests with
-  "error" (LLMEngine.step), as does one while turning a request's tokens into text; a
-  fault of the loop itself (the scheduler, a dead runner) answers every live request
-  with "error" (LLMEngine.fail_all), resolves every admission still pending (including
-  those accepted in the failing iteration, kept on the loop for that reason), refuses
-  queued ones, and calls `on_fatal` so the server exits non-zero.
-* Everything the engine thread hands the event loop for one iteration is one message on
-  its outbox (one call_soon_threadsafe: one wake-up of the loop per step, not one per
-  token). Calls go one way: AsyncEngine touches nothing of EngineLoop's but its command
-  queue, wake-up event, outbox and published state, and EngineLoop calls nothing of
-  AsyncEngine.
+* Only the engine thread touches the engine, so the scheduler is never used
+  concurrently; it sleeps on an Event that a command sets. An abort is applied before
+  the next step, so its blocks are free one step later.
+* Exactly one answer per accepted request: admission either raises (RequestRejected,
+  EngineUnavailable) or returns a stream that gets exactly one final StreamOutput. A
+  fault in a step, or in turning a request's tokens into text, ends the requests it
+  touched with "error"; a fault of the loop itself answers every live request with
+  "error" (LLMEngine.fail_all), resolves every admission still pending (those accepted
+  in the failing iteration too, kept on the loop for that reason), refuses queued ones,
+  and calls `on_fatal` so the server exits non-zero.
+* One iteration's hand-over to the event loop is one message on the outbox (one
+  call_soon_threadsafe per step, not per token). Calls go one way: AsyncEngine touches
+  only EngineLoop's command queue, wake-up event, outbox and published state, and
+  EngineLoop calls nothing of AsyncEngine.
 """
 
 from __future__ import annotations
