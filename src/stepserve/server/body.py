@@ -86,22 +86,6 @@ class _LongLiteral:
         self.digits = digits
 
 
-def _decode(text: str) -> tuple[Any, bool]:
-    """The JSON value, and whether it holds a `_LongLiteral`."""
-    long_literals: list[_LongLiteral] = []
-
-    def bounded_int(literal: str) -> int | _LongLiteral:
-        digits = len(literal) - (literal[0] == "-")
-        if digits <= INT_LITERAL_MAX_DIGITS:
-            return int(literal)
-        long_literals.append(_LongLiteral(digits))
-        return long_literals[-1]
-
-    value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                       parse_int=bounded_int)
-    return value, bool(long_literals)
-
-
 # one token per match: a whole string (skipped: its content is not structure), or one of
 # the characters that start a value
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{,]')
@@ -126,8 +110,18 @@ def _parse(raw: bytes, text: str, budget: int, counted: bool) -> Any:
         raise _BodyError(f"the body holds more than {budget} JSON values; a request needs "
                          f"far fewer (a prompt of at most max_model_len token ids plus "
                          f"{VALUE_SLACK} for the other fields)")
-    value, long_literal = _decode(text)
-    if long_literal or _SURROGATE_ESCAPE.search(raw):
+    long_literals: list[_LongLiteral] = []
+
+    def bounded_int(literal: str) -> int | _LongLiteral:
+        digits = len(literal) - (literal[0] == "-")
+        if digits <= INT_LITERAL_MAX_DIGITS:
+            return int(literal)
+        long_literals.append(_LongLiteral(digits))
+        return long_literals[-1]
+
+    value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                       parse_int=bounded_int)
+    if long_literals or _SURROGATE_ESCAPE.search(raw):
         _check_values(value)
     return value
 
