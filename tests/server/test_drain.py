@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from stepserve.server.drain import drain_live
+from stepserve.server.async_engine import drain_live
 
 
 class Live:

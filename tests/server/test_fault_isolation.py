@@ -62,7 +62,7 @@ def _spaced(rng: random.Random, low: int, high: int, k: int) -> set[int]:
 
 def _sabotage(monkeypatch, engine, rng: random.Random) -> FaultyRunner:
     import stepserve.model.runner as runner_mod
-    from stepserve.server import sse
+    from stepserve.server.answer import Answer
 
     runner = FaultyRunner(engine.runner, _spaced(rng, 3, 200, 3))
     engine.core.runner = runner  # the runner the engine core executes steps on
@@ -96,10 +96,10 @@ def _sabotage(monkeypatch, engine, rng: random.Random) -> FaultyRunner:
 
     monkeypatch.setattr(engine.tokenizer, "detokenizer", detokenizer)
 
-    real_init, real_token, real_tail = sse.Chunks.__init__, sse.Chunks.token, sse.Chunks.tail
+    real_init, real_token, real_tail = Answer.__init__, Answer.token, Answer.tail
 
-    def init(self, rid, created, model, body, *args, **kwargs):
-        real_init(self, rid, created, model, body, *args, **kwargs)
+    def init(self, ctx, body, *args, **kwargs):
+        real_init(self, ctx, body, *args, **kwargs)
         self.sabotaged = body.user == STREAM_MARK
 
     def breaking(real):
@@ -109,11 +109,11 @@ def _sabotage(monkeypatch, engine, rng: random.Random) -> FaultyRunner:
             return real(self, out)
         return render
 
-    monkeypatch.setattr(sse.Chunks, "__init__", init)
+    monkeypatch.setattr(Answer, "__init__", init)
     # both the chunks of new text and the last one: on a busy machine a short request's
     # outputs can all merge into its final output before the handler reads any
-    monkeypatch.setattr(sse.Chunks, "token", breaking(real_token))
-    monkeypatch.setattr(sse.Chunks, "tail", breaking(real_tail))
+    monkeypatch.setattr(Answer, "token", breaking(real_token))
+    monkeypatch.setattr(Answer, "tail", breaking(real_tail))
     return runner
 
 

@@ -14,7 +14,7 @@ from server_harness import MODEL
 from stepserve import SamplingParams
 from stepserve.core.request import TokenLogprobs
 from stepserve.server.logprobs import LogprobRenderer
-from stepserve.server.responses import (
+from stepserve.server.protocol import (
     ChoiceLogprobs,
     CompletionChoice,
     CompletionLogprobs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from stepserve.server import render_pace
+from stepserve.server import logprobs
 
 
 class FakeClock:
@@ -29,28 +29,28 @@ def _in_thread(fn) -> None:
 
 def test_a_render_thread_rests_after_each_slice_of_work(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(render_pace.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(render_pace.time, "sleep", clock.sleep)
+    monkeypatch.setattr(logprobs.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(logprobs.time, "sleep", clock.sleep)
 
     def render() -> None:
-        render_pace.render_thread()
+        logprobs.render_thread()
         for _ in range(100):  # 100 pieces of 0.5 ms: 50 ms of work
             clock.now += 0.0005
-            render_pace.pace()
+            logprobs.pace()
 
     _in_thread(render)
-    assert clock.sleeps == [render_pace.REST_S] * 25  # one rest per 2 ms of work
+    assert clock.sleeps == [logprobs.REST_S] * 25  # one rest per 2 ms of work
 
 
 def test_other_threads_never_sleep(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(render_pace.time, "perf_counter", clock.perf_counter)
-    monkeypatch.setattr(render_pace.time, "sleep", clock.sleep)
+    monkeypatch.setattr(logprobs.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(logprobs.time, "sleep", clock.sleep)
 
     def unmarked() -> None:
         for _ in range(100):
             clock.now += 0.0005
-            render_pace.pace()
+            logprobs.pace()
 
     _in_thread(unmarked)
     assert clock.sleeps == []

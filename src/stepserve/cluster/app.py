@@ -33,7 +33,7 @@ from stepserve.server.api import add_error_handlers, add_openai_routes
 from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
 from stepserve.server.openapi import install_openapi
-from stepserve.server.prompts import ServingContext
+from stepserve.server.serving import ServingContext
 from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.cluster")

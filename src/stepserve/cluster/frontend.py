@@ -35,7 +35,7 @@ from stepserve.engine.seam import (
 )
 from stepserve.routing.pools import Deployment
 from stepserve.routing.view import RouteRequest
-from stepserve.server.drain import drain_live
+from stepserve.server.async_engine import drain_live
 
 log = logging.getLogger("stepserve.cluster")
 

@@ -1,28 +1,30 @@
 """Answering one admitted request: its n sequences' final outputs as one JSON body, or
-server-sent events as they come; a request that ended abnormally becomes an error (a
-proper status while no header is sent, an SSE error event after).
+server-sent events in OpenAI's chunk shapes as they come (with n > 1 the choices' chunks
+interleave, each tagged with its index).
 
-Outcomes map to statuses before any header is sent whenever possible: the handler waits
-for a request's first output before it starts a stream, so a queue timeout is still a
-clean 503. Failures after the stream began are an SSE error event, then `[DONE]`. A
-failure of one of n sequences ends the whole request (its siblings are aborted).
+The handler waits for a request's first output before it starts a stream, so an
+abnormal end (a queue timeout) is still a proper status while no header is sent;
+after, it is an SSE error event, then `[DONE]`. A failure of one of n sequences ends the
+whole request (its siblings are aborted).
 
 An answer that can be big (logprobs, echo, n > 1) is rendered on a worker thread, never
 on the event loop: its JSON body, and each batch of its server-sent events. Its size is
-bounded before it runs (logprob_budget.py); rendering it still takes a while, and on the
-loop that while would hold up every other stream's tokens. A plain stream's token chunks
-stay on the loop: one json.dumps each, cheaper than a hand-off.
+bounded before it runs (logprob_budget.py), yet rendering it on the loop would hold up
+every other stream's tokens. A plain stream's token chunks stay on the loop: one
+json.dumps each, cheaper than a hand-off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -32,27 +34,35 @@ from stepserve.core import request_limits as lim
 from stepserve.core.end_reasons import end_of
 from stepserve.engine.seam import RequestStream, StreamOutput
 from stepserve.server.errors import SERVER_ERROR, APIError
-from stepserve.server.logprobs import LogprobRenderer, output_entries, prompt_entries
-from stepserve.server.prompts import ServingContext
-from stepserve.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    _Sampling,
+from stepserve.server.logprobs import (
+    JSONText,
+    LogprobRenderer,
+    output_entries,
+    prompt_entries,
+    render_thread,
 )
-from stepserve.server.render_pace import render_thread
-from stepserve.server.responses import (
+from stepserve.server.protocol import (
     ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
     CompletionChoice,
+    CompletionRequest,
     CompletionResponse,
+    DeltaMessage,
     RawBlocks,
     UsageInfo,
     prompt_cached_tokens,
 )
-from stepserve.server.sse import SSE_DONE, Chunks, Echo
+
+if TYPE_CHECKING:
+    from stepserve.server.serving import ServingContext
 
 log = logging.getLogger("stepserve.server")
+
+SSE_DONE = "data: [DONE]\n\n"
 
 # Big answers are rendered here. Two threads: one long render does not hold up the next
 # answer's, yet a burst of them queues instead of piling threads onto the interpreter
@@ -61,6 +71,16 @@ _RENDER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stepserve-render
                              initializer=render_thread)
 
 R = TypeVar("R")
+
+
+@dataclass
+class Echo:
+    """A completion that starts with its prompt (echo): the prompt's text and ids; with
+    `only_prompt` (max_tokens = 0) the generated token is not shown."""
+
+    text: str
+    prompt_ids: list[int]
+    only_prompt: bool = False
 
 
 def ended_error(out: StreamOutput) -> APIError | None:
@@ -92,28 +112,43 @@ async def next_output(ctx: ServingContext, request: Request,
     return get.result() if get.done() and not get.cancelled() else None
 
 
-def response_id(request: Request, body: _Sampling, prefix: str) -> str:
+def response_id(request: Request, given_in_body: str | None, prefix: str) -> str:
     """`{prefix}-{id}`: the X-Request-Id header, else the body's request_id (vLLM), else
     a random one."""
-    given = request.headers.get("x-request-id") or body.request_id
+    given = request.headers.get("x-request-id") or given_in_body
     if given and len(given) <= lim.REQUEST_ID_MAX_CHARS:
         return f"{prefix}-{given}"
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 class Answer:
-    """How one request is answered: one JSON body of its n choices, or server-sent
-    events."""
+    """How one request is answered: one JSON body of its n choices (`response`), or
+    server-sent events: `head`, a chunk per output with new text (`token`), each
+    choice's last (`tail`), then `usage` when asked for. A plain text chunk of choice 0
+    comes from a template made once from the chunk model (only the text changes), so a
+    token costs one json.dumps; everything else is rendered by pydantic."""
+
+    PREFIX: ClassVar[str]  # of the response id
+    CHUNK: ClassVar[type[CompletionResponse | ChatCompletionChunk]]  # a streamed chunk
+    SENTINEL = "\x00stepserve-text\x00"
 
     def __init__(self, ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
-                 prefix: str, renderer: LogprobRenderer | None = None,
+                 logprobs: int | None, prompt_logprobs: int | None,
                  echo: Echo | None = None) -> None:
-        self.ctx, self.body, self.prefix = ctx, body, prefix
-        self.renderer, self.echo = renderer, echo
-        self.raw = RawBlocks()  # the rendered logprob blocks of the JSON body
+        """`logprobs`, `prompt_logprobs`: the top alternatives shown (None: no block)."""
+        self.ctx, self.body, self.rid, self.echo = ctx, body, "", echo
+        self.renderer = None if logprobs is None and prompt_logprobs is None \
+            else LogprobRenderer(ctx.tokenizer, logprobs or 0)
+        self.raw = RawBlocks()  # the rendered logprob blocks of the body or event being made
         self.created = int(time.time())
-        self.big = renderer is not None or echo is not None or body.n > 1 \
+        self.big = self.renderer is not None or echo is not None or body.n > 1 \
             or getattr(body, "best_of", None) is not None
+        opts = body.stream_options
+        self.include_usage = bool(opts and opts.include_usage)
+        self.continuous_usage = bool(opts and opts.continuous_usage_stats)
+        self._last: dict[int, StreamOutput] = {}  # by choice: its latest output with a chunk
+        self._offsets: dict[int, int] = {}  # completions: text offset of the next token
+        self._prefix = self._suffix = ""  # of the plain chunk's template
 
     async def render(self, fn: Callable[..., R], *args) -> R:
         """`fn(*args)`: on a render thread when the answer can be big, else here."""
@@ -121,95 +156,117 @@ class Answer:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(_RENDER, fn, *args)
 
-    async def send(self, request: Request, stream: RequestStream, chunks: type[Chunks],
-                   response: Callable[[str, list[StreamOutput]], BaseModel]) -> Response:
-        ctx = self.ctx
-        rid = response_id(request, self.body, self.prefix)
+    async def send(self, request: Request, stream: RequestStream) -> Response:
+        self.rid = response_id(request, self.body.request_id, self.PREFIX)
         try:
             if self.body.stream:
-                return await self._start_stream(request, stream, chunks(
-                    rid, self.created, ctx.model_name, self.body, self.renderer, self.echo))
-            outs = await _finals(ctx, request, stream)
+                return await self._start_stream(request, stream)
+            outs = await _finals(self.ctx, request, stream)
             if outs is None:
                 return Response(status_code=499)  # nobody is listening
-            body = await self.render(lambda: self.raw.dump(response(rid, outs)).encode())
+            body = await self.render(lambda: self.raw.dump(self.response(outs)).encode())
             return Response(body, media_type="application/json")
         except BaseException:
             # A fault (or cancellation) in this handler: the request must not run on
             # unread. The error itself becomes a 500 in OpenAI's shape (api.py's handler).
             if not stream.finished:
-                ctx.engine.abort(stream.request_id, "the request's handler failed")
+                self.ctx.engine.abort(stream.request_id, "the request's handler failed")
             raise
 
-    def _usage(self, outs: list[StreamOutput]) -> UsageInfo:
+    def usage_of(self, outs: list[StreamOutput]) -> UsageInfo:
+        """The usage of the sequences whose last outputs are `outs` (best_of: every
+        sequence run counts)."""
         made = sum(o.num_output_tokens for o in outs)
         if self.echo is not None and self.echo.only_prompt:
             made = 0
         return UsageInfo.of(outs[0].num_prompt_tokens, made,
                             prompt_cached_tokens(o.num_cached_tokens for o in outs))
 
-    def completion(self, rid: str, outs: list[StreamOutput]) -> CompletionResponse:
-        usage = self._usage(outs)  # best_of: every sequence run counts
-        if len(outs) > self.body.n:  # best_of: the n with the highest total logprob
-            outs = sorted(outs, key=lambda o: -sum(lp.logprob for lp in o.logprobs or ()))
-            outs = outs[:self.body.n]
-            for k, o in enumerate(outs):
-                o.index = k
-        return CompletionResponse(id=rid, created=self.created, model=self.ctx.model_name,
-                                  choices=[self._completion_choice(o) for o in outs],
-                                  usage=usage)
+    # ---- the endpoint's shapes ----
 
-    def _completion_choice(self, out: StreamOutput) -> CompletionChoice:
-        echo, body, renderer = self.echo, self.body, self.renderer
-        only_prompt = echo is not None and echo.only_prompt
-        text = "" if only_prompt else out.full_text or ""
-        entries = [] if only_prompt else output_entries(out.logprobs)
-        if echo is not None:
-            text = echo.text + text
-            entries = prompt_entries(echo.prompt_ids, out.prompt_logprobs) + entries
-        choice = CompletionChoice(index=out.index, text=text, finish_reason=out.finish_reason,
-                                  stop_reason=out.stop_reason)
-        if renderer is not None and body.logprobs is not None:  # type: ignore[union-attr]
-            choice.logprobs = self.raw.put(renderer.completion(entries, 0)[0])
-        if renderer is not None and body.prompt_logprobs is not None:
-            choice.prompt_logprobs = self.raw.put(renderer.vllm_prompt(out.prompt_logprobs
-                                                                       or []))
-        return choice
+    def response(self, outs: list[StreamOutput]) -> BaseModel:
+        """The JSON body of the sequences' final outputs."""
+        raise NotImplementedError
 
-    def chat(self, rid: str, outs: list[StreamOutput]) -> ChatCompletionResponse:
-        renderer, body = self.renderer, self.body
-        answer = ChatCompletionResponse(
-            id=rid, created=self.created, model=self.ctx.model_name, usage=self._usage(outs),
-            choices=[ChatChoice(index=o.index,
-                                message=ChatResponseMessage(content=o.full_text or ""),
-                                finish_reason=o.finish_reason, stop_reason=o.stop_reason,
-                                logprobs=self.raw.put(renderer.chat(o.logprobs or []))
-                                if renderer is not None and body.logprobs else None)
-                     for o in outs])
-        if renderer is not None and body.prompt_logprobs is not None and outs:
-            answer.prompt_logprobs = self.raw.put(
-                renderer.vllm_prompt(outs[0].prompt_logprobs or []))
-        return answer
+    def _chunk(self, index: int, text: str, finish_reason: str | None = None,
+               usage: UsageInfo | None = None, logprobs: JSONText | None = None,
+               prompt_logprobs: JSONText | None = None,
+               stop_reason: str | int | None = None) -> BaseModel:
+        """One choice's chunk; `stop_reason` only on its last (vLLM's: null before)."""
+        raise NotImplementedError
 
-    # ---- streaming ----
+    def _content(self, out: StreamOutput, text: str, first: bool
+                 ) -> tuple[str, JSONText | None, JSONText | None]:
+        """The text, the logprobs block and the prompt_logprobs a choice's piece carries
+        (`text`: its new text; `first`: the choice's first piece), the blocks rendered."""
+        raise NotImplementedError
 
-    async def _start_stream(self, request: Request, stream: RequestStream,
-                            chunks: Chunks) -> Response:
+    def _opens_with_more(self) -> bool:
+        """Whether a choice's first chunk carries more than its text (echo)."""
+        return False
+
+    def _wrap(self, choices: list, usage: UsageInfo | None) -> BaseModel:
+        return self.CHUNK(id=self.rid, created=self.created, model=self.ctx.model_name,
+                          choices=choices, usage=usage)
+
+    # ---- server-sent events ----
+
+    def head(self, first: StreamOutput) -> str:
+        return ""
+
+    def wants_chunk(self, out: StreamOutput) -> bool:
+        return bool(out.text or out.logprobs) or (out.index not in self._last
+                                                   and self._opens_with_more())
+
+    def token(self, out: StreamOutput) -> str:
+        """A chunk of choice `out.index`'s new text (and its tokens' logprobs)."""
+        first = out.index not in self._last
+        self._last[out.index] = out
+        if out.index == 0 and not self.continuous_usage and self.renderer is None \
+                and (self.echo is None or not first):
+            return f"data: {self._prefix}{json.dumps(out.text)}{self._suffix}\n\n"
+        return self._event(self._piece(out, first))
+
+    def tail(self, out: StreamOutput) -> str:
+        """Choice `out.index`'s last chunk (its finish reason)."""
+        first = out.index not in self._last
+        self._last[out.index] = out
+        return self._event(self._piece(out, first, out.finish_reason, out.stop_reason))
+
+    def usage(self) -> str:
+        """After every choice ended: the usage chunk, when asked for."""
+        if not self.include_usage:
+            return ""
+        return self._event(self._wrap([], self.usage_of(list(self._last.values()))))
+
+    def _piece(self, out: StreamOutput, first: bool, finish_reason: str | None = None,
+               stop_reason: str | int | None = None) -> BaseModel:
+        text, block, prompt = self._content(out, out.text, first)
+        usage = UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens,
+                             out.num_cached_tokens) if self.continuous_usage else None
+        return self._chunk(out.index, text, finish_reason, usage, block, prompt, stop_reason)
+
+    def _event(self, chunk: BaseModel) -> str:
+        return f"data: {self.raw.dump(chunk)}\n\n"
+
+    async def _start_stream(self, request: Request, stream: RequestStream) -> Response:
         first = await next_output(self.ctx, request, stream)
         if first is None:
             return Response(status_code=499)
         if first.finished and (err := ended_error(first)) is not None:
             raise err  # still before any header: a proper status
-        return StreamingResponse(self._events(stream, first, chunks),
+        data = self._chunk(0, self.SENTINEL).model_dump_json()
+        self._prefix, self._suffix = data.split(json.dumps(self.SENTINEL))
+        return StreamingResponse(self._events(stream, first),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
-    async def _events(self, stream: RequestStream, first: StreamOutput,
-                      chunks: Chunks) -> AsyncIterator[bytes | str]:
+    async def _events(self, stream: RequestStream,
+                      first: StreamOutput) -> AsyncIterator[bytes | str]:
         outs, opening = [first], True
         try:
             while True:
-                events, ended = await self.render(_render_events, chunks, outs, opening,
+                events, ended = await self.render(self._render_events, outs, opening,
                                                   stream.finished)
                 opening = False
                 if events:
@@ -227,6 +284,122 @@ class Answer:
             if not stream.finished:  # the client went away (the task was cancelled)
                 self.ctx.engine.abort(stream.request_id)
 
+    def _render_events(self, outs: list[StreamOutput], opening: bool,
+                       all_ended: bool) -> tuple[bytes, bool]:
+        """The events of outputs taken from a stream together (`opening`: the stream's
+        first; `all_ended`: every sequence's final output is among them or came before),
+        and whether the stream ends with them (done, or a sequence failed)."""
+        events = [self.head(outs[0])] if opening else []
+        for out in outs:
+            if out.finished:
+                err = ended_error(out)
+                if err is not None:
+                    if out.text:
+                        events.append(self.token(out))
+                    events.append(err.sse_event())
+                    return "".join(events).encode(), True
+                events.append(self.tail(out))
+            elif self.wants_chunk(out):
+                events.append(self.token(out))
+        if all_ended:
+            events.append(self.usage())
+        return "".join(events).encode(), all_ended
+
+
+class CompletionAnswer(Answer):
+    PREFIX, CHUNK = "cmpl", CompletionResponse
+    body: CompletionRequest
+
+    def _opens_with_more(self) -> bool:
+        return self.echo is not None or self.body.prompt_logprobs is not None
+
+    def _content(self, out, text, first):
+        echo, renderer = self.echo, self.renderer
+        only_prompt = echo is not None and echo.only_prompt
+        text = "" if only_prompt else text
+        entries = [] if only_prompt else output_entries(out.logprobs)
+        if echo is not None and first:
+            text = echo.text + text
+            entries = prompt_entries(echo.prompt_ids, out.prompt_logprobs) + entries
+        block = prompt = None
+        if renderer is not None and self.body.logprobs is not None:
+            block, self._offsets[out.index] = renderer.completion(
+                entries, self._offsets.get(out.index, 0))
+        if renderer is not None and self.body.prompt_logprobs is not None and first:
+            prompt = renderer.vllm_prompt(out.prompt_logprobs or [])
+        return text, block, prompt
+
+    def _choice(self, index, text, finish_reason=None, logprobs=None, prompt_logprobs=None,
+                stop_reason=None) -> CompletionChoice:
+        return CompletionChoice(index=index, text=text, logprobs=self.raw.put(logprobs),
+                                finish_reason=finish_reason, stop_reason=stop_reason,
+                                prompt_logprobs=self.raw.put(prompt_logprobs))
+
+    def _chunk(self, index, text, finish_reason=None, usage=None, logprobs=None,
+               prompt_logprobs=None, stop_reason=None):
+        return self._wrap([self._choice(index, text, finish_reason, logprobs,
+                                        prompt_logprobs, stop_reason)], usage)
+
+    def response(self, outs):
+        usage = self.usage_of(outs)
+        if len(outs) > self.body.n:  # best_of: the n with the highest total logprob
+            outs = sorted(outs, key=lambda o: -sum(lp.logprob for lp in o.logprobs or ()))
+            outs = outs[:self.body.n]
+            for k, o in enumerate(outs):
+                o.index = k
+        choices = []
+        for o in outs:
+            text, block, prompt = self._content(o, o.full_text or "", True)
+            choices.append(self._choice(o.index, text, o.finish_reason, block, prompt,
+                                        o.stop_reason))
+        return self._wrap(choices, usage)
+
+
+class ChatAnswer(Answer):
+    PREFIX, CHUNK = "chatcmpl", ChatCompletionChunk
+    body: ChatCompletionRequest
+
+    def head(self, first):
+        usage = UsageInfo.of(first.num_prompt_tokens, 0, first.num_cached_tokens) \
+            if self.continuous_usage else None
+        return "".join(self._event(self._make(i, DeltaMessage(role="assistant", content=""),
+                                              None, usage))
+                       for i in range(self.body.n))
+
+    def _content(self, out, text, first):
+        if self.renderer is None or not out.logprobs:
+            return text, None, None
+        return text, self.renderer.chat(out.logprobs), None
+
+    def _chunk(self, index, text, finish_reason=None, usage=None, logprobs=None,
+               prompt_logprobs=None, stop_reason=None):
+        delta = DeltaMessage(content=text) if text or finish_reason is None else DeltaMessage()
+        return self._make(index, delta, finish_reason, usage, logprobs, stop_reason)
+
+    def _make(self, index: int, delta: DeltaMessage, finish_reason: str | None,
+              usage: UsageInfo | None, logprobs: JSONText | None = None,
+              stop_reason: str | int | None = None) -> BaseModel:
+        return self._wrap([ChatChunkChoice(index=index, delta=delta,
+                                           logprobs=self.raw.put(logprobs),
+                                           finish_reason=finish_reason,
+                                           stop_reason=stop_reason)], usage)
+
+    def response(self, outs):
+        renderer, body = self.renderer, self.body
+        answer = ChatCompletionResponse(
+            id=self.rid, created=self.created, model=self.ctx.model_name,
+            usage=self.usage_of(outs),
+            choices=[ChatChoice(index=o.index,
+                                message=ChatResponseMessage(content=o.full_text or ""),
+                                finish_reason=o.finish_reason, stop_reason=o.stop_reason,
+                                logprobs=self.raw.put(renderer.chat(o.logprobs or []))
+                                if renderer is not None and body.logprobs else None)
+                     for o in outs])
+        if renderer is not None and body.prompt_logprobs is not None and outs:
+            answer.prompt_logprobs = self.raw.put(
+                renderer.vllm_prompt(outs[0].prompt_logprobs or []))
+        return answer
+
 
 async def _finals(ctx: ServingContext, request: Request,
                   stream: RequestStream) -> list[StreamOutput] | None:
@@ -243,25 +416,3 @@ async def _finals(ctx: ServingContext, request: Request,
             raise err
         finals[out.index] = out
     return [finals[i] for i in sorted(finals)]
-
-
-def _render_events(chunks: Chunks, outs: list[StreamOutput], opening: bool,
-                   all_ended: bool) -> tuple[bytes, bool]:
-    """The events of outputs taken from a stream together (`opening`: the stream's first;
-    `all_ended`: every sequence's final output is among them or came before), and
-    whether the stream ends with them (done, or a sequence failed)."""
-    events = [chunks.head(outs[0])] if opening else []
-    for out in outs:
-        if out.finished:
-            err = ended_error(out)
-            if err is not None:
-                if out.text:
-                    events.append(chunks.token(out))
-                events.append(err.sse_event())
-                return "".join(events).encode(), True
-            events.append(chunks.tail(out))
-        elif chunks.wants_chunk(out):
-            events.append(chunks.token(out))
-    if all_ended:
-        events.append(chunks.usage())
-    return "".join(events).encode(), all_ended

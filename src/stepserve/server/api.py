@@ -1,17 +1,11 @@
 """The FastAPI app: OpenAI-compatible routes, /health, /metrics, and error handlers
-that answer every failure in OpenAI's error shape.
-
-    app = create_app(LLMEngine("tiny", config), model_name="tiny")
-    uvicorn.run(app, host="127.0.0.1", port=8000)
-
-`create_app` also takes a zero-argument factory that builds the engine at startup.
-"""
+that answer every failure in OpenAI's error shape."""
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -33,9 +27,12 @@ from stepserve.server.errors import (
 )
 from stepserve.server.metrics import ServerMetrics
 from stepserve.server.openapi import install_openapi
-from stepserve.server.prompts import ServingContext
 from stepserve.server.protocol import ErrorResponse, HealthStatus, ModelCard, ModelList
-from stepserve.server.serving import create_chat_completion, create_completion
+from stepserve.server.serving import (
+    ServingContext,
+    create_chat_completion,
+    create_completion,
+)
 from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.server")
@@ -65,13 +62,32 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         llm_engine = engine() if callable(engine) and not hasattr(engine, "step") else engine
-        async_engine = _start_serving(app, llm_engine, model_name, on_fatal, retry_after_s,
-                                      max_request_bytes)
+        name = model_name or llm_engine.runner.model_path.name
+        app.state.metrics = metrics = ServerMetrics(name, llm_engine.config.scheduler)
+        app.state.async_engine = async_engine = AsyncEngine(llm_engine, metrics, on_fatal)
+        async_engine.start()
+        max_len = llm_engine.config.scheduler.max_model_len
+        tokenizer = llm_engine.tokenizer
+        app.state.ctx = ServingContext(
+            async_engine, tokenizer, llm_engine.clock, name, max_len,
+            llm_engine.runner.args.vocab_size, retry_after_s, max_request_bytes,
+            max_len * tokenizer.max_token_bytes())
         app.state.shutdown_timeout_s = shutdown_timeout_s
+        # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
+        # server: take it out of the cyclic GC's reach, or every full collection walks it
+        # (0.18 s on the event loop, seen after one allocation-heavy request body).
+        gc.collect()
+        gc.freeze()
+        log.info("serving %s (max_model_len %d)", name, max_len)
         try:
             yield
-        finally:
-            await _stop_serving(app, async_engine, shutdown_timeout_s)
+        finally:  # in-flight requests finish (or are aborted), then the engine thread ends
+            finished, aborted = await async_engine.drain(shutdown_timeout_s)
+            if finished or aborted:
+                log.info("shutdown: %d in-flight requests finished, %d aborted", finished,
+                         aborted)
+            await async_engine.stop()
+            app.state.ctx.workers.shutdown(wait=False)
 
     app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
     add_error_handlers(app)
@@ -82,39 +98,6 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     add_openai_routes(app)
     _add_health_and_metrics_routes(app)
     return app
-
-
-def _start_serving(app: FastAPI, llm_engine, model_name: str | None,
-                   on_fatal: Callable[[str], None], retry_after_s: int,
-                   max_request_bytes: int) -> AsyncEngine:
-    """Start the engine thread and put what the handlers read on `app.state`."""
-    name = model_name or llm_engine.runner.model_path.name
-    metrics = ServerMetrics(name, llm_engine.config.scheduler)
-    async_engine = AsyncEngine(llm_engine, metrics, on_fatal)
-    async_engine.start()
-    app.state.metrics = metrics
-    app.state.async_engine = async_engine
-    max_len = llm_engine.config.scheduler.max_model_len
-    app.state.ctx = ServingContext(
-        async_engine, llm_engine.tokenizer, llm_engine.clock, name, max_len, llm_engine.runner.args.vocab_size, retry_after_s,
-        max_request_bytes, max_len * llm_engine.tokenizer.max_token_bytes())
-    # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
-    # server: take it out of the cyclic GC's reach, or every full collection walks it
-    # (0.18 s on the event loop, seen after one allocation-heavy request body).
-    gc.collect()
-    gc.freeze()
-    log.info("serving %s (max_model_len %d)", name, max_len)
-    return async_engine
-
-
-async def _stop_serving(app: FastAPI, async_engine: AsyncEngine,
-                        shutdown_timeout_s: float) -> None:
-    """Let in-flight requests finish (or abort them), then end the engine thread."""
-    finished, aborted = await async_engine.drain(shutdown_timeout_s)
-    if finished or aborted:
-        log.info("shutdown: %d in-flight requests finished, %d aborted", finished, aborted)
-    await async_engine.stop()
-    app.state.ctx.workers.shutdown(wait=False)
 
 
 def add_openai_routes(app: FastAPI) -> None:
@@ -201,7 +184,7 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientDisconnect)
     async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
         # the client left (or its connection was cut: a stalled body gets its 408 from
-        # guarded_protocol.py) before its body arrived: nothing to answer, nothing to log
+        # connection_limits.py) before its body arrived: nothing to answer, nothing to log
         log.debug("%s %s: the client went away before its body arrived", request.method,
                   request.url.path)
         return Response(status_code=499)

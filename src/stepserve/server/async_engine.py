@@ -1,29 +1,26 @@
 """AsyncEngine: the engine client of one process (engine/seam.py): the synchronous
 LLMEngine's step loop on a thread of its own (`EngineLoop`), one asyncio stream per
-request.
+request; and `drain_live`, the shutdown drain it shares with the cluster's ClusterEngine.
 
     HTTP handler --add/abort--> command queue --> engine thread: commands, step(), publish
          ^                                                             |
          +----- RequestStream (merging slot) <-- outbox (a queue) -----+
 
 Invariants:
-* Only the engine thread touches the engine (add, abort, step), so the scheduler is
-  never used concurrently. Handlers talk to it through the command queue.
-* The thread sleeps on an Event when nothing is unfinished; a command sets the Event.
-* An abort is applied before the next step, so its blocks are free one step later.
-* Exactly one answer per accepted request. Admission either raises (RequestRejected,
-  EngineUnavailable) or returns a stream that gets exactly one final StreamOutput
-  (finished, with a reason: stop, length, abort, timed_out, error). Every path keeps it:
-  - a fault while a step runs ends that step's requests with "error" (LLMEngine.step);
-  - a fault while turning one request's tokens into text ends that request with "error";
-  - a fault of the loop itself (the scheduler, a dead runner) answers every live
-    request with "error" (LLMEngine.fail_all), resolves every admission still pending (including those
-    accepted in the failing iteration, kept on `self` for that reason), refuses queued
-    ones, and calls `on_fatal` so the server exits non-zero for a supervisor to restart.
-* Everything the engine thread hands the event loop for one iteration is one message on
-  its outbox (one call_soon_threadsafe: one wake-up of the loop per step, not one per
-  token). Calls go one way: AsyncEngine touches nothing of EngineLoop's but its command
-  queue, wake-up event and published state, and EngineLoop calls nothing of AsyncEngine.
+* Only the engine thread touches the engine, so the scheduler is never used
+  concurrently; it sleeps on an Event that a command sets. An abort is applied before
+  the next step, so its blocks are free one step later.
+* Exactly one answer per accepted request: admission either raises (RequestRejected,
+  EngineUnavailable) or returns a stream that gets exactly one final StreamOutput. A
+  fault in a step, or in turning a request's tokens into text, ends the requests it
+  touched with "error"; a fault of the loop itself answers every live request with
+  "error" (LLMEngine.fail_all), resolves every admission still pending (those accepted
+  in the failing iteration too, kept on the loop for that reason), refuses queued ones,
+  and calls `on_fatal` so the server exits non-zero.
+* One iteration's hand-over to the event loop is one message on the outbox (one
+  call_soon_threadsafe per step, not per token). Calls go one way: AsyncEngine touches
+  only EngineLoop's command queue, wake-up event, outbox and published state, and
+  EngineLoop calls nothing of AsyncEngine.
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from stepserve.core.end_reasons import FinishReason
@@ -48,7 +45,6 @@ from stepserve.engine.seam import (
     RequestStream,
     StreamOutput,
 )
-from stepserve.server.drain import drain_live
 
 if TYPE_CHECKING:
     from stepserve.engine.llm_engine import EngineStep, LLMEngine
@@ -58,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("stepserve.server")
 
 IDLE_POLL_S = 0.002  # work is queued but nothing could be scheduled: look again soon
+ABORTED_END_WAIT_S = 10.0  # how long aborted requests get to hand over their final output
 
 Outputs = list[tuple[RequestStream, StreamOutput]]
 Admissions = list[tuple[asyncio.Future, BaseException | None]]
@@ -82,43 +79,16 @@ class _Live:
     left: int  # sequences still to end (n of an n > 1 request)
 
 
-@dataclass
-class EngineState:
+@dataclass(frozen=True, slots=True)
+class EngineState(EngineSnapshot):
     """What the engine thread publishes for /health and /metrics: the core's snapshot
     and the steps this loop ran."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    num_swapped: int = 0
-    num_gpu_blocks: int = 0
-    num_gpu_blocks_used: int = 0
-    kv_usage: float = 0.0
-    num_preemptions_total: int = 0
     steps: int = 0
-    time: float = field(default_factory=time.monotonic)
 
     @classmethod
     def of(cls, snap: EngineSnapshot, steps: int) -> EngineState:
-        return cls(snap.num_running, snap.num_waiting, snap.num_swapped, snap.num_gpu_blocks,
-                   snap.num_gpu_blocks_used, snap.kv_usage, snap.num_preemptions_total, steps)
-
-
-class Outbox:
-    """The engine thread's messages to the event loop, each (outputs, admissions) of one
-    iteration: one call_soon_threadsafe onto a queue the event loop reads."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.queue: asyncio.Queue[tuple[Outputs, Admissions]] | None = None
-
-    def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the event loop, before the engine thread starts."""
-        self._loop, self.queue = loop, asyncio.Queue()
-
-    def post(self, outputs: Outputs, admissions: Admissions) -> None:
-        """Engine thread."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, (outputs, admissions))
+        return cls(**{f.name: getattr(snap, f.name) for f in fields(snap)}, steps=steps)
 
 
 # ---- the engine thread ----
@@ -130,13 +100,16 @@ class EngineLoop:
     `commands` and `wake`, and hears from it through `outbox`: neither calls the
     other."""
 
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None,
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics,
                  on_fatal: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
-        self.outbox = Outbox()
+        # (outputs, admissions) of one iteration each, for the event loop (`open_outbox`)
+        self.outbox: asyncio.Queue[tuple[Outputs, Admissions]] = asyncio.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.on_fatal = on_fatal
-        self.state = EngineState()
+        self._steps = 0
+        self.state = EngineState.of(engine.core.snapshot(), 0)
         self.fault: str | None = None
         self.commands: deque[AddCommand | AbortCommand | None] = deque()
         self.wake = threading.Event()
@@ -144,6 +117,10 @@ class EngineLoop:
         # what this iteration hands over at its end (on self: the fatal path needs them)
         self._outputs: Outputs = []
         self._admissions: Admissions = []
+
+    def open_outbox(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the event loop, before the engine thread starts."""
+        self._loop = loop
 
     def run(self) -> None:
         """The thread's body."""
@@ -172,9 +149,8 @@ class EngineLoop:
             t0 = time.perf_counter()
             result = engine.step()
             if result.ran:
-                self.state.steps += 1
-                if self.metrics is not None:
-                    self.metrics.on_steps([result.record], time.perf_counter() - t0)
+                self._steps += 1
+                self.metrics.on_steps([result.record], time.perf_counter() - t0)
             self._collect(result)
             self._publish()
             if not result.ran:
@@ -187,9 +163,8 @@ class EngineLoop:
 
     def _collect(self, step: EngineStep) -> None:
         """Hand each output to its request's stream; count tokens and ends."""
-        if self.metrics is not None:
-            for req in step.emitted:
-                self.metrics.on_token(req)
+        for req in step.emitted:
+            self.metrics.on_token(req)
         self._route(step.outputs)
 
     def _route(self, outputs: EngineOutputs) -> None:
@@ -203,8 +178,8 @@ class EngineLoop:
                 live.left -= 1
                 if not live.left:
                     del self._live[rid]
-                if self.metrics is not None:  # what the client got is what is counted
-                    self.metrics.on_finished(req, FinishReason(out.finish_reason))
+                # what the client got is what is counted
+                self.metrics.on_finished(req, FinishReason(out.finish_reason))
 
     def _apply_commands(self) -> bool:
         """Apply queued adds and aborts; True when asked to stop."""
@@ -240,16 +215,16 @@ class EngineLoop:
         return None
 
     def _publish(self) -> None:
-        self.state = EngineState.of(self.engine.core.snapshot(), self.state.steps)
-        if self.metrics is not None:
-            self.metrics.on_state(self.state)
+        self.state = EngineState.of(self.engine.core.snapshot(), self._steps)
+        self.metrics.on_state(self.state)
         self._post()
 
     def _post(self) -> None:
         outputs, admissions = self._outputs, self._admissions
         self._outputs, self._admissions = [], []
-        if outputs or admissions:
-            self.outbox.post(outputs, admissions)
+        loop = self._loop
+        if (outputs or admissions) and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.outbox.put_nowait, (outputs, admissions))
 
     def _fail_all(self, message: str) -> None:
         """The loop is dead: every live request gets its final error (the engine ends
@@ -266,42 +241,35 @@ class EngineLoop:
 # ---- the event loop's side ----
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None,
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics,
                  on_fatal: Callable[[str], None] | None = None) -> None:
         """`on_fatal(reason)`: called on the engine thread once the loop has died and every
         request has been answered (the server exits non-zero)."""
         self.engine = engine
-        self.metrics = metrics
-        if metrics is not None:
-            metrics.cache.watch(engine.core)
-            if (threads := getattr(engine, "step_threads", None)) is not None:
-                metrics.cpu.watch(threads)
+        metrics.cache.watch(engine.core)
+        if (threads := getattr(engine, "step_threads", None)) is not None:
+            metrics.cpu.watch(threads)
         self.accepting = True
         self._worker = EngineLoop(engine, metrics, on_fatal)
-        self._commands = self._worker.commands
-        self._wake = self._worker.wake
-        self._outbox = self._worker.outbox
+        self._commands, self._wake = self._worker.commands, self._worker.wake
         self._thread: threading.Thread | None = None
         self._reader: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[str, RequestStream] = {}  # event loop only
-        self._all_ended: asyncio.Event | None = None
-        self._drain_cut: asyncio.Event | None = None
+        self._all_ended = asyncio.Event()
+        self._all_ended.set()
+        self._drain_cut = asyncio.Event()
         self._counter = 0
 
-    # ---- lifecycle (event loop side) ----
     def start(self) -> None:
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._all_ended = asyncio.Event()
-        self._all_ended.set()
-        self._drain_cut = asyncio.Event()
         # the engine thread's OpenMP pool must be the only one (model/omp.py)
         from stepserve.model.omp import release_openmp_pool
 
         release_openmp_pool()
-        self._outbox.open(self._loop)
+        self._worker.open_outbox(self._loop)
         self._reader = self._loop.create_task(self._read_outbox())
         self._thread = threading.Thread(target=self._worker.run, name="stepserve-engine",
                                         daemon=True)
@@ -329,15 +297,12 @@ class AsyncEngine:
         """Stop admitting; let live requests finish for up to `timeout_s`, then abort the
         rest. Returns (finished during the drain, aborted)."""
         self.accepting = False
-        if self._all_ended is None or self._drain_cut is None:
-            return 0, 0  # never started: nothing is live
         return await drain_live(self._live, self._all_ended, self._drain_cut, self.abort,
                                 timeout_s)
 
     def cut_drain(self) -> None:
         """Abort a drain in progress at once (a second shutdown signal). Event loop only."""
-        if self._drain_cut is not None:
-            self._drain_cut.set()
+        self._drain_cut.set()
 
     async def stop(self) -> None:
         """End the engine thread (live requests are aborted first)."""
@@ -349,14 +314,13 @@ class AsyncEngine:
         self._thread = None
         # the thread's last messages are queued by now (they were posted before the join
         # returned, and calls made thread-safe run in order): deliver them, then stop
-        queue = self._outbox.queue
-        while queue is not None and not queue.empty():
+        queue = self._worker.outbox
+        while not queue.empty():
             self._deliver(*queue.get_nowait())
         if self._reader is not None:
             self._reader.cancel()
             self._reader = None
 
-    # ---- requests (event loop side) ----
     async def add(self, request: NewRequest) -> RequestStream:
         """Submit a request; returns its stream once the scheduler admitted it.
         Raises RequestRejected (queue full, too long, a field the engine cannot take) or
@@ -373,7 +337,7 @@ class AsyncEngine:
         arrival = self.engine.clock.now() if request.arrival_time is None \
             else request.arrival_time
         self._live[request_id] = stream
-        self._all_ended.clear()  # type: ignore[union-attr]
+        self._all_ended.clear()
         self._commands.append(AddCommand(
             replace(request, request_id=request_id, arrival_time=arrival), stream, admitted))
         self._wake.set()
@@ -398,15 +362,13 @@ class AsyncEngine:
 
     def _forget(self, request_id: str) -> None:
         self._live.pop(request_id, None)
-        if not self._live and self._all_ended is not None:
+        if not self._live:
             self._all_ended.set()
 
     async def _read_outbox(self) -> None:
         """Event loop: deliver each of the engine thread's messages as it comes."""
-        queue = self._outbox.queue
-        assert queue is not None
         while True:
-            outputs, admissions = await queue.get()
+            outputs, admissions = await self._worker.outbox.get()
             try:
                 self._deliver(outputs, admissions)
             except Exception:  # a bug; the next message must still be delivered
@@ -425,3 +387,27 @@ class AsyncEngine:
             if out.finished and stream.all_put:
                 self._forget(stream.request_id)
 
+
+async def drain_live(live: Collection[str], all_ended: asyncio.Event,
+                     drain_cut: asyncio.Event, abort: Callable[[str, str], None],
+                     timeout_s: float) -> tuple[int, int]:
+    """Let the requests in `live` finish for up to `timeout_s` (or until `drain_cut` is
+    set), then abort the rest and wait for their ends. `live` is the engine's own table
+    of live requests, read again after the wait (requests leave it as they end, and
+    `all_ended` is set when it empties; the caller has already stopped admitting).
+    Returns (finished during the drain, aborted)."""
+    before = len(live)
+    if before:
+        waits = [asyncio.ensure_future(e.wait()) for e in (all_ended, drain_cut)]
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+    left = list(live)
+    for rid in left:
+        abort(rid, f"server shutting down (no finish within the {timeout_s:g} s drain)")
+    if left:
+        try:
+            await asyncio.wait_for(all_ended.wait(), ABORTED_END_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("%d requests did not end after their abort", len(live))
+    return before - len(left), len(left)

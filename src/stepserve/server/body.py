@@ -1,33 +1,26 @@
 """Reading a request body without letting it stall the server: a byte limit (413), then
-JSON parsing whose cost on the event loop is bounded, then validation.
+JSON parsing whose cost on the event loop is bounded, then strict validation.
 
-Why not `model_validate_json(await request.body())`: the cost of parsing JSON grows with
-the number of values, not bytes (a 2.4 MB body of `[[1,2],...]` took 0.26 s in json's C
-parser and 0.79 s in pydantic's, all on the event loop while every stream waited), and
-pydantic checks a list's `max_length` only after validating every item.
+Why not `model_validate_json(await request.body())`: parsing JSON costs by the number of
+values, not bytes (a 2.4 MB body of `[[1,2],...]` took 0.26 s in json's C parser and
+0.79 s in pydantic's, all on the event loop), and pydantic checks a list's `max_length`
+only after validating every item.
 
-So: the number of JSON values is at most the number of structural characters
-(`,` `[` `{`) plus one. A body of at most INLINE_VALUES values is parsed at once on the
-event loop, cheap by construction. A larger one goes to a worker thread; if it may hold
-more than the value budget (enough for the longest legitimate prompt plus every other
-bounded field; string contents can hold those characters too), its values are first
-counted exactly, outside its strings, by a regex scan that stops as soon as the count
-passes the budget, so its cost is bounded by the budget, not the body, and it gives the
-GIL back every few milliseconds. Too many values: a 400. Otherwise the C parser takes
-it. Only then does pydantic validate, over a bounded number of values. Duplicate keys
-and the non-JSON constants NaN/Infinity are refused.
+So: the values are at most the structural characters (`,` `[` `{`) plus one. A body of
+at most INLINE_VALUES values is parsed on the event loop, cheap by construction; a larger
+one on a worker thread, where, if it may hold more than the value budget (the longest
+legitimate prompt plus every other bounded field), its values are first counted exactly,
+outside its strings, by a regex scan that stops once past the budget (a 400). Duplicate
+keys and NaN/Infinity are refused.
 
-Two things the C parser would let through are refused here, at the root, for every
-endpoint, naming the JSON path of the value (`messages.0.content`) in `param`:
-* an integer literal longer than any field takes: Python's int() of a long literal
-  costs time quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop
-  for 0.27 s) and over 4,300 digits it raises. The int hook keeps such a literal as a
-  marker instead. The hook is a Python call per integer (about 5x the C parser's cost on
-  a list of token ids), which is why larger bodies are parsed on the worker thread,
-  where those calls also let the GIL go back to the loop;
-* a lone surrogate: JSON's `\\ud800` escape decodes to one, and no tokenizer, log line or
-  UTF-8 response can carry it (request_limits.check_text). Only a body holding such an
-  escape is walked for it.
+Two things the C parser would let through are refused for every endpoint, naming the
+JSON path of the value (`messages.0.content`) in `param`:
+* an integer literal longer than any field takes: int() of a long literal costs time
+  quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop for 0.27 s).
+  The int hook keeps one as a marker instead; it is a Python call per integer (about 5x
+  the C parser's cost on token ids), which is why larger bodies go to the worker thread;
+* a lone surrogate (JSON's `\\ud800`): no tokenizer, log line or UTF-8 response can
+  carry one (request_limits.check_text). Only a body holding such an escape is walked.
 """
 
 from __future__ import annotations
@@ -36,12 +29,18 @@ import asyncio
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from stepserve.core.request_limits import check_text
-from stepserve.server.errors import APIError, bad_request
+from stepserve.server.errors import APIError, bad_request, from_validation_error
+
+if TYPE_CHECKING:
+    from stepserve.server.serving import ServingContext
+
+M = TypeVar("M", bound=BaseModel)
 
 # Values a body may hold besides the prompt's token ids: 2,048 messages of a few values,
 # 32 stop strings, 1,024 stop token ids, 300 logit biases and the scalar fields.
@@ -87,22 +86,6 @@ class _LongLiteral:
         self.digits = digits
 
 
-def _decode(text: str) -> tuple[Any, bool]:
-    """The JSON value, and whether it holds a `_LongLiteral`."""
-    long_literals: list[_LongLiteral] = []
-
-    def bounded_int(literal: str) -> int | _LongLiteral:
-        digits = len(literal) - (literal[0] == "-")
-        if digits <= INT_LITERAL_MAX_DIGITS:
-            return int(literal)
-        long_literals.append(_LongLiteral(digits))
-        return long_literals[-1]
-
-    value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                       parse_int=bounded_int)
-    return value, bool(long_literals)
-
-
 # one token per match: a whole string (skipped: its content is not structure), or one of
 # the characters that start a value
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{,]')
@@ -127,8 +110,18 @@ def _parse(raw: bytes, text: str, budget: int, counted: bool) -> Any:
         raise _BodyError(f"the body holds more than {budget} JSON values; a request needs "
                          f"far fewer (a prompt of at most max_model_len token ids plus "
                          f"{VALUE_SLACK} for the other fields)")
-    value, long_literal = _decode(text)
-    if long_literal or _SURROGATE_ESCAPE.search(raw):
+    long_literals: list[_LongLiteral] = []
+
+    def bounded_int(literal: str) -> int | _LongLiteral:
+        digits = len(literal) - (literal[0] == "-")
+        if digits <= INT_LITERAL_MAX_DIGITS:
+            return int(literal)
+        long_literals.append(_LongLiteral(digits))
+        return long_literals[-1]
+
+    value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                       parse_int=bounded_int)
+    if long_literals or _SURROGATE_ESCAPE.search(raw):
         _check_values(value)
     return value
 
@@ -166,10 +159,16 @@ def _check_text(path: tuple[str, ...], text: str, what: str = "") -> None:
         raise _BodyError(problem, where, "invalid_value")
 
 
-async def read_limited(request: Request, max_bytes: int) -> bytes:
-    """The raw body, refused with 413 as soon as it is known to exceed `max_bytes`, and
-    with 415 if it comes compressed (the limits above count the bytes as sent)."""
+async def read_json(ctx: ServingContext, request: Request) -> Any:
+    """The body's JSON value: 415 unless it is uncompressed JSON, 413 as soon as it is
+    known to exceed --max-request-bytes (the limits below count the bytes as sent), a
+    400 for what parse_json refuses."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise APIError(415, f"Content-Type must be application/json, got {ctype!r}",
+                       param=None, code="unsupported_media_type")
     check_content_encoding(request.headers.get("content-encoding"))
+    max_bytes = ctx.max_request_bytes
     too_big = APIError(413, f"the request body exceeds {max_bytes} bytes (the server's "
                             f"--max-request-bytes)", param=None, code="body_too_large")
     length = request.headers.get("content-length")
@@ -181,7 +180,19 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
         if size > max_bytes:
             raise too_big
         chunks.append(chunk)
-    return b"".join(chunks)
+    return await parse_json(b"".join(chunks), ctx.max_model_len + VALUE_SLACK)
+
+
+def validate(data: object, model: type[M]) -> M:
+    """Strict validation of a parsed body; a 400 naming the first problem."""
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+async def parse_body(ctx: ServingContext, request: Request, model: type[M]) -> M:
+    return validate(await read_json(ctx, request), model)
 
 
 def check_content_encoding(encoding: str | None) -> None:

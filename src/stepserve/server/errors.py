@@ -98,15 +98,11 @@ def from_validation_error(err: ValidationError) -> APIError:
         return bad_request(f"the body is not valid JSON: {first.get('msg')}", None,
                            "invalid_json")
     value = first.get("input")
-    shown = json.dumps(value)[:80] if _jsonable(value) else repr(value)[:80]
+    try:
+        shown = json.dumps(value)[:80]
+    except (TypeError, ValueError):
+        shown = repr(value)[:80]
     where = f"{param} = {shown}: " if param else "the request body: "
     return bad_request(f"{where}{first.get('msg', 'invalid value')}", param,
                        "invalid_type" if kind.endswith("_type") else "invalid_value")
 
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True

@@ -7,14 +7,11 @@ so, then [DONE]; an unstreamed request a 503), and log how many finished and how
 aborted. Both signals end the same way (exit 0 after the stop line); a second signal
 during the drain aborts the in-flight requests at once. uvicorn's own habit of re-raising
 the captured signal afterwards (SIGTERM would then kill the process with 143 before it
-could say it stopped) is dropped.
+could say it stopped) is dropped. If the engine loop dies, the app calls `request_exit()`:
+the server shuts down the same way and `exit_code` is 1, for a supervisor to restart it.
 
-If the engine loop dies, the app calls `request_exit()`: the server shuts down the same
-way and `exit_code` is 1, for a supervisor to restart it.
-
-Every connection goes through `guarded_protocol.py` (uvicorn's httptools protocol with
-`ConnectionLimits`: head size, head and body timeouts, idle keep-alive, a connection cap),
-so no client can hold the server by how it connects or how slowly it sends.
+Every connection is bounded by `ConnectionLimits` (connection_limits.py), so no client
+can hold the server by how it connects or how slowly it sends.
 """
 
 from __future__ import annotations
@@ -27,8 +24,11 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
-from stepserve.server.guarded_protocol import guarded_protocol
+from stepserve.server.connection_limits import (
+    ConnectionLimits,
+    fit_to_descriptors,
+    guarded_protocol,
+)
 
 log = logging.getLogger("stepserve.server")
 
@@ -66,15 +66,12 @@ class StepServeServer(uvicorn.Server):
         state = self.stepserve_app.state
         engine = getattr(state, "async_engine", None)
         if engine is not None:
-            timeout = state.shutdown_timeout_s
-            live = engine.num_live
-            if live:
+            if engine.num_live:
                 log.warning("graceful shutdown: %d requests in flight; waiting up to %g s",
-                            live, timeout)
-            finished, aborted = await engine.drain(timeout)
-            self.drain_result = (finished, aborted)
+                            engine.num_live, state.shutdown_timeout_s)
+            self.drain_result = await engine.drain(state.shutdown_timeout_s)
             log.warning("graceful shutdown: %d in-flight requests finished, %d aborted",
-                        finished, aborted)
+                        *self.drain_result)
         await super().shutdown(sockets)
 
 

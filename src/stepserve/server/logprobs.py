@@ -12,18 +12,28 @@ Why text: an answer may hold a few hundred thousand entries. As pydantic models 
 cost ~15 us each; as dicts they are cheaper, but every dict is an object the cyclic
 garbage collector walks, and a collection holds the interpreter lock (and so the event
 loop) for tenths of a second. Strings are cheaper still and never walked. The blocks go
-into the answer's JSON through responses.RawBlocks; responses.py's models stay their
+into the answer's JSON through protocol.RawBlocks; protocol.py's models stay their
 schema.
+
+Long renders give the interpreter lock away on a schedule. A quarter of a million
+entries take a render thread about a second of pure Python. The engine thread releases
+the lock around every torch call and must take it back after each; while a render holds
+it, each take waits out the interpreter's switch interval (5 ms), and a decode step of a
+few milliseconds became half a second for every stream on the server. So a render thread
+(one `render_thread()` marked) rests for REST_S after every WORK_S of work (`pace`): the
+engine's step runs through while it rests, and the render takes about half again as
+long. A render on the event loop (a small answer) never sleeps there.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from collections.abc import Sequence
 
 from stepserve.core.request import TokenLogprobs
-from stepserve.server.render_pace import pace
 
 LOGPROB_FLOOR = -9999.0
 _FLOOR_TEXT = repr(LOGPROB_FLOOR)
@@ -32,6 +42,24 @@ _FLOOR_TEXT = repr(LOGPROB_FLOOR)
 Entry = tuple[int, TokenLogprobs | None]
 
 JSONText = str  # one JSON value, rendered
+
+WORK_S = 0.002  # render work between rests
+REST_S = 0.001  # a rest: the lock is free for the engine and the event loop
+
+_pacing = threading.local()
+
+
+def render_thread() -> None:
+    """A thread pool's initializer: this thread's renders pace themselves."""
+    _pacing.since = time.perf_counter()
+
+
+def pace() -> None:
+    """Called between pieces of a render (a token, a position): rests when due."""
+    since = getattr(_pacing, "since", None)
+    if since is not None and time.perf_counter() - since >= WORK_S:
+        time.sleep(REST_S)
+        _pacing.since = time.perf_counter()
 
 
 def number(value: float) -> JSONText:

@@ -2,31 +2,32 @@
 signals (active/concurrency, prefill-only and zero-decode step shares).
 
 Every series carries vLLM's labels, `model_name` and `engine` (the engine's index, "0"
-for a lone one; whoever builds ServerMetrics for one of several engines names it).
-
-Levels (running, waiting, swapped, KV) are set from the engine thread's snapshot after
-every iteration; counters and histograms are fed per step (from the scheduler's
-StepRecords), per token and per request. As in vLLM, TTFT and the inter-token latency
-are observed as each token comes out, so a request aborted midway has contributed its
-own; the per-request histograms (E2E, queue, prefill, decode, inference, TPOT, prompt
-and generation tokens) are observed when a request ends, for completed requests only
-(stop or length), as the offline summary does (metrics/request_metrics.py).
+for a lone one). As in vLLM, TTFT and the inter-token latency are observed as each token
+comes out, so a request aborted midway has contributed its own; the per-request
+histograms are observed when a request ends, for completed requests only (stop or
+length), as the offline summary does (metrics/request_metrics.py).
 
 What a windowed reader (`stepserve doctor --url`, metrics/live_window.py) needs is kept as
 counters and histograms, whose increase between two scrapes describes just that window:
-step_duration_seconds (engine step wall time), active_sequence_steps and held_slot_steps
-(their increases' ratio is the window's mean active ratio), beside the steps counters.
-The whole-run ratio gauges stay for dashboards. scheduler_config_info carries the
-scheduler settings as labels (value 1), as vLLM's cache_config_info does.
+step_duration_seconds, active_sequence_steps and held_slot_steps (their increases' ratio
+is the window's mean active ratio), beside the steps counters. scheduler_config_info
+carries the scheduler settings as labels (value 1), as vLLM's cache_config_info does.
+
+The prefix cache's `prefix_cache_queries_total` and `prefix_cache_hits_total` (tokens,
+moved when a request is first scheduled; a request that does not look the cache up
+counts in neither) and `cache_config_info` (the KV settings the Gateway API Inference
+Extension's endpoint picker reads) are read at scrape time from the engine core's
+snapshot, so the engine thread does no metrics work for them.
 
 Each app gets its own CollectorRegistry, so several servers can live in one process;
-each registry also carries what prometheus_client's default one has (process_*:
-CPU, memory, open files; python_info; python_gc_*), as vLLM's /metrics does.
+each registry also carries what prometheus_client's default one has (process_*,
+python_info, python_gc_*), as vLLM's /metrics does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -39,6 +40,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stepserve.config.settings import SchedulerConfig
 from stepserve.core.end_reasons import (
@@ -54,7 +56,9 @@ from stepserve.core.output import StepRecord
 from stepserve.core.request import Request
 from stepserve.host.cpu_metrics import CpuMetrics
 from stepserve.metrics.request_metrics import request_metrics
-from stepserve.server.cache_metrics import CacheMetrics
+
+if TYPE_CHECKING:
+    from stepserve.core.engine_core import EngineCore
 
 P = "stepserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -70,6 +74,8 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.1
 CONFIG_INFO_FIELDS = ("batching", "max_num_seqs", "max_num_batched_tokens",
                       "long_prefill_token_threshold", "max_num_partial_prefills",
                       "budget_order")
+CACHE_INFO_FIELDS = ("block_size", "num_gpu_blocks", "num_cpu_blocks",
+                     "enable_prefix_caching")
 LABELS = ["model_name", "engine"]  # vLLM's, on every series
 
 
@@ -107,6 +113,43 @@ class _Series:
         return Counter(P + name, doc, [*LABELS, label], registry=self.registry)
 
 
+class CacheMetrics:
+    """The prefix cache's series of one app; absent (the counters at 0) until `watch`."""
+
+    def __init__(self, registry: CollectorRegistry, label_values: tuple[str, ...]) -> None:
+        self.label_values = list(label_values)
+        self._core: EngineCore | None = None
+        registry.register(self)
+
+    def watch(self, core: EngineCore) -> None:
+        self._core = core
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._core.snapshot() if self._core is not None else None
+        for name, doc, value in (
+                ("prefix_cache_queries", "prompt tokens of requests first scheduled that "
+                 "looked the prefix cache up", snap.prefix_cache_queries if snap else 0),
+                ("prefix_cache_hits", "of those, the tokens the prefix cache gave",
+                 snap.prefix_cache_hits if snap else 0)):
+            family = CounterMetricFamily(P + name, doc, labels=LABELS)
+            family.add_metric(self.label_values, value)
+            yield family
+        if self._core is not None and snap is not None:
+            cache = self._core.config.cache
+            values = (cache.block_size, snap.num_gpu_blocks, snap.num_cpu_blocks,
+                      cache.enable_prefix_caching)  # True/False as vLLM's
+            family = GaugeMetricFamily(P + "cache_config_info", "KV cache settings (as "
+                                       "labels)", labels=[*LABELS, *CACHE_INFO_FIELDS])
+            family.add_metric([*self.label_values, *map(str, values)], 1)
+            yield family
+
+    def describe(self) -> list[Metric]:
+        """The names, for the registry's clash check (the info series' too)."""
+        return [CounterMetricFamily(P + "prefix_cache_queries", ""),
+                CounterMetricFamily(P + "prefix_cache_hits", ""),
+                GaugeMetricFamily(P + "cache_config_info", "")]
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, scheduler: SchedulerConfig | None = None,
                  engine: str = "0") -> None:
@@ -118,28 +161,7 @@ class ServerMetrics:
         self.label_values = (model_name, engine)
         make = _Series(self.registry, self.label_values)
         # registered in this order, which is the order /metrics lists them in
-        self._add_levels(make)
-        self._add_counters(make)
-        self._add_latencies(make)
-        self._add_request_sizes(make, scheduler.max_model_len if scheduler else 4096)
-        self._add_seed_signals(make)
-        # the prefix cache's counters and cache_config_info: AsyncEngine attaches the engine
-        self.cache = CacheMetrics(self.registry, LABELS, self.label_values)
-        # whether the CPU is shared: read at scrape time, the step reference fed per step
-        self.cpu = CpuMetrics(self.registry, LABELS, self.label_values)
-        if scheduler is not None:
-            Gauge(P + "scheduler_config_info", "scheduler settings (as labels)",
-                  [*LABELS, *CONFIG_INFO_FIELDS], registry=self.registry).labels(
-                *self.label_values,
-                *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
-        for reason in SUCCESS_LABELS:
-            self.success.labels(*self.label_values, reason)
-        self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
-        self._sum_active = self._sum_slots = 0
-        self._preemptions_seen = 0
-
-    def _add_levels(self, make: _Series) -> None:
-        """Set from the engine thread's snapshot (on_state)."""
+        # levels: set from the engine thread's snapshot (on_state)
         self.running = make.gauge("num_requests_running", "requests in the running batch")
         self.waiting = make.gauge("num_requests_waiting", "requests waiting to be scheduled")
         self.swapped = make.gauge("num_requests_swapped",
@@ -147,8 +169,6 @@ class ServerMetrics:
         self.kv_usage = make.gauge("kv_cache_usage_perc", "share of KV blocks in use (0..1)")
         self.blocks_used = make.gauge("num_gpu_blocks_used", "KV blocks in use")
         self.blocks_total = make.gauge("num_gpu_blocks", "KV blocks in the device pool")
-
-    def _add_counters(self, make: _Series) -> None:
         self.preemptions = make.counter("num_preemptions", "preemptions (swap or recompute)")
         self.prompt_tokens = make.counter("prompt_tokens", "prompt tokens of requests that "
                                           "produced their first token")
@@ -157,9 +177,7 @@ class ServerMetrics:
                                "finished_reason")
         self.rejected = make.by(REJECTED, "requests refused, by reason "
                                 f"({', '.join(REJECTED_LABELS)})", "reason")
-
-    def _add_latencies(self, make: _Series) -> None:
-        """TTFT and ITL observed per token (on_token); the rest per completed request."""
+        # TTFT and ITL observed per token (on_token); the rest per completed request
         self.ttft = make.hist("time_to_first_token_seconds", "time to first token, observed "
                               "when it comes out (aborted requests too)", TTFT_BUCKETS)
         self.itl = make.hist("inter_token_latency_seconds", "gap between consecutive tokens, "
@@ -177,9 +195,7 @@ class ServerMetrics:
                                 REQUEST_BUCKETS)
         self.inference = make.hist("request_inference_time_seconds", "first scheduled to "
                                    "last token (prefill + decode)", REQUEST_BUCKETS)
-
-    def _add_request_sizes(self, make: _Series, max_model_len: int) -> None:
-        token_buckets = buckets_1_2_5(max_model_len)
+        token_buckets = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
         self.request_prompt_tokens = make.hist("request_prompt_tokens", "prompt tokens of "
                                                "each completed request", token_buckets)
         self.request_generation_tokens = make.hist("request_generation_tokens", "generated "
@@ -187,10 +203,7 @@ class ServerMetrics:
                                                    token_buckets)
         self.iteration_tokens = make.hist("iteration_tokens_total",
                                           "tokens computed per step", ITERATION_BUCKETS)
-
-    def _add_seed_signals(self, make: _Series) -> None:
-        """The scheduling signals the doctor reads (active ratio, prefill-only and zero-decode
-        step shares), fed per step (on_steps)."""
+        # the scheduling signals the doctor reads, fed per step (on_steps)
         self.steps = make.counter("steps", "engine steps executed")
         self.prefill_only_steps = make.counter("prefill_only_steps", "steps with prefill "
                                                "tokens and no decode token")
@@ -211,6 +224,20 @@ class ServerMetrics:
             "active_sequence_steps", "sum over steps of the sequences that produced a token")
         self.held_slot_steps = make.counter("held_slot_steps",
                                             "sum over steps of the batch slots held")
+        # the prefix cache's counters and cache_config_info: AsyncEngine attaches the engine
+        self.cache = CacheMetrics(self.registry, self.label_values)
+        # whether the CPU is shared: read at scrape time, the step reference fed per step
+        self.cpu = CpuMetrics(self.registry, LABELS, self.label_values)
+        if scheduler is not None:
+            Gauge(P + "scheduler_config_info", "scheduler settings (as labels)",
+                  [*LABELS, *CONFIG_INFO_FIELDS], registry=self.registry).labels(
+                *self.label_values,
+                *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
+        for reason in SUCCESS_LABELS:
+            self.success.labels(*self.label_values, reason)
+        self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
+        self._sum_active = self._sum_slots = 0
+        self._preemptions_seen = 0
 
     # ---- fed by the engine thread ----
     def on_state(self, state) -> None:

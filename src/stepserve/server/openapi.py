@@ -15,12 +15,10 @@ from pydantic import BaseModel
 
 from stepserve.server.protocol import (
     ChatCompletionRequest,
-    CompletionRequest,
-    ErrorResponse,
-)
-from stepserve.server.responses import (
     ChatCompletionResponse,
+    CompletionRequest,
     CompletionResponse,
+    ErrorResponse,
 )
 from stepserve.server.tokenize import BODY_ROUTES
 
@@ -43,8 +41,8 @@ SSE_EVENT = {"type": "object", "required": ["data"],
              "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 
 GENERATION_ROUTES = {
-    "/v1/completions": (CompletionRequest, CompletionResponse),
-    "/v1/chat/completions": (ChatCompletionRequest, ChatCompletionResponse),
+    "/v1/completions": ((CompletionRequest,), CompletionResponse),
+    "/v1/chat/completions": ((ChatCompletionRequest,), ChatCompletionResponse),
 }
 
 
@@ -98,26 +96,21 @@ def install_openapi(app: FastAPI) -> None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         components = doc.setdefault("components", {}).setdefault("schemas", {})
         error = _add_schema(components, ErrorResponse, "serialization")
-        for path, (request_model, response_model) in GENERATION_ROUTES.items():
-            body = _add_schema(components, request_model)
-            answer = _add_schema(components, response_model, "serialization")
-            ok = _json(answer, "the completion (stream: false)")
-            ok["content"]["text/event-stream"] = {"schema": SSE_EVENT}
-            operation = doc["paths"][path]["post"]
-            operation["requestBody"] = {"required": True,
-                                        "content": {"application/json": {"schema": body}}}
-            operation["responses"] = {"200": ok, **{code: _json(error, why) for code, why
-                                                    in ERROR_STATUSES.items()}}
-        for path, (request_models, response_model) in BODY_ROUTES.items():
+        errors = {code: _json(error, why) for code, why in ERROR_STATUSES.items()}
+        for path, (request_models, response_model) in {**GENERATION_ROUTES,
+                                                       **BODY_ROUTES}.items():
             bodies = [_add_schema(components, m) for m in request_models]
             body = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+            answer = _add_schema(components, response_model, "serialization")
+            if path in GENERATION_ROUTES:
+                ok = _json(answer, "the completion (stream: false)")
+                ok["content"]["text/event-stream"] = {"schema": SSE_EVENT}
+            else:
+                ok = _json(answer, "the answer")
             operation = doc["paths"][path]["post"]
             operation["requestBody"] = {"required": True,
                                         "content": {"application/json": {"schema": body}}}
-            answer = _add_schema(components, response_model, "serialization")
-            operation["responses"] = {"200": _json(answer, "the answer"),
-                                      **{code: _json(error, why) for code, why
-                                         in ERROR_STATUSES.items()}}
+            operation["responses"] = {"200": ok, **errors}
         if ctx is None:
             return doc  # not cached: the served model's limits are not known yet
         _served_limits(components, ctx.model_name, ctx.max_model_len, ctx.vocab_size)

@@ -1,70 +1,190 @@
-"""The two generation endpoints: turn a validated body into a prompt and SamplingParams
-(the checks that need the model are in prompts.py), submit it, and hand it to its
-`Answer` (answer.py): one JSON body of n choices, or server-sent events.
+"""The two generation endpoints: a validated body becomes the prompt's token ids and the
+SamplingParams (with the checks of the body that need the model's name and context; the
+engine checks the rest when it takes the request: token ids, stop tokens, priority), is
+submitted, and goes to its `Answer` (answer.py): one JSON body of n choices, or
+server-sent events.
+
+Heavy work stays off the event loop: chat templating and tokenizing run on a worker
+thread (the tokenizer releases the GIL), and a text longer than any prompt of
+max_model_len tokens could be is refused before it is tokenized at all.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepserve.core.clock import Clock
 from stepserve.core.end_reasons import Refusal, end_reason
 from stepserve.core.engine_core import default_max_tokens
+from stepserve.core.request import SamplingParams
 from stepserve.engine.seam import (
     EngineUnavailable,
     NewRequest,
     RequestFailed,
     RequestRejected,
-    RequestStream,
 )
-from stepserve.server.answer import Answer
-from stepserve.server.body import VALUE_SLACK, parse_json, read_limited
-from stepserve.server.errors import APIError, bad_request, from_validation_error
+from stepserve.server.answer import Answer, ChatAnswer, CompletionAnswer, Echo
+from stepserve.server.body import parse_body
+from stepserve.server.errors import APIError, bad_request
 from stepserve.server.logprob_budget import chat_ask, check_logprob_budget, completion_ask
-from stepserve.server.logprobs import LogprobRenderer
-from stepserve.server.prompts import (
-    ServingContext,
-    chat_prompt,
-    check_common,
-    check_length,
-    completion_prompt,
-    sampling_params,
-)
-from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest
-from stepserve.server.sse import ChatChunks, CompletionChunks, Echo
+from stepserve.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+if TYPE_CHECKING:
+    from stepserve.engine.seam import EngineClient
+    from stepserve.model.tokenizer import Tokenizer
 
 log = logging.getLogger("stepserve.server")
 
 
-async def read_json(ctx: ServingContext, request: Request) -> object:
-    """Content type, size, UTF-8 and JSON checks (body.py); each failure a 4xx."""
-    ctype = request.headers.get("content-type", "")
-    if ctype.split(";")[0].strip().lower() != "application/json":
-        raise APIError(415, f"Content-Type must be application/json, got {ctype!r}",
-                       param=None, code="unsupported_media_type")
-    raw = await read_limited(request, ctx.max_request_bytes)
-    return await parse_json(raw, ctx.max_model_len + VALUE_SLACK)
+@dataclass
+class ServingContext:
+    """What the handlers need from the app: the engine client (seam.py), and
+    the model's tokenizer, limits and clock, for the work done before a request is
+    sent (templating, tokenizing, the checks that need no engine)."""
+
+    engine: EngineClient
+    tokenizer: Tokenizer
+    clock: Clock  # the engine's: a request's arrival is stamped on it
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    retry_after_s: int
+    max_request_bytes: int
+    # the longest text a prompt of max_model_len tokens can be (see max_token_bytes)
+    max_prompt_chars: int
+    workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=2, thread_name_prefix="stepserve-tokenize"))
+
+    async def off_loop(self, fn, *args):
+        """`fn(*args)` on a worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
 
 
-def validate(data: object, model: type[BaseModel]) -> BaseModel:
-    """Strict validation of a parsed body; a 400 naming the first problem."""
+def check_model(ctx: ServingContext, model: str | None) -> None:
+    """`model` is optional (as in vLLM); when given it must be the served one."""
+    if model is not None and model != ctx.model_name:
+        raise APIError(404, f"model {model!r} does not exist; this server serves "
+                            f"{ctx.model_name!r} (see GET /v1/models)", param="model",
+                       code="model_not_found")
+
+
+def check_common(ctx: ServingContext, body: _Sampling) -> None:
+    check_model(ctx, body.model)
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of < body.n:
+        raise bad_request(f"best_of = {best_of}: must be >= n = {body.n}", "best_of")
+    if best_of is not None and best_of > body.n and body.stream:
+        raise bad_request("best_of > n cannot be streamed (the best are known at the end)",
+                          "best_of", "unsupported_value")
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed when stream is true",
+                          "stream_options")
+
+
+def check_length(ctx: ServingContext, ids: list[int], max_tokens: int, param: str,
+                 prompt_param: str) -> None:
+    limit = ctx.max_model_len
+    if not ids:
+        raise bad_request("the prompt is empty; at least one token is required",
+                          prompt_param, "empty_prompt")
+    if len(ids) + max_tokens > limit:
+        where = prompt_param if len(ids) >= limit else param
+        raise bad_request(f"prompt ({len(ids)} tokens) + {param} ({max_tokens}) = "
+                          f"{len(ids) + max_tokens} exceeds max_model_len = {limit}; "
+                          f"shorten the prompt or lower {param}", where,
+                          "context_length_exceeded")
+
+
+def check_text_size(ctx: ServingContext, num_chars: int, param: str) -> None:
+    """Before tokenizing: a text no prompt of max_model_len tokens can be is refused
+    without the work."""
+    if num_chars > ctx.max_prompt_chars:
+        raise bad_request(
+            f"the prompt has {num_chars} characters; no text over {ctx.max_prompt_chars} "
+            f"characters fits in max_model_len = {ctx.max_model_len} tokens of this model",
+            param, "context_length_exceeded")
+
+
+def check_token_count(ctx: ServingContext, count: int, param: str) -> None:
+    """A token sequence (to tokenize or detokenize) is no longer than a prompt can be, as
+    vLLM's /tokenize and /detokenize refuse one over max_model_len."""
+    if count > ctx.max_model_len:
+        raise bad_request(f"{param} has {count} tokens, over max_model_len = "
+                          f"{ctx.max_model_len} (no prompt of this model is longer)", param,
+                          "context_length_exceeded")
+
+
+def sampling_params(body: _Sampling, max_tokens: int, logprobs: int | None = None,
+                    prompt_logprobs: int | None = None, n: int | None = None
+                    ) -> SamplingParams:
+    """The engine's params from a body (OpenAI's fields, then vLLM's extra ones); `n`
+    when the engine runs more sequences than the body's n (best_of)."""
     try:
-        return model.model_validate(data, strict=True)
-    except ValidationError as e:
-        raise from_validation_error(e) from None
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0, seed=body.seed,
+            stop=body.stop_strings(), stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos, n=n or body.n, min_tokens=body.min_tokens,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None
+            else body.repetition_penalty,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=body.skip_special_tokens,
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            priority=body.priority, tenant=body.user or "default")
+    except ValueError as e:
+        raise bad_request(str(e)) from None
 
 
-async def parse_body(ctx: ServingContext, request: Request,
-                     model: type[BaseModel]) -> BaseModel:
-    return validate(await read_json(ctx, request), model)
+async def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise bad_request(f"prompt is a list of {len(prompt)} prompts; this server takes "
+                              "one prompt per request", "prompt", "unsupported_value")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("the prompt is empty; at least one token is required",
+                              "prompt", "empty_prompt")
+        check_text_size(ctx, len(prompt), "prompt")
+        return await ctx.off_loop(ctx.tokenizer.encode, prompt)
+    return list(prompt)  # their range is the engine's check
 
 
-async def submit(ctx: ServingContext, request: NewRequest) -> RequestStream:
+async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
+                      add_generation_prompt: bool = True) -> list[int]:
+    import jinja2
+
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    check_text_size(ctx, sum(len(m["content"]) for m in messages), "messages")
     try:
-        return await ctx.engine.add(request)
+        return await ctx.off_loop(ctx.tokenizer.encode_chat, messages, add_generation_prompt)
+    except jinja2.TemplateError as e:
+        raise bad_request(f"the chat template rejected the messages: {e}", "messages") \
+            from None
+    except ValueError as e:  # no chat template
+        raise bad_request(str(e), "messages") from None
+
+
+async def _answer(ctx: ServingContext, request: Request, answer: Answer,
+                  ids: list[int], params: SamplingParams, arrival: float) -> Response:
+    """Submit the request and answer it; a refusal as its error answer."""
+    body = answer.body
+    try:
+        stream = await ctx.engine.add(NewRequest(ids, params, body.stream,
+                                                 arrival_time=arrival,
+                                                 cache_salt=body.cache_salt))
     except RequestRejected as e:
         end = end_reason(e.reason)
         if e.code is not None:
@@ -76,14 +196,12 @@ async def submit(ctx: ServingContext, request: NewRequest) -> RequestStream:
     except EngineUnavailable as e:
         why = Refusal.ENGINE_DOWN if ctx.engine.fault else Refusal.SHUTTING_DOWN
         raise APIError.of(end_reason(why), str(e)) from None
+    return await answer.send(request, stream)
 
-
-# ---- the endpoints ----
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
     arrival = ctx.clock.now()
     body = await parse_body(ctx, request, CompletionRequest)
-    assert isinstance(body, CompletionRequest)
     check_common(ctx, body)
     ids = await completion_prompt(ctx, body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
@@ -108,16 +226,13 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
             and isinstance(body.prompt[0], str) else \
             await ctx.off_loop(ctx.tokenizer.decode, ids)
         echo = Echo(text, ids, only_prompt)
-    answer = Answer(ctx, body, "cmpl", _renderer(ctx, body.logprobs, prompt_lp), echo)
-    stream = await submit(ctx, NewRequest(ids, params, body.stream, arrival_time=arrival,
-                                          cache_salt=body.cache_salt))
-    return await answer.send(request, stream, CompletionChunks, answer.completion)
+    answer = CompletionAnswer(ctx, body, body.logprobs, prompt_lp, echo)
+    return await _answer(ctx, request, answer, ids, params, arrival)
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
     arrival = ctx.clock.now()
     body = await parse_body(ctx, request, ChatCompletionRequest)
-    assert isinstance(body, ChatCompletionRequest)
     check_common(ctx, body)
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
@@ -130,15 +245,6 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     check_logprob_budget(chat_ask(body, param, max_tokens, len(ids)))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
-    answer = Answer(ctx, body, "chatcmpl", _renderer(ctx, logprobs, body.prompt_logprobs))
-    stream = await submit(ctx, NewRequest(ids, params, body.stream, arrival_time=arrival,
-                                          cache_salt=body.cache_salt))
-    return await answer.send(request, stream, ChatChunks, answer.chat)
-
-
-def _renderer(ctx: ServingContext, logprobs: int | None,
-              prompt_logprobs: int | None) -> LogprobRenderer | None:
-    if logprobs is None and prompt_logprobs is None:
-        return None
-    return LogprobRenderer(ctx.tokenizer, logprobs or 0)
+    answer = ChatAnswer(ctx, body, logprobs, body.prompt_logprobs)
+    return await _answer(ctx, request, answer, ids, params, arrival)
 

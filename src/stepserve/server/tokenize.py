@@ -6,8 +6,6 @@ check first, then max_model_len tokens, as vLLM); tokenizing runs on a worker th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -15,19 +13,16 @@ from starlette.responses import JSONResponse, Response
 
 from stepserve import __version__
 from stepserve.core import request_limits as lim
+from stepserve.server.body import parse_body, read_json, validate
 from stepserve.server.errors import bad_request
-from stepserve.server.prompts import (
+from stepserve.server.protocol import ChatCompletionRequest, TokenId, _Lenient
+from stepserve.server.serving import (
     ServingContext,
     chat_prompt,
     check_model,
     check_text_size,
     check_token_count,
 )
-from stepserve.server.protocol import ChatCompletionRequest, TokenId, _Lenient
-from stepserve.server.serving import parse_body, read_json, validate
-
-if TYPE_CHECKING:
-    from stepserve.model.tokenizer import Tokenizer
 
 
 class TokenizeCompletionRequest(_Lenient):
@@ -79,17 +74,16 @@ def install_tokenize_routes(app: FastAPI) -> None:
         data = await read_json(ctx, request)
         chat = isinstance(data, dict) and "messages" in data
         body = validate(data, TokenizeChatRequest if chat else TokenizeCompletionRequest)
-        assert isinstance(body, (TokenizeChatRequest, TokenizeCompletionRequest))
         check_model(ctx, body.model)
         if isinstance(body, TokenizeChatRequest):
             ids, param = await chat_prompt(ctx, body, body.add_generation_prompt), "messages"
         else:
-            assert isinstance(body, TokenizeCompletionRequest)
             check_text_size(ctx, len(body.prompt), "prompt")
             ids = await ctx.off_loop(tok.encode, body.prompt, body.add_special_tokens)
             param = "prompt"
         check_token_count(ctx, len(ids), param)
-        strs = await ctx.off_loop(_token_strs, tok, ids) if body.return_token_strs else None
+        strs = await ctx.off_loop(lambda: [tok.id_to_token(i) or "" for i in ids]) \
+            if body.return_token_strs else None
         return JSONResponse({"count": len(ids), "max_model_len": ctx.max_model_len,
                              "tokens": ids, "token_strs": strs})
 
@@ -98,7 +92,6 @@ def install_tokenize_routes(app: FastAPI) -> None:
         """vLLM's /detokenize: `tokens` to `{prompt}`."""
         ctx: ServingContext = request.app.state.ctx
         body = await parse_body(ctx, request, DetokenizeRequest)
-        assert isinstance(body, DetokenizeRequest)
         check_model(ctx, body.model)
         check_token_count(ctx, len(body.tokens), "tokens")
         bad = [t for t in body.tokens if t >= ctx.vocab_size]
@@ -112,6 +105,3 @@ def install_tokenize_routes(app: FastAPI) -> None:
     async def version() -> dict:
         return {"version": __version__}
 
-
-def _token_strs(tok: Tokenizer, ids: list[int]) -> list[str]:
-    return [tok.id_to_token(i) or "" for i in ids]
