@@ -265,7 +265,7 @@ class SchedulerBase:
         # with caching off, a "block" no step's tokens ever cross: one test a token, not two
         bs = self.kv.block_size if self.kv.enable_prefix_caching else 1 << 62
         # No max_model_len check here: admission guarantees prompt + max_tokens fits it.
-        # (With _schedule_running, the hottest loop of a simulation: locals, no indexing.)
+        # (With schedule_running, the hottest loop of a simulation: locals, no indexing.)
         for req, n, tok in zip(requests, counts, result.sampled_token_ids):
             if req.status is not _RUNNING:
                 continue  # ended (aborted) while the step ran
