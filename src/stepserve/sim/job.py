@@ -20,9 +20,9 @@ from stepserve.config.settings import EngineConfig
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
+from stepserve.sim.report import format_result
 from stepserve.sim.run import SimulateResult, run_all, run_scenario
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
-from stepserve.sim.table import format_result
 from stepserve.workload.loader import load_workload
 from stepserve.workload.mooncake import TraceOptions, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload

@@ -2,7 +2,7 @@
 
 A Scenario is a workload, a cost model, a KV size and the configs to compare: the
 incident's config (`before`) and its fix (`after`), or the three batching modes, or
-A/B/C. docs/guide.md says how each one's sizes were chosen; sim/incidents.py holds the
+A/B/C. docs/guide.md says how each one's sizes were chosen; sim/report.py holds the
 figures each must reproduce.
 """
 
