@@ -15,10 +15,8 @@ from stepserve.core.request import Request, SamplingParams
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, SchedulingOverhead
-from stepserve.sim.hardware import get_hardware
-from stepserve.sim.loop import simulate
-from stepserve.sim.roofline import RooflineCost
-from stepserve.sim.runner import SimRunner
+from stepserve.sim.loop import SimRunner, simulate
+from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.workload.spec import RequestSpec
 
 COSTS = {

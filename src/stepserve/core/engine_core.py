@@ -4,7 +4,7 @@
              complete_step(pending)       update_from_output()
                                           -> StepResult(record, emitted, finished)
 
-The runner (a torch model in model/runner.py, a cost model in sim/runner.py) gets all it
+The runner (a torch model in model/runner.py, a cost model in sim/loop.py) gets all it
 needs in the SchedulerOutput and returns a RunnerOutput. No torch here: the simulator
 drives this very core on a virtual clock, so a simulated step is the real engine's step
 with another runner. Drivers (LLM.generate, bench's in-process load, the server's engine

@@ -19,7 +19,7 @@ from typing import Any
 from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_BLOCKS
 from stepserve.config.load import apply_nested, to_dict
-from stepserve.config.settings import EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.rules import findings_for
@@ -30,7 +30,6 @@ from stepserve.metrics.summary import LatencySamples, measure_run
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.routing.pools import Deployment, deployment_from
 from stepserve.sim.cost import CostModel
-from stepserve.sim.kv_sizing import check_simulated_memory
 from stepserve.sim.loop import SimResult, simulate
 from stepserve.sim.scenarios import RunSpec, Scenario
 from stepserve.workload.overrides import WorkloadOverrides
@@ -126,8 +125,17 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "",
 
 def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
     """The KV pool a run derives (from kv_cache_memory, or max_num_seqs x max_model_len)
-    must hold a block and fit in memory: the block manager lists every free block."""
-    check_simulated_memory(config)
+    must hold a block and fit in memory: the block manager lists every free block.
+    swap_space and gpu_memory_utilization size a real engine's memory from the machine it
+    runs on; the simulator has no such machine, so it refuses them rather than ignore
+    them."""
+    cache = config.cache
+    for name, value in (("swap_space", cache.swap_space),
+                        ("gpu_memory_utilization", cache.gpu_memory_utilization)):
+        if value:
+            raise ConfigError(f"{name} = {value:g}: sizes a real engine's memory; the "
+                              "simulator takes num_gpu_blocks, num_cpu_blocks or "
+                              "kv_cache_memory instead")
     if 1 <= num_gpu_blocks <= MAX_BLOCKS:
         return
     sc = config.scheduler
