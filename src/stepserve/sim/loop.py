@@ -1,16 +1,14 @@
-"""The discrete-event loop: drives the engine core (core/engine_core.py) of each replica on a
-virtual clock. A replica's step begins at one event (`begin_step`: schedule, cost model)
-and completes at another, its duration later (`complete_step`: apply the tokens,
-StepResult); in between, arrivals queue and aborts land, as on a real server.
+"""The discrete-event loop: drives the engine core of each replica on a virtual clock. A
+replica's step begins at one event (`begin_step`: schedule, cost model) and completes at
+another, its duration later (`complete_step`); in between, arrivals queue and aborts
+land, as on a real server. Events: arrivals, step completions, batch window expiries.
 
-Events are request arrivals (open loop), step completions of each replica, and batch
-window expiries (dynamic batching). A closed-loop workload issues its next request the
-moment one ends (a refused one included), before any replica forms its next batch. A
-multi-turn session's later turn (workload/sessions.py) arrives its think time after the
-turn before it ended, its prompt that turn's prompt and output ids plus its own; a turn
-whose predecessor did not complete is never sent (its session ends, and only then does a
-closed loop send its next request). All
-replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
+A closed-loop workload issues its next request the moment one ends (a refused one
+included), before any replica forms its next batch. A multi-turn session's later turn
+(workload/sessions.py) arrives its think time after the turn before it ended, its prompt
+that turn's prompt and output ids plus its own; a turn whose predecessor did not complete
+is never sent (its session ends, and only then does a closed loop send its next request).
+Replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
 and belongs to a pool with its own config; the router (routing/) picks a pool by the
 deployment's rules, then a replica in it, from each replica's view of its load.
 """
@@ -53,8 +51,7 @@ class SimRunner:
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
-        # request id -> how many output tokens it holds when it samples EOS (its workload
-        # output length - 1)
+        # request id -> the output tokens it holds when it samples EOS (its length - 1)
         self.eos_after: dict[str, int] = {}
         eos_after = self.eos_after
         # A decode run's view of the same rule: the steps in which each request samples
@@ -123,8 +120,8 @@ def make_request(spec: RequestSpec, arrival: float, history: list[int] | None = 
                  ) -> Request:
     """`history`: a later turn's conversation so far, its prompt's first ids."""
     params = _sim_params(spec.max_tokens, spec.priority, spec.tenant)
-    ids = prompt_token_ids(spec) if history is None else \
-        history + _own_ids(spec, spec.prompt_len - spec.history_len)
+    ids = prompt_token_ids(spec) if history is None else history + [
+        FIRST_PROMPT_ID + spec.index] + [1] * (spec.prompt_len - spec.history_len - 1)
     return Request(request_id=str(spec.index), prompt_token_ids=ids,
                    sampling_params=params, arrival_time=arrival, eos_token_id=SIM_EOS,
                    request_class=spec.request_class, length_estimate=spec.length_estimate)
@@ -158,10 +155,6 @@ def prompt_token_ids(spec: RequestSpec) -> list[int]:
     if spec.prefix_len < spec.prompt_len:
         ids[spec.prefix_len] = FIRST_PROMPT_ID + spec.index
     return ids
-
-
-def _own_ids(spec: RequestSpec, n: int) -> list[int]:
-    return [FIRST_PROMPT_ID + spec.index] + [1] * (n - 1)
 
 
 _STEP, _ARRIVAL, _WAKE, _RUN_END = 0, 1, 2, 3

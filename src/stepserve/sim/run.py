@@ -13,7 +13,7 @@ tools read:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from stepserve.config.errors import UsageError
@@ -191,9 +191,7 @@ class BatchingComparison:
     static_slot_utilization_computed: float
 
     def to_json(self) -> dict[str, float]:
-        return {"speedup": self.speedup, "speedup_cap": self.speedup_cap,
-                "share_of_cap": self.share_of_cap,
-                "static_slot_utilization_computed": self.static_slot_utilization_computed}
+        return asdict(self)
 
 
 def batching_comparison(runs: list[RunResult], specs: Sequence[RequestSpec],
@@ -218,8 +216,7 @@ class WorkloadInfo:
     closed_loop_concurrency: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "requests": self.requests,
-                "closed_loop_concurrency": self.closed_loop_concurrency}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -268,13 +265,23 @@ def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | Non
                  | None = None, pools: Mapping[str, Any] | None = None) -> SimulateResult:
     workload = scenario.workload_with(workload_overrides)
     specs = workload.generate()
-    runs = [r for r in scenario.runs if not only or r.name in only]
-    if only and len(runs) != len(only):
-        known = ", ".join(r.name for r in scenario.runs)
-        raise UsageError(f"--runs {','.join(only)}: scenario {scenario.name} has runs {known}")
+    runs = selected_runs(scenario, tuple(only)).runs if only else scenario.runs
     return run_all(scenario.name, scenario.description, workload, specs, runs,
                    scenario.cost_model(), scenario.num_gpu_blocks,
                    scenario.compare_batching, progress_factory, pools)
+
+
+def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario:
+    """The scenario with only the runs named (all for None); UsageError naming the
+    allowed runs for a name it does not have."""
+    if names is None:
+        return scenario
+    known = [r.name for r in scenario.runs]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--runs {','.join(names)}: scenario {scenario.name} has runs "
+                         f"{', '.join(known)}")
+    return replace(scenario, runs=tuple(r for r in scenario.runs if r.name in names))
 
 
 def run_all(name: str, description: str, workload: Workload, specs: Sequence[RequestSpec],
