@@ -12,10 +12,9 @@ request in every step; the others are brought up to date once, when the run ends
 `run_decodes` leaves exactly what stepping would have left: the same tokens, token and
 finish times, finish reasons, KV block ids taken and freed in the same order (and so
 the same prefix cache), step records and indices, policy counters and finished log
-(tests/sim/test_decode_run.py runs whole simulations both ways and compares all of
-it). Where the steps are not plain
-(see `decoding_batch`), or a block would run out (schedule() preempts then), it does
-nothing and schedule() does the step.
+(tests/sim/test_decode_run.py compares whole simulations both ways). Where the steps
+are not plain (`decoding_batch`), or a block would run out (schedule() preempts then),
+it does nothing and schedule() does the step.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, RequestStatus
 from stepserve.core.scheduler import Scheduler
 
-_RUNNING = RequestStatus.RUNNING
 _LENGTH, _STOPPED = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED
 _is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget
 # attribute getters: map() over them runs at C speed (a run starts thousands of times)

@@ -254,17 +254,14 @@ class KVCacheManager:
         self.cpu_tables[rid] = cpu_blocks
         return list(zip(self._let_go(request), cpu_blocks))
 
-    def can_swap_in(self, request: Request) -> bool:
-        """Room for its blocks, leaving the watermark free unless no request holds any."""
-        n = len(self.cpu_tables.get(request.request_id, ()))
-        free = self.gpu.num_free
-        return n <= free - self.watermark_blocks or (n <= free and not self.gpu.num_held)
-
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
         """Bring `request`'s blocks back to the device; returns (cpu, device) copies.
-        Empty list (and no change) if the device has too few free blocks."""
+        Empty list (and no change) without room for them, leaving the watermark free
+        unless no request holds any blocks."""
         cpu_table = self.cpu_tables.get(request.request_id)
-        if not cpu_table or not self.can_swap_in(request):
+        n, free = len(cpu_table or ()), self.gpu.num_free
+        room = n <= free - self.watermark_blocks or (n <= free and not self.gpu.num_held)
+        if not n or not room:
             return []
         dev = self.gpu.take(len(cpu_table))
         self.block_tables[request.request_id] = dev

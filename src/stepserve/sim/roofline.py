@@ -94,14 +94,15 @@ class RooflineCost(CostModel):
 
     def __post_init__(self) -> None:
         m, hw = self.model, self.hardware
-        object.__setattr__(self, "_flops_per_token", 2.0 * m.num_params)
-        object.__setattr__(self, "_attn_coeff", 4.0 * m.num_layers * m.num_heads * m.head_dim)
-        object.__setattr__(self, "_flops_rate", hw.peak_flops * hw.flops_efficiency)
-        object.__setattr__(self, "_byte_rate", hw.memory_bandwidth * hw.bandwidth_efficiency)
-        object.__setattr__(self, "_overhead",
-                           SchedulingOverhead(hw.seq_overhead_s, hw.join_overhead_s))
-        object.__setattr__(self, "_block_copy_s", self.block_size * m.kv_bytes_per_token
-                           / hw.host_link_bandwidth)
+        derived = {
+            "_flops_per_token": 2.0 * m.num_params,
+            "_attn_coeff": 4.0 * m.num_layers * m.num_heads * m.head_dim,
+            "_flops_rate": hw.peak_flops * hw.flops_efficiency,
+            "_byte_rate": hw.memory_bandwidth * hw.bandwidth_efficiency,
+            "_overhead": SchedulingOverhead(hw.seq_overhead_s, hw.join_overhead_s),
+            "_block_copy_s": self.block_size * m.kv_bytes_per_token / hw.host_link_bandwidth}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def step_time(self, out: SchedulerOutput) -> float:
         counts = out.num_scheduled_tokens
