@@ -159,7 +159,6 @@ def format_comparison(result: SimulateResult) -> list[str]:
     return lines
 
 
-
 # ---- the incidents' figures ----
 TOLERANCE = 0.25
 
@@ -451,17 +450,14 @@ class Claim:
     check: Callable[[dict[str, RunSummary]], tuple[bool, str]]
 
 
-def _lowest(runs: dict[str, RunSummary], name: str, field: str, ms: bool = True
-            ) -> tuple[bool, str]:
-    values = {k: getattr(s, field) for k, s in runs.items()}
-    shown = " / ".join(f"{k} {v * 1e3:.1f} ms" if ms else f"{k} {v:.2f}"
-                       for k, v in values.items())
-    return values[name] <= min(values.values()), f"{field} {shown}"
-
-
 def _a_lowest(runs: dict[str, RunSummary]) -> tuple[bool, str]:
-    results = [_lowest(runs, "A", f) for f in ("tpot_p50_s", "itl_p99_s")]
-    return all(ok for ok, _ in results), "; ".join(text for _, text in results)
+    lowest, shown = True, []
+    for field in ("tpot_p50_s", "itl_p99_s"):
+        values = {k: getattr(s, field) for k, s in runs.items()}
+        lowest = lowest and values["A"] <= min(values.values())
+        shown.append(f"{field} " + " / ".join(f"{k} {v * 1e3:.1f} ms"
+                                              for k, v in values.items()))
+    return lowest, "; ".join(shown)
 
 
 def _b_throughput_and_tail(runs: dict[str, RunSummary]) -> tuple[bool, str]:
@@ -474,12 +470,8 @@ def _b_throughput_and_tail(runs: dict[str, RunSummary]) -> tuple[bool, str]:
         f"{k} {s.itl_max_s * 1e3:.0f} ms" for k, s in runs.items()))
 
 
-def _itl_spread(s: RunSummary) -> float:
-    return (s.itl_p99_s or 0.0) / (s.itl_p50_s or 1.0)
-
-
 def _c_steadiest(runs: dict[str, RunSummary]) -> tuple[bool, str]:
-    spread = {k: _itl_spread(s) for k, s in runs.items()}
+    spread = {k: (s.itl_p99_s or 0.0) / (s.itl_p50_s or 1.0) for k, s in runs.items()}
     shown = " / ".join(f"{k} {v:.2f}" for k, v in spread.items())
     return spread["C"] <= min(spread.values()), f"ITL P99/P50 {shown}"
 
