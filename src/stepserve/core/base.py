@@ -62,7 +62,7 @@ class SchedulerBase:
         self.step_index = 0  # the index the next step gets
         self._admit_seq = 0
         self.freed_ids: list[str] = []  # ended since the last schedule(): told to runners
-        self._taken = {"finished": 0, "step_records": 0}  # how much of each log was taken
+        self._finished_taken = self._records_taken = 0  # how much of each log was taken
 
     # ---- admission ----
     def add_request(self, request: Request) -> bool:
@@ -169,18 +169,14 @@ class SchedulerBase:
 
     def take_finished(self) -> list[Request]:
         """The requests that ended since the last call, in the order they ended."""
-        return self._take_new("finished")
+        new, self._finished_taken = _take_new(self.finished, self._finished_taken,
+                                              self.LOG_KEEP)
+        return new
 
     def take_step_records(self) -> list[StepRecord]:
         """The steps recorded since the last call."""
-        return self._take_new("step_records")
-
-    def _take_new(self, name: str) -> list:
-        log, taken = getattr(self, name), self._taken[name]
-        new = log[taken:]
-        if len(log) > self.LOG_KEEP:
-            del log[:]
-        self._taken[name] = len(log)
+        new, self._records_taken = _take_new(self.step_records, self._records_taken,
+                                             self.LOG_KEEP)
         return new
 
     # ---- state ----
@@ -308,3 +304,11 @@ class SchedulerBase:
         self._admit_seq += 1
         self.running.append(request)
 
+
+def _take_new(log: list, taken: int, keep: int) -> tuple[list, int]:
+    """What `log` gained since its first `taken` entries were taken, and the count taken
+    now: the taken entries are dropped once the log is longer than `keep`."""
+    new = log[taken:]
+    if len(log) > keep:
+        del log[:]
+    return new, len(log)
