@@ -21,8 +21,7 @@ import json
 
 from stepserve.config.settings import EngineConfig
 from stepserve.plan.model_specs import get_model_spec
-from stepserve.sim.hardware import get_hardware
-from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.sim.run import simulate_run
 from stepserve.workload.loader import workload_from_dict
 

@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.request import Request, SamplingParams
 from stepserve.plan.model_specs import get_model_spec
-from stepserve.sim.hardware import HardwareSpec, get_hardware
-from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.roofline import HardwareSpec, RooflineCost, get_hardware
 
 # Sources (full citations, with what each figure means, in docs/roofline_checks.md).
 TRTLLM_PERF = ("NVIDIA/TensorRT-LLM docs/source/performance.md @ 138f96d45f90b9667426f7c47297d8c06bafac73 "

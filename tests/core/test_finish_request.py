@@ -11,9 +11,8 @@ from factories import FakeRunner, make_config, make_requests
 from stepserve.core.clock import VirtualClock
 from stepserve.core.decode_run import Sampler
 from stepserve.core.end_reasons import FINISH_REASON_OF
-from stepserve.core.engine_core import EngineCore, default_max_tokens
+from stepserve.core.engine_core import EngineCore, EngineSnapshot, default_max_tokens
 from stepserve.core.request import FinishReason, Request, RequestStatus, SamplingParams
-from stepserve.core.snapshot import EngineSnapshot
 
 EOS = 2
 

@@ -9,9 +9,17 @@ from stepserve.config.settings import SchedulerConfig
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.policies import make_policy
-from stepserve.core.preemption import PREEMPTIONS, NoPreemption, Recompute, Swap, make_preemption
 from stepserve.core.request import RequestStatus
-from stepserve.core.scheduler import BUDGET_ORDERS, PrefillFirst, make_budget_order
+from stepserve.core.scheduler import (
+    BUDGET_ORDERS,
+    PREEMPTIONS,
+    NoPreemption,
+    PrefillFirst,
+    Recompute,
+    Swap,
+    make_budget_order,
+    make_preemption,
+)
 
 
 def test_registries_hold_exactly_the_names_config_accepts():

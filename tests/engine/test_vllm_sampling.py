@@ -16,7 +16,7 @@ from stepserve.core.request import Request, child_params
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.output_processor import decode_output
 from stepserve.sim.cost import ConstantCost
-from stepserve.sim.runner import SimRunner
+from stepserve.sim.loop import SimRunner
 
 TOL = 1e-4
 

@@ -15,10 +15,8 @@ from stepserve.core.request import Request, SamplingParams
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, SchedulingOverhead
-from stepserve.sim.hardware import get_hardware
-from stepserve.sim.loop import simulate
-from stepserve.sim.roofline import RooflineCost
-from stepserve.sim.runner import SimRunner
+from stepserve.sim.loop import SimRunner, simulate
+from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.workload.spec import RequestSpec
 
 COSTS = {
@@ -196,8 +194,8 @@ def test_stop_rules_min_tokens_and_ignore_eos_match_stepping():
 def test_nothing_changes_when_no_step_fits_before_the_next_event():
     core, runner, clock = _engine(r_9=dict(max_tokens=40))
     core.step()
-    before = (core.scheduler._step_index, list(core.scheduler.running[0].output_token_ids))
+    before = (core.scheduler.step_index, list(core.scheduler.running[0].output_token_ids))
     sampler = Sampler(1, 0, runner.sampler.plain_steps)
     assert run_decodes(core.scheduler, 0.0, 0.0, runner.decode_step_time, sampler) is None
-    assert (core.scheduler._step_index,
+    assert (core.scheduler.step_index,
             list(core.scheduler.running[0].output_token_ids)) == before

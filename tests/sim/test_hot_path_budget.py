@@ -19,9 +19,8 @@ from stepserve.config.settings import EngineConfig
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost
-from stepserve.sim.hardware import get_hardware
 from stepserve.sim.loop import simulate
-from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.workload.arrivals import Poisson
 from stepserve.workload.lengths import lognormal
 from stepserve.workload.spec import RequestClass, Workload

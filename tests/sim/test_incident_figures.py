@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from stepserve.sim.incident_verdicts import CLAIMS, capacity_verdict, format_verdict
-from stepserve.sim.incidents import FIGURES, TOLERANCE, format_figures
-from stepserve.sim.table import format_result
+from stepserve.sim.report import (
+    CLAIMS,
+    FIGURES,
+    TOLERANCE,
+    capacity_verdict,
+    format_figures,
+    format_result,
+    format_verdict,
+)
 
 FIXTURES = {"night-report": "night_report", "mixed-pool": "mixed_pool",
             "promo-spike": "promo_spike"}

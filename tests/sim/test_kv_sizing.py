@@ -9,9 +9,8 @@ from stepserve.config.settings import EngineConfig
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
-from stepserve.sim.kv_sizing import num_gpu_blocks_for
 from stepserve.sim.roofline import RooflineCost
-from stepserve.sim.scenarios import get_scenario
+from stepserve.sim.scenarios import get_scenario, num_gpu_blocks_for
 
 CONFIG = EngineConfig().replace(max_num_seqs=8, max_model_len=1024, block_size=16)
 

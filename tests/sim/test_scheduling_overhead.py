@@ -12,8 +12,7 @@ from stepserve.core.request import Request, SamplingParams
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, SchedulingOverhead, joining
-from stepserve.sim.hardware import HARDWARE, get_hardware
-from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.roofline import HARDWARE, RooflineCost, get_hardware
 
 OVERHEAD = SchedulingOverhead(per_seq_s=1e-4, per_join_s=1e-3)
 

@@ -10,9 +10,8 @@ from stepserve.config.settings import EngineConfig
 from stepserve.metrics.percentiles import percentile
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.routing.pools import deployment_from
-from stepserve.sim.hardware import get_hardware
 from stepserve.sim.loop import simulate
-from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.workload.spec import RequestSpec
 
 BASE = EngineConfig().replace(max_model_len=16384, max_num_seqs=64,

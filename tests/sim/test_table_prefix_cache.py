@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.sim.table import format_runs
+from stepserve.sim.report import format_runs
 
 
 @dataclass

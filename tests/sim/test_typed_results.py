@@ -18,16 +18,16 @@ from stepserve.demo import job as demo
 from stepserve.metrics.live_window import LIVE_KEYS
 from stepserve.metrics.rules import RULES, unevaluable
 from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary
+from stepserve.sim.report import ROWS, format_result
 from stepserve.sim.run import SimulateResult, run_scenario
 from stepserve.sim.scenarios import get_scenario
-from stepserve.sim.table import ROWS, format_result
 from stepserve.sweep.knee import P99_METRIC
 from stepserve.sweep.report import SUMMARY_COLUMNS
 from stepserve.workload.overrides import WorkloadOverrides
 
 SRC = Path(__file__).parents[2] / "src" / "stepserve"
 # modules whose table rows and rules read a summary's fields as attributes
-READERS = ["sim/table.py", "demo/job.py", "sweep/text.py", "sweep/report.py", "sweep/knee.py",
+READERS = ["sim/report.py", "demo/job.py", "sweep/text.py", "sweep/report.py", "sweep/knee.py",
            "metrics/rules.py", "bench/results.py", "sweep/sim_points.py", "sweep/target_points.py"]
 METHODS = {name for name in dir(RunSummary) if not name.startswith("_")} - set(FIELD_KINDS)
 

@@ -10,10 +10,7 @@ from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.scheduler import Scheduler
 
 SCHEDULERS: dict[str, type[SchedulerBase]] = {
-    "continuous": Scheduler,
-    "static": StaticBatchScheduler,
-    "dynamic": DynamicBatchScheduler,
-}
+    "continuous": Scheduler, "static": StaticBatchScheduler, "dynamic": DynamicBatchScheduler}
 
 
 def make_scheduler(config: EngineConfig, clock: Clock, num_gpu_blocks: int) -> SchedulerBase:
@@ -22,7 +19,3 @@ def make_scheduler(config: EngineConfig, clock: Clock, num_gpu_blocks: int) -> S
     kv = KVCacheManager(num_gpu_blocks, cache.block_size, cache.num_cpu_blocks, cache.watermark,
                         cache.enable_prefix_caching, cache.prefix_caching_hash_algo)
     return SCHEDULERS[config.scheduler.batching](config, kv, clock)
-
-
-__all__ = ["KVCacheManager", "Scheduler", "SchedulerBase", "StaticBatchScheduler",
-           "DynamicBatchScheduler", "make_scheduler", "SCHEDULERS"]

@@ -59,9 +59,9 @@ class SchedulerBase:
         self.finished: list[Request] = []  # every ended request, in the order it ended
         self.step_records: list[StepRecord] = []
         self.num_preemptions_total = 0
-        self._step_index = 0
+        self.step_index = 0  # the index the next step gets
         self._admit_seq = 0
-        self._freed_ids: list[str] = []  # ended since the last schedule(): told to runners
+        self.freed_ids: list[str] = []  # ended since the last schedule(): told to runners
         self._finished_taken = self._records_taken = 0  # how much of each log was taken
 
     # ---- admission ----
@@ -144,7 +144,7 @@ class SchedulerBase:
             return  # never admitted: no blocks, no policy state, nothing for the runner
         self.kv.free(request)
         del self.requests[request.request_id]
-        self._freed_ids.append(request.request_id)
+        self.freed_ids.append(request.request_id)
         self.policy.on_finish(request)
 
     def _expire_waiting(self, now: float) -> None:
@@ -169,53 +169,52 @@ class SchedulerBase:
 
     def take_finished(self) -> list[Request]:
         """The requests that ended since the last call, in the order they ended."""
-        new = self.finished[self._finished_taken:]
-        self._finished_taken = _trimmed(self.finished, len(self.finished), self.LOG_KEEP)
+        new, self._finished_taken = _take_new(self.finished, self._finished_taken,
+                                              self.LOG_KEEP)
         return new
 
     def take_step_records(self) -> list[StepRecord]:
         """The steps recorded since the last call."""
-        new = self.step_records[self._records_taken:]
-        self._records_taken = _trimmed(self.step_records, len(self.step_records),
-                                       self.LOG_KEEP)
+        new, self._records_taken = _take_new(self.step_records, self._records_taken,
+                                             self.LOG_KEEP)
         return new
-
-    # ---- steps applied outside schedule() (core/decode_run.py) ----
-    @property
-    def step_index(self) -> int:
-        """The index the next step will get."""
-        return self._step_index
-
-    def skip_steps(self, n: int) -> None:
-        """`n` steps were applied outside schedule() (a decode run): the next one is
-        numbered after them."""
-        self._step_index += n
-
-    @property
-    def num_freed(self) -> int:
-        """Requests ended since the last schedule(), whose ids the runner is yet to get."""
-        return len(self._freed_ids)
-
-    def take_freed_ids(self, count: int | None = None) -> list[str]:
-        """The ids of requests ended since the last schedule() (the first `count` of
-        them), for a runner to drop; they are not told again."""
-        taken = self._freed_ids[:count] if count is not None else self._freed_ids
-        self._freed_ids = self._freed_ids[len(taken):]
-        return taken
-
-    def keep_running(self, requests: list[Request]) -> None:
-        """`requests` are the running ones now, in admission order (a decode run ended
-        the others)."""
-        self.running = requests
 
     # ---- state ----
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     def check_integrity(self, full: bool = True) -> None:
-        """Raise KVCacheError unless the blocks and the queues agree (check_scheduler;
-        `full=False`: the counts only, cheap enough for every step)."""
-        check_scheduler(self, full)
+        """Raise KVCacheError unless: the block manager's own invariant holds (reference
+        counts, free queue, prefix cache names); every live request is in exactly one
+        queue; exactly the running requests hold device blocks, covering their computed
+        tokens (a prefix cache hit included), and exactly the swapped ones hold CPU blocks
+        (a table left behind by an ended request is a leak). `full=False`: the counts
+        only, O(requests), cheap enough for every step of a long simulation."""
+        kv = self.kv
+        kv.check_integrity(full)
+        live = self.requests
+        queues = (self.waiting, self.running, self.swapped)
+        queued = sum(map(len, queues))
+        if queued != len(live) or (full and {r.request_id for q in queues for r in q}
+                                   != live.keys()):
+            raise KVCacheError(f"queues hold {queued} requests, the live table {len(live)}, "
+                               f"or they name different requests")
+        if not (kv.block_tables.keys() <= live.keys() and kv.cpu_tables.keys() <= live.keys()):
+            leaked = (kv.block_tables.keys() | kv.cpu_tables.keys()) - live.keys()
+            raise KVCacheError(f"blocks held by ended or unknown request {sorted(leaked)[0]!r}")
+        if len(kv.block_tables) != len(self.running) or \
+                len(kv.cpu_tables) != len(self.swapped):
+            raise KVCacheError(f"{len(kv.block_tables)} device tables for {len(self.running)} "
+                               f"running requests, {len(kv.cpu_tables)} CPU tables for "
+                               f"{len(self.swapped)} swapped ones")
+        if not full:
+            return
+        for req in self.running:
+            table = kv.block_tables.get(req.request_id)
+            if table is None or req.num_computed_tokens > len(table) * kv.block_size:
+                raise KVCacheError(f"running request {req.request_id!r}: "
+                                   f"{req.num_computed_tokens} tokens computed, its table "
+                                   f"holds {0 if table is None else len(table)} blocks")
 
     def next_wakeup_time(self) -> float | None:
         """When schedule() may have work again without a new arrival (None: not by itself)."""
@@ -226,10 +225,10 @@ class SchedulerBase:
         """This step's batch: queue timeouts first, then the subclass's `fill`; the
         block tables of the batch are looked up once it is formed."""
         now = self.clock.now()
-        out = SchedulerOutput(step_index=self._step_index)
-        self._step_index += 1
-        if self._freed_ids:
-            out.finished_request_ids = self.take_freed_ids()
+        out = SchedulerOutput(step_index=self.step_index)
+        self.step_index += 1
+        if self.freed_ids:
+            out.finished_request_ids, self.freed_ids = self.freed_ids, []
         if self.qc.max_queue_time_s and self.waiting:
             self._expire_waiting(now)
         self.fill(out, now)
@@ -265,7 +264,7 @@ class SchedulerBase:
         # with caching off, a "block" no step's tokens ever cross: one test a token, not two
         bs = self.kv.block_size if self.kv.enable_prefix_caching else 1 << 62
         # No max_model_len check here: admission guarantees prompt + max_tokens fits it.
-        # (With _schedule_running, the hottest loop of a simulation: locals, no indexing.)
+        # (With schedule_running, the hottest loop of a simulation: locals, no indexing.)
         for req, n, tok in zip(requests, counts, result.sampled_token_ids):
             if req.status is not _RUNNING:
                 continue  # ended (aborted) while the step ran
@@ -306,46 +305,10 @@ class SchedulerBase:
         self.running.append(request)
 
 
-def check_scheduler(sched: SchedulerBase, full: bool = True) -> None:
-    # Run after every step by the engine core while STEPSERVE_CHECK_INTEGRITY=1, so a leak,
-    # a double free or a lost request raises at the step that made it. `full=False`:
-    # counts only, O(requests), cheap enough for every step of a long simulation.
-    """Raise KVCacheError unless: the block manager's own invariant holds (reference
-    counts, free queue, prefix cache names); every live request is in exactly one queue;
-    exactly the running requests hold device blocks, covering their computed tokens (a
-    prefix cache hit included), and exactly the swapped ones hold CPU blocks (a table
-    left behind by an ended request is a leak)."""
-    kv = sched.kv
-    kv.check_integrity(full)
-    live = sched.requests
-    queues = (sched.waiting, sched.running, sched.swapped)
-    queued = sum(map(len, queues))
-    if queued != len(live) or (full and {r.request_id for q in queues for r in q}
-                               != live.keys()):
-        raise KVCacheError(f"queues hold {queued} requests, the live table {len(live)}, "
-                           f"or they name different requests")
-    if not (kv.block_tables.keys() <= live.keys() and kv.cpu_tables.keys() <= live.keys()):
-        leaked = (kv.block_tables.keys() | kv.cpu_tables.keys()) - live.keys()
-        raise KVCacheError(f"blocks held by ended or unknown request {sorted(leaked)[0]!r}")
-    if len(kv.block_tables) != len(sched.running) or \
-            len(kv.cpu_tables) != len(sched.swapped):
-        raise KVCacheError(f"{len(kv.block_tables)} device tables for {len(sched.running)} "
-                           f"running requests, {len(kv.cpu_tables)} CPU tables for "
-                           f"{len(sched.swapped)} swapped ones")
-    if not full:
-        return
-    bs = kv.block_size
-    for req in sched.running:
-        table = kv.block_tables.get(req.request_id)
-        if table is None or req.num_computed_tokens > len(table) * bs:
-            raise KVCacheError(f"running request {req.request_id!r}: "
-                               f"{req.num_computed_tokens} tokens computed, its table "
-                               f"holds {0 if table is None else len(table)} blocks")
-
-
-def _trimmed(log: list, taken: int, keep: int) -> int:
-    """Drop the taken prefix of `log` once it is longer than `keep`; the new count taken."""
-    if taken > keep:
-        del log[:taken]
-        return 0
-    return taken
+def _take_new(log: list, taken: int, keep: int) -> tuple[list, int]:
+    """What `log` gained since its first `taken` entries were taken, and the count taken
+    now: the taken entries are dropped once the log is longer than `keep`."""
+    new = log[taken:]
+    if len(log) > keep:
+        del log[:]
+    return new, len(log)

@@ -1,37 +1,26 @@
 """A pool of KV blocks shared by reference count, with the prefix cache's names and LRU.
 
-Every block is in one of two states:
-
-  held   ref_cnt[b] > 0: that many block tables name it (a block of a shared prefix is
-         held by every request whose table starts with it);
-  free   ref_cnt[b] == 0, in `free_queue`. A free block may still be *named*
-         (`block_hash[b]`, from prefix_hash.py): its KV is kept, and a request whose
-         prefix has that name takes it back (`touch`) instead of recomputing it. It stays
-         named until `take` hands it out for new data: an eviction drops the name.
-
-A block may also be *marked* (`lazy[b]`, its `Chain`): its KV is computed and kept, but
-its name is computed only if a lookup asks (kv_cache.py, "named on demand"). A marked
-block is cached, placed and evicted exactly as a named one; only its name is missing.
+A block is *held* (ref_cnt[b] > 0: that many block tables name it) or *free* (in
+`free_queue`). A free block may still be *named* (`block_hash[b]`, prefix_hash.py): its
+KV is kept, and a request whose prefix has that name takes it back (`touch`) instead of
+recomputing it, until `take` hands it out for new data (an eviction drops the name). A
+block may instead be *marked* (`lazy[b]`, its `Chain`): cached, placed and evicted
+exactly as a named one, its name computed only if a lookup asks (kv_cache.py).
 
 The free queue, head first (take pops the head):
 
     [empty blocks ...][named or marked blocks, least recently freed ... most recently]
 
-An empty block (neither named nor marked) holds nothing anyone can ask for, so it is
-reused before any cached one; a cached block joins at the tail, so the least recently
-used is evicted first. A table is
-released tail block first (`release`), so of one request's blocks, the tail of its
-sequence (the part least likely shared) is evicted before its head.
+so an empty block is reused before any cached one and the least recently used cached
+one is evicted first; a table is released tail block first, so of one request's blocks
+the tail (least likely shared) is evicted before its head.
 
-Several blocks may carry the same name: two requests computed the same tokens at the
-same time (neither could hit the other's block yet), or a swapped-in copy. A lookup
-gives the lowest block id of a name (`cached`); the others wait in `twins` and take over
-when it is evicted. Which block a lookup gets depends only on which blocks are named,
-never on the order they were named in (the simulator's decode runs name blocks later
-than stepping does and must come out the same).
-
-Allocation is check-then-commit in the caller (kv_cache.py); here a call that breaks an
-invariant (take more than is free, release what nobody holds) raises KVCacheError.
+Several blocks may carry the same name (two requests computed the same tokens at once,
+or a swapped-in copy): a lookup gives the lowest block id of a name (`cached`); the
+others wait in `twins`. So which block a lookup gets depends only on which blocks are
+named, never on the order they were named in (decode runs name blocks later than
+stepping does and must come out the same). A call that breaks an invariant (take more
+than is free, release what nobody holds) raises KVCacheError.
 """
 
 from __future__ import annotations
@@ -289,9 +278,6 @@ class BlockPool:
             both = sorted(counts.keys() & self.free_queue.keys())
             raise KVCacheError(f"{name} block {both[0] if both else '?'}: free and held "
                                f"by a table (or neither)")
-        self._check_names(name)
-
-    def _check_names(self, name: str) -> None:
         names, cached = self.block_hash, self.cached
         if not all(map(eq, map(names.__getitem__, cached.values()), cached.keys())):
             b = next(b for h, b in cached.items() if names[b] != h)

@@ -12,10 +12,9 @@ request in every step; the others are brought up to date once, when the run ends
 `run_decodes` leaves exactly what stepping would have left: the same tokens, token and
 finish times, finish reasons, KV block ids taken and freed in the same order (and so
 the same prefix cache), step records and indices, policy counters and finished log
-(tests/sim/test_decode_run.py runs whole simulations both ways and compares all of
-it). Where the steps are not plain
-(see `decoding_batch`), or a block would run out (schedule() preempts then), it does
-nothing and schedule() does the step.
+(tests/sim/test_decode_run.py compares whole simulations both ways). Where the steps
+are not plain (`decoding_batch`), or a block would run out (schedule() preempts then),
+it does nothing and schedule() does the step.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, RequestStatus
 from stepserve.core.scheduler import Scheduler
 
-_RUNNING = RequestStatus.RUNNING
 _LENGTH, _STOPPED = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED
 _is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget
 # attribute getters: map() over them runs at C speed (a run starts thousands of times)
@@ -52,10 +50,17 @@ class Sampler:
     plain_steps: Callable[[list[Request], list[int]], list[int]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DecodeRun:
-    end_s: float  # when the last step completed
-    released_ids: list[str]  # requests ended before the run, for the runner to drop
+    """Several decode-only steps done at once: their records, the requests that ended in
+    them (in order), when the last one completed, and the requests that had ended before,
+    for the runner to drop (as the next step's SchedulerOutput.finished_request_ids would
+    have told it)."""
+
+    records: list[StepRecord]
+    finished: list[Request]
+    end_s: float
+    released_ids: list[str]
     # the last step completes at or after `until`: its record's num_waiting must count
     # what arrives while it runs (the caller sets it when the step completes)
     straddles: bool = False
@@ -123,7 +128,7 @@ def run_decodes(sched: Scheduler, start: float, until: float,
     run = _Run(sched, batch, sampler)
     stop_at_first_end = stop_at_first_end or run.num_waiting > 0
     straddle = straddle and not sched.policy.tracks_tokens
-    num_released = sched.num_freed  # ended before the run: the runner is told now
+    num_released = len(sched.freed_ids)  # ended before the run: the runner is told now
     t, straddles = start, False
     while run.n and t < until:
         duration = step_time(run.n, run.computed)
@@ -145,7 +150,9 @@ def run_decodes(sched: Scheduler, start: float, until: float,
     if not run.step:
         return None
     run.catch_up_the_rest()
-    return DecodeRun(t, sched.take_freed_ids(num_released), straddles)
+    released = sched.freed_ids[:num_released]
+    del sched.freed_ids[:num_released]
+    return DecodeRun(sched.take_step_records(), sched.take_finished(), t, released, straddles)
 
 
 class _Run:
@@ -237,9 +244,9 @@ class _Run:
             left = [i for i, final in enumerate(self.final) if final > step]
             # (`batch` is sched.running itself: the run ends requests without leaving it)
             batch, plain = list(map(batch.__getitem__, left)), list(map(plain.__getitem__, left))
-            sched.keep_running(batch)
+            sched.running = batch
         _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
-        sched.skip_steps(step)
+        sched.step_index += step
         # The blocks the run filled are named for the prefix cache now, not in the step
         # that filled each (as update_from_output does): nobody looks the cache up during
         # a run, and which block a name gives does not depend on naming order

@@ -4,30 +4,22 @@
              complete_step(pending)       update_from_output()
                                           -> StepResult(record, emitted, finished)
 
-The core owns the scheduler and its KV block manager; the runner (a torch model in
-model/runner.py, a cost model in sim/runner.py) gets everything it needs in the
-SchedulerOutput (requests, token counts, block tables, swaps) and returns a RunnerOutput.
-No torch here: the simulator drives this very core on a virtual clock, so a simulated
-step is the real engine's step with another runner.
+The runner (a torch model in model/runner.py, a cost model in sim/loop.py) gets all it
+needs in the SchedulerOutput and returns a RunnerOutput. No torch here: the simulator
+drives this very core on a virtual clock, so a simulated step is the real engine's step
+with another runner. Drivers (LLM.generate, bench's in-process load, the server's engine
+thread, the simulator's event loop) are thin loops over `step()`, or over `begin_step()`
+/ `complete_step()` where time passes in between; the core calls none of them back.
 
-Every driver is a thin loop over `step()` (or, where time passes between starting and
-ending a step, as in the simulator, over `begin_step()` / `complete_step()`):
-LLM.generate and `run_closed_loop` (engine/drive.py, through LLMEngine.step), bench's
-in-process load (bench/inprocess.py), the server's engine thread (server/async_engine.py),
-the simulator's event loop (sim/loop.py). The core calls none of them back: what a
-driver does with a step's tokens (stop strings, text) it does after the step, and the
-ends it decides then are taken with `take_finished`.
-
-Every end of a request from outside a step (an abort, a stop string, a client gone, a
-failure in the text layer) goes through `finish_request`, which ends it exactly once and
-reports it in the next result's `finished`, as a step's own ends are. Drivers read the
-core's state through `snapshot()`, never through the scheduler.
+Every end of a request from outside a step (an abort, a stop string, a client gone)
+goes through `finish_request`, which ends it exactly once and reports it in the next
+result's `finished`, as a step's own ends are. Drivers read the core's state through
+`snapshot()`, never through the scheduler.
 
 Failure isolation: an exception while the runner executes a step ends exactly the
-requests that step touched (FINISHED_ERROR, blocks freed), reported in the next result's
-`finished`; the core goes on. MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row mean
-the runner itself is broken: `EngineDead`. A fault in the scheduler raises as it is:
-its state can no longer be trusted.
+requests that step touched (FINISHED_ERROR, blocks freed); the core goes on.
+MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row mean the runner itself is broken:
+`EngineDead`. A fault in the scheduler raises as it is: its state can no longer be trusted.
 """
 
 from __future__ import annotations
@@ -41,11 +33,10 @@ from stepserve.config.settings import EngineConfig
 from stepserve.core import make_scheduler
 from stepserve.core.base import SchedulerBase, integrity_checks_on
 from stepserve.core.clock import Clock
-from stepserve.core.decode_run import Sampler, run_decodes
+from stepserve.core.decode_run import DecodeRun, Sampler, run_decodes
 from stepserve.core.end_reasons import FINISH_REASON_OF
-from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord, StepResult
+from stepserve.core.output import RunnerOutput, SchedulerOutput, StepResult
 from stepserve.core.request import FinishReason, Request, RequestStatus
-from stepserve.core.snapshot import EngineSnapshot
 
 log = logging.getLogger("stepserve.engine")
 
@@ -95,17 +86,33 @@ class PendingStep:
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeRunResult:
-    """Several decode-only steps done at once (`EngineCore.run_decodes`): their records,
-    the requests that ended in them (in order), when the last one completed, and the
-    requests that had ended before, for the runner to drop (as the next step's
-    SchedulerOutput.finished_request_ids would have told it)."""
+class EngineSnapshot:
+    """What a driver may read of an engine core's state between steps: queue lengths, KV
+    block counts and the prefix cache's counters (for /health, the server's metrics, a
+    replica's routing view and the demo), so the core can change how it keeps them."""
 
-    records: list[StepRecord]
-    finished: list[Request]
-    end_s: float
-    released_ids: list[str]
-    straddles: bool  # see core/decode_run.DecodeRun
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_gpu_blocks: int
+    num_gpu_blocks_used: int  # held by some request (cached free blocks are free)
+    kv_usage: float  # num_gpu_blocks_used / num_gpu_blocks, 0..1
+    num_cpu_blocks: int
+    num_cpu_blocks_used: int  # holding swapped-out requests
+    num_preemptions_total: int
+    # the prefix cache's counters, in tokens (vLLM's prefix_cache_queries / _hits)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def num_queued(self) -> int:
+        """Requests waiting for a slot: not yet running, or swapped out."""
+        return self.num_waiting + self.num_swapped
+
+    @property
+    def all_free(self) -> bool:
+        """No block is held, on the device or in the CPU pool."""
+        return self.num_gpu_blocks_used == 0 and self.num_cpu_blocks_used == 0
 
 
 class EngineCore:
@@ -213,20 +220,16 @@ class EngineCore:
     def run_decodes(self, start: float, until: float,
                     step_time: Callable[[int, int], float], sampler: Sampler,
                     stop_at_first_end: bool = False,
-                    straddle: bool = False) -> DecodeRunResult | None:
+                    straddle: bool = False) -> DecodeRun | None:
         """The simulator's fast path: the decode-only steps from `start` that complete
         before `until`, worked out at once where the scheduler's steps are plain
         (core/decode_run.py), with the runner's side given as `step_time` and `sampler`.
         None: none could be; step() as usual."""
-        sched = self.scheduler
-        run = run_decodes(sched, start, until, step_time, sampler, stop_at_first_end,
-                          straddle)
-        if run is None:
-            return None
-        if self.integrity_checks:
+        run = run_decodes(self.scheduler, start, until, step_time, sampler,
+                          stop_at_first_end, straddle)
+        if run is not None and self.integrity_checks:
             self._check()
-        return DecodeRunResult(sched.take_step_records(), sched.take_finished(), run.end_s,
-                               run.released_ids, run.straddles)
+        return run
 
     # The debug switch's check: the counts after every step, the block sets themselves
     # every FULL_CHECK_EVERY steps, when the engine is idle, and always on a small pool

@@ -3,21 +3,17 @@ count (block_pool.py), a CPU swap pool, per-request block tables, and automatic 
 caching.
 
 Prefix caching (on unless `enable_prefix_caching=False`): a block whose tokens are all
-computed is cached (`cache_blocks`, called as each step's tokens are applied) and stays
-in the pool after its request lets go, until the pool needs it for new data. A new
-request starts from the longest run of named blocks that matches its own chain of
-prefix_hash.py (`cached_prefix`), holding them beside their other holders.
+computed is cached (`cache_blocks`, as each step's tokens are applied) and stays in the
+pool after its request lets go, until the pool needs it for new data. A new request
+starts from the longest run of named blocks matching its own chain of prefix_hash.py
+(`cached_prefix`), holding them beside their other holders.
 
-Named on demand: a cached block is named only once some lookup could want it. Every
-block of a table's chain hangs off the name of the chain's first block (a lookup can hit
-block i of a chain only if its own block 0 has the same name), so `cache_blocks` hashes
-only the first block, files the table's `Chain` under that name and marks the blocks
-(`BlockPool.mark_lazy`); a lookup whose first block has that name first names every
-chain filed there (`BlockPool.name_chain`), and a chain once named is named eagerly from
-then on. The
-blocks a lookup can see are exactly those that naming each at once would give (a marked
-block is cached, evicted and counted as a named one is); the hashes of blocks nobody
-asks for, most of them, are never computed.
+Named on demand: a lookup can hit block i of a chain only if its own block 0 has the same
+name, so `cache_blocks` hashes only a table's first block, files the table's `Chain`
+under that name and marks the blocks (`BlockPool.mark_lazy`); a lookup whose first block
+has that name first names every chain filed there (`BlockPool.name_chain`), which is then
+named eagerly. A lookup sees exactly what naming every block at once would give; the
+hashes of blocks nobody asks for, most of them, are never computed.
 
     a table:  [hit][hit][hit][new][new]    hits: shared, read-only; new: its own
                                ^ num_computed_tokens starts here
@@ -26,12 +22,11 @@ A request only ever writes its own, unshared blocks: a hit is a full block below
 first token it computes, and at least its last token is always computed (it needs the
 logits), so a whole-prompt hit is cut back by one block (`cached_prefix`).
 
-Invariant (checked by `check_integrity`): in each pool, a block's reference count is the
-number of tables naming it; the free queue is exactly the blocks with count 0; every
-named block is in the name map under its name and the map holds nothing else.
-
-Allocation is check-then-commit: a method that can run out of blocks returns False (or
-an empty result) and changes nothing; a broken invariant raises.
+Invariant (`check_integrity`): in each pool, a block's reference count is the number of
+tables naming it; the free queue is exactly the blocks with count 0; every named block is
+in the name map under its name and the map holds nothing else. Allocation is
+check-then-commit: a method that can run out of blocks returns False (or an empty
+result) and changes nothing; a broken invariant raises.
 """
 
 from __future__ import annotations
@@ -259,17 +254,14 @@ class KVCacheManager:
         self.cpu_tables[rid] = cpu_blocks
         return list(zip(self._let_go(request), cpu_blocks))
 
-    def can_swap_in(self, request: Request) -> bool:
-        """Room for its blocks, leaving the watermark free unless no request holds any."""
-        n = len(self.cpu_tables.get(request.request_id, ()))
-        free = self.gpu.num_free
-        return n <= free - self.watermark_blocks or (n <= free and not self.gpu.num_held)
-
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
         """Bring `request`'s blocks back to the device; returns (cpu, device) copies.
-        Empty list (and no change) if the device has too few free blocks."""
+        Empty list (and no change) without room for them, leaving the watermark free
+        unless no request holds any blocks."""
         cpu_table = self.cpu_tables.get(request.request_id)
-        if not cpu_table or not self.can_swap_in(request):
+        n, free = len(cpu_table or ()), self.gpu.num_free
+        room = n <= free - self.watermark_blocks or (n <= free and not self.gpu.num_held)
+        if not n or not room:
             return []
         dev = self.gpu.take(len(cpu_table))
         self.block_tables[request.request_id] = dev

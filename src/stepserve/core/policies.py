@@ -46,47 +46,52 @@ class FCFS(Policy):
         return running[-1]
 
 
-class PriorityWithAging(Policy):
+class RankedPolicy(Policy):
+    """Admits the lowest `rank` first (ties in arrival order) and preempts the highest
+    (ties: the most recently admitted)."""
+
+    sorts_waiting = True
+
+    def rank(self, request: Request, now: float) -> float:
+        raise NotImplementedError
+
+    def order_waiting(self, waiting: list[Request], now: float) -> None:
+        rank = self.rank
+        waiting.sort(key=lambda r: (rank(r, now), r.arrival_time))
+
+    def pick_victim(self, running: list[Request], now: float) -> Request:
+        rank = self.rank
+        return max(running, key=lambda r: (rank(r, now), r.admitted_seq))
+
+
+class PriorityWithAging(RankedPolicy):
     """Lower priority value first, then arrival. With `aging_after_s` > 0 a request
     rises one level for every `aging_after_s` seconds since it arrived, so a low
     priority request waits at most about (its level - the best level) x aging_after_s
     longer than an urgent one: nothing starves."""
 
     name = "priority"
-    sorts_waiting = True
 
     def __init__(self, aging_after_s: float = 0.0) -> None:
         self.aging_after_s = aging_after_s
 
-    def effective_priority(self, request: Request, now: float) -> float:
+    def rank(self, request: Request, now: float) -> float:
         if self.aging_after_s <= 0:
             return request.priority
         return request.priority - int((now - request.arrival_time) // self.aging_after_s)
 
-    def order_waiting(self, waiting: list[Request], now: float) -> None:
-        eff = self.effective_priority
-        waiting.sort(key=lambda r: (eff(r, now), r.arrival_time))
 
-    def pick_victim(self, running: list[Request], now: float) -> Request:
-        eff = self.effective_priority
-        return max(running, key=lambda r: (eff(r, now), r.admitted_seq))
-
-
-class ShortestRemaining(Policy):
+class ShortestRemaining(RankedPolicy):
     """Shortest remaining output first (from the length estimate, else max_tokens).
-    Minimises mean completion time; long requests can starve, as the seed warns."""
+    Minimises mean completion time; long requests can starve."""
 
     name = "srpt"
-    sorts_waiting = True
 
-    def order_waiting(self, waiting: list[Request], now: float) -> None:
-        waiting.sort(key=lambda r: (r.remaining_output_estimate, r.arrival_time))
-
-    def pick_victim(self, running: list[Request], now: float) -> Request:
-        return max(running, key=lambda r: (r.remaining_output_estimate, r.admitted_seq))
+    def rank(self, request: Request, now: float) -> float:
+        return request.remaining_output_estimate
 
 
-class FairShare(Policy):
+class FairShare(RankedPolicy):
     """Per-tenant fair share by virtual token counters: each tenant's counter grows by
     the tokens computed for it; the tenant with the smallest counter goes first and the
     one with the largest gives up a victim. A tenant that becomes active again is lifted
@@ -100,7 +105,6 @@ class FairShare(Policy):
     and only a counter above that minimum (recent heavy use) is remembered."""
 
     name = "fair"
-    sorts_waiting = True
     tracks_tokens = True
     DEFAULT_MAX_IDLE_TENANTS = 1024
 
@@ -130,16 +134,11 @@ class FairShare(Policy):
     def on_tokens(self, request: Request, num_tokens: int) -> None:
         self.served[request.tenant] += num_tokens
 
-    def order_waiting(self, waiting: list[Request], now: float) -> None:
-        served = self.served
-        waiting.sort(key=lambda r: (served[r.tenant], r.arrival_time))
-
-    def pick_victim(self, running: list[Request], now: float) -> Request:
-        served = self.served
-        return max(running, key=lambda r: (served[r.tenant], r.admitted_seq))
+    def rank(self, request: Request, now: float) -> float:
+        return self.served[request.tenant]
 
 
-class LongestPrefixMatch(Policy):
+class LongestPrefixMatch(FCFS):
     """Longest cached prefix first (SGLang's lpm): a prompt whose prefix is in the cache
     costs least to admit, and admitting it before its prefix is evicted keeps the hit.
     Ties (and every prompt, with prefix caching off) in arrival order. The victim is the
@@ -168,26 +167,20 @@ class LongestPrefixMatch(Policy):
 
         waiting.sort(key=key)
 
-    def pick_victim(self, running: list[Request], now: float) -> Request:
-        return running[-1]
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
+    FCFS, PriorityWithAging, ShortestRemaining, FairShare, LongestPrefixMatch)}
 
 
 def make_policy(name: str, aging_after_s: float = 0.0,
                 cached_tokens: Callable[[Request], int] | None = None) -> Policy:
     """The policy called `name`; `cached_tokens(request)`: the tokens of its prompt the
     prefix cache holds (lpm orders by it; none given: nothing is cached)."""
-    if name == "fcfs":
-        return FCFS()
-    if name == "priority":
+    policy = POLICIES.get(name)
+    if policy is None:
+        raise ValueError(f"policy = {name!r}: must be one of {', '.join(POLICIES)}")
+    if policy is PriorityWithAging:
         return PriorityWithAging(aging_after_s)
-    if name == "srpt":
-        return ShortestRemaining()
-    if name == "fair":
-        return FairShare()
-    if name == "lpm":
-        return LongestPrefixMatch(cached_tokens or _nothing_cached, aging_after_s)
-    raise ValueError(f"policy = {name!r}: must be one of fcfs, priority, srpt, fair, lpm")
-
-
-def _nothing_cached(request: Request) -> int:
-    return 0
+    if policy is LongestPrefixMatch:
+        return LongestPrefixMatch(cached_tokens or (lambda request: 0), aging_after_s)
+    return policy()

@@ -1,23 +1,22 @@
 """The continuous-batching scheduler: the batch is re-formed every step. The whole
-order of a step is in this file.
+order of a step is in this file, with its two strategies (budget orders, preemption modes).
 
-One step (six steps, 1-4 here, 5-6 in SchedulerBase.update_from_output):
+One step (1-4 here, 5-6 in SchedulerBase.update_from_output):
   1. expire requests that waited past max_queue_time_s (SchedulerBase.schedule);
-  2. split the token budget (max_num_batched_tokens) between decode and prefill: the
-     budget order (below, chosen once by `budget_order`) runs the named steps in its
-     sequence, each taking the budget left and returning what it leaves:
+  2. split the token budget (max_num_batched_tokens) between decode and prefill, in the
+     budget order's sequence of named steps, each taking the budget left:
 
        decode_first (default)   schedule_running -> schedule_swapped -> schedule_waiting
                                 (running sequences, decodes and unfinished prefills in
                                 admission order, before swapped ones, before new prompts)
-       prefill_first (legacy)   schedule_running_prefills -> schedule_waiting ->
-                                decode budget -> schedule_running_decodes ->
+       prefill_first (legacy)   schedule_running (prefills) -> schedule_waiting ->
+                                decode budget -> schedule_running (decodes) ->
                                 schedule_swapped ("decode 预算 = 总预算 - 本步 prefill
                                 chunk": a step that prefills leaves decode budget - cap)
 
   3. allocate KV blocks; when they run out, preempt a victim chosen by the policy; the
-     preemption mode (core/preemption.py) swaps it to the CPU pool or drops its KV to
-     recompute later; new prompts just wait;
+     preemption mode swaps it to the CPU pool or drops its KV to recompute later; new
+     prompts just wait;
   4. hand the batch to the runner as a SchedulerOutput.
 
 Token rule: a request needs `num_tokens - num_computed_tokens` more tokens computed; a
@@ -36,10 +35,9 @@ from collections.abc import Callable
 from stepserve.config.settings import EngineConfig, SchedulerConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock
-from stepserve.core.in_flight import InFlightBlocks
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
-from stepserve.core.preemption import make_preemption
+from stepserve.core.prefix_hash import BlockHash, BlockNamer
 from stepserve.core.request import Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
@@ -60,6 +58,7 @@ class BudgetOrder:
 
     def __init__(self, sc: SchedulerConfig) -> None:
         self.max_num_batched_tokens = sc.max_num_batched_tokens
+        self.chunk_cap = sc.chunk_cap
 
     def fill(self, steps: Scheduler, out: SchedulerOutput, now: float) -> None:
         raise NotImplementedError
@@ -83,15 +82,11 @@ class PrefillFirst(BudgetOrder):
 
     name = "prefill_first"
 
-    def __init__(self, sc: SchedulerConfig) -> None:
-        super().__init__(sc)
-        self.chunk_cap = sc.chunk_cap
-
     def fill(self, steps: Scheduler, out: SchedulerOutput, now: float) -> None:
-        budget = steps.schedule_running_prefills(out, self.max_num_batched_tokens, now)
+        budget = steps.schedule_running(out, self.max_num_batched_tokens, now, decodes=False)
         budget = steps.schedule_waiting(out, budget, now)
         budget = self.decode_budget(budget, out.num_prefill_tokens)
-        budget = steps.schedule_running_decodes(out, budget, now)
+        budget = steps.schedule_running(out, budget, now, prefills=False)
         steps.schedule_swapped(out, budget, now)
 
     def decode_budget(self, budget: int, num_prefill_tokens: int) -> int:
@@ -116,6 +111,107 @@ def make_budget_order(name: str, sc: SchedulerConfig) -> BudgetOrder:
     return order(sc)
 
 
+# ---- the preemption mode: what happens to a victim's KV ----
+class Preemption:
+    """Interface. `evict` takes `victim`'s KV off the device and returns the status it
+    waits in (SWAPPED: in `swapped`; PREEMPTED: first in `waiting`); it runs before any
+    other bookkeeping, so a mode that refuses changes nothing."""
+
+    name = ""
+    # Admission reserves prompt + max_tokens of blocks for every request, so a running
+    # request can always grow and no victim is ever needed.
+    reserves_worst_case = False
+
+    def evict(self, victim: Request, kv: KVCacheManager, out: SchedulerOutput) -> RequestStatus:
+        raise NotImplementedError
+
+
+class Recompute(Preemption):
+    """Drop the KV and start over from zero computed tokens; the output so far is kept,
+    so the recompute prefills prompt + output and resumes sampling."""
+
+    name = "recompute"
+
+    def evict(self, victim: Request, kv: KVCacheManager, out: SchedulerOutput) -> RequestStatus:
+        kv.free(victim)
+        victim.num_recomputed_tokens += victim.num_computed_tokens
+        victim.num_computed_tokens = 0
+        return RequestStatus.PREEMPTED
+
+
+class Swap(Recompute):
+    """Copy the KV to the CPU pool (the copies go in `out.swap_out`); recompute when the
+    pool has no room for it."""
+
+    name = "swap"
+
+    def evict(self, victim: Request, kv: KVCacheManager, out: SchedulerOutput) -> RequestStatus:
+        pairs = kv.swap_out(victim)
+        if not pairs:
+            return super().evict(victim, kv, out)
+        out.swap_out.extend(pairs)
+        victim.num_swapped_out_blocks += len(pairs)
+        return RequestStatus.SWAPPED
+
+
+class NoPreemption(Preemption):
+    """Never evict: admission reserves each request's worst case instead (fewer requests
+    run at once, none is ever interrupted)."""
+
+    name = "none"
+    reserves_worst_case = True
+
+    def evict(self, victim: Request, kv: KVCacheManager, out: SchedulerOutput) -> RequestStatus:
+        raise RuntimeError("preemption_mode=none reserves every request's blocks at "
+                           "admission, yet a running request ran out of blocks")
+
+
+PREEMPTIONS: dict[str, type[Preemption]] = {
+    mode.name: mode for mode in (Recompute, Swap, NoPreemption)}
+
+
+def make_preemption(name: str) -> Preemption:
+    """The preemption mode called `name`."""
+    mode = PREEMPTIONS.get(name)
+    if mode is None:
+        raise ValueError(f"preemption_mode = {name!r}: must be one of {', '.join(PREEMPTIONS)}")
+    return mode()
+
+
+class InFlightBlocks:
+    """The names of the full blocks one step's prefill chunks compute, gathered from the
+    step's batch when first asked and kept up to date as the batch grows.
+
+    A block enters the prefix cache once the step that computes it completes, so a burst
+    of prompts sharing a system prompt, all admitted in one step, would each compute the
+    shared part. Instead, a waiting prompt whose next uncached block is one this step
+    already computes for another request is left for the next step, where it finds the
+    block cached (as SGLang defers such prompts): an LLM.generate of 32 prompts sharing 48
+    tokens computes 560 prompt tokens instead of 2048. Only ever an optimisation."""
+
+    def __init__(self, out: SchedulerOutput, block_size: int, namer: BlockNamer) -> None:
+        self.out = out
+        self.block_size = block_size
+        self.namer = namer
+        self.names: set[BlockHash] = set()
+        self.seen = 0  # entries of out.requests gathered so far
+
+    def holds_next_block_of(self, req: Request, num_hits: int) -> bool:
+        """Whether the block after `req`'s `num_hits` cached ones, one it could take from
+        the cache rather than compute (not its last), is being computed this step."""
+        bs = self.block_size
+        if (num_hits + 1) * bs >= req.num_tokens or num_hits >= len(req.block_hashes):
+            return False
+        out = self.out
+        for r, n in zip(out.requests[self.seen:], out.num_scheduled_tokens[self.seen:]):
+            if n > 1:  # a prefill chunk (a decode fills no block another prompt starts with)
+                lo, hi = r.num_computed_tokens // bs, (r.num_computed_tokens + n) // bs
+                if hi > lo:
+                    self.names.update(self.namer.names(r, hi, bs)[lo:hi])
+        self.seen = len(out.requests)
+        return req.block_hashes[num_hits] in self.names
+
+
 class Scheduler(SchedulerBase):
     """Continuous batching (vLLM v1-style token budget, chunked prefill, preemption)."""
 
@@ -131,21 +227,11 @@ class Scheduler(SchedulerBase):
         self.budget_order.fill(self, out, now)
 
     # ---- running sequences ----
-    def schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
-        """Running requests in admission order: a decode gets 1 token, a prefill its next
-        chunk."""
-        return self._schedule_running(out, budget, now, decodes=True, prefills=True)
-
-    def schedule_running_prefills(self, out: SchedulerOutput, budget: int, now: float) -> int:
-        return self._schedule_running(out, budget, now, decodes=False, prefills=True)
-
-    def schedule_running_decodes(self, out: SchedulerOutput, budget: int, now: float) -> int:
-        return self._schedule_running(out, budget, now, decodes=True, prefills=False)
-
-    def _schedule_running(self, out: SchedulerOutput, budget: int, now: float,
-                          decodes: bool, prefills: bool) -> int:
-        """One walk over `running` in admission order, serving the kinds asked for;
-        blocks that run out are made by preempting (_make_room)."""
+    def schedule_running(self, out: SchedulerOutput, budget: int, now: float,
+                         decodes: bool = True, prefills: bool = True) -> int:
+        """One walk over `running` in admission order, serving the kinds asked for: a
+        decode gets 1 token, a prefill its next chunk; blocks that run out are made by
+        preempting (_make_room)."""
         tables = self.kv.block_tables
         bs = self.kv.block_size
         chunked = self.sc.enable_chunked_prefill
@@ -313,7 +399,7 @@ class Scheduler(SchedulerBase):
             hits = kv.cached_prefix(req)
             if in_flight is not None and kv.looks_up(req) and \
                     in_flight.holds_next_block_of(req, len(hits)):
-                continue  # cached next step: see core/in_flight.py
+                continue  # cached next step: see InFlightBlocks
             hit_tokens = len(hits) * bs
             remaining = req.num_tokens - req.num_computed_tokens - hit_tokens
             is_long = threshold > 0 and req.num_tokens - hit_tokens > threshold

@@ -28,10 +28,9 @@ from stepserve.plan.model_specs import get_model_spec
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
-from stepserve.sim.hardware import get_hardware
-from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.report import ROWS, Row, fmt_s, format_runs
+from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.sim.run import RunResult, run_config
-from stepserve.sim.table import ROWS, Row, fmt_s, format_runs
 from stepserve.workload.builtin import get_workload
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from stepserve.core.end_reasons import FinishReason
-from stepserve.core.snapshot import EngineSnapshot
+from stepserve.core.engine_core import EngineSnapshot
 from stepserve.engine.seam import (
     EngineUnavailable,
     InvalidRequest,

@@ -36,13 +36,13 @@ from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens, joining
 
 SCHEMA = "stepserve.cost/1"
 _NOT_ONE = (1).__ne__
-TERMS = ("step", "seq", "token", "token_hi", "kv_read", "attn", "swap", "join", "chunk")
-UNITS = {"step": "ms per step", "seq": "us per sequence", "token": "us per token",
-         "token_hi": "us per token past the knee", "kv_read": "ns per KV token read",
-         "attn": "ns per attention pair", "swap": "us per block copied",
-         "join": "us per request joining the batch", "chunk": "us per prefill chunk"}
-SCALE = {"step": 1e3, "seq": 1e6, "token": 1e6, "token_hi": 1e6, "kv_read": 1e9,
-         "attn": 1e9, "swap": 1e6, "join": 1e6, "chunk": 1e6}
+# each term: how it is shown (its coefficient times the scale, in the unit)
+SHOWN = {"step": (1e3, "ms per step"), "seq": (1e6, "us per sequence"),
+         "token": (1e6, "us per token"), "token_hi": (1e6, "us per token past the knee"),
+         "kv_read": (1e9, "ns per KV token read"), "attn": (1e9, "ns per attention pair"),
+         "swap": (1e6, "us per block copied"), "join": (1e6, "us per request joining the batch"),
+         "chunk": (1e6, "us per prefill chunk")}
+TERMS = tuple(SHOWN)
 # The terms that grow with the batch the engine re-forms, not with the model's work:
 # the scheduling overhead (sim/cost.py), named in describe().
 SCHEDULING_TERMS = ("seq", "join")
@@ -101,15 +101,15 @@ class CalibratedCost(CostModel):
 
     def describe(self) -> str:
         where = self.meta.get("model", "?"), self.meta.get("hardware", "?")
-        overhead = ", ".join(f"{self.coefficients.get(t, 0.0) * SCALE[t]:.3g} {UNITS[t]}"
-                             for t in SCHEDULING_TERMS)
+        overhead = ", ".join(f"{self.coefficients.get(t, 0.0) * SHOWN[t][0]:.3g} "
+                             f"{SHOWN[t][1]}" for t in SCHEDULING_TERMS)
         return (f"calibrated on {where[0]} / {where[1]} ({self.meta.get('date', 'undated')}); "
                 f"scheduling overhead {overhead}")
 
     def explain(self) -> list[str]:
         """One line per term: its coefficient in a readable unit."""
-        return [f"{t:<9} {self.coefficients.get(t, 0.0) * SCALE[t]:>10.4g} {UNITS[t]}"
-                for t in TERMS]
+        return [f"{t:<9} {self.coefficients.get(t, 0.0) * scale:>10.4g} {unit}"
+                for t, (scale, unit) in SHOWN.items()]
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "knee_tokens": self.knee_tokens,

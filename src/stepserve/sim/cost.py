@@ -1,20 +1,13 @@
-"""Cost models: how long one step takes, given the batch.
-
-* ConstantCost: every step takes the same time (the night-report job's 24-26 ms engine
-  step), plus the scheduling overhead below.
-* RooflineCost: max(compute time, memory time) + a fixed overhead, from a hardware spec
-  (peak FLOP/s, memory bandwidth, efficiencies) and a model spec (parameters, layers,
-  KV layout). Prefill is compute-bound, small-batch decode is memory-bound: this is why
-  a continuous batch of 64 costs a GPU about what a batch of 10 does.
-* CalibratedCost (calibrated.py): a fit of this machine's measured step times, from
-  `stepserve profile`.
+"""Cost models: how long one step takes, given the batch. ConstantCost here (every step
+the same, the night-report job's 24-26 ms), RooflineCost (roofline.py: max(compute,
+memory) from a hardware and a model spec), CalibratedCost (calibrated.py: a fit of this
+machine's measured steps, from `stepserve profile`).
 
 Every model adds the engine's scheduling overhead (`SchedulingOverhead`): work that grows
-with the batch it re-forms each step, not with the tokens the model computes. This is
-where continuous batching pays for re-forming the batch every step: a static batch's
-steps after its short members finish carry only its few live sequences, a continuous
-batch's steps carry all of them, so a continuous engine's steps are slower and its gain
-over static batching stays below the step-count cap (`plan speedup`).
+with the batch it re-forms each step, not with the tokens the model computes. A static
+batch's steps after its short members finish carry only its few live sequences, a
+continuous batch's carry all of them, so a continuous engine's steps are slower and its
+gain over static batching stays below the step-count cap (`plan speedup`).
 """
 
 from __future__ import annotations

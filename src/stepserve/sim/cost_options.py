@@ -2,7 +2,7 @@
 `--hardware`, `--model-spec`), and the KV memory it implies.
 
 A roofline model knows the memory its hardware leaves for KV after the weights and the
-model's KV bytes per token, so it sizes the KV pool (sim/kv_sizing.py); a calibrated one
+model's KV bytes per token, so it sizes the KV pool (sim/scenarios.py); a calibrated one
 (a cost file from `stepserve profile`) knows the KV budget the profiled engine had; a
 constant one leaves the pool to the config. A cost file measured on another machine is
 used with a warning naming both."""
@@ -20,10 +20,8 @@ from stepserve.config.user_files import load_json
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.calibrated import CalibratedCost
 from stepserve.sim.cost import ConstantCost, CostModel
-from stepserve.sim.hardware import get_hardware
-from stepserve.sim.kv_sizing import num_gpu_blocks_for
-from stepserve.sim.roofline import RooflineCost
-from stepserve.sim.scenarios import Scenario
+from stepserve.sim.roofline import RooflineCost, get_hardware
+from stepserve.sim.scenarios import Scenario, num_gpu_blocks_for
 
 
 @dataclass(frozen=True)

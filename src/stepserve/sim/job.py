@@ -20,9 +20,9 @@ from stepserve.config.settings import EngineConfig
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
-from stepserve.sim.run import SimulateResult, run_all, run_scenario
+from stepserve.sim.report import format_result
+from stepserve.sim.run import SimulateResult, run_all, run_scenario, selected_runs
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
-from stepserve.sim.table import format_result
 from stepserve.workload.loader import load_workload
 from stepserve.workload.mooncake import TraceOptions, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
@@ -103,19 +103,6 @@ def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
     runs = (RunSpec(name, config),)
     return run_all(workload.name, source, workload, specs, runs,
                    setup.cost_model, setup.num_gpu_blocks, False, progress, pools)
-
-
-def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario:
-    """The scenario with only the runs named (all for None); UsageError naming the
-    allowed runs for a name it does not have."""
-    if names is None:
-        return scenario
-    known = [r.name for r in scenario.runs]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise UsageError(f"--runs {','.join(names)}: scenario {scenario.name} has runs "
-                         f"{', '.join(known)}")
-    return replace(scenario, runs=tuple(r for r in scenario.runs if r.name in names))
 
 
 Changes = dict[str, tuple[Any, Any]]  # setting -> (the run's value, the value given)

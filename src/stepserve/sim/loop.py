@@ -1,16 +1,14 @@
-"""The discrete-event loop: drives the engine core (core/engine_core.py) of each replica on a
-virtual clock. A replica's step begins at one event (`begin_step`: schedule, cost model)
-and completes at another, its duration later (`complete_step`: apply the tokens,
-StepResult); in between, arrivals queue and aborts land, as on a real server.
+"""The discrete-event loop: drives the engine core of each replica on a virtual clock. A
+replica's step begins at one event (`begin_step`: schedule, cost model) and completes at
+another, its duration later (`complete_step`); in between, arrivals queue and aborts
+land, as on a real server. Events: arrivals, step completions, batch window expiries.
 
-Events are request arrivals (open loop), step completions of each replica, and batch
-window expiries (dynamic batching). A closed-loop workload issues its next request the
-moment one ends (a refused one included), before any replica forms its next batch. A
-multi-turn session's later turn (workload/sessions.py) arrives its think time after the
-turn before it ended, its prompt that turn's prompt and output ids plus its own; a turn
-whose predecessor did not complete is never sent (its session ends, and only then does a
-closed loop send its next request). All
-replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
+A closed-loop workload issues its next request the moment one ends (a refused one
+included), before any replica forms its next batch. A multi-turn session's later turn
+(workload/sessions.py) arrives its think time after the turn before it ended, its prompt
+that turn's prompt and output ids plus its own; a turn whose predecessor did not complete
+is never sent (its session ends, and only then does a closed loop send its next request).
+Replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
 and belongs to a pool with its own config; the router (routing/) picks a pool by the
 deployment's rules, then a replica in it, from each replica's view of its load.
 """
@@ -22,20 +20,67 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import attrgetter, sub
 
 from stepserve.config.settings import EngineConfig
 from stepserve.core.clock import VirtualClock
+from stepserve.core.decode_run import Sampler
 from stepserve.core.engine_core import EngineCore, PendingStep
-from stepserve.core.output import StepRecord
+from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.request import Request, SamplingParams
 from stepserve.routing.pools import Deployment, PoolRouter
 from stepserve.routing.view import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
-from stepserve.sim.runner import SIM_EOS, SimRunner
 from stepserve.workload.mooncake import TraceSpec
 from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.shared_prefix import prefix_token_ids
 from stepserve.workload.spec import RequestSpec
+
+_REQUEST_ID = attrgetter("request_id")
+SIM_EOS = 0
+SIM_TOKEN = 1
+
+
+class SimRunner:
+    """Stands in for the model: "samples" a token for every sequence that reached its end
+    and says how long the step took, from a cost model. A request stops by emitting EOS
+    when it reaches its true output length from the workload, so the scheduler sees
+    exactly what it would see from a real model."""
+
+    reads_block_tables = False  # a cost model prices counts, never block ids
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        # request id -> the output tokens it holds when it samples EOS (its length - 1)
+        self.eos_after: dict[str, int] = {}
+        eos_after = self.eos_after
+        # A decode run's view of the same rule: the steps in which each request samples
+        # SIM_TOKEN before its first EOS.
+        self.sampler = Sampler(SIM_TOKEN, SIM_EOS, lambda batch, held: list(
+            map(sub, map(eos_after.__getitem__, map(_REQUEST_ID, batch)), held)))
+        self.decode_step_time = cost_model.decode_step_time
+
+    def register(self, request_id: str, output_len: int) -> None:
+        self.eos_after[request_id] = output_len - 1
+
+    def release(self, request_ids: list[str]) -> None:
+        """Forget requests that ended (what `execute` does with finished_request_ids)."""
+        for rid in request_ids:
+            self.eos_after.pop(rid, None)
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        eos_after = self.eos_after
+        self.release(out.finished_request_ids)
+        # A chunk that does not reach the end of the sequence samples nothing (None); a
+        # sequence at its workload length samples EOS. (One expression per request: the
+        # simulator runs this for every request in every step.)
+        sampled: list[int | None] = [
+            None if req.num_computed_tokens + n < req.num_prompt_tokens + (
+                num_output := len(req.output_token_ids))
+            else SIM_EOS if num_output >= eos_after[req.request_id]
+            else SIM_TOKEN
+            for req, n in zip(out.requests, out.num_scheduled_tokens)]
+        return RunnerOutput(sampled, self.cost_model.step_time(out))
 
 
 @dataclass(eq=False)
@@ -75,8 +120,8 @@ def make_request(spec: RequestSpec, arrival: float, history: list[int] | None = 
                  ) -> Request:
     """`history`: a later turn's conversation so far, its prompt's first ids."""
     params = _sim_params(spec.max_tokens, spec.priority, spec.tenant)
-    ids = prompt_token_ids(spec) if history is None else \
-        history + _own_ids(spec, spec.prompt_len - spec.history_len)
+    ids = prompt_token_ids(spec) if history is None else history + [
+        FIRST_PROMPT_ID + spec.index] + [1] * (spec.prompt_len - spec.history_len - 1)
     return Request(request_id=str(spec.index), prompt_token_ids=ids,
                    sampling_params=params, arrival_time=arrival, eos_token_id=SIM_EOS,
                    request_class=spec.request_class, length_estimate=spec.length_estimate)
@@ -110,10 +155,6 @@ def prompt_token_ids(spec: RequestSpec) -> list[int]:
     if spec.prefix_len < spec.prompt_len:
         ids[spec.prefix_len] = FIRST_PROMPT_ID + spec.index
     return ids
-
-
-def _own_ids(spec: RequestSpec, n: int) -> list[int]:
-    return [FIRST_PROMPT_ID + spec.index] + [1] * (n - 1)
 
 
 _STEP, _ARRIVAL, _WAKE, _RUN_END = 0, 1, 2, 3

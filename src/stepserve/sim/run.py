@@ -13,13 +13,13 @@ tools read:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_BLOCKS
 from stepserve.config.load import apply_nested, to_dict
-from stepserve.config.settings import EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.metrics.rules import Finding, RuleSettings, findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
@@ -28,7 +28,6 @@ from stepserve.metrics.summary import LatencySamples, measure_run
 from stepserve.plan.speedup import speedup_for_lengths
 from stepserve.routing.pools import Deployment, deployment_from
 from stepserve.sim.cost import CostModel
-from stepserve.sim.kv_sizing import check_simulated_memory
 from stepserve.sim.loop import SimResult, simulate
 from stepserve.sim.scenarios import RunSpec, Scenario
 from stepserve.workload.overrides import WorkloadOverrides
@@ -124,8 +123,17 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "",
 
 def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
     """The KV pool a run derives (from kv_cache_memory, or max_num_seqs x max_model_len)
-    must hold a block and fit in memory: the block manager lists every free block."""
-    check_simulated_memory(config)
+    must hold a block and fit in memory: the block manager lists every free block.
+    swap_space and gpu_memory_utilization size a real engine's memory from the machine it
+    runs on; the simulator has no such machine, so it refuses them rather than ignore
+    them."""
+    cache = config.cache
+    for name, value in (("swap_space", cache.swap_space),
+                        ("gpu_memory_utilization", cache.gpu_memory_utilization)):
+        if value:
+            raise ConfigError(f"{name} = {value:g}: sizes a real engine's memory; the "
+                              "simulator takes num_gpu_blocks, num_cpu_blocks or "
+                              "kv_cache_memory instead")
     if 1 <= num_gpu_blocks <= MAX_BLOCKS:
         return
     sc = config.scheduler
@@ -181,9 +189,7 @@ class BatchingComparison:
     static_slot_utilization_computed: float
 
     def to_json(self) -> dict[str, float]:
-        return {"speedup": self.speedup, "speedup_cap": self.speedup_cap,
-                "share_of_cap": self.share_of_cap,
-                "static_slot_utilization_computed": self.static_slot_utilization_computed}
+        return asdict(self)
 
 
 def batching_comparison(runs: list[RunResult], specs: Sequence[RequestSpec],
@@ -208,8 +214,7 @@ class WorkloadInfo:
     closed_loop_concurrency: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "requests": self.requests,
-                "closed_loop_concurrency": self.closed_loop_concurrency}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -258,13 +263,23 @@ def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | Non
                  | None = None, pools: Mapping[str, Any] | None = None) -> SimulateResult:
     workload = scenario.workload_with(workload_overrides)
     specs = workload.generate()
-    runs = [r for r in scenario.runs if not only or r.name in only]
-    if only and len(runs) != len(only):
-        known = ", ".join(r.name for r in scenario.runs)
-        raise UsageError(f"--runs {','.join(only)}: scenario {scenario.name} has runs {known}")
+    runs = selected_runs(scenario, tuple(only)).runs if only else scenario.runs
     return run_all(scenario.name, scenario.description, workload, specs, runs,
                    scenario.cost_model(), scenario.num_gpu_blocks,
                    scenario.compare_batching, progress_factory, pools)
+
+
+def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario:
+    """The scenario with only the runs named (all for None); UsageError naming the
+    allowed runs for a name it does not have."""
+    if names is None:
+        return scenario
+    known = [r.name for r in scenario.runs]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--runs {','.join(names)}: scenario {scenario.name} has runs "
+                         f"{', '.join(known)}")
+    return replace(scenario, runs=tuple(r for r in scenario.runs if r.name in names))
 
 
 def run_all(name: str, description: str, workload: Workload, specs: Sequence[RequestSpec],

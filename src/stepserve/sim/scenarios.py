@@ -2,7 +2,7 @@
 
 A Scenario is a workload, a cost model, a KV size and the configs to compare: the
 incident's config (`before`) and its fix (`after`), or the three batching modes, or
-A/B/C. docs/guide.md says how each one's sizes were chosen; sim/incidents.py holds the
+A/B/C. docs/guide.md says how each one's sizes were chosen; sim/report.py holds the
 figures each must reproduce.
 """
 
@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stepserve.config.settings import EngineConfig
+from stepserve.core.kv_cache import blocks_for
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost, CostModel, SchedulingOverhead
-from stepserve.sim.hardware import get_hardware
-from stepserve.sim.kv_sizing import num_gpu_blocks_for
-from stepserve.sim.roofline import RooflineCost
+from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.workload.builtin import get_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.spec import Workload
@@ -26,6 +25,22 @@ _BASE = EngineConfig()
 
 def cfg(**settings) -> EngineConfig:
     return _BASE.replace(**settings)
+
+
+def num_gpu_blocks_for(config: EngineConfig, kv_cache_bytes: int | None = None,
+                       kv_bytes_per_token: int | None = None) -> int:
+    """KV blocks per simulated replica, one rule for scenarios and commands: the config's
+    num_gpu_blocks if set; else from a KV size (the config's kv_cache_memory, else
+    `kv_cache_bytes`, over `kv_bytes_per_token` x block_size, both given and non-zero);
+    else enough for max_num_seqs sequences of max_model_len."""
+    bs = config.cache.block_size
+    if config.cache.num_gpu_blocks:
+        return config.cache.num_gpu_blocks
+    kv_cache_bytes = config.cache.kv_cache_memory or kv_cache_bytes  # the config's wins
+    if kv_cache_bytes and kv_bytes_per_token:
+        return kv_cache_bytes // (kv_bytes_per_token * bs)
+    sc = config.scheduler
+    return blocks_for(sc.max_model_len, bs) * sc.max_num_seqs + 1
 
 
 @dataclass(frozen=True)
@@ -56,8 +71,7 @@ class Scenario:
                                  self.defaults.merged(overrides or WorkloadOverrides()))
 
     def num_gpu_blocks(self, config: EngineConfig) -> int:
-        """KV blocks per replica (sim/kv_sizing.py): the config's num_gpu_blocks, else
-        from the scenario's KV size, else max_num_seqs sequences of max_model_len."""
+        """KV blocks per replica (`num_gpu_blocks_for`)."""
         return num_gpu_blocks_for(config, self.kv_cache_bytes, self.kv_bytes_per_token)
 
 
