@@ -74,12 +74,6 @@ class ClusterEngine:
     def num_live(self) -> int:
         return len(self._live)
 
-    def route_of(self, request: NewRequest) -> RouteRequest:
-        params = request.params
-        return RouteRequest(len(request.prompt_ids), params.max_tokens, params.priority,
-                            params.tenant, REQUEST_HEADERS.get() or {}, request.prompt_ids,
-                            request.cache_salt)
-
     # ---- requests ----
     async def add(self, request: NewRequest) -> RequestStream:
         """Send to a replica of the request's pool; return its stream once admitted.
@@ -93,7 +87,9 @@ class ClusterEngine:
                 f"n = {params.n} (or best_of): more than one choice per request is not "
                 "supported through `serve --replicas` yet; send n requests, or serve one "
                 "engine", Refusal.INVALID.value)
-        route = self.route_of(request)
+        route = RouteRequest(len(request.prompt_ids), params.max_tokens, params.priority,
+                             params.tenant, REQUEST_HEADERS.get() or {}, request.prompt_ids,
+                             request.cache_salt)
         pool = self.deployment.pool_for(route)
         rid = request.request_id or f"ing-{uuid.uuid4().hex}"
         sent = replace(request, request_id=rid, arrival_time=None)

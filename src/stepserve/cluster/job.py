@@ -6,31 +6,37 @@ replicas on Ray Serve behind one OpenAI-compatible ingress (this process).
     this process: uvicorn + the ingress app (app.py) -> ClusterEngine (frontend.py)
                   picks the pool by the deployment's rules
 
-On SIGINT/SIGTERM the ingress drains like the single-process server (stop admitting,
-let in-flight requests finish for the shutdown timeout, abort the rest), then every
-pool's replicas are deleted (Ray Serve drains each first) and a local Ray stops.
+Each pool is one Ray Serve application: `replicas` engine replicas with the pool's engine
+config, routed within the pool by StepserveRequestRouter. On SIGINT/SIGTERM the ingress
+drains like the single-process server (stop admitting, let in-flight requests finish for
+the shutdown timeout, abort the rest), then every pool's application is deleted (Ray
+Serve lets each replica's in-flight requests finish for up to the shutdown timeout) and
+a local Ray stops.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from stepserve.cluster.deploy import ReplicaSettings
-from stepserve.cluster.extra import require_ray_serve
 from stepserve.cluster.frontend import ClusterEngine
 from stepserve.cluster.local_ray import prefer_loopback
+from stepserve.cluster.messages import ReplicaSettings
 from stepserve.config.errors import UsageError
-from stepserve.config.load import ConfigOverrides
+from stepserve.config.load import ConfigOverrides, to_dict
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.routing.pools import Deployment, load_deployment
 from stepserve.server.connection_limits import ConnectionLimits
 
-log = logging.getLogger("stepserve.cluster")
+ROUTER_CLASS = "stepserve.cluster.request_router.StepserveRequestRouter"
+APP_PREFIX = "stepserve-"
+# The engine admits and queues (429 when its queue is full); Ray never holds one back.
+MAX_ONGOING_REQUESTS = 100_000
 
 
 @dataclass(frozen=True)
@@ -64,21 +70,21 @@ def plan_deployment(o: ClusterServeOptions) -> tuple[EngineConfig, Deployment]:
     return base, load_deployment(o.pools_file, base)
 
 
-def absolute_pools_file(o: ClusterServeOptions) -> ClusterServeOptions:
-    """The request routers read the pools file again, from wherever Ray runs them."""
-    if o.pools_file is None:
-        return o
-    return replace(o, pools_file=str(Path(o.pools_file).resolve()))
-
-
 def run_cluster_serve(options: ClusterServeOptions) -> int:
     """Serve until a signal; the exit status (2: a mistake found before any work). The
     caller has checked that host:port can be listened on."""
-    o = absolute_pools_file(options)
+    o = options
+    if o.pools_file is not None:  # the request routers read it again, wherever Ray runs them
+        o = replace(o, pools_file=str(Path(o.pools_file).resolve()))
     if o.ray_address is None:
         prefer_loopback()  # before anything imports ray
     try:
-        require_ray_serve("stepserve serve --replicas/--pools/--ray-address")
+        try:
+            importlib.import_module("ray.serve")
+        except ImportError as e:
+            raise UsageError("stepserve serve --replicas/--pools/--ray-address runs its "
+                             f"replicas on Ray Serve, which is not installed ({e.name or e}): "
+                             "pip install -e '.[cluster]'") from None
         base, deployment = plan_deployment(o)
         from stepserve.model.presets import resolve_model
 
@@ -88,7 +94,29 @@ def run_cluster_serve(options: ClusterServeOptions) -> int:
         return 2
     logging.basicConfig(level=o.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
-    return _serve(o, base, deployment, str(model_dir))
+    import ray
+
+    from stepserve.cluster.local_ray import start_ray
+    from stepserve.server.http_server import make_server
+
+    name = o.served_model_name or str(o.model)
+    node_ip = start_ray(o.ray_address, o.num_cpus)
+    try:
+        settings = ReplicaSettings(str(model_dir), name, o.dtype, o.device, o.cpus_per_replica,
+                                   shutdown_timeout_s=o.shutdown_timeout_s)
+        ingress = build_ingress(deployment, base, o.pools_file, settings, o.retry_after_s,
+                                o.shutdown_timeout_s, o.max_request_bytes, o.api_keys)
+        layout = ", ".join(f"{p.name}: {p.replicas}" for p in deployment.pools)
+        print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1: "
+              f"{deployment.num_replicas} replicas on Ray Serve ({layout}; Ray node "
+              f"{node_ip}; {ingress.runner})", file=sys.stderr)
+        make_server(ingress.app, o.host, o.port, log_level=o.log_level,
+                    limits=o.connection_limits).run()
+    finally:
+        undeploy([p.name for p in deployment.pools])
+        ray.shutdown()
+    print("stepserve: server stopped", file=sys.stderr)
+    return 0
 
 
 @dataclass
@@ -106,11 +134,10 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
     """Deploy the pools on the Ray Serve this process is connected to, and the ingress
     app over them (not yet serving)."""
     from stepserve.cluster.app import IngressSettings, create_ingress_app
-    from stepserve.cluster.deploy import deploy, describe
     from stepserve.model.tokenizer import Tokenizer
 
     handles = deploy(deployment, base, pools_file, replicas)
-    facts = describe(handles)
+    facts = {pool: h.describe.remote().result() for pool, h in handles.items()}
     tokenizer = Tokenizer(replicas.model_dir)
     max_len = max(f["max_model_len"] for f in facts.values())
     first = next(iter(facts.values()))
@@ -121,29 +148,42 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
     return Ingress(create_ingress_app(cluster, settings, tokenizer), cluster, first["runner"])
 
 
-def _serve(o: ClusterServeOptions, base: EngineConfig, deployment: Deployment,
-           model_dir: str) -> int:
-    import ray
+def deploy(deployment: Deployment, base: EngineConfig, pools_file: str | None,
+           settings: ReplicaSettings) -> dict[str, Any]:
+    """Deploy every pool and wait until its replicas are up; {pool: handle}."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
 
-    from stepserve.cluster.deploy import undeploy
-    from stepserve.cluster.local_ray import start_ray
-    from stepserve.server.http_server import make_server
+    from stepserve.cluster.replica import EngineReplica
 
-    name = o.served_model_name or str(o.model)
-    node_ip = start_ray(o.ray_address, o.num_cpus)
-    try:
-        settings = ReplicaSettings(model_dir, name, o.dtype, o.device, o.cpus_per_replica,
-                                   shutdown_timeout_s=o.shutdown_timeout_s)
-        ingress = build_ingress(deployment, base, o.pools_file, settings, o.retry_after_s,
-                                o.shutdown_timeout_s, o.max_request_bytes, o.api_keys)
-        layout = ", ".join(f"{p.name}: {p.replicas}" for p in deployment.pools)
-        print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1: "
-              f"{deployment.num_replicas} replicas on Ray Serve ({layout}; Ray node "
-              f"{node_ip}; {ingress.runner})", file=sys.stderr)
-        make_server(ingress.app, o.host, o.port, log_level=o.log_level,
-                    limits=o.connection_limits).run()
-    finally:
-        undeploy([p.name for p in deployment.pools])
-        ray.shutdown()
-    print("stepserve: server stopped", file=sys.stderr)
-    return 0
+    s = settings
+    handles: dict[str, Any] = {}
+    first = 0  # the engine index of the pool's replica of rank 0
+    for pool in deployment.pools:
+        router = RequestRouterConfig(
+            request_router_class=ROUTER_CLASS,
+            request_router_kwargs={"pool": pool.name, "base": to_dict(base),
+                                   "pools_file": pools_file, "seed": s.seed},
+            request_routing_stats_period_s=s.routing_stats_period_s,
+            request_routing_stats_timeout_s=max(5.0, 4 * s.routing_stats_period_s))
+        app = serve.deployment(EngineReplica).options(
+            name=f"engine-{pool.name}", num_replicas=pool.replicas,
+            ray_actor_options={"num_cpus": s.cpus_per_replica},
+            max_ongoing_requests=MAX_ONGOING_REQUESTS,
+            health_check_period_s=s.health_check_period_s,
+            health_check_timeout_s=max(10.0, 5 * s.health_check_period_s),
+            graceful_shutdown_wait_loop_s=0.2,
+            graceful_shutdown_timeout_s=s.shutdown_timeout_s,
+            request_router_config=router).bind(
+                s, to_dict(pool.config.replace(replicas=1)), pool.name, first)
+        handles[pool.name] = serve.run(app, name=APP_PREFIX + pool.name, route_prefix=None)
+        first += pool.replicas
+    return handles
+
+
+def undeploy(pools: list[str]) -> None:
+    """Delete the pools' applications (each replica drains first) and wait."""
+    from ray import serve
+
+    for pool in pools:
+        serve.delete(APP_PREFIX + pool)

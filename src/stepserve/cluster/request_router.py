@@ -30,19 +30,16 @@ from stepserve.routing.view import ReplicaView
 GENERATE = "generate"
 
 
-def deployment_of(pools_file: str | None, base: dict[str, Any]) -> Deployment:
-    """The Deployment from what the router is given (JSON: Ray passes it on as is): the
-    engine config the pools start from and the pools file, read here again."""
-    config = apply_nested(EngineConfig(), base)
-    return Deployment.single(config) if pools_file is None else \
-        load_deployment(pools_file, config)
-
-
 class StepserveRequestRouter(RequestRouter):
     def initialize_state(self, pool: str = "default", base: dict[str, Any] | None = None,
                          pools_file: str | None = None, seed: int = 0, **_: Any) -> None:
+        """`base` (the engine config the pools start from, as JSON: Ray passes it on as
+        is) and the pools file, read here again, make the deployment."""
         self.pool = pool
-        self.pool_router = PoolRouter(deployment_of(pools_file, base or {}), seed)
+        config = apply_nested(EngineConfig(), base or {})
+        deployment = Deployment.single(config) if pools_file is None else \
+            load_deployment(pools_file, config)
+        self.pool_router = PoolRouter(deployment, seed)
         self._outstanding: dict[ReplicaID, int] = defaultdict(int)
         self._sent: dict[str, ReplicaID] = {}  # internal request id -> replica
         from stepserve.cluster import registry  # not a global: see registry.py
@@ -61,15 +58,22 @@ class StepserveRequestRouter(RequestRouter):
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
         kwargs = pending_request.kwargs if pending_request is not None else {}
-        ranked = sorted(candidate_replicas, key=self._order)
-        target = kwargs.get("target")
-        if target is not None:
-            return [[r for r in ranked if self._engine_of(r) == target]]
+        # by engine index; one not reported yet (just started) last
+        ranked = sorted(((ReplicaStats.from_dict(r.routing_stats), r)
+                         for r in candidate_replicas),
+                        key=lambda sr: (sr[0].engine if sr[0] else 1 << 30,
+                                        sr[1].replica_id.unique_id))
+        if (target := kwargs.get("target")) is not None:
+            return [[r for s, r in ranked if s is not None and s.engine == target]]
         route = kwargs.get("route")
         if route is None or not ranked:
-            return [ranked]
-        views = [self._view(r, i) for i, r in enumerate(ranked)]
-        return [[ranked[self.pool_router.pick(views, route)]]]
+            return [[r for _, r in ranked]]
+        views = []
+        for position, (stats, replica) in enumerate(ranked):
+            outstanding = self._outstanding.get(replica.replica_id, 0)
+            views.append(ReplicaView(position, self.pool, outstanding, 0, 0.0)
+                         if stats is None else stats.view(outstanding))
+        return [[ranked[self.pool_router.pick(views, route)][1]]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
@@ -85,20 +89,3 @@ class StepserveRequestRouter(RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._outstanding.pop(replica_id, None)
-
-    # ---- views ----
-    def _view(self, replica: RunningReplica, position: int) -> ReplicaView:
-        stats = ReplicaStats.from_dict(replica.routing_stats)
-        outstanding = self._outstanding.get(replica.replica_id, 0)
-        if stats is None:  # not reported yet (just started): what is known here
-            return ReplicaView(position, self.pool, outstanding, 0, 0.0)
-        return stats.view(outstanding)
-
-    @staticmethod
-    def _engine_of(replica: RunningReplica) -> int | None:
-        stats = ReplicaStats.from_dict(replica.routing_stats)
-        return None if stats is None else stats.engine
-
-    def _order(self, replica: RunningReplica) -> tuple[int, str]:
-        engine = self._engine_of(replica)
-        return (engine if engine is not None else 1 << 30, replica.replica_id.unique_id)

@@ -1,6 +1,5 @@
-"""Offline drivers of the real engine, each a thin loop over `LLMEngine.step()` and its
-StepResult: run what was added to completion, or keep N requests in flight the way the
-night-report batch job drives a server (the next one is sent the moment one ends)."""
+"""Keeping N requests in flight on the real engine, the way the night-report batch job
+drives a server: the next one is sent the moment one ends."""
 
 from __future__ import annotations
 
@@ -10,20 +9,6 @@ from dataclasses import dataclass
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, SamplingParams
 from stepserve.engine.llm_engine import EngineStep, LLMEngine
-from stepserve.engine.seam import StreamOutput
-
-
-def run_to_completion(engine: LLMEngine, on_step: Callable[[EngineStep], None] | None = None
-                      ) -> dict[str, StreamOutput]:
-    """Step until nothing is left; `on_step` sees every result. Returns every sequence's
-    final output, by its request id."""
-    finals: dict[str, StreamOutput] = {}
-    while engine.has_unfinished():
-        result = engine.step()
-        finals.update((req.request_id, out) for req, out in result.outputs if out.finished)
-        if on_step is not None:
-            on_step(result)
-    return finals
 
 
 @dataclass
@@ -34,14 +19,13 @@ class ClosedLoopResult:
 
 
 def run_closed_loop(engine: LLMEngine, jobs: Sequence[tuple[list[int], SamplingParams]],
-                    concurrency: int, request_class: Callable[[int], str] | None = None,
-                    progress: Callable[[int], None] | None = None) -> ClosedLoopResult:
+                    concurrency: int, request_class: Callable[[int], str] | None = None
+                    ) -> ClosedLoopResult:
     """Run every (prompt ids, params) job with `concurrency` in flight; returns every
-    request (in issue order) and the wall time from the first issue to the last end.
-    `progress(n)`: n more requests ended."""
-    clock = engine.clock
-    start = clock.now()
+    request (in issue order) and the wall time from the first issue to the last end."""
+    start = engine.clock.now()
     issued: list[Request] = []
+    steps: list[StepRecord] = []
 
     def issue_one() -> None:
         """Send the next job; one refused at admission ends at once: send another."""
@@ -54,19 +38,14 @@ def run_closed_loop(engine: LLMEngine, jobs: Sequence[tuple[list[int], SamplingP
             issued.append(req)
             if not req.is_finished:
                 return
-            if progress is not None:
-                progress(1)
+
+    def on_step(result: EngineStep) -> None:
+        if result.ran:
+            steps.append(result.record)
+        for _ in result.finished:
+            issue_one()
 
     for _ in range(min(concurrency, len(jobs))):
         issue_one()
-    steps: list[StepRecord] = []
-    while engine.has_unfinished():
-        result = engine.step()
-        if result.ran:
-            steps.append(result.record)
-        ended = result.finished
-        if ended and progress is not None:
-            progress(len(ended))
-        for _ in ended:
-            issue_one()
-    return ClosedLoopResult(issued, steps, clock.now() - start)
+    engine.run_until_done(on_step)
+    return ClosedLoopResult(issued, steps, engine.clock.now() - start)

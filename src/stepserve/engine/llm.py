@@ -19,7 +19,6 @@ from tqdm import tqdm
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.core.request import Request, SamplingParams
-from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
 
@@ -33,10 +32,7 @@ class LLM:
 
     def __init__(self, model: str | Path = "default", *, dtype: str = "float32",
                  device: str = "cpu", config: EngineConfig | None = None,
-                 num_kv_blocks: int | None = None, quantization: str | None = "auto",
-                 **settings: Any) -> None:
-        if num_kv_blocks is not None:
-            settings["num_gpu_blocks"] = num_kv_blocks
+                 quantization: str | None = "auto", **settings: Any) -> None:
         # Without a config, the settings go on the hardware's defaults (host/step_budget.py).
         overrides = ConfigOverrides(settings=settings)
         chosen: EngineConfig | ConfigOverrides = overrides \
@@ -70,7 +66,10 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         params = _params_for(sampling_params, len(prompts))
         if priority is not None:
-            params = _with_priority(params, priority)
+            if len(priority) != len(params):
+                raise ValueError(f"{len(params)} prompts but {len(priority)} priorities")
+            params = [dataclasses.replace(p, priority=k)
+                      for p, k in zip(params, priority, strict=True)]
         salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in prompts]
         return self._run([_prompt_input(p) for p in prompts], params, use_tqdm, salts)
 
@@ -104,10 +103,9 @@ class LLM:
                 _abort(engine, groups)
                 raise ValueError(f"prompt {k}: {group[0].finish_message}")
             groups.append(group)
-        total = sum(len(g) for g in groups)
-        bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm,
-                   leave=False, mininterval=0.5)
-        finals = run_to_completion(engine, lambda result: bar.update(len(result.finished)))
+        bar = tqdm(total=sum(len(g) for g in groups), desc="generating", unit="req",
+                   disable=not use_tqdm, leave=False, mininterval=0.5)
+        finals = engine.run_until_done(lambda result: bar.update(len(result.finished)))
         bar.close()
         return [engine.output_of(g, finals, p if isinstance(p, str) else None)
                 for g, p in zip(groups, prompts, strict=True)]
@@ -128,13 +126,6 @@ def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | Non
     if len(params) != count:
         raise ValueError(f"{count} prompts but {len(params)} sampling params")
     return params
-
-
-def _with_priority(params: list[SamplingParams], priority: Sequence[int]
-                   ) -> list[SamplingParams]:
-    if len(priority) != len(params):
-        raise ValueError(f"{len(params)} prompts but {len(priority)} priorities")
-    return [dataclasses.replace(p, priority=k) for p, k in zip(params, priority, strict=True)]
 
 
 def _prompt_input(prompt: Prompt) -> str | list[int]:

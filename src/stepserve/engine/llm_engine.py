@@ -1,11 +1,10 @@
 """LLMEngine: the real engine: a torch runner under the engine core (core/engine_core.py),
-plus the text around it: tokenizing prompts, and the output processor
-(output_processor.py: detokenizing, stop strings, what each sequence was sent).
+plus the text around it: tokenizing prompts, and the output processor (detokenizing, stop
+strings, what each sequence was sent).
 
     step() = core.step()                  schedule -> runner.execute -> update
              output.add_tokens(emitted)   new text, stop strings -> core.finish_request
-             output.process(result)       deltas, final outputs
-             -> EngineStep(record, emitted, finished, outputs)
+             output.process(...)          deltas, final outputs
 
 The scheduler, its KV block manager and its step records are exactly the ones the
 simulator uses; only the runner differs (a torch model instead of a cost model).
@@ -14,12 +13,12 @@ simulator uses; only the runner differs (a torch model instead of a cost model).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepserve.config.load import ConfigOverrides
-from stepserve.config.settings import EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock, WallClock
 from stepserve.core.engine_core import EngineCore
@@ -33,8 +32,13 @@ from stepserve.core.request_limits import (
 )
 from stepserve.engine.output_processor import End, OutputProcessor, Outputs
 from stepserve.engine.outputs import RequestOutput
-from stepserve.engine.runner_settings import settings_for_runner
 from stepserve.engine.seam import InvalidRequest, StreamOutput
+from stepserve.host.step_budget import (
+    cpu_step_budget,
+    hardware_base,
+    prefill_params,
+    runner_hardware,
+)
 from stepserve.host.step_threads import follow_free_cores
 
 log = logging.getLogger("stepserve.engine")
@@ -58,6 +62,8 @@ class LLMEngine:
         overrides = ConfigOverrides() if config is None else config
         if isinstance(overrides, ConfigOverrides):
             config = overrides.apply()  # the user's settings on the plain defaults
+        else:
+            overrides = None
         assert isinstance(config, EngineConfig)
         if config.replicas > 1:  # one engine here; replicas run on Ray Serve (cluster/)
             raise ValueError(
@@ -68,14 +74,12 @@ class LLMEngine:
             runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device,
                                              quantization=quantization)
         self.runner = runner
-        self.config, self.step_budget = settings_for_runner(
-            config, overrides if isinstance(overrides, ConfigOverrides) else None, runner,
-            strict_max_model_len)
-        config = self.config
+        self.config = config = _settings_for_runner(config, overrides, runner,
+                                                    strict_max_model_len)
         self.step_threads = follow_free_cores(runner, config.threads)
         self.clock = clock or WallClock()
         self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks)
-        self.tokenizer = self.runner.tokenizer
+        self.tokenizer = runner.tokenizer
         self.output = OutputProcessor(self.tokenizer)
         self._counter = 0
 
@@ -117,7 +121,7 @@ class LLMEngine:
         if request_id is None:
             request_id = f"req-{self._counter}"
             self._counter += 1
-        ids = self._prompt_ids(prompt)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         arrival = self.clock.now() if arrival_time is None else arrival_time
         eos = self.runner.eos_token_id
         if params.n == 1:
@@ -158,9 +162,6 @@ class LLMEngine:
         if refusal := priority_refusal(params.priority, self.config.scheduler.policy):
             raise InvalidRequest(refusal, "priority", "unsupported_value")
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
         """End a live request; a parent's id (n > 1) ends every child still running."""
         return any([self.core.abort_request(rid, message)
@@ -180,8 +181,7 @@ class LLMEngine:
         if ends := self.output.add_tokens(result.emitted):
             self._apply(ends)
             finished = finished + self.core.take_finished()
-        step = StepResult(result.record, result.emitted, finished)
-        outputs, ends = self.output.process(step)
+        outputs, ends = self.output.process(result.emitted, finished)
         self._apply(ends)
         return EngineStep(result.record, result.emitted, finished, outputs)
 
@@ -201,11 +201,17 @@ class LLMEngine:
                 log.exception("ending request %s failed", req.request_id)
         return outputs
 
-    def run_until_done(self) -> dict[str, StreamOutput]:
-        """Step until nothing is left; every sequence's final output by its request id."""
-        from stepserve.engine.drive import run_to_completion
-
-        return run_to_completion(self)
+    def run_until_done(self, on_step: Callable[[EngineStep], None] | None = None
+                       ) -> dict[str, StreamOutput]:
+        """Step until nothing is left; `on_step` sees every result. Returns every
+        sequence's final output, by its request id."""
+        finals: dict[str, StreamOutput] = {}
+        while self.has_unfinished():
+            result = self.step()
+            finals.update((req.request_id, out) for req, out in result.outputs if out.finished)
+            if on_step is not None:
+                on_step(result)
+        return finals
 
     # ---- results ----
     def output_of(self, group: Request | Sequence[Request],
@@ -216,10 +222,7 @@ class LLMEngine:
         completions."""
         group = [group] if isinstance(group, Request) else list(group)
         return RequestOutput.of(group, [finals[r.request_id] for r in group], prompt,
-                                self._token_text)
-
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+                                lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,3 +230,28 @@ class EngineStep(StepResult):
     """The core's StepResult and what the output processor made of it."""
 
     outputs: Outputs = field(default_factory=list)
+
+
+def _settings_for_runner(config: EngineConfig, overrides: ConfigOverrides | None, runner,
+                         strict_max_model_len: bool) -> EngineConfig:
+    """An engine's settings once its model is loaded. `config`: the settings as applied on
+    the plain defaults; `overrides`: the user's settings, applied again on the hardware's
+    scheduling defaults (None: `config` is complete and used as it is). A max_model_len
+    beyond the model's is lowered to it, or with `strict_max_model_len` refused
+    (ConfigError); the CPU block pool is the one the runner sized (from swap_space)."""
+    if overrides is not None:
+        budget = cpu_step_budget(runner_hardware(runner), prefill_params(runner.args))
+        config = overrides.apply(hardware_base(budget, config))
+        if budget is not None:
+            log.info("CPU scheduling defaults: %s", budget.describe())
+    limit = runner.args.max_position_embeddings
+    if limit and config.scheduler.max_model_len > limit:
+        if strict_max_model_len:
+            raise ConfigError(
+                f"max_model_len = {config.scheduler.max_model_len} is more than the model "
+                f"allows: {limit} (max_position_embeddings in its config.json); lower "
+                "max_model_len (--max-model-len)")
+        config = config.replace(max_model_len=limit)  # the model cannot go further
+    if runner.num_cpu_blocks != config.cache.num_cpu_blocks:
+        config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)
+    return config

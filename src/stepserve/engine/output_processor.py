@@ -1,12 +1,8 @@
-"""The output processor: everything the engine keeps of a live request's output, in one
-place, as vLLM v1's OutputProcessor keeps its RequestStates. Per sequence (a request,
-or one child of an n > 1 request): its incremental detokenizer, where a stop string cut
-its text, the characters held back because they might start a stop string, and how much
-text and how many logprobs were already sent; per n > 1 request: its live children.
-
-    add(request, streamed)                 after the core took it
-    add_tokens(emitted) -> ends            after a step: new text, stop strings
-    process(result) -> outputs, ends       then: deltas, then final outputs
+"""The output processor: everything the engine keeps of a live request's output, as vLLM
+v1's OutputProcessor keeps its RequestStates. Per sequence (a request, or one child of an
+n > 1 request): its incremental detokenizer, where a stop string cut its text, the
+characters held back because they might start a stop string, and how much text and how
+many logprobs were already sent; per n > 1 request: its live children.
 
 A sequence's state goes with its final output (nothing to release by hand); a parent's
 goes with its last child's. Ends (a stop string, a text that failed) are returned, for the
@@ -20,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from stepserve.core.end_reasons import FinishReason
-from stepserve.core.output import StepResult
 from stepserve.core.request import Request, RequestStatus
 from stepserve.engine.seam import StreamOutput
 
@@ -56,33 +51,29 @@ class SequenceState:
     def delta(self, tokenizer) -> StreamOutput:
         """The text that became safe to send since the last delta, and the logprobs of
         the tokens since then."""
-        req = self.request
-        text = ""
         full = self.text(tokenizer)
-        end = len(full) - self.holdback
-        if end > self.sent:
-            text = full[self.sent:end]
-            self.sent = end
-        return self._with_logprobs(StreamOutput(text, req.num_prompt_tokens,
-                                                req.num_output_tokens, index=req.index,
-                                                num_cached_tokens=req.num_cached_tokens))
+        end = max(len(full) - self.holdback, self.sent)
+        text, self.sent = full[self.sent:end], end
+        return self._with_logprobs(self._output(text))
 
     def final(self, tokenizer) -> StreamOutput:
         """The sequence's one final output, with its whole completion."""
         req = self.request
         full = self.final_text(tokenizer)
-        reason = (req.finish_reason or FinishReason.ERROR).value
-        return self._with_logprobs(StreamOutput(
-            full[self.sent:] if self.streamed else "", req.num_prompt_tokens,
-            req.num_output_tokens, True, reason, req.finish_message, full, req.index,
-            num_cached_tokens=req.num_cached_tokens, stop_reason=req.stop_reason))
+        return self._with_logprobs(self._output(
+            full[self.sent:] if self.streamed else "", finished=True,
+            finish_reason=(req.finish_reason or FinishReason.ERROR).value,
+            message=req.finish_message, full_text=full, stop_reason=req.stop_reason))
 
     def error(self, message: str) -> StreamOutput:
         """A final output for a sequence that could not be finished normally."""
+        return self._output("", finished=True, finish_reason=FinishReason.ERROR.value,
+                            message=message, full_text="")
+
+    def _output(self, text: str, **end) -> StreamOutput:
         req = self.request
-        return StreamOutput("", req.num_prompt_tokens, req.num_output_tokens, True,
-                            FinishReason.ERROR.value, message, "", req.index,
-                            num_cached_tokens=req.num_cached_tokens)
+        return StreamOutput(text, req.num_prompt_tokens, req.num_output_tokens, index=req.index,
+                            num_cached_tokens=req.num_cached_tokens, **end)
 
     def text(self, tokenizer) -> str:
         """The completion text so far (a stream's text: the incremental detokenizer's,
@@ -184,13 +175,14 @@ class OutputProcessor:
         return End(req.request_id, RequestStatus.FINISHED_STOPPED, f"stop string {stop!r}",
                    stop)
 
-    def process(self, result: StepResult) -> tuple[Outputs, list[End]]:
+    def process(self, emitted: Iterable[Request], finished: Iterable[Request]
+                ) -> tuple[Outputs, list[End]]:
         """A step's outputs: a delta for each streamed sequence that got a token and goes
         on, then the final output of each that ended (its state dropped). A delta that
         fails is that sequence's final output, an error, and an end for the core."""
         outputs: Outputs = []
         ends = []
-        for req in result.emitted:
+        for req in emitted:
             state = self._live.get(req.request_id)
             if state is None or not state.streamed or req.is_finished:
                 continue  # an ended one gets its final output below
@@ -201,7 +193,7 @@ class OutputProcessor:
                 message = f"streaming failed: {type(e).__name__}: {e}"
                 ends.append(End(req.request_id, RequestStatus.FINISHED_ERROR, message))
                 outputs.append((req, self._drop(state).error(message)))
-        for req in result.finished:
+        for req in finished:
             state = self._live.get(req.request_id)
             if state is None:
                 continue  # answered already, or never followed (refused at admission)

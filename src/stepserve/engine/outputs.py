@@ -87,15 +87,15 @@ class RequestOutput:
                    min(r.num_cached_tokens for r in group))
 
 
-def position_logprobs(lp: TokenLogprobs, decode: Callable[[int], str]) -> PositionLogprobs:
-    """One position as vLLM's dict: the token itself first, then the top ones."""
-    out = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
-    for rank, (tid, value) in enumerate(lp.top, start=1):
-        if tid not in out:
-            out[tid] = Logprob(value, rank, decode(tid))
-    return out
-
-
 def logprobs_list(found: Sequence[TokenLogprobs] | None,
                   decode: Callable[[int], str]) -> list[PositionLogprobs] | None:
-    return None if found is None else [position_logprobs(lp, decode) for lp in found]
+    """Each position as vLLM's dict: the token itself first, then the top ones."""
+    if found is None:
+        return None
+    out = []
+    for lp in found:
+        position = {lp.token_id: Logprob(lp.logprob, lp.rank, decode(lp.token_id))}
+        for rank, (tid, value) in enumerate(lp.top, start=1):
+            position.setdefault(tid, Logprob(value, rank, decode(tid)))
+        out.append(position)
+    return out
