@@ -8,9 +8,8 @@ import collections
 import pytest
 
 from stepserve.config.settings import ConfigError, EngineConfig
-from stepserve.routing.pools import Deployment, PoolRouter, deployment_from
-from stepserve.routing.routers import LeastOutstanding, RoundRobin, make_router
-from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.routing.pools import Deployment, PoolRouter, deployment_from, make_router
+from stepserve.routing.routers import LeastOutstanding, ReplicaView, RoundRobin, RouteRequest
 
 CHAT = RouteRequest(prompt_tokens=300, max_tokens=200)
 

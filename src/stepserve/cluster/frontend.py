@@ -34,7 +34,7 @@ from stepserve.engine.seam import (
     StreamOutput,
 )
 from stepserve.routing.pools import Deployment
-from stepserve.routing.view import RouteRequest
+from stepserve.routing.routers import RouteRequest
 from stepserve.server.drain import drain_live
 
 log = logging.getLogger("stepserve.cluster")

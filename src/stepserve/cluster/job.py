@@ -1,7 +1,7 @@
 """`stepserve serve --replicas N [--pools FILE] [--ray-address ADDR]`'s job: engine
 replicas on Ray Serve behind one OpenAI-compatible ingress (this process).
 
-    Ray: pool "online": replicas 0..1   pool "offline": replica 2     (deploy.py)
+    Ray: pool "online": replicas 0..1   pool "offline": replica 2
           ^ StepserveRequestRouter picks the replica (routing/, request_router.py)
     this process: uvicorn + the ingress app (app.py) -> ClusterEngine (frontend.py)
                   picks the pool by the deployment's rules

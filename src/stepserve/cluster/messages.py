@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.routing.view import ReplicaView
+from stepserve.routing.routers import ReplicaView
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from stepserve.cluster.messages import ReplicaStats
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import EngineConfig
 from stepserve.routing.pools import Deployment, PoolRouter, load_deployment
-from stepserve.routing.view import ReplicaView
+from stepserve.routing.routers import ReplicaView
 
 GENERATE = "generate"
 

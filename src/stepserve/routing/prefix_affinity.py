@@ -34,7 +34,7 @@ from stepserve.config.settings import ConfigError
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
 from stepserve.core.prefix_hash import BlockHash, namer
-from stepserve.routing.view import ReplicaView, Router, RouteRequest
+from stepserve.routing.routers import ReplicaView, Router, RouteRequest
 
 MAX_WEIGHT = 1000.0
 MAX_THRESHOLD = 1_000_000

@@ -1,4 +1,6 @@
-"""Routers: which replica of a pool gets a request.
+"""Routers: which replica of a pool gets a request, from what a router sees: each
+replica's load (ReplicaView; a simulator replica builds it from its scheduler, a cluster
+replica reports the same numbers to Ray Serve's router) and the request (RouteRequest).
 
 * round_robin: in turn.
 * least_outstanding: power of two choices: two replicas drawn at random, the one holding
@@ -13,13 +15,51 @@ All are deterministic for a given seed, so a simulation repeats exactly.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from stepserve.config.settings import ROUTERS  # the names config.py validates
-from stepserve.routing.prefix_affinity import PrefixAffinity, PrefixAffinityOptions
-from stepserve.routing.view import ReplicaView, Router, RouteRequest
 
-__all__ = ["Router", "RoundRobin", "LeastOutstanding", "PrefixAffinity", "make_router"]
+# made for every routing decision: not frozen (a frozen class's __init__ costs ~6x)
+@dataclass(slots=True)
+class ReplicaView:
+    index: int  # position in the deployment, stable for the replica's life
+    pool: str = "default"
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0  # share of KV blocks in use, 0..1
+
+    @property
+    def outstanding(self) -> int:
+        """Requests it holds: the queue length a least-outstanding router compares."""
+        return self.waiting + self.running
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """The facts about a request a routing rule may look at."""
+
+    prompt_tokens: int
+    max_tokens: int
+    priority: int = 0  # lower runs first, as in vLLM
+    tenant: str = "default"  # the OpenAI `user` field
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-cased names
+    prompt_token_ids: Sequence[int] = ()  # what a prefix-aware router hashes
+    cache_salt: str | None = None  # the prefix cache's namespace (core/prefix_hash.py)
+
+    def __reduce__(self) -> tuple:
+        # Pickled without the prompt: routers run where the request is routed (the
+        # ingress), and a cluster replica gets the prompt as its own argument, so a long
+        # prompt crosses the Ray seam once, not twice.
+        return (RouteRequest, (self.prompt_tokens, self.max_tokens, self.priority,
+                               self.tenant, dict(self.headers), (), self.cache_salt))
+
+
+class Router:
+    name = ""
+
+    def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
+        """The position in `replicas` (never empty) of the replica to send to."""
+        raise NotImplementedError
 
 
 class RoundRobin(Router):
@@ -49,19 +89,3 @@ class LeastOutstanding(Router):
         ka = (replicas[a].outstanding, a)
         kb = (replicas[b].outstanding, b)
         return a if ka <= kb else b
-
-
-_BY_NAME: dict[str, type[Router]] = {r.name: r for r in (RoundRobin, LeastOutstanding,
-                                                          PrefixAffinity)}
-
-
-def make_router(name: str, seed: int = 0, block_size: int = 16,
-                prefix_affinity: PrefixAffinityOptions | None = None) -> Router:
-    """A router by name; `block_size` (the pool's KV block) and `prefix_affinity` (its
-    knobs) matter to prefix_affinity only."""
-    cls = _BY_NAME.get(name)
-    if cls is None:
-        raise ValueError(f"router = {name!r}: must be one of {', '.join(ROUTERS)}")
-    if cls is PrefixAffinity:
-        return PrefixAffinity(seed, block_size, prefix_affinity)
-    return cls(seed)

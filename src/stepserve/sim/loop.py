@@ -29,7 +29,7 @@ from stepserve.core.engine_core import EngineCore, PendingStep
 from stepserve.core.output import StepRecord
 from stepserve.core.request import Request, SamplingParams
 from stepserve.routing.pools import Deployment, PoolRouter
-from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.routing.routers import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
 from stepserve.sim.runner import SIM_EOS, SimRunner
 from stepserve.workload.mooncake import TraceSpec
