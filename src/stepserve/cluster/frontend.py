@@ -1,16 +1,14 @@
-"""ClusterEngine: the ingress's engine. serving.py's handlers talk to it as they talk to
-the single-process server's AsyncEngine (add, abort, drain); it picks each request's pool
-by the deployment's rules and hands the request to that pool's Ray Serve deployment,
-whose request router picks the replica (request_router.py).
+"""ClusterEngine: the ingress's engine. serving.py's handlers talk to it as to the
+single-process AsyncEngine (add, abort, drain); it picks each request's pool by the
+deployment's rules and hands the request to that pool's Ray Serve deployment, whose
+request router picks the replica.
 
 Every accepted request gets exactly one final output, whatever happens to its replica:
-* the replica's own outputs, ending with its final one; an abort (client gone, drain
-  cut) too ends there: the replica's engine aborts the request, and its final "abort"
-  output comes back on the stream as every end does;
-* a replica that dies mid-request, or cannot be told to abort: the only answer the
-  ingress makes itself, a final "error" output naming the replica (its engine is gone).
-A replica that dies before it admitted a request costs nothing: the request is sent
-again (Ray Serve's router no longer offers the dead replica).
+its own outputs end with its final one, an abort's too (the replica's engine aborts the
+request and its final "abort" output comes back on the stream); a replica that dies
+mid-request, or cannot be told to abort, gets the only answer the ingress makes itself, a
+final "error" output naming the replica. A replica that dies before it admitted a
+request costs nothing: the request is sent again (the router no longer offers it).
 """
 
 from __future__ import annotations

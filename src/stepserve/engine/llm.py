@@ -96,12 +96,12 @@ class LLM:
         for k, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             try:
                 group = engine.add_parallel(prompt, p, cache_salt=salts[k] if salts else None)
+                if group[0].is_finished:  # rejected at once: say why
+                    raise ValueError(f"prompt {k}: {group[0].finish_message}")
             except ValueError:  # one the engine cannot take: nothing of the batch runs
-                _abort(engine, groups)
+                for r in (r for g in groups for r in g):
+                    engine.abort_request(r.request_id)
                 raise
-            if group[0].is_finished:  # rejected at once: undo the batch, say why
-                _abort(engine, groups)
-                raise ValueError(f"prompt {k}: {group[0].finish_message}")
             groups.append(group)
         bar = tqdm(total=sum(len(g) for g in groups), desc="generating", unit="req",
                    disable=not use_tqdm, leave=False, mininterval=0.5)
@@ -109,12 +109,6 @@ class LLM:
         bar.close()
         return [engine.output_of(g, finals, p if isinstance(p, str) else None)
                 for g, p in zip(groups, prompts, strict=True)]
-
-
-def _abort(engine: LLMEngine, groups: list[list[Request]]) -> None:
-    for group in groups:
-        for r in group:
-            engine.abort_request(r.request_id)
 
 
 def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
@@ -129,7 +123,7 @@ def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | Non
 
 
 def _prompt_input(prompt: Prompt) -> str | list[int]:
-    if isinstance(prompt, str):
+    if isinstance(prompt, (str, list)):
         return prompt
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
@@ -138,7 +132,5 @@ def _prompt_input(prompt: Prompt) -> str | list[int]:
             return str(prompt["prompt"])
         raise ValueError(f"prompt dict needs 'prompt_token_ids' or 'prompt'; got keys "
                          f"{sorted(prompt)}")
-    if isinstance(prompt, list):
-        return prompt
     raise ValueError(f"prompt must be a string, a token id list or a dict; got "
                      f"{type(prompt).__name__}")

@@ -150,7 +150,13 @@ def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
     outside `pools`/`routing` apply to every pool. ConfigError names what is wrong."""
     engine = {k: v for k, v in data.items() if k not in DEPLOYMENT_KEYS}
     common = apply_nested(base, engine)
-    options = _router_options(data, common.router)
+    options = PrefixAffinityOptions()
+    if "prefix_affinity" in data:
+        if common.router != "prefix_affinity":
+            raise ConfigError(f"prefix_affinity: knobs of the prefix_affinity router, but "
+                              f"router is {common.router}; set `router: prefix_affinity` or "
+                              "remove them")
+        options = PrefixAffinityOptions.from_mapping(data["prefix_affinity"])
     pools_data = data.get("pools")
     if pools_data is None:
         if "routing" in data:
@@ -171,15 +177,6 @@ def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
     if default not in names:
         raise ConfigError(f"routing.default = {preview(default)}: not a pool ({', '.join(names)})")
     return Deployment(pools, rules, default, common.router, options)
-
-
-def _router_options(data: Mapping[str, Any], router: str) -> PrefixAffinityOptions:
-    if "prefix_affinity" not in data:
-        return PrefixAffinityOptions()
-    if router != "prefix_affinity":
-        raise ConfigError(f"prefix_affinity: knobs of the prefix_affinity router, but router "
-                          f"is {router}; set `router: prefix_affinity` or remove them")
-    return PrefixAffinityOptions.from_mapping(data["prefix_affinity"])
 
 
 def _pool(name: Any, spec: Any, common: EngineConfig) -> Pool:

@@ -88,34 +88,6 @@ class PrefixAffinityOptions:
 KNOBS = tuple(f.name for f in fields(PrefixAffinityOptions))
 
 
-class BlockLRU:
-    """The block names last sent to one replica, at most `capacity`, oldest first out."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._names: OrderedDict[BlockHash, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def leading_matches(self, hashes: Sequence[BlockHash]) -> int:
-        """How many of `hashes`, from the first, it holds (a chain: a gap ends the match)."""
-        n = 0
-        for h in hashes:
-            if h not in self._names:
-                break
-            n += 1
-        return n
-
-    def add(self, hashes: Sequence[BlockHash]) -> None:
-        names = self._names
-        for h in hashes:
-            names[h] = None
-            names.move_to_end(h)
-        while len(names) > self.capacity:
-            names.popitem(last=False)
-
-
 class PrefixAffinity(Router):
     name = "prefix_affinity"
 
@@ -123,7 +95,8 @@ class PrefixAffinity(Router):
                  options: PrefixAffinityOptions | None = None) -> None:
         self.block_size = block_size
         self.options = options or PrefixAffinityOptions()
-        self.index: dict[int, BlockLRU] = {}  # by ReplicaView.index
+        # by ReplicaView.index: the block names last sent there, oldest first
+        self.index: dict[int, OrderedDict[BlockHash, None]] = {}
 
     def prompt_hashes(self, request: RouteRequest) -> list[BlockHash]:
         """The names of the prompt's leading full blocks, as the KV manager names them."""
@@ -132,7 +105,9 @@ class PrefixAffinity(Router):
 
     def pick(self, replicas: Sequence[ReplicaView], request: RouteRequest) -> int:
         opts = self.options
-        self._forget_all_but(replicas)
+        live = {r.index for r in replicas}  # a replica gone from a cluster: its index too
+        for gone in [k for k in self.index if k not in live]:
+            del self.index[gone]
         hashes = self.prompt_hashes(request)
         least = min(r.outstanding for r in replicas)
         eligible = [i for i, r in enumerate(replicas)
@@ -141,26 +116,21 @@ class PrefixAffinity(Router):
 
         def score(i: int) -> tuple[float, int, int]:
             r = replicas[i]
-            lru = self.index.get(r.index)
-            prefix = lru.leading_matches(hashes) / len(hashes) if lru and hashes else 0.0
+            names = self.index.get(r.index)
+            prefix = 0.0
+            if names and hashes:  # its leading blocks: a chain, so a gap ends the match
+                held = next((k for k, h in enumerate(hashes) if h not in names), len(hashes))
+                prefix = held / len(hashes)
             queue = 1.0 - (r.outstanding - least) / span
             total = (opts.prefix_weight * prefix + opts.queue_weight * queue
                      + opts.kv_weight * (1.0 - r.kv_usage))
             return (total, -r.outstanding, -i)
 
         chosen = max(eligible, key=score)
-        self._lru(replicas[chosen].index).add(hashes)
+        names = self.index.setdefault(replicas[chosen].index, OrderedDict())
+        for h in hashes:
+            names[h] = None
+            names.move_to_end(h)
+        while len(names) > opts.index_blocks:
+            names.popitem(last=False)
         return chosen
-
-    def _lru(self, replica: int) -> BlockLRU:
-        lru = self.index.get(replica)
-        if lru is None:
-            lru = self.index[replica] = BlockLRU(self.options.index_blocks)
-        return lru
-
-    def _forget_all_but(self, replicas: Sequence[ReplicaView]) -> None:
-        """Drop the index of a replica no longer offered (gone from a cluster), so
-        replicas that come and go do not grow it."""
-        live = {r.index for r in replicas}
-        for gone in [k for k in self.index if k not in live]:
-            del self.index[gone]

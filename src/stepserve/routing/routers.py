@@ -86,6 +86,4 @@ class LeastOutstanding(Router):
             a, b = 0, n - 1
         else:
             a, b = self._rng.sample(range(n), 2)
-        ka = (replicas[a].outstanding, a)
-        kb = (replicas[b].outstanding, b)
-        return a if ka <= kb else b
+        return min(a, b, key=lambda k: (replicas[k].outstanding, k))
