@@ -8,6 +8,8 @@ strings, what each sequence was sent).
 
 The scheduler, its KV block manager and its step records are exactly the ones the
 simulator uses; only the runner differs (a torch model instead of a cost model).
+`run_closed_loop` keeps N requests in flight the way the night-report batch job drives a
+server: the next one is sent the moment one ends.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock, WallClock
 from stepserve.core.engine_core import EngineCore
-from stepserve.core.output import StepResult
+from stepserve.core.output import StepRecord, StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
 from stepserve.core.request_limits import (
     cache_salt_refusal,
@@ -30,8 +32,7 @@ from stepserve.core.request_limits import (
     priority_refusal,
     stop_tokens_refusal,
 )
-from stepserve.engine.output_processor import End, OutputProcessor, Outputs
-from stepserve.engine.outputs import RequestOutput
+from stepserve.engine.outputs import End, OutputProcessor, Outputs, RequestOutput
 from stepserve.engine.seam import InvalidRequest, StreamOutput
 from stepserve.host.step_budget import (
     cpu_step_budget,
@@ -173,7 +174,7 @@ class LLMEngine:
     # ---- the loop ----
     def step(self) -> EngineStep:
         """One engine step (core/engine_core.py): what ran, who got a token, who ended,
-        and the outputs of the sequences that have news (output_processor.py). The ends
+        and the outputs of the sequences that have news (outputs.py). The ends
         the new text decides (stop strings) are this step's: the core ends them, and a
         step that runs nothing (`complete_step` of an empty one) takes them."""
         result = self.core.step()
@@ -255,3 +256,43 @@ def _settings_for_runner(config: EngineConfig, overrides: ConfigOverrides | None
     if runner.num_cpu_blocks != config.cache.num_cpu_blocks:
         config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)
     return config
+
+
+@dataclass
+class ClosedLoopResult:
+    requests: list[Request]  # every request, in issue order
+    steps: list[StepRecord]  # every step that ran
+    duration_s: float
+
+
+def run_closed_loop(engine: LLMEngine, jobs: Sequence[tuple[list[int], SamplingParams]],
+                    concurrency: int, request_class: Callable[[int], str] | None = None
+                    ) -> ClosedLoopResult:
+    """Run every (prompt ids, params) job with `concurrency` in flight; returns every
+    request (in issue order) and the wall time from the first issue to the last end."""
+    start = engine.clock.now()
+    issued: list[Request] = []
+    steps: list[StepRecord] = []
+
+    def issue_one() -> None:
+        """Send the next job; one refused at admission ends at once: send another."""
+        while len(issued) < len(jobs):
+            k = len(issued)
+            ids, params = jobs[k]
+            req = engine.add_request(ids, params, request_id=f"job-{k}")
+            if request_class is not None:
+                req.request_class = request_class(k)
+            issued.append(req)
+            if not req.is_finished:
+                return
+
+    def on_step(result: EngineStep) -> None:
+        if result.ran:
+            steps.append(result.record)
+        for _ in result.finished:
+            issue_one()
+
+    for _ in range(min(concurrency, len(jobs))):
+        issue_one()
+    engine.run_until_done(on_step)
+    return ClosedLoopResult(issued, steps, engine.clock.now() - start)
