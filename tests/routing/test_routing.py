@@ -8,8 +8,14 @@ import collections
 import pytest
 
 from stepserve.config.settings import ConfigError, EngineConfig
-from stepserve.routing.pools import Deployment, PoolRouter, deployment_from, make_router
-from stepserve.routing.routers import LeastOutstanding, ReplicaView, RoundRobin, RouteRequest
+from stepserve.routing.pools import Deployment, PoolRouter, deployment_from
+from stepserve.routing.routers import (
+    LeastOutstanding,
+    ReplicaView,
+    RoundRobin,
+    RouteRequest,
+    make_router,
+)
 
 CHAT = RouteRequest(prompt_tokens=300, max_tokens=200)
 

@@ -153,15 +153,20 @@ class ClusterEngine:
                                                  target=a.engine)
         try:
             await call
-        except Exception as e:  # its engine cannot be reached: stop reading it (a
-            # cancelled stream aborts the request there, if anything is left of it)
+        except Exception as e:  # its engine cannot be reached: stop reading it
             log.warning("request %s: aborting it on %s failed: %s", live.stream.request_id,
                         _where(live), _brief(e))
-            live.pump.cancel()
-            live.generator.cancel()
-            self._fail(live, f"{_where(live)} could not be told to abort the request "
-                             f"({message}): {_brief(e)}")
-            self._forget(live.stream.request_id)
+            self._end_here(live, f"{_where(live)} could not be told to abort the request "
+                                 f"({message}): {_brief(e)}")
+
+    def _end_here(self, live: _Live, message: str,
+                  reason: FinishReason = FinishReason.ERROR) -> None:
+        """Stop reading the replica (a cancelled stream aborts the request there, if
+        anything is left of it) and answer the request here."""
+        live.pump.cancel()
+        live.generator.cancel()
+        self._fail(live, message, reason)
+        self._forget(live.stream.request_id)
 
     @staticmethod
     def _fail(live: _Live, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
@@ -192,11 +197,8 @@ class ClusterEngine:
 
     async def stop(self) -> None:
         """After the drain: stop reading what is left (their replicas abort them)."""
-        for rid, live in list(self._live.items()):
-            live.pump.cancel()
-            live.generator.cancel()
-            self._fail(live, "server stopped", FinishReason.ABORT)
-            self._forget(rid)
+        for live in list(self._live.values()):
+            self._end_here(live, "server stopped", FinishReason.ABORT)
 
 
 def _raise_for(admission: Admission) -> None:

@@ -23,12 +23,7 @@ from typing import Any
 from stepserve.cluster.messages import Admission, ReplicaSettings, ReplicaStats
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import EngineConfig
-from stepserve.engine.seam import (
-    EngineUnavailable,
-    NewRequest,
-    RequestFailed,
-    RequestRejected,
-)
+from stepserve.engine.seam import EngineUnavailable, NewRequest, RequestFailed, RequestRejected
 
 
 class EngineReplica:

@@ -27,16 +27,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stepserve.config.load import apply_nested
-from stepserve.config.settings import ROUTERS, ConfigError, EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
-from stepserve.routing.prefix_affinity import PrefixAffinity, PrefixAffinityOptions
 from stepserve.routing.routers import (
-    LeastOutstanding,
+    PrefixAffinityOptions,
     ReplicaView,
-    RoundRobin,
     Router,
     RouteRequest,
+    make_router,
 )
 
 DEPLOYMENT_KEYS = ("pools", "routing", "prefix_affinity")
@@ -111,18 +110,6 @@ class Deployment:
         if self.router == "prefix_affinity":
             out["prefix_affinity"] = self.prefix_affinity.to_dict()
         return out
-
-
-def make_router(name: str, seed: int = 0, block_size: int = 16,
-                prefix_affinity: PrefixAffinityOptions | None = None) -> Router:
-    """A router by name (config.py validates the names); `block_size` (the pool's KV
-    block) and `prefix_affinity` (its knobs) matter to prefix_affinity only."""
-    if name == PrefixAffinity.name:
-        return PrefixAffinity(seed, block_size, prefix_affinity)
-    for cls in (RoundRobin, LeastOutstanding):
-        if name == cls.name:
-            return cls(seed)
-    raise ValueError(f"router = {name!r}: must be one of {', '.join(ROUTERS)}")
 
 
 class PoolRouter:
