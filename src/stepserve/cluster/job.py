@@ -6,12 +6,10 @@ replicas on Ray Serve behind one OpenAI-compatible ingress (this process).
     this process: uvicorn + the ingress app (app.py) -> ClusterEngine (frontend.py)
                   picks the pool by the deployment's rules
 
-Each pool is one Ray Serve application: `replicas` engine replicas with the pool's engine
-config, routed within the pool by StepserveRequestRouter. On SIGINT/SIGTERM the ingress
-drains like the single-process server (stop admitting, let in-flight requests finish for
-the shutdown timeout, abort the rest), then every pool's application is deleted (Ray
-Serve lets each replica's in-flight requests finish for up to the shutdown timeout) and
-a local Ray stops.
+Each pool is one Ray Serve application of engine replicas with its engine config. On
+SIGINT/SIGTERM the ingress drains like the single-process server (stop admitting, let
+in-flight requests finish for the shutdown timeout, abort the rest), then every pool's
+application is deleted (each replica drains first) and a local Ray stops.
 """
 
 from __future__ import annotations
@@ -122,7 +120,6 @@ def run_cluster_serve(options: ClusterServeOptions) -> int:
 @dataclass
 class Ingress:
     app: Any  # the FastAPI app (app.py)
-    cluster: ClusterEngine
     runner: str  # one replica's runner, described
 
 
@@ -144,8 +141,8 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
     settings = IngressSettings(replicas.model_name, max_len, first["vocab_size"],
                                max_len * tokenizer.max_token_bytes(), retry_after_s,
                                shutdown_timeout_s, max_request_bytes, api_keys)
-    cluster = ClusterEngine(deployment, handles)
-    return Ingress(create_ingress_app(cluster, settings, tokenizer), cluster, first["runner"])
+    app = create_ingress_app(ClusterEngine(deployment, handles), settings, tokenizer)
+    return Ingress(app, first["runner"])
 
 
 def deploy(deployment: Deployment, base: EngineConfig, pools_file: str | None,

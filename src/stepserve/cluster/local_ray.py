@@ -63,9 +63,8 @@ def keep_replica_grpc_on_node_ip() -> None:
 
     node_ip = ray.util.get_node_ip_address()
     add_port = getattr(replica_module, "add_port_to_grpc_server", None)
-    if node_ip not in LOOPBACK_ADDRESSES or add_port is None:
-        return
-    if getattr(add_port, "stepserve_loopback", False):
+    if node_ip not in LOOPBACK_ADDRESSES or add_port is None \
+            or getattr(add_port, "stepserve_loopback", False):  # patched already
         return
 
     def on_node_ip(server, address: str):

@@ -52,11 +52,9 @@ class LLMEngine:
                  runner=None, strict_max_model_len: bool = False,
                  quantization: str | None = "auto") -> None:
         """`config`: a complete EngineConfig is used as it is; settings (ConfigOverrides,
-        or None for none) are applied on the hardware's scheduling defaults
-        (host/step_budget.py). `runner`: reuse an already loaded TorchRunner (its weights and
-        KV store) instead of loading `model` again; this engine gets a fresh KV block
-        manager over it. A max_model_len beyond the model's is lowered to it, or with
-        `strict_max_model_len` (the user chose it) refused, as vLLM does.
+        or None for none) are applied on the hardware's scheduling defaults. `runner`: an
+        already loaded TorchRunner (its weights and KV store) to reuse, under a fresh KV
+        block manager. `strict_max_model_len`: the user chose it (see _settings_for_runner).
         `quantization`: the weight mode (model/modes.py)."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
@@ -113,10 +111,8 @@ class LLMEngine:
         same prompt with their own KV (ids `"{i}_{request_id}"`, `child_params` seeds);
         n = 1 is the request itself. Returns the children in index order; if admission
         refused one, the ones before it are aborted and only the refused one (finished)
-        comes back. `abort_request(request_id)` aborts every child. `cache_salt`: the
-        prefix cache's namespace (vLLM's): requests of different salts share no block.
-        `streamed`: the step's outputs carry each sequence's new text as it comes (else
-        only its final output)."""
+        comes back. `cache_salt`: the prefix cache's namespace (vLLM's). `streamed`: the
+        step's outputs carry each sequence's new text as it comes (else only its final)."""
         params = params or SamplingParams()
         self._check(prompt, params, cache_salt)
         if request_id is None:

@@ -259,12 +259,6 @@ class RequestMetrics:
     finish_time: float | None
     num_preemptions: int
 
-    @classmethod
-    def of(cls, r: Request) -> RequestMetrics:
-        return cls(r.arrival_time, r.first_scheduled_time,
-                   r.token_times[0] if r.token_times else None, r.finish_time,
-                   r.num_preemptions)
-
 
 @dataclass
 class RequestOutput:
@@ -298,8 +292,11 @@ class RequestOutput:
                 None if found is None else sum(lp.logprob for lp in found),
                 logprobs_list(found, decode)))
         messages = (f.message for f in finals if f.message)
+        metrics = RequestMetrics(first.arrival_time, first.first_scheduled_time,
+                                 first.token_times[0] if first.token_times else None,
+                                 first.finish_time, first.num_preemptions)
         return cls(first.parent_id or first.request_id, prompt, first.prompt_token_ids,
-                   completions, all(r.is_finished for r in group), RequestMetrics.of(first),
+                   completions, all(r.is_finished for r in group), metrics,
                    "; ".join(dict.fromkeys(messages)), prompt_lp,
                    min(r.num_cached_tokens for r in group))
 

@@ -44,10 +44,6 @@ class Hardware:
     threads: int = 1
     cpu_capability: str = "DEFAULT"  # torch.backends.cpu.get_cpu_capability()
 
-    @property
-    def core_gflops(self) -> float:
-        return CORE_GFLOPS.get(self.cpu_capability, OTHER_CORE_GFLOPS)
-
 
 @dataclass(frozen=True)
 class StepBudget:
@@ -65,7 +61,8 @@ def cpu_step_budget(hw: Hardware, prefill_params: int) -> StepBudget | None:
     """The CPU rule above; None on other devices (the config's defaults stand)."""
     if hw.device_type != "cpu":
         return None
-    rate = hw.threads * hw.core_gflops * 1e9 / (2 * max(prefill_params, 1))
+    core_gflops = CORE_GFLOPS.get(hw.cpu_capability, OTHER_CORE_GFLOPS)
+    rate = hw.threads * core_gflops * 1e9 / (2 * max(prefill_params, 1))
     chunk = int(rate * PREFILL_STEP_S) // CHUNK_MULTIPLE * CHUNK_MULTIPLE
     chunk = min(max(chunk, MIN_CHUNK), MAX_CHUNK)
     return StepBudget(chunk + DECODE_ROOM, chunk, rate)
