@@ -149,10 +149,8 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
 
 def live_replicas(cluster: ClusterEngine) -> list[tuple[str, int]]:
     """(pool, engine index) of every replica the routers see, by engine index."""
-    out = []
-    for pool in cluster.handles:
-        router = ROUTERS.get(pool)
-        out += [(pool, st.engine) for st in (router.replica_stats() if router else ())]
+    out = [(pool, st.engine) for pool in cluster.handles if (router := ROUTERS.get(pool))
+           for st in router.replica_stats()]
     return sorted(out, key=lambda p: p[1])
 
 

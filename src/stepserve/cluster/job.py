@@ -63,8 +63,6 @@ def plan_deployment(o: ClusterServeOptions) -> tuple[EngineConfig, Deployment]:
     """The engine config every pool starts from and the deployment (ConfigError names
     what is wrong)."""
     base = o.config.apply()
-    if o.pools_file is None:
-        return base, Deployment.single(base)
     return base, load_deployment(o.pools_file, base)
 
 

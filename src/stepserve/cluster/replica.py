@@ -1,17 +1,13 @@
-"""EngineReplica: one engine in its own process, as a Ray Serve deployment replica. It
-wraps its LLMEngine exactly as the single-process server does (server/async_engine.py:
-the engine thread, one stream per request, the exactly-once answer) and streams each
-request's StreamOutputs back to the ingress.
+"""EngineReplica: one engine in its own process, as a Ray Serve deployment replica,
+wrapped exactly as the single-process server wraps it (server/async_engine.py).
 
-Ray Serve calls:
-* `generate(...)` (streamed): first an Admission, then the request's StreamOutputs; a
-  cancelled stream (the ingress stopped reading) aborts the request here.
-* `abort(request_id, message)`: the ingress's abort (a client gone, a drain cut), ended
-  by this engine, its final output sent on the request's stream.
-* `record_routing_stats()`: the ReplicaStats the request router builds its view from.
-* `check_health()`: raises once the engine loop died, so Ray Serve restarts the replica.
-* `health()`, `metrics_text()`: the ingress's per-replica /health and merged /metrics.
-`target`, where a call takes it, is the engine index the request router sent it to.
+Ray Serve calls it by name: `generate` (streamed: an Admission, then the request's
+StreamOutputs; a cancelled stream aborts the request), `abort` (the ingress's: its final
+output goes out on the request's stream), `record_routing_stats` (what the request
+router's view is built from), `check_health` (raises once the engine loop died, so Ray
+Serve restarts the replica), and `health` and `metrics_text` for the ingress's
+per-replica /health and merged /metrics. `target`, where a call takes it, is the engine
+index the request router sent it to.
 """
 
 from __future__ import annotations

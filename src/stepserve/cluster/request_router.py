@@ -21,7 +21,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 from stepserve.cluster.messages import ReplicaStats
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import EngineConfig
-from stepserve.routing.pools import Deployment, PoolRouter, load_deployment
+from stepserve.routing.pools import PoolRouter, load_deployment
 from stepserve.routing.routers import ReplicaView
 
 GENERATE = "generate"
@@ -33,9 +33,7 @@ class StepserveRequestRouter(RequestRouter):
         """`base` (the engine config the pools start from, as JSON: Ray passes it on as
         is) and the pools file, read here again, make the deployment."""
         self.pool = pool
-        config = apply_nested(EngineConfig(), base or {})
-        deployment = Deployment.single(config) if pools_file is None else \
-            load_deployment(pools_file, config)
+        deployment = load_deployment(pools_file, apply_nested(EngineConfig(), base or {}))
         self.pool_router = PoolRouter(deployment, seed)
         self._outstanding: dict[ReplicaID, int] = defaultdict(int)
         self._sent: dict[str, ReplicaID] = {}  # internal request id -> replica

@@ -61,26 +61,35 @@ class SequenceState:
         full = self.text(tokenizer)
         end = max(len(full) - self.holdback, self.sent)
         text, self.sent = full[self.sent:end], end
-        return self._with_logprobs(self._output(text))
+        return self._output(text)
 
     def final(self, tokenizer) -> StreamOutput:
         """The sequence's one final output, with its whole completion."""
         req = self.request
         full = self.final_text(tokenizer)
-        return self._with_logprobs(self._output(
-            full[self.sent:] if self.streamed else "", finished=True,
-            finish_reason=(req.finish_reason or FinishReason.ERROR).value,
-            message=req.finish_message, full_text=full, stop_reason=req.stop_reason))
+        return self._output(full[self.sent:] if self.streamed else "", finished=True,
+                            finish_reason=(req.finish_reason or FinishReason.ERROR).value,
+                            message=req.finish_message, full_text=full,
+                            stop_reason=req.stop_reason)
 
     def error(self, message: str) -> StreamOutput:
         """A final output for a sequence that could not be finished normally."""
-        return self._output("", finished=True, finish_reason=FinishReason.ERROR.value,
-                            message=message, full_text="")
+        return self._output("", with_logprobs=False, finished=True,
+                            finish_reason=FinishReason.ERROR.value, message=message,
+                            full_text="")
 
-    def _output(self, text: str, **end) -> StreamOutput:
+    def _output(self, text: str, with_logprobs: bool = True, **end) -> StreamOutput:
+        """An output of this sequence, with the logprobs not sent yet."""
         req = self.request
-        return StreamOutput(text, req.num_prompt_tokens, req.num_output_tokens, index=req.index,
-                            num_cached_tokens=req.num_cached_tokens, **end)
+        out = StreamOutput(text, req.num_prompt_tokens, req.num_output_tokens, index=req.index,
+                           num_cached_tokens=req.num_cached_tokens, **end)
+        if with_logprobs and req.output_logprobs is not None:
+            out.logprobs = req.output_logprobs[self.logprobs_sent:]
+            self.logprobs_sent = len(req.output_logprobs)
+        if with_logprobs and req.prompt_logprobs is not None and not self.prompt_sent:
+            out.prompt_logprobs = list(req.prompt_logprobs)
+            self.prompt_sent = True
+        return out
 
     def text(self, tokenizer) -> str:
         """The completion text so far (a stream's text: the incremental detokenizer's,
@@ -98,16 +107,6 @@ class SequenceState:
             return self.text(tokenizer)
         plain = decode_output(tokenizer, self.request)
         return plain if plain.startswith(self.detok.text) else self.detok.text
-
-    def _with_logprobs(self, out: StreamOutput) -> StreamOutput:
-        req = self.request
-        if req.output_logprobs is not None:
-            out.logprobs = req.output_logprobs[self.logprobs_sent:]
-            self.logprobs_sent = len(req.output_logprobs)
-        if req.prompt_logprobs is not None and not self.prompt_sent:
-            out.prompt_logprobs = list(req.prompt_logprobs)
-            self.prompt_sent = True
-        return out
 
 
 def decode_output(tokenizer, req: Request) -> str:

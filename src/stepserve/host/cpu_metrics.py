@@ -61,11 +61,10 @@ class CpuMetrics:
     """One app's CPU-sharing series (labels `labels`, values `label_values`)."""
 
     def __init__(self, registry: CollectorRegistry, labels: list[str],
-                 label_values: tuple[str, ...],
-                 sampler: CpuShareSampler | None = None) -> None:
+                 label_values: tuple[str, ...]) -> None:
         self.labels = labels
         self.label_values = list(label_values)
-        self.sampler = sampler or CpuShareSampler()
+        self.sampler = CpuShareSampler()
         self.sampler.read()  # the counters count from here
         self.reference = QuietStepReference()
         self._threads: StepThreads | None = None

@@ -86,15 +86,13 @@ class StepThreads:
 
     def __init__(self, ceiling: int, usable: int, fixed: int | None = None,
                  read: Callable[[], CpuReading] | None = None,
-                 clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
-                 canary: Canary | None = None,
+                 clock: Callable[[], float] = time.monotonic, canary: Canary | None = None,
                  glance: Callable[[], int | None] | None = None) -> None:
         self.ceiling = max(1, ceiling)
         self.usable = max(1, usable)
         self.fixed = fixed
         self._read = read
         self._clock = clock
-        self._window = window_s
         self.choice = ThreadChoice(fixed or self.ceiling)
         self._mark: tuple[float, CpuReading] | None = None  # the window's start
         self._probe_wait = PROBE_FIRST_S
@@ -116,7 +114,7 @@ class StepThreads:
 
     def _update(self) -> None:
         now = self._clock()
-        if self._mark is not None and now - self._mark[0] < self._window:
+        if self._mark is not None and now - self._mark[0] < WINDOW_S:
             return
         assert self._read is not None
         reading = self._read()

@@ -1,7 +1,8 @@
 """Pools: named groups of replicas, each with its own engine config, and the rules that
 send a request to a pool by its class; a deployment is the pools plus those rules.
 
-The incidents' fixes (separate pools, a request-length cap) in one file (`--pools FILE`, usable by serve, simulate and sweep):
+A pools file (`--pools FILE`: serve, simulate, sweep) with the incidents' fixes (separate
+pools, a request-length cap):
 
     replicas: 3                    # no pools: this many identical replicas
     router: least_outstanding      # within a pool: round_robin, least_outstanding,
@@ -223,6 +224,9 @@ def load_pools_file(path: str, base: EngineConfig) -> Mapping[str, Any]:
     return data
 
 
-def load_deployment(path: str, base: EngineConfig) -> Deployment:
-    """A pools file's deployment over `base`; every error names the file."""
+def load_deployment(path: str | None, base: EngineConfig) -> Deployment:
+    """A pools file's deployment over `base` (every error names the file); no file:
+    `base`'s replicas in one pool."""
+    if path is None:
+        return Deployment.single(base)
     return deployment_from(load_pools_file(path, base), base)
