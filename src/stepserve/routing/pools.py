@@ -24,7 +24,7 @@ pools, a request-length cap):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from stepserve.config.load import apply_nested
@@ -109,7 +109,7 @@ class Deployment:
         out = {"router": self.router, "pools": {p.name: p.replicas for p in self.pools},
                "default": self.default_pool, "rules": [r.describe() for r in self.rules]}
         if self.router == "prefix_affinity":
-            out["prefix_affinity"] = self.prefix_affinity.to_dict()
+            out["prefix_affinity"] = asdict(self.prefix_affinity)
         return out
 
 

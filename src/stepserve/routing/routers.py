@@ -162,9 +162,6 @@ class PrefixAffinityOptions:
                               f"{', '.join(KNOBS)}")
         return cls(**data)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in KNOBS}
-
 
 KNOBS = tuple(f.name for f in fields(PrefixAffinityOptions))
 
