@@ -37,8 +37,7 @@ import torch
 from stepserve.config.settings import EngineConfig
 from stepserve.core.request import SamplingParams
 from stepserve.demo.job import demo_jobs
-from stepserve.engine.drive import run_closed_loop
-from stepserve.engine.llm_engine import LLMEngine
+from stepserve.engine.llm_engine import LLMEngine, run_closed_loop
 from stepserve.model.presets import resolve_model
 from stepserve.model.runner import TorchRunner
 from stepserve.model.step_timing import measure_step

@@ -54,8 +54,7 @@ def settings(args) -> dict:
 def load_engine(args):
     from stepserve.config.settings import EngineConfig
     from stepserve.core.request import SamplingParams
-    from stepserve.engine.drive import run_closed_loop
-    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.engine.llm_engine import LLMEngine, run_closed_loop
 
     engine = LLMEngine(args.model, EngineConfig().replace(**settings(args)))
     warm = [(ids, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
@@ -66,7 +65,7 @@ def load_engine(args):
 
 def run_in_process(engine, args, jobs) -> dict:
     from stepserve.core.request import SamplingParams
-    from stepserve.engine.drive import run_closed_loop
+    from stepserve.engine.llm_engine import run_closed_loop
 
     work = [(ids, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
             for ids, m in jobs]

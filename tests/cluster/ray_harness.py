@@ -69,8 +69,13 @@ class RunningIngress:
 def ingress(pools_file: str | None = None, **settings) -> Iterator[RunningIngress]:
     """Deploy the pools (or `replicas` in one pool) with BASE + settings and serve the
     ingress on a free port; undeploy on the way out."""
-    from stepserve.cluster.deploy import ReplicaSettings, undeploy
-    from stepserve.cluster.job import ClusterServeOptions, build_ingress, plan_deployment
+    from stepserve.cluster.job import (
+        ClusterServeOptions,
+        build_ingress,
+        plan_deployment,
+        undeploy,
+    )
+    from stepserve.cluster.messages import ReplicaSettings
     from stepserve.config.load import ConfigOverrides
     from stepserve.model.presets import resolve_model
     from stepserve.server.http_server import make_server

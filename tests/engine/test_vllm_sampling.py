@@ -14,7 +14,7 @@ from stepserve.core.clock import VirtualClock
 from stepserve.core.engine_core import EngineCore
 from stepserve.core.request import Request, child_params
 from stepserve.engine.llm_engine import LLMEngine
-from stepserve.engine.output_processor import decode_output
+from stepserve.engine.outputs import decode_output
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import SimRunner
 

@@ -8,7 +8,7 @@ import pytest
 
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
-from stepserve.engine import llm_engine, runner_settings
+from stepserve.engine import llm_engine
 from stepserve.host.step_budget import Hardware, cpu_step_budget, hardware_base
 
 SMOLLM2_PREFILL_PARAMS = 106_203_456  # SmolLM2-135M without its (tied) embedding table
@@ -56,9 +56,9 @@ def test_user_settings_win_and_stay_valid(settings, want):
 
 
 def test_engine_takes_the_hardware_defaults_only_without_a_full_config(monkeypatch):
-    monkeypatch.setattr(runner_settings, "runner_hardware",
+    monkeypatch.setattr(llm_engine, "runner_hardware",
                         lambda runner: Hardware("cpu", 2, "AVX2"))
-    monkeypatch.setattr(runner_settings, "prefill_params", lambda args: SMOLLM2_PREFILL_PARAMS)
+    monkeypatch.setattr(llm_engine, "prefill_params", lambda args: SMOLLM2_PREFILL_PARAMS)
     engine = llm_engine.LLMEngine("tiny")
     assert engine.config.scheduler.max_num_batched_tokens == 256
     flags = llm_engine.LLMEngine("tiny", ConfigOverrides(settings={"max_num_seqs": 4}),
@@ -67,7 +67,7 @@ def test_engine_takes_the_hardware_defaults_only_without_a_full_config(monkeypat
     assert flags.config.scheduler.max_num_seqs == 4
     explicit = llm_engine.LLMEngine("tiny", EngineConfig(), runner=engine.runner)
     assert explicit.config.scheduler.max_num_batched_tokens == 8192
-    monkeypatch.setattr(runner_settings, "runner_hardware", lambda runner: Hardware("cuda"))
+    monkeypatch.setattr(llm_engine, "runner_hardware", lambda runner: Hardware("cuda"))
     assert llm_engine.LLMEngine("tiny", runner=engine.runner).config.scheduler \
         .max_num_batched_tokens == 8192
 
@@ -77,9 +77,9 @@ def test_a_prompt_wave_never_takes_more_than_one_budget_per_step(monkeypatch):
     than the CPU budget, and the decodes run in every step."""
     from stepserve.core.request import SamplingParams
 
-    monkeypatch.setattr(runner_settings, "runner_hardware",
+    monkeypatch.setattr(llm_engine, "runner_hardware",
                         lambda runner: Hardware("cpu", 2, "AVX2"))
-    monkeypatch.setattr(runner_settings, "prefill_params", lambda args: SMOLLM2_PREFILL_PARAMS)
+    monkeypatch.setattr(llm_engine, "prefill_params", lambda args: SMOLLM2_PREFILL_PARAMS)
     engine = llm_engine.LLMEngine("tiny", ConfigOverrides(settings={"num_gpu_blocks": 1024}))
     long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     decoding = [engine.add_request([5] * 8, long) for _ in range(4)]

@@ -12,9 +12,13 @@ from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.prefix_hash import namer
 from stepserve.core.request import Request, SamplingParams
 from stepserve.routing.pools import PoolRouter, deployment_from
-from stepserve.routing.prefix_affinity import PrefixAffinity, PrefixAffinityOptions
-from stepserve.routing.routers import make_router
-from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.routing.routers import (
+    PrefixAffinity,
+    PrefixAffinityOptions,
+    ReplicaView,
+    RouteRequest,
+    make_router,
+)
 
 BS = 16
 

@@ -9,8 +9,13 @@ import pytest
 
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.routing.pools import Deployment, PoolRouter, deployment_from
-from stepserve.routing.routers import LeastOutstanding, RoundRobin, make_router
-from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.routing.routers import (
+    LeastOutstanding,
+    ReplicaView,
+    RoundRobin,
+    RouteRequest,
+    make_router,
+)
 
 CHAT = RouteRequest(prompt_tokens=300, max_tokens=200)
 

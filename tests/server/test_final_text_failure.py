@@ -7,7 +7,7 @@ import openai
 import pytest
 from server_harness import MODEL, make_engine, serve
 
-from stepserve.engine.output_processor import SequenceState
+from stepserve.engine.outputs import SequenceState
 
 
 def test_a_failed_final_text_is_an_error_answer_and_counted_as_one(monkeypatch):

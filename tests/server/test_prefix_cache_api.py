@@ -178,12 +178,10 @@ def test_a_preempted_request_is_counted_once():
     admitted again looks the cache up again, but usage and the counters keep its first."""
     from server_harness import make_engine
 
-    from stepserve.engine.drive import run_to_completion
-
     engine = make_engine(num_gpu_blocks=14, max_model_len=160, max_num_seqs=4)
     params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     reqs = [engine.add_request(prefix(8) + tail(k), params) for k in range(4)]
-    run_to_completion(engine, lambda result: None)
+    engine.run_until_done(lambda result: None)
     assert any(r.num_preemptions for r in reqs)
     kv = engine.scheduler.kv
     assert kv.prefix_cache_queries == sum(r.num_prompt_tokens for r in reqs)

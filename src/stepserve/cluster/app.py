@@ -91,24 +91,57 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
 
     @app.get("/health")
     async def health() -> Response:
-        return await cluster_health(cluster)
+        if not cluster.accepting:
+            return _unhealthy("the server is shutting down", "shutting_down")
+        _, down = await _answers(cluster)
+        if down:
+            return _unhealthy(f"no live replica in pool(s): {', '.join(down)}",
+                              "no_live_replica")
+        return JSONResponse({"status": "ok"})
 
     @app.get("/health/{engine}")
     async def replica_health(engine: int) -> Response:
-        return await one_replica_health(cluster, engine)
+        pools = {e: p for p, e in live_replicas(cluster)}
+        if engine not in pools:
+            return APIError(404, f"no live replica with engine index {engine}", NOT_FOUND,
+                            code="replica_not_found").response()
+        status = (await _health_of(cluster, pools[engine], engine)).get("status")
+        if status != "ok":
+            return _unhealthy(f"replica {engine}: {status}", "replica_down")
+        return JSONResponse({"status": "ok"})
 
     # probes that send HEAD get GET's status (uvicorn drops the body); out of the
     # OpenAPI document, where the pair would share one operation id
     for path, probe in (("/health", health), ("/health/{engine}", replica_health)):
         app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
+    # what the probes leave out: each replica's answer (200 while every pool has a live
+    # replica, else 503)
     @app.get("/cluster/replicas")
     async def replicas() -> Response:
-        return await replica_detail(cluster)
+        answers, down = await _answers(cluster)
+        body = {"status": "ok" if not down else "degraded", "replicas": answers}
+        if down:
+            body["pools_without_live_replica"] = down
+        return JSONResponse(body, status_code=200 if not down else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
-        return Response(await cluster_metrics(cluster),
+        live = live_replicas(cluster)
+
+        async def text_of(pool: str, engine: int) -> tuple[int, str, str] | None:
+            try:
+                return engine, pool, await call_replica(cluster, pool, engine, "metrics_text")
+            except Exception as e:
+                log.warning("metrics of replica %d (%s): %s", engine, pool, e)
+                return None
+
+        texts = [t for t in await asyncio.gather(*(text_of(p, e) for p, e in live)) if t]
+        counts = "\n".join(f'stepserve:cluster_replicas_live{{pool="{p}"}} '
+                           f"{sum(1 for q, _ in live if q == p)}" for p in cluster.handles)
+        head = ("# HELP stepserve:cluster_replicas_live replicas the ingress routes to\n"
+                "# TYPE stepserve:cluster_replicas_live gauge\n")
+        return Response(f"{merge_metrics(texts)}{head}{counts}\n",
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
@@ -116,10 +149,8 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
 
 def live_replicas(cluster: ClusterEngine) -> list[tuple[str, int]]:
     """(pool, engine index) of every replica the routers see, by engine index."""
-    out = []
-    for pool in cluster.handles:
-        router = ROUTERS.get(pool)
-        out += [(pool, st.engine) for st in (router.replica_stats() if router else ())]
+    out = [(pool, st.engine) for pool in cluster.handles if (router := ROUTERS.get(pool))
+           for st in router.replica_stats()]
     return sorted(out, key=lambda p: p[1])
 
 
@@ -151,51 +182,3 @@ async def _answers(cluster: ClusterEngine) -> tuple[list[dict], list[str]]:
 
 def _unhealthy(reason: str, code: str) -> Response:
     return APIError(503, reason, UNAVAILABLE, code=code).response()
-
-
-async def cluster_health(cluster: ClusterEngine) -> Response:
-    if not cluster.accepting:
-        return _unhealthy("the server is shutting down", "shutting_down")
-    _, down = await _answers(cluster)
-    if down:
-        return _unhealthy(f"no live replica in pool(s): {', '.join(down)}",
-                          "no_live_replica")
-    return JSONResponse({"status": "ok"})
-
-
-async def one_replica_health(cluster: ClusterEngine, engine: int) -> Response:
-    pools = {e: p for p, e in live_replicas(cluster)}
-    if engine not in pools:
-        return APIError(404, f"no live replica with engine index {engine}", NOT_FOUND,
-                        code="replica_not_found").response()
-    status = (await _health_of(cluster, pools[engine], engine)).get("status")
-    if status != "ok":
-        return _unhealthy(f"replica {engine}: {status}", "replica_down")
-    return JSONResponse({"status": "ok"})
-
-
-async def replica_detail(cluster: ClusterEngine) -> Response:
-    """What the probes leave out: each replica's answer (200 while every pool has a
-    live replica, else 503)."""
-    answers, down = await _answers(cluster)
-    body = {"status": "ok" if not down else "degraded", "replicas": answers}
-    if down:
-        body["pools_without_live_replica"] = down
-    return JSONResponse(body, status_code=200 if not down else 503)
-
-
-async def cluster_metrics(cluster: ClusterEngine) -> str:
-    replicas = live_replicas(cluster)
-
-    async def text_of(pool: str, engine: int) -> tuple[int, str, str] | None:
-        try:
-            return engine, pool, await call_replica(cluster, pool, engine, "metrics_text")
-        except Exception as e:
-            log.warning("metrics of replica %d (%s): %s", engine, pool, e)
-            return None
-
-    texts = [t for t in await asyncio.gather(*(text_of(p, e) for p, e in replicas)) if t]
-    live = "\n".join(f'stepserve:cluster_replicas_live{{pool="{p}"}} '
-                     f"{sum(1 for q, _ in replicas if q == p)}" for p in cluster.handles)
-    return (merge_metrics(texts) + "# HELP stepserve:cluster_replicas_live replicas the "
-            "ingress routes to\n# TYPE stepserve:cluster_replicas_live gauge\n" + live + "\n")

@@ -1,16 +1,14 @@
-"""ClusterEngine: the ingress's engine. serving.py's handlers talk to it as they talk to
-the single-process server's AsyncEngine (add, abort, drain); it picks each request's pool
-by the deployment's rules and hands the request to that pool's Ray Serve deployment,
-whose request router picks the replica (request_router.py).
+"""ClusterEngine: the ingress's engine. serving.py's handlers talk to it as to the
+single-process AsyncEngine (add, abort, drain); it picks each request's pool by the
+deployment's rules and hands the request to that pool's Ray Serve deployment, whose
+request router picks the replica.
 
 Every accepted request gets exactly one final output, whatever happens to its replica:
-* the replica's own outputs, ending with its final one; an abort (client gone, drain
-  cut) too ends there: the replica's engine aborts the request, and its final "abort"
-  output comes back on the stream as every end does;
-* a replica that dies mid-request, or cannot be told to abort: the only answer the
-  ingress makes itself, a final "error" output naming the replica (its engine is gone).
-A replica that dies before it admitted a request costs nothing: the request is sent
-again (Ray Serve's router no longer offers the dead replica).
+its own outputs end with its final one, an abort's too (the replica's engine aborts the
+request and its final "abort" output comes back on the stream); a replica that dies
+mid-request, or cannot be told to abort, gets the only answer the ingress makes itself, a
+final "error" output naming the replica. A replica that dies before it admitted a
+request costs nothing: the request is sent again (the router no longer offers it).
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from stepserve.engine.seam import (
     StreamOutput,
 )
 from stepserve.routing.pools import Deployment
-from stepserve.routing.view import RouteRequest
+from stepserve.routing.routers import RouteRequest
 from stepserve.server.async_engine import drain_live
 
 log = logging.getLogger("stepserve.cluster")
@@ -74,12 +72,6 @@ class ClusterEngine:
     def num_live(self) -> int:
         return len(self._live)
 
-    def route_of(self, request: NewRequest) -> RouteRequest:
-        params = request.params
-        return RouteRequest(len(request.prompt_ids), params.max_tokens, params.priority,
-                            params.tenant, REQUEST_HEADERS.get() or {}, request.prompt_ids,
-                            request.cache_salt)
-
     # ---- requests ----
     async def add(self, request: NewRequest) -> RequestStream:
         """Send to a replica of the request's pool; return its stream once admitted.
@@ -93,7 +85,9 @@ class ClusterEngine:
                 f"n = {params.n} (or best_of): more than one choice per request is not "
                 "supported through `serve --replicas` yet; send n requests, or serve one "
                 "engine", Refusal.INVALID.value)
-        route = self.route_of(request)
+        route = RouteRequest(len(request.prompt_ids), params.max_tokens, params.priority,
+                             params.tenant, REQUEST_HEADERS.get() or {}, request.prompt_ids,
+                             request.cache_salt)
         pool = self.deployment.pool_for(route)
         rid = request.request_id or f"ing-{uuid.uuid4().hex}"
         sent = replace(request, request_id=rid, arrival_time=None)
@@ -159,15 +153,20 @@ class ClusterEngine:
                                                  target=a.engine)
         try:
             await call
-        except Exception as e:  # its engine cannot be reached: stop reading it (a
-            # cancelled stream aborts the request there, if anything is left of it)
+        except Exception as e:  # its engine cannot be reached: stop reading it
             log.warning("request %s: aborting it on %s failed: %s", live.stream.request_id,
                         _where(live), _brief(e))
-            live.pump.cancel()
-            live.generator.cancel()
-            self._fail(live, f"{_where(live)} could not be told to abort the request "
-                             f"({message}): {_brief(e)}")
-            self._forget(live.stream.request_id)
+            self._end_here(live, f"{_where(live)} could not be told to abort the request "
+                                 f"({message}): {_brief(e)}")
+
+    def _end_here(self, live: _Live, message: str,
+                  reason: FinishReason = FinishReason.ERROR) -> None:
+        """Stop reading the replica (a cancelled stream aborts the request there, if
+        anything is left of it) and answer the request here."""
+        live.pump.cancel()
+        live.generator.cancel()
+        self._fail(live, message, reason)
+        self._forget(live.stream.request_id)
 
     @staticmethod
     def _fail(live: _Live, message: str, reason: FinishReason = FinishReason.ERROR) -> None:
@@ -198,11 +197,8 @@ class ClusterEngine:
 
     async def stop(self) -> None:
         """After the drain: stop reading what is left (their replicas abort them)."""
-        for rid, live in list(self._live.items()):
-            live.pump.cancel()
-            live.generator.cancel()
-            self._fail(live, "server stopped", FinishReason.ABORT)
-            self._forget(rid)
+        for live in list(self._live.values()):
+            self._end_here(live, "server stopped", FinishReason.ABORT)
 
 
 def _raise_for(admission: Admission) -> None:

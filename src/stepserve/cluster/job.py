@@ -1,36 +1,40 @@
 """`stepserve serve --replicas N [--pools FILE] [--ray-address ADDR]`'s job: engine
 replicas on Ray Serve behind one OpenAI-compatible ingress (this process).
 
-    Ray: pool "online": replicas 0..1   pool "offline": replica 2     (deploy.py)
+    Ray: pool "online": replicas 0..1   pool "offline": replica 2
           ^ StepserveRequestRouter picks the replica (routing/, request_router.py)
     this process: uvicorn + the ingress app (app.py) -> ClusterEngine (frontend.py)
                   picks the pool by the deployment's rules
 
-On SIGINT/SIGTERM the ingress drains like the single-process server (stop admitting,
-let in-flight requests finish for the shutdown timeout, abort the rest), then every
-pool's replicas are deleted (Ray Serve drains each first) and a local Ray stops.
+Each pool is one Ray Serve application of engine replicas with its engine config. On
+SIGINT/SIGTERM the ingress drains like the single-process server (stop admitting, let
+in-flight requests finish for the shutdown timeout, abort the rest), then every pool's
+application is deleted (each replica drains first) and a local Ray stops.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from stepserve.cluster.deploy import ReplicaSettings
-from stepserve.cluster.extra import require_ray_serve
 from stepserve.cluster.frontend import ClusterEngine
 from stepserve.cluster.local_ray import prefer_loopback
+from stepserve.cluster.messages import ReplicaSettings
 from stepserve.config.errors import UsageError
-from stepserve.config.load import ConfigOverrides
+from stepserve.config.load import ConfigOverrides, to_dict
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.routing.pools import Deployment, load_deployment
 from stepserve.server.connection_limits import ConnectionLimits
 
-log = logging.getLogger("stepserve.cluster")
+ROUTER_CLASS = "stepserve.cluster.request_router.StepserveRequestRouter"
+APP_PREFIX = "stepserve-"
+# The engine admits and queues (429 when its queue is full); Ray never holds one back.
+MAX_ONGOING_REQUESTS = 100_000
 
 
 @dataclass(frozen=True)
@@ -59,26 +63,24 @@ def plan_deployment(o: ClusterServeOptions) -> tuple[EngineConfig, Deployment]:
     """The engine config every pool starts from and the deployment (ConfigError names
     what is wrong)."""
     base = o.config.apply()
-    if o.pools_file is None:
-        return base, Deployment.single(base)
     return base, load_deployment(o.pools_file, base)
-
-
-def absolute_pools_file(o: ClusterServeOptions) -> ClusterServeOptions:
-    """The request routers read the pools file again, from wherever Ray runs them."""
-    if o.pools_file is None:
-        return o
-    return replace(o, pools_file=str(Path(o.pools_file).resolve()))
 
 
 def run_cluster_serve(options: ClusterServeOptions) -> int:
     """Serve until a signal; the exit status (2: a mistake found before any work). The
     caller has checked that host:port can be listened on."""
-    o = absolute_pools_file(options)
+    o = options
+    if o.pools_file is not None:  # the request routers read it again, wherever Ray runs them
+        o = replace(o, pools_file=str(Path(o.pools_file).resolve()))
     if o.ray_address is None:
         prefer_loopback()  # before anything imports ray
     try:
-        require_ray_serve("stepserve serve --replicas/--pools/--ray-address")
+        try:
+            importlib.import_module("ray.serve")
+        except ImportError as e:
+            raise UsageError("stepserve serve --replicas/--pools/--ray-address runs its "
+                             f"replicas on Ray Serve, which is not installed ({e.name or e}): "
+                             "pip install -e '.[cluster]'") from None
         base, deployment = plan_deployment(o)
         from stepserve.model.presets import resolve_model
 
@@ -88,51 +90,15 @@ def run_cluster_serve(options: ClusterServeOptions) -> int:
         return 2
     logging.basicConfig(level=o.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
-    return _serve(o, base, deployment, str(model_dir))
-
-
-@dataclass
-class Ingress:
-    app: Any  # the FastAPI app (app.py)
-    cluster: ClusterEngine
-    runner: str  # one replica's runner, described
-
-
-def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | None,
-                  replicas: ReplicaSettings, retry_after_s: int = 1,
-                  shutdown_timeout_s: float = 30.0,
-                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                  api_keys: tuple[str, ...] = ()) -> Ingress:
-    """Deploy the pools on the Ray Serve this process is connected to, and the ingress
-    app over them (not yet serving)."""
-    from stepserve.cluster.app import IngressSettings, create_ingress_app
-    from stepserve.cluster.deploy import deploy, describe
-    from stepserve.model.tokenizer import Tokenizer
-
-    handles = deploy(deployment, base, pools_file, replicas)
-    facts = describe(handles)
-    tokenizer = Tokenizer(replicas.model_dir)
-    max_len = max(f["max_model_len"] for f in facts.values())
-    first = next(iter(facts.values()))
-    settings = IngressSettings(replicas.model_name, max_len, first["vocab_size"],
-                               max_len * tokenizer.max_token_bytes(), retry_after_s,
-                               shutdown_timeout_s, max_request_bytes, api_keys)
-    cluster = ClusterEngine(deployment, handles)
-    return Ingress(create_ingress_app(cluster, settings, tokenizer), cluster, first["runner"])
-
-
-def _serve(o: ClusterServeOptions, base: EngineConfig, deployment: Deployment,
-           model_dir: str) -> int:
     import ray
 
-    from stepserve.cluster.deploy import undeploy
     from stepserve.cluster.local_ray import start_ray
     from stepserve.server.http_server import make_server
 
     name = o.served_model_name or str(o.model)
     node_ip = start_ray(o.ray_address, o.num_cpus)
     try:
-        settings = ReplicaSettings(model_dir, name, o.dtype, o.device, o.cpus_per_replica,
+        settings = ReplicaSettings(str(model_dir), name, o.dtype, o.device, o.cpus_per_replica,
                                    shutdown_timeout_s=o.shutdown_timeout_s)
         ingress = build_ingress(deployment, base, o.pools_file, settings, o.retry_after_s,
                                 o.shutdown_timeout_s, o.max_request_bytes, o.api_keys)
@@ -147,3 +113,72 @@ def _serve(o: ClusterServeOptions, base: EngineConfig, deployment: Deployment,
         ray.shutdown()
     print("stepserve: server stopped", file=sys.stderr)
     return 0
+
+
+@dataclass
+class Ingress:
+    app: Any  # the FastAPI app (app.py)
+    runner: str  # one replica's runner, described
+
+
+def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | None,
+                  replicas: ReplicaSettings, retry_after_s: int = 1,
+                  shutdown_timeout_s: float = 30.0,
+                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                  api_keys: tuple[str, ...] = ()) -> Ingress:
+    """Deploy the pools on the Ray Serve this process is connected to, and the ingress
+    app over them (not yet serving)."""
+    from stepserve.cluster.app import IngressSettings, create_ingress_app
+    from stepserve.model.tokenizer import Tokenizer
+
+    handles = deploy(deployment, base, pools_file, replicas)
+    facts = {pool: h.describe.remote().result() for pool, h in handles.items()}
+    tokenizer = Tokenizer(replicas.model_dir)
+    max_len = max(f["max_model_len"] for f in facts.values())
+    first = next(iter(facts.values()))
+    settings = IngressSettings(replicas.model_name, max_len, first["vocab_size"],
+                               max_len * tokenizer.max_token_bytes(), retry_after_s,
+                               shutdown_timeout_s, max_request_bytes, api_keys)
+    app = create_ingress_app(ClusterEngine(deployment, handles), settings, tokenizer)
+    return Ingress(app, first["runner"])
+
+
+def deploy(deployment: Deployment, base: EngineConfig, pools_file: str | None,
+           settings: ReplicaSettings) -> dict[str, Any]:
+    """Deploy every pool and wait until its replicas are up; {pool: handle}."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from stepserve.cluster.replica import EngineReplica
+
+    s = settings
+    handles: dict[str, Any] = {}
+    first = 0  # the engine index of the pool's replica of rank 0
+    for pool in deployment.pools:
+        router = RequestRouterConfig(
+            request_router_class=ROUTER_CLASS,
+            request_router_kwargs={"pool": pool.name, "base": to_dict(base),
+                                   "pools_file": pools_file, "seed": s.seed},
+            request_routing_stats_period_s=s.routing_stats_period_s,
+            request_routing_stats_timeout_s=max(5.0, 4 * s.routing_stats_period_s))
+        app = serve.deployment(EngineReplica).options(
+            name=f"engine-{pool.name}", num_replicas=pool.replicas,
+            ray_actor_options={"num_cpus": s.cpus_per_replica},
+            max_ongoing_requests=MAX_ONGOING_REQUESTS,
+            health_check_period_s=s.health_check_period_s,
+            health_check_timeout_s=max(10.0, 5 * s.health_check_period_s),
+            graceful_shutdown_wait_loop_s=0.2,
+            graceful_shutdown_timeout_s=s.shutdown_timeout_s,
+            request_router_config=router).bind(
+                s, to_dict(pool.config.replace(replicas=1)), pool.name, first)
+        handles[pool.name] = serve.run(app, name=APP_PREFIX + pool.name, route_prefix=None)
+        first += pool.replicas
+    return handles
+
+
+def undeploy(pools: list[str]) -> None:
+    """Delete the pools' applications (each replica drains first) and wait."""
+    from ray import serve
+
+    for pool in pools:
+        serve.delete(APP_PREFIX + pool)

@@ -1,17 +1,15 @@
 """Starting or joining Ray and Ray Serve for the replicas.
 
-A local instance (no `--ray-address`) is loopback only: Ray takes its node address from
-the loopback when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is off (read when `ray` is first
-imported, so it is set before), and then binds its GCS, raylet, workers and agents to
-127.0.0.1. No dashboard, and no Ray Serve HTTP proxy: the ingress is stepserve's own
-server. One Ray Serve listener ignores the node address (a replica's inter-deployment
-gRPC server binds "[::]:0" in Ray 2.60); `keep_replica_grpc_on_node_ip` points it at the
-node address when that is a loopback one.
+A local instance (no `--ray-address`) is loopback only: with
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER off (read when `ray` is first imported, so it is set
+before) Ray takes its node address from the loopback and binds its GCS, raylet, workers
+and agents there. No dashboard, and no Ray Serve HTTP proxy: the ingress is stepserve's
+own server. A replica's inter-deployment gRPC server ignores the node address (it binds
+"[::]:0" in Ray 2.60): `keep_replica_grpc_on_node_ip` points it at a loopback one.
 
-A local instance also runs its workers at this process's priority: Ray starts them at
-nice 15 by default (RAY_worker_niceness), where a replica serving requests loses its
-cores to any process at normal priority (beside two busy loops, replicas took minutes to
-start); a cluster joined with `--ray-address` keeps its own setting.
+A local instance runs its workers at this process's priority: at Ray's default nice 15
+(RAY_worker_niceness) a replica loses its cores to any process at normal priority
+(beside two busy loops, replicas took minutes to start). A joined cluster keeps its own.
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ def keep_replica_grpc_on_node_ip() -> None:
 
     node_ip = ray.util.get_node_ip_address()
     add_port = getattr(replica_module, "add_port_to_grpc_server", None)
-    if node_ip not in LOOPBACK_ADDRESSES or add_port is None:
-        return
-    if getattr(add_port, "stepserve_loopback", False):
+    if node_ip not in LOOPBACK_ADDRESSES or add_port is None \
+            or getattr(add_port, "stepserve_loopback", False):  # patched already
         return
 
     def on_node_ip(server, address: str):

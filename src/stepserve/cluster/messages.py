@@ -1,6 +1,7 @@
-"""What crosses the Ray seam between the ingress and a replica, as typed values: the
-first item of every generate stream (Admission) and the load a replica reports for the
-router (ReplicaStats, sent as the plain dict Ray Serve's routing stats must be)."""
+"""What crosses the Ray seam between the ingress and a replica, as typed values: how to
+build a replica (ReplicaSettings, with its pool's config), the first item of every
+generate stream (Admission) and the load a replica reports for the router (ReplicaStats,
+sent as the plain dict Ray Serve's routing stats must be)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.routing.view import ReplicaView
+from stepserve.routing.routers import ReplicaView
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaSpec:
-    """How to build one replica's engine (the deployment's constructor argument)."""
-
+@dataclass(frozen=True)
+class ReplicaSettings:
     model_dir: str
     model_name: str
-    config: dict[str, Any]  # the pool's engine config, YAML-shaped (config/load.to_dict)
-    pool: str
-    first_engine: int  # the engine index of the pool's replica of rank 0
     dtype: str = "float32"
     device: str = "cpu"
-    torch_threads: int = 1
+    cpus_per_replica: float = 1.0  # Ray's CPU reservation; torch threads: at least 1
+    routing_stats_period_s: float = 0.5
+    health_check_period_s: float = 2.0
+    shutdown_timeout_s: float = 30.0
+    seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +62,9 @@ class ReplicaStats:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
-    def view(self, outstanding: int | None = None) -> ReplicaView:
+    def view(self, outstanding: int) -> ReplicaView:
         """The router's view. `outstanding`: requests the ingress has in flight there,
         fresher than the reported queue (reports come every routing-stats period)."""
-        if outstanding is None:
-            return ReplicaView(self.engine, self.pool, self.waiting, self.running,
-                               self.kv_usage)
         running = min(self.running, outstanding)
         return ReplicaView(self.engine, self.pool, outstanding - running, running,
                            self.kv_usage)

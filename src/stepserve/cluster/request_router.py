@@ -1,17 +1,14 @@
 """StepserveRequestRouter: Ray Serve's custom request router for a pool's deployment. It
 decides with stepserve.routing, the same PoolRouter the simulator's replicas use, over a
-ReplicaView of each live replica:
-
-* the replica's engine index, pool, running count and KV usage, as it reported them
-  (`record_routing_stats`, every routing-stats period);
-* its outstanding requests counted here, as they are sent and as they end, so a burst
-  of requests sent between two reports does not all see the same stale queue.
+ReplicaView of each live replica: its engine index, pool, running count and KV usage as it
+reported them (`record_routing_stats`, every routing-stats period), and its outstanding
+requests counted here as they are sent and end, so a burst sent between two reports does
+not all see the same stale queue.
 
 A call with `target=<engine index>` (the ingress's per-replica /health and /metrics)
-goes to that replica; a call with no `route` to any of them.
-
-Ray Serve builds one router per deployment in the ingress process; each registers itself
-in registry.ROUTERS under its pool so the ingress can list the live replicas.
+goes to that replica; a call with no `route` to any of them. Ray Serve builds one router
+per deployment in the ingress process; each registers itself in registry.ROUTERS under
+its pool so the ingress can list the live replicas.
 """
 
 from __future__ import annotations
@@ -24,25 +21,20 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 from stepserve.cluster.messages import ReplicaStats
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import EngineConfig
-from stepserve.routing.pools import Deployment, PoolRouter, load_deployment
-from stepserve.routing.view import ReplicaView
+from stepserve.routing.pools import PoolRouter, load_deployment
+from stepserve.routing.routers import ReplicaView
 
 GENERATE = "generate"
-
-
-def deployment_of(pools_file: str | None, base: dict[str, Any]) -> Deployment:
-    """The Deployment from what the router is given (JSON: Ray passes it on as is): the
-    engine config the pools start from and the pools file, read here again."""
-    config = apply_nested(EngineConfig(), base)
-    return Deployment.single(config) if pools_file is None else \
-        load_deployment(pools_file, config)
 
 
 class StepserveRequestRouter(RequestRouter):
     def initialize_state(self, pool: str = "default", base: dict[str, Any] | None = None,
                          pools_file: str | None = None, seed: int = 0, **_: Any) -> None:
+        """`base` (the engine config the pools start from, as JSON: Ray passes it on as
+        is) and the pools file, read here again, make the deployment."""
         self.pool = pool
-        self.pool_router = PoolRouter(deployment_of(pools_file, base or {}), seed)
+        deployment = load_deployment(pools_file, apply_nested(EngineConfig(), base or {}))
+        self.pool_router = PoolRouter(deployment, seed)
         self._outstanding: dict[ReplicaID, int] = defaultdict(int)
         self._sent: dict[str, ReplicaID] = {}  # internal request id -> replica
         from stepserve.cluster import registry  # not a global: see registry.py
@@ -61,15 +53,22 @@ class StepserveRequestRouter(RequestRouter):
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
         kwargs = pending_request.kwargs if pending_request is not None else {}
-        ranked = sorted(candidate_replicas, key=self._order)
-        target = kwargs.get("target")
-        if target is not None:
-            return [[r for r in ranked if self._engine_of(r) == target]]
+        # by engine index; one not reported yet (just started) last
+        ranked = sorted(((ReplicaStats.from_dict(r.routing_stats), r)
+                         for r in candidate_replicas),
+                        key=lambda sr: (sr[0].engine if sr[0] else 1 << 30,
+                                        sr[1].replica_id.unique_id))
+        if (target := kwargs.get("target")) is not None:
+            return [[r for s, r in ranked if s is not None and s.engine == target]]
         route = kwargs.get("route")
         if route is None or not ranked:
-            return [ranked]
-        views = [self._view(r, i) for i, r in enumerate(ranked)]
-        return [[ranked[self.pool_router.pick(views, route)]]]
+            return [[r for _, r in ranked]]
+        views = []
+        for position, (stats, replica) in enumerate(ranked):
+            outstanding = self._outstanding.get(replica.replica_id, 0)
+            views.append(ReplicaView(position, self.pool, outstanding, 0, 0.0)
+                         if stats is None else stats.view(outstanding))
+        return [[ranked[self.pool_router.pick(views, route)][1]]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
@@ -85,20 +84,3 @@ class StepserveRequestRouter(RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._outstanding.pop(replica_id, None)
-
-    # ---- views ----
-    def _view(self, replica: RunningReplica, position: int) -> ReplicaView:
-        stats = ReplicaStats.from_dict(replica.routing_stats)
-        outstanding = self._outstanding.get(replica.replica_id, 0)
-        if stats is None:  # not reported yet (just started): what is known here
-            return ReplicaView(position, self.pool, outstanding, 0, 0.0)
-        return stats.view(outstanding)
-
-    @staticmethod
-    def _engine_of(replica: RunningReplica) -> int | None:
-        stats = ReplicaStats.from_dict(replica.routing_stats)
-        return None if stats is None else stats.engine
-
-    def _order(self, replica: RunningReplica) -> tuple[int, str]:
-        engine = self._engine_of(replica)
-        return (engine if engine is not None else 1 << 30, replica.replica_id.unique_id)

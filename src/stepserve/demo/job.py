@@ -73,8 +73,7 @@ class DemoRun:
 
 
 def run_real(runner, batching: str, jobs, concurrency: int) -> DemoRun:
-    from stepserve.engine.drive import run_closed_loop
-    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.engine.llm_engine import LLMEngine, run_closed_loop
 
     # settings, not a full config: the step budget comes from the hardware
     settings = ConfigOverrides(settings={"batching": batching, "max_num_seqs": concurrency,

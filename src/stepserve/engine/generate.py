@@ -51,22 +51,17 @@ def check_device(name: str) -> None:
         raise UsageError(f"--device {name!r}: MPS is not available here; use --device cpu")
 
 
-def check_texts(options: GenerateOptions) -> None:
-    """The prompt and stop strings are valid Unicode (argv reads a byte that is not UTF-8
-    as a lone surrogate), checked before the model loads."""
-    for flag, text in (("--prompt", options.prompt), *(("--stop", s) for s in options.stop)):
-        problem = check_text(flag, text)
-        if problem:
-            raise UsageError(problem)
-
-
 def run_generate(options: GenerateOptions) -> int:
     """Print the completion, then its timing on stderr; the exit status."""
     from stepserve.core.request import SamplingParams
     from stepserve.engine.llm_engine import LLMEngine
 
     o = options
-    check_texts(o)
+    # valid Unicode (argv reads a byte that is not UTF-8 as a lone surrogate), checked
+    # before the model loads
+    for flag, text in (("--prompt", o.prompt), *(("--stop", s) for s in o.stop)):
+        if problem := check_text(flag, text):
+            raise UsageError(problem)
     check_device(o.device)
     try:
         o.config.apply()  # a bad setting fails before the model loads

@@ -19,7 +19,6 @@ from tqdm import tqdm
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import EngineConfig
 from stepserve.core.request import Request, SamplingParams
-from stepserve.engine.drive import run_to_completion
 from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
 
@@ -33,10 +32,7 @@ class LLM:
 
     def __init__(self, model: str | Path = "default", *, dtype: str = "float32",
                  device: str = "cpu", config: EngineConfig | None = None,
-                 num_kv_blocks: int | None = None, quantization: str | None = "auto",
-                 **settings: Any) -> None:
-        if num_kv_blocks is not None:
-            settings["num_gpu_blocks"] = num_kv_blocks
+                 quantization: str | None = "auto", **settings: Any) -> None:
         # Without a config, the settings go on the hardware's defaults (host/step_budget.py).
         overrides = ConfigOverrides(settings=settings)
         chosen: EngineConfig | ConfigOverrides = overrides \
@@ -70,7 +66,10 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         params = _params_for(sampling_params, len(prompts))
         if priority is not None:
-            params = _with_priority(params, priority)
+            if len(priority) != len(params):
+                raise ValueError(f"{len(params)} prompts but {len(priority)} priorities")
+            params = [dataclasses.replace(p, priority=k)
+                      for p, k in zip(params, priority, strict=True)]
         salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in prompts]
         return self._run([_prompt_input(p) for p in prompts], params, use_tqdm, salts)
 
@@ -97,26 +96,19 @@ class LLM:
         for k, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             try:
                 group = engine.add_parallel(prompt, p, cache_salt=salts[k] if salts else None)
+                if group[0].is_finished:  # rejected at once: say why
+                    raise ValueError(f"prompt {k}: {group[0].finish_message}")
             except ValueError:  # one the engine cannot take: nothing of the batch runs
-                _abort(engine, groups)
+                for r in (r for g in groups for r in g):
+                    engine.abort_request(r.request_id)
                 raise
-            if group[0].is_finished:  # rejected at once: undo the batch, say why
-                _abort(engine, groups)
-                raise ValueError(f"prompt {k}: {group[0].finish_message}")
             groups.append(group)
-        total = sum(len(g) for g in groups)
-        bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm,
-                   leave=False, mininterval=0.5)
-        finals = run_to_completion(engine, lambda result: bar.update(len(result.finished)))
+        bar = tqdm(total=sum(len(g) for g in groups), desc="generating", unit="req",
+                   disable=not use_tqdm, leave=False, mininterval=0.5)
+        finals = engine.run_until_done(lambda result: bar.update(len(result.finished)))
         bar.close()
         return [engine.output_of(g, finals, p if isinstance(p, str) else None)
                 for g, p in zip(groups, prompts, strict=True)]
-
-
-def _abort(engine: LLMEngine, groups: list[list[Request]]) -> None:
-    for group in groups:
-        for r in group:
-            engine.abort_request(r.request_id)
 
 
 def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
@@ -130,15 +122,8 @@ def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | Non
     return params
 
 
-def _with_priority(params: list[SamplingParams], priority: Sequence[int]
-                   ) -> list[SamplingParams]:
-    if len(priority) != len(params):
-        raise ValueError(f"{len(params)} prompts but {len(priority)} priorities")
-    return [dataclasses.replace(p, priority=k) for p, k in zip(params, priority, strict=True)]
-
-
 def _prompt_input(prompt: Prompt) -> str | list[int]:
-    if isinstance(prompt, str):
+    if isinstance(prompt, (str, list)):
         return prompt
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
@@ -147,7 +132,5 @@ def _prompt_input(prompt: Prompt) -> str | list[int]:
             return str(prompt["prompt"])
         raise ValueError(f"prompt dict needs 'prompt_token_ids' or 'prompt'; got keys "
                          f"{sorted(prompt)}")
-    if isinstance(prompt, list):
-        return prompt
     raise ValueError(f"prompt must be a string, a token id list or a dict; got "
                      f"{type(prompt).__name__}")

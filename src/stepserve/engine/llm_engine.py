@@ -1,29 +1,30 @@
 """LLMEngine: the real engine: a torch runner under the engine core (core/engine_core.py),
-plus the text around it: tokenizing prompts, and the output processor
-(output_processor.py: detokenizing, stop strings, what each sequence was sent).
+plus the text around it: tokenizing prompts, and the output processor (detokenizing, stop
+strings, what each sequence was sent).
 
     step() = core.step()                  schedule -> runner.execute -> update
              output.add_tokens(emitted)   new text, stop strings -> core.finish_request
-             output.process(result)       deltas, final outputs
-             -> EngineStep(record, emitted, finished, outputs)
+             output.process(...)          deltas, final outputs
 
 The scheduler, its KV block manager and its step records are exactly the ones the
 simulator uses; only the runner differs (a torch model instead of a cost model).
+`run_closed_loop` keeps N requests in flight the way the night-report batch job drives a
+server: the next one is sent the moment one ends.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepserve.config.load import ConfigOverrides
-from stepserve.config.settings import EngineConfig
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.core.base import SchedulerBase
 from stepserve.core.clock import Clock, WallClock
 from stepserve.core.engine_core import EngineCore
-from stepserve.core.output import StepResult
+from stepserve.core.output import StepRecord, StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
 from stepserve.core.request_limits import (
     cache_salt_refusal,
@@ -31,10 +32,14 @@ from stepserve.core.request_limits import (
     priority_refusal,
     stop_tokens_refusal,
 )
-from stepserve.engine.output_processor import End, OutputProcessor, Outputs
-from stepserve.engine.outputs import RequestOutput
-from stepserve.engine.runner_settings import settings_for_runner
+from stepserve.engine.outputs import End, OutputProcessor, Outputs, RequestOutput
 from stepserve.engine.seam import InvalidRequest, StreamOutput
+from stepserve.host.step_budget import (
+    cpu_step_budget,
+    hardware_base,
+    prefill_params,
+    runner_hardware,
+)
 from stepserve.host.step_threads import follow_free_cores
 
 log = logging.getLogger("stepserve.engine")
@@ -47,17 +52,17 @@ class LLMEngine:
                  runner=None, strict_max_model_len: bool = False,
                  quantization: str | None = "auto") -> None:
         """`config`: a complete EngineConfig is used as it is; settings (ConfigOverrides,
-        or None for none) are applied on the hardware's scheduling defaults
-        (host/step_budget.py). `runner`: reuse an already loaded TorchRunner (its weights and
-        KV store) instead of loading `model` again; this engine gets a fresh KV block
-        manager over it. A max_model_len beyond the model's is lowered to it, or with
-        `strict_max_model_len` (the user chose it) refused, as vLLM does.
+        or None for none) are applied on the hardware's scheduling defaults. `runner`: an
+        already loaded TorchRunner (its weights and KV store) to reuse, under a fresh KV
+        block manager. `strict_max_model_len`: the user chose it (see _settings_for_runner).
         `quantization`: the weight mode (model/modes.py)."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
         overrides = ConfigOverrides() if config is None else config
         if isinstance(overrides, ConfigOverrides):
             config = overrides.apply()  # the user's settings on the plain defaults
+        else:
+            overrides = None
         assert isinstance(config, EngineConfig)
         if config.replicas > 1:  # one engine here; replicas run on Ray Serve (cluster/)
             raise ValueError(
@@ -68,14 +73,12 @@ class LLMEngine:
             runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device,
                                              quantization=quantization)
         self.runner = runner
-        self.config, self.step_budget = settings_for_runner(
-            config, overrides if isinstance(overrides, ConfigOverrides) else None, runner,
-            strict_max_model_len)
-        config = self.config
+        self.config = config = _settings_for_runner(config, overrides, runner,
+                                                    strict_max_model_len)
         self.step_threads = follow_free_cores(runner, config.threads)
         self.clock = clock or WallClock()
         self.core = EngineCore(config, runner, self.clock, runner.num_gpu_blocks)
-        self.tokenizer = self.runner.tokenizer
+        self.tokenizer = runner.tokenizer
         self.output = OutputProcessor(self.tokenizer)
         self._counter = 0
 
@@ -108,16 +111,14 @@ class LLMEngine:
         same prompt with their own KV (ids `"{i}_{request_id}"`, `child_params` seeds);
         n = 1 is the request itself. Returns the children in index order; if admission
         refused one, the ones before it are aborted and only the refused one (finished)
-        comes back. `abort_request(request_id)` aborts every child. `cache_salt`: the
-        prefix cache's namespace (vLLM's): requests of different salts share no block.
-        `streamed`: the step's outputs carry each sequence's new text as it comes (else
-        only its final output)."""
+        comes back. `cache_salt`: the prefix cache's namespace (vLLM's). `streamed`: the
+        step's outputs carry each sequence's new text as it comes (else only its final)."""
         params = params or SamplingParams()
         self._check(prompt, params, cache_salt)
         if request_id is None:
             request_id = f"req-{self._counter}"
             self._counter += 1
-        ids = self._prompt_ids(prompt)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         arrival = self.clock.now() if arrival_time is None else arrival_time
         eos = self.runner.eos_token_id
         if params.n == 1:
@@ -158,9 +159,6 @@ class LLMEngine:
         if refusal := priority_refusal(params.priority, self.config.scheduler.policy):
             raise InvalidRequest(refusal, "priority", "unsupported_value")
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
         """End a live request; a parent's id (n > 1) ends every child still running."""
         return any([self.core.abort_request(rid, message)
@@ -172,7 +170,7 @@ class LLMEngine:
     # ---- the loop ----
     def step(self) -> EngineStep:
         """One engine step (core/engine_core.py): what ran, who got a token, who ended,
-        and the outputs of the sequences that have news (output_processor.py). The ends
+        and the outputs of the sequences that have news (outputs.py). The ends
         the new text decides (stop strings) are this step's: the core ends them, and a
         step that runs nothing (`complete_step` of an empty one) takes them."""
         result = self.core.step()
@@ -180,8 +178,7 @@ class LLMEngine:
         if ends := self.output.add_tokens(result.emitted):
             self._apply(ends)
             finished = finished + self.core.take_finished()
-        step = StepResult(result.record, result.emitted, finished)
-        outputs, ends = self.output.process(step)
+        outputs, ends = self.output.process(result.emitted, finished)
         self._apply(ends)
         return EngineStep(result.record, result.emitted, finished, outputs)
 
@@ -201,11 +198,17 @@ class LLMEngine:
                 log.exception("ending request %s failed", req.request_id)
         return outputs
 
-    def run_until_done(self) -> dict[str, StreamOutput]:
-        """Step until nothing is left; every sequence's final output by its request id."""
-        from stepserve.engine.drive import run_to_completion
-
-        return run_to_completion(self)
+    def run_until_done(self, on_step: Callable[[EngineStep], None] | None = None
+                       ) -> dict[str, StreamOutput]:
+        """Step until nothing is left; `on_step` sees every result. Returns every
+        sequence's final output, by its request id."""
+        finals: dict[str, StreamOutput] = {}
+        while self.has_unfinished():
+            result = self.step()
+            finals.update((req.request_id, out) for req, out in result.outputs if out.finished)
+            if on_step is not None:
+                on_step(result)
+        return finals
 
     # ---- results ----
     def output_of(self, group: Request | Sequence[Request],
@@ -216,10 +219,7 @@ class LLMEngine:
         completions."""
         group = [group] if isinstance(group, Request) else list(group)
         return RequestOutput.of(group, [finals[r.request_id] for r in group], prompt,
-                                self._token_text)
-
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+                                lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,3 +227,68 @@ class EngineStep(StepResult):
     """The core's StepResult and what the output processor made of it."""
 
     outputs: Outputs = field(default_factory=list)
+
+
+def _settings_for_runner(config: EngineConfig, overrides: ConfigOverrides | None, runner,
+                         strict_max_model_len: bool) -> EngineConfig:
+    """An engine's settings once its model is loaded. `config`: the settings as applied on
+    the plain defaults; `overrides`: the user's settings, applied again on the hardware's
+    scheduling defaults (None: `config` is complete and used as it is). A max_model_len
+    beyond the model's is lowered to it, or with `strict_max_model_len` refused
+    (ConfigError); the CPU block pool is the one the runner sized (from swap_space)."""
+    if overrides is not None:
+        budget = cpu_step_budget(runner_hardware(runner), prefill_params(runner.args))
+        config = overrides.apply(hardware_base(budget, config))
+        if budget is not None:
+            log.info("CPU scheduling defaults: %s", budget.describe())
+    limit = runner.args.max_position_embeddings
+    if limit and config.scheduler.max_model_len > limit:
+        if strict_max_model_len:
+            raise ConfigError(
+                f"max_model_len = {config.scheduler.max_model_len} is more than the model "
+                f"allows: {limit} (max_position_embeddings in its config.json); lower "
+                "max_model_len (--max-model-len)")
+        config = config.replace(max_model_len=limit)  # the model cannot go further
+    if runner.num_cpu_blocks != config.cache.num_cpu_blocks:
+        config = config.replace(num_cpu_blocks=runner.num_cpu_blocks, swap_space=0.0)
+    return config
+
+
+@dataclass
+class ClosedLoopResult:
+    requests: list[Request]  # every request, in issue order
+    steps: list[StepRecord]  # every step that ran
+    duration_s: float
+
+
+def run_closed_loop(engine: LLMEngine, jobs: Sequence[tuple[list[int], SamplingParams]],
+                    concurrency: int, request_class: Callable[[int], str] | None = None
+                    ) -> ClosedLoopResult:
+    """Run every (prompt ids, params) job with `concurrency` in flight; returns every
+    request (in issue order) and the wall time from the first issue to the last end."""
+    start = engine.clock.now()
+    issued: list[Request] = []
+    steps: list[StepRecord] = []
+
+    def issue_one() -> None:
+        """Send the next job; one refused at admission ends at once: send another."""
+        while len(issued) < len(jobs):
+            k = len(issued)
+            ids, params = jobs[k]
+            req = engine.add_request(ids, params, request_id=f"job-{k}")
+            if request_class is not None:
+                req.request_class = request_class(k)
+            issued.append(req)
+            if not req.is_finished:
+                return
+
+    def on_step(result: EngineStep) -> None:
+        if result.ran:
+            steps.append(result.record)
+        for _ in result.finished:
+            issue_one()
+
+    for _ in range(min(concurrency, len(jobs))):
+        issue_one()
+    engine.run_until_done(on_step)
+    return ClosedLoopResult(issued, steps, engine.clock.now() - start)

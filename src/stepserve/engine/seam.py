@@ -1,7 +1,6 @@
 """The one seam between a front end (the HTTP handlers) and the engine that serves it:
-what crosses it, both ways, as typed values, and the interface (`EngineClient`) that both
-engines implement, the one in this process (server/async_engine.py, over an LLMEngine on
-its own thread) and the one over Ray Serve replicas (cluster/frontend.py).
+what crosses it, both ways, as typed values, and the interface (`EngineClient`) both
+engines implement (server/async_engine.py in this process, cluster/frontend.py over Ray).
 
     front end -> engine:  add(NewRequest) -> its RequestStream, once admitted
                           (or RequestRejected, RequestFailed, EngineUnavailable)
@@ -44,8 +43,7 @@ class InvalidRequest(ValueError):
     def __init__(self, message: str, param: str | None = None,
                  code: str = "invalid_value") -> None:
         super().__init__(message)
-        self.param = param
-        self.code = code
+        self.param, self.code = param, code
 
 
 class RequestRejected(Exception):
@@ -56,8 +54,7 @@ class RequestRejected(Exception):
     def __init__(self, message: str, reason: str = Refusal.INVALID.value,
                  param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
-        self.reason = reason
+        self.message, self.reason = message, reason
         self.param = param  # the field at fault, where the engine knows it
         self.code = code  # the error code, where it is not the reason's own
 

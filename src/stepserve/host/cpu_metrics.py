@@ -1,22 +1,7 @@
-"""Whether a server shares its CPU: the readings on /metrics (read at scrape time; the
+"""Whether a server shares its CPU: the readings on /metrics, taken at scrape time (the
 engine thread only adds each step's time to the quiet reference), and read back from two
-scraped pages as a run's cpu fields (`doctor --url`, `bench --target`):
-
-* `cpu_runqueue_wait_seconds_total`: this process's threads' time waiting on a run
-  queue for a core; `cpu_on_cpu_seconds_total`: their time on one (the wait's share of
-  the two, over a window, is how much of their time the threads waited);
-* `cpu_others_seconds_total`: CPU seconds of other processes at normal priority (over a
-  window, divided by its length: the cores they took); `cpu_steal_seconds_total`: what a
-  hypervisor took;
-* `cpu_usable`: the cores this process may run on;
-* `step_time_over_quiet`: the recent steps' time over their shapes' quiet time
-  (step_reference.py), absent until a shape has a reference;
-* `step_threads`: the CPU threads the engine's steps run on now, and
-  `step_threads_changes_total` how often that count changed (step_threads.py; absent
-  until the engine is watched).
-
-All counters since the server started (cpu_share.py). Where the host does not say (not
-Linux, no schedstat), the series it cannot read are absent.
+scraped pages as a run's cpu fields (`doctor --url`, `bench --target`). Counters run since
+the server started; a series the host cannot read (not Linux, no schedstat) is absent.
 
 Several engines behind one /metrics (a cluster's merged page) each count the others'
 CPU from their own process, the other engines included: read back, the others' CPU and
@@ -76,11 +61,10 @@ class CpuMetrics:
     """One app's CPU-sharing series (labels `labels`, values `label_values`)."""
 
     def __init__(self, registry: CollectorRegistry, labels: list[str],
-                 label_values: tuple[str, ...],
-                 sampler: CpuShareSampler | None = None) -> None:
+                 label_values: tuple[str, ...]) -> None:
         self.labels = labels
         self.label_values = list(label_values)
-        self.sampler = sampler or CpuShareSampler()
+        self.sampler = CpuShareSampler()
         self.sampler.read()  # the counters count from here
         self.reference = QuietStepReference()
         self._threads: StepThreads | None = None
@@ -91,33 +75,26 @@ class CpuMetrics:
         self._threads = threads
 
     def on_steps(self, records: Sequence[StepRecord]) -> None:
-        for r in records:
-            self.reference.add(r)
+        self.reference.add_all(records)
 
     def collect(self) -> Iterator[Metric]:
         reading = self.sampler.read()
-        for name, attr, doc, _ in COUNTERS:
-            value = getattr(reading, attr)
-            if value is not None:
-                family = CounterMetricFamily(P + name, doc, labels=self.labels)
-                family.add_metric(self.label_values, value)
-                yield family
+        counters = [(name, doc, getattr(reading, attr)) for name, attr, doc, _ in COUNTERS]
         gauges = [("cpu_usable", "CPUs this process may run on", reading.usable_cpus)]
-        if self._threads is not None:
+        if self._threads is not None:  # absent until the engine is watched
+            choice = self._threads.choice
+            counters.append(("step_threads_changes", "changes of the steps' thread count",
+                             choice.changes))
             gauges.append(("step_threads", "CPU threads the engine's steps run on now",
-                           self._threads.choice.threads))
-            family = CounterMetricFamily(P + "step_threads_changes",
-                                         "changes of the steps' thread count",
-                                         labels=self.labels)
-            family.add_metric(self.label_values, self._threads.choice.changes)
-            yield family
-        if (over := self.reference.over_quiet()) is not None:
-            gauges.append(("step_time_over_quiet", "recent step time over the quiet time "
-                           "of the same step shapes", over))
-        for name, doc, value in gauges:
-            family = GaugeMetricFamily(P + name, doc, labels=self.labels)
-            family.add_metric(self.label_values, value)
-            yield family
+                           choice.threads))
+        gauges.append(("step_time_over_quiet", "recent step time over the quiet time of the "
+                       "same step shapes", self.reference.over_quiet()))
+        for kind, series in ((CounterMetricFamily, counters), (GaugeMetricFamily, gauges)):
+            for name, doc, value in series:
+                if value is not None:  # the host does not say, or no shape has a reference
+                    family = kind(P + name, doc, labels=self.labels)
+                    family.add_metric(self.label_values, value)
+                    yield family
 
     def describe(self) -> list[Metric]:
         """The names, for the registry's clash check."""

@@ -7,24 +7,15 @@ never per step.
   increases, so the totals never go back when a thread exits (its share stays counted)
   and a reused tid, whose numbers start over, counts from zero.
 * CPU seconds of OTHER processes at normal or higher priority: /proc/stat's first line
-  (user nice system idle iowait irq softirq steal ...) as user + system + irq + softirq,
-  less this process's own CPU time (/proc/self/stat's utime + stime). Nice time is left
-  out (our threads at nice 0 preempt it), and so are idle and iowait; steal (a hypervisor
-  took the CPU) is kept apart. A process of ours running niced would count itself in
-  nice, not user, and then understate the others: the increase is floored at zero.
+  as user + system + irq + softirq, less this process's own utime + stime. Nice time is
+  left out (our threads at nice 0 preempt it), and so are idle and iowait; steal (a
+  hypervisor took the CPU) is kept apart. A process of ours running niced would count
+  itself in nice, not user, and then understate the others: the increase is floored at 0.
 * Usable CPUs: the process's affinity mask (a cgroup's CPU quota is not read).
-* Other processes' threads runnable at one instant (`running_others`, for a decision
-  with no window behind it): /proc/stat's procs_running less ours in state R, and where
-  that leaves any, /proc/<pid>/task/<tid>/stat's state and nice, with /proc/<pid>/
-  autogroup: a niced thread in our own autogroup yields to ours and is not counted.
+* Other processes' threads runnable at one instant (`running_others`): see there.
 
 A file that is not there (not Linux, a kernel without schedstat) makes its part None:
 `available` says whether anything could be read, and nothing downstream fails.
-
-Every reader goes by CpuReading and CpuShare (what two readings say): the thread policy
-(step_threads.py), a bench run (CpuWatch), the server's /metrics and the two scraped pages
-read back from it (cpu_metrics.py); `CpuShare.fields` are the run summary's cpu fields
-that the doctor's cpu_shared rule reads.
 """
 
 from __future__ import annotations
@@ -310,8 +301,8 @@ class CpuWatch:
         self.sampler, self.start_reading = sampler, start
 
     @classmethod
-    def start(cls, sampler: CpuShareSampler | None = None) -> CpuWatch:
-        sampler = sampler or CpuShareSampler()
+    def start(cls) -> CpuWatch:
+        sampler = CpuShareSampler()
         return cls(sampler, sampler.read())
 
     def fields(self, source: str,

@@ -1,28 +1,26 @@
 """Scheduling defaults from the hardware: how many tokens one step may carry on this
 device, so that a wave of prompts never stalls the running sequences for seconds.
 
-The config's defaults (max_num_batched_tokens 8,192, no per-request chunk cap) suit a GPU,
-where a step of 8,192 prompt tokens takes tens of milliseconds. A CPU prefills a few
-hundred tokens per second per few cores: 8,192 prompt tokens in one step would stop every
-running decode for tens of seconds. So on a CPU the engine starts from:
+The config's defaults (max_num_batched_tokens 8,192, no per-request chunk cap) suit a GPU.
+A CPU prefills a few hundred tokens per second per few cores: 8,192 prompt tokens in one
+step would stop every running decode for tens of seconds. So on a CPU the engine starts
+from:
 
     prefill rate   r = threads x core_flops / (2 x P)   tokens/s
                    P: the model's parameters outside the embedding table (a prompt token
                    passes every layer; the head runs only on sampled rows); core_flops:
-                   the float32 GEMM rate one core sustains, by vector width (AVX-512
-                   64 GFLOP/s, AVX2 32, otherwise 8: ~40% of a 2.5 GHz core's FMA peak).
+                   the float32 GEMM rate one core sustains (CORE_GFLOPS: ~40% of a
+                   2.5 GHz core's FMA peak).
     chunk          long_prefill_token_threshold = r x PREFILL_STEP_S, down to a multiple
                    of 64, within [64, 2048]: a long prompt adds at most ~0.5 s to a step.
     budget         max_num_batched_tokens = chunk + DECODE_ROOM: the running decodes (one
                    token each, served first under decode_first) plus one chunk of prompt.
 
-Example: SmolLM2-135M (106M parameters outside the embedding) on 2 AVX2 threads: r = 300
-tokens/s, chunk 128, budget 256. On 16 threads: chunk 1,152, budget 1,280. On a GPU the
-config's defaults stand.
+E.g. SmolLM2-135M on 2 AVX2 threads: r = 300 tokens/s, chunk 128, budget 256.
 
-Settings the user gives (a flag, a config file, `LLM(**settings)`) always win; the defaults
-bend to them: a budget the user set caps the chunk; a chunk cap the user set raises the
-budget to fit it; without chunked prefill the budget covers max_model_len.
+Settings the user gives always win; the defaults bend to them: a budget the user set caps
+the chunk; a chunk cap the user set raises the budget to fit it; without chunked prefill
+the budget covers max_model_len.
 """
 
 from __future__ import annotations
@@ -46,10 +44,6 @@ class Hardware:
     threads: int = 1
     cpu_capability: str = "DEFAULT"  # torch.backends.cpu.get_cpu_capability()
 
-    @property
-    def core_gflops(self) -> float:
-        return CORE_GFLOPS.get(self.cpu_capability, OTHER_CORE_GFLOPS)
-
 
 @dataclass(frozen=True)
 class StepBudget:
@@ -67,7 +61,8 @@ def cpu_step_budget(hw: Hardware, prefill_params: int) -> StepBudget | None:
     """The CPU rule above; None on other devices (the config's defaults stand)."""
     if hw.device_type != "cpu":
         return None
-    rate = hw.threads * hw.core_gflops * 1e9 / (2 * max(prefill_params, 1))
+    core_gflops = CORE_GFLOPS.get(hw.cpu_capability, OTHER_CORE_GFLOPS)
+    rate = hw.threads * core_gflops * 1e9 / (2 * max(prefill_params, 1))
     chunk = int(rate * PREFILL_STEP_S) // CHUNK_MULTIPLE * CHUNK_MULTIPLE
     chunk = min(max(chunk, MIN_CHUNK), MAX_CHUNK)
     return StepBudget(chunk + DECODE_ROOM, chunk, rate)

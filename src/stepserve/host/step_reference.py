@@ -1,18 +1,15 @@
 """How much slower steps run now than when the machine was quiet: "steps take N x their
 quiet time".
 
-A step's time depends on its shape, so steps are grouped by shape: the count of decode
-tokens and of prefill tokens, each rounded up to a power of two (0 stays 0). A shape's
-quiet time is the fast end of the steps seen in it, their 10th percentile, kept cheaply
-as a histogram of 5%-wide log bins (a bounded dict per shape, O(1) per step). N is the
-recent steps' total time over the total of their shapes' quiet times (the last WINDOW
-steps whose shape has at least MIN_STEPS steps behind its reference).
+Steps are grouped by shape (decode and prefill tokens, each rounded up to a power of
+two). A shape's quiet time is its steps' 10th percentile, kept as a histogram of 5%-wide
+log bins (a bounded dict per shape, O(1) per step); N is the last WINDOW steps' total time
+over the total of their shapes' quiet times (shapes with MIN_STEPS steps or more).
 
-The caveat, said plainly: the reference is what this run has seen. A run that was
-contended from its first step has no quiet steps, so its reference is slow and N
-understates the slowdown (down to about 1 under steady contention). The run-queue wait of
-the engine's threads and the other processes' CPU (cpu_share.py) say it directly;
-N tells how much the steps suffered when the contention came and went.
+The reference is what this run has seen: a run contended from its first step has no
+quiet steps, and N understates the slowdown (down to about 1 under steady contention).
+The run-queue wait and the others' CPU (cpu_share.py) say that directly; N tells how
+much the steps suffered when contention came and went.
 """
 
 from __future__ import annotations
@@ -56,14 +53,12 @@ class QuietStepReference:
         self._recent: deque[tuple[Shape, float]] = deque(maxlen=window)
         self._lock = threading.Lock()
 
-    def add(self, record: StepRecord) -> None:
-        self.add_step(shape_of(record), record.duration_s)
-
     def add_all(self, records: Iterable[StepRecord]) -> None:
         for r in records:
             self.add(r)
 
-    def add_step(self, shape: Shape, duration_s: float) -> None:
+    def add(self, record: StepRecord) -> None:
+        shape, duration_s = shape_of(record), record.duration_s
         if not duration_s >= 0.0:  # NaN is no time
             return
         b = int(math.log(max(duration_s, _MIN_S)) // _BIN)

@@ -2,46 +2,32 @@
 
 A decode step is a chain of ~300 small products, each shared out over one OpenMP team
 and closed by a barrier. Beside one busy process on 2 cores, the scheduler keeps one of
-the two threads off a core for a whole time slice at a time; the other reaches the next
-barrier within ~30 us and spins there, so the step only moves while both threads hold a
-core at once (measured, default model, batch 1: 12 ms a step quiet, 29-36 ms median and
-120-150 ms P90 with two threads beside a busy loop, 19-21 ms with one thread, every step
-alike). Waits that sleep instead of spinning made it worse (54-87 ms: each wake-up
-queues behind the busy process). Worse still, a nice-19 busy loop started from another
-session: with the kernel's autogroups (on by default) its nice value counts only inside
-its own session, so it takes a whole core's share, and the two threads, each now waiting
-on the run queue half the time, took a batch-8 step from 46 ms to 1,248 ms.
+the two threads off a core for a whole time slice at a time while the other spins at the
+next barrier, so the step only moves while both hold a core (measured, default model,
+batch 1: 12 ms a step quiet; two threads beside a busy loop 29-36 ms median, 120-150 ms
+P90; one thread 19-21 ms). Sleeping waits were worse (54-87 ms). A nice-19 loop from
+another session is worse still: with autogroups (on by default) its nice value counts
+only inside its own session, and a batch-8 step went from 46 ms to 1,248 ms.
 
 So a step runs on as many threads as the cores it really gets, decided every WINDOW_S
 from cpu_share.py's readings:
 
-* one thread fewer when other processes take more than SHRINK_AT of a core the team
-  runs on (niced work counts until a probe has shown that it yields to us), or when the
-  team's own threads wait on the run queue for WAIT_SHRINK of their time or more
-  (whatever holds the cores: a nice process in another autogroup, a cgroup quota, a
-  hypervisor); and where no window is fresh (the engine's first step, the first after
-  an idle spell longer than STALE_S), one thread fewer for each thread of another
-  process runnable at that instant (cpu_share.running_others), before the step runs;
-* one more onto a core that is idle (everyone's CPU, niced work included, leaves it at
-  most GROW_AT busy); onto a core that niced work holds (which our threads may or may
-  not preempt) or that a light neighbour keeps under SHRINK_AT busy (a benchmark client,
-  after a burst that took the thread), a probe: a canary (Canary, below) asks
-  whether a thread of ours would get that core, at the cost of ~0.1 s of one thread, and
-  the team grows if it would (where no canary can run, the extra thread is tried for a
-  window). A grown count stays unless a window says to shrink again. Every shrink, and
-  every canary that says no, puts the next probe off: after
-  a count that had held KEPT_S, until a burst of other processes has passed or for
-  PROBE_FIRST_S after a wait; after a shorter hold, twice as long as the last time (up
-  to PROBE_MAX_S).
+* one thread fewer when others take more than SHRINK_AT of a core the team runs on
+  (niced work counts until a probe has shown that it yields to us), or when the team's
+  own threads wait on the run queue WAIT_SHRINK of their time or more (whatever holds the
+  cores); where no window is fresh (the first step, the first after an idle spell over
+  STALE_S), one fewer for each thread of another process runnable at that instant;
+* one more onto an idle core (everyone's CPU, niced work included, leaves it at most
+  GROW_AT busy); onto a core niced work or a light neighbour holds, only if a probe says
+  a thread of ours would get it. A Canary asks (~0.1 s of one thread; where none can
+  run, the extra thread is tried for a window), because a wrong try costs a step the
+  1,248 ms above. It hashes a buffer (GIL-free) on a thread of its own and reads that
+  thread's run-queue wait share: on 2 cores beside a busy thread of ours, 0.00-0.01 quiet
+  or beside a nice-19 loop in our session (it yields), 0.50 beside one in another
+  session or at normal priority. Every shrink, and every canary that says no, puts the
+  next probe off (PROBE_FIRST_S, doubling to PROBE_MAX_S unless the count held KEPT_S).
 
 `threads` fixed by the user (`--threads`, or OMP_NUM_THREADS) is kept as it is.
-
-A canary asks, not the team's extra thread, because a wrong try costs a step the
-1,248 ms above (against 71 ms on one thread). It hashes a buffer (GIL-free work) on a
-thread of its own while the engine steps on, then reads that thread's run-queue wait
-share (/proc/thread-self/schedstat). Measured on 2 cores beside a busy thread of ours:
-0.00-0.01 quiet and beside a nice-19 loop in our session (it yields), 0.50 beside one in
-another session or a busy loop at normal priority (it does not).
 """
 
 from __future__ import annotations
@@ -100,15 +86,13 @@ class StepThreads:
 
     def __init__(self, ceiling: int, usable: int, fixed: int | None = None,
                  read: Callable[[], CpuReading] | None = None,
-                 clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
-                 canary: Canary | None = None,
+                 clock: Callable[[], float] = time.monotonic, canary: Canary | None = None,
                  glance: Callable[[], int | None] | None = None) -> None:
         self.ceiling = max(1, ceiling)
         self.usable = max(1, usable)
         self.fixed = fixed
         self._read = read
         self._clock = clock
-        self._window = window_s
         self.choice = ThreadChoice(fixed or self.ceiling)
         self._mark: tuple[float, CpuReading] | None = None  # the window's start
         self._probe_wait = PROBE_FIRST_S
@@ -130,7 +114,7 @@ class StepThreads:
 
     def _update(self) -> None:
         now = self._clock()
-        if self._mark is not None and now - self._mark[0] < self._window:
+        if self._mark is not None and now - self._mark[0] < WINDOW_S:
             return
         assert self._read is not None
         reading = self._read()
@@ -146,9 +130,7 @@ class StepThreads:
                 crowded = self.usable - (share.others_cores or 0.0) < target + SHRINK_AT
                 self._put_off_probes(now, crowded)
             if target != self.choice.threads:
-                self.choice.threads = target
-                self.choice.changes += 1
-                self._changed_at = now
+                self._change(target, now)
         self._mark = (now, reading)
 
     def _first_look(self, now: float) -> None:
@@ -164,9 +146,12 @@ class StepThreads:
         target = max(1, min(self.choice.threads, self.usable - others))
         if target < self.choice.threads:
             self._put_off_probes(now, crowded=True)
-            self.choice.threads = target
-            self.choice.changes += 1
-            self._changed_at = now
+            self._change(target, now)
+
+    def _change(self, target: int, now: float) -> None:
+        self.choice.threads = target
+        self.choice.changes += 1
+        self._changed_at = now
 
     def _target(self, share: CpuShare, now: float) -> int:
         n = self.choice.threads
@@ -249,18 +234,14 @@ class Canary:
                  spawn: Callable[[Callable[[], None]], None] = _daemon) -> None:
         self._measure, self._spawn = measure, spawn
         self._lock = threading.Lock()
-        self._running = False
+        self.running = False
         self._result: tuple[float | None] | None = None  # a finished run's share
-
-    @property
-    def running(self) -> bool:
-        return self._running
 
     def start(self) -> None:
         with self._lock:
-            if self._running:
+            if self.running:
                 return
-            self._running, self._result = True, None
+            self.running, self._result = True, None
         self._spawn(self._run)
 
     def _run(self) -> None:
@@ -269,7 +250,7 @@ class Canary:
         except Exception:  # noqa: BLE001 - a canary that fails says nothing
             share = None
         with self._lock:
-            self._result, self._running = (share,), False
+            self._result, self.running = (share,), False
 
     def take(self) -> tuple[bool, float | None]:
         with self._lock:

@@ -146,8 +146,7 @@ def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]
     runner.execute, from a small closed-loop run: step wall time minus the runner's time,
     fitted on the step's sequences and the requests joining its batch."""
     from stepserve.config.settings import EngineConfig
-    from stepserve.engine.drive import run_closed_loop
-    from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.engine.llm_engine import LLMEngine, run_closed_loop
 
     engine = LLMEngine(config=EngineConfig().replace(max_model_len=256), runner=runner)
     spent: list[float] = []

@@ -1,7 +1,8 @@
 """Pools: named groups of replicas, each with its own engine config, and the rules that
 send a request to a pool by its class; a deployment is the pools plus those rules.
 
-The incidents' fixes (separate pools, a request-length cap) in one file (`--pools FILE`, usable by serve, simulate and sweep):
+A pools file (`--pools FILE`: serve, simulate, sweep) with the incidents' fixes (separate
+pools, a request-length cap):
 
     replicas: 3                    # no pools: this many identical replicas
     router: least_outstanding      # within a pool: round_robin, least_outstanding,
@@ -23,16 +24,20 @@ The incidents' fixes (separate pools, a request-length cap) in one file (`--pool
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from stepserve.config.load import apply_nested
 from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.config.user_files import preview
 from stepserve.config.validate import Allowed
-from stepserve.routing.prefix_affinity import PrefixAffinityOptions
-from stepserve.routing.routers import Router, make_router
-from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.routing.routers import (
+    PrefixAffinityOptions,
+    ReplicaView,
+    Router,
+    RouteRequest,
+    make_router,
+)
 
 DEPLOYMENT_KEYS = ("pools", "routing", "prefix_affinity")
 RULE_KEYS = ("prompt_tokens_over", "max_tokens_over", "priority_at_least", "tenant", "header")
@@ -104,7 +109,7 @@ class Deployment:
         out = {"router": self.router, "pools": {p.name: p.replicas for p in self.pools},
                "default": self.default_pool, "rules": [r.describe() for r in self.rules]}
         if self.router == "prefix_affinity":
-            out["prefix_affinity"] = self.prefix_affinity.to_dict()
+            out["prefix_affinity"] = asdict(self.prefix_affinity)
         return out
 
 
@@ -133,7 +138,13 @@ def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
     outside `pools`/`routing` apply to every pool. ConfigError names what is wrong."""
     engine = {k: v for k, v in data.items() if k not in DEPLOYMENT_KEYS}
     common = apply_nested(base, engine)
-    options = _router_options(data, common.router)
+    options = PrefixAffinityOptions()
+    if "prefix_affinity" in data:
+        if common.router != "prefix_affinity":
+            raise ConfigError(f"prefix_affinity: knobs of the prefix_affinity router, but "
+                              f"router is {common.router}; set `router: prefix_affinity` or "
+                              "remove them")
+        options = PrefixAffinityOptions.from_mapping(data["prefix_affinity"])
     pools_data = data.get("pools")
     if pools_data is None:
         if "routing" in data:
@@ -154,15 +165,6 @@ def deployment_from(data: Mapping[str, Any], base: EngineConfig) -> Deployment:
     if default not in names:
         raise ConfigError(f"routing.default = {preview(default)}: not a pool ({', '.join(names)})")
     return Deployment(pools, rules, default, common.router, options)
-
-
-def _router_options(data: Mapping[str, Any], router: str) -> PrefixAffinityOptions:
-    if "prefix_affinity" not in data:
-        return PrefixAffinityOptions()
-    if router != "prefix_affinity":
-        raise ConfigError(f"prefix_affinity: knobs of the prefix_affinity router, but router "
-                          f"is {router}; set `router: prefix_affinity` or remove them")
-    return PrefixAffinityOptions.from_mapping(data["prefix_affinity"])
 
 
 def _pool(name: Any, spec: Any, common: EngineConfig) -> Pool:
@@ -222,6 +224,9 @@ def load_pools_file(path: str, base: EngineConfig) -> Mapping[str, Any]:
     return data
 
 
-def load_deployment(path: str, base: EngineConfig) -> Deployment:
-    """A pools file's deployment over `base`; every error names the file."""
+def load_deployment(path: str | None, base: EngineConfig) -> Deployment:
+    """A pools file's deployment over `base` (every error names the file); no file:
+    `base`'s replicas in one pool."""
+    if path is None:
+        return Deployment.single(base)
     return deployment_from(load_pools_file(path, base), base)

@@ -48,7 +48,7 @@ from stepserve.engine.seam import (
 
 if TYPE_CHECKING:
     from stepserve.engine.llm_engine import EngineStep, LLMEngine
-    from stepserve.engine.output_processor import Outputs as EngineOutputs
+    from stepserve.engine.outputs import Outputs as EngineOutputs
     from stepserve.server.metrics import ServerMetrics
 
 log = logging.getLogger("stepserve.server")

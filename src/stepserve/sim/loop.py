@@ -29,7 +29,7 @@ from stepserve.core.engine_core import EngineCore, PendingStep
 from stepserve.core.output import RunnerOutput, SchedulerOutput, StepRecord
 from stepserve.core.request import Request, SamplingParams
 from stepserve.routing.pools import Deployment, PoolRouter
-from stepserve.routing.view import ReplicaView, RouteRequest
+from stepserve.routing.routers import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
 from stepserve.workload.mooncake import TraceSpec
 from stepserve.workload.sessions import next_turns, session_starts
