@@ -26,12 +26,13 @@ from stepserve.bench.request_shape import (
 from stepserve.bench.vllm_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.bench.workload_options import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
+from stepserve.cli.parser import add_command, options_from
 from stepserve.cli.simulate import (
     add_cost_model_arguments,
     add_trace_arguments,
     cost_model_options,
 )
-from stepserve.config.errors import UsageError, reports_usage_errors
+from stepserve.config.errors import UsageError
 from stepserve.config.limits import (
     CONCURRENCY,
     LENGTH,
@@ -45,7 +46,6 @@ from stepserve.config.limits import (
     SEED,
     STEP_MS,
     Range,
-    check_flags,
 )
 from stepserve.workload.builtin import list_workloads
 
@@ -70,9 +70,10 @@ BENCH_FLAGS = {
 }
 
 
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "bench", help="load an OpenAI-compatible server (or the engine, or the simulator)",
+def add_bench_parser(subparsers) -> None:
+    p = add_command(
+        subparsers, "bench", lambda args: run_bench(bench_options(args)), BENCH_FLAGS,
+        help="load an OpenAI-compatible server (or the engine, or the simulator)",
         description="Send a workload to a server (--base-url/--target URL, or --host and "
                     "--port: streaming /v1/completions or /v1/chat/completions), to the "
                     "in-process engine (--engine) or to the simulator (--sim), and report "
@@ -90,8 +91,6 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--config", help="engine config YAML")
     add_cost_model_arguments(s)
     add_config_arguments(p)
-    p.set_defaults(func=bench_command)
-    return p
 
 
 def _add_request_flags(p: argparse.ArgumentParser) -> None:
@@ -257,15 +256,9 @@ def workload_options(args: argparse.Namespace) -> BenchWorkloadOptions:
                              "--num-prompts")
         num_prompts = (num_prompts or DEFAULT_NUM_PROMPTS) + args.num_warmups
         warmup = args.num_warmups
-    return BenchWorkloadOptions(
-        scenario=args.scenario, workload=args.workload, dataset_name=args.dataset_name,
-        random_input_len=input_len, random_output_len=output_len,
-        random_range_ratio=args.random_range_ratio, sharegpt=args.sharegpt,
-        tokenizer=args.tokenizer, sharegpt_output_len=sharegpt_output_len,
-        **{k: getattr(args, k) for k in vars(args) if k.startswith("prefix_repetition_")},
-        trace_slowdown=args.trace_slowdown, trace_block_tokens=args.trace_block_tokens,
-        num_prompts=num_prompts, seed=args.seed, request_rate=args.request_rate,
-        burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=warmup)
+    return options_from(BenchWorkloadOptions, args, random_input_len=input_len,
+                        random_output_len=output_len, sharegpt_output_len=sharegpt_output_len,
+                        num_prompts=num_prompts, warmup=warmup)
 
 
 def bench_options(args: argparse.Namespace) -> BenchOptions:
@@ -278,19 +271,10 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         metadata=key_values("--metadata", args.metadata),
         percentile_metrics=parse_metric_names(args.percentile_metrics),
         metric_percentiles=parse_percentiles(args.metric_percentiles))
-    return BenchOptions(
-        target=target, engine=args.engine, sim=args.sim, model=args.model,
-        workload=workload_options(args), duration_s=args.duration_s,
-        token_id_prompts=args.token_id_prompts, ignore_eos=args.ignore_eos,
+    return options_from(
+        BenchOptions, args, target=target, workload=workload_options(args),
         shape=request_shape(args), backend=args.backend or "openai",
         goodput=tuple(args.goodput) if args.goodput is not None else None,
-        metrics_interval_s=args.metrics_interval_s, timeout_s=args.timeout_s,
         json_out=args.json, csv_out=args.csv, markdown_out=args.markdown,
         progress=not args.no_progress, config=config_overrides(args),
         cost=cost_model_options(args), save=save)
-
-
-@reports_usage_errors
-def bench_command(args: argparse.Namespace) -> int:
-    check_flags(args, BENCH_FLAGS)
-    return run_bench(bench_options(args))

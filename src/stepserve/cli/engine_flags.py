@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from stepserve.cli.vllm_args import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
+from stepserve.cli.parser import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
 from stepserve.config.load import (
     TEXT_VALUES,
     VLLM_ALIASES,
@@ -25,16 +25,9 @@ from stepserve.engine.dtypes import DTYPE_CHOICES
 from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
 
 
-def bool_flag(text: str) -> bool:
-    """argparse's type for a true/false flag value: its message is shown as is."""
-    try:
-        return parse_bool(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _text_type(reader):
-    """argparse's type for a setting read from text (a size: parse_size)."""
+    """argparse's type for a setting read from text (true/false: parse_bool, a size:
+    parse_size): its message is shown as is."""
     def read(text: str):
         try:
             return reader(text)
@@ -54,15 +47,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     for _section, f in config_fields():
         meta = f.metadata
         flags = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, [])]
-        kind = meta["kind"]
+        kind = meta["allowed"].kind
         if kind is bool:
-            group.add_argument(*flags, dest=f.name, type=bool_flag, nargs="?", const=True,
+            group.add_argument(*flags, dest=f.name, type=_text_type(parse_bool), nargs="?", const=True,
                                default=None, help=_help(f))
             group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                                action="store_false", help=argparse.SUPPRESS)
         else:
             reader = TEXT_VALUES.get(f.name)
-            group.add_argument(*flags, dest=f.name, default=None, choices=meta["choices"],
+            group.add_argument(*flags, dest=f.name, default=None, choices=meta["allowed"].choices or None,
                                type=_text_type(reader) if reader else kind,
                                help=_help(f))
 

@@ -19,7 +19,7 @@ from stepserve.cli.engine_flags import (
     add_quantization_argument,
     config_overrides,
 )
-from stepserve.config.errors import reports_usage_errors
+from stepserve.cli.parser import add_command, options_from
 from stepserve.config.limits import MAX_SECONDS, SEED, WAIT_SECONDS, Range
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import ConfigError
@@ -33,7 +33,8 @@ REQUEST_BYTES = Range(1024, MAX_REQUEST_BYTES_MAX)
 
 
 def add_serve_parser(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p = add_command(subparsers, "serve", serve_command,
+                    help="serve a model over an OpenAI-compatible HTTP API")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the model, as `vllm serve MODEL` takes it (wins over --model)")
     p.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
@@ -76,7 +77,6 @@ def add_serve_parser(subparsers) -> None:
                    help="run the replicas on this Ray cluster (default with --replicas > 1 "
                         "or --pools: a local, loopback-only Ray instance)")
     add_config_arguments(p)
-    p.set_defaults(func=serve_command)
 
 
 def port_number(text: str) -> int:
@@ -103,21 +103,15 @@ def api_keys_of(args: argparse.Namespace) -> tuple[str, ...]:
     return (env,) if env else ()
 
 
-@reports_usage_errors
 def serve_command(args: argparse.Namespace) -> int:
     given = {field: getattr(args, field) for field in LIMIT_FLAGS
              if getattr(args, field) is not None}
     # the cap checked against the open-file limit now, not after minutes of loading
     limits = fit_to_descriptors(ConnectionLimits(**given))
-    return run_serve(ServeOptions(
-        model=args.model_tag or args.model, served_model_name=args.served_model_name,
-        host=args.host, port=args.port, dtype=args.dtype,
-        quantization=args.quantization, device=args.device,
+    return run_serve(options_from(
+        ServeOptions, args, model=args.model_tag or args.model,
         retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
-        max_request_bytes=args.max_request_bytes, log_level=args.log_level,
-        uvicorn_log_level=args.uvicorn_log_level, seed=args.seed,
-        pools=args.pools, ray_address=args.ray_address, config=config_overrides(args),
-        api_keys=api_keys_of(args), limits=limits))
+        config=config_overrides(args), api_keys=api_keys_of(args), limits=limits))
 
 
 # ---- the job (server/ is the place for it; it lives here until that package is free) ----

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
-from stepserve.config.errors import reports_usage_errors
-from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS, check_flags
+from stepserve.cli.parser import add_command, options_from
+from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS
 from stepserve.sim.cost_options import CostModelOptions
 from stepserve.sim.job import SimulateOptions, run_simulate
 from stepserve.sim.scenarios import SCENARIOS
@@ -17,9 +17,10 @@ from stepserve.workload.overrides import WorkloadOverrides
 SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}
 
 
-def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "simulate", help="run the real scheduler on a virtual clock with a cost model",
+def add_simulate_parser(subparsers) -> None:
+    p = add_command(
+        subparsers, "simulate", lambda args: run_simulate(simulate_options(args)),
+        SIMULATE_FLAGS, help="run the real scheduler on a virtual clock with a cost model",
         description="Simulate a built-in scenario (--scenario), your own workload "
                     "(--workload FILE) or a trace (--trace FILE), with --config FILE "
                     "and/or vLLM-style flags.")
@@ -44,8 +45,6 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_arguments(p)
-    p.set_defaults(func=simulate_command)
-    return p
 
 
 def add_trace_arguments(p, with_format: bool = True) -> None:
@@ -93,17 +92,9 @@ def trace_options(args: argparse.Namespace, path: str | None) -> TraceOptions | 
 
 
 def simulate_options(args: argparse.Namespace) -> SimulateOptions:
-    return SimulateOptions(
-        scenario=args.scenario, workload=args.workload,
-        trace=trace_options(args, args.trace), config=config_overrides(args),
-        runs=tuple(args.runs.split(",")) if args.runs else None,
+    return options_from(
+        SimulateOptions, args, trace=trace_options(args, args.trace),
+        config=config_overrides(args), runs=tuple(args.runs.split(",")) if args.runs else None,
         overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
                                     seed=args.seed),
-        cost=cost_model_options(args), json_out=args.json, progress=not args.no_progress,
-        pools=args.pools)
-
-
-@reports_usage_errors
-def simulate_command(args: argparse.Namespace) -> int:
-    check_flags(args, SIMULATE_FLAGS)
-    return run_simulate(simulate_options(args))
+        cost=cost_model_options(args), json_out=args.json, progress=not args.no_progress)

@@ -19,13 +19,15 @@ of KV. Sizing by the mean length is what lets long requests trigger preemption s
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
+from stepserve.config.validate import Allowed
 from stepserve.plan.sizes import format_size
+
+POSITIVE = Allowed(1)
+HEADROOM = Allowed(0, 1, float, hi_open=True, note=", e.g. 0.15 keeps 15% free")
 
 
 @dataclass(frozen=True)
@@ -45,23 +47,17 @@ class CapacityResult:
     queued_at_peak: int  # max(0, peak - replicas x max_num_seqs): waiting at peak
     replicas_within_headroom: int  # ceil(peak_concurrency / max_num_seqs)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-
-def capacity(
-    kv_memory_bytes: int,
-    kv_bytes_per_token: int,
-    max_len: int,
-    headroom: float,
-    peak_concurrency: int,
-) -> CapacityResult:
+def capacity(kv_memory_bytes: int, kv_bytes_per_token: int, max_len: int, headroom: float,
+             peak_concurrency: int) -> CapacityResult:
     """Size one replica's concurrency from its KV memory, and the replicas for a peak."""
-    _check_positive_int("kv_memory_bytes", kv_memory_bytes)
-    _check_positive_int("kv_bytes_per_token", kv_bytes_per_token)
-    _check_positive_int("max_len", max_len)
-    _check_positive_int("peak_concurrency", peak_concurrency)
-    keep = _check_headroom(headroom)
+    for name, value in (("kv_memory_bytes", kv_memory_bytes),
+                        ("kv_bytes_per_token", kv_bytes_per_token), ("max_len", max_len),
+                        ("peak_concurrency", peak_concurrency)):
+        POSITIVE.check(name, value, ValueError)
+    HEADROOM.check("headroom", headroom, ValueError)
+    # 1 - headroom as an exact fraction of the decimal the user wrote (0.1 is 1/10)
+    keep = 1 - Fraction(repr(float(headroom)))
 
     bytes_per_seq = max_len * kv_bytes_per_token
     seqs_per_replica = kv_memory_bytes // bytes_per_seq
@@ -93,17 +89,3 @@ def capacity(
         queued_at_peak=max(0, peak_concurrency - replicas * max_num_seqs),
         replicas_within_headroom=-(-peak_concurrency // max_num_seqs),
     )
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} = {value!r}: must be an integer >= 1")
-
-
-def _check_headroom(headroom: Any) -> Fraction:
-    """1 - headroom as an exact fraction of the decimal the user wrote (0.1 is 1/10)."""
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
-        raise ValueError(f"headroom = {headroom!r}: must be a number in [0, 1)")
-    if not (0 <= headroom < 1):  # also rejects NaN
-        raise ValueError(f"headroom = {headroom!r}: must be in [0, 1), e.g. 0.15 keeps 15% free")
-    return 1 - Fraction(repr(float(headroom)))

@@ -22,26 +22,27 @@ The night-report incident's arithmetic, done exactly:
   same mix, so no slot-step is wasted. It ignores the drain at the very end of a finite
   run, where fewer than `concurrency` requests are left; that is why a single run of
   9x20 + 1x2000 at 10 slots still takes 2000 steps (`longest_request_steps`) while the
-  seed quotes its cap as ~9x: the cap is about throughput under sustained load.
+  incident quotes its cap as ~9x: the cap is about throughput under sustained load.
 * Speedup cap = static steps / ideal steps, which equals 1 / slot utilisation.
-
-Seed checks: 10x2000 + 54x20 at 64 -> 16.5%, ideal 329.4 steps, cap 6.07x (any order);
-9x20 + 1x2000 at 10 -> 10.9%, cap 9.17x; A20/B50/C30/D200 at 4 -> 37.5%, cap 2.67x.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
+
+from stepserve.config.validate import Allowed
 
 Group = tuple[int, int]  # (number of requests, output length in tokens/steps)
 ORDERS = ("given", "longest-first")  # how requests fill the static batches
 Composition = tuple[Group, ...]  # one batch: runs of (count, length), adjacent lengths distinct
 
 _GROUP_RE = re.compile(r"^\s*(\d+)\s*[xX\u00d7*]\s*(\d+)\s*$")
+POSITIVE = Allowed(1)
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,6 @@ class SpeedupResult:
     slot_utilization_min: float
     slot_utilization_max: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def parse_group(text: str) -> Group:
     """`"10x2000"` -> (10, 2000): COUNT requests of LENGTH output tokens each."""
@@ -104,11 +102,15 @@ def speedup(groups: Sequence[Group], concurrency: int,
     """Static vs. ideal continuous batching for `groups` of (count, length) at
     `concurrency`, the batches filled in `order` (ORDERS), with the range over every
     order."""
-    groups = tuple(_checked_groups(groups))
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency = {concurrency!r}: must be an integer >= 1")
-    if order not in ORDERS:
-        raise ValueError(f"order = {order!r}: allowed: {', '.join(ORDERS)}")
+    if not groups:
+        raise ValueError("no groups: need at least one COUNTxLENGTH group of requests")
+    for group in groups:
+        if not isinstance(group, (tuple, list)) or len(group) != 2:
+            raise ValueError(f"group {group!r}: expected a (count, length) pair")
+        _check_group(group[0], group[1], tuple(group))
+    groups = tuple((count, length) for count, length in groups)
+    POSITIVE.check("concurrency", concurrency, ValueError)
+    Allowed(kind=str, choices=ORDERS).check("order", order, ValueError)
     longest_first = _longest_first(groups)
     rows, static_steps, useful_tokens, num_batches = _static(
         longest_first if order == "longest-first" else groups, concurrency)
@@ -168,9 +170,9 @@ def _static(groups: Sequence[Group], concurrency: int
 
 def _longest_first(groups: Sequence[Group]) -> tuple[Group, ...]:
     """The same requests, longest first, equal lengths merged."""
-    merged: dict[int, int] = {}
+    merged: Counter[int] = Counter()
     for count, length in groups:
-        merged[length] = merged.get(length, 0) + count
+        merged[length] += count
     return tuple((merged[length], length) for length in sorted(merged, reverse=True))
 
 
@@ -194,32 +196,14 @@ def speedup_for_lengths(lengths: Sequence[int], concurrency: int) -> SpeedupResu
     """
     if not lengths:
         raise ValueError("lengths is empty: need at least one request")
-    groups: list[Group] = []
-    for length in lengths:
-        if groups and groups[-1][1] == length:
-            groups[-1] = (groups[-1][0] + 1, length)
-        else:
-            groups.append((1, length))
-    return speedup(groups, concurrency)
+    return speedup([(len(list(run)), n) for n, run in groupby(lengths)], concurrency)
 
 
 def _check_group(count: Any, length: Any, where: object) -> None:
     for name, value in (("count", count), ("length", length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"group {where!r}: {name} = {value!r}, must be an integer >= 1 "
-                "(a group is COUNTxLENGTH, e.g. 10x2000)"
-            )
-
-
-def _checked_groups(groups: Sequence[Group]) -> Iterator[Group]:
-    if not groups:
-        raise ValueError("no groups: need at least one COUNTxLENGTH group of requests")
-    for group in groups:
-        if not isinstance(group, (tuple, list)) or len(group) != 2:
-            raise ValueError(f"group {group!r}: expected a (count, length) pair")
-        _check_group(group[0], group[1], tuple(group))
-        yield group[0], group[1]
+        if problem := POSITIVE.problem(name, value):
+            raise ValueError(f"group {where!r}: {problem} (a group is COUNTxLENGTH, "
+                             "e.g. 10x2000)")
 
 
 def _batches(groups: Sequence[Group], concurrency: int) -> Iterator[tuple[Composition, int]]:
@@ -251,14 +235,5 @@ def _batches(groups: Sequence[Group], concurrency: int) -> Iterator[tuple[Compos
 
 def _merged(batches: Iterator[tuple[Composition, int]]) -> Iterator[tuple[Composition, int]]:
     """Merge consecutive identical batches so the breakdown stays short."""
-    last: Composition | None = None
-    repeat = 0
-    for composition, n in batches:
-        if composition == last:
-            repeat += n
-            continue
-        if last is not None:
-            yield last, repeat
-        last, repeat = composition, n
-    if last is not None:
-        yield last, repeat
+    for composition, run in groupby(batches, key=lambda batch: batch[0]):
+        yield composition, sum(n for _, n in run)
