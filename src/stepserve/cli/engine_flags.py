@@ -45,19 +45,18 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     for vllm_name, ours in VLLM_ALIASES.items():
         aliases.setdefault(ours, []).append("--" + vllm_name.replace("_", "-"))
     for _section, f in config_fields():
-        meta = f.metadata
         flags = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, [])]
-        kind = meta["allowed"].kind
-        if kind is bool:
-            group.add_argument(*flags, dest=f.name, type=_text_type(parse_bool), nargs="?", const=True,
-                               default=None, help=_help(f))
+        allowed = f.metadata["allowed"]
+        if allowed.kind is bool:
+            group.add_argument(*flags, dest=f.name, type=_text_type(parse_bool), nargs="?",
+                               const=True, default=None, help=_help(f))
             group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                                action="store_false", help=argparse.SUPPRESS)
         else:
             reader = TEXT_VALUES.get(f.name)
-            group.add_argument(*flags, dest=f.name, default=None, choices=meta["allowed"].choices or None,
-                               type=_text_type(reader) if reader else kind,
-                               help=_help(f))
+            group.add_argument(*flags, dest=f.name, default=None,
+                               choices=allowed.choices or None,
+                               type=_text_type(reader) if reader else allowed.kind, help=_help(f))
 
 
 def _help(f: Any) -> str:

@@ -1,7 +1,7 @@
 """How many sequences one replica's KV cache holds, and how many replicas a peak needs.
 
-The promo-spike incident's arithmetic ("38 GB / (4096 x 192 KiB) ~ 47, keep 15% -> 40, 2 replicas cannot
-take 140 concurrent"), sized by the worst case: every running sequence may grow to
+The promo-spike incident's arithmetic ("38 GB / (4096 x 192 KiB) ~ 47, keep 15% -> 40,
+2 replicas cannot take 140 concurrent"), sized by the worst case: every running sequence may grow to
 `max_len` tokens, so a replica that admits `n` sequences must hold `n x max_len` tokens
 of KV. Sizing by the mean length is what lets long requests trigger preemption storms.
 
@@ -76,16 +76,9 @@ def capacity(kv_memory_bytes: int, kv_bytes_per_token: int, max_len: int, headro
         )
     replicas = -(-peak_concurrency // seqs_per_replica)
     return CapacityResult(
-        kv_memory_bytes=kv_memory_bytes,
-        kv_bytes_per_token=kv_bytes_per_token,
-        max_len=max_len,
-        headroom=float(headroom),
-        peak_concurrency=peak_concurrency,
-        tokens_capacity=kv_memory_bytes // kv_bytes_per_token,
-        bytes_per_seq=bytes_per_seq,
-        seqs_per_replica=seqs_per_replica,
-        max_num_seqs=max_num_seqs,
-        replicas=replicas,
+        kv_memory_bytes=kv_memory_bytes, kv_bytes_per_token=kv_bytes_per_token,
+        max_len=max_len, headroom=float(headroom), peak_concurrency=peak_concurrency,
+        tokens_capacity=kv_memory_bytes // kv_bytes_per_token, bytes_per_seq=bytes_per_seq,
+        seqs_per_replica=seqs_per_replica, max_num_seqs=max_num_seqs, replicas=replicas,
         queued_at_peak=max(0, peak_concurrency - replicas * max_num_seqs),
-        replicas_within_headroom=-(-peak_concurrency // max_num_seqs),
-    )
+        replicas_within_headroom=-(-peak_concurrency // max_num_seqs))

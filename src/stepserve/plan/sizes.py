@@ -1,20 +1,23 @@
 """Byte sizes as people write them: "38GB", "192 KiB", "1.5GiB", "4096".
 
-KB/MB/GB/TB are powers of 1000 and KiB/MiB/GiB/TiB powers of 1024, as in the SI and IEC
-standards; GPU vendors quote memory in GB (the promo-spike incident's "38 GB"), model configs give KV
-sizes in KiB. There are no one-letter units ("G", "K"): they would have to pick one of
-the two families silently.
-"""
+KB/MB/GB/TB are powers of 1000 and KiB/MiB/GiB/TiB powers of 1024 (SI and IEC); GPU
+vendors quote memory in GB, model configs KV sizes in KiB. There are no one-letter units
+("G", "K"): they would have to pick one of the two families silently (the engine's
+settings read vLLM's `4G`: config/load.py's parse_size)."""
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from stepserve.config.user_files import preview
 
-DECIMAL_UNITS: dict[str, int] = {"kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
-BINARY_UNITS: dict[str, int] = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+# the units as format_size spells them, in its order of preference (largest first)
+_DISPLAY = [(prefix + unit, base**power)
+            for power, prefix in ((4, "T"), (3, "G"), (2, "M"), (1, "K"))
+            for unit, base in (("iB", 1024), ("B", 1000))]
+DECIMAL_UNITS = {name.lower(): scale for name, scale in _DISPLAY if "i" not in name}
+BINARY_UNITS = {name.lower(): scale for name, scale in _DISPLAY if "i" in name}
 UNITS: dict[str, int] = {"": 1, "b": 1, **DECIMAL_UNITS, **BINARY_UNITS}
 
 ACCEPTED_FORMS = (
@@ -24,18 +27,6 @@ ACCEPTED_FORMS = (
 )
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
-
-# Spelling used by format_size, in order of preference (largest unit first).
-_DISPLAY = [
-    ("TiB", 1024**4),
-    ("TB", 1000**4),
-    ("GiB", 1024**3),
-    ("GB", 1000**3),
-    ("MiB", 1024**2),
-    ("MB", 1000**2),
-    ("KiB", 1024),
-    ("KB", 1000),
-]
 
 
 def parse_size(text: str | int) -> int:
@@ -49,14 +40,10 @@ def parse_size(text: str | int) -> int:
     match = _SIZE_RE.match(text)
     if match is None or match.group(2).lower() not in UNITS:
         raise ValueError(f"cannot read size {preview(text)}: expected {ACCEPTED_FORMS}")
-    number, unit = match.group(1), match.group(2).lower()
-    try:
-        value = Decimal(number)
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-        raise ValueError(f"cannot read size {preview(text)}: expected {ACCEPTED_FORMS}") from None
-    scale = UNITS[unit]
+    value, scale = Decimal(match.group(1)), UNITS[match.group(2).lower()]
     if scale == 1 and value != value.to_integral_value():
-        raise ValueError(f"size {preview(text)} is not a whole number of bytes; expected {ACCEPTED_FORMS}")
+        raise ValueError(f"size {preview(text)} is not a whole number of bytes; expected "
+                         f"{ACCEPTED_FORMS}")
     return int(value * scale)
 
 

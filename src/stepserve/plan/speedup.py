@@ -119,28 +119,17 @@ def speedup(groups: Sequence[Group], concurrency: int,
 
     slot_steps = concurrency * static_steps
     return SpeedupResult(
-        groups=groups,
-        concurrency=concurrency,
-        num_requests=sum(count for count, _ in groups),
-        num_batches=num_batches,
-        useful_tokens=useful_tokens,
-        static_steps=static_steps,
-        ideal_steps=useful_tokens / concurrency,
-        slot_utilization=useful_tokens / slot_steps,
-        # One division of exact integers, so equal lengths give exactly 1.0.
-        speedup_cap=slot_steps / useful_tokens,
-        idle_slot_steps=slot_steps - useful_tokens,
-        longest_request_steps=max(length for _, length in groups),
-        batches=tuple(rows),
-        fill_order=order,
-        order_sensitive=fewest != most,
-        static_steps_min=fewest,
-        static_steps_max=most,
-        speedup_cap_min=concurrency * fewest / useful_tokens,
+        groups=groups, concurrency=concurrency, num_requests=sum(c for c, _ in groups),
+        num_batches=num_batches, useful_tokens=useful_tokens, static_steps=static_steps,
+        ideal_steps=useful_tokens / concurrency, slot_utilization=useful_tokens / slot_steps,
+        # one division of exact integers, so equal lengths give exactly 1.0
+        speedup_cap=slot_steps / useful_tokens, idle_slot_steps=slot_steps - useful_tokens,
+        longest_request_steps=max(length for _, length in groups), batches=tuple(rows),
+        fill_order=order, order_sensitive=fewest != most, static_steps_min=fewest,
+        static_steps_max=most, speedup_cap_min=concurrency * fewest / useful_tokens,
         speedup_cap_max=concurrency * most / useful_tokens,
         slot_utilization_min=useful_tokens / (concurrency * most),
-        slot_utilization_max=useful_tokens / (concurrency * fewest),
-    )
+        slot_utilization_max=useful_tokens / (concurrency * fewest))
 
 
 def _static(groups: Sequence[Group], concurrency: int
@@ -149,19 +138,15 @@ def _static(groups: Sequence[Group], concurrency: int
     number of batches)."""
     rows: list[BatchStats] = []
     static_steps = useful_tokens = num_batches = 0
-    for composition, repeat in _merged(_batches(groups, concurrency)):
+    # identical consecutive batches merged, so the breakdown stays short
+    for composition, run in groupby(_batches(groups, concurrency), key=lambda b: b[0]):
+        repeat = sum(n for _, n in run)
         steps = max(length for _, length in composition)
         useful = sum(count * length for count, length in composition)
-        rows.append(
-            BatchStats(
-                first_batch=num_batches,
-                num_batches=repeat,
-                num_requests=sum(count for count, _ in composition),
-                steps=steps,
-                useful_tokens=useful,
-                slot_utilization=useful / (concurrency * steps),
-            )
-        )
+        rows.append(BatchStats(
+            first_batch=num_batches, num_batches=repeat,
+            num_requests=sum(count for count, _ in composition), steps=steps,
+            useful_tokens=useful, slot_utilization=useful / (concurrency * steps)))
         static_steps += repeat * steps
         useful_tokens += repeat * useful
         num_batches += repeat
@@ -232,8 +217,3 @@ def _batches(groups: Sequence[Group], concurrency: int) -> Iterator[tuple[Compos
     if current:
         yield tuple(current), 1
 
-
-def _merged(batches: Iterator[tuple[Composition, int]]) -> Iterator[tuple[Composition, int]]:
-    """Merge consecutive identical batches so the breakdown stays short."""
-    for composition, run in groupby(batches, key=lambda batch: batch[0]):
-        yield composition, sum(n for _, n in run)
