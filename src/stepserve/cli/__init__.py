@@ -24,7 +24,6 @@ from stepserve.cli import (
     sweep,
 )
 from stepserve.cli.parser import Parser
-from stepserve.config.errors import UsageError, report_error
 
 # in the order `stepserve --help` lists them
 COMMANDS = (demo.add_demo_parser, generate.add_generate_parser, models.add_models_parser,
@@ -103,14 +102,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status. A user's mistake (UsageError, raised anywhere
-    below) is one line on stderr and status 2; any other exception is a bug and keeps
-    its traceback. Ctrl-C, even while the command line is read, is status 130."""
+    """Run one command; its exit status (a user's mistake: 2, see parser.add_command).
+    Ctrl-C, even while the command line is read, is status 130."""
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except UsageError as e:
-        return report_error(e)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

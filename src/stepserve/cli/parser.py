@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TypeVar
 
 from stepserve.config.errors import UsageError, one_line, report_error
 from stepserve.config.limits import Range, check_flags
-from stepserve.config.load import TOP_LEVEL, config_fields, setting_name
+from stepserve.config.load import OWNER, setting_name
 from stepserve.config.settings import SECTIONS
 from stepserve.config.user_files import load_yaml
 
@@ -57,12 +57,6 @@ def _config_path(argv: Sequence[str]) -> str | None:
     return path
 
 
-def _is_setting(key: str) -> bool:
-    name = setting_name(key)
-    return name in SECTIONS or name in TOP_LEVEL or \
-        any(f.name == name for _s, f in config_fields())
-
-
 def config_file_flags(parser: argparse.ArgumentParser, argv: Sequence[str]
                       ) -> tuple[list[str], frozenset[str]]:
     """The flags a vLLM-style `--config` file in argv gives the command (to go before
@@ -78,7 +72,7 @@ def config_file_flags(parser: argparse.ArgumentParser, argv: Sequence[str]
     keys: set[str] = set()
     for key, value in data.items():
         key = str(key)
-        if _is_setting(key):
+        if setting_name(key) in SECTIONS or setting_name(key) in OWNER:
             continue
         flag = "--" + key.replace("_", "-")
         action = options.get(flag)

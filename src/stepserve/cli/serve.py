@@ -20,17 +20,12 @@ from stepserve.cli.engine_flags import (
     config_overrides,
 )
 from stepserve.cli.parser import add_command, options_from
+from stepserve.config.errors import report_error
 from stepserve.config.limits import MAX_SECONDS, SEED, WAIT_SECONDS, Range
 from stepserve.config.load import ConfigOverrides
-from stepserve.config.settings import ConfigError
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
 from stepserve.server.connection_limits import FLAGS as LIMIT_FLAGS
 from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
-
-SHUTDOWN_TIMEOUT = WAIT_SECONDS  # 0: abort in-flight requests at once
-RETRY_AFTER = Range(0, MAX_SECONDS)
-REQUEST_BYTES = Range(1024, MAX_REQUEST_BYTES_MAX)
-
 
 def add_serve_parser(subparsers) -> None:
     p = add_command(subparsers, "serve", serve_command,
@@ -138,10 +133,10 @@ class ServeOptions:
     limits: ConnectionLimits = ConnectionLimits()  # what one connection may hold
 
     def __post_init__(self) -> None:
-        SHUTDOWN_TIMEOUT.check("--shutdown-timeout", self.shutdown_timeout_s)
-        RETRY_AFTER.check("--retry-after", self.retry_after_s)
+        WAIT_SECONDS.check("--shutdown-timeout", self.shutdown_timeout_s)  # 0: abort at once
+        Range(0, MAX_SECONDS).check("--retry-after", self.retry_after_s)
         SEED.check("--seed", self.seed)
-        REQUEST_BYTES.check("--max-request-bytes", self.max_request_bytes)
+        Range(1024, MAX_REQUEST_BYTES_MAX).check("--max-request-bytes", self.max_request_bytes)
 
 
 def run_serve(options: ServeOptions) -> int:
@@ -155,9 +150,8 @@ def run_serve(options: ServeOptions) -> int:
         from stepserve.server.api import create_app
         from stepserve.server.http_server import make_server
     except ImportError as e:
-        print(f"error: `stepserve serve` needs the server packages (fastapi, uvicorn, "
-              f"prometheus-client): {e}", file=sys.stderr)
-        return 2
+        return report_error(f"`stepserve serve` needs the server packages (fastapi, uvicorn, "
+                            f"prometheus-client): {e}")
     logging.basicConfig(level=o.log_level.upper(), format="%(levelname)s %(name)s: "
                         "%(message)s")
     try:
@@ -168,9 +162,8 @@ def run_serve(options: ServeOptions) -> int:
         engine = LLMEngine(o.model, o.config, dtype=dtype, device=o.device,
                            strict_max_model_len=o.config.sets("max_model_len"),
                            quantization=o.quantization)
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:  # a ConfigError is a ValueError
+        return report_error(e)
     name = o.served_model_name or str(o.model)
     app = create_app(engine, model_name=name, retry_after_s=o.retry_after_s,
                      shutdown_timeout_s=o.shutdown_timeout_s,
@@ -190,8 +183,8 @@ def run_serve(options: ServeOptions) -> int:
 
 
 def seed_engine(seed: int) -> None:
-    """Seed the random numbers requests without a seed of their own draw from (torch's
-    and Python's), as vLLM's --seed does at startup."""
+    """Seed torch's and Python's random numbers (what requests without a seed of their
+    own draw from), as vLLM's --seed does at startup."""
     import random
 
     import torch
@@ -217,8 +210,7 @@ def serve_on_cluster(o: ServeOptions) -> int:
         check_can_listen(o.host, o.port)  # before Ray starts and models load
         dtype = resolve_dtype(o.dtype, o.model, o.device)
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e)
     return run_cluster_serve(ClusterServeOptions(
         model=o.model, served_model_name=o.served_model_name, host=o.host, port=o.port,
         dtype=dtype, device=o.device, retry_after_s=o.retry_after_s,
