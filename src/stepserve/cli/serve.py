@@ -27,6 +27,7 @@ from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST
 from stepserve.server.connection_limits import FLAGS as LIMIT_FLAGS
 from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
 
+
 def add_serve_parser(subparsers) -> None:
     p = add_command(subparsers, "serve", serve_command,
                     help="serve a model over an OpenAI-compatible HTTP API")
