@@ -118,12 +118,9 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> i
         raise _AliasBomb(f"the value at line {mark.line + 1}, column {mark.column + 1} "
                          "contains an alias of itself; a value cannot hold itself")
     open_.add(key)
-    if isinstance(node, yaml.SequenceNode):
-        children = node.value
-    elif isinstance(node, yaml.MappingNode):
-        children = [part for pair in node.value for part in pair]
-    else:
-        children = []
+    children = node.value if isinstance(node, yaml.SequenceNode) else \
+        [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) \
+        else []
     total = 1 + sum(_expanded_size(child, sizes, open_) for child in children)
     open_.discard(key)
     sizes[key] = total
@@ -180,7 +177,9 @@ def write_atomic(path: str | Path, text: str) -> None:
                  0o666)  # less the umask, as a new file gets
     try:
         try:
-            _write_all(fd, data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -191,12 +190,6 @@ def write_atomic(path: str | Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 @dataclass(frozen=True)
@@ -230,7 +223,5 @@ def write_outputs(outputs: Iterable[OutputFile]) -> str | None:
             failed.append(f"{out.flag} {str(out.path)!r} not written ({e.strerror or e})")
             continue
         print(f"wrote {written or out.path}")
-    if not failed:
-        return None
     return "; ".join(failed) + " (a file is written whole or not at all: one that was " \
-        "there before is unchanged)"
+        "there before is unchanged)" if failed else None
