@@ -1,13 +1,7 @@
 """`stepserve bench`: its flags, `vllm bench serve`'s names and defaults (no
 --request-rate: all at once; 1000 prompts; random 1024/128 when no workload is named;
 text prompts; a ShareGPT run stops at EOS), plus ours (--sim, --engine, --scenario,
---workload, --duration-s, --warmup, /metrics scrapes, --json/--csv/--markdown).
-
-    stepserve bench --base-url http://127.0.0.1:8000 --random-input-len 64 \\
-        --random-output-len 32 --num-prompts 50 --request-rate inf --max-concurrency 8 \\
-        --goodput ttft:500 --save-result --percentile-metrics ttft,tpot,itl,e2el
-    stepserve bench --sim --scenario mixed-pool --num-prompts 200 --json out.json
-"""
+--workload, --duration-s, --warmup, /metrics scrapes, --json/--csv/--markdown)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The engine settings as vLLM-style flags (`--max-num-seqs 40`,
-`--no-enable-chunked-prefill`), one per config field, with the field's help text and
-choices; shared by generate, serve, simulate, bench and sweep. vLLM's own names for
-settings we name otherwise are aliases (`--num-gpu-blocks-override` is
-`--num-gpu-blocks`, `--scheduling-policy` is `--policy`, `--kv-cache-memory-bytes` is
-`--kv-cache-memory`, which reads sizes as vLLM does: `4GiB`, `4G`, `512MiB`).
-`--enable-prefix-caching` / `--no-enable-prefix-caching` is the cache field of that name,
-as in vLLM (on by default). Also here: `--dtype` with vLLM's values."""
+`--no-enable-chunked-prefill`), one per config field, with its help text and choices;
+vLLM's names for settings we name otherwise are aliases (`--num-gpu-blocks-override`,
+`--scheduling-policy`, `--kv-cache-memory-bytes`, which reads sizes as vLLM does: `4GiB`,
+`4G`). Also here: `--dtype` with vLLM's values, and `--quantization`."""
 
 from __future__ import annotations
 

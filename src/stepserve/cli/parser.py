@@ -1,14 +1,10 @@
 """The parser every command shares: a mistake on the command line is one line and exit
 status 2, every flag's help shows its default, and the command line is read as vLLM's
-FlexibleArgumentParser reads it, before argparse:
-
-* `--max_num_seqs 40` is `--max-num-seqs 40`: underscores in a flag's name read as
-  dashes (its value is left alone);
-* `--config FILE.yaml` may be a vLLM-style file of flat keys (`max-num-seqs: 40`,
-  `port: 8000`, `seed: 0`): a key that is an engine setting (or a section of our nested
-  shape) stays for the config loader, any other key that names one of the command's
-  flags becomes that flag, placed before the command line's own flags so that those
-  override it, as in vLLM. A key that is neither is refused, naming the file.
+FlexibleArgumentParser reads it: `--max_num_seqs` is `--max-num-seqs` (a value is left
+alone), and a vLLM-style `--config FILE.yaml` of flat keys (`max-num-seqs: 40`, `port:
+8000`) leaves the engine settings to the config loader and turns any other key into the
+command's flag of that name, placed before the command line's own so that those win. A
+key that is neither is refused, naming the file.
 """
 
 from __future__ import annotations

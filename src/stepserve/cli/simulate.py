@@ -75,25 +75,21 @@ def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
 
 
 def add_pools_argument(p) -> None:
-    """--pools FILE: shared by simulate, sweep and serve."""
+    """--pools FILE: shared by simulate and sweep."""
     p.add_argument("--pools", metavar="FILE",
                    help="a pools file (replicas, router, pools, routing rules; see "
                         "docs/guide.md): each run becomes that deployment")
 
 
 def cost_model_options(args: argparse.Namespace) -> CostModelOptions:
-    return CostModelOptions(args.cost, args.step_ms, args.hardware, args.model_spec)
-
-
-def trace_options(args: argparse.Namespace, path: str | None) -> TraceOptions | None:
-    if path is None:
-        return None
-    return TraceOptions(path, args.trace_format, args.trace_slowdown, args.trace_block_tokens)
+    return options_from(CostModelOptions, args)
 
 
 def simulate_options(args: argparse.Namespace) -> SimulateOptions:
+    trace = TraceOptions(args.trace, args.trace_format, args.trace_slowdown,
+                         args.trace_block_tokens) if args.trace else None
     return options_from(
-        SimulateOptions, args, trace=trace_options(args, args.trace),
+        SimulateOptions, args, trace=trace,
         config=config_overrides(args), runs=tuple(args.runs.split(",")) if args.runs else None,
         overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
                                     seed=args.seed),

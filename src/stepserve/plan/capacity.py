@@ -1,20 +1,12 @@
 """How many sequences one replica's KV cache holds, and how many replicas a peak needs.
 
-The promo-spike incident's arithmetic ("38 GB / (4096 x 192 KiB) ~ 47, keep 15% -> 40,
-2 replicas cannot take 140 concurrent"), sized by the worst case: every running sequence may grow to
-`max_len` tokens, so a replica that admits `n` sequences must hold `n x max_len` tokens
-of KV. Sizing by the mean length is what lets long requests trigger preemption storms.
-
-* seqs_per_replica = floor(kv_memory / (max_len x kv_bytes_per_token)): the KV limit.
-* max_num_seqs = floor(kv_memory x (1 - headroom) / (max_len x kv_bytes_per_token)): the
-  setting to run with, leaving `headroom` of the KV memory free. The floor is taken once,
-  on the exact quotient (47.19 x 0.85 = 40.11 -> 40, as in the promo-spike fix; flooring twice would
-  give 39).
-* replicas = ceil(peak_concurrency / seqs_per_replica): the fewest replicas whose KV can
-  hold the peak at all (140 / 47 -> 3). Run at `max_num_seqs`, they admit
-  replicas x max_num_seqs at once; the rest of the peak waits (`queued_at_peak`), which
-  is what `max_waiting` must absorb (seed: 140 - 3 x 40 = 20, max_waiting 24).
-  `replicas_within_headroom` = ceil(peak / max_num_seqs) would run the whole peak at once.
+Sized by the worst case (the promo-spike incident's arithmetic): every running sequence
+may grow to `max_len` tokens, so a replica that admits `n` sequences must hold
+`n x max_len` tokens of KV; sizing by the mean length lets long requests trigger
+preemption storms. max_num_seqs keeps `headroom` of the KV free, its floor taken once on
+the exact quotient (47.19 x 0.85 = 40.11 -> 40; flooring twice would give 39). Run at
+max_num_seqs, the fewest replicas whose KV holds the peak admit replicas x max_num_seqs
+at once; the rest waits (`queued_at_peak`: what `max_waiting` must absorb).
 """
 
 from __future__ import annotations

@@ -2,28 +2,21 @@
 
 The night-report incident's arithmetic, done exactly:
 
-* Static batching serves requests in batches of `concurrency` slots, **in arrival
-  order**: the groups in the order given (then requests within a group), or longest
-  first with `order="longest-first"`; the last batch may be partial. A batch holds all
-  of its slots until its longest member finishes, so it takes `max(length)` steps, and
-  `static_steps` is the sum of that over the batches.
-* Where the requests need more than one batch, the order changes the answer (20x2000 +
-  108x20 at 64: the longs together take 2,020 steps, one batch each 4,000), so the
-  result also gives the range over every order: the fewest static steps come longest
-  first (the k-th batch's longest is then the (k-1)c+1-th longest request, which no
-  order beats); the most when the B = ceil(n / c) longest requests sit one per batch
-  (each batch's longest is a different request, so no order does worse). One batch:
-  the range is a single value.
-* Slot utilisation = useful tokens / (concurrency x static steps): the share of
-  slot-steps that produced an output token. Empty slots of a partial last batch count as
-  idle, because a static scheduler holds them idle too.
-* Ideal steps = useful tokens / concurrency. This is continuous batching in steady state:
-  every slot a finished request leaves is refilled at once from an endless stream of the
-  same mix, so no slot-step is wasted. It ignores the drain at the very end of a finite
-  run, where fewer than `concurrency` requests are left; that is why a single run of
-  9x20 + 1x2000 at 10 slots still takes 2000 steps (`longest_request_steps`) while the
-  incident quotes its cap as ~9x: the cap is about throughput under sustained load.
-* Speedup cap = static steps / ideal steps, which equals 1 / slot utilisation.
+* Static batching serves requests in batches of `concurrency` slots in arrival order
+  (the groups as given, or longest first); a batch holds all its slots until its
+  longest member finishes, so it takes `max(length)` steps, and `static_steps` sums that.
+* With more than one batch the order changes the answer (20x2000 + 108x20 at 64: the
+  longs together take 2,020 steps, one per batch 4,000), so the result also gives the
+  range over every order: the fewest static steps come longest first (the k-th batch's
+  longest is then the (k-1)c+1-th longest request, which no order beats), the most when
+  the ceil(n / c) longest requests sit one per batch.
+* Slot utilisation = useful tokens / (concurrency x static steps); the empty slots of a
+  partial last batch count as idle, as a static scheduler holds them idle too.
+* Ideal steps = useful tokens / concurrency: continuous batching in steady state, every
+  freed slot refilled at once. It ignores a finite run's drain, which is why 9x20 +
+  1x2000 at 10 slots still takes 2000 steps (`longest_request_steps`) while its cap is
+  ~9x: the cap is about throughput under sustained load.
+* Speedup cap = static steps / ideal steps = 1 / slot utilisation.
 """
 
 from __future__ import annotations
