@@ -30,7 +30,6 @@ def _text_type(reader):
             return reader(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-    read.__name__ = reader.__name__
     return read
 
 

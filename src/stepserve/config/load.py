@@ -9,13 +9,13 @@ Accepted YAML shapes, mixed freely:
     max_num_batched_tokens: 8192      # flat keys go to the section that owns them
     max-num-seqs: 40                  # vLLM's spelling: dashes, and its names
     num-gpu-blocks-override: 512      #   (VLLM_ALIASES) for settings we name otherwise
-    kv-cache-memory-bytes: 4GiB       # sizes as text, as vLLM reads them (parse_size)
+    kv-cache-memory-bytes: 4GiB       # sizes as text, as vLLM reads them (4G too)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.settings import SECTIONS, ConfigError, EngineConfig
+from stepserve.config.sizes import parse_size
 from stepserve.config.user_files import load_yaml, preview
 
 TOP_LEVEL = ("replicas", "router", "threads")
@@ -39,31 +40,8 @@ def setting_name(key: str) -> str:
     return VLLM_ALIASES.get(key, key)
 
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)")
-_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(text: str) -> int:
-    """A byte count as vLLM reads one (`human_readable_int`): `4G` is 4 GiB, `4g` 4e9,
-    a plain number is bytes. Also the IEC and SI spellings: `4GiB`/`512MiB` (binary),
-    `4GB` (decimal). ValueError naming what is allowed otherwise."""
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(f"{preview(text)} is not a size; write bytes (4294967296) or with a unit: "
-                         "4GiB, 512MiB, 4G (binary, as vLLM), 4GB or 4g (decimal)")
-    number, unit, iec, byte = m.groups()
-    if iec and not unit:
-        raise ValueError(f"{preview(text)} is not a size: 'iB' needs a unit before it (KiB, MiB, "
-                         "GiB, TiB)")
-    binary = bool(iec) or (unit.isupper() and not byte)
-    scale = (1024 if binary else 1000) ** _POWER[unit.lower()]
-    if "." in number and scale == 1:
-        raise ValueError(f"{preview(text)}: a number of bytes must be whole")
-    return int(float(number) * scale) if "." in number else int(number) * scale
-
-
 # settings that may be given as text, and how that text reads
-TEXT_VALUES = {"kv_cache_memory": parse_size}
+TEXT_VALUES = {"kv_cache_memory": functools.partial(parse_size, one_letter=True)}
 
 
 def config_fields() -> Iterator[tuple[str, dataclasses.Field]]:

@@ -1,4 +1,4 @@
 """Planning arithmetic: static-vs-continuous speedup cap, KV capacity, model shapes.
 
-Standard library only; `job` prints it for `stepserve plan` (cli/plan.py).
+No model and no simulation; `job` prints it for `stepserve plan` (cli/plan.py).
 """

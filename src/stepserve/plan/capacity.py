@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from stepserve.config.sizes import format_size
 from stepserve.config.validate import Allowed
-from stepserve.plan.sizes import format_size
 
 POSITIVE = Allowed(1)
 HEADROOM = Allowed(0, 1, float, hi_open=True, note=", e.g. 0.15 keeps 15% free")

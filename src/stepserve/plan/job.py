@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 from stepserve.config import limits
 from stepserve.config.errors import UsageError, report_error
+from stepserve.config.sizes import format_size, parse_size
 from stepserve.plan.capacity import CapacityResult, capacity
 from stepserve.plan.model_specs import get_model_spec, list_model_specs
-from stepserve.plan.sizes import format_size, parse_size
 from stepserve.plan.speedup import SpeedupResult, parse_group, speedup
 
 

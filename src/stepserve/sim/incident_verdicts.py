@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stepserve.config.sizes import format_size
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.plan.capacity import CapacityResult, capacity
-from stepserve.plan.sizes import format_size
 from stepserve.sim.incidents import GATEWAY_S, late_timeouts, run_of
 from stepserve.sim.run import SimulateResult
 from stepserve.sim.scenarios import get_scenario

@@ -1,16 +1,18 @@
 """Byte sizes as people write them: "38GB", "192 KiB", "1.5GiB", "4096".
 
-KB/MB/GB/TB are powers of 1000 and KiB/MiB/GiB/TiB powers of 1024 (SI and IEC); GPU
-vendors quote memory in GB, model configs KV sizes in KiB. There are no one-letter units
-("G", "K"): they would have to pick one of the two families silently (the engine's
-settings read vLLM's `4G`: config/load.py's parse_size)."""
+KB/MB/GB/TB are powers of 1000 and KiB/MiB/GiB/TiB powers of 1024 (SI and IEC), in any
+case; GPU vendors quote memory in GB, model configs KV sizes in KiB. A one-letter unit
+is vLLM's (`human_readable_int`: 4G and 4Gi are 4 GiB, 4g is 4e9), read only where vLLM's
+spellings are (`one_letter`: the engine settings); elsewhere it would pick one of the two
+families silently.
+"""
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal
 
-from stepserve.config.user_files import preview
+from stepserve.config.validate import preview
 
 # the units as format_size spells them, in its order of preference (largest first)
 _DISPLAY = [(prefix + unit, base**power)
@@ -25,26 +27,38 @@ ACCEPTED_FORMS = (
     "KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), "
     "e.g. 38GB, 192KiB, 1.5GiB"
 )
+ONE_LETTER_FORMS = ACCEPTED_FORMS + ", or as vLLM: 4G or 4Gi (binary), 4g (decimal)"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, one_letter: bool = False) -> int:
     """Bytes in `text`. Fractions of a byte after scaling are dropped ("1.3GiB")."""
+    forms = ONE_LETTER_FORMS if one_letter else ACCEPTED_FORMS
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
-            raise ValueError(f"size {preview(text)} is negative; expected {ACCEPTED_FORMS}")
+            raise ValueError(f"size {preview(text)} is negative; expected {forms}")
         return text
     if not isinstance(text, str):
-        raise ValueError(f"size {preview(text)} is not text; expected {ACCEPTED_FORMS}")
+        raise ValueError(f"size {preview(text)} is not text; expected {forms}")
     match = _SIZE_RE.match(text)
-    if match is None or match.group(2).lower() not in UNITS:
-        raise ValueError(f"cannot read size {preview(text)}: expected {ACCEPTED_FORMS}")
-    value, scale = Decimal(match.group(1)), UNITS[match.group(2).lower()]
+    scale = _scale(match.group(2), one_letter) if match else None
+    if scale is None:
+        raise ValueError(f"cannot read size {preview(text)}: expected {forms}")
+    value = Decimal(match.group(1))
     if scale == 1 and value != value.to_integral_value():
         raise ValueError(f"size {preview(text)} is not a whole number of bytes; expected "
-                         f"{ACCEPTED_FORMS}")
+                         f"{forms}")
     return int(value * scale)
+
+
+def _scale(unit: str, one_letter: bool) -> int | None:
+    if unit.lower() in UNITS:
+        return UNITS[unit.lower()]
+    if one_letter and unit[:1].lower() in ("k", "m", "g", "t") and unit[1:] in ("", "i"):
+        binary = unit[1:] == "i" or unit[0].isupper()
+        return (1024 if binary else 1000) ** ("kmgt".index(unit[0].lower()) + 1)
+    return None
 
 
 def format_size(num_bytes: int) -> str:
