@@ -77,17 +77,6 @@ def add_bench_parser(subparsers) -> None:
                        help="base URL, e.g. http://127.0.0.1:8000 (default: --host, --port)")
     where.add_argument("--engine", action="store_true", help="the real engine, in process")
     where.add_argument("--sim", action="store_true", help="the simulator (virtual clock)")
-    _add_request_flags(p)
-    _add_workload_flags(p.add_argument_group("workload"))
-    _add_sampling_flags(p.add_argument_group("sampling (sent in every body)"))
-    _add_output_flags(p.add_argument_group("output"))
-    s = p.add_argument_group("--engine / --sim")
-    s.add_argument("--config", help="engine config YAML")
-    add_cost_model_arguments(s)
-    add_config_arguments(p)
-
-
-def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="with neither URL nor --engine/--sim")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", help="model name sent to the target (default: the first of "
@@ -99,9 +88,7 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--header", nargs="*", action="extend", metavar="KEY=VALUE",
                    help="headers for every request (repeatable; they win over the key)")
     p.add_argument("--api-key", help="sent as Bearer (default: $OPENAI_API_KEY)")
-
-
-def _add_workload_flags(w) -> None:
+    w = p.add_argument_group("workload")
     w.add_argument("--scenario", choices=list_workloads(), help="a built-in workload")
     w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
     w.add_argument("--dataset-name", metavar="NAME",
@@ -125,7 +112,15 @@ def _add_workload_flags(w) -> None:
                         "tokens with it, and send text prompts of exact token length")
     w.add_argument("--sharegpt-output-len", type=int, metavar="M",
                    help="with a ShareGPT file: every output this long instead of the answer's")
-    _add_prefix_repetition_flags(w)
+    # vLLM's prefix_repetition dataset: each prompt one of a few shared prefixes, then its
+    # own tokens
+    for name, default, what in (("prefix-len", 256, "tokens of each shared prefix"),
+                                ("suffix-len", 256, "tokens of each prompt's own part"),
+                                ("num-prefixes", 10, "distinct prefixes, dealt out evenly"),
+                                ("output-len", 128, "output tokens")):
+        w.add_argument(f"--prefix-repetition-{name}", type=int, metavar="N",
+                       help=f"with --dataset-name prefix_repetition: {what} "
+                            f"(default {default})")
     w.add_argument("--num-prompts", type=int, metavar="K",
                    help="requests to send, warm-up included (default 1000; a scenario or "
                         "workload file: its own)")
@@ -152,21 +147,7 @@ def _add_workload_flags(w) -> None:
                           "scenarios and workload files; not with ShareGPT, as vLLM)")
     eos.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                      help="let the model stop at EOS whatever the dataset")
-
-
-def _add_prefix_repetition_flags(w) -> None:
-    """vLLM's prefix_repetition dataset: each prompt one of a few shared prefixes, then
-    its own tokens."""
-    for name, default, what in (("prefix-len", 256, "tokens of each shared prefix"),
-                                ("suffix-len", 256, "tokens of each prompt's own part"),
-                                ("num-prefixes", 10, "distinct prefixes, dealt out evenly"),
-                                ("output-len", 128, "output tokens")):
-        w.add_argument(f"--prefix-repetition-{name}", type=int, metavar="N",
-                       help=f"with --dataset-name prefix_repetition: {what} "
-                            f"(default {default})")
-
-
-def _add_sampling_flags(g) -> None:
+    g = p.add_argument_group("sampling (sent in every body)")
     for name, kind in (("temperature", float), ("top-p", float), ("top-k", int),
                        ("min-p", float), ("frequency-penalty", float),
                        ("presence-penalty", float), ("repetition-penalty", float)):
@@ -177,9 +158,7 @@ def _add_sampling_flags(g) -> None:
     g.add_argument("--extra-body", metavar="JSON", help="more body fields, as a JSON object")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM's command lines; nothing here runs remote code")
-
-
-def _add_output_flags(o) -> None:
+    o = p.add_argument_group("output")
     o.add_argument("--goodput", nargs="+", metavar="KEY:MS",
                    help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:3000")
     o.add_argument("--percentile-metrics", metavar="LIST",
@@ -204,6 +183,10 @@ def _add_output_flags(o) -> None:
     o.add_argument("--markdown", metavar="OUT", help="write the summary table as Markdown")
     o.add_argument("--no-progress", "--disable-tqdm", dest="no_progress",
                    action="store_true", help="no progress bar")
+    s = p.add_argument_group("--engine / --sim")
+    s.add_argument("--config", help="engine config YAML")
+    add_cost_model_arguments(s)
+    add_config_arguments(p)
 
 
 def _extra_body(text: str | None) -> dict:
