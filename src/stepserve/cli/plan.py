@@ -22,14 +22,6 @@ def add_plan_parser(subparsers: Any) -> None:
         description="Back-of-the-envelope planning: the incidents' worked arithmetic, exact.")
     sub = plan.add_subparsers(dest="plan_command", metavar="{speedup,capacity,models}")
     sub.required = True
-    _add_speedup(sub)
-    _add_capacity(sub)
-    p = add_command(sub, "models", lambda args: run_model_specs(args.json),
-                    help="list the model spec presets")
-    p.add_argument("--json", action="store_true", help="print the presets as JSON")
-
-
-def _add_speedup(sub: Any) -> None:
     p = add_command(
         sub, "speedup", lambda args: run_speedup(tuple(args.group), args.concurrency,
                                                  args.order, args.json),
@@ -48,28 +40,27 @@ def _add_speedup(sub: Any) -> None:
     p.add_argument("--order", choices=ORDERS, default="given",
                    help="how requests fill the static batches: given = the --group order "
                         "(arrival order), longest-first = sorted, the fewest static steps")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
-def _add_capacity(sub: Any) -> None:
-    p = add_command(
+    c = add_command(
         sub, "capacity", capacity_command, PLAN_FLAGS,
         help="sequences per replica from KV memory, max_num_seqs, replicas",
         description="Sizes concurrency by the worst case: every sequence may reach --max-len.")
-    p.add_argument("--kv-memory", required=True, metavar="SIZE",
+    c.add_argument("--kv-memory", required=True, metavar="SIZE",
                    help="KV cache memory per replica, e.g. 38GB or 35GiB")
-    per_token = p.add_mutually_exclusive_group(required=True)
+    per_token = c.add_mutually_exclusive_group(required=True)
     per_token.add_argument("--kv-bytes-per-token", metavar="SIZE",
                            help="KV bytes per token over all layers, e.g. 192KiB")
     per_token.add_argument("--model-spec", metavar="NAME",
                            help="derive KV bytes per token from a preset (see `plan models`)")
-    p.add_argument("--max-len", type=int, required=True, metavar="N",
+    c.add_argument("--max-len", type=int, required=True, metavar="N",
                    help="longest sequence (prompt + output) in tokens, i.e. max_model_len")
-    p.add_argument("--headroom", type=float, default=0.15, metavar="F",
+    c.add_argument("--headroom", type=float, default=0.15, metavar="F",
                    help="share of KV memory kept free when setting max_num_seqs")
-    p.add_argument("--peak-concurrency", type=int, required=True, metavar="N",
+    c.add_argument("--peak-concurrency", type=int, required=True, metavar="N",
                    help="concurrent requests at peak")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    m = add_command(sub, "models", lambda args: run_model_specs(args.json),
+                    help="list the model spec presets")
+    for parser, what in ((p, "result"), (c, "result"), (m, "presets")):
+        parser.add_argument("--json", action="store_true", help=f"print the {what} as JSON")
 
 
 def capacity_command(args: argparse.Namespace) -> int:

@@ -92,14 +92,6 @@ def add_sweep_parser(subparsers) -> None:
                    help="the tail metric for the knee")
     add_cost_model_arguments(p, default=None)
     add_pools_argument(p)
-    _add_live_flags(p)
-    p.add_argument("--json", metavar="OUT", help="write the sweep result as JSON")
-    p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
-    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
-    add_config_arguments(p)
-
-
-def _add_live_flags(p: argparse.ArgumentParser) -> None:
     live = p.add_argument_group("--target (a live OpenAI-compatible server)")
     live.add_argument("--target", metavar="URL",
                       help="sweep the load (--vary rate=... or concurrency=...) against this "
@@ -116,6 +108,10 @@ def _add_live_flags(p: argparse.ArgumentParser) -> None:
     live.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
     live.add_argument("--metrics-interval-s", type=float, default=0.25,
                       help="how often to scrape the target's /metrics (0: never)")
+    p.add_argument("--json", metavar="OUT", help="write the sweep result as JSON")
+    p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+    add_config_arguments(p)
 
 
 def sweep_options(args: argparse.Namespace) -> SweepOptions:
