@@ -72,7 +72,7 @@ def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
     """--config FILE (where the command has it) and the engine flags given. A problem
-    with a vLLM-style file found while parsing (cli/vllm_args.py) is raised here, as the
+    with a vLLM-style file found while parsing (parser.py) is raised here, as the
     command's UsageError."""
     problem = getattr(args, CONFIG_PROBLEM_DEST, None)
     if problem is not None:
@@ -86,16 +86,12 @@ def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None)
     return config_overrides(args).apply(base)
 
 
-# ---- --dtype ----
-
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="weights and KV cache dtype, as vLLM takes it: auto (float32 on "
                              "CPU, the checkpoint's float16/bfloat16 on CUDA, a float32 "
                              "checkpoint as float16), half = float16, float = float32")
 
-
-# ---- --quantization ----
 
 def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,

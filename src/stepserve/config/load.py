@@ -108,7 +108,6 @@ def apply_nested(base: EngineConfig, data: dict[str, Any],
 def load_config(path: str | Path, base: EngineConfig | None = None,
                 skip: frozenset[str] = frozenset()) -> EngineConfig:
     """Read a YAML config file; every error names the file. `skip`: see apply_nested."""
-    where = f"config file {str(path)!r}"
     try:
         data = load_yaml(path, "config file")
     except UsageError as e:
@@ -116,7 +115,7 @@ def load_config(path: str | Path, base: EngineConfig | None = None,
     try:
         return apply_nested(base or EngineConfig(), {} if data is None else data, skip)
     except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"config file {str(path)!r}: {e}") from None
 
 
 def to_dict(config: EngineConfig) -> dict[str, Any]:
