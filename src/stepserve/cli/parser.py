@@ -199,8 +199,8 @@ def add_command(subparsers: Any, name: str, handler: Callable[[argparse.Namespac
 Options = TypeVar("Options")
 
 
-def options_from(cls: type[Options], args: argparse.Namespace, **fields: Any) -> Options:
-    """An options dataclass from the flags named as its fields, then `fields`: those the
-    flags name otherwise or that need converting."""
+def options_from(cls: type[Options], args: object, **fields: Any) -> Options:
+    """An options dataclass from the flags (or another options object's fields) named as
+    its fields, then `fields`: those named otherwise or that need converting."""
     names = {f.name for f in dataclasses.fields(cls)} - fields.keys()  # type: ignore[arg-type]
     return cls(**{k: v for k, v in vars(args).items() if k in names}, **fields)

@@ -212,12 +212,8 @@ def serve_on_cluster(o: ServeOptions) -> int:
         dtype = resolve_dtype(o.dtype, o.model, o.device)
     except (ValueError, OSError) as e:
         return report_error(e)
-    return run_cluster_serve(ClusterServeOptions(
-        model=o.model, served_model_name=o.served_model_name, host=o.host, port=o.port,
-        dtype=dtype, device=o.device, retry_after_s=o.retry_after_s,
-        shutdown_timeout_s=o.shutdown_timeout_s, max_request_bytes=o.max_request_bytes,
-        log_level=o.log_level, config=o.config, pools_file=o.pools,
-        ray_address=o.ray_address, api_keys=o.api_keys, connection_limits=o.limits))
+    return run_cluster_serve(options_from(ClusterServeOptions, o, dtype=dtype,
+                                          pools_file=o.pools, connection_limits=o.limits))
 
 
 def check_can_listen(host: str, port: int) -> None:

@@ -177,9 +177,7 @@ def write_atomic(path: str | Path, text: str) -> None:
                  0o666)  # less the umask, as a new file gets
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -190,6 +188,12 @@ def write_atomic(path: str | Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 @dataclass(frozen=True)
