@@ -43,7 +43,7 @@ from stepserve.config.limits import (
 )
 from stepserve.workload.builtin import list_workloads
 
-# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 BENCH_FLAGS = {
     "random_input_len": LENGTH, "random_output_len": LENGTH, "sharegpt_output_len": LENGTH,
     "num_prompts": REQUESTS, "seed": SEED, "max_concurrency": CONCURRENCY,

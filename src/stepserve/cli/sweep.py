@@ -19,7 +19,7 @@ from stepserve.sweep.sim_points import MIN_SPAN_S
 from stepserve.sweep.target_points import LiveOptions
 from stepserve.sweep.window import WARMUP_SHARE, WINDOWS, WindowRule
 
-# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 # The knee's fractions: a gain of 10x or a rise of 1000x is no threshold at all.
 SWEEP_FLAGS = {
     "requests": REQUESTS, "duration_s": SECONDS, "seed": SEED,
