@@ -178,9 +178,10 @@ def add_bench_parser(subparsers) -> None:
     o.add_argument("--metrics-interval-s", type=float, default=0.5,
                    help="how often to scrape the target's /metrics (0: never)")
     o.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
-    o.add_argument("--json", metavar="OUT", help="write our result as JSON")
-    o.add_argument("--csv", metavar="OUT", help="write one row per request")
-    o.add_argument("--markdown", metavar="OUT", help="write the summary table as Markdown")
+    o.add_argument("--json", dest="json_out", metavar="OUT", help="write our result as JSON")
+    o.add_argument("--csv", dest="csv_out", metavar="OUT", help="write one row per request")
+    o.add_argument("--markdown", dest="markdown_out", metavar="OUT",
+                   help="write the summary table as Markdown")
     o.add_argument("--no-progress", "--disable-tqdm", dest="no_progress",
                    action="store_true", help="no progress bar")
     s = p.add_argument_group("--engine / --sim")
@@ -252,6 +253,5 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         BenchOptions, args, target=target, workload=workload_options(args),
         shape=request_shape(args), backend=args.backend or "openai",
         goodput=tuple(args.goodput) if args.goodput is not None else None,
-        json_out=args.json, csv_out=args.csv, markdown_out=args.markdown,
         progress=not args.no_progress, config=config_overrides(args),
         cost=cost_model_options(args), save=save)

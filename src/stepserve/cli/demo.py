@@ -15,7 +15,7 @@ DEMO_FLAGS = {"requests": Range(1, 10_000), "short": Range(1, 1024), "long": Ran
 def add_demo_parser(subparsers) -> None:
     p = add_command(
         subparsers, "demo",
-        lambda args: run_demo(options_from(DemoOptions, args, json_out=args.json)), DEMO_FLAGS,
+        lambda args: run_demo(options_from(DemoOptions, args)), DEMO_FLAGS,
         help="the night-report incident's job on a real model and in the simulator")
     p.add_argument("--model", default="default", help="model preset or HF directory")
     d = DemoOptions()
@@ -23,7 +23,7 @@ def add_demo_parser(subparsers) -> None:
     p.add_argument("--short", type=int, default=d.short, help="short output length (tokens)")
     p.add_argument("--long", type=int, default=d.long, help="long output length (tokens)")
     p.add_argument("--sim-requests", type=int, default=d.sim_requests, help="simulated requests")
-    p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
+    p.add_argument("--json", dest="json_out", metavar="OUT", help="also write the table as JSON")
     p.add_argument("--cost", metavar="constant|roofline|FILE",
                    help="the simulator's cost model: a `stepserve profile` file predicts "
                         "this machine (default: SmolLM2 on an H100's roofline)")

@@ -42,7 +42,8 @@ def add_simulate_parser(subparsers) -> None:
                    "(default: the scenario's or workload's own)")
     add_cost_model_arguments(p, default=None)
     add_pools_argument(p)
-    p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
+    p.add_argument("--json", dest="json_out", metavar="OUT",
+                   help="also write the result as JSON to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_arguments(p)
 
@@ -93,4 +94,4 @@ def simulate_options(args: argparse.Namespace) -> SimulateOptions:
         config=config_overrides(args), runs=tuple(args.runs.split(",")) if args.runs else None,
         overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
                                     seed=args.seed),
-        cost=cost_model_options(args), json_out=args.json, progress=not args.no_progress)
+        cost=cost_model_options(args), progress=not args.no_progress)

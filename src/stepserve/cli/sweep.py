@@ -108,7 +108,7 @@ def add_sweep_parser(subparsers) -> None:
     live.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
     live.add_argument("--metrics-interval-s", type=float, default=0.25,
                       help="how often to scrape the target's /metrics (0: never)")
-    p.add_argument("--json", metavar="OUT", help="write the sweep result as JSON")
+    p.add_argument("--json", dest="json_out", metavar="OUT", help="write the sweep result as JSON")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     add_config_arguments(p)
@@ -120,5 +120,4 @@ def sweep_options(args: argparse.Namespace) -> SweepOptions:
     return options_from(
         SweepOptions, args, configs=tuple(args.configs) if args.configs else None,
         vary=tuple(args.vary), config=config_overrides(args), slo=tuple(args.slo),
-        cost=cost_model_options(args), live=live, json_out=args.json,
-        window=WindowRule(args.window, args.warmup_share))
+        cost=cost_model_options(args), live=live, window=WindowRule(args.window, args.warmup_share))
