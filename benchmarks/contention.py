@@ -45,7 +45,7 @@ from contention_loads import Condition, conditions
 from contention_table import Run, format_tables
 from engine_vs_llamacpp import Load, bench, stop, wait_ready
 
-from stepserve.cli import Parser
+from stepserve.cli.parser import Parser
 from stepserve.config.errors import UsageError, report_error
 from stepserve.config.limits import (
     CONCURRENCY,

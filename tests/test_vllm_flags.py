@@ -7,8 +7,8 @@ import pytest
 
 from stepserve.cli import build_parser, main
 from stepserve.cli.engine_flags import config_overrides
-from stepserve.config.load import parse_size
 from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.config.sizes import parse_size
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -120,13 +120,13 @@ def test_positional_model_as_vllm_serve_takes_it(monkeypatch):
     ("4GB", 4 * 10**9), ("25.6k", 25_600), ("1K", 1024), ("1048576", MiB), ("2Ti", 2 << 40),
 ])
 def test_sizes_read_as_vllm_reads_them(text, want):
-    assert parse_size(text) == want
+    assert parse_size(text, one_letter=True) == want
 
 
 @pytest.mark.parametrize("text", ["4 GiBs", "1.5", "iB", "-4G", "four"])
 def test_a_bad_size_is_refused(text):
     with pytest.raises(ValueError):
-        parse_size(text)
+        parse_size(text, one_letter=True)
 
 
 def test_a_bad_size_on_the_command_line_is_one_line(capsys):

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stepserve.config.sizes import parse_size
 from stepserve.plan.capacity import capacity
-from stepserve.plan.sizes import parse_size
 
 
 def test_seed_promotion_spike():

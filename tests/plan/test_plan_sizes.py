@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stepserve.plan.sizes import BINARY_UNITS, DECIMAL_UNITS, format_size, parse_size
+from stepserve.config.sizes import BINARY_UNITS, DECIMAL_UNITS, format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,7 @@
 """`stepserve bench`: its flags, `vllm bench serve`'s names and defaults (no
 --request-rate: all at once; 1000 prompts; random 1024/128 when no workload is named;
 text prompts; a ShareGPT run stops at EOS), plus ours (--sim, --engine, --scenario,
---workload, --duration-s, --warmup, /metrics scrapes, --json/--csv/--markdown).
-
-    stepserve bench --base-url http://127.0.0.1:8000 --random-input-len 64 \\
-        --random-output-len 32 --num-prompts 50 --request-rate inf --max-concurrency 8 \\
-        --goodput ttft:500 --save-result --percentile-metrics ttft,tpot,itl,e2el
-    stepserve bench --sim --scenario mixed-pool --num-prompts 200 --json out.json
-"""
+--workload, --duration-s, --warmup, /metrics scrapes, --json/--csv/--markdown)."""
 
 from __future__ import annotations
 
@@ -26,12 +20,13 @@ from stepserve.bench.request_shape import (
 from stepserve.bench.vllm_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.bench.workload_options import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
+from stepserve.cli.parser import add_command, options_from
 from stepserve.cli.simulate import (
     add_cost_model_arguments,
     add_trace_arguments,
     cost_model_options,
 )
-from stepserve.config.errors import UsageError, reports_usage_errors
+from stepserve.config.errors import UsageError
 from stepserve.config.limits import (
     CONCURRENCY,
     LENGTH,
@@ -45,11 +40,10 @@ from stepserve.config.limits import (
     SEED,
     STEP_MS,
     Range,
-    check_flags,
 )
 from stepserve.workload.builtin import list_workloads
 
-# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 BENCH_FLAGS = {
     "random_input_len": LENGTH, "random_output_len": LENGTH, "sharegpt_output_len": LENGTH,
     "num_prompts": REQUESTS, "seed": SEED, "max_concurrency": CONCURRENCY,
@@ -70,9 +64,10 @@ BENCH_FLAGS = {
 }
 
 
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "bench", help="load an OpenAI-compatible server (or the engine, or the simulator)",
+def add_bench_parser(subparsers) -> None:
+    p = add_command(
+        subparsers, "bench", lambda args: run_bench(bench_options(args)), BENCH_FLAGS,
+        help="load an OpenAI-compatible server (or the engine, or the simulator)",
         description="Send a workload to a server (--base-url/--target URL, or --host and "
                     "--port: streaming /v1/completions or /v1/chat/completions), to the "
                     "in-process engine (--engine) or to the simulator (--sim), and report "
@@ -82,19 +77,6 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                        help="base URL, e.g. http://127.0.0.1:8000 (default: --host, --port)")
     where.add_argument("--engine", action="store_true", help="the real engine, in process")
     where.add_argument("--sim", action="store_true", help="the simulator (virtual clock)")
-    _add_request_flags(p)
-    _add_workload_flags(p.add_argument_group("workload"))
-    _add_sampling_flags(p.add_argument_group("sampling (sent in every body)"))
-    _add_output_flags(p.add_argument_group("output"))
-    s = p.add_argument_group("--engine / --sim")
-    s.add_argument("--config", help="engine config YAML")
-    add_cost_model_arguments(s)
-    add_config_arguments(p)
-    p.set_defaults(func=bench_command)
-    return p
-
-
-def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="with neither URL nor --engine/--sim")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", help="model name sent to the target (default: the first of "
@@ -106,9 +88,7 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--header", nargs="*", action="extend", metavar="KEY=VALUE",
                    help="headers for every request (repeatable; they win over the key)")
     p.add_argument("--api-key", help="sent as Bearer (default: $OPENAI_API_KEY)")
-
-
-def _add_workload_flags(w) -> None:
+    w = p.add_argument_group("workload")
     w.add_argument("--scenario", choices=list_workloads(), help="a built-in workload")
     w.add_argument("--workload", metavar="FILE", help="a workload YAML file")
     w.add_argument("--dataset-name", metavar="NAME",
@@ -132,7 +112,15 @@ def _add_workload_flags(w) -> None:
                         "tokens with it, and send text prompts of exact token length")
     w.add_argument("--sharegpt-output-len", type=int, metavar="M",
                    help="with a ShareGPT file: every output this long instead of the answer's")
-    _add_prefix_repetition_flags(w)
+    # vLLM's prefix_repetition dataset: each prompt one of a few shared prefixes, then its
+    # own tokens
+    for name, default, what in (("prefix-len", 256, "tokens of each shared prefix"),
+                                ("suffix-len", 256, "tokens of each prompt's own part"),
+                                ("num-prefixes", 10, "distinct prefixes, dealt out evenly"),
+                                ("output-len", 128, "output tokens")):
+        w.add_argument(f"--prefix-repetition-{name}", type=int, metavar="N",
+                       help=f"with --dataset-name prefix_repetition: {what} "
+                            f"(default {default})")
     w.add_argument("--num-prompts", type=int, metavar="K",
                    help="requests to send, warm-up included (default 1000; a scenario or "
                         "workload file: its own)")
@@ -159,21 +147,7 @@ def _add_workload_flags(w) -> None:
                           "scenarios and workload files; not with ShareGPT, as vLLM)")
     eos.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                      help="let the model stop at EOS whatever the dataset")
-
-
-def _add_prefix_repetition_flags(w) -> None:
-    """vLLM's prefix_repetition dataset: each prompt one of a few shared prefixes, then
-    its own tokens."""
-    for name, default, what in (("prefix-len", 256, "tokens of each shared prefix"),
-                                ("suffix-len", 256, "tokens of each prompt's own part"),
-                                ("num-prefixes", 10, "distinct prefixes, dealt out evenly"),
-                                ("output-len", 128, "output tokens")):
-        w.add_argument(f"--prefix-repetition-{name}", type=int, metavar="N",
-                       help=f"with --dataset-name prefix_repetition: {what} "
-                            f"(default {default})")
-
-
-def _add_sampling_flags(g) -> None:
+    g = p.add_argument_group("sampling (sent in every body)")
     for name, kind in (("temperature", float), ("top-p", float), ("top-k", int),
                        ("min-p", float), ("frequency-penalty", float),
                        ("presence-penalty", float), ("repetition-penalty", float)):
@@ -184,9 +158,7 @@ def _add_sampling_flags(g) -> None:
     g.add_argument("--extra-body", metavar="JSON", help="more body fields, as a JSON object")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM's command lines; nothing here runs remote code")
-
-
-def _add_output_flags(o) -> None:
+    o = p.add_argument_group("output")
     o.add_argument("--goodput", nargs="+", metavar="KEY:MS",
                    help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:3000")
     o.add_argument("--percentile-metrics", metavar="LIST",
@@ -206,11 +178,16 @@ def _add_output_flags(o) -> None:
     o.add_argument("--metrics-interval-s", type=float, default=0.5,
                    help="how often to scrape the target's /metrics (0: never)")
     o.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
-    o.add_argument("--json", metavar="OUT", help="write our result as JSON")
-    o.add_argument("--csv", metavar="OUT", help="write one row per request")
-    o.add_argument("--markdown", metavar="OUT", help="write the summary table as Markdown")
+    o.add_argument("--json", dest="json_out", metavar="OUT", help="write our result as JSON")
+    o.add_argument("--csv", dest="csv_out", metavar="OUT", help="write one row per request")
+    o.add_argument("--markdown", dest="markdown_out", metavar="OUT",
+                   help="write the summary table as Markdown")
     o.add_argument("--no-progress", "--disable-tqdm", dest="no_progress",
                    action="store_true", help="no progress bar")
+    s = p.add_argument_group("--engine / --sim")
+    s.add_argument("--config", help="engine config YAML")
+    add_cost_model_arguments(s)
+    add_config_arguments(p)
 
 
 def _extra_body(text: str | None) -> dict:
@@ -257,15 +234,9 @@ def workload_options(args: argparse.Namespace) -> BenchWorkloadOptions:
                              "--num-prompts")
         num_prompts = (num_prompts or DEFAULT_NUM_PROMPTS) + args.num_warmups
         warmup = args.num_warmups
-    return BenchWorkloadOptions(
-        scenario=args.scenario, workload=args.workload, dataset_name=args.dataset_name,
-        random_input_len=input_len, random_output_len=output_len,
-        random_range_ratio=args.random_range_ratio, sharegpt=args.sharegpt,
-        tokenizer=args.tokenizer, sharegpt_output_len=sharegpt_output_len,
-        **{k: getattr(args, k) for k in vars(args) if k.startswith("prefix_repetition_")},
-        trace_slowdown=args.trace_slowdown, trace_block_tokens=args.trace_block_tokens,
-        num_prompts=num_prompts, seed=args.seed, request_rate=args.request_rate,
-        burstiness=args.burstiness, max_concurrency=args.max_concurrency, warmup=warmup)
+    return options_from(BenchWorkloadOptions, args, random_input_len=input_len,
+                        random_output_len=output_len, sharegpt_output_len=sharegpt_output_len,
+                        num_prompts=num_prompts, warmup=warmup)
 
 
 def bench_options(args: argparse.Namespace) -> BenchOptions:
@@ -278,19 +249,9 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         metadata=key_values("--metadata", args.metadata),
         percentile_metrics=parse_metric_names(args.percentile_metrics),
         metric_percentiles=parse_percentiles(args.metric_percentiles))
-    return BenchOptions(
-        target=target, engine=args.engine, sim=args.sim, model=args.model,
-        workload=workload_options(args), duration_s=args.duration_s,
-        token_id_prompts=args.token_id_prompts, ignore_eos=args.ignore_eos,
+    return options_from(
+        BenchOptions, args, target=target, workload=workload_options(args),
         shape=request_shape(args), backend=args.backend or "openai",
         goodput=tuple(args.goodput) if args.goodput is not None else None,
-        metrics_interval_s=args.metrics_interval_s, timeout_s=args.timeout_s,
-        json_out=args.json, csv_out=args.csv, markdown_out=args.markdown,
         progress=not args.no_progress, config=config_overrides(args),
         cost=cost_model_options(args), save=save)
-
-
-@reports_usage_errors
-def bench_command(args: argparse.Namespace) -> int:
-    check_flags(args, BENCH_FLAGS)
-    return run_bench(bench_options(args))

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from stepserve.config.errors import reports_usage_errors
+from stepserve.cli.parser import add_command, options_from
 from stepserve.metrics.doctor import DoctorOptions, run_doctor
 from stepserve.metrics.live_window import INTERVAL_S, WINDOW_S
 
 
-def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `doctor` to a parent's `add_subparsers()` object."""
-    p = subparsers.add_parser(
-        "doctor", help="apply the alert rules to a result file or a live server",
+def add_doctor_parser(subparsers: Any) -> None:
+    # the window's bounds are checked by run_doctor, and only with --url
+    p = add_command(
+        subparsers, "doctor",
+        lambda args: run_doctor(options_from(DoctorOptions, args, as_json=args.json)),
+        help="apply the alert rules to a result file or a live server",
         description="Read a result file (or a bare summary), or scrape a live server's "
                     "/metrics over a window, and print, per run, each rule that fires: "
                     "severity, rule, the evidence with its numbers, and what to do.")
@@ -32,12 +33,3 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help='print {"findings": [{"run", "rule", "severity", "evidence", '
                         '"action"}]} instead of text (with --url also "summary", "config" '
                         'and "not_evaluable")')
-    p.set_defaults(func=doctor_command)
-    return p
-
-
-@reports_usage_errors
-def doctor_command(args: argparse.Namespace) -> int:
-    # the window's bounds are checked by run_doctor, and only with --url
-    return run_doctor(DoctorOptions(args.result, args.url, args.window_s, args.interval_s,
-                                    args.json))

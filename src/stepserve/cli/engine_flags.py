@@ -1,18 +1,15 @@
 """The engine settings as vLLM-style flags (`--max-num-seqs 40`,
-`--no-enable-chunked-prefill`), one per config field, with the field's help text and
-choices; shared by generate, serve, simulate, bench and sweep. vLLM's own names for
-settings we name otherwise are aliases (`--num-gpu-blocks-override` is
-`--num-gpu-blocks`, `--scheduling-policy` is `--policy`, `--kv-cache-memory-bytes` is
-`--kv-cache-memory`, which reads sizes as vLLM does: `4GiB`, `4G`, `512MiB`).
-`--enable-prefix-caching` / `--no-enable-prefix-caching` is the cache field of that name,
-as in vLLM (on by default). Also here: `--dtype` with vLLM's values."""
+`--no-enable-chunked-prefill`), one per config field, with its help text and choices;
+vLLM's names for settings we name otherwise are aliases (`--num-gpu-blocks-override`,
+`--scheduling-policy`, `--kv-cache-memory-bytes`, which reads sizes as vLLM does: `4GiB`,
+`4G`). Also here: `--dtype` with vLLM's values, and `--quantization`."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from stepserve.cli.vllm_args import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
+from stepserve.cli.parser import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
 from stepserve.config.load import (
     TEXT_VALUES,
     VLLM_ALIASES,
@@ -25,22 +22,14 @@ from stepserve.engine.dtypes import DTYPE_CHOICES
 from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
 
 
-def bool_flag(text: str) -> bool:
-    """argparse's type for a true/false flag value: its message is shown as is."""
-    try:
-        return parse_bool(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _text_type(reader):
-    """argparse's type for a setting read from text (a size: parse_size)."""
+    """argparse's type for a setting read from text (true/false: parse_bool, a size:
+    parse_size): its message is shown as is."""
     def read(text: str):
         try:
             return reader(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-    read.__name__ = reader.__name__
     return read
 
 
@@ -52,19 +41,18 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     for vllm_name, ours in VLLM_ALIASES.items():
         aliases.setdefault(ours, []).append("--" + vllm_name.replace("_", "-"))
     for _section, f in config_fields():
-        meta = f.metadata
         flags = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, [])]
-        kind = meta["kind"]
-        if kind is bool:
-            group.add_argument(*flags, dest=f.name, type=bool_flag, nargs="?", const=True,
-                               default=None, help=_help(f))
+        allowed = f.metadata["allowed"]
+        if allowed.kind is bool:
+            group.add_argument(*flags, dest=f.name, type=_text_type(parse_bool), nargs="?",
+                               const=True, default=None, help=_help(f))
             group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                                action="store_false", help=argparse.SUPPRESS)
         else:
             reader = TEXT_VALUES.get(f.name)
-            group.add_argument(*flags, dest=f.name, default=None, choices=meta["choices"],
-                               type=_text_type(reader) if reader else kind,
-                               help=_help(f))
+            group.add_argument(*flags, dest=f.name, default=None,
+                               choices=allowed.choices or None,
+                               type=_text_type(reader) if reader else allowed.kind, help=_help(f))
 
 
 def _help(f: Any) -> str:
@@ -84,7 +72,7 @@ def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
     """--config FILE (where the command has it) and the engine flags given. A problem
-    with a vLLM-style file found while parsing (cli/vllm_args.py) is raised here, as the
+    with a vLLM-style file found while parsing (parser.py) is raised here, as the
     command's UsageError."""
     problem = getattr(args, CONFIG_PROBLEM_DEST, None)
     if problem is not None:
@@ -98,16 +86,12 @@ def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None)
     return config_overrides(args).apply(base)
 
 
-# ---- --dtype ----
-
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="weights and KV cache dtype, as vLLM takes it: auto (float32 on "
                              "CPU, the checkpoint's float16/bfloat16 on CUDA, a float32 "
                              "checkpoint as float16), half = float16, float = float32")
 
-
-# ---- --quantization ----
 
 def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,

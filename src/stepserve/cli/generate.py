@@ -10,12 +10,13 @@ from stepserve.cli.engine_flags import (
     add_quantization_argument,
     config_overrides,
 )
-from stepserve.config.errors import reports_usage_errors
+from stepserve.cli.parser import add_command, options_from
 from stepserve.engine.generate import GenerateOptions, run_generate
 
 
-def add_generate_parser(subparsers) -> argparse.ArgumentParser:
-    g = subparsers.add_parser("generate", help="complete one prompt on a real model")
+def add_generate_parser(subparsers) -> None:
+    g = add_command(subparsers, "generate", generate_command,
+                    help="complete one prompt on a real model")
     g.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
@@ -31,14 +32,8 @@ def add_generate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--config", help="engine config YAML")
     add_quantization_argument(g)
     add_config_arguments(g)
-    g.set_defaults(func=generate_command)
-    return g
 
 
-@reports_usage_errors
 def generate_command(args: argparse.Namespace) -> int:
-    return run_generate(GenerateOptions(
-        prompt=args.prompt, model=args.model, chat=args.chat, max_tokens=args.max_tokens,
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-        stop=tuple(args.stop), ignore_eos=args.ignore_eos, dtype=args.dtype,
-        quantization=args.quantization, device=args.device, config=config_overrides(args)))
+    return run_generate(options_from(GenerateOptions, args, stop=tuple(args.stop),
+                                     config=config_overrides(args)))

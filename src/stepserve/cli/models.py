@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from stepserve.cli.parser import add_command
 
-def add_models_parser(subparsers) -> argparse.ArgumentParser:
-    m = subparsers.add_parser("models", help="list models and their local directories")
+
+def add_models_parser(subparsers) -> None:
+    m = add_command(subparsers, "models", models_command,
+                    help="list models and their local directories")
     m.add_argument("--json", action="store_true")
-    m.set_defaults(func=models_command)
-    return m
 
 
 def models_command(args: argparse.Namespace) -> int:

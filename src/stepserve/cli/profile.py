@@ -9,16 +9,18 @@ import sys
 
 from tqdm import tqdm
 
-from stepserve.config.errors import report_error, reports_usage_errors
-from stepserve.config.limits import Range, check_flags
+from stepserve.cli.parser import add_command, options_from
+from stepserve.config.errors import report_error
+from stepserve.config.limits import Range
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 
 PROFILE_FLAGS = {"repeats": Range(1, 1000), "warmup": Range(0, 100)}
 
 
-def add_profile_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("profile", help="measure the engine's step times and fit a "
-                                              "cost model for the simulator")
+def add_profile_parser(subparsers) -> None:
+    p = add_command(subparsers, "profile", profile_command, PROFILE_FLAGS,
+                    help="measure the engine's step times and fit a cost model for the "
+                         "simulator")
     p.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
     p.add_argument("--out", default="cost.json", help="the cost file to write")
     p.add_argument("--quick", action="store_true", help="a small grid (a minute, not ten)")
@@ -27,19 +29,13 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="timed rounds over the grid")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--no-swap", action="store_true", help="skip the KV block copies")
-    p.set_defaults(func=profile_command)
-    return p
 
 
-@reports_usage_errors
 def profile_command(args: argparse.Namespace) -> int:
     from stepserve.profile.job import ProfileOptions, profile, report
 
-    check_flags(args, PROFILE_FLAGS)
     check_output_file("--out", args.out)
-    opts = ProfileOptions(model=args.model, dtype=args.dtype, quick=args.quick,
-                          repeats=args.repeats, warmup=args.warmup, swap=not args.no_swap,
-                          device=args.device)
+    opts = options_from(ProfileOptions, args, swap=not args.no_swap)
     bar = tqdm(desc="profiling", unit="step", file=sys.stderr, leave=False,
                disable=not sys.stderr.isatty(), mininterval=0.5)
 

@@ -19,21 +19,18 @@ from stepserve.cli.engine_flags import (
     add_quantization_argument,
     config_overrides,
 )
-from stepserve.config.errors import reports_usage_errors
+from stepserve.cli.parser import add_command, options_from
+from stepserve.config.errors import report_error
 from stepserve.config.limits import MAX_SECONDS, SEED, WAIT_SECONDS, Range
 from stepserve.config.load import ConfigOverrides
-from stepserve.config.settings import ConfigError
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
 from stepserve.server.connection_limits import FLAGS as LIMIT_FLAGS
 from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
 
-SHUTDOWN_TIMEOUT = WAIT_SECONDS  # 0: abort in-flight requests at once
-RETRY_AFTER = Range(0, MAX_SECONDS)
-REQUEST_BYTES = Range(1024, MAX_REQUEST_BYTES_MAX)
-
 
 def add_serve_parser(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p = add_command(subparsers, "serve", serve_command,
+                    help="serve a model over an OpenAI-compatible HTTP API")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the model, as `vllm serve MODEL` takes it (wins over --model)")
     p.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
@@ -76,7 +73,6 @@ def add_serve_parser(subparsers) -> None:
                    help="run the replicas on this Ray cluster (default with --replicas > 1 "
                         "or --pools: a local, loopback-only Ray instance)")
     add_config_arguments(p)
-    p.set_defaults(func=serve_command)
 
 
 def port_number(text: str) -> int:
@@ -103,21 +99,15 @@ def api_keys_of(args: argparse.Namespace) -> tuple[str, ...]:
     return (env,) if env else ()
 
 
-@reports_usage_errors
 def serve_command(args: argparse.Namespace) -> int:
     given = {field: getattr(args, field) for field in LIMIT_FLAGS
              if getattr(args, field) is not None}
     # the cap checked against the open-file limit now, not after minutes of loading
     limits = fit_to_descriptors(ConnectionLimits(**given))
-    return run_serve(ServeOptions(
-        model=args.model_tag or args.model, served_model_name=args.served_model_name,
-        host=args.host, port=args.port, dtype=args.dtype,
-        quantization=args.quantization, device=args.device,
+    return run_serve(options_from(
+        ServeOptions, args, model=args.model_tag or args.model,
         retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
-        max_request_bytes=args.max_request_bytes, log_level=args.log_level,
-        uvicorn_log_level=args.uvicorn_log_level, seed=args.seed,
-        pools=args.pools, ray_address=args.ray_address, config=config_overrides(args),
-        api_keys=api_keys_of(args), limits=limits))
+        config=config_overrides(args), api_keys=api_keys_of(args), limits=limits))
 
 
 # ---- the job (server/ is the place for it; it lives here until that package is free) ----
@@ -144,10 +134,10 @@ class ServeOptions:
     limits: ConnectionLimits = ConnectionLimits()  # what one connection may hold
 
     def __post_init__(self) -> None:
-        SHUTDOWN_TIMEOUT.check("--shutdown-timeout", self.shutdown_timeout_s)
-        RETRY_AFTER.check("--retry-after", self.retry_after_s)
+        WAIT_SECONDS.check("--shutdown-timeout", self.shutdown_timeout_s)  # 0: abort at once
+        Range(0, MAX_SECONDS).check("--retry-after", self.retry_after_s)
         SEED.check("--seed", self.seed)
-        REQUEST_BYTES.check("--max-request-bytes", self.max_request_bytes)
+        Range(1024, MAX_REQUEST_BYTES_MAX).check("--max-request-bytes", self.max_request_bytes)
 
 
 def run_serve(options: ServeOptions) -> int:
@@ -161,9 +151,8 @@ def run_serve(options: ServeOptions) -> int:
         from stepserve.server.api import create_app
         from stepserve.server.http_server import make_server
     except ImportError as e:
-        print(f"error: `stepserve serve` needs the server packages (fastapi, uvicorn, "
-              f"prometheus-client): {e}", file=sys.stderr)
-        return 2
+        return report_error(f"`stepserve serve` needs the server packages (fastapi, uvicorn, "
+                            f"prometheus-client): {e}")
     logging.basicConfig(level=o.log_level.upper(), format="%(levelname)s %(name)s: "
                         "%(message)s")
     try:
@@ -174,9 +163,8 @@ def run_serve(options: ServeOptions) -> int:
         engine = LLMEngine(o.model, o.config, dtype=dtype, device=o.device,
                            strict_max_model_len=o.config.sets("max_model_len"),
                            quantization=o.quantization)
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:  # a ConfigError is a ValueError
+        return report_error(e)
     name = o.served_model_name or str(o.model)
     app = create_app(engine, model_name=name, retry_after_s=o.retry_after_s,
                      shutdown_timeout_s=o.shutdown_timeout_s,
@@ -196,8 +184,8 @@ def run_serve(options: ServeOptions) -> int:
 
 
 def seed_engine(seed: int) -> None:
-    """Seed the random numbers requests without a seed of their own draw from (torch's
-    and Python's), as vLLM's --seed does at startup."""
+    """Seed torch's and Python's random numbers (what requests without a seed of their
+    own draw from), as vLLM's --seed does at startup."""
     import random
 
     import torch
@@ -223,14 +211,9 @@ def serve_on_cluster(o: ServeOptions) -> int:
         check_can_listen(o.host, o.port)  # before Ray starts and models load
         dtype = resolve_dtype(o.dtype, o.model, o.device)
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return run_cluster_serve(ClusterServeOptions(
-        model=o.model, served_model_name=o.served_model_name, host=o.host, port=o.port,
-        dtype=dtype, device=o.device, retry_after_s=o.retry_after_s,
-        shutdown_timeout_s=o.shutdown_timeout_s, max_request_bytes=o.max_request_bytes,
-        log_level=o.log_level, config=o.config, pools_file=o.pools,
-        ray_address=o.ray_address, api_keys=o.api_keys, connection_limits=o.limits))
+        return report_error(e)
+    return run_cluster_serve(options_from(ClusterServeOptions, o, dtype=dtype,
+                                          pools_file=o.pools, connection_limits=o.limits))
 
 
 def check_can_listen(host: str, port: int) -> None:

@@ -5,21 +5,22 @@ from __future__ import annotations
 import argparse
 
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
-from stepserve.config.errors import reports_usage_errors
-from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS, check_flags
+from stepserve.cli.parser import add_command, options_from
+from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS
 from stepserve.sim.cost_options import CostModelOptions
 from stepserve.sim.job import SimulateOptions, run_simulate
 from stepserve.sim.scenarios import SCENARIOS
 from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS, TraceOptions
 from stepserve.workload.overrides import WorkloadOverrides
 
-# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}
 
 
-def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "simulate", help="run the real scheduler on a virtual clock with a cost model",
+def add_simulate_parser(subparsers) -> None:
+    p = add_command(
+        subparsers, "simulate", lambda args: run_simulate(simulate_options(args)),
+        SIMULATE_FLAGS, help="run the real scheduler on a virtual clock with a cost model",
         description="Simulate a built-in scenario (--scenario), your own workload "
                     "(--workload FILE) or a trace (--trace FILE), with --config FILE "
                     "and/or vLLM-style flags.")
@@ -41,11 +42,10 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                    "(default: the scenario's or workload's own)")
     add_cost_model_arguments(p, default=None)
     add_pools_argument(p)
-    p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
+    p.add_argument("--json", dest="json_out", metavar="OUT",
+                   help="also write the result as JSON to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_arguments(p)
-    p.set_defaults(func=simulate_command)
-    return p
 
 
 def add_trace_arguments(p, with_format: bool = True) -> None:
@@ -76,34 +76,22 @@ def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
 
 
 def add_pools_argument(p) -> None:
-    """--pools FILE: shared by simulate, sweep and serve."""
+    """--pools FILE: shared by simulate and sweep."""
     p.add_argument("--pools", metavar="FILE",
                    help="a pools file (replicas, router, pools, routing rules; see "
                         "docs/guide.md): each run becomes that deployment")
 
 
 def cost_model_options(args: argparse.Namespace) -> CostModelOptions:
-    return CostModelOptions(args.cost, args.step_ms, args.hardware, args.model_spec)
-
-
-def trace_options(args: argparse.Namespace, path: str | None) -> TraceOptions | None:
-    if path is None:
-        return None
-    return TraceOptions(path, args.trace_format, args.trace_slowdown, args.trace_block_tokens)
+    return options_from(CostModelOptions, args)
 
 
 def simulate_options(args: argparse.Namespace) -> SimulateOptions:
-    return SimulateOptions(
-        scenario=args.scenario, workload=args.workload,
-        trace=trace_options(args, args.trace), config=config_overrides(args),
-        runs=tuple(args.runs.split(",")) if args.runs else None,
+    trace = TraceOptions(args.trace, args.trace_format, args.trace_slowdown,
+                         args.trace_block_tokens) if args.trace else None
+    return options_from(
+        SimulateOptions, args, trace=trace,
+        config=config_overrides(args), runs=tuple(args.runs.split(",")) if args.runs else None,
         overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
                                     seed=args.seed),
-        cost=cost_model_options(args), json_out=args.json, progress=not args.no_progress,
-        pools=args.pools)
-
-
-@reports_usage_errors
-def simulate_command(args: argparse.Namespace) -> int:
-    check_flags(args, SIMULATE_FLAGS)
-    return run_simulate(simulate_options(args))
+        cost=cost_model_options(args), progress=not args.no_progress)

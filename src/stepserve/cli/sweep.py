@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
+from stepserve.cli.parser import add_command, options_from
 from stepserve.cli.simulate import (
     add_cost_model_arguments,
     add_pools_argument,
     cost_model_options,
 )
-from stepserve.config.errors import reports_usage_errors
-from stepserve.config.limits import RATE, REQUESTS, SECONDS, SEED, STEP_MS, Range, check_flags
+from stepserve.config.limits import RATE, REQUESTS, SECONDS, SEED, STEP_MS, Range
 from stepserve.sim.scenarios import SCENARIOS
 from stepserve.sweep.job import DEFAULT_REQUESTS, SweepOptions, run_sweep
 from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, NOISE_MARGIN, P99_METRIC
@@ -19,7 +19,7 @@ from stepserve.sweep.sim_points import MIN_SPAN_S
 from stepserve.sweep.target_points import LiveOptions
 from stepserve.sweep.window import WARMUP_SHARE, WINDOWS, WindowRule
 
-# Bounds of the numeric flags (limits.py); engine settings are bounded by config.py.
+# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 # The knee's fractions: a gain of 10x or a rise of 1000x is no threshold at all.
 SWEEP_FLAGS = {
     "requests": REQUESTS, "duration_s": SECONDS, "seed": SEED,
@@ -31,9 +31,10 @@ SWEEP_FLAGS = {
 }
 
 
-def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "sweep", help="sweep configs or load (simulator or live server) and find the knee",
+def add_sweep_parser(subparsers) -> None:
+    p = add_command(
+        subparsers, "sweep", lambda args: run_sweep(sweep_options(args)), SWEEP_FLAGS,
+        help="sweep configs or load (simulator or live server) and find the knee",
         description="Run one fixed request count per point on the simulator (or, with "
                     "--target, against a running server), each measured over its steady "
                     "window (--window), find where throughput stops rising while P99 "
@@ -91,16 +92,6 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
                    help="the tail metric for the knee")
     add_cost_model_arguments(p, default=None)
     add_pools_argument(p)
-    _add_live_flags(p)
-    p.add_argument("--json", metavar="OUT", help="write the sweep result as JSON")
-    p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
-    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
-    add_config_arguments(p)
-    p.set_defaults(func=sweep_command)
-    return p
-
-
-def _add_live_flags(p: argparse.ArgumentParser) -> None:
     live = p.add_argument_group("--target (a live OpenAI-compatible server)")
     live.add_argument("--target", metavar="URL",
                       help="sweep the load (--vary rate=... or concurrency=...) against this "
@@ -117,25 +108,16 @@ def _add_live_flags(p: argparse.ArgumentParser) -> None:
     live.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
     live.add_argument("--metrics-interval-s", type=float, default=0.25,
                       help="how often to scrape the target's /metrics (0: never)")
+    p.add_argument("--json", dest="json_out", metavar="OUT", help="write the sweep result as JSON")
+    p.add_argument("--report", metavar="DIR", help="write the HTML report and PNGs to DIR")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+    add_config_arguments(p)
 
 
 def sweep_options(args: argparse.Namespace) -> SweepOptions:
     live = LiveOptions(args.target, args.model, args.warmup, args.timeout_s,
                        args.metrics_interval_s) if args.target else None
-    return SweepOptions(
-        scenario=args.scenario, workload=args.workload,
-        configs=tuple(args.configs) if args.configs else None,
-        scenario_runs=args.scenario_runs, vary=tuple(args.vary), requests=args.requests,
-        duration_s=args.duration_s, seed=args.seed, config=config_overrides(args),
-        slo=tuple(args.slo), min_throughput_gain=args.min_throughput_gain,
-        max_p99_rise=args.max_p99_rise, p99_metric=args.p99_metric,
-        cost=cost_model_options(args), live=live, json_out=args.json, report=args.report,
-        quiet=args.quiet, pools=args.pools, predict=args.predict,
-        window=WindowRule(args.window, args.warmup_share), rate=args.rate,
-        noise_margin=args.noise_margin)
-
-
-@reports_usage_errors
-def sweep_command(args: argparse.Namespace) -> int:
-    check_flags(args, SWEEP_FLAGS)
-    return run_sweep(sweep_options(args))
+    return options_from(
+        SweepOptions, args, configs=tuple(args.configs) if args.configs else None,
+        vary=tuple(args.vary), config=config_overrides(args), slo=tuple(args.slo),
+        cost=cost_model_options(args), live=live, window=WindowRule(args.window, args.warmup_share))

@@ -2,11 +2,8 @@
 
 A workload of 10^12 requests or `--max-num-seqs 1e15` is a typo; unbounded, it is found
 out only when memory runs out, minutes later. Each bound is far above any real use and
-far below what would exhaust a machine. Workload fields (workload/), engine settings
-(config.py) and the CLI's numeric flags all read these names, so a limit is stated once.
-
-`Range` (config/validate.py's `Allowed`) and `check_flags` check the numeric flags of a
-parsed command line.
+far below what would exhaust a machine; workload fields, engine settings and the CLI's
+numeric flags all read these names.
 """
 
 from __future__ import annotations

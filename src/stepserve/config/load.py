@@ -9,13 +9,13 @@ Accepted YAML shapes, mixed freely:
     max_num_batched_tokens: 8192      # flat keys go to the section that owns them
     max-num-seqs: 40                  # vLLM's spelling: dashes, and its names
     num-gpu-blocks-override: 512      #   (VLLM_ALIASES) for settings we name otherwise
-    kv-cache-memory-bytes: 4GiB       # sizes as text, as vLLM reads them (parse_size)
+    kv-cache-memory-bytes: 4GiB       # sizes as text, as vLLM reads them (4G too)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.settings import SECTIONS, ConfigError, EngineConfig
+from stepserve.config.sizes import parse_size
 from stepserve.config.user_files import load_yaml, preview
 
 TOP_LEVEL = ("replicas", "router", "threads")
@@ -39,31 +40,23 @@ def setting_name(key: str) -> str:
     return VLLM_ALIASES.get(key, key)
 
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)")
-_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(text: str) -> int:
-    """A byte count as vLLM reads one (`human_readable_int`): `4G` is 4 GiB, `4g` 4e9,
-    a plain number is bytes. Also the IEC and SI spellings: `4GiB`/`512MiB` (binary),
-    `4GB` (decimal). ValueError naming what is allowed otherwise."""
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(f"{preview(text)} is not a size; write bytes (4294967296) or with a unit: "
-                         "4GiB, 512MiB, 4G (binary, as vLLM), 4GB or 4g (decimal)")
-    number, unit, iec, byte = m.groups()
-    if iec and not unit:
-        raise ValueError(f"{preview(text)} is not a size: 'iB' needs a unit before it (KiB, MiB, "
-                         "GiB, TiB)")
-    binary = bool(iec) or (unit.isupper() and not byte)
-    scale = (1024 if binary else 1000) ** _POWER[unit.lower()]
-    if "." in number and scale == 1:
-        raise ValueError(f"{preview(text)}: a number of bytes must be whole")
-    return int(float(number) * scale) if "." in number else int(number) * scale
-
-
 # settings that may be given as text, and how that text reads
-TEXT_VALUES = {"kv_cache_memory": parse_size}
+TEXT_VALUES = {"kv_cache_memory": functools.partial(parse_size, one_letter=True)}
+
+
+def config_fields() -> Iterator[tuple[str, dataclasses.Field]]:
+    """Every setting as (section, field): the sections' fields, then the top-level ones
+    (section ""). Each field's metadata holds its help text, kind and what it allows."""
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            yield section, f
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in TOP_LEVEL:
+            yield "", f
+
+
+# which section owns each setting ("": the top level), in the order messages list them
+OWNER = {name: "" for name in TOP_LEVEL} | {f.name: s for s, f in config_fields() if s}
 
 
 def _value_of(key: str, value: Any) -> Any:
@@ -77,73 +70,37 @@ def _value_of(key: str, value: Any) -> Any:
         raise ConfigError(f"{key}: {e}") from None
 
 
-def _owner_of(key: str) -> str | None:
-    """Which section owns a flat key."""
-    for section, cls in SECTIONS.items():
-        if key in {f.name for f in dataclasses.fields(cls)}:
-            return section
-    return None
-
-
-def _all_keys() -> list[str]:
-    keys = list(TOP_LEVEL)
-    for cls in SECTIONS.values():
-        keys += [f.name for f in dataclasses.fields(cls)]
-    return keys
-
-
-def apply_flat(base: EngineConfig, changes: dict[str, Any]) -> EngineConfig:
-    """Apply {key: value} where keys are field names of any section or top-level."""
-    nested: dict[str, Any] = {}
-    for key, value in changes.items():
-        key = setting_name(key)
-        if key in TOP_LEVEL:
-            nested[key] = value
-            continue
-        section = _owner_of(key)
-        if section is None:
-            raise ConfigError(f"unknown setting {preview(key)}; known settings: {', '.join(_all_keys())}")
-        nested.setdefault(section, {})[key] = value
-    return apply_nested(base, nested)
-
-
 def apply_nested(base: EngineConfig, data: dict[str, Any],
                  skip: frozenset[str] = frozenset()) -> EngineConfig:
     """Apply a YAML-shaped dict (sections and/or flat keys, either spelling) on top of
-    `base`. `skip`: top-level keys (our names) that are not settings but another reader's
-    (a command's own flags in a vLLM-style file, read by the CLI)."""
+    `base`; a flat key wins over its section's entry. `skip`: top-level keys (our names)
+    that are not settings but another reader's (a command's own flags in a vLLM-style
+    file, read by the CLI)."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping of settings, got {type(data).__name__}")
-    sections: dict[str, dict[str, Any]] = {}
-    top: dict[str, Any] = {}
-    flat: dict[str, Any] = {}
-    for raw_key, value in data.items():
+    changes: dict[str, dict[str, Any]] = {}  # by section, "" the top level
+    for raw_key, value in sorted(data.items(), key=lambda kv: str(kv[0]) not in SECTIONS):
         key = setting_name(str(raw_key))
         if key in skip:
             continue
         if key in SECTIONS:
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: must be a mapping of settings, got {preview(value)}")
-            cls = SECTIONS[key]
-            names = {f.name for f in dataclasses.fields(cls)}
-            value = {setting_name(str(sub)): v for sub, v in value.items()}
-            for sub in value:
+            names = [name for name, owner in OWNER.items() if owner == key]
+            for sub, v in value.items():
+                sub = setting_name(str(sub))
                 if sub not in names:
-                    raise ConfigError(
-                        f"unknown setting {key}.{sub}; allowed in {key}: {', '.join(sorted(names))}")
-            sections.setdefault(key, {}).update(
-                {sub: _value_of(sub, v) for sub, v in value.items()})
-        elif key in TOP_LEVEL:
-            top[key] = value
+                    raise ConfigError(f"unknown setting {key}.{sub}; allowed in {key}: "
+                                      f"{', '.join(sorted(names))}")
+                changes.setdefault(key, {})[sub] = _value_of(sub, v)
+        elif key in OWNER:
+            changes.setdefault(OWNER[key], {})[key] = value if key in TOP_LEVEL \
+                else _value_of(key, value)
         else:
-            flat[key] = value
-    for key, value in flat.items():
-        section = _owner_of(key)
-        if section is None:
-            raise ConfigError(f"unknown setting {preview(key)}; known settings: {', '.join(_all_keys())}")
-        sections.setdefault(section, {})[key] = _value_of(key, value)
-    kwargs: dict[str, Any] = dict(top)
-    for section, values in sections.items():
+            raise ConfigError(f"unknown setting {preview(key)}; known settings: "
+                              f"{', '.join(OWNER)}")
+    kwargs = changes.pop("", {})
+    for section, values in changes.items():
         kwargs[section] = dataclasses.replace(getattr(base, section), **values)
     return dataclasses.replace(base, **kwargs)
 
@@ -151,7 +108,6 @@ def apply_nested(base: EngineConfig, data: dict[str, Any],
 def load_config(path: str | Path, base: EngineConfig | None = None,
                 skip: frozenset[str] = frozenset()) -> EngineConfig:
     """Read a YAML config file; every error names the file. `skip`: see apply_nested."""
-    where = f"config file {str(path)!r}"
     try:
         data = load_yaml(path, "config file")
     except UsageError as e:
@@ -159,16 +115,13 @@ def load_config(path: str | Path, base: EngineConfig | None = None,
     try:
         return apply_nested(base or EngineConfig(), {} if data is None else data, skip)
     except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"config file {str(path)!r}: {e}") from None
 
 
 def to_dict(config: EngineConfig) -> dict[str, Any]:
     """The config as a YAML-shaped dict (what load_config reads back)."""
-    out: dict[str, Any] = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
-    out["replicas"] = config.replicas
-    out["router"] = config.router
-    out["threads"] = config.threads
-    return out
+    return {**{name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS},
+            **{name: getattr(config, name) for name in TOP_LEVEL}}
 
 
 # ---- settings given by name (the CLI's vLLM-style flags build these) ----
@@ -181,17 +134,6 @@ def parse_bool(text: str) -> bool:
     if low in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected true or false, got {preview(text)}")
-
-
-def config_fields() -> Iterator[tuple[str, dataclasses.Field]]:
-    """Every setting as (section, field): the sections' fields, then the top-level ones
-    (section ""). Each field's metadata holds its help text, kind, bounds and choices."""
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            yield section, f
-    for f in dataclasses.fields(EngineConfig):
-        if f.name in TOP_LEVEL:
-            yield "", f
 
 
 @dataclass(frozen=True)
@@ -221,13 +163,12 @@ class ConfigOverrides:
             return True
         if not self.config_file:
             return False
-        data = load_yaml(self.config_file, "config file") or {}
-        keys = {setting_name(str(k)) for k in data} if isinstance(data, dict) else set()
-        for section in SECTIONS:
-            if isinstance(data.get(section), dict):
-                keys |= {setting_name(str(k)) for k in data[section]}
-        return name in keys
+        data = load_yaml(self.config_file, "config file")
+        if not isinstance(data, dict):
+            return False
+        keys = [*data, *(k for s in SECTIONS if isinstance(data.get(s), dict) for k in data[s])]
+        return name in {setting_name(str(k)) for k in keys}
 
     def apply_settings(self, base: EngineConfig) -> EngineConfig:
         """Only the settings on `base` (a config that came from another file)."""
-        return apply_flat(base, dict(self.settings)) if self.settings else base
+        return apply_nested(base, dict(self.settings)) if self.settings else base

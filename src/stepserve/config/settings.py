@@ -32,29 +32,24 @@ class ConfigError(UsageError):
 
 
 def knob(default: Any, help: str, kind: type, *, lo: float | None = None,
-         hi: float | None = None, choices: tuple[str, ...] | None = None,
-         optional: bool = False) -> Any:
+         hi: float | None = None, choices: tuple[str, ...] = (), optional: bool = False) -> Any:
     """A config field: default, help text, type and bounds (inclusive)."""
-    allowed = Allowed(lo, hi, kind, choices=choices or (), optional=optional)
-    meta = {"help": help, "kind": kind, "choices": choices, "allowed": allowed}
-    return field(default=default, metadata=meta)
-
-
-def check_value(section: str, name: str, value: Any, meta: dict[str, Any]) -> Any:
-    """Validate (and for floats, normalise) one value; raise ConfigError if bad."""
-    key = f"{section}.{name}" if section else name
-    return meta["allowed"].check(key, value, ConfigError)
+    allowed = Allowed(lo, hi, kind, choices=choices, optional=optional)
+    return field(default=default, metadata={"help": help, "kind": kind, "allowed": allowed})
 
 
 class _Section:
-    """Base for config sections: validates every field after construction."""
+    """Base for config sections (and the whole config): checks each setting after
+    construction (a float setting normalised to float), then the cross-field rules."""
 
     SECTION = ""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = check_value(self.SECTION, f.name, getattr(self, f.name), f.metadata)
-            object.__setattr__(self, f.name, value)
+            if "allowed" in f.metadata:  # a setting, not a section
+                key = f"{self.SECTION}.{f.name}" if self.SECTION else f.name
+                value = f.metadata["allowed"].check(key, getattr(self, f.name), ConfigError)
+                object.__setattr__(self, f.name, value)
         self._check_relations()
 
     def _check_relations(self) -> None:
@@ -194,7 +189,7 @@ class CacheConfig(_Section):
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(_Section):
     """Everything one deployment needs: scheduler, queue, cache, replicas, threads."""
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -208,16 +203,11 @@ class EngineConfig:
                         "processes at normal priority keep cores busy", int, lo=1,
                         hi=MAX_THREADS, optional=True)
 
-    def __post_init__(self) -> None:
-        for name in ("replicas", "router", "threads"):
-            f = next(x for x in dataclasses.fields(self) if x.name == name)
-            check_value("", name, getattr(self, name), f.metadata)
-
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with flat changes, e.g. replace(max_num_seqs=40, max_waiting=24)."""
-        from stepserve.config.load import apply_flat
+        from stepserve.config.load import apply_nested
 
-        return apply_flat(self, changes)
+        return apply_nested(self, changes)
 
 
 SECTIONS: dict[str, type[_Section]] = {

@@ -48,45 +48,37 @@ def read_text(path: str | Path, what: str) -> str:
                          f"{e.start})") from None
 
 
-def json_error(e: json.JSONDecodeError) -> str:
-    return f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
-
-
 def load_json(path: str | Path, what: str) -> Any:
     """A user's JSON file, parsed. NaN and Infinity are read as Python reads them (our own
     writers may emit them); callers that need finite numbers check their values."""
-    text = read_text(path, what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{what} {str(path)!r}: {json_error(e)}") from None
-    except (RecursionError, ValueError) as e:  # nested too deeply; a 5,000-digit number
-        raise UsageError(f"{what} {str(path)!r}: not valid JSON ({type(e).__name__}: "
-                         f"{e})") from None
-
-
-def yaml_error(e: yaml.YAMLError) -> str:
-    """One line: the parser's problem and where it is (1-based, as editors count)."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or str(e)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"not valid YAML ({' '.join(problem.split())}{where})"
+    return _parsed(path, what, json.loads, "JSON")
 
 
 def load_yaml(path: str | Path, what: str) -> Any:
     """A user's YAML file, parsed (the safe loader: plain data only). Anchors and aliases
     are read, but a file whose aliases would repeat more than MAX_ALIAS_VALUES values, or
     refer to a value from inside itself, is refused before any value is built."""
+    return _parsed(path, what, _parse_yaml, "YAML")
+
+
+def _parsed(path: str | Path, what: str, parse: Callable[[str], Any], language: str) -> Any:
+    """`parse` of the file's text; a UsageError naming the file, and for a syntax error
+    where it is (1-based, as editors count)."""
     text = read_text(path, what)
     try:
-        return _parse_yaml(text)
+        return parse(text)
+    except json.JSONDecodeError as e:
+        problem = f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
     except yaml.YAMLError as e:
-        raise UsageError(f"{what} {str(path)!r}: {yaml_error(e)}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        said = " ".join((getattr(e, "problem", None) or str(e)).split())
+        problem = f"not valid YAML ({said}{where})"
     except (RecursionError, ValueError) as e:  # nested too deeply; a 5,000-digit number
-        raise UsageError(f"{what} {str(path)!r}: not valid YAML ({type(e).__name__}: "
-                         f"{e})") from None
+        problem = f"not valid {language} ({type(e).__name__}: {e})"
     except _AliasBomb as e:
-        raise UsageError(f"{what} {str(path)!r}: {e}") from None
+        problem = str(e)
+    raise UsageError(f"{what} {str(path)!r}: {problem}") from None
 
 
 # Aliases let a short file stand for a huge value (nine nested lists of ten aliases are a
@@ -126,12 +118,9 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> i
         raise _AliasBomb(f"the value at line {mark.line + 1}, column {mark.column + 1} "
                          "contains an alias of itself; a value cannot hold itself")
     open_.add(key)
-    if isinstance(node, yaml.SequenceNode):
-        children = node.value
-    elif isinstance(node, yaml.MappingNode):
-        children = [part for pair in node.value for part in pair]
-    else:
-        children = []
+    children = node.value if isinstance(node, yaml.SequenceNode) else \
+        [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) \
+        else []
     total = 1 + sum(_expanded_size(child, sizes, open_) for child in children)
     open_.discard(key)
     sizes[key] = total
@@ -238,7 +227,5 @@ def write_outputs(outputs: Iterable[OutputFile]) -> str | None:
             failed.append(f"{out.flag} {str(out.path)!r} not written ({e.strerror or e})")
             continue
         print(f"wrote {written or out.path}")
-    if not failed:
-        return None
     return "; ".join(failed) + " (a file is written whole or not at all: one that was " \
-        "there before is unchanged)"
+        "there before is unchanged)" if failed else None

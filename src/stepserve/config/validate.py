@@ -1,15 +1,9 @@
 """The one validator for a user's number, range or choice, and the one message shape.
 
-Every layer checks values a user gave (engine settings, workload files, command-line
-flags, request fields) and each keeps its own error type (`ConfigError`,
-`WorkloadError`, `ValueError`, `UsageError`), but whether a value is of the right kind
-and within its bounds is decided here, and the refusal always reads
-
-    max_num_seqs = 0: must be an integer in [1, 65536]
-
-the name, the value as given (`preview`), and what is allowed. An `Allowed` states one
-field's kind and bounds; `problem()` returns the refusal (None: fine) for callers that
-collect several, `check()` returns the checked value or raises the caller's error type.
+Every layer (engine settings, workload files, flags, request fields) keeps its own error
+type, but whether a value is of the right kind and within its bounds is decided here,
+and the refusal always reads `max_num_seqs = 0: must be an integer in [1, 65536]`: the
+name, the value as given (`preview`), and what is allowed.
 
 Kinds: `int` (a bool is not an integer), `float` (an int or float, returned as float;
 NaN never, infinity only with `inf_ok`), `bool`, `str` (with `choices`: one of them).
@@ -100,7 +94,8 @@ class Allowed:
         return ""
 
     def problem(self, name: str, value: Any) -> str | None:
-        """The refusal of `value` for field `name` (None: it is allowed)."""
+        """The refusal of `value` for field `name` (None: it is allowed), for callers that
+        collect several."""
         return None if self._fits(value) else refusal(name, value, self)
 
     def check(self, name: str, value: Any, error: type[Exception] = UsageError) -> Any:
@@ -112,23 +107,17 @@ class Allowed:
     def _fits(self, value: Any) -> bool:
         if value is None:
             return self.optional
-        if isinstance(value, bool):
-            return self.kind is bool
-        if self.kind is bool:
-            return False
+        if isinstance(value, bool) or self.kind is bool:
+            return isinstance(value, bool) and self.kind is bool
         if self.kind is str:
             return isinstance(value, str) and (not self.choices or value in self.choices)
-        if self.kind is int and not isinstance(value, int):
-            return False
-        if not isinstance(value, (int, float)):
+        if not isinstance(value, int if self.kind is int else (int, float)):
             return False
         if self.kind is float:
             if isinstance(value, int) and abs(value) > 1e308:  # float() would overflow
                 return False
-            if math.isinf(value):
-                return self.inf_ok and value > 0
-            if math.isnan(value):
-                return False
+            if not math.isfinite(value):  # NaN never
+                return self.inf_ok and value == math.inf
         return self._within(value)
 
     def _within(self, value: float) -> bool:

@@ -1,31 +1,25 @@
 """How many sequences one replica's KV cache holds, and how many replicas a peak needs.
 
-The promo-spike incident's arithmetic ("38 GB / (4096 x 192 KiB) ~ 47, keep 15% -> 40, 2 replicas cannot
-take 140 concurrent"), sized by the worst case: every running sequence may grow to
-`max_len` tokens, so a replica that admits `n` sequences must hold `n x max_len` tokens
-of KV. Sizing by the mean length is what lets long requests trigger preemption storms.
-
-* seqs_per_replica = floor(kv_memory / (max_len x kv_bytes_per_token)): the KV limit.
-* max_num_seqs = floor(kv_memory x (1 - headroom) / (max_len x kv_bytes_per_token)): the
-  setting to run with, leaving `headroom` of the KV memory free. The floor is taken once,
-  on the exact quotient (47.19 x 0.85 = 40.11 -> 40, as in the promo-spike fix; flooring twice would
-  give 39).
-* replicas = ceil(peak_concurrency / seqs_per_replica): the fewest replicas whose KV can
-  hold the peak at all (140 / 47 -> 3). Run at `max_num_seqs`, they admit
-  replicas x max_num_seqs at once; the rest of the peak waits (`queued_at_peak`), which
-  is what `max_waiting` must absorb (seed: 140 - 3 x 40 = 20, max_waiting 24).
-  `replicas_within_headroom` = ceil(peak / max_num_seqs) would run the whole peak at once.
+Sized by the worst case (the promo-spike incident's arithmetic): every running sequence
+may grow to `max_len` tokens, so a replica that admits `n` sequences must hold
+`n x max_len` tokens of KV; sizing by the mean length lets long requests trigger
+preemption storms. max_num_seqs keeps `headroom` of the KV free, its floor taken once on
+the exact quotient (47.19 x 0.85 = 40.11 -> 40; flooring twice would give 39). Run at
+max_num_seqs, the fewest replicas whose KV holds the peak admit replicas x max_num_seqs
+at once; the rest waits (`queued_at_peak`: what `max_waiting` must absorb).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
-from stepserve.plan.sizes import format_size
+from stepserve.config.sizes import format_size
+from stepserve.config.validate import Allowed
+
+POSITIVE = Allowed(1)
+HEADROOM = Allowed(0, 1, float, hi_open=True, note=", e.g. 0.15 keeps 15% free")
 
 
 @dataclass(frozen=True)
@@ -45,23 +39,17 @@ class CapacityResult:
     queued_at_peak: int  # max(0, peak - replicas x max_num_seqs): waiting at peak
     replicas_within_headroom: int  # ceil(peak_concurrency / max_num_seqs)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-
-def capacity(
-    kv_memory_bytes: int,
-    kv_bytes_per_token: int,
-    max_len: int,
-    headroom: float,
-    peak_concurrency: int,
-) -> CapacityResult:
+def capacity(kv_memory_bytes: int, kv_bytes_per_token: int, max_len: int, headroom: float,
+             peak_concurrency: int) -> CapacityResult:
     """Size one replica's concurrency from its KV memory, and the replicas for a peak."""
-    _check_positive_int("kv_memory_bytes", kv_memory_bytes)
-    _check_positive_int("kv_bytes_per_token", kv_bytes_per_token)
-    _check_positive_int("max_len", max_len)
-    _check_positive_int("peak_concurrency", peak_concurrency)
-    keep = _check_headroom(headroom)
+    for name, value in (("kv_memory_bytes", kv_memory_bytes),
+                        ("kv_bytes_per_token", kv_bytes_per_token), ("max_len", max_len),
+                        ("peak_concurrency", peak_concurrency)):
+        POSITIVE.check(name, value, ValueError)
+    HEADROOM.check("headroom", headroom, ValueError)
+    # 1 - headroom as an exact fraction of the decimal the user wrote (0.1 is 1/10)
+    keep = 1 - Fraction(repr(float(headroom)))
 
     bytes_per_seq = max_len * kv_bytes_per_token
     seqs_per_replica = kv_memory_bytes // bytes_per_seq
@@ -80,30 +68,9 @@ def capacity(
         )
     replicas = -(-peak_concurrency // seqs_per_replica)
     return CapacityResult(
-        kv_memory_bytes=kv_memory_bytes,
-        kv_bytes_per_token=kv_bytes_per_token,
-        max_len=max_len,
-        headroom=float(headroom),
-        peak_concurrency=peak_concurrency,
-        tokens_capacity=kv_memory_bytes // kv_bytes_per_token,
-        bytes_per_seq=bytes_per_seq,
-        seqs_per_replica=seqs_per_replica,
-        max_num_seqs=max_num_seqs,
-        replicas=replicas,
+        kv_memory_bytes=kv_memory_bytes, kv_bytes_per_token=kv_bytes_per_token,
+        max_len=max_len, headroom=float(headroom), peak_concurrency=peak_concurrency,
+        tokens_capacity=kv_memory_bytes // kv_bytes_per_token, bytes_per_seq=bytes_per_seq,
+        seqs_per_replica=seqs_per_replica, max_num_seqs=max_num_seqs, replicas=replicas,
         queued_at_peak=max(0, peak_concurrency - replicas * max_num_seqs),
-        replicas_within_headroom=-(-peak_concurrency // max_num_seqs),
-    )
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} = {value!r}: must be an integer >= 1")
-
-
-def _check_headroom(headroom: Any) -> Fraction:
-    """1 - headroom as an exact fraction of the decimal the user wrote (0.1 is 1/10)."""
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
-        raise ValueError(f"headroom = {headroom!r}: must be a number in [0, 1)")
-    if not (0 <= headroom < 1):  # also rejects NaN
-        raise ValueError(f"headroom = {headroom!r}: must be in [0, 1), e.g. 0.15 keeps 15% free")
-    return 1 - Fraction(repr(float(headroom)))
+        replicas_within_headroom=-(-peak_concurrency // max_num_seqs))

@@ -1,44 +1,21 @@
 """`stepserve plan speedup | capacity | models`'s jobs: the incidents' arithmetic, printed.
 
-Every number printed comes with one line saying how it was computed. `as_json` prints the
-result dataclass as JSON instead. Each returns an exit code; a bad value prints
-`error: ...` to stderr and returns 2. Counts and sizes are bounded by limits.py: the
-arithmetic would take them, but a request count of 10^15 is a typo.
+Every number printed comes with one line saying how it was computed; `as_json` prints the
+result dataclass instead. A bad value prints `error: ...` and returns 2. Counts and sizes
+are bounded by limits.py: the arithmetic would take them, but 10^15 requests is a typo.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict
 
 from stepserve.config import limits
 from stepserve.config.errors import UsageError, report_error
+from stepserve.config.sizes import format_size, parse_size
 from stepserve.plan.capacity import CapacityResult, capacity
 from stepserve.plan.model_specs import get_model_spec, list_model_specs
-from stepserve.plan.sizes import format_size, parse_size
 from stepserve.plan.speedup import SpeedupResult, parse_group, speedup
-
-
-@dataclass(frozen=True)
-class SpeedupOptions:
-    groups: tuple[str, ...]  # COUNTxLENGTH, e.g. "10x2000"
-    concurrency: int  # slots per static batch (max_num_seqs)
-    as_json: bool = False
-    order: str = "given"  # how requests fill the static batches (speedup.ORDERS)
-
-
-@dataclass(frozen=True)
-class CapacityOptions:
-    """KV bytes per token either given (`kv_bytes_per_token`, e.g. "192KiB") or derived
-    from a model preset (`model_spec`)."""
-
-    kv_memory: str  # per replica, e.g. "38GB"
-    max_len: int
-    peak_concurrency: int
-    kv_bytes_per_token: str | None = None
-    model_spec: str | None = None
-    headroom: float = 0.15
-    as_json: bool = False
 
 
 def _checked_groups(texts: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -57,42 +34,42 @@ def _checked_size(flag: str, text: str, most: int) -> int:
     return size
 
 
-def run_speedup(options: SpeedupOptions) -> int:
+def run_speedup(groups: tuple[str, ...], concurrency: int, order: str = "given",
+                as_json: bool = False) -> int:
+    """`groups` as COUNTxLENGTH ("10x2000"), `concurrency` slots per static batch,
+    `order` how requests fill the batches (speedup.ORDERS)."""
     try:
-        groups = _checked_groups(options.groups)
-        result = speedup(groups, options.concurrency, options.order)
+        result = speedup(_checked_groups(groups), concurrency, order)
     except ValueError as exc:
         return report_error(exc)
-    if options.as_json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(format_speedup(result))
+    print(json.dumps(asdict(result), indent=2) if as_json else format_speedup(result))
     return 0
 
 
-def run_capacity(options: CapacityOptions) -> int:
-    o = options
+def run_capacity(kv_memory: str, max_len: int, peak_concurrency: int, *,
+                 kv_bytes_per_token: str | None = None, model_spec: str | None = None,
+                 headroom: float = 0.15, as_json: bool = False) -> int:
+    """Sizes as text ("38GB", "192KiB"); KV bytes per token either given or derived from
+    a model preset (`model_spec`)."""
     try:
-        kv_memory = _checked_size("--kv-memory", o.kv_memory, limits.MAX_KV_BYTES)
-        if o.model_spec is not None:
-            spec = get_model_spec(o.model_spec)
+        kv_memory_bytes = _checked_size("--kv-memory", kv_memory, limits.MAX_KV_BYTES)
+        if model_spec is not None:
+            spec = get_model_spec(model_spec)
             per_token = spec.kv_bytes_per_token
             source = (f"{spec.name}: 2 (K,V) x {spec.num_layers} layers x {spec.num_kv_heads} "
                       f"kv heads x {spec.head_dim} head_dim x {spec.dtype_bytes} bytes")
-        elif o.kv_bytes_per_token is not None:
+        elif kv_bytes_per_token is not None:
             spec = None
-            per_token = _checked_size("--kv-bytes-per-token", o.kv_bytes_per_token,
+            per_token = _checked_size("--kv-bytes-per-token", kv_bytes_per_token,
                                       limits.MAX_KV_BYTES_PER_TOKEN)
             source = "given (--kv-bytes-per-token)"
         else:
             raise UsageError("give --kv-bytes-per-token SIZE or --model-spec NAME")
-        result = capacity(kv_memory, per_token, o.max_len, o.headroom, o.peak_concurrency)
+        result = capacity(kv_memory_bytes, per_token, max_len, headroom, peak_concurrency)
     except ValueError as exc:
         return report_error(exc)
-    if o.as_json:
-        out = result.to_dict()
-        out["model_spec"] = spec.name if spec else None
-        print(json.dumps(out, indent=2))
+    if as_json:
+        print(json.dumps({**asdict(result), "model_spec": spec and spec.name}, indent=2))
     else:
         print(format_capacity(result, source))
     return 0

@@ -41,7 +41,7 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("smollm2-360m", 361_821_120, 32, 960, 15, 5, 64, 2, 49_152, 2_560),
     ModelSpec("qwen2.5-0.5b", 494_032_768, 24, 896, 14, 2, 64, 2, 151_936, 4_864),
     ModelSpec("qwen2.5-7b", 7_615_616_512, 28, 3_584, 28, 4, 128, 2, 152_064, 18_944),
-    # 48 layers x 8 KV heads x 128 x 2 x bf16 = 192 KiB per token: the promo-spike incident's figure.
+    # 48 layers x 8 KV heads x 128 x 2 x bf16 = 192 KiB per token: the promo-spike figure
     ModelSpec("qwen2.5-14b", 14_770_033_664, 48, 5_120, 40, 8, 128, 2, 152_064, 13_824),
     ModelSpec("llama-2-7b", 6_738_415_616, 32, 4_096, 32, 32, 128, 2, 32_000, 11_008),
     ModelSpec("llama-2-13b", 13_015_864_320, 40, 5_120, 40, 40, 128, 2, 32_000, 13_824),

@@ -2,46 +2,40 @@
 
 The night-report incident's arithmetic, done exactly:
 
-* Static batching serves requests in batches of `concurrency` slots, **in arrival
-  order**: the groups in the order given (then requests within a group), or longest
-  first with `order="longest-first"`; the last batch may be partial. A batch holds all
-  of its slots until its longest member finishes, so it takes `max(length)` steps, and
-  `static_steps` is the sum of that over the batches.
-* Where the requests need more than one batch, the order changes the answer (20x2000 +
-  108x20 at 64: the longs together take 2,020 steps, one batch each 4,000), so the
-  result also gives the range over every order: the fewest static steps come longest
-  first (the k-th batch's longest is then the (k-1)c+1-th longest request, which no
-  order beats); the most when the B = ceil(n / c) longest requests sit one per batch
-  (each batch's longest is a different request, so no order does worse). One batch:
-  the range is a single value.
-* Slot utilisation = useful tokens / (concurrency x static steps): the share of
-  slot-steps that produced an output token. Empty slots of a partial last batch count as
-  idle, because a static scheduler holds them idle too.
-* Ideal steps = useful tokens / concurrency. This is continuous batching in steady state:
-  every slot a finished request leaves is refilled at once from an endless stream of the
-  same mix, so no slot-step is wasted. It ignores the drain at the very end of a finite
-  run, where fewer than `concurrency` requests are left; that is why a single run of
-  9x20 + 1x2000 at 10 slots still takes 2000 steps (`longest_request_steps`) while the
-  seed quotes its cap as ~9x: the cap is about throughput under sustained load.
-* Speedup cap = static steps / ideal steps, which equals 1 / slot utilisation.
-
-Seed checks: 10x2000 + 54x20 at 64 -> 16.5%, ideal 329.4 steps, cap 6.07x (any order);
-9x20 + 1x2000 at 10 -> 10.9%, cap 9.17x; A20/B50/C30/D200 at 4 -> 37.5%, cap 2.67x.
+* Static batching serves requests in batches of `concurrency` slots in arrival order
+  (the groups as given, or longest first); a batch holds all its slots until its
+  longest member finishes, so it takes `max(length)` steps, and `static_steps` sums that.
+* With more than one batch the order changes the answer (20x2000 + 108x20 at 64: the
+  longs together take 2,020 steps, one per batch 4,000), so the result also gives the
+  range over every order: the fewest static steps come longest first (the k-th batch's
+  longest is then the (k-1)c+1-th longest request, which no order beats), the most when
+  the ceil(n / c) longest requests sit one per batch.
+* Slot utilisation = useful tokens / (concurrency x static steps); the empty slots of a
+  partial last batch count as idle, as a static scheduler holds them idle too.
+* Ideal steps = useful tokens / concurrency: continuous batching in steady state, every
+  freed slot refilled at once. It ignores a finite run's drain, which is why 9x20 +
+  1x2000 at 10 slots still takes 2000 steps (`longest_request_steps`) while its cap is
+  ~9x: the cap is about throughput under sustained load.
+* Speedup cap = static steps / ideal steps = 1 / slot utilisation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
+
+from stepserve.config.validate import Allowed
 
 Group = tuple[int, int]  # (number of requests, output length in tokens/steps)
 ORDERS = ("given", "longest-first")  # how requests fill the static batches
 Composition = tuple[Group, ...]  # one batch: runs of (count, length), adjacent lengths distinct
 
 _GROUP_RE = re.compile(r"^\s*(\d+)\s*[xX\u00d7*]\s*(\d+)\s*$")
+POSITIVE = Allowed(1)
 
 
 @dataclass(frozen=True)
@@ -82,9 +76,6 @@ class SpeedupResult:
     slot_utilization_min: float
     slot_utilization_max: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def parse_group(text: str) -> Group:
     """`"10x2000"` -> (10, 2000): COUNT requests of LENGTH output tokens each."""
@@ -104,11 +95,15 @@ def speedup(groups: Sequence[Group], concurrency: int,
     """Static vs. ideal continuous batching for `groups` of (count, length) at
     `concurrency`, the batches filled in `order` (ORDERS), with the range over every
     order."""
-    groups = tuple(_checked_groups(groups))
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency = {concurrency!r}: must be an integer >= 1")
-    if order not in ORDERS:
-        raise ValueError(f"order = {order!r}: allowed: {', '.join(ORDERS)}")
+    if not groups:
+        raise ValueError("no groups: need at least one COUNTxLENGTH group of requests")
+    for group in groups:
+        if not isinstance(group, (tuple, list)) or len(group) != 2:
+            raise ValueError(f"group {group!r}: expected a (count, length) pair")
+        _check_group(group[0], group[1], tuple(group))
+    groups = tuple((count, length) for count, length in groups)
+    POSITIVE.check("concurrency", concurrency, ValueError)
+    Allowed(kind=str, choices=ORDERS).check("order", order, ValueError)
     longest_first = _longest_first(groups)
     rows, static_steps, useful_tokens, num_batches = _static(
         longest_first if order == "longest-first" else groups, concurrency)
@@ -117,28 +112,17 @@ def speedup(groups: Sequence[Group], concurrency: int,
 
     slot_steps = concurrency * static_steps
     return SpeedupResult(
-        groups=groups,
-        concurrency=concurrency,
-        num_requests=sum(count for count, _ in groups),
-        num_batches=num_batches,
-        useful_tokens=useful_tokens,
-        static_steps=static_steps,
-        ideal_steps=useful_tokens / concurrency,
-        slot_utilization=useful_tokens / slot_steps,
-        # One division of exact integers, so equal lengths give exactly 1.0.
-        speedup_cap=slot_steps / useful_tokens,
-        idle_slot_steps=slot_steps - useful_tokens,
-        longest_request_steps=max(length for _, length in groups),
-        batches=tuple(rows),
-        fill_order=order,
-        order_sensitive=fewest != most,
-        static_steps_min=fewest,
-        static_steps_max=most,
-        speedup_cap_min=concurrency * fewest / useful_tokens,
+        groups=groups, concurrency=concurrency, num_requests=sum(c for c, _ in groups),
+        num_batches=num_batches, useful_tokens=useful_tokens, static_steps=static_steps,
+        ideal_steps=useful_tokens / concurrency, slot_utilization=useful_tokens / slot_steps,
+        # one division of exact integers, so equal lengths give exactly 1.0
+        speedup_cap=slot_steps / useful_tokens, idle_slot_steps=slot_steps - useful_tokens,
+        longest_request_steps=max(length for _, length in groups), batches=tuple(rows),
+        fill_order=order, order_sensitive=fewest != most, static_steps_min=fewest,
+        static_steps_max=most, speedup_cap_min=concurrency * fewest / useful_tokens,
         speedup_cap_max=concurrency * most / useful_tokens,
         slot_utilization_min=useful_tokens / (concurrency * most),
-        slot_utilization_max=useful_tokens / (concurrency * fewest),
-    )
+        slot_utilization_max=useful_tokens / (concurrency * fewest))
 
 
 def _static(groups: Sequence[Group], concurrency: int
@@ -147,19 +131,15 @@ def _static(groups: Sequence[Group], concurrency: int
     number of batches)."""
     rows: list[BatchStats] = []
     static_steps = useful_tokens = num_batches = 0
-    for composition, repeat in _merged(_batches(groups, concurrency)):
+    # identical consecutive batches merged, so the breakdown stays short
+    for composition, run in groupby(_batches(groups, concurrency), key=lambda b: b[0]):
+        repeat = sum(n for _, n in run)
         steps = max(length for _, length in composition)
         useful = sum(count * length for count, length in composition)
-        rows.append(
-            BatchStats(
-                first_batch=num_batches,
-                num_batches=repeat,
-                num_requests=sum(count for count, _ in composition),
-                steps=steps,
-                useful_tokens=useful,
-                slot_utilization=useful / (concurrency * steps),
-            )
-        )
+        rows.append(BatchStats(
+            first_batch=num_batches, num_batches=repeat,
+            num_requests=sum(count for count, _ in composition), steps=steps,
+            useful_tokens=useful, slot_utilization=useful / (concurrency * steps)))
         static_steps += repeat * steps
         useful_tokens += repeat * useful
         num_batches += repeat
@@ -168,9 +148,9 @@ def _static(groups: Sequence[Group], concurrency: int
 
 def _longest_first(groups: Sequence[Group]) -> tuple[Group, ...]:
     """The same requests, longest first, equal lengths merged."""
-    merged: dict[int, int] = {}
+    merged: Counter[int] = Counter()
     for count, length in groups:
-        merged[length] = merged.get(length, 0) + count
+        merged[length] += count
     return tuple((merged[length], length) for length in sorted(merged, reverse=True))
 
 
@@ -194,32 +174,14 @@ def speedup_for_lengths(lengths: Sequence[int], concurrency: int) -> SpeedupResu
     """
     if not lengths:
         raise ValueError("lengths is empty: need at least one request")
-    groups: list[Group] = []
-    for length in lengths:
-        if groups and groups[-1][1] == length:
-            groups[-1] = (groups[-1][0] + 1, length)
-        else:
-            groups.append((1, length))
-    return speedup(groups, concurrency)
+    return speedup([(len(list(run)), n) for n, run in groupby(lengths)], concurrency)
 
 
 def _check_group(count: Any, length: Any, where: object) -> None:
     for name, value in (("count", count), ("length", length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"group {where!r}: {name} = {value!r}, must be an integer >= 1 "
-                "(a group is COUNTxLENGTH, e.g. 10x2000)"
-            )
-
-
-def _checked_groups(groups: Sequence[Group]) -> Iterator[Group]:
-    if not groups:
-        raise ValueError("no groups: need at least one COUNTxLENGTH group of requests")
-    for group in groups:
-        if not isinstance(group, (tuple, list)) or len(group) != 2:
-            raise ValueError(f"group {group!r}: expected a (count, length) pair")
-        _check_group(group[0], group[1], tuple(group))
-        yield group[0], group[1]
+        if problem := POSITIVE.problem(name, value):
+            raise ValueError(f"group {where!r}: {problem} (a group is COUNTxLENGTH, "
+                             "e.g. 10x2000)")
 
 
 def _batches(groups: Sequence[Group], concurrency: int) -> Iterator[tuple[Composition, int]]:
@@ -248,17 +210,3 @@ def _batches(groups: Sequence[Group], concurrency: int) -> Iterator[tuple[Compos
     if current:
         yield tuple(current), 1
 
-
-def _merged(batches: Iterator[tuple[Composition, int]]) -> Iterator[tuple[Composition, int]]:
-    """Merge consecutive identical batches so the breakdown stays short."""
-    last: Composition | None = None
-    repeat = 0
-    for composition, n in batches:
-        if composition == last:
-            repeat += n
-            continue
-        if last is not None:
-            yield last, repeat
-        last, repeat = composition, n
-    if last is not None:
-        yield last, repeat
