@@ -12,7 +12,7 @@ next to the library function that takes them) and calls that function.
     plan.py      stepserve plan ...      -> plan/job.run_speedup, run_capacity, run_model_specs
     doctor.py    stepserve doctor        -> metrics/doctor.run_doctor(DoctorOptions)
     sweep.py     stepserve sweep         -> sweep/job.run_sweep(SweepOptions)
-    report.py    stepserve report        -> sweep/report_job.run_report(ReportOptions)
+    report.py    stepserve report        -> sweep/report.run_report(ReportOptions)
     engine_flags.py  the vLLM-style engine flags shared by several commands
     vllm_args.py     vLLM's argv habits: `--max_num_seqs`, a flat `--config` file's flags
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stepserve.config.errors import reports_usage_errors
-from stepserve.sweep.report_job import ReportOptions, run_report
+from stepserve.sweep.report import ReportOptions, run_report
 
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """`stepserve sweep`'s job: vary settings or load on the simulator (or the load on a live
-server, `target`, see sweep/target_points.py), find the knee, write a result JSON and an HTML
+server, `target`, see sweep/points.py), find the knee, write a result JSON and an HTML
 report. Ctrl-C keeps the points already measured: the result is printed and written,
 marked interrupted, and the exit status is 130. The options are checked before any point
 runs: what a live server cannot take, and the knee's metric and SLO limits (a typo there
@@ -40,15 +40,18 @@ from stepserve.sweep.knee import (
     P99_METRIC,
     analyze_runs,
 )
-from stepserve.sweep.predict import predict_points
-from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
-from stepserve.sweep.sim_points import (
+from stepserve.sweep.points import (
     MIN_SPAN_S,
+    LiveOptions,
+    predict_points,
     run_points,
+    run_target_points,
     sized_workload,
     stderr_log,
+    target_points,
     timed_workload,
 )
+from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
 from stepserve.sweep.spec import (
     WORKLOAD_AXES,
     Axis,
@@ -57,7 +60,6 @@ from stepserve.sweep.spec import (
     parse_summary_slo,
     parse_vary,
 )
-from stepserve.sweep.target_points import LiveOptions, run_target_points, target_points
 from stepserve.sweep.text import format_knees
 from stepserve.sweep.window import STEADY, WindowRule
 from stepserve.workload.errors import WorkloadError
@@ -201,7 +203,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     base_load = WorkloadOverrides(num_requests=options.requests or DEFAULT_REQUESTS,
                                   seed=options.seed, rate=options.rate)
     # A steady window needs a span of arrivals: unless the size was given, a simulated
-    # point at a high rate gets more than the default count (sim_points.sized_workload).
+    # point at a high rate gets more than the default count (points.sized_workload).
     min_span = MIN_SPAN_S if options.requests is None and options.duration_s is None \
         and not live else None
     runs: list[RunSpec] = []

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.sweep.spec import SummarySLO
+from stepserve.sweep.spec import SummarySLO, format_x
 
 if TYPE_CHECKING:
     from stepserve.sweep.result import SweepPointResult
@@ -152,10 +152,6 @@ def find_flat(throughput: Sequence[float | None], p99: Sequence[float | None],
     return None
 
 
-def _x(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def all_numbers(values: Sequence[Any]) -> bool:
     """Every value an int or a float (a bool is a name here, not a number)."""
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
@@ -215,15 +211,15 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummar
         reason = f"no point {where} meets {slo_text}".replace("  ", " ")
     elif cliff is not None:
         assert knee is not None and saturated is not None
-        jump = (f"{p99_metric} jumps {_signed(cliff.p99_rise)} at x={_x(xs[cliff.index])}, "
-                f"throughput flat from x={_x(xs[saturated.index])}")
+        jump = (f"{p99_metric} jumps {_signed(cliff.p99_rise)} at x={format_x(xs[cliff.index])}, "
+                f"throughput flat from x={format_x(xs[saturated.index])}")
         reason = (f"the knee{meeting}: the last point before {jump}" if rec == knee else
-                  f"last point{meeting} before the knee (x={_x(xs[knee])}; {jump})")
+                  f"last point{meeting} before the knee (x={format_x(xs[knee])}; {jump})")
     elif flat is not None:
         more = ("more load there buys queueing, not tokens" if x_axis in LOAD_AXES
                 else "a larger value there bought no throughput")
-        reason = (f"no knee, but throughput stopped rising at x={_x(xs[flat])}: no point "
-                  f"from there on beats x={_x(xs[flat - 1])} by more than the "
+        reason = (f"no knee, but throughput stopped rising at x={format_x(xs[flat])}: no point "
+                  f"from there on beats x={format_x(xs[flat - 1])} by more than the "
                   f"{noise_margin:.0%} noise margin, in throughput or a lower "
                   f"{p99_metric}; last point before it{meeting}; {more}")
     else:

@@ -1,41 +1,46 @@
 """`stepserve report RESULT.json --out DIR`: PNG plots and one self-contained HTML page
-(PNGs embedded as base64, also written beside it) for a `stepserve sweep --json`,
-`stepserve simulate --json` or `stepserve bench --json` result.
-
-Time series and CDFs need per-run `timeseries` and `latency_samples` (see
-metrics.summary.measure_run); runs without them are skipped with a note on the page.
+(PNGs embedded as base64, also written beside it) for a sweep, simulate or bench result,
+or a `vllm bench serve --save-result` file. matplotlib is loaded only to draw. Runs
+without `timeseries` or `latency_samples` (metrics.summary.measure_run) are skipped with
+a note on the page.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepserve.bench.results import BenchResult
-from stepserve.config.user_files import write_atomic
+from stepserve.bench.vllm_result import bench_result_from_vllm
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import check_output_dir, load_json, write_atomic
 from stepserve.metrics.step_metrics import TimeSeries
+from stepserve.metrics.vllm_summary import is_vllm_result
+from stepserve.sim.run import SimulateResult
 from stepserve.sweep.knee import P99_METRIC, group_series
-from stepserve.sweep.knee_plot import KneeSeries, knee_plot, runs_plot
 from stepserve.sweep.plots import (
     Group,
+    KneeSeries,
     PlotRun,
+    knee_plot,
     latency_cdf,
+    runs_plot,
     save,
     timeseries_plot,
     tokens_per_step_plot,
 )
-from stepserve.sweep.result import SweepResult
+from stepserve.sweep.result import KIND, SweepResult
+from stepserve.sweep.spec import format_x
 from stepserve.sweep.text import format_knees
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from stepserve.sim.run import SimulateResult
-
-    ReportResult = SimulateResult | SweepResult | BenchResult
+ReportResult = SimulateResult | SweepResult | BenchResult
 
 SUMMARY_COLUMNS = (
     ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
@@ -70,7 +75,7 @@ def groups_of(result: ReportResult) -> list[Group]:
         name = r.sweep.series
         g = out.setdefault(name, Group(name, [], []))
         v = r.sweep.x
-        g.labels.append(f"{x}={v:g}" if isinstance(v, float) else f"{x}={v}")
+        g.labels.append(f"{x}={format_x(v)}")
         g.runs.append(r)
     return list(out.values())
 
@@ -230,3 +235,54 @@ img{{max-width:100%}}.note{{color:#a60}}pre{{font-size:12px;background:#f6f6f6;p
     path = out / "index.html"
     write_atomic(path, page)
     return path
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    result: str  # the JSON result file
+    out: str  # the folder for index.html and the PNGs
+
+
+def run_report(options: ReportOptions) -> int:
+    """Check the result, write the report, say where; the exit status."""
+    check_output_dir("--out", options.out)  # before reading and plotting
+    result = load_json(options.result, "result file")
+    if not is_vllm_result(result):  # a flat vLLM result is one run: load_result reads it
+        _check_runs(result, options.result)
+    try:
+        page = write_report(load_result(result, options.result), options.out)
+    except UsageError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:  # a run missing what the plots read
+        raise UsageError(f"{options.result}: not a result this report can read "
+                         f"({type(e).__name__}: {e})") from None
+    except OSError as e:  # the disk filled up, or the folder went away meanwhile
+        raise UsageError(f"--out {options.out!r}: cannot write the report ({e})") from None
+    print(f"wrote {page}")
+    return 0
+
+
+def _check_runs(result: Any, where: str) -> None:
+    if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
+        raise UsageError(f"{where}: not a sweep, simulate, bench or vLLM bench result (no "
+                         "runs list, no vLLM result keys)")
+    if not result["runs"]:
+        raise UsageError(f"{where}: the result has no runs: nothing to plot")
+    for i, run in enumerate(result["runs"]):
+        if not isinstance(run, dict) or not isinstance(run.get("summary"), dict):
+            raise UsageError(f"{where}: runs[{i}] is not a run (an object with a "
+                             "\"summary\" object)")
+
+
+def load_result(data: Mapping[str, Any], where: str) -> ReportResult:
+    """A result file of any version as its type: a sweep names its kind, a bench run its
+    target, a `vllm bench serve --save-result` file its flat keys; anything else with
+    runs is read as a simulate result."""
+    if is_vllm_result(data):
+        return bench_result_from_vllm(data, Path(where).stem)
+    if data.get("kind") == KIND:
+        return SweepResult.from_json(data, where)
+    runs = data["runs"]
+    if runs and all("target" in r for r in runs):
+        return BenchResult.from_json(data, where)
+    return SimulateResult.from_json(data, where)

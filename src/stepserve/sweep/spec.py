@@ -82,8 +82,9 @@ class SweepPoint:
     workload_overrides: WorkloadOverrides = WorkloadOverrides()
 
 
-def _fmt(name: str, value: Any) -> str:
-    return f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+def format_x(value: Any) -> str:
+    """A swept value as the texts and plots write it."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[SweepPoint]]:
@@ -106,7 +107,7 @@ def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[Sweep
     for r in runs:
         for combo in itertools.product(*(a.values for a in others)):
             fixed = dict(zip((a.name for a in others), combo))
-            series = " ".join([r.name] + [_fmt(k, v) for k, v in fixed.items()])
+            series = " ".join([r.name] + [f"{k}={format_x(v)}" for k, v in fixed.items()])
             for x in x_axis.values:
                 values = {**fixed, x_axis.name: x}
                 config_changes = {k: v for k, v in values.items()
@@ -114,7 +115,7 @@ def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[Sweep
                 load = WorkloadOverrides(**{k: v for k, v in values.items()
                                             if k in WORKLOAD_AXES})
                 config = r.config.replace(**config_changes) if config_changes else r.config
-                label = f"{series} {_fmt(x_axis.name, x)}"
+                label = f"{series} {x_axis.name}={format_x(x)}"
                 points.append(SweepPoint(label, series, r.name, x, values, config, load))
     return x_axis.name, points
 

@@ -6,11 +6,11 @@ recommendation, worded for what varied (a load, a setting, or named runs). Print
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stepserve.sweep.knee import LOAD_AXES, KneeResult, group_series, is_ordered
-from stepserve.sweep.predict import agreement
-from stepserve.sweep.sim_points import MIN_SPAN_S
+from stepserve.sweep.points import MIN_SPAN_S, agreement
+from stepserve.sweep.spec import format_x
 from stepserve.sweep.window import SETTLED_LIFETIMES
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def _row(run: SweepPointResult, knee: KneeResult, i: int, metric: str,
                                    ("recommended", knee.recommended_index)) if at == i]
     w = run.window
     whole = "" if w is None else "*" if not w.steady else "" if w.settled else "~"
-    return (f"  {_x(run.sweep.x) + whole:>10} {_count(s.throughput_tokens_per_s):>7} "
+    return (f"  {format_x(run.sweep.x) + whole:>10} {_count(s.throughput_tokens_per_s):>7} "
             f"{_pct(step.throughput_gain if step else None):>8} "
             f"{_num(s.metric(metric)):>11} {_pct(step.p99_rise if step else None):>9} "
             + " ".join(f"{_num(s.metric(c)):>9}" for c in others)
@@ -109,21 +109,21 @@ def _verdict(result: SweepResult, knee: KneeResult, metric: str) -> list[str]:
     x = result.x_axis
     if knee.knee_index is None:
         i = knee.flat_index
-        hint = (f" (throughput flat from {x}={_x(knee.xs[i])}, but {metric} changed only "
+        hint = (f" (throughput flat from {x}={format_x(knee.xs[i])}, but {metric} changed only "
                 f"{_pct(knee.steps[i - 1].p99_rise)} there; try another --p99-metric or "
                 "--max-p99-rise)") if i is not None else ""
         lines.append(f"  knee: none in this range{hint}")
     else:
         cliff, sat = knee.cliff_index, knee.saturated_index
         assert cliff is not None and sat is not None
-        lines.append(f"  knee: {x}={_x(knee.knee_x)}: the last point before {metric} jumps "
-                     f"{_pct(knee.cliff_p99_rise)} at {x}={_x(knee.xs[cliff])}; throughput "
-                     f"{_pct(knee.throughput_gain)} (flat) at {x}={_x(knee.xs[sat])}")
+        lines.append(f"  knee: {x}={format_x(knee.knee_x)}: the last point before {metric} jumps "
+                     f"{_pct(knee.cliff_p99_rise)} at {x}={format_x(knee.xs[cliff])}; throughput "
+                     f"{_pct(knee.throughput_gain)} (flat) at {x}={format_x(knee.xs[sat])}")
     if result.knee_rule.slos:
         slo_text = " and ".join(s.describe() for s in result.knee_rule.slos)
         lines.append(f"  {_meeting(x, knee)} {slo_text}: {_met(x, knee)}")
     rec = knee.recommended_index
-    lines.append(f"  recommended: {'none' if rec is None else _x(knee.xs[rec])} "
+    lines.append(f"  recommended: {'none' if rec is None else format_x(knee.xs[rec])} "
                  f"({knee.reason})")
     return lines
 
@@ -140,12 +140,8 @@ def _meeting(x_axis: str, knee: KneeResult) -> str:
 def _met(x_axis: str, knee: KneeResult) -> str:
     if is_ordered(knee.xs, x_axis):
         best = knee.best_slo_index
-        return "none" if best is None else _x(knee.xs[best])
-    return ", ".join(_x(v) for v, ok in zip(knee.xs, knee.slo_met) if ok) or "none"
-
-
-def _x(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
+        return "none" if best is None else format_x(knee.xs[best])
+    return ", ".join(format_x(v) for v, ok in zip(knee.xs, knee.slo_met) if ok) or "none"
 
 
 def _num(v: float | None) -> str:
