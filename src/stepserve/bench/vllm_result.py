@@ -1,30 +1,16 @@
 """`--save-result`: a run as `vllm bench serve --save-result` writes it, so tools that read
 vLLM results read ours; and a vLLM result read back as a BenchResult (`stepserve report`).
-The file goes in `--result-dir` (default: here) under `--result-filename` (default: vLLM's
-`{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json`); `SaveOptions` holds the flags.
+The file goes in `--result-dir` under `--result-filename` (default: vLLM's
+`{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json`).
 
-The flat keys and their definitions are vLLM's (vllm/benchmarks/serve.py), over the
-measured requests that were sent (warm-up and requests never sent are left out):
-
-  duration        first send to the last response's end, s
-  completed       requests that ended by stop or length; failed: the others sent
-  total_input_tokens, total_output_tokens   over completed requests (the server's usage
-                  counts; without usage the prompt's planned length and one token per chunk)
-  request_throughput = completed / duration; request_goodput = completed requests
-                  meeting every --goodput SLO / duration (None without --goodput);
-                  output_throughput = output tokens / duration; total_token_throughput =
-                  (input + output tokens) / duration
-  {mean,median,std,pNN}_{ttft,tpot,itl,e2el}_ms   for the --percentile-metrics and
-                  --metric-percentiles asked; over completed requests: TTFT = first
-                  token - send, E2EL = last token - send, TPOT = (E2EL - TTFT) / (output
-                  tokens - 1) for outputs over one token, ITL = every gap between two
-                  chunks; std is the population's; 0.0 where there is no value (as numpy
-                  gives for vLLM's empty lists)
-  max_output_tokens_per_s, max_concurrent_requests   over one-second buckets from the
-                  first completed request's send: the most chunks in a bucket, and the
-                  most completed requests active in one
-  with --save-detailed, per sent request: input_lens, output_lens (0 when failed),
-                  ttfts and itls (seconds, as vLLM), generated_texts, errors ("" when ok)
+The keys and their definitions are vLLM's (vllm/benchmarks/serve.py), over the measured
+requests that were sent, from the same figures as the bench summary (results.py). Where
+vLLM's differ: throughputs and percentiles are 0.0 where there is no value (numpy on
+vLLM's empty lists), std is the population's, total_token_throughput counts input and
+output tokens, and max_output_tokens_per_s / max_concurrent_requests are over one-second
+buckets from the first completed request's send (the most chunks in a bucket, the most
+completed requests active in one). With --save-detailed, per sent request: input_lens,
+output_lens (0 when failed), ttfts and itls (seconds), generated_texts, errors ("" ok).
 """
 
 from __future__ import annotations
@@ -46,8 +32,6 @@ from stepserve.bench.results import (
     e2e_s,
     itl_s,
     json_float,
-    latency_values,
-    tpot_s,
     ttft_s,
 )
 from stepserve.bench.slo import GoodputSLO
@@ -131,17 +115,17 @@ def _p_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def latency_keys(done: Sequence[RequestRecord], metrics: Sequence[str],
+def latency_keys(m: MeasuredRequests, metrics: Sequence[str],
                  percentiles: Sequence[float]) -> dict[str, float]:
     """mean/median/std/pNN of each metric asked, in ms, over completed requests."""
-    values = latency_values(done)
+    values = m.latency_values()
     values["e2el"] = values.pop("e2e")
     out: dict[str, float] = {}
     for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
         if name not in metrics:
             continue
-        m, median, std = _stats(values[name])
-        out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = m * 1000, median * 1000
+        m_s, median, std = _stats(values[name])
+        out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = m_s * 1000, median * 1000
         out[f"std_{name}_ms"] = std * 1000
         for p in percentiles:
             value = percentile(values[name], p) if values[name] else 0.0
@@ -176,10 +160,8 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
     """The metric keys of vLLM's result (the module doc) from a run's records."""
     m = MeasuredRequests.of(records)
     sent, done, duration = m.sent, m.done, m.duration_s
-    total_in = sum(prompt_tokens(r) for r in done)
-    total_out = sum(r.num_output_tokens for r in done)
+    total_in, total_out = m.input_tokens, m.output_tokens
     slo = slo or GoodputSLO()
-    good = sum(1 for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r)))
 
     def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
@@ -189,7 +171,7 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "duration": duration, "completed": len(done), "failed": len(sent) - len(done),
         "total_input_tokens": total_in, "total_output_tokens": total_out,
         "request_throughput": per_s(len(done)),
-        "request_goodput": None if slo.empty else per_s(good),
+        "request_goodput": None if slo.empty else per_s(m.good(slo)),
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
         "input_lens": [prompt_tokens(r) for r in sent],
@@ -199,7 +181,7 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "generated_texts": [r.generated_text for r in sent],
         "errors": ["" if r.ok else (r.error or r.outcome) for r in sent],
         "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_active}
-    out.update(latency_keys(done, metrics, percentiles))
+    out.update(latency_keys(m, metrics, percentiles))
     return out
 
 
