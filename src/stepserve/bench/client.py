@@ -1,12 +1,10 @@
 """One streamed request to an OpenAI-compatible `/v1/completions` or
 `/v1/chat/completions`, recorded.
 
-Times are seconds on the run's monotonic clock (`time.perf_counter() - t0`). A chunk
-time is taken for every SSE event whose choice carries text (chat: delta content or
-reasoning content) or a finish reason, so the last token's time is kept even when its
-text is empty; the usage-only chunk at the end (`stream_options.include_usage`) gives
-the output token count, and the prompt tokens the server's prefix cache served where it
-says so (OpenAI's usage.prompt_tokens_details.cached_tokens).
+Times are seconds on the run's monotonic clock. A chunk time is taken for every SSE event
+whose choice carries text (chat: content or reasoning content) or a finish reason, so the
+last token's time is kept even when its text is empty; the usage chunk at the end gives
+the token counts and, where the server says, the prompt tokens its prefix cache served.
 """
 
 from __future__ import annotations

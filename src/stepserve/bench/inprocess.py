@@ -1,7 +1,6 @@
 """The same workload without HTTP: through the real engine in this process (`--engine`)
-or through the simulator on a virtual clock (`--sim`). Both hand back RequestRecords,
-so the bench summary has the same keys whatever the target; the engine's own step keys
-(waiting, running, KV, preemptions ...) stand in for the /metrics scrape.
+or the simulator on a virtual clock (`--sim`). Both give RequestRecords, so the summary
+has the same keys whatever the target; the engine's own step keys stand in for /metrics.
 """
 
 from __future__ import annotations

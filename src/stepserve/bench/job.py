@@ -1,9 +1,7 @@
-"""`stepserve bench`'s job: load a target with a workload and report TTFT, TPOT, ITL,
-E2EL, throughput and goodput (vLLM's definitions), plus the target's own /metrics.
-
-The target is an HTTP server (`target`), the in-process engine (`engine`) or the
-simulator (`sim`). Exit status: 0 done (server errors are counted, not fatal); 2 bad
-input or an unreachable target; 130 interrupted (the partial result is still written).
+"""`stepserve bench`'s job: load a target (an HTTP server, the in-process engine or the
+simulator) with a workload and report vLLM's metrics plus the target's own. Exit status:
+0 done (server errors are counted, not fatal); 2 bad input or an unreachable target; 130
+interrupted (the partial result is still written).
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ import time
 from dataclasses import dataclass, replace
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.http_run import HttpRun, bench_http, check_url
-from stepserve.bench.loadgen import LoadPlan, make_records
+from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, check_url, make_records
 from stepserve.bench.prompt_maker import prompt_maker
 from stepserve.bench.request_shape import RequestShape
 from stepserve.bench.results import (

@@ -1,5 +1,5 @@
-"""The prefix cache as a bench run sees it: the hit rate from the answers' usage
-(prompt_tokens_details.cached_tokens), the repeated share from the prompts it built."""
+"""The prefix cache as a bench run sees it: the hit rate from the answers' usage, the
+repeated share from the prompts it built."""
 
 from __future__ import annotations
 

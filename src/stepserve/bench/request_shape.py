@@ -1,11 +1,8 @@
 """What one bench request looks like on the wire, as `vllm bench serve` sends it: the
-endpoint (`/v1/completions` or `/v1/chat/completions`), the sampling fields
-(`--temperature`, `--top-p`, ...; temperature 0.0 unless given), `--extra-body`, and the
-headers (`Authorization: Bearer $OPENAI_API_KEY` or `--api-key`, then `--header
-KEY=VALUE`, which win).
-
-A completions body carries `prompt` (text, or token ids when asked) and `max_tokens`; a
-chat body one user message and `max_completion_tokens`. Both stream with usage.
+endpoint, the sampling fields (temperature 0.0 unless given), `--extra-body` (merged
+last), and the headers (Bearer $OPENAI_API_KEY or `--api-key`, then `--header`, which
+win). A completions body carries `prompt` and `max_tokens`; a chat body one user message
+and `max_completion_tokens`. Both stream with usage.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
-"""A target's `/metrics`, sampled during a bench run.
+"""A target's `/metrics`, sampled during a bench run (each server's names, ours, vLLM,
+SGLang, TGI, read by metrics/prometheus.py).
 
-The Prometheus text and each server's names (ours, vLLM, SGLang, TGI) are read by
-metrics/prometheus.py; `Snapshot.level("waiting" | "running" | "kv_usage")` and
-`Snapshot.counter(...)` give the same signal whatever the target.
-
-Summary keys (None where the target exposes no such series):
-  waiting_max, running_max, kv_usage_max (0..1): highest sampled level;
-  preemptions: counter delta over the run; server_requests_finished (stop + length),
-  server_generation_tokens, server_prompt_tokens: counter deltas;
-  waiting_p50, waiting_nonzero_share (share of samples with a queue), waiting_growth
-  (least-squares slope of the sampled queue, requests/s) and waiting_trend_rise (that
-  slope times the sampled window), named as in metrics/summary.py so the doctor's
-  queue rules read them; metrics_source ("stepserve", "vllm", "sglang", "tgi" or None),
-  scrape_samples; mean_step_s, step_p50_s, step_p99_s: the engine's step time over the
-  run, from its step-time histogram (ours and TGI's; vLLM and SGLang publish none).
-  Only when some scrape failed: scrape_failures (how many) and scrape_error (the first).
-
-A failed scrape (unreachable, reset, an HTTP error, text with no known series, or past
-a limit: the deadline of a whole scrape, the body's size, the count of series) is skipped
-and counted, never fatal, as `doctor --url` does: both read a target through
-metrics/bounded_scrape.py. The first is tried twice, and when both fail the run goes on
-without /metrics.
+The summary keys (None where the target exposes no such series): the highest sampled
+levels, the counters' increases over the run, the queue's shape named as in
+metrics/summary.py so the doctor's queue rules read them (waiting_p50,
+waiting_nonzero_share, waiting_growth: the least-squares slope in requests/s,
+waiting_trend_rise: that slope times the window), and the step time from the engine's
+step-time histogram (ours and TGI's). A failed scrape is skipped and counted, never
+fatal, as `doctor --url` does (both read through metrics/bounded_scrape.py).
 """
 
 from __future__ import annotations

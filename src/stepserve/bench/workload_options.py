@@ -1,8 +1,6 @@
 """The bench's request list from its options: a built-in scenario, a workload file, or a
-dataset as `vllm bench serve --dataset-name` names it (random lengths, a ShareGPT-style
-JSON file: workload/sharegpt.py, or prefix_repetition: prompts that open with one of a
-few shared prefixes), with the arrival process, count and seed overridden
-(workload/overrides.py)."""
+dataset as `vllm bench serve --dataset-name` names it (random lengths, a ShareGPT file,
+prefix_repetition, a Mooncake trace), with the arrivals, count and seed overridden."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """`stepserve sweep`'s job: vary settings or load on the simulator (or the load on a live
-server, `target`, see sweep/points.py), find the knee, write a result JSON and an HTML
-report. Ctrl-C keeps the points already measured: the result is printed and written,
-marked interrupted, and the exit status is 130. The options are checked before any point
-runs: what a live server cannot take, and the knee's metric and SLO limits (a typo there
-would be silently never met)."""
+server), find the knee, write a result JSON and an HTML report. Ctrl-C keeps the points
+measured: the result is written, marked interrupted, exit status 130. The options are
+checked before any point runs (a typo in an SLO would be silently never met)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.bench.http_run import check_url
+from stepserve.bench.loadgen import check_url
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides, load_config
@@ -51,6 +49,7 @@ from stepserve.sweep.points import (
     target_points,
     timed_workload,
 )
+from stepserve.sweep.report import write_report
 from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
 from stepserve.sweep.spec import (
     WORKLOAD_AXES,
@@ -155,8 +154,7 @@ def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
 def check_knee_options(options: SweepOptions) -> None:
     """The p99 metric names a latency the summaries have; each SLO limit is a value its
     metric can take (a NaN or negative latency would never be met, silently)."""
-    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95",
-                                                                         "p99")]
+    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95", "p99")]
     if options.p99_metric not in latencies:
         raise UsageError(f"--p99-metric {options.p99_metric!r}: unknown; allowed: "
                          f"{', '.join(latencies)}")
@@ -306,7 +304,7 @@ def run_sweep(options: SweepOptions) -> int:
     failed = write_outputs([
         OutputFile.text("--json", options.json_out,
                         lambda: json.dumps(result.to_json(), indent=1)),
-        OutputFile("--report", options.report, lambda out: _write_report(result, out))])
+        OutputFile("--report", options.report, lambda out: write_report(result, out))])
     if stopped is not None:
         print(f"{stopped}: {len(runs)} of {len(plan.points)} points measured; the "
               "result above and any files written are partial", file=sys.stderr)
@@ -316,8 +314,3 @@ def run_sweep(options: SweepOptions) -> int:
         return EXIT_INTERRUPTED if stopped == "interrupted" else 2
     return 2 if failed else 0
 
-
-def _write_report(result: SweepResult, out: str | Path) -> Path:
-    from stepserve.sweep.report import write_report  # matplotlib only when asked for
-
-    return write_report(result, out)

@@ -1,28 +1,21 @@
-"""The knee: the last point before the tail jumps, where throughput stops rising (seed,
-"最小上手": production should sit before it).
+"""The knee: the last point before the tail jumps, where throughput stops rising
+(production should sit before it).
 
-Along one series (points in x order), throughput *saturates* at the first point that
-gains less than `min_throughput_gain` over the previous one while its P99 rises more than
-`max_p99_rise`. By then the tail has usually been climbing for a while: the steps into
-saturation whose P99 rose more than `max_p99_rise` are the climb, and its steepest step
-is the *cliff*. The knee is the point just before the cliff: the last point whose tail
-had not yet jumped. (Marking the saturated point itself would put the knee past the
-cliff: at A's rate 24 TTFT P99 can jump from 0.2 s to minutes while throughput still
-gains, and only flatten at 48.) With SLOs, `best_slo` is the last point in x order
-meeting every SLO, and `recommended` the last point at or before the knee meeting them.
+Along one series (points in x order), throughput *saturates* at the first point gaining
+under `min_throughput_gain` while its P99 rises over `max_p99_rise`. By then the tail has
+usually been climbing: the steps into saturation whose P99 rose over `max_p99_rise` are
+the climb, its steepest step the *cliff*, and the knee the point just before the cliff
+(marking the saturated point would put the knee past the cliff: TTFT P99 can jump from
+0.2 s to minutes while throughput still gains). `recommended` is the last point at or
+before the knee meeting every SLO.
 
-Without a knee, on an ordered axis (a load or a numeric setting) throughput may still
-stop rising while P99 climbs less than the rule asks (a mild tail, or a closed loop that
-cannot queue). Measured throughput wiggles: a gain or a tail improvement within
-`noise_margin` (default 5%) is noise, not a gain. Throughput *went flat* after the first
-point that no later point beats by more than the noise margin, neither in throughput nor
-in a lower tail; `flat_index` is the point after it, and the recommendation stops before
-that (the earlier point already had the throughput). Comparing with every later point,
-not only the next, keeps a dip and its recovery (-9% then +10.7%) from passing for a
-gain. With neither, it is the last point (meeting the SLOs). On a named axis (configs,
-policies, seeds) the order means nothing: without a knee the recommendation is, of the
-points meeting the SLOs within `min_throughput_gain` of the most throughput, the one with
-the lowest tail.
+Without a knee, on an ordered axis throughput may still stop rising while P99 climbs less
+than the rule asks. A gain within `noise_margin` is noise: throughput *went flat* after
+the first point no later point beats by more than it, in throughput or a lower tail
+(every later point, so a dip and its recovery do not pass for a gain), and the
+recommendation stops before that. On a named axis (configs, policies, seeds) order means
+nothing: of the points meeting the SLOs within `min_throughput_gain` of the most
+throughput, the one with the lowest tail.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepserve.bench.http_run import HttpRun, bench_http
-from stepserve.bench.loadgen import LoadPlan, make_records
+from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, make_records
 from stepserve.bench.results import BenchRun, http_extras, summarize_records
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.settings import EngineConfig

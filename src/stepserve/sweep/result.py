@@ -1,23 +1,11 @@
 """A sweep's result as typed values: each point's run (simulated, or benched against a
 live server) with where it sits in the grid, the knees, the findings. JSON only at the
-edge:
-
-    {"schema_version", "kind": "sweep", "scenario", "description", "cost_model", "target",
-     "requests_per_point", "duration_s_per_point", "interrupted", "stopped", "x_axis",
-     "axes": [{"name", "values", "target"}],
-     "knee_rule": {"min_throughput_gain", "max_p99_rise", "p99_metric", "slos",
-                   "noise_margin"},
-     "window": {"kind", "warmup_share"},   # absent: every point measured whole (older)
-     "runs": [{...a simulate or bench run..., "sweep": {"series", "run", "x", "values"},
-               "window"?: {"start_s", "end_s", "requests", "steady", "note",
-                           "whole_run_tokens_per_s"}}],
-     "knees": [...], "findings": [...]}
-"""
+edge; `window` absent (older results): every point measured whole."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stepserve.bench.results import BenchRun
@@ -46,8 +34,7 @@ class SweepCoords:
     values: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"series": self.series, "run": self.run, "x": self.x,
-                "values": dict(self.values)}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SweepCoords:
@@ -108,9 +95,7 @@ class KneeRule:
     noise_margin: float = NOISE_MARGIN
 
     def to_json(self) -> dict[str, Any]:
-        return {"min_throughput_gain": self.min_throughput_gain,
-                "max_p99_rise": self.max_p99_rise, "p99_metric": self.p99_metric,
-                "slos": [s.to_json() for s in self.slos], "noise_margin": self.noise_margin}
+        return asdict(self)  # the SLOs as SummarySLO.to_json writes them
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeRule:

@@ -1,11 +1,7 @@
-"""What a sweep varies: axes (`--vary NAME=v1,v2,...`), the runs they apply to, and the
-SLOs on run summaries.
-
-An axis is either a workload option (`rate`, `seed`, `concurrency`: the load) or any
-engine setting by its config name (`max_num_seqs`, `max_num_batched_tokens`, ...).
-Several axes make a grid. The x axis (the one the knee is searched along) is the last
-`--vary`; every other combination, times every run (config), is one series. With no
-`--vary` the runs themselves are the x axis, in the order given (the quick start's A -> B -> C).
+"""What a sweep varies: axes (`--vary NAME=v1,v2,...`: a workload option, or any engine
+setting by its config name), the runs they apply to, and the SLOs on run summaries.
+Several axes make a grid: the x axis (the knee's) is the last `--vary`, every other
+combination times every run is one series. With no `--vary` the runs are the x axis.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The sweep's text report: the window each point was measured over, then per series
-each point's throughput and full latency tail (TTFT, TPOT, ITL, E2E) with their
-changes, the knee (or why there is none), the last point meeting the SLOs and the
-recommendation, worded for what varied (a load, a setting, or named runs). Printed by
-`stepserve sweep` and embedded in the HTML report."""
+"""The sweep's text report, printed by `stepserve sweep` and embedded in the HTML one: the
+window each point was measured over, then per series each point's throughput and tail
+with their changes, the knee, the last point meeting the SLOs and the recommendation."""
 
 from __future__ import annotations
 
