@@ -151,13 +151,6 @@ def run_bench(options: BenchOptions) -> int:
         return report_error(e)
 
 
-def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="bench", unit="req", file=sys.stderr, mininterval=0.5,
-                disable=not enabled, leave=False)
-
-
 def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workload,
          load: dict) -> int:
     interrupted = [False]
@@ -167,28 +160,50 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
     # target's records are filled in place, so they keep whatever was measured.
     records = make_records(plan) if options.target else []
     kind = options.target or ("sim" if options.sim else "engine")
-    measured: Measured = (BenchRun("", RunSummary(), target=kind, model=options.model),
-                          records, RunSummary())
+    run, extra = BenchRun("", RunSummary(), target=kind, model=options.model), RunSummary()
     bar = None
     try:
-        bar = _progress(len(plan.specs), options.progress)
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(plan.specs), desc="bench", unit="req", file=sys.stderr,
+                   mininterval=0.5, disable=not options.progress, leave=False)
         if options.target:
-            measured = _against_target(options, plan, records, bar, interrupted)
+            run, records, extra = _against_target(options, plan, records, bar, interrupted)
         elif options.sim:
-            measured = _on_sim(options, plan, bar)
+            run, records, extra = _on_sim(options, plan, bar)
         else:
-            measured = _on_engine(options, plan, bar, interrupted)
+            run, records, extra = _on_engine(options, plan, bar, interrupted)
     except KeyboardInterrupt:
         interrupted[0] = True
     finally:
         if bar is not None:
             bar.close()
-    run, records, extra = measured
     if options.target:  # known once the target's model is: its tokenizer may fit them
         load = {**load, "prompts": plan.prompts.describe()}
-    run = replace(run, name=workload.name, started_at=started, load=load,
+    summary = summarize_records(records, slo, None, interrupted[0]).updated(extra)
+    run = replace(run, name=workload.name, summary=summary, started_at=started, load=load,
                   latency_samples=run.latency_samples or latency_samples(records))
-    return _report(options, run, records, slo, extra, interrupted[0])
+    result = BenchResult([run], findings_for([run]))
+    print(format_table(run.name, summary))
+    for f in result.findings:
+        print(f"[{f.severity}] {f.rule}: {f.evidence}")
+    setup = vllm_setup(options, run)
+    failed = write_outputs([  # one that cannot be written does not stop the rest
+        OutputFile("--json", options.json_out, lambda p: write_json(p, result)),
+        OutputFile("--csv", options.csv_out, lambda p: write_csv(p, records)),
+        OutputFile("--markdown", options.markdown_out, lambda p: write_markdown(p, result)),
+        OutputFile("--save-result", options.save.path(setup) if options.save.save else None,
+                   lambda p: save_vllm_result(options.save, setup, records, slo))])
+    if summary.requests_total and not summary.requests_finished and options.target:
+        print("warning: no request completed; see errors above", file=sys.stderr)
+    if interrupted[0]:
+        print("interrupted: the result above and any files written are partial",
+              file=sys.stderr)
+    if failed:
+        report_error(failed)
+    if interrupted[0]:
+        return EXIT_INTERRUPTED
+    return 2 if failed else 0
 
 
 Measured = tuple[BenchRun, list[RequestRecord], RunSummary]  # the run, its records, the
@@ -244,35 +259,3 @@ def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[boo
                    batching=config.scheduler.batching, config=config_to_dict(config),
                    timeseries=series)
     return run, records, extra
-
-
-def _report(options: BenchOptions, run: BenchRun, records: list[RequestRecord],
-            slo: GoodputSLO, extra: RunSummary, interrupted: bool) -> int:
-    summary = summarize_records(records, slo, None, interrupted).updated(extra)
-    run = replace(run, summary=summary)
-    result = BenchResult([run], findings_for([run]))
-    print(format_table(run.name, summary))
-    for f in result.findings:
-        print(f"[{f.severity}] {f.rule}: {f.evidence}")
-    failed = write_outputs(_outputs(options, run, result, records, slo))
-    if summary.requests_total and not summary.requests_finished and options.target:
-        print("warning: no request completed; see errors above", file=sys.stderr)
-    if interrupted:
-        print("interrupted: the result above and any files written are partial",
-              file=sys.stderr)
-    if failed:
-        report_error(failed)
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return 2 if failed else 0
-
-
-def _outputs(options: BenchOptions, run: BenchRun, result: BenchResult,
-             records: list[RequestRecord], slo: GoodputSLO) -> list[OutputFile]:
-    """Every file the flags ask for; one that cannot be written does not stop the rest."""
-    setup = vllm_setup(options, run)
-    return [OutputFile("--json", options.json_out, lambda p: write_json(p, result)),
-            OutputFile("--csv", options.csv_out, lambda p: write_csv(p, records)),
-            OutputFile("--markdown", options.markdown_out, lambda p: write_markdown(p, result)),
-            OutputFile("--save-result", options.save.path(setup) if options.save.save else None,
-                       lambda p: save_vllm_result(options.save, setup, records, slo))]

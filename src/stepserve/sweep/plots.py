@@ -11,6 +11,7 @@ No sweep: bars per run from zero (nearly equal throughputs would otherwise fill 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -122,6 +123,15 @@ def save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def _draw(ax: Any, g: Group, lines: list[tuple[list, list]], **plot: Any) -> None:
+    """One line (xs, ys) per run of `g`, those of equal data told apart; none drawn for
+    a run without values."""
+    for style, label, (xs, ys) in zip(styles(len(g.runs)), distinct_labels(g.labels, lines),
+                                      lines):
+        if xs:
+            ax.plot(xs, ys, label=label, **plot, **style.kwargs())
+
+
 def latency_cdf(groups: list[Group], samples: Callable[[LatencySamples], list[float]],
                 title: str, limits: Sequence[tuple[float, str]] = ()) -> Figure:
     """Empirical CDF of some latency samples (seconds), one line per run; `limits` (an
@@ -134,12 +144,8 @@ def latency_cdf(groups: list[Group], samples: Callable[[LatencySamples], list[fl
         for run in g.runs:
             assert run.latency_samples is not None, "groups hold runs with samples"
             data.append(sorted(samples(run.latency_samples)))
-        labels = distinct_labels(g.labels, data)
-        for style, label, xs in zip(styles(len(g.runs)), labels, data):
-            if not xs:
-                continue
-            ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            ax.plot(xs, ys, label=label, drawstyle="steps-post", **style.kwargs())
+        _draw(ax, g, [(xs, [(i + 1) / len(xs) for i in range(len(xs))]) for xs in data],
+              drawstyle="steps-post")
         ax.axhline(0.99, color="grey", lw=0.6, ls=":")
         for value, label in limits:
             ax.axvline(value, color="crimson", ls="--", lw=1.2, label=label)
@@ -165,16 +171,9 @@ def timeseries_plot(groups: list[Group], series: Callable[[TimeSeries], list[flo
         lines = []
         for run in g.runs:
             ts = _series(run)
-            ys = list(series(ts))
-            if cumulative:
-                total = 0
-                for i, y in enumerate(ys):
-                    total += y
-                    ys[i] = total
+            ys = list(itertools.accumulate(series(ts)) if cumulative else series(ts))
             lines.append((list(ts.t), ys))
-        labels = distinct_labels(g.labels, lines)
-        for style, label, (t, ys) in zip(styles(len(g.runs)), labels, lines):
-            ax.plot(t, ys, label=label, **style.kwargs())
+        _draw(ax, g, lines)
         if all(not any(series(_series(r))) for r in g.runs):
             ax.set_ylim(-0.5, 1)
             ax.text(0.5, 0.5, f"no {what} in any run", transform=ax.transAxes,
@@ -202,11 +201,8 @@ def tokens_per_step_plot(groups: list[Group]) -> Figure:
                     unit = "tokens / s"
                     width = (ts.t[1] - ts.t[0]) if len(ts.t) > 1 else 1.0
                     pts = [(t, v / width) for t, v in zip(ts.t, tokens(ts))]
-                lines.append(pts)
-            labels = distinct_labels(g.labels, lines)
-            for style, label, pts in zip(styles(len(g.runs)), labels, lines):
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label,
-                        **style.kwargs())
+                lines.append(([p[0] for p in pts], [p[1] for p in pts]))
+            _draw(ax, g, lines)
             label_axes(ax, f"{kind} {unit}: {g.name}", "time (s)", unit)
     return fig
 

@@ -69,13 +69,10 @@ def groups_of(result: ReportResult) -> list[Group]:
     runs: list[PlotRun] = list(result.runs)
     if not isinstance(result, SweepResult) or result.x_axis == "run":
         return [Group(_scenario(result) or "runs", [r.name for r in runs], runs)]
-    x = result.x_axis
     out: dict[str, Group] = {}
     for r in result.runs:
-        name = r.sweep.series
-        g = out.setdefault(name, Group(name, [], []))
-        v = r.sweep.x
-        g.labels.append(f"{x}={format_x(v)}")
+        g = out.setdefault(r.sweep.series, Group(r.sweep.series, [], []))
+        g.labels.append(f"{result.x_axis}={format_x(r.sweep.x)}")
         g.runs.append(r)
     return list(out.values())
 
@@ -171,43 +168,6 @@ _TIME_SERIES: tuple[tuple[str, Callable[[TimeSeries], list[float]], str, str, bo
 )
 
 
-def _cell(value: Any, fmt: str) -> str:
-    if value is None:
-        return "-"
-    return fmt.format(value)
-
-
-def _summary_table(result: ReportResult) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for _k, h, _f in SUMMARY_COLUMNS)
-    rows = []
-    for r in result.runs:
-        cells = "".join(f"<td>{_cell(r.summary.metric(k), f)}</td>"
-                        for k, _h, f in SUMMARY_COLUMNS)
-        rows.append(f"<tr><td>{html.escape(r.name)}</td>{cells}</tr>")
-    return f"<table><tr><th>run</th>{head}</tr>{''.join(rows)}</table>"
-
-
-def _knee_text(result: ReportResult) -> str:
-    if not isinstance(result, SweepResult):
-        return (f"<p>A {result_kind(result)} result: runs are compared side by side; no "
-                "knee is computed.</p>")
-    return f"<pre>{html.escape(format_knees(result))}</pre>"
-
-
-def _findings(result: ReportResult) -> str:
-    items = [f"<li><b>{html.escape(f.run or '')}</b> [{html.escape(f.severity)}] "
-             f"{html.escape(f.rule)}: {html.escape(f.evidence)} &rarr; "
-             f"{html.escape(f.action)}</li>" for f in result.findings]
-    return f"<ul>{''.join(items)}</ul>" if items else "<p>No alert rule fired.</p>"
-
-
-def _about(result: ReportResult) -> tuple[str, str]:
-    """(description, cost model) as the page shows them."""
-    if isinstance(result, BenchResult):
-        return "", ""
-    return result.description, str(result.cost_model)
-
-
 def write_report(result: ReportResult, out_dir: str | Path) -> Path:
     """Write the PNGs and index.html into out_dir; returns the page's path."""
     out = Path(out_dir)
@@ -217,9 +177,21 @@ def write_report(result: ReportResult, out_dir: str | Path) -> Path:
         f"{base64.b64encode(path.read_bytes()).decode()}'><figcaption>{html.escape(cap)} "
         f"({path.name})</figcaption></figure>" for cap, path in pngs)
     note_html = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
-    title = f"stepserve {result_kind(result)}: " \
-            f"{_scenario(result) or ', '.join(r.name for r in result.runs)}"
-    description, cost_model = _about(result)
+    kind = result_kind(result)
+    title = f"stepserve {kind}: {_scenario(result) or ', '.join(r.name for r in result.runs)}"
+    description, cost_model = ("", "") if isinstance(result, BenchResult) else \
+        (result.description, str(result.cost_model))
+    knee_text = f"<pre>{html.escape(format_knees(result))}</pre>" \
+        if isinstance(result, SweepResult) else \
+        f"<p>A {kind} result: runs are compared side by side; no knee is computed.</p>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for _k, h, _f in SUMMARY_COLUMNS)
+    rows = "".join(f"<tr><td>{html.escape(r.name)}</td>" + "".join(
+        f"<td>{'-' if (v := r.summary.metric(k)) is None else f.format(v)}</td>"
+        for k, _h, f in SUMMARY_COLUMNS) + "</tr>" for r in result.runs)
+    findings = "".join(
+        f"<li><b>{html.escape(f.run or '')}</b> [{html.escape(f.severity)}] "
+        f"{html.escape(f.rule)}: {html.escape(f.evidence)} &rarr; "
+        f"{html.escape(f.action)}</li>" for f in result.findings)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1150px;margin:auto}}
 table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
@@ -227,9 +199,9 @@ img{{max-width:100%}}.note{{color:#a60}}pre{{font-size:12px;background:#f6f6f6;p
 </head><body><h1>{html.escape(title)}</h1>
 <p>{html.escape(description)}</p>
 <p>Cost model: {html.escape(cost_model)}</p>
-<h2>Knee</h2>{_knee_text(result)}
-<h2>Runs</h2>{_summary_table(result)}
-<h2>Alert rules</h2>{_findings(result)}
+<h2>Knee</h2>{knee_text}
+<h2>Runs</h2><table><tr><th>run</th>{head}</tr>{rows}</table>
+<h2>Alert rules</h2>{f"<ul>{findings}</ul>" if findings else "<p>No alert rule fired.</p>"}
 <h2>Plots</h2>{note_html}{figures}
 </body></html>"""
     path = out / "index.html"
