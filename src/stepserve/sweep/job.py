@@ -36,6 +36,7 @@ from stepserve.sweep.knee import (
     MIN_THROUGHPUT_GAIN,
     NOISE_MARGIN,
     P99_METRIC,
+    KneeRule,
     analyze_runs,
 )
 from stepserve.sweep.points import (
@@ -50,7 +51,7 @@ from stepserve.sweep.points import (
     timed_workload,
 )
 from stepserve.sweep.report import write_report
-from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
+from stepserve.sweep.result import SweepPointResult, SweepResult
 from stepserve.sweep.spec import (
     WORKLOAD_AXES,
     Axis,
@@ -256,9 +257,8 @@ def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOp
                  stopped: str | None = None) -> SweepResult:
     """The result; `stopped` says why it ended early ("interrupted", or the error that
     stopped a live sweep), None when every point ran."""
-    slos = [parse_summary_slo(s) for s in options.slo]
-    knees = analyze_runs(runs, slos, options.p99_metric, options.min_throughput_gain,
-                         options.max_p99_rise, plan.x_axis, options.noise_margin)
+    rule = KneeRule(options.min_throughput_gain, options.max_p99_rise, options.p99_metric,
+                    [parse_summary_slo(s) for s in options.slo], options.noise_margin)
     return SweepResult(
         scenario=plan.name, description=plan.description,
         cost_model=plan.cost.describe() if plan.cost else
@@ -267,9 +267,8 @@ def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOp
         requests_per_point=options.requests or DEFAULT_REQUESTS,
         duration_s_per_point=options.duration_s,
         stopped=stopped, x_axis=plan.x_axis, axes=plan.axes,
-        knee_rule=KneeRule(options.min_throughput_gain, options.max_p99_rise,
-                           options.p99_metric, slos, options.noise_margin),
-        runs=runs, knees=knees, findings=findings_for(runs),
+        knee_rule=rule,
+        runs=runs, knees=analyze_runs(runs, rule, plan.x_axis), findings=findings_for(runs),
         window=None if options.live else options.window)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from stepserve.metrics.run_summary import RunSummary
@@ -40,6 +40,27 @@ UNORDERED_AXES = ("seed", "run")  # numbers or names whose order means nothing
 # while E2E of a fixed request count is dominated by the decode lengths (the quick start's
 # "P99 starts to climb steeply" is a queueing signal).
 P99_METRIC = "ttft_p99_s"
+
+
+@dataclass(frozen=True)
+class KneeRule:
+    """When a series has a knee (the module doc) and which points meet the SLOs."""
+
+    min_throughput_gain: float
+    max_p99_rise: float
+    p99_metric: str
+    slos: list[SummarySLO] = field(default_factory=list)
+    noise_margin: float = NOISE_MARGIN
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # the SLOs as SummarySLO.to_json writes them
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
+        return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
+                   str(data["p99_metric"]),
+                   [SummarySLO.from_json(s) for s in data.get("slos") or []],
+                   float(data.get("noise_margin", NOISE_MARGIN)))
 
 
 @dataclass(frozen=True)
@@ -237,13 +258,9 @@ def group_series(runs: Sequence[SweepPointResult]) -> dict[str, list[SweepPointR
     return out
 
 
-def analyze_runs(runs: Sequence[SweepPointResult], slos: Sequence[SummarySLO] = (),
-                 p99_metric: str = P99_METRIC,
-                 min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
-                 max_p99_rise: float = MAX_P99_RISE,
-                 x_axis: str | None = None,
-                 noise_margin: float = NOISE_MARGIN) -> list[KneeResult]:
-    return [analyze_series(name, [r.sweep.x for r in group],
-                           [r.summary for r in group], slos, p99_metric,
-                           min_throughput_gain, max_p99_rise, x_axis, noise_margin)
+def analyze_runs(runs: Sequence[SweepPointResult], rule: KneeRule, x_axis: str | None = None
+                 ) -> list[KneeResult]:
+    return [analyze_series(name, [r.sweep.x for r in group], [r.summary for r in group],
+                           rule.slos, rule.p99_metric, rule.min_throughput_gain,
+                           rule.max_p99_rise, x_axis, rule.noise_margin)
             for name, group in group_series(runs).items()]

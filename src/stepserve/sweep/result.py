@@ -5,7 +5,7 @@ edge; `window` absent (older results): every point measured whole."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from stepserve.bench.results import BenchRun
@@ -16,8 +16,8 @@ from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import LatencySamples
 from stepserve.sim.run import RunResult
-from stepserve.sweep.knee import NOISE_MARGIN, KneeResult
-from stepserve.sweep.spec import Axis, SummarySLO
+from stepserve.sweep.knee import KneeResult, KneeRule
+from stepserve.sweep.spec import Axis
 from stepserve.sweep.window import Window, WindowRule
 
 KIND = "sweep"
@@ -84,25 +84,6 @@ class SweepPointResult:
             else RunResult.from_json(data, name)
         return cls(result, SweepCoords.from_json(data["sweep"]),
                    Window.from_json(data.get("window")))
-
-
-@dataclass(frozen=True)
-class KneeRule:
-    min_throughput_gain: float
-    max_p99_rise: float
-    p99_metric: str
-    slos: list[SummarySLO] = field(default_factory=list)
-    noise_margin: float = NOISE_MARGIN
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)  # the SLOs as SummarySLO.to_json writes them
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
-        return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
-                   str(data["p99_metric"]),
-                   [SummarySLO.from_json(s) for s in data.get("slos") or []],
-                   float(data.get("noise_margin", NOISE_MARGIN)))
 
 
 @dataclass(frozen=True)
