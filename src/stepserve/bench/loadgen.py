@@ -63,8 +63,6 @@ class LoadPlan:
 class HttpTarget:
     base_url: str
     model: str
-    timeout_s: float = 600.0
-    records: list[RequestRecord] = field(default_factory=list)
     endpoint: str = "/v1/completions"
 
     @property
@@ -259,7 +257,7 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
                                  headers=dict(headers or {})) as client:
         out.model = await discover_model(client, url, model)
         interruptible(lambda: plan.prompts.fit_to_model(out.model))
-        target = HttpTarget(url, out.model, timeout_s, endpoint=plan.shape.endpoint)
+        target = HttpTarget(url, out.model, plan.shape.endpoint)
         scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 \
             else None
         out.scraper = scraper
