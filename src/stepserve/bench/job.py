@@ -20,9 +20,9 @@ from stepserve.bench.results import (
     BenchResult,
     BenchRun,
     format_table,
-    http_extras,
     latency_samples,
     offered_load,
+    scrape_timeseries,
     summarize_records,
     write_csv,
     write_json,
@@ -151,6 +151,13 @@ def run_bench(options: BenchOptions) -> int:
         return report_error(e)
 
 
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="req", file=sys.stderr, mininterval=0.5,
+                disable=not enabled, leave=False)
+
+
 def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workload,
          load: dict) -> int:
     interrupted = [False]
@@ -163,10 +170,7 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
     run, extra = BenchRun("", RunSummary(), target=kind, model=options.model), RunSummary()
     bar = None
     try:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(plan.specs), desc="bench", unit="req", file=sys.stderr,
-                   mininterval=0.5, disable=not options.progress, leave=False)
+        bar = _progress(len(plan.specs), options.progress)
         if options.target:
             run, records, extra = _against_target(options, plan, records, bar, interrupted)
         elif options.sim:
@@ -225,9 +229,8 @@ def _against_target(options: BenchOptions, plan: LoadPlan, records: list[Request
         interrupted[0] = True
     finally:  # a Ctrl-C in asyncio.run's own set-up leaves it unstarted: not a warning
         load.close()
-    samples, series = http_extras(records, http.snapshots)
     run = BenchRun("", RunSummary(), target=options.target, model=http.model or options.model,
-                   config=http.server_config(), latency_samples=samples, timeseries=series)
+                   config=http.server_config(), timeseries=scrape_timeseries(http.snapshots))
     return run, records, http.scrape
 
 

@@ -193,12 +193,6 @@ def scrape_timeseries(snapshots: Sequence[Snapshot]) -> TimeSeries | None:
                       else counted["steps"])
 
 
-def http_extras(records: Sequence[RequestRecord], snapshots: Sequence[Snapshot]
-                ) -> tuple[LatencySamples, TimeSeries | None]:
-    """(latency samples, the /metrics time series or None) of a run against a target."""
-    return latency_samples(records), scrape_timeseries(snapshots)
-
-
 def json_float(x: float) -> float | str:
     """A number as the result files write it: an infinite one as "inf"."""
     return "inf" if math.isinf(x) else x

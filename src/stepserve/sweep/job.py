@@ -47,7 +47,6 @@ from stepserve.sweep.points import (
     run_target_points,
     sized_workload,
     stderr_log,
-    target_points,
     timed_workload,
 )
 from stepserve.sweep.report import write_report
@@ -243,7 +242,8 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
 
     if live:
         description += f", against the live server {live.target}"
-        x_axis, points = target_points(live.target, axes)
+        # one series, named after the target; its config is unused
+        x_axis, points = build_points([RunSpec("server", EngineConfig(), live.target)], axes)
     else:
         x_axis, points = build_points(runs, axes)
     pools = None

@@ -25,16 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, make_records
-from stepserve.bench.results import BenchRun, http_extras, summarize_records
+from stepserve.bench.results import BenchRun, latency_samples, scrape_timeseries, summarize_records
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.settings import EngineConfig
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.sim.run import run_config, simulate_run
-from stepserve.sim.scenarios import RunSpec
 from stepserve.sweep.knee import KneeResult
 from stepserve.sweep.result import SweepCoords, SweepPointResult
-from stepserve.sweep.spec import Axis, SweepPoint, build_points
+from stepserve.sweep.spec import SweepPoint
 from stepserve.sweep.window import STEADY, WindowRule, windowed_run
 from stepserve.workload.arrivals import ClosedLoop, Constant, Gamma, Poisson
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
@@ -153,11 +152,6 @@ def run_points(points: list[SweepPoint], make_workload: MakeWorkload,
     return _each_point(points, measure, log)
 
 
-def target_points(target: str, axes: list[Axis]) -> tuple[str, list[SweepPoint]]:
-    """One series (named after the target) along the last axis; its config is unused."""
-    return build_points([RunSpec("server", EngineConfig(), target)], axes)
-
-
 def run_target_points(live: LiveOptions, points: list[SweepPoint], make_workload: MakeWorkload,
                       duration_s: float | None = None, log: Log | None = None
                       ) -> tuple[list[SweepPointResult], str | None]:
@@ -175,10 +169,10 @@ def run_target_points(live: LiveOptions, points: list[SweepPoint], make_workload
                                timeout_s=live.timeout_s,
                                metrics_interval_s=live.metrics_interval_s))
         summary = summarize_records(records, scrape=http.scrape)
-        samples, series = http_extras(records, http.snapshots)
         run = BenchRun(p.label, summary, target=live.target, model=http.model,
                        config=http.server_config(), workload=workload.describe(),
-                       latency_samples=samples, timeseries=series)
+                       latency_samples=latency_samples(records),
+                       timeseries=scrape_timeseries(http.snapshots))
         failed = summary.requests_failed
         return (SweepPointResult(run, SweepCoords(p.series, p.run, p.x, p.values)),
                 f"{summary.requests_finished}/{summary.requests_total} done"
