@@ -12,23 +12,24 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from stepserve.bench.client import RequestRecord
+from stepserve.bench.client import RequestRecord, RequestShape
 from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, check_url, make_records
 from stepserve.bench.prompt_maker import prompt_maker
-from stepserve.bench.request_shape import RequestShape
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
+    GoodputError,
+    GoodputSLO,
     format_table,
     latency_samples,
     offered_load,
+    parse_goodput,
     scrape_timeseries,
     summarize_records,
     write_csv,
     write_json,
     write_markdown,
 )
-from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
 from stepserve.bench.vllm_result import SaveOptions, save_vllm_result, vllm_setup
 from stepserve.bench.workload_options import (
     BenchError,

@@ -29,10 +29,9 @@ from typing import TypeVar
 
 import httpx
 
-from stepserve.bench.client import RequestRecord, stream_completion
+from stepserve.bench.client import RequestRecord, RequestShape, stream_completion
 from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompt_maker import Conversation, PromptMaker
-from stepserve.bench.request_shape import RequestShape
 from stepserve.bench.scrape import Scraper, scrape_summary
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import UsageError

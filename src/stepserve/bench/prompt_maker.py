@@ -205,7 +205,7 @@ class Conversation:
 
     def body(self, shape: Any, model: str, user: str | list[int], max_tokens: int,
              ignore_eos: bool) -> dict[str, Any]:
-        """The turn's request body (`shape`: bench/request_shape.py's RequestShape)."""
+        """The turn's request body (`shape`: bench/client.py's RequestShape)."""
         if not isinstance(user, str):
             raise TypeError("a conversation sends text prompts")
         if self.chat:

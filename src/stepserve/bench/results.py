@@ -6,7 +6,8 @@ Per request (sent at `send_s`, chunk times t_1..t_k, n output tokens):
     TPOT = (E2E - TTFT) / (n - 1) for n >= 2;  ITL = every gap t_{i+1} - t_i
 Latencies come from completed requests (finish reason stop or length) only; warm-up
 requests are left out of everything. Duration is from the first measured send to the
-last measured end. Goodput = completed requests meeting every SLO / duration.
+last measured end. Goodput = completed requests meeting every SLO / duration, the SLOs
+as `vllm bench serve --goodput` takes them: `ttft:500 tpot:50 e2el:2000` (milliseconds).
 prefix_cache_hit_rate is absent (not 0) where the answers did not say how many prompt
 tokens were cached. A run's `timeseries` has one row per /metrics sample of the target,
 t from the first (taken before the load): the levels, and per interval the counters'
@@ -20,7 +21,7 @@ import io
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,6 @@ from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
 from stepserve.bench.scrape import SCRAPE_KEYS, Snapshot
-from stepserve.bench.slo import GoodputSLO
 from stepserve.config.user_files import write_atomic
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.percentiles import mean, ratio
@@ -51,6 +51,70 @@ SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
                       "output_tokens", "duration_s", "throughput_tokens_per_s",
                       "throughput_requests_per_s", "goodput_requests_per_s",
                       "peak_concurrency")
+
+
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+
+
+class GoodputError(ValueError):
+    """A goodput string that does not parse; the message names the token."""
+
+
+@dataclass(frozen=True)
+class GoodputSLO:
+    """Per-request latency limits for goodput, in seconds; None: not constrained. (A sweep's
+    `--slo` is another thing: a limit on one metric of a run's summary, sweep/spec.py.)"""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2el_s: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_s is None and self.tpot_s is None and self.e2el_s is None
+
+    def met(self, ttft_s: float | None, tpot_s: float | None, e2el_s: float | None) -> bool:
+        """Every given limit is met. A TPOT limit is met by a one-token request (TPOT is
+        undefined there, as vLLM treats it: 0)."""
+        checks = ((self.ttft_s, ttft_s), (self.tpot_s, tpot_s if tpot_s is not None else 0.0),
+                  (self.e2el_s, e2el_s))
+        return all(limit is None or (value is not None and value <= limit)
+                   for limit, value in checks)
+
+    def describe(self) -> str:
+        parts = [f"{k}<={v * 1000:g}ms" for k, v in
+                 (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2el", self.e2el_s))
+                 if v is not None]
+        return " ".join(parts) or "none"
+
+
+def parse_goodput(tokens: str | Iterable[str] | None) -> GoodputSLO:
+    """`"ttft:500 tpot:50"` or `["ttft:500", "tpot:50"]` (ms) -> GoodputSLO (seconds)."""
+    if tokens is None:
+        return GoodputSLO()
+    if isinstance(tokens, str):
+        tokens = [tokens]
+    values: dict[str, float] = {}
+    allowed = ", ".join(GOODPUT_KEYS)
+    for token in (t for chunk in tokens for t in chunk.replace(",", " ").split()):
+        key, sep, raw = token.partition(":")
+        key = key.strip().lower()
+        if not sep:
+            raise GoodputError(f"--goodput {token!r}: expected KEY:MILLISECONDS (keys: {allowed})")
+        if key not in GOODPUT_KEYS:
+            raise GoodputError(f"--goodput {token!r}: unknown key {key!r} (keys: {allowed})")
+        if key in values:
+            raise GoodputError(f"--goodput {token!r}: {key} given twice")
+        try:
+            ms = float(raw)
+        except ValueError:
+            raise GoodputError(f"--goodput {token!r}: {raw!r} is not a number of milliseconds "
+                           f"(keys: {allowed})") from None
+        if not math.isfinite(ms) or ms <= 0:
+            raise GoodputError(f"--goodput {token!r}: the limit must be a positive number of "
+                           "milliseconds")
+        values[key] = ms / 1000.0
+    return GoodputSLO(values.get("ttft"), values.get("tpot"), values.get("e2el"))
 
 
 def _latencies(r: RequestRecord) -> tuple[float | None, float | None, float | None]:

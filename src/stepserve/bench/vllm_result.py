@@ -28,13 +28,13 @@ from stepserve.bench.prefix_cache import prompt_tokens
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
+    GoodputSLO,
     MeasuredRequests,
     e2e_s,
     itl_s,
     json_float,
     ttft_s,
 )
-from stepserve.bench.slo import GoodputSLO
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import check_output_dir, check_output_file, write_atomic
 from stepserve.metrics.percentiles import mean, percentile

@@ -49,7 +49,7 @@ from stepserve.sweep.points import (
     stderr_log,
     timed_workload,
 )
-from stepserve.sweep.report import write_report
+from stepserve.sweep.report import format_knees, write_report
 from stepserve.sweep.result import SweepPointResult, SweepResult
 from stepserve.sweep.spec import (
     WORKLOAD_AXES,
@@ -59,7 +59,6 @@ from stepserve.sweep.spec import (
     parse_summary_slo,
     parse_vary,
 )
-from stepserve.sweep.text import format_knees
 from stepserve.sweep.window import STEADY, WindowRule
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload

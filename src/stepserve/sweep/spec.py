@@ -120,7 +120,7 @@ def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[Sweep
 class SummarySLO:
     """A limit on one metric of a run's summary (`--slo`): `ttft_p99_s=2` (or `<=`): at
     most 2; `throughput_tokens_per_s>=1000`: at least. (bench's `--goodput` is another
-    thing: per-request latency limits, bench/slo.py.)"""
+    thing: per-request latency limits, bench/results.py.)"""
 
     metric: str
     limit: float
