@@ -111,8 +111,6 @@ def _stats(values: list[float]) -> tuple[float, float, float]:
                                                         / len(values))
 
 
-def _p_word(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
 
 
 def latency_keys(m: MeasuredRequests, metrics: Sequence[str],
@@ -129,7 +127,7 @@ def latency_keys(m: MeasuredRequests, metrics: Sequence[str],
         out[f"std_{name}_ms"] = std * 1000
         for p in percentiles:
             value = percentile(values[name], p) if values[name] else 0.0
-            out[f"p{_p_word(p)}_{name}_ms"] = (value or 0.0) * 1000
+            out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = (value or 0.0) * 1000
     return out
 
 

@@ -166,15 +166,14 @@ def find_flat(throughput: Sequence[float | None], p99: Sequence[float | None],
     return None
 
 
-def all_numbers(values: Sequence[Any]) -> bool:
-    """Every value an int or a float (a bool is a name here, not a number)."""
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def is_ordered(xs: Sequence[Any], x_axis: str | None = None) -> bool:
     """Whether the x values are an ordered quantity (a load or a numeric setting), so that
     "the point before" means less of it. Names (runs, policies), booleans and seeds are not."""
-    return x_axis not in UNORDERED_AXES and all_numbers(xs)
+    # a bool is a name here, not a number
+    return x_axis not in UNORDERED_AXES and \
+        all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs)
 
 
 def _best_named(throughput: Sequence[float | None], p99: Sequence[float | None],
@@ -225,7 +224,8 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummar
         reason = f"no point {where} meets {slo_text}".replace("  ", " ")
     elif cliff is not None:
         assert knee is not None and saturated is not None
-        jump = (f"{p99_metric} jumps {_signed(cliff.p99_rise)} at x={format_x(xs[cliff.index])}, "
+        # the cliff is a step of the climb: its P99 rise is known
+        jump = (f"{p99_metric} jumps {cliff.p99_rise:+.0%} at x={format_x(xs[cliff.index])}, "
                 f"throughput flat from x={format_x(xs[saturated.index])}")
         reason = (f"the knee{meeting}: the last point before {jump}" if rec == knee else
                   f"last point{meeting} before the knee (x={format_x(xs[knee])}; {jump})")
@@ -246,8 +246,6 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummar
                       saturated.index if saturated else None)
 
 
-def _signed(v: float | None) -> str:
-    return "?" if v is None else f"{v:+.0%}"
 
 
 def group_series(runs: Sequence[SweepPointResult]) -> dict[str, list[SweepPointResult]]:

@@ -70,11 +70,6 @@ def label_axes(ax: Any, title: str, xlabel: str, ylabel: str, **legend: Any) -> 
     ax.legend(fontsize=7, **legend)
 
 
-def _colors(n: int) -> list:
-    from matplotlib import colormaps
-
-    cmap = colormaps["viridis"]
-    return [cmap(0.9 * i / max(n - 1, 1)) for i in range(n)]
 
 
 MARKERS = ("o", "s", "^", "v", "<", ">", "p", "h")
@@ -102,9 +97,12 @@ _MARK_EVERY = 0.1  # a marker every tenth of the line's length: visible, not a s
 
 
 def styles(n: int) -> list[Style]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
     return [Style(color, MARKERS[i % len(MARKERS)], DASHES[i % len(DASHES)],
                   1.2 + 1.6 * (n - 1 - i) / max(n - 1, 1))
-            for i, color in enumerate(_colors(n))]
+            for i, color in enumerate(cmap(0.9 * i / max(n - 1, 1)) for i in range(n))]
 
 
 def distinct_labels(labels: list[str], data: list[Any]) -> list[str]:

@@ -317,7 +317,7 @@ def format_knees(result: SweepResult) -> str:
         group = by_series[knee.series]
         lines.append(f"\n{result.x_axis} sweep, series {knee.series}:")
         lines.append(f"  {'x':>10} {'tok/s':>7} {'gain':>8} {metric:>11} {'rise':>9} "
-                     + " ".join(f"{_short(c):>9}" for c in others)
+                     + " ".join(f"{c.removesuffix('_s'):>9}" for c in others)
                      + f" {'preempt':>7} {'hit':>6}  slo")
         for i, run in enumerate(group):
             lines.append(_row(run, knee, i, metric, others))
@@ -328,9 +328,6 @@ def format_knees(result: SweepResult) -> str:
     return "\n".join(lines)
 
 
-def _short(metric: str) -> str:
-    """`tpot_p99_s` -> `tpot_p99`: the column heads."""
-    return metric.removesuffix("_s")
 
 
 def _row(run: SweepPointResult, knee: KneeResult, i: int, metric: str,

@@ -21,8 +21,6 @@ WORKLOAD_AXES = {"rate": float, "seed": int, "concurrency": int}
 RUN_AXIS = "run"  # the name of the x axis when the runs themselves are swept
 
 
-def _config_kinds() -> dict[str, type]:
-    return {f.name: f.metadata["kind"] for _s, f in config_fields()}
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,7 @@ def parse_vary(text: str) -> Axis:
     name = name.strip().replace("-", "_")
     if not sep or not raw.strip():
         raise ValueError(f"--vary {text!r}: expected NAME=v1,v2,...")
-    kinds = _config_kinds()
+    kinds = {f.name: f.metadata["kind"] for _s, f in config_fields()}
     if name in WORKLOAD_AXES:
         kind, target = WORKLOAD_AXES[name], "workload"
     elif name in kinds:
