@@ -365,29 +365,18 @@ def _verdict(result: SweepResult, knee: KneeResult, metric: str) -> list[str]:
         lines.append(f"  knee: {x}={format_x(knee.knee_x)}: the last point before {metric} jumps "
                      f"{_pct(knee.cliff_p99_rise)} at {x}={format_x(knee.xs[cliff])}; throughput "
                      f"{_pct(knee.throughput_gain)} (flat) at {x}={format_x(knee.xs[sat])}")
-    if result.knee_rule.slos:
+    if result.knee_rule.slos:  # worded for what varied: a load, a setting, unordered runs
         slo_text = " and ".join(s.describe() for s in result.knee_rule.slos)
-        lines.append(f"  {_meeting(x, knee)} {slo_text}: {_met(x, knee)}")
+        ordered, best = is_ordered(knee.xs, x), knee.best_slo_index
+        words = "highest load meeting" if x in LOAD_AXES else \
+            f"highest {x} meeting" if ordered else "points meeting"
+        met = ("none" if best is None else format_x(knee.xs[best])) if ordered else \
+            ", ".join(format_x(v) for v, ok in zip(knee.xs, knee.slo_met) if ok) or "none"
+        lines.append(f"  {words} {slo_text}: {met}")
     rec = knee.recommended_index
     lines.append(f"  recommended: {'none' if rec is None else format_x(knee.xs[rec])} "
                  f"({knee.reason})")
     return lines
-
-
-def _meeting(x_axis: str, knee: KneeResult) -> str:
-    """The SLO line's words for what varied: a load, a setting, or runs without order."""
-    if x_axis in LOAD_AXES:
-        return "highest load meeting"
-    if is_ordered(knee.xs, x_axis):
-        return f"highest {x_axis} meeting"
-    return "points meeting"
-
-
-def _met(x_axis: str, knee: KneeResult) -> str:
-    if is_ordered(knee.xs, x_axis):
-        best = knee.best_slo_index
-        return "none" if best is None else format_x(knee.xs[best])
-    return ", ".join(format_x(v) for v, ok in zip(knee.xs, knee.slo_met) if ok) or "none"
 
 
 def _num(v: float | None) -> str:
