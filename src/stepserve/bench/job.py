@@ -79,11 +79,6 @@ class BenchOptions:
     cost: CostModelOptions = CostModelOptions(cost="roofline")
     save: SaveOptions = SaveOptions()
 
-    def outputs(self) -> tuple[tuple[str, str | None], ...]:
-        """(flag, path) of each output file."""
-        return (("--json", self.json_out), ("--csv", self.csv_out),
-                ("--markdown", self.markdown_out))
-
 
 def check_bench_options(options: BenchOptions) -> None:
     """What can be checked before any work: the target URL, the engine settings, the
@@ -107,7 +102,8 @@ def check_bench_options(options: BenchOptions) -> None:
             resolve_model(options.model or "tiny")
         except (ValueError, FileNotFoundError) as e:
             raise UsageError(f"--model: {e}") from None
-    for flag, path in options.outputs():
+    for flag, path in (("--json", options.json_out), ("--csv", options.csv_out),
+                       ("--markdown", options.markdown_out)):
         check_output_file(flag, path)
     options.save.check()
     if options.token_id_prompts and options.shape.chat:

@@ -118,6 +118,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
                    on_done: Callable[[RequestRecord], None] | None = None) -> None:
     """Send every request of `plan`, filling `records` (from make_records) in place.
     Prompts are built before the clock starts, so building them delays no send."""
+    done = on_done or (lambda r: None)
     next_turn = next_turns(plan.specs)
     if next_turn and plan.prompts.token_ids:
         raise UsageError("multi_turn sessions send the answers back as text: drop "
@@ -146,8 +147,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             if i in next_turn:
                 return await session(i)
             await send(i, body)
-        if on_done is not None:
-            on_done(record)
+        done(record)
 
     async def session(i: int | None) -> None:
         talk = Conversation(plan.shape.chat)
@@ -156,8 +156,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             prompt = prompts[i]
             await send(i, talk.body(plan.shape, target.model, prompt, spec.max_tokens,
                                     plan.ignore_eos))
-            if on_done is not None:
-                on_done(record)
+            done(record)
             i = next_turn.get(i)
             if i is None or not record.ok:
                 return

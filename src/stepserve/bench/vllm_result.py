@@ -111,8 +111,6 @@ def _stats(values: list[float]) -> tuple[float, float, float]:
                                                         / len(values))
 
 
-
-
 def latency_keys(m: MeasuredRequests, metrics: Sequence[str],
                  percentiles: Sequence[float]) -> dict[str, float]:
     """mean/median/std/pNN of each metric asked, in ms, over completed requests."""

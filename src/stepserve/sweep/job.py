@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepserve.bench.job import EXIT_INTERRUPTED
 from stepserve.bench.loadgen import check_url
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import UsageError, report_error
@@ -65,7 +66,6 @@ from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.spec import Workload
 
-EXIT_INTERRUPTED = 130
 DEFAULT_REQUESTS = 600
 
 

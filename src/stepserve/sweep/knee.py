@@ -166,8 +166,6 @@ def find_flat(throughput: Sequence[float | None], p99: Sequence[float | None],
     return None
 
 
-
-
 def is_ordered(xs: Sequence[Any], x_axis: str | None = None) -> bool:
     """Whether the x values are an ordered quantity (a load or a numeric setting), so that
     "the point before" means less of it. Names (runs, policies), booleans and seeds are not."""
@@ -244,8 +242,6 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummar
                       met, best, rec, reason, flat,
                       cliff.index if cliff else None, cliff.p99_rise if cliff else None,
                       saturated.index if saturated else None)
-
-
 
 
 def group_series(runs: Sequence[SweepPointResult]) -> dict[str, list[SweepPointResult]]:

@@ -70,8 +70,6 @@ def label_axes(ax: Any, title: str, xlabel: str, ylabel: str, **legend: Any) -> 
     ax.legend(fontsize=7, **legend)
 
 
-
-
 MARKERS = ("o", "s", "^", "v", "<", ">", "p", "h")
 DASHES = ("-", "--", "-.", ":")
 

@@ -328,8 +328,6 @@ def format_knees(result: SweepResult) -> str:
     return "\n".join(lines)
 
 
-
-
 def _row(run: SweepPointResult, knee: KneeResult, i: int, metric: str,
          others: list[str]) -> str:
     s = run.summary

@@ -21,8 +21,6 @@ WORKLOAD_AXES = {"rate": float, "seed": int, "concurrency": int}
 RUN_AXIS = "run"  # the name of the x axis when the runs themselves are swept
 
 
-
-
 @dataclass(frozen=True)
 class Axis:
     name: str
