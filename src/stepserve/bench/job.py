@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from stepserve.bench.client import RequestRecord, RequestShape
 from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, check_url, make_records
-from stepserve.bench.prompt_maker import prompt_maker
+from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
@@ -122,16 +122,16 @@ def run_bench(options: BenchOptions) -> int:
         slo = parse_goodput(options.goodput)
         workload = build_workload(options.workload)
         specs = make_specs(options.workload, workload)
-    except (BenchError, GoodputError, WorkloadError, ValueError) as e:
+        # text prompts of exact length need a tokenizer; the engine and the simulator
+        # take token ids
+        tokenizer = options.workload.tokenizer if options.target else None
+        tok = load_tokenizer(tokenizer) if tokenizer and not options.token_id_prompts else None
+        prompts = PromptMaker(options.token_id_prompts, tok, workload.seed)
+    except (BenchError, GoodputError, WorkloadError, ValueError) as e:  # UsageError too
         return report_error(e)
     w = options.workload
     ignore_eos = options.ignore_eos if options.ignore_eos is not None \
         else w.dataset() != "sharegpt"
-    try:
-        prompts = prompt_maker(options.token_id_prompts,
-                               w.tokenizer if options.target else None, workload.seed)
-    except UsageError as e:
-        return report_error(e)
     plan = LoadPlan(specs, w.max_concurrency or workload.closed_loop_concurrency, w.warmup,
                     options.duration_s, prompts, ignore_eos, options.shape)
     load = offered_load(options, workload, plan)

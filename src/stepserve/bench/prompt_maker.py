@@ -187,12 +187,6 @@ def load_tokenizer(name: str) -> Tokenizer:
         raise UsageError(f"--tokenizer {name!r}: {e}") from None
 
 
-def prompt_maker(token_ids: bool, tokenizer: str | None, seed: int) -> PromptMaker:
-    """Token ids, or text (of exact length when a tokenizer is named)."""
-    tok = load_tokenizer(tokenizer) if tokenizer and not token_ids else None
-    return PromptMaker(token_ids=token_ids, tokenizer=tok, seed=seed)
-
-
 @dataclass
 class Conversation:
     """One session's exchanges so far, which each later turn sends again in front of its
