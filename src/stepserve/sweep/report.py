@@ -82,21 +82,6 @@ def groups_of(result: ReportResult) -> list[Group]:
     return list(out.values())
 
 
-def knee_series(result: SweepResult) -> list[KneeSeries]:
-    """A sweep's series for knee_plot."""
-    metric = result.knee_rule.p99_metric
-    by_series = group_series(result.runs)
-    series = []
-    for knee in result.knees:
-        group = by_series[knee.series]
-        series.append(KneeSeries(
-            knee.series, knee.xs, [r.summary.throughput_tokens_per_s for r in group],
-            [r.summary.metric(metric) for r in group], knee.knee_index,
-            knee.recommended_index,
-            knee.best_slo_index if result.knee_rule.slos else None))
-    return series
-
-
 def _knee_figure(result: ReportResult) -> tuple[str, Figure]:
     """(caption, figure): a sweep's knee plot, or bars per run for any other result."""
     if not isinstance(result, SweepResult):
@@ -112,8 +97,13 @@ def _knee_figure(result: ReportResult) -> tuple[str, Figure]:
                "(the last point before the P99 cliff), green star: recommendation"
                + (f", blue diamond: last point meeting {slo_text}, dashed line: the SLO"
                   if rule.slos else ""))
-    return caption, knee_plot(knee_series(result), result.x_axis, rule.p99_metric,
-                              rule.slos)
+    by_series = group_series(result.runs)
+    series = [KneeSeries(k.series, k.xs, [r.summary.throughput_tokens_per_s
+                                         for r in by_series[k.series]],
+                         [r.summary.metric(rule.p99_metric) for r in by_series[k.series]],
+                         k.knee_index, k.recommended_index,
+                         k.best_slo_index if rule.slos else None) for k in result.knees]
+    return caption, knee_plot(series, result.x_axis, rule.p99_metric, rule.slos)
 
 
 def _limits(result: ReportResult, latency: str) -> list[tuple[float, str]]:
@@ -124,14 +114,12 @@ def _limits(result: ReportResult, latency: str) -> list[tuple[float, str]]:
             if s.metric.startswith(f"{latency}_p") and not s.at_least]
 
 
-def _plottable(groups: list[Group], key: str, has: Callable[[PlotRun], bool]
-               ) -> tuple[list[Group], list[str]]:
-    """Groups cut to runs that carry `key` (`has` says), and a note naming runs that do
-    not."""
+def _plottable(groups: list[Group], key: str) -> tuple[list[Group], list[str]]:
+    """Groups cut to runs that carry `key`, and a note naming runs that do not."""
     kept, missing = [], []
     for g in groups:
-        pairs = [(lab, r) for lab, r in zip(g.labels, g.runs) if has(r)]
-        missing += [r.name for r in g.runs if not has(r)]
+        pairs = [(lab, r) for lab, r in zip(g.labels, g.runs) if getattr(r, key) is not None]
+        missing += [r.name for r in g.runs if getattr(r, key) is None]
         if pairs:
             kept.append(Group(g.name, [p[0] for p in pairs], [p[1] for p in pairs]))
     notes = [f"no `{key}` in the JSON for: {', '.join(missing)}; those plots are skipped "
@@ -147,14 +135,13 @@ def write_plots(result: ReportResult, out: Path) -> tuple[list[tuple[str, Path]]
     caption, fig = _knee_figure(result)
     pngs.append((caption, save(fig, out / "knee.png")))
     groups = groups_of(result)
-    cdf_groups, notes = _plottable(groups, "latency_samples",
-                                   lambda r: r.latency_samples is not None)
+    cdf_groups, notes = _plottable(groups, "latency_samples")
     if cdf_groups:
         fig = latency_cdf(cdf_groups, lambda s: s.ttft_s, "TTFT CDF", _limits(result, "ttft"))
         pngs.append(("TTFT CDF per run", save(fig, out / "cdf_ttft.png")))
         fig = latency_cdf(cdf_groups, lambda s: s.e2e_s, "E2E CDF", _limits(result, "e2e"))
         pngs.append(("End-to-end latency CDF per run", save(fig, out / "cdf_e2e.png")))
-    ts_groups, ts_notes = _plottable(groups, "timeseries", lambda r: r.timeseries is not None)
+    ts_groups, ts_notes = _plottable(groups, "timeseries")
     notes += ts_notes
     if ts_groups:
         for what, series_of, ylabel, title, cumulative in _TIME_SERIES:
