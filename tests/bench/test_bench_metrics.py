@@ -16,7 +16,8 @@ from stepserve.bench.results import (
     tpot_s,
     ttft_s,
 )
-from stepserve.bench.scrape import Snapshot, parse_prometheus, scrape_summary
+from stepserve.bench.scrape import scrape_summary
+from stepserve.metrics.prometheus import Snapshot, parse_prometheus
 
 
 def rec(index: int, send: float, times: list[float], tokens: int | None = None,

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
-from stepserve.bench.scrape import SCRAPE_KEYS, Snapshot
+from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config.user_files import write_atomic
 from stepserve.metrics.finding import Finding
 from stepserve.metrics.percentiles import mean, ratio
-from stepserve.metrics.prometheus import counter_delta
+from stepserve.metrics.prometheus import Snapshot, counter_delta
 from stepserve.metrics.request_metrics import stream_latencies
 from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.run_summary import RunSummary

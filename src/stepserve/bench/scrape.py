@@ -21,16 +21,7 @@ import httpx
 from stepserve.host.cpu_metrics import cpu_window
 from stepserve.metrics.bounded_scrape import ScrapeLimits
 from stepserve.metrics.live_window import ScrapeWindow, level_summary
-from stepserve.metrics.prometheus import (
-    Samples,
-    Snapshot,
-    counter_delta,
-    histogram_delta,
-    parse_prometheus,
-)
-
-__all__ = ["SCRAPE_KEYS", "Samples", "Scraper", "Snapshot", "parse_prometheus",
-           "scrape_summary"]
+from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
 
 SCRAPE_KEYS = ("waiting_max", "running_max", "kv_usage_max", "preemptions",
                "waiting_p50", "waiting_nonzero_share", "waiting_growth", "waiting_trend_rise",
