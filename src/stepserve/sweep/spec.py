@@ -89,12 +89,10 @@ def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[Sweep
         raise ValueError(f"config names must differ: {', '.join(names)}")
     if len({a.name for a in axes}) != len(axes):
         raise ValueError("each --vary name may appear once")
-    points: list[SweepPoint] = []
     if not axes:
-        for r in runs:
-            points.append(SweepPoint(r.name, "configs", r.name, r.name, {RUN_AXIS: r.name},
-                                     r.config))
-        return RUN_AXIS, points
+        return RUN_AXIS, [SweepPoint(r.name, "configs", r.name, r.name, {RUN_AXIS: r.name},
+                                     r.config) for r in runs]
+    points: list[SweepPoint] = []
     x_axis, others = axes[-1], axes[:-1]
     for r in runs:
         for combo in itertools.product(*(a.values for a in others)):
