@@ -181,7 +181,7 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
             bar.close()
     if options.target:  # known once the target's model is: its tokenizer may fit them
         load = {**load, "prompts": plan.prompts.describe()}
-    summary = summarize_records(records, slo, None, interrupted[0]).updated(extra)
+    summary = summarize_records(records, slo, extra, interrupted[0])
     run = replace(run, name=workload.name, summary=summary, started_at=started, load=load,
                   latency_samples=run.latency_samples or latency_samples(records))
     result = BenchResult([run], findings_for([run]))

@@ -39,7 +39,7 @@ from stepserve.metrics.rule import RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
-from stepserve.metrics.summary import SAMPLE_CAP, LatencySamples, latency_fields, sample_set
+from stepserve.metrics.summary import LatencySamples, latency_fields, sample_set
 from stepserve.workload.arrivals import Constant, Gamma
 from stepserve.workload.spec import Workload
 
@@ -229,12 +229,11 @@ INTERVAL_COUNTERS = {"preemptions": "preemptions", "prefill_tokens": "prompt_tok
                      "decode_tokens": "generation_tokens", "steps": "steps"}
 
 
-def latency_samples(records: Sequence[RequestRecord], cap: int = SAMPLE_CAP
-                    ) -> LatencySamples:
-    """TTFT and E2E of the completed, measured requests, thinned to `cap` each."""
+def latency_samples(records: Sequence[RequestRecord]) -> LatencySamples:
+    """TTFT and E2E of the completed, measured requests, thinned to SAMPLE_CAP each."""
     m = MeasuredRequests.of(records)
     values = m.latency_values()
-    return sample_set(values["ttft"], values["e2e"], len(m.done), cap)
+    return sample_set(values["ttft"], values["e2e"], len(m.done))
 
 
 def scrape_timeseries(snapshots: Sequence[Snapshot]) -> TimeSeries | None:

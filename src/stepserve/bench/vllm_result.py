@@ -67,16 +67,12 @@ class VllmSetup:
     date: str = ""  # %Y%m%d-%H%M%S; empty: now
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "date": self.date or datetime.now().strftime("%Y%m%d-%H%M%S"),
-            "endpoint_type": self.backend, "backend": self.backend, "label": self.label,
-            "model_id": self.model_id, "tokenizer_id": self.tokenizer_id,
-            "num_prompts": self.num_prompts}
-        out.update(self.metadata)
-        out["request_rate"] = json_float(self.request_rate)
-        out["burstiness"] = self.burstiness
-        out["max_concurrency"] = self.max_concurrency
-        return out
+        return {"date": self.date or datetime.now().strftime("%Y%m%d-%H%M%S"),
+                "endpoint_type": self.backend, "backend": self.backend, "label": self.label,
+                "model_id": self.model_id, "tokenizer_id": self.tokenizer_id,
+                "num_prompts": self.num_prompts, **self.metadata,
+                "request_rate": json_float(self.request_rate), "burstiness": self.burstiness,
+                "max_concurrency": self.max_concurrency}
 
     def filename(self) -> str:
         """vLLM's default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json."""
