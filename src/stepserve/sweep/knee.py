@@ -71,10 +71,6 @@ class Step:
     throughput_gain: float | None
     p99_rise: float | None
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Step:
-        return cls(int(data["index"]), data.get("throughput_gain"), data.get("p99_rise"))
-
 
 @dataclass(frozen=True)
 class KneeResult:
@@ -105,7 +101,8 @@ class KneeResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeResult:
         values = {f.name: data.get(f.name) for f in fields(cls)}
-        values["steps"] = [Step.from_json(s) for s in data.get("steps") or []]
+        values["steps"] = [Step(int(s["index"]), s.get("throughput_gain"), s.get("p99_rise"))
+                           for s in data.get("steps") or []]
         return cls(**values)
 
 
