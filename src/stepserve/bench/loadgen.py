@@ -64,10 +64,6 @@ class HttpTarget:
     model: str
     endpoint: str = "/v1/completions"
 
-    @property
-    def completions_url(self) -> str:
-        return self.base_url.rstrip("/") + self.endpoint
-
 
 @dataclass
 class SendWindow:
@@ -128,11 +124,12 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
     t0 = time.perf_counter()
     window = SendWindow(plan, time.perf_counter)
     slots = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
+    url = target.base_url.rstrip("/") + target.endpoint
 
     async def send(i: int, body: dict) -> None:
         record = records[i]
         try:
-            await stream_completion(client, target.completions_url, body, record, t0)
+            await stream_completion(client, url, body, record, t0)
         except asyncio.CancelledError:
             record.error = "interrupted before the response ended"
             record.end_s = time.perf_counter() - t0

@@ -107,24 +107,6 @@ def _stats(values: list[float]) -> tuple[float, float, float]:
                                                         / len(values))
 
 
-def latency_keys(m: MeasuredRequests, metrics: Sequence[str],
-                 percentiles: Sequence[float]) -> dict[str, float]:
-    """mean/median/std/pNN of each metric asked, in ms, over completed requests."""
-    values = m.latency_values()
-    values["e2el"] = values.pop("e2e")
-    out: dict[str, float] = {}
-    for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
-        if name not in metrics:
-            continue
-        m_s, median, std = _stats(values[name])
-        out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = m_s * 1000, median * 1000
-        out[f"std_{name}_ms"] = std * 1000
-        for p in percentiles:
-            value = percentile(values[name], p) if values[name] else 0.0
-            out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = (value or 0.0) * 1000
-    return out
-
-
 def peak_buckets(done: Sequence[RequestRecord]) -> tuple[float, int]:
     """(most chunks in one second, most requests active in one second), seconds counted
     from the first completed request's send."""
@@ -173,7 +155,17 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "generated_texts": [r.generated_text for r in sent],
         "errors": ["" if r.ok else (r.error or r.outcome) for r in sent],
         "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_active}
-    out.update(latency_keys(m, metrics, percentiles))
+    values = m.latency_values()
+    values["e2el"] = values.pop("e2e")
+    for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
+        if name not in metrics:
+            continue
+        mean_s, median, std = _stats(values[name])
+        out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = mean_s * 1000, median * 1000
+        out[f"std_{name}_ms"] = std * 1000
+        for p in percentiles:
+            value = percentile(values[name], p) if values[name] else 0.0
+            out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = (value or 0.0) * 1000
     return out
 
 
