@@ -1,16 +1,31 @@
 """`--save-result`: a run as `vllm bench serve --save-result` writes it, so tools that read
 vLLM results read ours; and a vLLM result read back as a BenchResult (`stepserve report`).
-The file goes in `--result-dir` under `--result-filename` (default: vLLM's
-`{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json`).
+The file goes in `--result-dir` (default: here) under `--result-filename` (default: vLLM's
+`{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json`); `SaveOptions` holds the flags.
 
-The keys and their definitions are vLLM's (vllm/benchmarks/serve.py), over the measured
-requests that were sent, from the same figures as the bench summary (results.py). Where
-vLLM's differ: throughputs and percentiles are 0.0 where there is no value (numpy on
-vLLM's empty lists), std is the population's, total_token_throughput counts input and
-output tokens, and max_output_tokens_per_s / max_concurrent_requests are over one-second
-buckets from the first completed request's send (the most chunks in a bucket, the most
-completed requests active in one). With --save-detailed, per sent request: input_lens,
-output_lens (0 when failed), ttfts and itls (seconds), generated_texts, errors ("" ok).
+The flat keys and their definitions are vLLM's (vllm/benchmarks/serve.py), over the
+measured requests that were sent (warm-up and requests never sent are left out), from
+the figures the bench summary is written from (results.MeasuredRequests):
+
+  duration        first send to the last response's end, s
+  completed       requests that ended by stop or length; failed: the others sent
+  total_input_tokens, total_output_tokens   over completed requests (the server's usage
+                  counts; without usage the prompt's planned length and one token per chunk)
+  request_throughput = completed / duration; request_goodput = completed requests
+                  meeting every --goodput SLO / duration (None without --goodput);
+                  output_throughput = output tokens / duration; total_token_throughput =
+                  (input + output tokens) / duration
+  {mean,median,std,pNN}_{ttft,tpot,itl,e2el}_ms   for the --percentile-metrics and
+                  --metric-percentiles asked; over completed requests: TTFT = first
+                  token - send, E2EL = last token - send, TPOT = (E2EL - TTFT) / (output
+                  tokens - 1) for outputs over one token, ITL = every gap between two
+                  chunks; std is the population's; 0.0 where there is no value (as numpy
+                  gives for vLLM's empty lists)
+  max_output_tokens_per_s, max_concurrent_requests   over one-second buckets from the
+                  first completed request's send: the most chunks in a bucket, and the
+                  most completed requests active in one
+  with --save-detailed, per sent request: input_lens, output_lens (0 when failed),
+                  ttfts and itls (seconds, as vLLM), generated_texts, errors ("" when ok)
 """
 
 from __future__ import annotations
