@@ -138,8 +138,7 @@ class RequestRecord:
     @property
     def num_output_tokens(self) -> int:
         """Usage's count, else one per chunk that carried a choice."""
-        return self.output_tokens if self.output_tokens is not None \
-            else len(self.chunk_times_s)
+        return self.output_tokens if self.output_tokens is not None else len(self.chunk_times_s)
 
     @property
     def outcome(self) -> str:

@@ -73,8 +73,7 @@ def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: in
     feeds the engine keys, its binned step records the bench's time series)."""
     from stepserve.sim.run import simulate_run
 
-    run, sim = simulate_run("sim", config, plan.specs, cost_model, num_gpu_blocks,
-                            plan.concurrency)
+    run, sim = simulate_run("sim", config, plan.specs, cost_model, num_gpu_blocks, plan.concurrency)
     by_id = {r.request_id: r for r in sim.requests}
     repeated = repeated_tokens(plan.specs)
     records = [record_of(by_id[str(s.index)], s.index, i < plan.warmup, s.arrival_s, 0.0,

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, replace
 
 from stepserve.bench.client import RequestRecord, RequestShape
-from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, check_url, make_records
+from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, make_records
 from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer
 from stepserve.bench.results import (
     BenchResult,
@@ -41,6 +41,7 @@ from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.load import to_dict as config_to_dict
 from stepserve.config.settings import ConfigError
+from stepserve.config.urls import check_http_url
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.metrics.rules import findings_for
 from stepserve.metrics.run_summary import RunSummary
@@ -84,7 +85,7 @@ def check_bench_options(options: BenchOptions) -> None:
     """What can be checked before any work: the target URL, the engine settings, the
     cost model or the model name, output paths."""
     if options.target:
-        check_url(options.target)
+        check_http_url("--target", options.target)
     else:
         options.config.apply()
     if options.sim:
@@ -130,8 +131,7 @@ def run_bench(options: BenchOptions) -> int:
     except (BenchError, GoodputError, WorkloadError, ValueError) as e:  # UsageError too
         return report_error(e)
     w = options.workload
-    ignore_eos = options.ignore_eos if options.ignore_eos is not None \
-        else w.dataset() != "sharegpt"
+    ignore_eos = options.ignore_eos if options.ignore_eos is not None else w.dataset() != "sharegpt"
     plan = LoadPlan(specs, w.max_concurrency or workload.closed_loop_concurrency, w.warmup,
                     options.duration_s, prompts, ignore_eos, options.shape)
     load = offered_load(options, workload, plan)
@@ -198,8 +198,7 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
     if summary.requests_total and not summary.requests_finished and options.target:
         print("warning: no request completed; see errors above", file=sys.stderr)
     if interrupted[0]:
-        print("interrupted: the result above and any files written are partial",
-              file=sys.stderr)
+        print("interrupted: the result above and any files written are partial", file=sys.stderr)
     if failed:
         report_error(failed)
     if interrupted[0]:
@@ -236,8 +235,7 @@ def _on_sim(options: BenchOptions, plan: LoadPlan, bar) -> Measured:
 
     config = options.config.apply()
     setup = cost_setup_for(options.cost)
-    records, extra, sim_run = run_sim(plan, config, setup.cost_model,
-                                      setup.num_gpu_blocks(config))
+    records, extra, sim_run = run_sim(plan, config, setup.cost_model, setup.num_gpu_blocks(config))
     bar.update(len(records))
     run = BenchRun("", RunSummary(), target="sim", batching=sim_run.batching,
                    config=config_to_dict(config), timeseries=sim_run.timeseries,

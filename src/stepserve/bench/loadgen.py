@@ -180,11 +180,6 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def check_url(url: str) -> str:
-    """The --target URL without its trailing slash; UsageError when it is not one."""
-    return check_http_url("--target", url)
-
-
 async def discover_model(client: httpx.AsyncClient, url: str, model: str | None) -> str:
     """`model` if given, else the first id of GET /v1/models; BenchError when the target
     cannot be reached, refuses the key (401/403), or lists no model."""
@@ -244,7 +239,7 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
     """Send `plan` to `url`, filling `records` in place and `out` as it goes, so an
     interrupt (CancelledError / KeyboardInterrupt) still leaves what was measured.
     `headers` (an API key, --header) go with every request, the scrapes included."""
-    url = check_url(url)
+    url = check_http_url("--target", url)  # without its trailing slash
     cpu = CpuWatch.start()  # this machine's view, for a target without CPU series
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(timeout_s, connect=10.0)
@@ -253,11 +248,11 @@ async def bench_http(url: str, model: str | None, plan: LoadPlan,
         out.model = await discover_model(client, url, model)
         interruptible(lambda: plan.prompts.fit_to_model(out.model))
         target = HttpTarget(url, out.model, plan.shape.endpoint)
-        scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 \
-            else None
+        scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 else None
         out.scraper = scraper
-        # no usable /metrics: the run goes on without them (the summary says why)
-        polling = scraper is not None and await scraper.start(client)
+        # the scrape before the run, retried once; no usable /metrics: the run goes on
+        # without them (the summary says why)
+        polling = scraper is not None and await scraper.first(client, scraper.url, scraper.limits)
         stop = asyncio.Event()
         poll = asyncio.create_task(scraper.run(client, stop)) if polling else None
         try:

@@ -61,8 +61,7 @@ def token_prompt(spec: RequestSpec, vocab: int = 500, seed: int = 0) -> list[int
     if spec.prefix is None:
         return own[:spec.prompt_len]
     rng = random.Random(_prefix_seed(spec.prefix, seed))
-    return [FIRST_ID + rng.randrange(span) for _ in range(spec.prefix_len)] \
-        + own[:_own_len(spec)]
+    return [FIRST_ID + rng.randrange(span) for _ in range(spec.prefix_len)] + own[:_own_len(spec)]
 
 
 def _digits(n: int, base: int) -> list[int]:

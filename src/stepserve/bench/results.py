@@ -218,8 +218,7 @@ def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None =
         goodput_requests=good, goodput_slo=slo.describe(),
         **latency_fields(m.latency_values()), peak_concurrency=peak_concurrency(sent),
         warmup_requests=len(records) - len(m.measured), interrupted=interrupted)
-    unscraped = RunSummary.of(**{k: 0 if k == "scrape_samples" else None
-                                 for k in SCRAPE_KEYS})
+    unscraped = RunSummary.of(**{k: 0 if k == "scrape_samples" else None for k in SCRAPE_KEYS})
     return client.updated(prefix_cache_fields(done)).updated(unscraped).updated(
         scrape or RunSummary())
 
@@ -243,8 +242,7 @@ def scrape_timeseries(snapshots: Sequence[Snapshot]) -> TimeSeries | None:
         return None
     # the first row is the sample before the load (levels as seen, no increase yet)
     rows = [(snapshots[0], snapshots[0])] + list(zip(snapshots, snapshots[1:], strict=False))
-    increase = {f: [counter_delta(a, b, c) for a, b in rows]
-                for f, c in INTERVAL_COUNTERS.items()}
+    increase = {f: [counter_delta(a, b, c) for a, b in rows] for f, c in INTERVAL_COUNTERS.items()}
     counted = {f: [d or 0.0 for d in ds] for f, ds in increase.items()}
     return TimeSeries(t=[b.t_s - snapshots[0].t_s for _a, b in rows],
                       waiting=[b.level("waiting") or 0.0 for _a, b in rows],
@@ -405,8 +403,7 @@ def table_rows(s: RunSummary) -> list[tuple[str, str]]:
     rows = [(k, _fmt(s.metric(k))) for k in SUMMARY_KEYS_ORDER]
     if s.errors:
         rows.append(("errors", _fmt(s.errors)))
-        rows += [(f"  first {k}", (msg or "")[:120])
-                 for k, msg in (s.error_examples or {}).items()]
+        rows += [(f"  first {k}", (msg or "")[:120]) for k, msg in (s.error_examples or {}).items()]
     if s.goodput_requests_per_s is not None:
         rows.append(("goodput_slo", s.goodput_slo or ""))
     rows += [(k, f"{v:.1%}") for k in ("prefix_cache_hit_rate", "prefix_repeated_share")
@@ -433,8 +430,7 @@ def table_rows(s: RunSummary) -> list[tuple[str, str]]:
 def format_table(name: str, summary: RunSummary) -> str:
     rows = table_rows(summary)
     width = max(len(k) for k, _ in rows)
-    title = f"bench {name}" + (" (interrupted: partial result)" if summary.interrupted
-                               else "")
+    title = f"bench {name}" + (" (interrupted: partial result)" if summary.interrupted else "")
     return "\n".join([title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows])
 
 

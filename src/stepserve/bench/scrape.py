@@ -47,11 +47,6 @@ class Scraper(ScrapeWindow):
         """One scrape; None (and a line in `failures`) when it failed."""
         return await self.scrape(client, self.url, self.limits)
 
-    async def start(self, client: httpx.AsyncClient) -> bool:
-        """The scrape before the run, retried once at once; False when both failed (the
-        target has no usable /metrics: the run goes on without them)."""
-        return await self.first(client, self.url, self.limits)
-
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:

@@ -91,8 +91,7 @@ class VllmSetup:
 
     def filename(self) -> str:
         """vLLM's default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json."""
-        cap = f"-concurrency{self.max_concurrency}" if self.max_concurrency is not None \
-            else ""
+        cap = f"-concurrency{self.max_concurrency}" if self.max_concurrency is not None else ""
         date = self.to_json()["date"]
         return (f"{self.label or self.backend}-{float(self.request_rate)}qps{cap}-"
                 f"{self.model_id.split('/')[-1]}-{date}.json")
@@ -270,8 +269,7 @@ def parse_percentiles(text: str | None) -> tuple[float, ...]:
 def save_vllm_result(options: SaveOptions, setup: VllmSetup,
                      records: Sequence[RequestRecord], slo: GoodputSLO) -> Path:
     """Write the file; its path."""
-    metrics = vllm_metrics(records, slo, options.percentile_metrics,
-                           options.metric_percentiles)
+    metrics = vllm_metrics(records, slo, options.percentile_metrics, options.metric_percentiles)
     path = options.path(setup)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(vllm_result(setup, metrics, options.detailed)))

@@ -188,8 +188,7 @@ def build_workload(options: BenchWorkloadOptions) -> Workload:
         cls = _prefix_repetition_class(o) if o.dataset() == PREFIX_REPETITION else \
             sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len) if o.sharegpt \
             else _random_class(o)
-        workload = Workload(cls.name, (cls,), Poisson(1.0),
-                            o.num_prompts or DEFAULT_NUM_PROMPTS)
+        workload = Workload(cls.name, (cls,), Poisson(1.0), o.num_prompts or DEFAULT_NUM_PROMPTS)
     arrival = _arrival(o)
     if isinstance(workload.arrival, TraceReplay) and arrival is not None:
         arrival = _trace_arrival(o, workload.arrival, arrival)

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.bench.job import EXIT_INTERRUPTED
-from stepserve.bench.loadgen import check_url
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides, load_config
 from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.config.urls import check_http_url
 from stepserve.config.user_files import (
     OutputFile,
     check_output_dir,
@@ -121,7 +121,7 @@ class SweepPlan:
 def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
     """ValueError for what a live server cannot take."""
     assert options.live is not None
-    check_url(options.live.target)
+    check_http_url("--target", options.live.target)
     if options.configs:
         raise ValueError("--configs: a live server runs its own config; sweep configs on "
                          "the simulator, or start one server per config and sweep each")
@@ -248,8 +248,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     pools = None
     if options.pools and not live:
         pools = load_pools_file(options.pools, options.config.apply())
-    return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points,
-                     pools)
+    return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points, pools)
 
 
 def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOptions,
@@ -293,8 +292,7 @@ def run_sweep(options: SweepOptions) -> int:
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
         return report_error(e)
     if not runs:
-        print("interrupted before the first point ended: nothing to report",
-              file=sys.stderr)
+        print("interrupted before the first point ended: nothing to report", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(format_knees(result))
     if options.json_out or options.report:

@@ -287,8 +287,7 @@ def knee_plot(series: list[KneeSeries], x_name: str, p99_metric: str,
                                                      labels)):
         for ax, ys in ((ax_t, s.throughput), (ax_p, s.p99)):
             pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
-            line = style.kwargs(markers=False) if ordered else {"color": style.color,
-                                                               "ls": "none"}
+            line = style.kwargs(markers=False) if ordered else {"color": style.color, "ls": "none"}
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=style.marker, ms=6,
                     label=label, **line)
             _marks(ax, s, xs, ys, k_th)
@@ -313,8 +312,7 @@ def runs_plot(names: list[str], throughput: list[float | None], p99: list[float 
                                    (ax_p, p99, f"{p99_metric} per run", "{:.3g}")):
         heights = [v if v is not None else 0.0 for v in values]
         bars = ax.bar(places, heights, color=colors, width=0.6)
-        ax.bar_label(bars, [fmt.format(v) if v is not None else "-" for v in values],
-                     fontsize=8)
+        ax.bar_label(bars, [fmt.format(v) if v is not None else "-" for v in values], fontsize=8)
         ax.set_xticks(places, names)
         ax.set_ylim(0, max(heights + [0.0]) * 1.15 or 1.0)
         ax.set_title(f"{title} (runs side by side: no sweep, no knee)", fontsize=10)

@@ -100,10 +100,8 @@ def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[Sweep
             series = " ".join([r.name] + [f"{k}={format_x(v)}" for k, v in fixed.items()])
             for x in x_axis.values:
                 values = {**fixed, x_axis.name: x}
-                config_changes = {k: v for k, v in values.items()
-                                  if k not in WORKLOAD_AXES}
-                load = WorkloadOverrides(**{k: v for k, v in values.items()
-                                            if k in WORKLOAD_AXES})
+                config_changes = {k: v for k, v in values.items() if k not in WORKLOAD_AXES}
+                load = WorkloadOverrides(**{k: v for k, v in values.items() if k in WORKLOAD_AXES})
                 config = r.config.replace(**config_changes) if config_changes else r.config
                 label = f"{series} {x_axis.name}={format_x(x)}"
                 points.append(SweepPoint(label, series, r.name, x, values, config, load))

@@ -64,8 +64,7 @@ class WindowRule:
         """None for a result written before windows: its points measured whole runs."""
         if not data:
             return None
-        return cls(str(data.get("kind", "steady")),
-                   float(data.get("warmup_share", WARMUP_SHARE)))
+        return cls(str(data.get("kind", "steady")), float(data.get("warmup_share", WARMUP_SHARE)))
 
 
 STEADY = WindowRule()
