@@ -243,8 +243,7 @@ def _on_sim(options: BenchOptions, plan: LoadPlan, bar) -> Measured:
     return run, records, extra
 
 
-def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]
-               ) -> Measured:
+def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]) -> Measured:
     from stepserve.bench.inprocess import run_engine
     from stepserve.engine.llm_engine import LLMEngine
 

@@ -259,8 +259,7 @@ def json_float(x: float) -> float | str:
     return "inf" if math.isinf(x) else x
 
 
-def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
-                 ) -> dict[str, Any]:
+def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan) -> dict[str, Any]:
     """The offered load, JSON-ready: rate, burstiness, concurrency cap, count, seed, the
     dataset and its lengths, and how the requests were sent."""
     w = options.workload

@@ -122,8 +122,7 @@ def save(fig: Figure, path: str | Path) -> Path:
 def _draw(ax: Any, g: Group, lines: list[tuple[list, list]], **plot: Any) -> None:
     """One line (xs, ys) per run of `g`, those of equal data told apart; none drawn for
     a run without values."""
-    for style, label, (xs, ys) in zip(styles(len(g.runs)), distinct_labels(g.labels, lines),
-                                      lines):
+    for style, label, (xs, ys) in zip(styles(len(g.runs)), distinct_labels(g.labels, lines), lines):
         if xs:
             ax.plot(xs, ys, label=label, **plot, **style.kwargs())
 
@@ -267,8 +266,7 @@ def _slo_lines(ax, slos: Sequence[SummarySLO], metric: str) -> None:
                        label=_once(ax, f"SLO {slo.describe()}"))
 
 
-def _log_if_wide(ax, values: list[float | None], slos: Sequence[SummarySLO],
-                 metric: str) -> None:
+def _log_if_wide(ax, values: list[float | None], slos: Sequence[SummarySLO], metric: str) -> None:
     shown = [v for v in values if v is not None and v > 0]
     shown += [s.limit for s in slos if s.metric == metric and s.limit > 0]
     if shown and max(shown) / min(shown) > LOG_SPAN:

@@ -75,8 +75,7 @@ def sized_workload(workload: Workload, min_span_s: float | None) -> Workload:
     return override_workload(workload, WorkloadOverrides(num_requests=need))
 
 
-def timed_workload(workload: Workload, duration_s: float | None,
-                   live: bool = False) -> Workload:
+def timed_workload(workload: Workload, duration_s: float | None, live: bool = False) -> Workload:
     """The workload cut to `duration_s` of arrivals. Open loop: as many requests as the
     rate brings in that time (generated with a wide margin, then cut); a trace: its
     requests up to then. A closed loop has no arrival times: against a live server the

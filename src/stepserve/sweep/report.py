@@ -315,8 +315,7 @@ def format_knees(result: SweepResult) -> str:
     return "\n".join(lines)
 
 
-def _row(run: SweepPointResult, knee: KneeResult, i: int, metric: str,
-         others: list[str]) -> str:
+def _row(run: SweepPointResult, knee: KneeResult, i: int, metric: str, others: list[str]) -> str:
     s = run.summary
     step = knee.steps[i - 1] if i else None
     marks = [name for name, at in (("knee", knee.knee_index), ("P99 cliff", knee.cliff_index),
