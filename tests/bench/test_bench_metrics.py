@@ -6,15 +6,18 @@ import pytest
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.results import (
+    GoodputError,
+    GoodputSLO,
     e2e_s,
     itl_s,
+    parse_goodput,
     peak_concurrency,
     summarize_records,
     tpot_s,
     ttft_s,
 )
-from stepserve.bench.scrape import Snapshot, parse_prometheus, scrape_summary
-from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
+from stepserve.bench.scrape import scrape_summary
+from stepserve.metrics.prometheus import Snapshot, parse_prometheus
 
 
 def rec(index: int, send: float, times: list[float], tokens: int | None = None,

@@ -10,8 +10,8 @@ import random
 import pytest
 from fake_server import run_fake
 
+from stepserve.bench.client import RequestShape
 from stepserve.bench.prompt_maker import exact_text
-from stepserve.bench.request_shape import RequestShape
 from stepserve.bench.workload_options import build_workload, make_specs
 from stepserve.cli import main
 from stepserve.cli.bench import add_bench_parser, bench_options

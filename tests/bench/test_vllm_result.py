@@ -8,7 +8,7 @@ import math
 import pytest
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.slo import parse_goodput
+from stepserve.bench.results import parse_goodput
 from stepserve.bench.vllm_result import VllmSetup, vllm_metrics, vllm_result
 
 

@@ -27,8 +27,8 @@ from stepserve.workload.overrides import WorkloadOverrides
 
 SRC = Path(__file__).parents[2] / "src" / "stepserve"
 # modules whose table rows and rules read a summary's fields as attributes
-READERS = ["sim/report.py", "demo/job.py", "sweep/text.py", "sweep/report.py", "sweep/knee.py",
-           "metrics/rules.py", "bench/results.py", "sweep/sim_points.py", "sweep/target_points.py"]
+READERS = ["sim/report.py", "demo/job.py", "sweep/report.py", "sweep/knee.py",
+           "metrics/rules.py", "bench/results.py", "sweep/points.py"]
 METHODS = {name for name in dir(RunSummary) if not name.startswith("_")} - set(FIELD_KINDS)
 
 

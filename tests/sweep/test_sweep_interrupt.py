@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
 
 from fake_server import run_fake  # noqa: E402
 
-from stepserve.sweep import sim_points, target_points  # noqa: E402
+from stepserve.sweep import points  # noqa: E402
 
 
 def _interrupt_on_call(n: int, real):
@@ -46,7 +46,7 @@ def workload(tmp_path) -> Path:
 def test_interrupted_live_sweep_keeps_the_points_before_it(monkeypatch, workload, tmp_path,
                                                            cli, capsys):
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr(target_points, "bench_http", _interrupt_on_call(3, target_points.bench_http))
+    monkeypatch.setattr(points, "bench_http", _interrupt_on_call(3, points.bench_http))
     out, report = tmp_path / "s.json", tmp_path / "r"
     with run_fake(tokens=3) as fake:  # no /metrics
         rc = cli(["sweep", "--target", fake.url, "--workload", str(workload), "--vary",
@@ -66,7 +66,7 @@ def test_interrupted_live_sweep_keeps_the_points_before_it(monkeypatch, workload
 
 def test_interrupted_sim_sweep_keeps_the_points_before_it(monkeypatch, tmp_path, cli,
                                                           capsys):
-    monkeypatch.setattr(sim_points, "simulate_run", _interrupt_on_call(2, sim_points.simulate_run))
+    monkeypatch.setattr(points, "simulate_run", _interrupt_on_call(2, points.simulate_run))
     out = tmp_path / "s.json"
     rc = cli(["sweep", "--scenario", "quickstart", "--scenario-runs", "A", "--vary",
               "rate=4,8,16", "--requests", "50", "--quiet", "--json", str(out)])
@@ -77,7 +77,7 @@ def test_interrupted_sim_sweep_keeps_the_points_before_it(monkeypatch, tmp_path,
 
 
 def test_interrupt_before_the_first_point_writes_nothing(monkeypatch, tmp_path, cli, capsys):
-    monkeypatch.setattr(sim_points, "simulate_run", _interrupt_on_call(1, sim_points.simulate_run))
+    monkeypatch.setattr(points, "simulate_run", _interrupt_on_call(1, points.simulate_run))
     out = tmp_path / "s.json"
     assert cli(["sweep", "--scenario", "quickstart", "--vary", "rate=4,8", "--requests",
                 "50", "--quiet", "--json", str(out)]) == 130
@@ -88,7 +88,7 @@ def test_a_target_lost_mid_sweep_keeps_the_points_before_it(monkeypatch, workloa
                                                             cli, capsys):
     from stepserve.bench.workload_options import BenchError
 
-    real = target_points.bench_http
+    real = points.bench_http
     calls = []
 
     def lost_on_second(*args, **kwargs):
@@ -97,7 +97,7 @@ def test_a_target_lost_mid_sweep_keeps_the_points_before_it(monkeypatch, workloa
             raise BenchError("cannot reach target http://x: ConnectError")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(target_points, "bench_http", lost_on_second)
+    monkeypatch.setattr(points, "bench_http", lost_on_second)
     out = tmp_path / "s.json"
     with run_fake(tokens=3) as fake:
         rc = cli(["sweep", "--target", fake.url, "--workload", str(workload), "--vary",

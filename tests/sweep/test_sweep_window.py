@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stepserve.sim.scenarios import get_scenario
-from stepserve.sweep.sim_points import MAX_SIZED_REQUESTS, MIN_SPAN_S, sized_workload
+from stepserve.sweep.points import MAX_SIZED_REQUESTS, MIN_SPAN_S, sized_workload
 from stepserve.sweep.window import (
     MIN_WINDOW_REQUESTS,
     WindowRule,

@@ -1,7 +1,6 @@
 """The same workload without HTTP: through the real engine in this process (`--engine`)
-or through the simulator on a virtual clock (`--sim`). Both hand back RequestRecords,
-so the bench summary has the same keys whatever the target; the engine's own step keys
-(waiting, running, KV, preemptions ...) stand in for the /metrics scrape.
+or the simulator on a virtual clock (`--sim`). Both give RequestRecords, so the summary
+has the same keys whatever the target; the engine's own step keys stand in for /metrics.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from stepserve.bench.loadgen import LoadPlan, SendWindow
 from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompt_maker import token_prompt
 from stepserve.bench.scrape import SCRAPE_KEYS
+from stepserve.config.errors import UsageError
 from stepserve.config.settings import EngineConfig
 from stepserve.core.end_reasons import end_of
 from stepserve.core.output import StepRecord
@@ -73,8 +73,7 @@ def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: in
     feeds the engine keys, its binned step records the bench's time series)."""
     from stepserve.sim.run import simulate_run
 
-    run, sim = simulate_run("sim", config, plan.specs, cost_model, num_gpu_blocks,
-                            plan.concurrency)
+    run, sim = simulate_run("sim", config, plan.specs, cost_model, num_gpu_blocks, plan.concurrency)
     by_id = {r.request_id: r for r in sim.requests}
     repeated = repeated_tokens(plan.specs)
     records = [record_of(by_id[str(s.index)], s.index, i < plan.warmup, s.arrival_s, 0.0,
@@ -86,105 +85,68 @@ def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: in
 def run_engine(plan: LoadPlan, engine, on_done: Callable[[RequestRecord], None] | None = None,
                interrupted: list[bool] | None = None
                ) -> tuple[list[RequestRecord], RunSummary, TimeSeries | None]:
-    """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock. Returns
-    (records, engine keys, binned step records or None). A KeyboardInterrupt
-    stops the run; what ended so far is returned and `interrupted[0]` is set."""
+    """Drive `engine` (an LLMEngine) with the plan's arrivals on the wall clock: issue what
+    is due and step, until every request issued has ended. Returns (records, engine keys,
+    binned step records or None). A KeyboardInterrupt stops the run; what ended so far
+    is returned and `interrupted[0]` is set."""
     if any(spec.turn for spec in plan.specs):  # its load sends every spec at its arrival
-        from stepserve.config.errors import UsageError
         raise UsageError("multi_turn sessions run against a server (--target) or the "
                          "simulator (--sim), not the in-process engine (--engine)")
-    load = _WallClockLoad(plan, engine, on_done)
+    done = on_done or (lambda r: None)
+    clock, specs = engine.clock, plan.specs
+    t0 = clock.now()
+    window = SendWindow(plan, clock.now)
+    closed = plan.concurrency is not None
+    issued: list[tuple[int, Request]] = []  # with their index in the plan
+    steps: list[StepRecord] = []
+    live = next_i = 0  # live: issued and not yet ended
+    n = len(specs)  # lowered when the plan's duration runs out
     cpu = CpuWatch.start()  # the engine's threads are this process's
     try:
-        load.run()
+        while True:
+            now = clock.now()
+            # every request whose arrival is due (open loop); with a concurrency, only
+            # while a slot is free, arriving now (rate inf: a closed loop)
+            while next_i < n and t0 + specs[next_i].arrival_s <= now and \
+                    not (closed and live >= plan.concurrency):
+                if not window.allows(next_i):
+                    n = next_i
+                    break
+                spec = specs[next_i]
+                params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
+                                        ignore_eos=plan.ignore_eos, priority=spec.priority,
+                                        tenant=spec.tenant)
+                req = engine.add_request(token_prompt(spec, engine.runner.args.vocab_size),
+                                         params, request_id=f"bench-{spec.index}",
+                                         arrival_time=now if closed else t0 + spec.arrival_s)
+                issued.append((next_i, req))
+                next_i += 1
+                if not req.is_finished:
+                    live += 1
+                else:  # refused at admission
+                    done(RequestRecord(index=-1))
+            if engine.has_unfinished():
+                result = engine.step()
+                if result.ran:
+                    steps.append(result.record)
+                live -= len(result.finished)
+                for _ in result.finished:
+                    done(RequestRecord(index=-1))
+            elif next_i < n:
+                time.sleep(max(0.0, min(0.05, t0 + specs[next_i].arrival_s - now)))
+            else:
+                break
     except KeyboardInterrupt:
         if interrupted is not None:
             interrupted[0] = True
-    records = load.records()
-    series = step_timeseries(load.steps, t0=load.t0) if load.steps else None
-    full = summarize([r for _, r in load.issued], load.steps, load.clock.now() - load.t0)
-    return records, engine_keys(full).with_values(**cpu.fields("engine", load.steps)), series
-
-
-class _WallClockLoad:
-    """One run of a plan through an LLMEngine on the wall clock: the requests issued
-    (with their index in the plan), the step records, how many are in flight."""
-
-    def __init__(self, plan: LoadPlan, engine,
-                 on_done: Callable[[RequestRecord], None] | None) -> None:
-        self.plan = plan
-        self.engine = engine
-        self.on_done = on_done
-        self.clock = engine.clock
-        self.t0 = self.clock.now()
-        self.issued: list[tuple[int, Request]] = []
-        self.steps: list[StepRecord] = []
-        self.live = 0  # issued and not yet ended
-        self.next_i = 0
-        self.n = len(plan.specs)  # lowered when the plan's duration runs out
-        self.window = SendWindow(plan, self.clock.now)
-
-    def run(self) -> None:
-        """Issue what is due and step, until every request issued has ended."""
-        while True:
-            now = self.clock.now()
-            self._issue_due(now)
-            if self.engine.has_unfinished():
-                self._step()
-            elif self.next_i < self.n:
-                time.sleep(max(0.0, min(0.05, self._due_at(self.next_i) - now)))
-            else:
-                return
-
-    def _due_at(self, i: int) -> float:
-        return self.t0 + self.plan.specs[i].arrival_s
-
-    def _issue_due(self, now: float) -> None:
-        """Every request whose arrival is due (open loop); with a concurrency, only while
-        a slot is free, arriving now (rate inf: a closed loop)."""
-        closed = self.plan.concurrency is not None
-        while self.next_i < self.n and self._due_at(self.next_i) <= now:
-            if closed and self.live >= self.plan.concurrency:
-                return
-            if not self.window.allows(self.next_i):
-                self.n = self.next_i
-                return
-            self._issue(self.next_i, now if closed else self._due_at(self.next_i))
-            self.next_i += 1
-
-    def _issue(self, i: int, arrival: float) -> None:
-        spec = self.plan.specs[i]
-        params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
-                                ignore_eos=self.plan.ignore_eos, priority=spec.priority,
-                                tenant=spec.tenant)
-        prompt = token_prompt(spec, self.engine.runner.args.vocab_size)
-        req = self.engine.add_request(prompt, params, request_id=f"bench-{spec.index}",
-                                      arrival_time=arrival)
-        self.issued.append((i, req))
-        if not req.is_finished:
-            self.live += 1
-        elif self.on_done is not None:  # refused at admission
-            self.on_done(RequestRecord(index=-1))
-
-    def _step(self) -> None:
-        result = self.engine.step()
-        if result.ran:
-            self.steps.append(result.record)
-        self.live -= len(result.finished)
-        if self.on_done is not None:
-            for _ in result.finished:
-                self.on_done(RequestRecord(index=-1))
-
-    def records(self) -> list[RequestRecord]:
-        """Every request issued, as the client would have seen it; one still running was
-        cut short by an interrupt."""
-        out = []
-        repeated = repeated_tokens(self.plan.specs)
-        for i, req in self.issued:
-            spec = self.plan.specs[i]
-            rec = record_of(req, spec.index, i < self.plan.warmup, spec.arrival_s, self.t0,
-                            spec.request_class, repeated[i])
-            if not req.is_finished:
-                rec.error, rec.status = "interrupted before the response ended", 200
-            out.append(rec)
-        return out
+    repeated = repeated_tokens(specs)
+    records = []
+    for i, req in issued:  # as the client would have seen them
+        rec = record_of(req, specs[i].index, i < plan.warmup, specs[i].arrival_s, t0,
+                        specs[i].request_class, repeated[i])
+        if not req.is_finished:  # cut short by an interrupt
+            rec.error, rec.status = "interrupted before the response ended", 200
+        records.append(rec)
+    series = step_timeseries(steps, t0=t0) if steps else None
+    full = summarize([r for _, r in issued], steps, clock.now() - t0)
+    return records, engine_keys(full).with_values(**cpu.fields("engine", steps)), series

@@ -1,9 +1,7 @@
-"""`stepserve bench`'s job: load a target with a workload and report TTFT, TPOT, ITL,
-E2EL, throughput and goodput (vLLM's definitions), plus the target's own /metrics.
-
-The target is an HTTP server (`target`), the in-process engine (`engine`) or the
-simulator (`sim`). Exit status: 0 done (server errors are counted, not fatal); 2 bad
-input or an unreachable target; 130 interrupted (the partial result is still written).
+"""`stepserve bench`'s job: load a target (an HTTP server, the in-process engine or the
+simulator) with a workload and report vLLM's metrics plus the target's own. Exit status:
+0 done (server errors are counted, not fatal); 2 bad input or an unreachable target; 130
+interrupted (the partial result is still written).
 """
 
 from __future__ import annotations
@@ -14,24 +12,24 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from stepserve.bench.client import RequestRecord
-from stepserve.bench.http_run import HttpRun, bench_http, check_url
-from stepserve.bench.loadgen import LoadPlan, make_records
-from stepserve.bench.prompt_maker import prompt_maker
-from stepserve.bench.request_shape import RequestShape
+from stepserve.bench.client import RequestRecord, RequestShape
+from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, make_records
+from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
+    GoodputError,
+    GoodputSLO,
     format_table,
-    http_extras,
     latency_samples,
     offered_load,
+    parse_goodput,
+    scrape_timeseries,
     summarize_records,
     write_csv,
     write_json,
     write_markdown,
 )
-from stepserve.bench.slo import GoodputError, GoodputSLO, parse_goodput
 from stepserve.bench.vllm_result import SaveOptions, save_vllm_result, vllm_setup
 from stepserve.bench.workload_options import (
     BenchError,
@@ -43,6 +41,7 @@ from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.load import to_dict as config_to_dict
 from stepserve.config.settings import ConfigError
+from stepserve.config.urls import check_http_url
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.metrics.rules import findings_for
 from stepserve.metrics.run_summary import RunSummary
@@ -81,17 +80,12 @@ class BenchOptions:
     cost: CostModelOptions = CostModelOptions(cost="roofline")
     save: SaveOptions = SaveOptions()
 
-    def outputs(self) -> tuple[tuple[str, str | None], ...]:
-        """(flag, path) of each output file."""
-        return (("--json", self.json_out), ("--csv", self.csv_out),
-                ("--markdown", self.markdown_out))
-
 
 def check_bench_options(options: BenchOptions) -> None:
     """What can be checked before any work: the target URL, the engine settings, the
     cost model or the model name, output paths."""
     if options.target:
-        check_url(options.target)
+        check_http_url("--target", options.target)
     else:
         options.config.apply()
     if options.sim:
@@ -109,7 +103,8 @@ def check_bench_options(options: BenchOptions) -> None:
             resolve_model(options.model or "tiny")
         except (ValueError, FileNotFoundError) as e:
             raise UsageError(f"--model: {e}") from None
-    for flag, path in options.outputs():
+    for flag, path in (("--json", options.json_out), ("--csv", options.csv_out),
+                       ("--markdown", options.markdown_out)):
         check_output_file(flag, path)
     options.save.check()
     if options.token_id_prompts and options.shape.chat:
@@ -128,16 +123,15 @@ def run_bench(options: BenchOptions) -> int:
         slo = parse_goodput(options.goodput)
         workload = build_workload(options.workload)
         specs = make_specs(options.workload, workload)
-    except (BenchError, GoodputError, WorkloadError, ValueError) as e:
+        # text prompts of exact length need a tokenizer; the engine and the simulator
+        # take token ids
+        tokenizer = options.workload.tokenizer if options.target else None
+        tok = load_tokenizer(tokenizer) if tokenizer and not options.token_id_prompts else None
+        prompts = PromptMaker(options.token_id_prompts, tok, workload.seed)
+    except (BenchError, GoodputError, WorkloadError, ValueError) as e:  # UsageError too
         return report_error(e)
     w = options.workload
-    ignore_eos = options.ignore_eos if options.ignore_eos is not None \
-        else w.dataset() != "sharegpt"
-    try:
-        prompts = prompt_maker(options.token_id_prompts,
-                               w.tokenizer if options.target else None, workload.seed)
-    except UsageError as e:
-        return report_error(e)
+    ignore_eos = options.ignore_eos if options.ignore_eos is not None else w.dataset() != "sharegpt"
     plan = LoadPlan(specs, w.max_concurrency or workload.closed_loop_concurrency, w.warmup,
                     options.duration_s, prompts, ignore_eos, options.shape)
     load = offered_load(options, workload, plan)
@@ -170,28 +164,46 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
     # target's records are filled in place, so they keep whatever was measured.
     records = make_records(plan) if options.target else []
     kind = options.target or ("sim" if options.sim else "engine")
-    measured: Measured = (BenchRun("", RunSummary(), target=kind, model=options.model),
-                          records, RunSummary())
+    run, extra = BenchRun("", RunSummary(), target=kind, model=options.model), RunSummary()
     bar = None
     try:
         bar = _progress(len(plan.specs), options.progress)
         if options.target:
-            measured = _against_target(options, plan, records, bar, interrupted)
+            run, records, extra = _against_target(options, plan, records, bar, interrupted)
         elif options.sim:
-            measured = _on_sim(options, plan, bar)
+            run, records, extra = _on_sim(options, plan, bar)
         else:
-            measured = _on_engine(options, plan, bar, interrupted)
+            run, records, extra = _on_engine(options, plan, bar, interrupted)
     except KeyboardInterrupt:
         interrupted[0] = True
     finally:
         if bar is not None:
             bar.close()
-    run, records, extra = measured
     if options.target:  # known once the target's model is: its tokenizer may fit them
         load = {**load, "prompts": plan.prompts.describe()}
-    run = replace(run, name=workload.name, started_at=started, load=load,
+    summary = summarize_records(records, slo, extra, interrupted[0])
+    run = replace(run, name=workload.name, summary=summary, started_at=started, load=load,
                   latency_samples=run.latency_samples or latency_samples(records))
-    return _report(options, run, records, slo, extra, interrupted[0])
+    result = BenchResult([run], findings_for([run]))
+    print(format_table(run.name, summary))
+    for f in result.findings:
+        print(f"[{f.severity}] {f.rule}: {f.evidence}")
+    setup = vllm_setup(options, run)
+    failed = write_outputs([  # one that cannot be written does not stop the rest
+        OutputFile("--json", options.json_out, lambda p: write_json(p, result)),
+        OutputFile("--csv", options.csv_out, lambda p: write_csv(p, records)),
+        OutputFile("--markdown", options.markdown_out, lambda p: write_markdown(p, result)),
+        OutputFile("--save-result", options.save.path(setup) if options.save.save else None,
+                   lambda p: save_vllm_result(options.save, setup, records, slo))])
+    if summary.requests_total and not summary.requests_finished and options.target:
+        print("warning: no request completed; see errors above", file=sys.stderr)
+    if interrupted[0]:
+        print("interrupted: the result above and any files written are partial", file=sys.stderr)
+    if failed:
+        report_error(failed)
+    if interrupted[0]:
+        return EXIT_INTERRUPTED
+    return 2 if failed else 0
 
 
 Measured = tuple[BenchRun, list[RequestRecord], RunSummary]  # the run, its records, the
@@ -213,9 +225,8 @@ def _against_target(options: BenchOptions, plan: LoadPlan, records: list[Request
         interrupted[0] = True
     finally:  # a Ctrl-C in asyncio.run's own set-up leaves it unstarted: not a warning
         load.close()
-    samples, series = http_extras(records, http.snapshots)
     run = BenchRun("", RunSummary(), target=options.target, model=http.model or options.model,
-                   config=http.server_config(), latency_samples=samples, timeseries=series)
+                   config=http.server_config(), timeseries=scrape_timeseries(http.snapshots))
     return run, records, http.scrape
 
 
@@ -224,8 +235,7 @@ def _on_sim(options: BenchOptions, plan: LoadPlan, bar) -> Measured:
 
     config = options.config.apply()
     setup = cost_setup_for(options.cost)
-    records, extra, sim_run = run_sim(plan, config, setup.cost_model,
-                                      setup.num_gpu_blocks(config))
+    records, extra, sim_run = run_sim(plan, config, setup.cost_model, setup.num_gpu_blocks(config))
     bar.update(len(records))
     run = BenchRun("", RunSummary(), target="sim", batching=sim_run.batching,
                    config=config_to_dict(config), timeseries=sim_run.timeseries,
@@ -233,8 +243,7 @@ def _on_sim(options: BenchOptions, plan: LoadPlan, bar) -> Measured:
     return run, records, extra
 
 
-def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]
-               ) -> Measured:
+def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]) -> Measured:
     from stepserve.bench.inprocess import run_engine
     from stepserve.engine.llm_engine import LLMEngine
 
@@ -247,35 +256,3 @@ def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[boo
                    batching=config.scheduler.batching, config=config_to_dict(config),
                    timeseries=series)
     return run, records, extra
-
-
-def _report(options: BenchOptions, run: BenchRun, records: list[RequestRecord],
-            slo: GoodputSLO, extra: RunSummary, interrupted: bool) -> int:
-    summary = summarize_records(records, slo, None, interrupted).updated(extra)
-    run = replace(run, summary=summary)
-    result = BenchResult([run], findings_for([run]))
-    print(format_table(run.name, summary))
-    for f in result.findings:
-        print(f"[{f.severity}] {f.rule}: {f.evidence}")
-    failed = write_outputs(_outputs(options, run, result, records, slo))
-    if summary.requests_total and not summary.requests_finished and options.target:
-        print("warning: no request completed; see errors above", file=sys.stderr)
-    if interrupted:
-        print("interrupted: the result above and any files written are partial",
-              file=sys.stderr)
-    if failed:
-        report_error(failed)
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return 2 if failed else 0
-
-
-def _outputs(options: BenchOptions, run: BenchRun, result: BenchResult,
-             records: list[RequestRecord], slo: GoodputSLO) -> list[OutputFile]:
-    """Every file the flags ask for; one that cannot be written does not stop the rest."""
-    setup = vllm_setup(options, run)
-    return [OutputFile("--json", options.json_out, lambda p: write_json(p, result)),
-            OutputFile("--csv", options.csv_out, lambda p: write_csv(p, records)),
-            OutputFile("--markdown", options.markdown_out, lambda p: write_markdown(p, result)),
-            OutputFile("--save-result", options.save.path(setup) if options.save.save else None,
-                       lambda p: save_vllm_result(options.save, setup, records, slo))]

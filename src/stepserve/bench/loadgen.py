@@ -1,19 +1,19 @@
-"""Issue a workload's requests against an HTTP target, as `vllm bench serve` does: each
-request is due at its arrival time (all at once for rate inf), and with a concurrency
-cap it then waits for one of the cap's slots; its send time (TTFT's start) is when it
-goes out. Rate inf with a cap is a closed loop: N in flight, the next sent the moment
-one ends.
+"""Issue a workload's requests against an HTTP target, as `vllm bench serve` does, with
+the target's /metrics sampled alongside: what `stepserve bench --target` and `stepserve
+sweep --target` both do per run.
 
-A multi-turn session (workload/sessions.py) is one task: its first turn is due at its
-arrival, each later turn `think_time_s` after the answer before it arrived, its prompt
-the conversation so far (prompt_maker.py's Conversation) and a new user message; a turn not
-answered in full ends the session (the rest stay `not_sent`). Later turns wait for no
-arrival, and a capped run counts sessions in flight: a user keeps their slot while
-thinking, as the simulator's closed loop counts sessions.
+Each request is due at its arrival time (all at once for rate inf); with a concurrency
+cap it then waits for a slot, and its send time (TTFT's start) is when it goes out. Rate
+inf with a cap is a closed loop. A multi-turn session (workload/sessions.py) is one task:
+each later turn goes `think_time_s` after the answer before it, its prompt the
+conversation so far and a new user message; a turn not answered in full ends the session
+(the rest stay `not_sent`). A capped run counts sessions in flight: a user keeps their
+slot while thinking, as the simulator's closed loop counts sessions.
 
-Records are created up front and filled in place, so whatever happened before an
-interrupt (Ctrl-C) is still there to summarise: requests cut off are marked
-`interrupted`, those never sent `not_sent`.
+Records are created up front and filled in place, so an interrupt (Ctrl-C) keeps what
+was measured. The target's model comes from GET /v1/models. /metrics is scraped before
+the first request, every `metrics_interval_s` during the run, and once more when the
+target is idle after the last (counters are fed when requests end).
 """
 
 from __future__ import annotations
@@ -23,21 +23,28 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
 
-from stepserve.bench.client import RequestRecord, stream_completion
+from stepserve.bench.client import RequestRecord, RequestShape, stream_completion
 from stepserve.bench.prefix_cache import repeated_tokens
 from stepserve.bench.prompt_maker import Conversation, PromptMaker
-from stepserve.bench.request_shape import RequestShape
+from stepserve.bench.scrape import Scraper, scrape_summary
+from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import UsageError
+from stepserve.config.urls import check_http_url
+from stepserve.host.cpu_share import CpuWatch
+from stepserve.metrics.live_window import live_config
+from stepserve.metrics.run_summary import RunSummary
 from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.spec import RequestSpec
 
 T = TypeVar("T")
+SETTLE_TRIES = 10
+SETTLE_PAUSE_S = 0.1
 
 
 @dataclass
@@ -55,13 +62,7 @@ class LoadPlan:
 class HttpTarget:
     base_url: str
     model: str
-    timeout_s: float = 600.0
-    records: list[RequestRecord] = field(default_factory=list)
     endpoint: str = "/v1/completions"
-
-    @property
-    def completions_url(self) -> str:
-        return self.base_url.rstrip("/") + self.endpoint
 
 
 @dataclass
@@ -113,6 +114,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
                    on_done: Callable[[RequestRecord], None] | None = None) -> None:
     """Send every request of `plan`, filling `records` (from make_records) in place.
     Prompts are built before the clock starts, so building them delays no send."""
+    done = on_done or (lambda r: None)
     next_turn = next_turns(plan.specs)
     if next_turn and plan.prompts.token_ids:
         raise UsageError("multi_turn sessions send the answers back as text: drop "
@@ -122,11 +124,12 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
     t0 = time.perf_counter()
     window = SendWindow(plan, time.perf_counter)
     slots = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
+    url = target.base_url.rstrip("/") + target.endpoint
 
     async def send(i: int, body: dict) -> None:
         record = records[i]
         try:
-            await stream_completion(client, target.completions_url, body, record, t0)
+            await stream_completion(client, url, body, record, t0)
         except asyncio.CancelledError:
             record.error = "interrupted before the response ended"
             record.end_s = time.perf_counter() - t0
@@ -141,8 +144,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             if i in next_turn:
                 return await session(i)
             await send(i, body)
-        if on_done is not None:
-            on_done(record)
+        done(record)
 
     async def session(i: int | None) -> None:
         talk = Conversation(plan.shape.chat)
@@ -151,8 +153,7 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             prompt = prompts[i]
             await send(i, talk.body(plan.shape, target.model, prompt, spec.max_tokens,
                                     plan.ignore_eos))
-            if on_done is not None:
-                on_done(record)
+            done(record)
             i = next_turn.get(i)
             if i is None or not record.ok:
                 return
@@ -177,3 +178,91 @@ async def run_http(target: HttpTarget, plan: LoadPlan, records: list[RequestReco
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def discover_model(client: httpx.AsyncClient, url: str, model: str | None) -> str:
+    """`model` if given, else the first id of GET /v1/models; BenchError when the target
+    cannot be reached, refuses the key (401/403), or lists no model."""
+    try:
+        resp = await client.get(url + "/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise BenchError(f"cannot reach target {url}: {type(e).__name__}: {e}") from None
+    if resp.status_code in (401, 403):
+        raise BenchError(f"target {url}: GET /v1/models gave HTTP {resp.status_code}: pass "
+                         "its key (OPENAI_API_KEY, --api-key or --header)")
+    if model:
+        return model
+    try:
+        return resp.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(f"target {url}: GET /v1/models gave HTTP {resp.status_code} "
+                         "without a model list; pass --model NAME") from None
+
+
+@dataclass
+class HttpRun:
+    """What one run against a target left: the model used and the /metrics samples."""
+
+    model: str | None = None
+    scraper: Scraper | None = None
+    scrape: RunSummary = field(default_factory=RunSummary)  # the samples' SCRAPE_KEYS
+
+    @property
+    def snapshots(self) -> list:
+        return self.scraper.snapshots if self.scraper else []
+
+    def server_config(self) -> dict:
+        """The scheduler settings the target publishes (stepserve:scheduler_config_info),
+        so the doctor's advice can name them; {} when it publishes none."""
+        return live_config(self.snapshots[-1]) if self.snapshots else {}
+
+
+async def _settle(scraper: Scraper, client: httpx.AsyncClient) -> None:
+    """Scrape until the target is idle; a failed scrape is skipped, two in a row end it
+    (a target that went away is not waited on)."""
+    failed = 0
+    for _ in range(SETTLE_TRIES):
+        snap = await scraper.scrape_once(client)
+        failed = failed + 1 if snap is None else 0
+        if failed >= 2:
+            return
+        if snap is not None and not any(snap.level(key) for key in ("running", "waiting")):
+            return
+        await asyncio.sleep(SETTLE_PAUSE_S)
+
+
+async def bench_http(url: str, model: str | None, plan: LoadPlan,
+                     records: list[RequestRecord], out: HttpRun, *,
+                     timeout_s: float = 600.0, metrics_interval_s: float = 0.5,
+                     on_done: Callable[[RequestRecord], None] | None = None,
+                     headers: Mapping[str, str] | None = None) -> None:
+    """Send `plan` to `url`, filling `records` in place and `out` as it goes, so an
+    interrupt (CancelledError / KeyboardInterrupt) still leaves what was measured.
+    `headers` (an API key, --header) go with every request, the scrapes included."""
+    url = check_http_url("--target", url)  # without its trailing slash
+    cpu = CpuWatch.start()  # this machine's view, for a target without CPU series
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits,
+                                 headers=dict(headers or {})) as client:
+        out.model = await discover_model(client, url, model)
+        interruptible(lambda: plan.prompts.fit_to_model(out.model))
+        target = HttpTarget(url, out.model, plan.shape.endpoint)
+        scraper = Scraper(url + "/metrics", metrics_interval_s) if metrics_interval_s > 0 else None
+        out.scraper = scraper
+        # the scrape before the run, retried once; no usable /metrics: the run goes on
+        # without them (the summary says why)
+        polling = scraper is not None and await scraper.first(client, scraper.url, scraper.limits)
+        stop = asyncio.Event()
+        poll = asyncio.create_task(scraper.run(client, stop)) if polling else None
+        try:
+            await run_http(target, plan, records, client, on_done=on_done)
+        finally:
+            stop.set()
+            if poll is not None:
+                await asyncio.gather(poll, return_exceptions=True)
+                await _settle(scraper, client)
+            out.scrape = RunSummary.from_json(scrape_summary(
+                out.snapshots, scraper.failures if scraper else ()))
+            if out.scrape.cpu_source is None:
+                out.scrape = out.scrape.with_values(**cpu.fields("client"))

@@ -1,5 +1,5 @@
-"""The prefix cache as a bench run sees it: the hit rate from the answers' usage
-(prompt_tokens_details.cached_tokens), the repeated share from the prompts it built."""
+"""The prefix cache as a bench run sees it: the hit rate from the answers' usage, the
+repeated share from the prompts it built."""
 
 from __future__ import annotations
 
@@ -19,14 +19,11 @@ def prefix_cache_fields(done: Sequence[RequestRecord]) -> RunSummary:
     and the repeated share over those the bench knows the prompts of; each only when
     there is a request to count it over."""
     values: dict[str, float | None] = {}
-    told = [r for r in done if r.cached_tokens is not None]
-    if told:
-        values["prefix_cache_hit_rate"] = ratio(sum(r.cached_tokens or 0 for r in told),
-                                                sum(prompt_tokens(r) for r in told))
-    known = [r for r in done if r.repeated_tokens is not None]
-    if known:
-        values["prefix_repeated_share"] = ratio(sum(r.repeated_tokens or 0 for r in known),
-                                                sum(prompt_tokens(r) for r in known))
+    for key, tokens in (("prefix_cache_hit_rate", "cached_tokens"),
+                        ("prefix_repeated_share", "repeated_tokens")):
+        if counted := [r for r in done if getattr(r, tokens) is not None]:
+            values[key] = ratio(sum(getattr(r, tokens) for r in counted),
+                                sum(prompt_tokens(r) for r in counted))
     return RunSummary.of(**values)
 
 

@@ -1,29 +1,16 @@
-"""The prompt each bench request sends, of its spec's length.
-
-Text by default, as `vllm bench serve` sends it: with a tokenizer (`--tokenizer`, else
-the target's model when it loads here: a stepserve model name or a local directory, as
-vLLM's tokenizer defaults to the model), text that encodes to exactly `prompt_len`
-tokens (random words encoded, cut to length, decoded and re-encoded until the count
-holds, as vLLM's random dataset fits its prompts); without one, `prompt_len` common
-English words, about one token each on BPE tokenizers. Token ids only when asked
-(`--token-id-prompts`): exactly `prompt_len` ids, which some servers refuse.
+"""The prompt each bench request sends, of its spec's length: text by default, as `vllm
+bench serve` sends it (with a tokenizer, text that encodes to exactly `prompt_len` tokens,
+fitted as vLLM's random dataset fits its prompts; without one, common English words,
+about one token each), or token ids when asked (`--token-id-prompts`).
 
 Every prompt is drawn from its request's own seed, so two requests share no prefix (a
 server's prefix cache would otherwise serve most of every prompt) and a run is
-reproducible; token-id prompts open with the request's index written in the vocabulary's
-digits, so no two of a run's prompts share even a first block. A request of a class with
-shared prefixes (`prefix_repetition`, a workload's `shared_prefixes`) opens with its
-prefix, drawn from the prefix's own seed, then its own part: prompts share exactly their
-prefix, as the simulator's do. A later turn of a multi-turn session (workload/sessions.py)
-is its new user message only; a `Conversation` puts the session so far in front of it.
-
-A Mooncake trace's request (workload/mooncake.py) is built block by block, each from its
-hash id's seed, so prompts share text (and, on the server, tokens) exactly as far as
-their hash ids agree (`TracePrompts`). Token ids: the trace's own ids in the vocabulary.
-Text with a tokenizer: each block text that encodes to its token count (a cut last
-block: the same draws, fewer tokens); the tokens at a seam between blocks may merge, so
-a shared prefix is shared up to the seam where two prompts part. Without one: a word a
-token.
+reproducible; token-id prompts open with the request's index, so no two share even a
+first block. A request with a shared prefix opens with it (drawn from the prefix's own
+seed): prompts share exactly their prefix, as the simulator's do. A Mooncake trace's
+request is built block by block from its hash ids' seeds, so prompts share text exactly
+as far as their hash ids agree (tokens at a seam between blocks may merge). A later turn
+of a session is its new user message; a `Conversation` puts the session in front of it.
 """
 
 from __future__ import annotations
@@ -73,9 +60,8 @@ def token_prompt(spec: RequestSpec, vocab: int = 500, seed: int = 0) -> list[int
     own += [FIRST_ID + rng.randrange(span) for _ in range(_own_len(spec) - len(own))]
     if spec.prefix is None:
         return own[:spec.prompt_len]
-    rng = _prefix_rng(spec.prefix, seed)
-    return [FIRST_ID + rng.randrange(span) for _ in range(spec.prefix_len)] \
-        + own[:_own_len(spec)]
+    rng = random.Random(_prefix_seed(spec.prefix, seed))
+    return [FIRST_ID + rng.randrange(span) for _ in range(spec.prefix_len)] + own[:_own_len(spec)]
 
 
 def _digits(n: int, base: int) -> list[int]:
@@ -92,8 +78,8 @@ def _rng(spec: RequestSpec, seed: int) -> random.Random:
     return random.Random(seed * 1_000_003 + spec.index)
 
 
-def _prefix_rng(name: str, seed: int) -> random.Random:
-    return random.Random(f"{seed}/prefix/{name}")
+def _prefix_seed(name: str, seed: int) -> str:
+    return f"{seed}/prefix/{name}"
 
 
 def word_prompt(spec: RequestSpec, seed: int = 0) -> str:
@@ -102,7 +88,7 @@ def word_prompt(spec: RequestSpec, seed: int = 0) -> str:
     own = _words(_rng(spec, seed), _own_len(spec))
     if spec.prefix is None:
         return own
-    return _words(_prefix_rng(spec.prefix, seed), spec.prefix_len) + " " + own
+    return _words(random.Random(_prefix_seed(spec.prefix, seed)), spec.prefix_len) + " " + own
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -129,33 +115,9 @@ def exact_text(tokenizer: Tokenizer, n: int, rng: random.Random) -> str:
     return text
 
 
-class TracePrompts:
-    """Prompts of trace requests, the fitted text of each (seed, tokens) block kept."""
-
-    def __init__(self) -> None:
-        self._texts: dict[tuple[str, int], str] = {}
-
-    def token_ids(self, spec: TraceSpec, vocab: int) -> list[int]:
-        return trace_token_ids(spec, vocab)
-
-    def text(self, spec: TraceSpec, tokenizer: Tokenizer | None) -> str:
-        if tokenizer is None:
-            return " ".join(_words(random.Random(seed), n) for seed, n in prompt_blocks(spec))
-        return " ".join(self._fitted(tokenizer, seed, n) for seed, n in prompt_blocks(spec))
-
-    def _fitted(self, tokenizer: Tokenizer, seed: str, n: int) -> str:
-        text = self._texts.get((seed, n))
-        if text is None:
-            text = exact_text(tokenizer, n, random.Random(seed))
-            if len(self._texts) >= MAX_CACHED_BLOCKS:
-                self._texts.pop(next(iter(self._texts)))  # the oldest
-            self._texts[(seed, n)] = text
-        return text
-
-
 class PromptMaker:
     """The prompt of each spec: token ids, exact-length text (with a tokenizer) or
-    words."""
+    words. Fitted texts of shared prefixes and trace blocks are kept for reuse."""
 
     def __init__(self, token_ids: bool = False, tokenizer: Tokenizer | None = None,
                  seed: int = 0, vocab: int = 500) -> None:
@@ -163,8 +125,17 @@ class PromptMaker:
         self.tokenizer = tokenizer
         self.seed = seed
         self.vocab = vocab
-        self._prefixes: dict[str, str] = {}  # a shared prefix's text, fitted once
-        self._traces = TracePrompts()
+        self._texts: dict[tuple[str, int], str] = {}  # (seed, tokens) -> fitted text
+
+    def _fitted(self, seed: str, n: int) -> str:
+        assert self.tokenizer is not None
+        key = (seed, n)
+        if (text := self._texts.get(key)) is None:
+            text = exact_text(self.tokenizer, n, random.Random(seed))
+            if len(self._texts) >= MAX_CACHED_BLOCKS:
+                self._texts.pop(next(iter(self._texts)))  # the oldest
+            self._texts[key] = text
+        return text
 
     def fit_to_model(self, model: str) -> None:
         """Text prompts without a tokenizer take the model's, if it loads here."""
@@ -179,7 +150,9 @@ class PromptMaker:
         if self.token_ids:
             return token_prompt(spec, self.vocab, self.seed)
         if isinstance(spec, TraceSpec):
-            return self._traces.text(spec, self.tokenizer)
+            if self.tokenizer is None:
+                return " ".join(_words(random.Random(seed), n) for seed, n in prompt_blocks(spec))
+            return " ".join(self._fitted(seed, n) for seed, n in prompt_blocks(spec))
         if self.tokenizer is None:
             return word_prompt(spec, self.seed)
         own = exact_text(self.tokenizer, _own_len(spec), _rng(spec, self.seed))
@@ -187,12 +160,7 @@ class PromptMaker:
             return own
         # each part fitted on its own: the join can shift a token at the seam, as in
         # vLLM's prefix_repetition (prefix and suffix tokens, decoded together)
-        prefix = self._prefixes.get(spec.prefix)
-        if prefix is None:
-            prefix = exact_text(self.tokenizer, spec.prefix_len,
-                                _prefix_rng(spec.prefix, self.seed))
-            self._prefixes[spec.prefix] = prefix
-        return prefix + " " + own
+        return self._fitted(_prefix_seed(spec.prefix, self.seed), spec.prefix_len) + " " + own
 
     def describe(self) -> str:
         if self.token_ids:
@@ -218,12 +186,6 @@ def load_tokenizer(name: str) -> Tokenizer:
         raise UsageError(f"--tokenizer {name!r}: {e}") from None
 
 
-def prompt_maker(token_ids: bool, tokenizer: str | None, seed: int) -> PromptMaker:
-    """Token ids, or text (of exact length when a tokenizer is named)."""
-    tok = load_tokenizer(tokenizer) if tokenizer and not token_ids else None
-    return PromptMaker(token_ids=token_ids, tokenizer=tok, seed=seed)
-
-
 @dataclass
 class Conversation:
     """One session's exchanges so far, which each later turn sends again in front of its
@@ -236,7 +198,7 @@ class Conversation:
 
     def body(self, shape: Any, model: str, user: str | list[int], max_tokens: int,
              ignore_eos: bool) -> dict[str, Any]:
-        """The turn's request body (`shape`: bench/request_shape.py's RequestShape)."""
+        """The turn's request body (`shape`: bench/client.py's RequestShape)."""
         if not isinstance(user, str):
             raise TypeError("a conversation sends text prompts")
         if self.chat:

@@ -2,37 +2,16 @@
 (BenchRun, BenchResult) and their writers.
 
 Per request (sent at `send_s`, chunk times t_1..t_k, n output tokens):
-    TTFT = t_1 - send;  E2EL = t_k - send (end of the response when no chunk came)
-    TPOT = (E2EL - TTFT) / (n - 1) for n >= 2;  ITL = every gap t_{i+1} - t_i
+    TTFT = t_1 - send;  E2E = t_k - send (end of the response when no chunk came)
+    TPOT = (E2E - TTFT) / (n - 1) for n >= 2;  ITL = every gap t_{i+1} - t_i
 Latencies come from completed requests (finish reason stop or length) only; warm-up
 requests are left out of everything. Duration is from the first measured send to the
-last measured end. Goodput = completed requests meeting every SLO / duration.
-
-Summary fields (a RunSummary): requests_total (measured requests sent),
-requests_not_sent (cut off by --duration-s or an interrupt), requests_finished,
-requests_failed, errors (outcome -> count, e.g. http_500), error_examples (outcome -> its
-first message), output_tokens (completed requests), prompt_tokens, duration_s,
-throughput_tokens_per_s, throughput_requests_per_s, goodput_requests_per_s, goodput_slo,
-{ttft,tpot,itl,e2e}_{mean,p50,p95,p99}_s, p99_p50_{e2e,ttft,tpot}_ratio,
-peak_concurrency, warmup_requests, interrupted, and the scrape fields (scrape.py).
-The prefix cache, over completed requests: prefix_cache_hit_rate where the answers said
-how many prompt tokens were cached (usage.prompt_tokens_details.cached_tokens; absent,
-not 0, from a server that does not say), prefix_repeated_share from the prompts the
-bench built (prefix_cache.py). Whether the CPU was shared: the cpu_* fields
-(host/cpu_share.py's CpuWatch, or the target's own: host/cpu_metrics.py).
-
-Beside the summary a run records the load it offered (`load` in the bench JSON: rate,
-burstiness, concurrency cap, count, seed, dataset and lengths, and how the requests were
-sent) and its plot data, of the types `stepserve report` reads (as
-metrics.summary.measure_run gives a simulation):
-
-  latency_samples: TTFT and E2E of the completed, measured requests (client clock), thinned
-      to SAMPLE_CAP order statistics;
-  timeseries: one row per /metrics sample of the target, t in seconds from the first
-      (taken before the load): waiting and running (levels), and per interval since the
-      previous sample the preemptions, prompt tokens (as prefill_tokens), generation
-      tokens (as decode_tokens) and, where the target counts them (stepserve:steps),
-      engine steps. Without /metrics samples there is no timeseries.
+last measured end. Goodput = completed requests meeting every SLO / duration, the SLOs
+as `vllm bench serve --goodput` takes them: `ttft:500 tpot:50 e2el:2000` (milliseconds).
+prefix_cache_hit_rate is absent (not 0) where the answers did not say how many prompt
+tokens were cached. A run's `timeseries` has one row per /metrics sample of the target,
+t from the first (taken before the load): the levels, and per interval the counters'
+increases; without samples there is none.
 """
 
 from __future__ import annotations
@@ -42,7 +21,7 @@ import io
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,17 +29,16 @@ from typing import TYPE_CHECKING, Any
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import LoadPlan
 from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
-from stepserve.bench.scrape import SCRAPE_KEYS, Snapshot
-from stepserve.bench.slo import GoodputSLO
+from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.config.user_files import write_atomic
 from stepserve.metrics.percentiles import mean, ratio
-from stepserve.metrics.prometheus import counter_delta
+from stepserve.metrics.prometheus import Snapshot, counter_delta
 from stepserve.metrics.request_metrics import stream_latencies
 from stepserve.metrics.rules import Finding, RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
-from stepserve.metrics.summary import SAMPLE_CAP, LatencySamples, latency_fields, sample_set
+from stepserve.metrics.summary import LatencySamples, latency_fields, sample_set
 from stepserve.workload.arrivals import Constant, Gamma
 from stepserve.workload.spec import Workload
 
@@ -72,6 +50,70 @@ SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
                       "output_tokens", "duration_s", "throughput_tokens_per_s",
                       "throughput_requests_per_s", "goodput_requests_per_s",
                       "peak_concurrency")
+
+
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+
+
+class GoodputError(ValueError):
+    """A goodput string that does not parse; the message names the token."""
+
+
+@dataclass(frozen=True)
+class GoodputSLO:
+    """Per-request latency limits for goodput, in seconds; None: not constrained. (A sweep's
+    `--slo` is another thing: a limit on one metric of a run's summary, sweep/spec.py.)"""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2el_s: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_s is None and self.tpot_s is None and self.e2el_s is None
+
+    def met(self, ttft_s: float | None, tpot_s: float | None, e2el_s: float | None) -> bool:
+        """Every given limit is met. A TPOT limit is met by a one-token request (TPOT is
+        undefined there, as vLLM treats it: 0)."""
+        checks = ((self.ttft_s, ttft_s), (self.tpot_s, tpot_s if tpot_s is not None else 0.0),
+                  (self.e2el_s, e2el_s))
+        return all(limit is None or (value is not None and value <= limit)
+                   for limit, value in checks)
+
+    def describe(self) -> str:
+        parts = [f"{k}<={v * 1000:g}ms" for k, v in
+                 (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2el", self.e2el_s))
+                 if v is not None]
+        return " ".join(parts) or "none"
+
+
+def parse_goodput(tokens: str | Iterable[str] | None) -> GoodputSLO:
+    """`"ttft:500 tpot:50"` or `["ttft:500", "tpot:50"]` (ms) -> GoodputSLO (seconds)."""
+    if tokens is None:
+        return GoodputSLO()
+    if isinstance(tokens, str):
+        tokens = [tokens]
+    values: dict[str, float] = {}
+    allowed = ", ".join(GOODPUT_KEYS)
+    for token in (t for chunk in tokens for t in chunk.replace(",", " ").split()):
+        key, sep, raw = token.partition(":")
+        key = key.strip().lower()
+        if not sep:
+            raise GoodputError(f"--goodput {token!r}: expected KEY:MILLISECONDS (keys: {allowed})")
+        if key not in GOODPUT_KEYS:
+            raise GoodputError(f"--goodput {token!r}: unknown key {key!r} (keys: {allowed})")
+        if key in values:
+            raise GoodputError(f"--goodput {token!r}: {key} given twice")
+        try:
+            ms = float(raw)
+        except ValueError:
+            raise GoodputError(f"--goodput {token!r}: {raw!r} is not a number of milliseconds "
+                           f"(keys: {allowed})") from None
+        if not math.isfinite(ms) or ms <= 0:
+            raise GoodputError(f"--goodput {token!r}: the limit must be a positive number of "
+                           "milliseconds")
+        values[key] = ms / 1000.0
+    return GoodputSLO(values.get("ttft"), values.get("tpot"), values.get("e2el"))
 
 
 def _latencies(r: RequestRecord) -> tuple[float | None, float | None, float | None]:
@@ -115,7 +157,8 @@ def peak_concurrency(records: Sequence[RequestRecord]) -> int:
 @dataclass(frozen=True)
 class MeasuredRequests:
     """A run's measured requests (warm-up left out): those sent, those of them completed
-    (stop or length), and the duration from the first send to the last end."""
+    (stop or length), the duration from the first send to the last end, and the figures
+    every view of the run (the summary, vLLM's result file) is written from."""
 
     measured: list[RequestRecord]
     sent: list[RequestRecord]
@@ -131,14 +174,26 @@ class MeasuredRequests:
         duration = max(ends) - min(starts) if starts and ends else 0.0
         return cls(measured, sent, [r for r in sent if r.ok], duration)
 
+    @property
+    def input_tokens(self) -> int:
+        return sum(prompt_tokens(r) for r in self.done)
 
-def latency_values(done: Sequence[RequestRecord]) -> dict[str, list[float]]:
-    """Each latency's values over completed requests: TTFT, TPOT (outputs over one
-    token), every ITL gap, E2E."""
-    return {"ttft": [v for r in done if (v := ttft_s(r)) is not None],
-            "tpot": [v for r in done if (v := tpot_s(r)) is not None],
-            "itl": [g for r in done for g in itl_s(r)],
-            "e2e": [v for r in done if (v := e2e_s(r)) is not None]}
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.num_output_tokens for r in self.done)
+
+    def good(self, slo: GoodputSLO) -> int:
+        """Completed requests meeting every SLO."""
+        return sum(1 for r in self.done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r)))
+
+    def latency_values(self) -> dict[str, list[float]]:
+        """Each latency's values over completed requests: TTFT, TPOT (outputs over one
+        token), every ITL gap, E2E."""
+        done = self.done
+        return {"ttft": [v for r in done if (v := ttft_s(r)) is not None],
+                "tpot": [v for r in done if (v := tpot_s(r)) is not None],
+                "itl": [g for r in done for g in itl_s(r)],
+                "e2e": [v for r in done if (v := e2e_s(r)) is not None]}
 
 
 def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None = None,
@@ -148,86 +203,54 @@ def summarize_records(records: Sequence[RequestRecord], slo: GoodputSLO | None =
     m = MeasuredRequests.of(records)
     sent, done, duration = m.sent, m.done, m.duration_s
     errors = Counter(r.outcome for r in sent if not r.ok)
-    output_tokens = sum(r.num_output_tokens for r in done)
-    good = [r for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r))]
+    good = None if slo.empty else m.good(slo)
     client = RunSummary.of(
         requests_total=len(sent), requests_not_sent=len(m.measured) - len(sent),
         requests_finished=len(done), requests_failed=sum(errors.values()),
         errors=dict(sorted(errors.items())),
         error_examples={k: next(r.error for r in sent if r.outcome == k)
                         for k in sorted(errors)},
-        output_tokens=output_tokens,
-        prompt_tokens=sum(prompt_tokens(r) for r in done),
-        duration_s=duration,
-        throughput_tokens_per_s=ratio(output_tokens, duration),
+        output_tokens=m.output_tokens, prompt_tokens=m.input_tokens, duration_s=duration,
+        throughput_tokens_per_s=ratio(m.output_tokens, duration),
         throughput_requests_per_s=ratio(len(done), duration),
-        goodput_requests_per_s=ratio(len(good), duration) if not slo.empty else None,
-        goodput_requests=len(good) if not slo.empty else None,
-        goodput_slo=slo.describe(), **latency_fields(latency_values(done)),
-        peak_concurrency=peak_concurrency(sent),
+        goodput_requests_per_s=None if good is None else ratio(good, duration),
+        goodput_requests=good, goodput_slo=slo.describe(),
+        **latency_fields(m.latency_values()), peak_concurrency=peak_concurrency(sent),
         warmup_requests=len(records) - len(m.measured), interrupted=interrupted)
-    client = client.updated(prefix_cache_fields(done))
-    unscraped = RunSummary.of(**{k: 0 if k == "scrape_samples" else None
-                                 for k in SCRAPE_KEYS})
-    return client.updated(unscraped).updated(scrape or RunSummary())
+    unscraped = RunSummary.of(**{k: 0 if k == "scrape_samples" else None for k in SCRAPE_KEYS})
+    return client.updated(prefix_cache_fields(done)).updated(unscraped).updated(
+        scrape or RunSummary())
 
-
-# ---- the plot data and the offered load a run records beside its summary ----
 
 # timeseries field -> the counter it is the per-interval increase of
 INTERVAL_COUNTERS = {"preemptions": "preemptions", "prefill_tokens": "prompt_tokens",
                      "decode_tokens": "generation_tokens", "steps": "steps"}
 
 
-def latency_samples(records: Sequence[RequestRecord], cap: int = SAMPLE_CAP
-                    ) -> LatencySamples:
-    done = [r for r in records if r.ok and not r.warmup]
-    ttft = [v for r in done if (v := ttft_s(r)) is not None]
-    e2e = [v for r in done if (v := e2e_s(r)) is not None]
-    return sample_set(ttft, e2e, len(done), cap)
+def latency_samples(records: Sequence[RequestRecord]) -> LatencySamples:
+    """TTFT and E2E of the completed, measured requests, thinned to SAMPLE_CAP each."""
+    m = MeasuredRequests.of(records)
+    values = m.latency_values()
+    return sample_set(values["ttft"], values["e2e"], len(m.done))
+
 
 def scrape_timeseries(snapshots: Sequence[Snapshot]) -> TimeSeries | None:
     """The sampled levels and per-interval counter increases; None with under 2 samples.
     A counter the target does not expose is left out (`steps`) or reads 0."""
     if len(snapshots) < 2:
         return None
-    t0 = snapshots[0].t_s
     # the first row is the sample before the load (levels as seen, no increase yet)
     rows = [(snapshots[0], snapshots[0])] + list(zip(snapshots, snapshots[1:], strict=False))
-
-    def level(key: str) -> list[float]:
-        return [b.level(key) or 0.0 for _a, b in rows]
-
-    def increase(field: str) -> list[float | None]:
-        return [counter_delta(a, b, INTERVAL_COUNTERS[field]) for a, b in rows]
-
-    def counted(field: str) -> list[float]:
-        return [d or 0.0 for d in increase(field)]
-
-    steps = increase("steps")
-    return TimeSeries(t=[b.t_s - t0 for _a, b in rows], waiting=level("waiting"),
-                      running=level("running"), kv_usage=None,
-                      prefill_tokens=counted("prefill_tokens"),
-                      decode_tokens=counted("decode_tokens"), preemptions=counted("preemptions"),
-                      steps=None if all(d is None for d in steps) else [d or 0.0 for d in steps])
-
-
-def http_extras(records: Sequence[RequestRecord], snapshots: Sequence[Snapshot]
-                ) -> tuple[LatencySamples, TimeSeries | None]:
-    """(latency samples, the /metrics time series or None) of a run against a target."""
-    return latency_samples(records), scrape_timeseries(snapshots)
-
-
-def _rate_and_burstiness(options: BenchOptions, workload: Workload) -> tuple[float, float]:
-    rate = options.workload.offered_rate()
-    arrival = workload.arrival
-    if rate is None:  # the workload's own arrivals; a closed loop or a trace: inf
-        rate = getattr(arrival, "rate_per_s", math.inf)
-    burstiness = options.workload.burstiness
-    if burstiness is None:
-        burstiness = arrival.burstiness if isinstance(arrival, Gamma) else \
-            math.inf if isinstance(arrival, Constant) else 1.0
-    return float(rate), float(burstiness)
+    increase = {f: [counter_delta(a, b, c) for a, b in rows] for f, c in INTERVAL_COUNTERS.items()}
+    counted = {f: [d or 0.0 for d in ds] for f, ds in increase.items()}
+    return TimeSeries(t=[b.t_s - snapshots[0].t_s for _a, b in rows],
+                      waiting=[b.level("waiting") or 0.0 for _a, b in rows],
+                      running=[b.level("running") or 0.0 for _a, b in rows], kv_usage=None,
+                      prefill_tokens=counted["prefill_tokens"],
+                      decode_tokens=counted["decode_tokens"],
+                      preemptions=counted["preemptions"],
+                      steps=None if all(d is None for d in increase["steps"])
+                      else counted["steps"])
 
 
 def json_float(x: float) -> float | str:
@@ -235,15 +258,22 @@ def json_float(x: float) -> float | str:
     return "inf" if math.isinf(x) else x
 
 
-def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan
-                 ) -> dict[str, Any]:
-    """The offered load, JSON-ready (an infinite rate or burstiness as "inf")."""
+def offered_load(options: BenchOptions, workload: Workload, plan: LoadPlan) -> dict[str, Any]:
+    """The offered load, JSON-ready: rate, burstiness, concurrency cap, count, seed, the
+    dataset and its lengths, and how the requests were sent."""
     w = options.workload
-    rate, burstiness = _rate_and_burstiness(options, workload)
+    arrival = workload.arrival
+    rate = w.offered_rate()
+    if rate is None:  # the workload's own arrivals; a closed loop or a trace: inf
+        rate = getattr(arrival, "rate_per_s", math.inf)
+    burstiness = w.burstiness
+    if burstiness is None:
+        burstiness = arrival.burstiness if isinstance(arrival, Gamma) else \
+            math.inf if isinstance(arrival, Constant) else 1.0
     out: dict[str, Any] = {
-        "request_rate": json_float(rate), "burstiness": json_float(burstiness),
+        "request_rate": json_float(float(rate)), "burstiness": json_float(float(burstiness)),
         "max_concurrency": plan.concurrency, "num_prompts": len(plan.specs) - plan.warmup,
-        "warmup": plan.warmup, "seed": workload.seed, "arrival": workload.arrival.describe(),
+        "warmup": plan.warmup, "seed": workload.seed, "arrival": arrival.describe(),
         "duration_s": plan.duration_s}
     dataset = w.dataset()
     if dataset == "random":
@@ -295,17 +325,10 @@ class BenchRun:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
-        for key in ("target", "model", "batching", "config", "cost_model", "workload"):
+        for key in ("target", "model", "batching", "config", "cost_model", "workload",
+                    "latency_samples", "timeseries", "started_at", "load"):
             if (value := getattr(self, key)) is not None:
-                out[key] = value
-        if self.latency_samples is not None:
-            out["latency_samples"] = self.latency_samples.to_json()
-        if self.timeseries is not None:
-            out["timeseries"] = self.timeseries.to_json()
-        if self.started_at is not None:
-            out["started_at"] = self.started_at
-        if self.load is not None:
-            out["load"] = self.load
+                out[key] = value.to_json() if hasattr(value, "to_json") else value
         out["summary"] = self.summary.to_json()
         return out
 
@@ -352,21 +375,16 @@ CSV_FIELDS = ("index", "request_class", "warmup", "outcome", "status", "finish_r
 
 
 def write_csv(path: str | Path, records: Sequence[RequestRecord]) -> None:
-    write_atomic(path, format_csv(records))
-
-
-def format_csv(records: Sequence[RequestRecord]) -> str:
     """One row per request, by index, under CSV_FIELDS."""
     out = io.StringIO(newline="")
     w = csv.writer(out)
     w.writerow(CSV_FIELDS)
     for r in sorted(records, key=lambda r: r.index):
-        gaps = itl_s(r)
         w.writerow([r.index, r.request_class, r.warmup, r.outcome, r.status,
                     r.finish_reason, r.prompt_len, r.max_tokens, r.num_output_tokens,
                     r.scheduled_s, r.send_s, r.end_s, ttft_s(r), tpot_s(r), e2e_s(r),
-                    mean(gaps), len(r.chunk_times_s), r.error or ""])
-    return out.getvalue()
+                    mean(itl_s(r)), len(r.chunk_times_s), r.error or ""])
+    write_atomic(path, out.getvalue())
 
 
 def _fmt(value: Any) -> str:
@@ -379,52 +397,42 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def cpu_row(s: RunSummary) -> str:
-    """The cpu fields as one row of the bench table."""
-    parts = [f"others {s.cpu_others_cores:.2f} of {s.cpu_usable or 0:g} cores"
-             if s.cpu_others_cores is not None else "others -",
-             f"waited {s.cpu_wait_share:.0%}" if s.cpu_wait_share is not None
-             else "waited -"]
-    if s.step_time_over_quiet is not None:
-        parts.append(f"steps {s.step_time_over_quiet:.2f}x quiet")
-    return ", ".join(parts)
-
-
-def table_rows(summary: RunSummary) -> list[tuple[str, str]]:
-    rows = [(k, _fmt(summary.metric(k))) for k in SUMMARY_KEYS_ORDER]
-    if summary.errors:
-        rows.append(("errors", _fmt(summary.errors)))
-        for k, msg in (summary.error_examples or {}).items():
-            rows.append((f"  first {k}", (msg or "")[:120]))
-    if summary.goodput_requests_per_s is not None:
-        rows.append(("goodput_slo", summary.goodput_slo or ""))
-    for k in ("prefix_cache_hit_rate", "prefix_repeated_share"):
-        if (value := summary.metric(k)) is not None:
-            rows.append((k, f"{value:.1%}"))
+def table_rows(s: RunSummary) -> list[tuple[str, str]]:
+    rows = [(k, _fmt(s.metric(k))) for k in SUMMARY_KEYS_ORDER]
+    if s.errors:
+        rows.append(("errors", _fmt(s.errors)))
+        rows += [(f"  first {k}", (msg or "")[:120]) for k, msg in (s.error_examples or {}).items()]
+    if s.goodput_requests_per_s is not None:
+        rows.append(("goodput_slo", s.goodput_slo or ""))
+    rows += [(k, f"{v:.1%}") for k in ("prefix_cache_hit_rate", "prefix_repeated_share")
+             if (v := s.metric(k)) is not None]
     for name in LATENCY_NAMES:
-        ms = [summary.metric(f"{name}_{s}_s") for s in ("mean", "p50", "p95", "p99")]
+        ms = [s.metric(f"{name}_{stat}_s") for stat in ("mean", "p50", "p95", "p99")]
         rows.append((f"{name} ms mean/p50/p95/p99",
                      " / ".join("-" if v is None else f"{v * 1000:.2f}" for v in ms)))
-    for k in SCRAPE_KEYS[:-2]:
-        if (value := summary.metric(k)) is not None:
-            rows.append((k, _fmt(value)))
-    if summary.cpu_source is not None:
-        rows.append((f"cpu ({summary.cpu_source})", cpu_row(summary)))
-    if summary.scrape_failures:
-        rows.append(("scrape_failures", f"{summary.scrape_failures:g} (skipped; the first: "
-                     f"{(summary.scrape_error or '')[:100]})"))
+    rows += [(k, _fmt(v)) for k in SCRAPE_KEYS[:-2] if (v := s.metric(k)) is not None]
+    if s.cpu_source is not None:
+        cpu = [f"others {s.cpu_others_cores:.2f} of {s.cpu_usable or 0:g} cores"
+               if s.cpu_others_cores is not None else "others -",
+               f"waited {s.cpu_wait_share:.0%}" if s.cpu_wait_share is not None
+               else "waited -"]
+        if s.step_time_over_quiet is not None:
+            cpu.append(f"steps {s.step_time_over_quiet:.2f}x quiet")
+        rows.append((f"cpu ({s.cpu_source})", ", ".join(cpu)))
+    if s.scrape_failures:
+        rows.append(("scrape_failures", f"{s.scrape_failures:g} (skipped; the first: "
+                     f"{(s.scrape_error or '')[:100]})"))
     return rows
 
 
 def format_table(name: str, summary: RunSummary) -> str:
     rows = table_rows(summary)
     width = max(len(k) for k, _ in rows)
-    title = f"bench {name}" + (" (interrupted: partial result)" if summary.interrupted
-                               else "")
+    title = f"bench {name}" + (" (interrupted: partial result)" if summary.interrupted else "")
     return "\n".join([title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows])
 
 
-def format_markdown(result: BenchResult) -> str:
+def write_markdown(path: str | Path, result: BenchResult) -> None:
     lines = []
     for run in result.runs:
         lines += [f"## {run.name}", "", "| metric | value |", "|---|---|"]
@@ -433,8 +441,4 @@ def format_markdown(result: BenchResult) -> str:
     if result.findings:
         lines += ["## findings", ""]
         lines += [f"- **{f.severity}** {f.rule}: {f.evidence}" for f in result.findings]
-    return "\n".join(lines) + "\n"
-
-
-def write_markdown(path: str | Path, result: BenchResult) -> None:
-    write_atomic(path, format_markdown(result))
+    write_atomic(path, "\n".join(lines) + "\n")

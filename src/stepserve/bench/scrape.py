@@ -1,26 +1,13 @@
-"""A target's `/metrics`, sampled during a bench run.
+"""A target's `/metrics`, sampled during a bench run (each server's names, ours, vLLM,
+SGLang, TGI, read by metrics/prometheus.py).
 
-The Prometheus text and each server's names (ours, vLLM, SGLang, TGI) are read by
-metrics/prometheus.py; `Snapshot.level("waiting" | "running" | "kv_usage")` and
-`Snapshot.counter(...)` give the same signal whatever the target.
-
-Summary keys (None where the target exposes no such series):
-  waiting_max, running_max, kv_usage_max (0..1): highest sampled level;
-  preemptions: counter delta over the run; server_requests_finished (stop + length),
-  server_generation_tokens, server_prompt_tokens: counter deltas;
-  waiting_p50, waiting_nonzero_share (share of samples with a queue), waiting_growth
-  (least-squares slope of the sampled queue, requests/s) and waiting_trend_rise (that
-  slope times the sampled window), named as in metrics/summary.py so the doctor's
-  queue rules read them; metrics_source ("stepserve", "vllm", "sglang", "tgi" or None),
-  scrape_samples; mean_step_s, step_p50_s, step_p99_s: the engine's step time over the
-  run, from its step-time histogram (ours and TGI's; vLLM and SGLang publish none).
-  Only when some scrape failed: scrape_failures (how many) and scrape_error (the first).
-
-A failed scrape (unreachable, reset, an HTTP error, text with no known series, or past
-a limit: the deadline of a whole scrape, the body's size, the count of series) is skipped
-and counted, never fatal, as `doctor --url` does: both read a target through
-metrics/bounded_scrape.py. The first is tried twice, and when both fail the run goes on
-without /metrics.
+The summary keys (None where the target exposes no such series): the highest sampled
+levels, the counters' increases over the run, the queue's shape named as in
+metrics/summary.py so the doctor's queue rules read them (waiting_p50,
+waiting_nonzero_share, waiting_growth: the least-squares slope in requests/s,
+waiting_trend_rise: that slope times the window), and the step time from the engine's
+step-time histogram (ours and TGI's). A failed scrape is skipped and counted, never
+fatal, as `doctor --url` does (both read through metrics/bounded_scrape.py).
 """
 
 from __future__ import annotations
@@ -34,16 +21,7 @@ import httpx
 from stepserve.host.cpu_metrics import cpu_window
 from stepserve.metrics.bounded_scrape import ScrapeLimits
 from stepserve.metrics.live_window import ScrapeWindow, level_summary
-from stepserve.metrics.prometheus import (
-    Samples,
-    Snapshot,
-    counter_delta,
-    histogram_delta,
-    parse_prometheus,
-)
-
-__all__ = ["SCRAPE_KEYS", "Samples", "Scraper", "Snapshot", "parse_prometheus",
-           "scrape_summary"]
+from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
 
 SCRAPE_KEYS = ("waiting_max", "running_max", "kv_usage_max", "preemptions",
                "waiting_p50", "waiting_nonzero_share", "waiting_growth", "waiting_trend_rise",
@@ -68,11 +46,6 @@ class Scraper(ScrapeWindow):
     async def scrape_once(self, client: httpx.AsyncClient) -> Snapshot | None:
         """One scrape; None (and a line in `failures`) when it failed."""
         return await self.scrape(client, self.url, self.limits)
-
-    async def start(self, client: httpx.AsyncClient) -> bool:
-        """The scrape before the run, retried once at once; False when both failed (the
-        target has no usable /metrics: the run goes on without them)."""
-        return await self.first(client, self.url, self.limits)
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -4,7 +4,8 @@ The file goes in `--result-dir` (default: here) under `--result-filename` (defau
 `{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json`); `SaveOptions` holds the flags.
 
 The flat keys and their definitions are vLLM's (vllm/benchmarks/serve.py), over the
-measured requests that were sent (warm-up and requests never sent are left out):
+measured requests that were sent (warm-up and requests never sent are left out), from
+the figures the bench summary is written from (results.MeasuredRequests):
 
   duration        first send to the last response's end, s
   completed       requests that ended by stop or length; failed: the others sent
@@ -42,15 +43,13 @@ from stepserve.bench.prefix_cache import prompt_tokens
 from stepserve.bench.results import (
     BenchResult,
     BenchRun,
+    GoodputSLO,
     MeasuredRequests,
     e2e_s,
     itl_s,
     json_float,
-    latency_values,
-    tpot_s,
     ttft_s,
 )
-from stepserve.bench.slo import GoodputSLO
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import check_output_dir, check_output_file, write_atomic
 from stepserve.metrics.percentiles import mean, percentile
@@ -83,21 +82,16 @@ class VllmSetup:
     date: str = ""  # %Y%m%d-%H%M%S; empty: now
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "date": self.date or datetime.now().strftime("%Y%m%d-%H%M%S"),
-            "endpoint_type": self.backend, "backend": self.backend, "label": self.label,
-            "model_id": self.model_id, "tokenizer_id": self.tokenizer_id,
-            "num_prompts": self.num_prompts}
-        out.update(self.metadata)
-        out["request_rate"] = json_float(self.request_rate)
-        out["burstiness"] = self.burstiness
-        out["max_concurrency"] = self.max_concurrency
-        return out
+        return {"date": self.date or datetime.now().strftime("%Y%m%d-%H%M%S"),
+                "endpoint_type": self.backend, "backend": self.backend, "label": self.label,
+                "model_id": self.model_id, "tokenizer_id": self.tokenizer_id,
+                "num_prompts": self.num_prompts, **self.metadata,
+                "request_rate": json_float(self.request_rate), "burstiness": self.burstiness,
+                "max_concurrency": self.max_concurrency}
 
     def filename(self) -> str:
         """vLLM's default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json."""
-        cap = f"-concurrency{self.max_concurrency}" if self.max_concurrency is not None \
-            else ""
+        cap = f"-concurrency{self.max_concurrency}" if self.max_concurrency is not None else ""
         date = self.to_json()["date"]
         return (f"{self.label or self.backend}-{float(self.request_rate)}qps{cap}-"
                 f"{self.model_id.split('/')[-1]}-{date}.json")
@@ -127,28 +121,6 @@ def _stats(values: list[float]) -> tuple[float, float, float]:
                                                         / len(values))
 
 
-def _p_word(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
-
-
-def latency_keys(done: Sequence[RequestRecord], metrics: Sequence[str],
-                 percentiles: Sequence[float]) -> dict[str, float]:
-    """mean/median/std/pNN of each metric asked, in ms, over completed requests."""
-    values = latency_values(done)
-    values["e2el"] = values.pop("e2e")
-    out: dict[str, float] = {}
-    for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
-        if name not in metrics:
-            continue
-        m, median, std = _stats(values[name])
-        out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = m * 1000, median * 1000
-        out[f"std_{name}_ms"] = std * 1000
-        for p in percentiles:
-            value = percentile(values[name], p) if values[name] else 0.0
-            out[f"p{_p_word(p)}_{name}_ms"] = (value or 0.0) * 1000
-    return out
-
-
 def peak_buckets(done: Sequence[RequestRecord]) -> tuple[float, int]:
     """(most chunks in one second, most requests active in one second), seconds counted
     from the first completed request's send."""
@@ -176,10 +148,8 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
     """The metric keys of vLLM's result (the module doc) from a run's records."""
     m = MeasuredRequests.of(records)
     sent, done, duration = m.sent, m.done, m.duration_s
-    total_in = sum(prompt_tokens(r) for r in done)
-    total_out = sum(r.num_output_tokens for r in done)
+    total_in, total_out = m.input_tokens, m.output_tokens
     slo = slo or GoodputSLO()
-    good = sum(1 for r in done if slo.met(ttft_s(r), tpot_s(r), e2e_s(r)))
 
     def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
@@ -189,7 +159,7 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "duration": duration, "completed": len(done), "failed": len(sent) - len(done),
         "total_input_tokens": total_in, "total_output_tokens": total_out,
         "request_throughput": per_s(len(done)),
-        "request_goodput": None if slo.empty else per_s(good),
+        "request_goodput": None if slo.empty else per_s(m.good(slo)),
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
         "input_lens": [prompt_tokens(r) for r in sent],
@@ -199,7 +169,17 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "generated_texts": [r.generated_text for r in sent],
         "errors": ["" if r.ok else (r.error or r.outcome) for r in sent],
         "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_active}
-    out.update(latency_keys(done, metrics, percentiles))
+    values = m.latency_values()
+    values["e2el"] = values.pop("e2e")
+    for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
+        if name not in metrics:
+            continue
+        mean_s, median, std = _stats(values[name])
+        out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = mean_s * 1000, median * 1000
+        out[f"std_{name}_ms"] = std * 1000
+        for p in percentiles:
+            value = percentile(values[name], p) if values[name] else 0.0
+            out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = (value or 0.0) * 1000
     return out
 
 
@@ -289,8 +269,7 @@ def parse_percentiles(text: str | None) -> tuple[float, ...]:
 def save_vllm_result(options: SaveOptions, setup: VllmSetup,
                      records: Sequence[RequestRecord], slo: GoodputSLO) -> Path:
     """Write the file; its path."""
-    metrics = vllm_metrics(records, slo, options.percentile_metrics,
-                           options.metric_percentiles)
+    metrics = vllm_metrics(records, slo, options.percentile_metrics, options.metric_percentiles)
     path = options.path(setup)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(vllm_result(setup, metrics, options.detailed)))

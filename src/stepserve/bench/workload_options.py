@@ -1,8 +1,6 @@
 """The bench's request list from its options: a built-in scenario, a workload file, or a
-dataset as `vllm bench serve --dataset-name` names it (random lengths, a ShareGPT-style
-JSON file: workload/sharegpt.py, or prefix_repetition: prompts that open with one of a
-few shared prefixes), with the arrival process, count and seed overridden
-(workload/overrides.py)."""
+dataset as `vllm bench serve --dataset-name` names it (random lengths, a ShareGPT file,
+prefix_repetition, a Mooncake trace), with the arrivals, count and seed overridden."""
 
 from __future__ import annotations
 
@@ -46,13 +44,11 @@ MOONCAKE = "mooncake"  # a Mooncake trace (workload/mooncake.py), on its own tim
 
 @dataclass(frozen=True)
 class BenchWorkloadOptions:
-    """Where the requests come from (at most one of scenario, workload, a dataset: the
-    random lengths or a ShareGPT file; none is vLLM's default, random 1024/128) and how
-    they arrive, as `vllm bench serve`'s flags say it: `request_rate` (inf: all at
-    once) with `burstiness` (gamma shape; inf: constant rate), and `max_concurrency` (at
-    most N in flight; with rate inf a closed loop). A dataset without a rate is sent all
-    at once, as vLLM does; a scenario or workload file without one keeps its own
-    arrivals (with `max_concurrency` alone: a closed loop)."""
+    """Where the requests come from (at most one source; none is vLLM's default, random
+    1024/128) and how they arrive, as `vllm bench serve`'s flags say it: `request_rate`
+    (inf: all at once) with `burstiness` (gamma shape; inf: constant rate), and
+    `max_concurrency` (with rate inf a closed loop). A dataset without a rate is sent all
+    at once, as vLLM does; a scenario or workload file keeps its own arrivals."""
 
     scenario: str | None = None
     workload: str | None = None
@@ -77,8 +73,7 @@ class BenchWorkloadOptions:
     warmup: int = 0
 
     def dataset(self) -> str | None:
-        """"random", "sharegpt", "prefix_repetition", or None for a scenario or workload
-        file."""
+        """One of DATASETS, or None for a scenario or workload file."""
         if self.scenario or self.workload:
             return None
         if self.dataset_name in (PREFIX_REPETITION, MOONCAKE):
@@ -87,10 +82,13 @@ class BenchWorkloadOptions:
 
     def prefix_repetition(self) -> tuple[int, int, int, int]:
         """(prefix_len, suffix_len, num_prefixes, output_len), vLLM's defaults filled in."""
-        return (_given(self.prefix_repetition_prefix_len, PREFIX_LEN),
-                _given(self.prefix_repetition_suffix_len, SUFFIX_LEN),
-                _given(self.prefix_repetition_num_prefixes, NUM_PREFIXES),
-                _given(self.prefix_repetition_output_len, PREFIX_OUTPUT_LEN))
+        prefix, suffix, num, output = (
+            d if v is None else v for v, d in (
+                (self.prefix_repetition_prefix_len, PREFIX_LEN),
+                (self.prefix_repetition_suffix_len, SUFFIX_LEN),
+                (self.prefix_repetition_num_prefixes, NUM_PREFIXES),
+                (self.prefix_repetition_output_len, PREFIX_OUTPUT_LEN)))
+        return prefix, suffix, num, output
 
     def offered_rate(self) -> float | None:
         """The rate the bench offers: a dataset or a cap without a rate is inf (vLLM's
@@ -102,10 +100,6 @@ class BenchWorkloadOptions:
         if self.dataset() is not None or self.max_concurrency is not None:
             return math.inf
         return None
-
-
-def _given(value: int | None, default: int) -> int:
-    return default if value is None else value
 
 
 _PREFIX_FLAGS = ("prefix_len", "suffix_len", "num_prefixes", "output_len")
@@ -179,14 +173,6 @@ def _prefix_repetition_class(o: BenchWorkloadOptions) -> RequestClass:
                         shared_prefixes=num_prefixes, prefix_len=prefix_len)
 
 
-def _dataset_class(o: BenchWorkloadOptions) -> RequestClass:
-    if o.dataset() == PREFIX_REPETITION:
-        return _prefix_repetition_class(o)
-    if o.sharegpt:
-        return sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len)
-    return _random_class(o)
-
-
 def build_workload(options: BenchWorkloadOptions) -> Workload:
     o = options
     _check_source(o)
@@ -199,9 +185,10 @@ def build_workload(options: BenchWorkloadOptions) -> Workload:
     elif o.workload:
         workload = load_workload(o.workload)
     else:
-        cls = _dataset_class(o)
-        workload = Workload(cls.name, (cls,), Poisson(1.0),
-                            o.num_prompts or DEFAULT_NUM_PROMPTS)
+        cls = _prefix_repetition_class(o) if o.dataset() == PREFIX_REPETITION else \
+            sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len) if o.sharegpt \
+            else _random_class(o)
+        workload = Workload(cls.name, (cls,), Poisson(1.0), o.num_prompts or DEFAULT_NUM_PROMPTS)
     arrival = _arrival(o)
     if isinstance(workload.arrival, TraceReplay) and arrival is not None:
         arrival = _trace_arrival(o, workload.arrival, arrival)

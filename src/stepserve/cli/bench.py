@@ -9,14 +9,14 @@ import argparse
 import json
 import os
 
-from stepserve.bench.job import BenchOptions, run_bench
-from stepserve.bench.request_shape import (
+from stepserve.bench.client import (
     RequestShape,
     key_values,
     pick_endpoint,
     request_headers,
     sampling_fields,
 )
+from stepserve.bench.job import BenchOptions, run_bench
 from stepserve.bench.vllm_result import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.bench.workload_options import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stepserve.cli.parser import add_command
-from stepserve.sweep.report_job import ReportOptions, run_report
+from stepserve.sweep.report import ReportOptions, run_report
 
 
 def add_report_parser(subparsers) -> None:

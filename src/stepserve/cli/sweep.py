@@ -15,8 +15,7 @@ from stepserve.config.limits import RATE, REQUESTS, SECONDS, SEED, STEP_MS, Rang
 from stepserve.sim.scenarios import SCENARIOS
 from stepserve.sweep.job import DEFAULT_REQUESTS, SweepOptions, run_sweep
 from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, NOISE_MARGIN, P99_METRIC
-from stepserve.sweep.sim_points import MIN_SPAN_S
-from stepserve.sweep.target_points import LiveOptions
+from stepserve.sweep.points import MIN_SPAN_S, LiveOptions
 from stepserve.sweep.window import WARMUP_SHARE, WINDOWS, WindowRule
 
 # Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).

@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stepserve.config.sizes import format_size
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.request import Request, SamplingParams
 from stepserve.metrics.rules import Finding
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.plan.capacity import CapacityResult, capacity
-from stepserve.config.sizes import format_size
 from stepserve.sim.cost import CostModel
 from stepserve.sim.run import RunResult, SimulateResult
 from stepserve.sim.scenarios import get_scenario

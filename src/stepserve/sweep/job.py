@@ -1,9 +1,7 @@
 """`stepserve sweep`'s job: vary settings or load on the simulator (or the load on a live
-server, `target`, see sweep/target_points.py), find the knee, write a result JSON and an HTML
-report. Ctrl-C keeps the points already measured: the result is printed and written,
-marked interrupted, and the exit status is 130. The options are checked before any point
-runs: what a live server cannot take, and the knee's metric and SLO limits (a typo there
-would be silently never met)."""
+server), find the knee, write a result JSON and an HTML report. Ctrl-C keeps the points
+measured: the result is written, marked interrupted, exit status 130. The options are
+checked before any point runs (a typo in an SLO would be silently never met)."""
 
 from __future__ import annotations
 
@@ -14,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.bench.http_run import check_url
+from stepserve.bench.job import EXIT_INTERRUPTED
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides, load_config
 from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.config.urls import check_http_url
 from stepserve.config.user_files import (
     OutputFile,
     check_output_dir,
@@ -38,17 +37,21 @@ from stepserve.sweep.knee import (
     MIN_THROUGHPUT_GAIN,
     NOISE_MARGIN,
     P99_METRIC,
+    KneeRule,
     analyze_runs,
 )
-from stepserve.sweep.predict import predict_points
-from stepserve.sweep.result import KneeRule, SweepPointResult, SweepResult
-from stepserve.sweep.sim_points import (
+from stepserve.sweep.points import (
     MIN_SPAN_S,
+    LiveOptions,
+    predict_points,
     run_points,
+    run_target_points,
     sized_workload,
     stderr_log,
     timed_workload,
 )
+from stepserve.sweep.report import format_knees, write_report
+from stepserve.sweep.result import SweepPointResult, SweepResult
 from stepserve.sweep.spec import (
     WORKLOAD_AXES,
     Axis,
@@ -57,15 +60,12 @@ from stepserve.sweep.spec import (
     parse_summary_slo,
     parse_vary,
 )
-from stepserve.sweep.target_points import LiveOptions, run_target_points, target_points
-from stepserve.sweep.text import format_knees
 from stepserve.sweep.window import STEADY, WindowRule
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.loader import load_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.spec import Workload
 
-EXIT_INTERRUPTED = 130
 DEFAULT_REQUESTS = 600
 
 
@@ -121,7 +121,7 @@ class SweepPlan:
 def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
     """ValueError for what a live server cannot take."""
     assert options.live is not None
-    check_url(options.live.target)
+    check_http_url("--target", options.live.target)
     if options.configs:
         raise ValueError("--configs: a live server runs its own config; sweep configs on "
                          "the simulator, or start one server per config and sweep each")
@@ -153,8 +153,7 @@ def check_live_sweep(options: SweepOptions, axes: list[Axis]) -> None:
 def check_knee_options(options: SweepOptions) -> None:
     """The p99 metric names a latency the summaries have; each SLO limit is a value its
     metric can take (a NaN or negative latency would never be met, silently)."""
-    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95",
-                                                                         "p99")]
+    latencies = [f"{name}_{stat}_s" for name in LATENCIES for stat in ("mean", "p50", "p95", "p99")]
     if options.p99_metric not in latencies:
         raise UsageError(f"--p99-metric {options.p99_metric!r}: unknown; allowed: "
                          f"{', '.join(latencies)}")
@@ -201,7 +200,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     base_load = WorkloadOverrides(num_requests=options.requests or DEFAULT_REQUESTS,
                                   seed=options.seed, rate=options.rate)
     # A steady window needs a span of arrivals: unless the size was given, a simulated
-    # point at a high rate gets more than the default count (sim_points.sized_workload).
+    # point at a high rate gets more than the default count (points.sized_workload).
     min_span = MIN_SPAN_S if options.requests is None and options.duration_s is None \
         and not live else None
     runs: list[RunSpec] = []
@@ -242,23 +241,22 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
 
     if live:
         description += f", against the live server {live.target}"
-        x_axis, points = target_points(live.target, axes)
+        # one series, named after the target; its config is unused
+        x_axis, points = build_points([RunSpec("server", EngineConfig(), live.target)], axes)
     else:
         x_axis, points = build_points(runs, axes)
     pools = None
     if options.pools and not live:
         pools = load_pools_file(options.pools, options.config.apply())
-    return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points,
-                     pools)
+    return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points, pools)
 
 
 def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOptions,
                  stopped: str | None = None) -> SweepResult:
     """The result; `stopped` says why it ended early ("interrupted", or the error that
     stopped a live sweep), None when every point ran."""
-    slos = [parse_summary_slo(s) for s in options.slo]
-    knees = analyze_runs(runs, slos, options.p99_metric, options.min_throughput_gain,
-                         options.max_p99_rise, plan.x_axis, options.noise_margin)
+    rule = KneeRule(options.min_throughput_gain, options.max_p99_rise, options.p99_metric,
+                    [parse_summary_slo(s) for s in options.slo], options.noise_margin)
     return SweepResult(
         scenario=plan.name, description=plan.description,
         cost_model=plan.cost.describe() if plan.cost else
@@ -267,9 +265,8 @@ def sweep_result(plan: SweepPlan, runs: list[SweepPointResult], options: SweepOp
         requests_per_point=options.requests or DEFAULT_REQUESTS,
         duration_s_per_point=options.duration_s,
         stopped=stopped, x_axis=plan.x_axis, axes=plan.axes,
-        knee_rule=KneeRule(options.min_throughput_gain, options.max_p99_rise,
-                           options.p99_metric, slos, options.noise_margin),
-        runs=runs, knees=knees, findings=findings_for(runs),
+        knee_rule=rule,
+        runs=runs, knees=analyze_runs(runs, rule, plan.x_axis), findings=findings_for(runs),
         window=None if options.live else options.window)
 
 
@@ -295,8 +292,7 @@ def run_sweep(options: SweepOptions) -> int:
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:
         return report_error(e)
     if not runs:
-        print("interrupted before the first point ended: nothing to report",
-              file=sys.stderr)
+        print("interrupted before the first point ended: nothing to report", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(format_knees(result))
     if options.json_out or options.report:
@@ -304,7 +300,7 @@ def run_sweep(options: SweepOptions) -> int:
     failed = write_outputs([
         OutputFile.text("--json", options.json_out,
                         lambda: json.dumps(result.to_json(), indent=1)),
-        OutputFile("--report", options.report, lambda out: _write_report(result, out))])
+        OutputFile("--report", options.report, lambda out: write_report(result, out))])
     if stopped is not None:
         print(f"{stopped}: {len(runs)} of {len(plan.points)} points measured; the "
               "result above and any files written are partial", file=sys.stderr)
@@ -314,8 +310,3 @@ def run_sweep(options: SweepOptions) -> int:
         return EXIT_INTERRUPTED if stopped == "interrupted" else 2
     return 2 if failed else 0
 
-
-def _write_report(result: SweepResult, out: str | Path) -> Path:
-    from stepserve.sweep.report import write_report  # matplotlib only when asked for
-
-    return write_report(result, out)

@@ -1,39 +1,32 @@
-"""The knee: the last point before the tail jumps, where throughput stops rising (seed,
-"最小上手": production should sit before it).
+"""The knee: the last point before the tail jumps, where throughput stops rising
+(production should sit before it).
 
-Along one series (points in x order), throughput *saturates* at the first point that
-gains less than `min_throughput_gain` over the previous one while its P99 rises more than
-`max_p99_rise`. By then the tail has usually been climbing for a while: the steps into
-saturation whose P99 rose more than `max_p99_rise` are the climb, and its steepest step
-is the *cliff*. The knee is the point just before the cliff: the last point whose tail
-had not yet jumped. (Marking the saturated point itself would put the knee past the
-cliff: at A's rate 24 TTFT P99 can jump from 0.2 s to minutes while throughput still
-gains, and only flatten at 48.) With SLOs, `best_slo` is the last point in x order
-meeting every SLO, and `recommended` the last point at or before the knee meeting them.
+Along one series (points in x order), throughput *saturates* at the first point gaining
+under `min_throughput_gain` while its P99 rises over `max_p99_rise`. By then the tail has
+usually been climbing: the steps into saturation whose P99 rose over `max_p99_rise` are
+the climb, its steepest step the *cliff*, and the knee the point just before the cliff
+(marking the saturated point would put the knee past the cliff: TTFT P99 can jump from
+0.2 s to minutes while throughput still gains). `recommended` is the last point at or
+before the knee meeting every SLO.
 
-Without a knee, on an ordered axis (a load or a numeric setting) throughput may still
-stop rising while P99 climbs less than the rule asks (a mild tail, or a closed loop that
-cannot queue). Measured throughput wiggles: a gain or a tail improvement within
-`noise_margin` (default 5%) is noise, not a gain. Throughput *went flat* after the first
-point that no later point beats by more than the noise margin, neither in throughput nor
-in a lower tail; `flat_index` is the point after it, and the recommendation stops before
-that (the earlier point already had the throughput). Comparing with every later point,
-not only the next, keeps a dip and its recovery (-9% then +10.7%) from passing for a
-gain. With neither, it is the last point (meeting the SLOs). On a named axis (configs,
-policies, seeds) the order means nothing: without a knee the recommendation is, of the
-points meeting the SLOs within `min_throughput_gain` of the most throughput, the one with
-the lowest tail.
+Without a knee, on an ordered axis throughput may still stop rising while P99 climbs less
+than the rule asks. A gain within `noise_margin` is noise: throughput *went flat* after
+the first point no later point beats by more than it, in throughput or a lower tail
+(every later point, so a dip and its recovery do not pass for a gain), and the
+recommendation stops before that. On a named axis (configs, policies, seeds) order means
+nothing: of the points meeting the SLOs within `min_throughput_gain` of the most
+throughput, the one with the lowest tail.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.sweep.spec import SummarySLO
+from stepserve.sweep.spec import SummarySLO, format_x
 
 if TYPE_CHECKING:
     from stepserve.sweep.result import SweepPointResult
@@ -50,16 +43,33 @@ P99_METRIC = "ttft_p99_s"
 
 
 @dataclass(frozen=True)
+class KneeRule:
+    """When a series has a knee (the module doc) and which points meet the SLOs."""
+
+    min_throughput_gain: float
+    max_p99_rise: float
+    p99_metric: str
+    slos: list[SummarySLO] = field(default_factory=list)
+    noise_margin: float = NOISE_MARGIN
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # the SLOs as SummarySLO.to_json writes them
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
+        return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
+                   str(data["p99_metric"]),
+                   [SummarySLO.from_json(s) for s in data.get("slos") or []],
+                   float(data.get("noise_margin", NOISE_MARGIN)))
+
+
+@dataclass(frozen=True)
 class Step:
     """From point i-1 to point i: relative throughput gain and P99 rise (None if undefined)."""
 
     index: int
     throughput_gain: float | None
     p99_rise: float | None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Step:
-        return cls(int(data["index"]), data.get("throughput_gain"), data.get("p99_rise"))
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,8 @@ class KneeResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeResult:
         values = {f.name: data.get(f.name) for f in fields(cls)}
-        values["steps"] = [Step.from_json(s) for s in data.get("steps") or []]
+        values["steps"] = [Step(int(s["index"]), s.get("throughput_gain"), s.get("p99_rise"))
+                           for s in data.get("steps") or []]
         return cls(**values)
 
 
@@ -152,19 +163,12 @@ def find_flat(throughput: Sequence[float | None], p99: Sequence[float | None],
     return None
 
 
-def _x(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def all_numbers(values: Sequence[Any]) -> bool:
-    """Every value an int or a float (a bool is a name here, not a number)."""
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-
-
 def is_ordered(xs: Sequence[Any], x_axis: str | None = None) -> bool:
     """Whether the x values are an ordered quantity (a load or a numeric setting), so that
     "the point before" means less of it. Names (runs, policies), booleans and seeds are not."""
-    return x_axis not in UNORDERED_AXES and all_numbers(xs)
+    # a bool is a name here, not a number
+    return x_axis not in UNORDERED_AXES and \
+        all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs)
 
 
 def _best_named(throughput: Sequence[float | None], p99: Sequence[float | None],
@@ -215,15 +219,16 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummar
         reason = f"no point {where} meets {slo_text}".replace("  ", " ")
     elif cliff is not None:
         assert knee is not None and saturated is not None
-        jump = (f"{p99_metric} jumps {_signed(cliff.p99_rise)} at x={_x(xs[cliff.index])}, "
-                f"throughput flat from x={_x(xs[saturated.index])}")
+        # the cliff is a step of the climb: its P99 rise is known
+        jump = (f"{p99_metric} jumps {cliff.p99_rise:+.0%} at x={format_x(xs[cliff.index])}, "
+                f"throughput flat from x={format_x(xs[saturated.index])}")
         reason = (f"the knee{meeting}: the last point before {jump}" if rec == knee else
-                  f"last point{meeting} before the knee (x={_x(xs[knee])}; {jump})")
+                  f"last point{meeting} before the knee (x={format_x(xs[knee])}; {jump})")
     elif flat is not None:
         more = ("more load there buys queueing, not tokens" if x_axis in LOAD_AXES
                 else "a larger value there bought no throughput")
-        reason = (f"no knee, but throughput stopped rising at x={_x(xs[flat])}: no point "
-                  f"from there on beats x={_x(xs[flat - 1])} by more than the "
+        reason = (f"no knee, but throughput stopped rising at x={format_x(xs[flat])}: no point "
+                  f"from there on beats x={format_x(xs[flat - 1])} by more than the "
                   f"{noise_margin:.0%} noise margin, in throughput or a lower "
                   f"{p99_metric}; last point before it{meeting}; {more}")
     else:
@@ -236,10 +241,6 @@ def analyze_series(series: str, xs: Sequence[Any], summaries: Sequence[RunSummar
                       saturated.index if saturated else None)
 
 
-def _signed(v: float | None) -> str:
-    return "?" if v is None else f"{v:+.0%}"
-
-
 def group_series(runs: Sequence[SweepPointResult]) -> dict[str, list[SweepPointResult]]:
     """Sweep runs by series, in the order they ran (x order)."""
     out: dict[str, list[SweepPointResult]] = {}
@@ -248,13 +249,9 @@ def group_series(runs: Sequence[SweepPointResult]) -> dict[str, list[SweepPointR
     return out
 
 
-def analyze_runs(runs: Sequence[SweepPointResult], slos: Sequence[SummarySLO] = (),
-                 p99_metric: str = P99_METRIC,
-                 min_throughput_gain: float = MIN_THROUGHPUT_GAIN,
-                 max_p99_rise: float = MAX_P99_RISE,
-                 x_axis: str | None = None,
-                 noise_margin: float = NOISE_MARGIN) -> list[KneeResult]:
-    return [analyze_series(name, [r.sweep.x for r in group],
-                           [r.summary for r in group], slos, p99_metric,
-                           min_throughput_gain, max_p99_rise, x_axis, noise_margin)
+def analyze_runs(runs: Sequence[SweepPointResult], rule: KneeRule, x_axis: str | None = None
+                 ) -> list[KneeResult]:
+    return [analyze_series(name, [r.sweep.x for r in group], [r.summary for r in group],
+                           rule.slos, rule.p99_metric, rule.min_throughput_gain,
+                           rule.max_p99_rise, x_axis, rule.noise_margin)
             for name, group in group_series(runs).items()]

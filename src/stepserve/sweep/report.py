@@ -1,41 +1,51 @@
 """`stepserve report RESULT.json --out DIR`: PNG plots and one self-contained HTML page
-(PNGs embedded as base64, also written beside it) for a `stepserve sweep --json`,
-`stepserve simulate --json` or `stepserve bench --json` result.
+(PNGs embedded as base64, also written beside it) for a sweep, simulate or bench result,
+or a `vllm bench serve --save-result` file. matplotlib is loaded only to draw. Runs
+without `timeseries` or `latency_samples` (metrics.summary.measure_run) are skipped with
+a note on the page.
 
-Time series and CDFs need per-run `timeseries` and `latency_samples` (see
-metrics.summary.measure_run); runs without them are skipped with a note on the page.
+The text report, printed by `stepserve sweep` and embedded in the page: the window each
+point was measured over, then per series each point's throughput and tail with their
+changes, the knee, the last point meeting the SLOs and the recommendation.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepserve.bench.results import BenchResult
-from stepserve.config.user_files import write_atomic
+from stepserve.bench.vllm_result import bench_result_from_vllm
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import check_output_dir, load_json, write_atomic
 from stepserve.metrics.step_metrics import TimeSeries
-from stepserve.sweep.knee import P99_METRIC, group_series
-from stepserve.sweep.knee_plot import KneeSeries, knee_plot, runs_plot
+from stepserve.metrics.vllm_summary import is_vllm_result
+from stepserve.sim.run import SimulateResult
+from stepserve.sweep.knee import LOAD_AXES, P99_METRIC, KneeResult, group_series, is_ordered
 from stepserve.sweep.plots import (
     Group,
+    KneeSeries,
     PlotRun,
+    knee_plot,
     latency_cdf,
+    runs_plot,
     save,
     timeseries_plot,
     tokens_per_step_plot,
 )
-from stepserve.sweep.result import SweepResult
-from stepserve.sweep.text import format_knees
+from stepserve.sweep.points import MIN_SPAN_S, agreement
+from stepserve.sweep.result import KIND, SweepPointResult, SweepResult
+from stepserve.sweep.spec import format_x
+from stepserve.sweep.window import SETTLED_LIFETIMES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from stepserve.sim.run import SimulateResult
-
-    ReportResult = SimulateResult | SweepResult | BenchResult
+ReportResult = SimulateResult | SweepResult | BenchResult
 
 SUMMARY_COLUMNS = (
     ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
@@ -64,30 +74,12 @@ def groups_of(result: ReportResult) -> list[Group]:
     runs: list[PlotRun] = list(result.runs)
     if not isinstance(result, SweepResult) or result.x_axis == "run":
         return [Group(_scenario(result) or "runs", [r.name for r in runs], runs)]
-    x = result.x_axis
     out: dict[str, Group] = {}
     for r in result.runs:
-        name = r.sweep.series
-        g = out.setdefault(name, Group(name, [], []))
-        v = r.sweep.x
-        g.labels.append(f"{x}={v:g}" if isinstance(v, float) else f"{x}={v}")
+        g = out.setdefault(r.sweep.series, Group(r.sweep.series, [], []))
+        g.labels.append(f"{result.x_axis}={format_x(r.sweep.x)}")
         g.runs.append(r)
     return list(out.values())
-
-
-def knee_series(result: SweepResult) -> list[KneeSeries]:
-    """A sweep's series for knee_plot."""
-    metric = result.knee_rule.p99_metric
-    by_series = group_series(result.runs)
-    series = []
-    for knee in result.knees:
-        group = by_series[knee.series]
-        series.append(KneeSeries(
-            knee.series, knee.xs, [r.summary.throughput_tokens_per_s for r in group],
-            [r.summary.metric(metric) for r in group], knee.knee_index,
-            knee.recommended_index,
-            knee.best_slo_index if result.knee_rule.slos else None))
-    return series
 
 
 def _knee_figure(result: ReportResult) -> tuple[str, Figure]:
@@ -105,8 +97,13 @@ def _knee_figure(result: ReportResult) -> tuple[str, Figure]:
                "(the last point before the P99 cliff), green star: recommendation"
                + (f", blue diamond: last point meeting {slo_text}, dashed line: the SLO"
                   if rule.slos else ""))
-    return caption, knee_plot(knee_series(result), result.x_axis, rule.p99_metric,
-                              rule.slos)
+    by_series = group_series(result.runs)
+    series = [KneeSeries(k.series, k.xs, [r.summary.throughput_tokens_per_s
+                                         for r in by_series[k.series]],
+                         [r.summary.metric(rule.p99_metric) for r in by_series[k.series]],
+                         k.knee_index, k.recommended_index,
+                         k.best_slo_index if rule.slos else None) for k in result.knees]
+    return caption, knee_plot(series, result.x_axis, rule.p99_metric, rule.slos)
 
 
 def _limits(result: ReportResult, latency: str) -> list[tuple[float, str]]:
@@ -117,14 +114,12 @@ def _limits(result: ReportResult, latency: str) -> list[tuple[float, str]]:
             if s.metric.startswith(f"{latency}_p") and not s.at_least]
 
 
-def _plottable(groups: list[Group], key: str, has: Callable[[PlotRun], bool]
-               ) -> tuple[list[Group], list[str]]:
-    """Groups cut to runs that carry `key` (`has` says), and a note naming runs that do
-    not."""
+def _plottable(groups: list[Group], key: str) -> tuple[list[Group], list[str]]:
+    """Groups cut to runs that carry `key`, and a note naming runs that do not."""
     kept, missing = [], []
     for g in groups:
-        pairs = [(lab, r) for lab, r in zip(g.labels, g.runs) if has(r)]
-        missing += [r.name for r in g.runs if not has(r)]
+        pairs = [(lab, r) for lab, r in zip(g.labels, g.runs) if getattr(r, key) is not None]
+        missing += [r.name for r in g.runs if getattr(r, key) is None]
         if pairs:
             kept.append(Group(g.name, [p[0] for p in pairs], [p[1] for p in pairs]))
     notes = [f"no `{key}` in the JSON for: {', '.join(missing)}; those plots are skipped "
@@ -140,14 +135,13 @@ def write_plots(result: ReportResult, out: Path) -> tuple[list[tuple[str, Path]]
     caption, fig = _knee_figure(result)
     pngs.append((caption, save(fig, out / "knee.png")))
     groups = groups_of(result)
-    cdf_groups, notes = _plottable(groups, "latency_samples",
-                                   lambda r: r.latency_samples is not None)
+    cdf_groups, notes = _plottable(groups, "latency_samples")
     if cdf_groups:
         fig = latency_cdf(cdf_groups, lambda s: s.ttft_s, "TTFT CDF", _limits(result, "ttft"))
         pngs.append(("TTFT CDF per run", save(fig, out / "cdf_ttft.png")))
         fig = latency_cdf(cdf_groups, lambda s: s.e2e_s, "E2E CDF", _limits(result, "e2e"))
         pngs.append(("End-to-end latency CDF per run", save(fig, out / "cdf_e2e.png")))
-    ts_groups, ts_notes = _plottable(groups, "timeseries", lambda r: r.timeseries is not None)
+    ts_groups, ts_notes = _plottable(groups, "timeseries")
     notes += ts_notes
     if ts_groups:
         for what, series_of, ylabel, title, cumulative in _TIME_SERIES:
@@ -166,43 +160,6 @@ _TIME_SERIES: tuple[tuple[str, Callable[[TimeSeries], list[float]], str, str, bo
 )
 
 
-def _cell(value: Any, fmt: str) -> str:
-    if value is None:
-        return "-"
-    return fmt.format(value)
-
-
-def _summary_table(result: ReportResult) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for _k, h, _f in SUMMARY_COLUMNS)
-    rows = []
-    for r in result.runs:
-        cells = "".join(f"<td>{_cell(r.summary.metric(k), f)}</td>"
-                        for k, _h, f in SUMMARY_COLUMNS)
-        rows.append(f"<tr><td>{html.escape(r.name)}</td>{cells}</tr>")
-    return f"<table><tr><th>run</th>{head}</tr>{''.join(rows)}</table>"
-
-
-def _knee_text(result: ReportResult) -> str:
-    if not isinstance(result, SweepResult):
-        return (f"<p>A {result_kind(result)} result: runs are compared side by side; no "
-                "knee is computed.</p>")
-    return f"<pre>{html.escape(format_knees(result))}</pre>"
-
-
-def _findings(result: ReportResult) -> str:
-    items = [f"<li><b>{html.escape(f.run or '')}</b> [{html.escape(f.severity)}] "
-             f"{html.escape(f.rule)}: {html.escape(f.evidence)} &rarr; "
-             f"{html.escape(f.action)}</li>" for f in result.findings]
-    return f"<ul>{''.join(items)}</ul>" if items else "<p>No alert rule fired.</p>"
-
-
-def _about(result: ReportResult) -> tuple[str, str]:
-    """(description, cost model) as the page shows them."""
-    if isinstance(result, BenchResult):
-        return "", ""
-    return result.description, str(result.cost_model)
-
-
 def write_report(result: ReportResult, out_dir: str | Path) -> Path:
     """Write the PNGs and index.html into out_dir; returns the page's path."""
     out = Path(out_dir)
@@ -212,9 +169,21 @@ def write_report(result: ReportResult, out_dir: str | Path) -> Path:
         f"{base64.b64encode(path.read_bytes()).decode()}'><figcaption>{html.escape(cap)} "
         f"({path.name})</figcaption></figure>" for cap, path in pngs)
     note_html = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
-    title = f"stepserve {result_kind(result)}: " \
-            f"{_scenario(result) or ', '.join(r.name for r in result.runs)}"
-    description, cost_model = _about(result)
+    kind = result_kind(result)
+    title = f"stepserve {kind}: {_scenario(result) or ', '.join(r.name for r in result.runs)}"
+    description, cost_model = ("", "") if isinstance(result, BenchResult) else \
+        (result.description, str(result.cost_model))
+    knee_text = f"<pre>{html.escape(format_knees(result))}</pre>" \
+        if isinstance(result, SweepResult) else \
+        f"<p>A {kind} result: runs are compared side by side; no knee is computed.</p>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for _k, h, _f in SUMMARY_COLUMNS)
+    rows = "".join(f"<tr><td>{html.escape(r.name)}</td>" + "".join(
+        f"<td>{'-' if (v := r.summary.metric(k)) is None else f.format(v)}</td>"
+        for k, _h, f in SUMMARY_COLUMNS) + "</tr>" for r in result.runs)
+    findings = "".join(
+        f"<li><b>{html.escape(f.run or '')}</b> [{html.escape(f.severity)}] "
+        f"{html.escape(f.rule)}: {html.escape(f.evidence)} &rarr; "
+        f"{html.escape(f.action)}</li>" for f in result.findings)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1150px;margin:auto}}
 table{{border-collapse:collapse;font-size:12px}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
@@ -222,11 +191,181 @@ img{{max-width:100%}}.note{{color:#a60}}pre{{font-size:12px;background:#f6f6f6;p
 </head><body><h1>{html.escape(title)}</h1>
 <p>{html.escape(description)}</p>
 <p>Cost model: {html.escape(cost_model)}</p>
-<h2>Knee</h2>{_knee_text(result)}
-<h2>Runs</h2>{_summary_table(result)}
-<h2>Alert rules</h2>{_findings(result)}
+<h2>Knee</h2>{knee_text}
+<h2>Runs</h2><table><tr><th>run</th>{head}</tr>{rows}</table>
+<h2>Alert rules</h2>{f"<ul>{findings}</ul>" if findings else "<p>No alert rule fired.</p>"}
 <h2>Plots</h2>{note_html}{figures}
 </body></html>"""
     path = out / "index.html"
     write_atomic(path, page)
     return path
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    result: str  # the JSON result file
+    out: str  # the folder for index.html and the PNGs
+
+
+def run_report(options: ReportOptions) -> int:
+    """Check the result, write the report, say where; the exit status."""
+    check_output_dir("--out", options.out)  # before reading and plotting
+    result = load_json(options.result, "result file")
+    if not is_vllm_result(result):  # a flat vLLM result is one run: load_result reads it
+        _check_runs(result, options.result)
+    try:
+        page = write_report(load_result(result, options.result), options.out)
+    except UsageError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:  # a run missing what the plots read
+        raise UsageError(f"{options.result}: not a result this report can read "
+                         f"({type(e).__name__}: {e})") from None
+    except OSError as e:  # the disk filled up, or the folder went away meanwhile
+        raise UsageError(f"--out {options.out!r}: cannot write the report ({e})") from None
+    print(f"wrote {page}")
+    return 0
+
+
+def _check_runs(result: Any, where: str) -> None:
+    if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
+        raise UsageError(f"{where}: not a sweep, simulate, bench or vLLM bench result (no "
+                         "runs list, no vLLM result keys)")
+    if not result["runs"]:
+        raise UsageError(f"{where}: the result has no runs: nothing to plot")
+    for i, run in enumerate(result["runs"]):
+        if not isinstance(run, dict) or not isinstance(run.get("summary"), dict):
+            raise UsageError(f"{where}: runs[{i}] is not a run (an object with a "
+                             "\"summary\" object)")
+
+
+def load_result(data: Mapping[str, Any], where: str) -> ReportResult:
+    """A result file of any version as its type: a sweep names its kind, a bench run its
+    target, a `vllm bench serve --save-result` file its flat keys; anything else with
+    runs is read as a simulate result."""
+    if is_vllm_result(data):
+        return bench_result_from_vllm(data, Path(where).stem)
+    if data.get("kind") == KIND:
+        return SweepResult.from_json(data, where)
+    runs = data["runs"]
+    if runs and all("target" in r for r in runs):
+        return BenchResult.from_json(data, where)
+    return SimulateResult.from_json(data, where)
+
+
+# every tail a point reports, besides the knee's own metric (shown with its rise)
+LATENCY_COLUMNS = ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "itl_p99_s", "e2e_p99_s")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def _share(v: float | None) -> str:
+    """A share of a whole (the prefix cache's hit rate), unsigned."""
+    return "-" if v is None else f"{v:.1%}"
+
+
+def window_lines(result: SweepResult) -> list[str]:
+    """Which span of each point the numbers below measure, and the points whose span was
+    the whole run (*) or too short to settle (~)."""
+    rule = result.window
+    if rule is not None:
+        text = rule.describe()
+    elif result.target != "sim":
+        text = ("each point's whole run against the live server, after its --warmup "
+                "requests")
+    else:
+        text = "each point's whole run (a result written before steady windows)"
+    lines = [f"measured over {text}"]
+    windows = [(r.name, r.window) for r in result.runs if r.window is not None]
+    whole = [name for name, w in windows if not w.steady]
+    if whole and rule is not None and rule.kind == "steady":
+        lines.append(f"  * whole run, no steady window: {', '.join(whole)}")
+    short = [(name, w) for name, w in windows if not w.settled]
+    if short:
+        keep = 1 - (rule.warmup_share if rule else 0.0)
+        need = max(SETTLED_LIFETIMES * (w.lifetime_s or 0.0) / keep for _, w in short)
+        lines.append(f"  ~ window shorter than {SETTLED_LIFETIMES:g} request lifetimes (the "
+                     f"batch still filling): {', '.join(n for n, _ in short)}; run each "
+                     f"point longer, e.g. --duration-s {max(need, MIN_SPAN_S):.0f}")
+    return lines
+
+
+def format_knees(result: SweepResult) -> str:
+    rule = result.knee_rule
+    metric = rule.p99_metric
+    others = [c for c in LATENCY_COLUMNS if c != metric]
+    lines = [f"knee rule: throughput gain < {rule.min_throughput_gain:.0%} while "
+             f"{metric} rises > {rule.max_p99_rise:.0%} (vs the previous point); the knee "
+             f"is the last point before the steepest {metric} jump into it; gains within "
+             f"{rule.noise_margin:.0%} are noise", *window_lines(result)]
+    by_series = group_series(result.runs)
+    for knee in result.knees:
+        group = by_series[knee.series]
+        lines.append(f"\n{result.x_axis} sweep, series {knee.series}:")
+        lines.append(f"  {'x':>10} {'tok/s':>7} {'gain':>8} {metric:>11} {'rise':>9} "
+                     + " ".join(f"{c.removesuffix('_s'):>9}" for c in others)
+                     + f" {'preempt':>7} {'hit':>6}  slo")
+        for i, run in enumerate(group):
+            lines.append(_row(run, knee, i, metric, others))
+        lines += _verdict(result, knee, metric)
+    both = agreement(result.knees)
+    if both:
+        lines += ["", both]
+    return "\n".join(lines)
+
+
+def _row(run: SweepPointResult, knee: KneeResult, i: int, metric: str, others: list[str]) -> str:
+    s = run.summary
+    step = knee.steps[i - 1] if i else None
+    marks = [name for name, at in (("knee", knee.knee_index), ("P99 cliff", knee.cliff_index),
+                                   ("throughput flat", knee.saturated_index),
+                                   ("throughput flat", knee.flat_index),
+                                   ("recommended", knee.recommended_index)) if at == i]
+    w = run.window
+    whole = "" if w is None else "*" if not w.steady else "" if w.settled else "~"
+    return (f"  {format_x(run.sweep.x) + whole:>10} {_count(s.throughput_tokens_per_s):>7} "
+            f"{_pct(step.throughput_gain if step else None):>8} "
+            f"{_num(s.metric(metric)):>11} {_pct(step.p99_rise if step else None):>9} "
+            + " ".join(f"{_num(s.metric(c)):>9}" for c in others)
+            + f" {_count(s.preemptions):>7} {_share(s.prefix_cache_hit_rate):>6}"
+            + f"  {'ok' if knee.slo_met[i] else 'miss'}"
+            + "".join(f" <- {m}" for m in marks))
+
+
+def _verdict(result: SweepResult, knee: KneeResult, metric: str) -> list[str]:
+    """The knee (or why none), the last point meeting the SLOs, the recommendation."""
+    lines = []
+    x = result.x_axis
+    if knee.knee_index is None:
+        i = knee.flat_index
+        hint = (f" (throughput flat from {x}={format_x(knee.xs[i])}, but {metric} changed only "
+                f"{_pct(knee.steps[i - 1].p99_rise)} there; try another --p99-metric or "
+                "--max-p99-rise)") if i is not None else ""
+        lines.append(f"  knee: none in this range{hint}")
+    else:
+        cliff, sat = knee.cliff_index, knee.saturated_index
+        assert cliff is not None and sat is not None
+        lines.append(f"  knee: {x}={format_x(knee.knee_x)}: the last point before {metric} jumps "
+                     f"{_pct(knee.cliff_p99_rise)} at {x}={format_x(knee.xs[cliff])}; throughput "
+                     f"{_pct(knee.throughput_gain)} (flat) at {x}={format_x(knee.xs[sat])}")
+    if result.knee_rule.slos:  # worded for what varied: a load, a setting, unordered runs
+        slo_text = " and ".join(s.describe() for s in result.knee_rule.slos)
+        ordered, best = is_ordered(knee.xs, x), knee.best_slo_index
+        words = "highest load meeting" if x in LOAD_AXES else \
+            f"highest {x} meeting" if ordered else "points meeting"
+        met = ("none" if best is None else format_x(knee.xs[best])) if ordered else \
+            ", ".join(format_x(v) for v, ok in zip(knee.xs, knee.slo_met) if ok) or "none"
+        lines.append(f"  {words} {slo_text}: {met}")
+    rec = knee.recommended_index
+    lines.append(f"  recommended: {'none' if rec is None else format_x(knee.xs[rec])} "
+                 f"({knee.reason})")
+    return lines
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}" if v < 0.1 else f"{v:.2f}"
+
+
+def _count(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"

@@ -10,14 +10,14 @@ edge:
      "window": {"kind", "warmup_share"},   # absent: every point measured whole (older)
      "runs": [{...a simulate or bench run..., "sweep": {"series", "run", "x", "values"},
                "window"?: {"start_s", "end_s", "requests", "steady", "note",
-                           "whole_run_tokens_per_s"}}],
+                           "whole_run_tokens_per_s", "lifetime_s", "settled"}}],
      "knees": [...], "findings": [...]}
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from stepserve.bench.results import BenchRun
@@ -27,8 +27,8 @@ from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import LatencySamples
 from stepserve.sim.run import RunResult
-from stepserve.sweep.knee import NOISE_MARGIN, KneeResult
-from stepserve.sweep.spec import Axis, SummarySLO
+from stepserve.sweep.knee import KneeResult, KneeRule
+from stepserve.sweep.spec import Axis
 from stepserve.sweep.window import Window, WindowRule
 
 KIND = "sweep"
@@ -45,8 +45,7 @@ class SweepCoords:
     values: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"series": self.series, "run": self.run, "x": self.x,
-                "values": dict(self.values)}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SweepCoords:
@@ -96,27 +95,6 @@ class SweepPointResult:
             else RunResult.from_json(data, name)
         return cls(result, SweepCoords.from_json(data["sweep"]),
                    Window.from_json(data.get("window")))
-
-
-@dataclass(frozen=True)
-class KneeRule:
-    min_throughput_gain: float
-    max_p99_rise: float
-    p99_metric: str
-    slos: list[SummarySLO] = field(default_factory=list)
-    noise_margin: float = NOISE_MARGIN
-
-    def to_json(self) -> dict[str, Any]:
-        return {"min_throughput_gain": self.min_throughput_gain,
-                "max_p99_rise": self.max_p99_rise, "p99_metric": self.p99_metric,
-                "slos": [s.to_json() for s in self.slos], "noise_margin": self.noise_margin}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
-        return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
-                   str(data["p99_metric"]),
-                   [SummarySLO.from_json(s) for s in data.get("slos") or []],
-                   float(data.get("noise_margin", NOISE_MARGIN)))
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,7 @@
-"""What a sweep varies: axes (`--vary NAME=v1,v2,...`), the runs they apply to, and the
-SLOs on run summaries.
-
-An axis is either a workload option (`rate`, `seed`, `concurrency`: the load) or any
-engine setting by its config name (`max_num_seqs`, `max_num_batched_tokens`, ...).
-Several axes make a grid. The x axis (the one the knee is searched along) is the last
-`--vary`; every other combination, times every run (config), is one series. With no
-`--vary` the runs themselves are the x axis, in the order given (the quick start's A -> B -> C).
+"""What a sweep varies: axes (`--vary NAME=v1,v2,...`: a workload option, or any engine
+setting by its config name), the runs they apply to, and the SLOs on run summaries.
+Several axes make a grid: the x axis (the knee's) is the last `--vary`, every other
+combination times every run is one series. With no `--vary` the runs are the x axis.
 """
 
 from __future__ import annotations
@@ -23,10 +19,6 @@ from stepserve.workload.overrides import WorkloadOverrides
 
 WORKLOAD_AXES = {"rate": float, "seed": int, "concurrency": int}
 RUN_AXIS = "run"  # the name of the x axis when the runs themselves are swept
-
-
-def _config_kinds() -> dict[str, type]:
-    return {f.name: f.metadata["kind"] for _s, f in config_fields()}
 
 
 @dataclass(frozen=True)
@@ -49,7 +41,7 @@ def parse_vary(text: str) -> Axis:
     name = name.strip().replace("-", "_")
     if not sep or not raw.strip():
         raise ValueError(f"--vary {text!r}: expected NAME=v1,v2,...")
-    kinds = _config_kinds()
+    kinds = {f.name: f.metadata["kind"] for _s, f in config_fields()}
     if name in WORKLOAD_AXES:
         kind, target = WORKLOAD_AXES[name], "workload"
     elif name in kinds:
@@ -82,8 +74,9 @@ class SweepPoint:
     workload_overrides: WorkloadOverrides = WorkloadOverrides()
 
 
-def _fmt(name: str, value: Any) -> str:
-    return f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+def format_x(value: Any) -> str:
+    """A swept value as the texts and plots write it."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[SweepPoint]]:
@@ -96,25 +89,21 @@ def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[Sweep
         raise ValueError(f"config names must differ: {', '.join(names)}")
     if len({a.name for a in axes}) != len(axes):
         raise ValueError("each --vary name may appear once")
-    points: list[SweepPoint] = []
     if not axes:
-        for r in runs:
-            points.append(SweepPoint(r.name, "configs", r.name, r.name, {RUN_AXIS: r.name},
-                                     r.config))
-        return RUN_AXIS, points
+        return RUN_AXIS, [SweepPoint(r.name, "configs", r.name, r.name, {RUN_AXIS: r.name},
+                                     r.config) for r in runs]
+    points: list[SweepPoint] = []
     x_axis, others = axes[-1], axes[:-1]
     for r in runs:
         for combo in itertools.product(*(a.values for a in others)):
             fixed = dict(zip((a.name for a in others), combo))
-            series = " ".join([r.name] + [_fmt(k, v) for k, v in fixed.items()])
+            series = " ".join([r.name] + [f"{k}={format_x(v)}" for k, v in fixed.items()])
             for x in x_axis.values:
                 values = {**fixed, x_axis.name: x}
-                config_changes = {k: v for k, v in values.items()
-                                  if k not in WORKLOAD_AXES}
-                load = WorkloadOverrides(**{k: v for k, v in values.items()
-                                            if k in WORKLOAD_AXES})
+                config_changes = {k: v for k, v in values.items() if k not in WORKLOAD_AXES}
+                load = WorkloadOverrides(**{k: v for k, v in values.items() if k in WORKLOAD_AXES})
                 config = r.config.replace(**config_changes) if config_changes else r.config
-                label = f"{series} {_fmt(x_axis.name, x)}"
+                label = f"{series} {x_axis.name}={format_x(x)}"
                 points.append(SweepPoint(label, series, r.name, x, values, config, load))
     return x_axis.name, points
 
@@ -123,7 +112,7 @@ def build_points(runs: list[RunSpec], axes: list[Axis]) -> tuple[str, list[Sweep
 class SummarySLO:
     """A limit on one metric of a run's summary (`--slo`): `ttft_p99_s=2` (or `<=`): at
     most 2; `throughput_tokens_per_s>=1000`: at least. (bench's `--goodput` is another
-    thing: per-request latency limits, bench/slo.py.)"""
+    thing: per-request latency limits, bench/results.py.)"""
 
     metric: str
     limit: float

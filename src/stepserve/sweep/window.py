@@ -1,41 +1,26 @@
 """A sweep point measured in its steady state, not over its whole run.
 
-A point runs a fixed request count (or `--duration-s` of arrivals). Its whole run begins
-with a warm-up (the batch still filling) and ends with a drain (every request has
-arrived; the batch empties and the last long requests run nearly alone). At high load
-the drain can be most of the run, so whole-run throughput measures the drain, not the
-load: a saturated config levels off far below what it sustains.
-
-Like GuideLLM and `vllm bench serve`, a point is therefore measured over a window:
-
-* the window is [first arrival + warm-up, last arrival]: the load is offered all through
-  it. The warm-up is `warmup_share` (default 10%) of the arrival span, or one request
-  lifetime where that is longer: a batch fills to its level in about the time its
-  requests spend in the engine (Little's law), whatever the span;
-* throughput counts the output tokens produced inside the window (whoever they belong
-  to), over its length; requests/s counts requests that finished inside it;
-* latency percentiles (TTFT, TPOT, ITL, E2E, queue) and preemptions come from the
-  requests that arrived inside it, followed to their end (a request arriving at an
-  overloaded point waits its full queue, even if it finishes in the drain);
-* the step fields come from the steps that started inside it.
-
-Where there is no steady state to cut (every request arrives at once, or fewer than
-`MIN_WINDOW_REQUESTS` arrive inside the window) the whole run is measured, and the
-window says so. `--window whole` asks for the whole run everywhere.
-
-A request's lifetime is the median time the run's completed requests spent in the
-engine, queueing left out (an overloaded queue grows with any run's length). A window
-shorter than `SETTLED_LIFETIMES` lifetimes has barely seen a batch turn over: it is kept
-but marked unsettled, and the table says how long a point should run (`--duration-s`).
+A point's whole run begins with a warm-up (the batch still filling) and ends with a
+drain (everything has arrived; the last long requests run nearly alone). At high load the
+drain can be most of the run, so whole-run throughput would measure the drain: a
+saturated config would level off far below what it sustains. Like GuideLLM and `vllm
+bench serve`, a point is measured over [first arrival + warm-up, last arrival], the
+warm-up `warmup_share` of the arrival span or one request lifetime if longer (a batch
+fills in about the time its requests spend in the engine). Throughput counts the tokens
+produced inside the window; latencies and preemptions come from the requests that
+arrived inside it, followed to their end; step fields from the steps started inside it.
+With no steady state to cut (all arrived at once, or under MIN_WINDOW_REQUESTS inside)
+the whole run is measured, and the window says so. A lifetime is the median time
+completed requests spent in the engine, queueing left out; a window shorter than
+SETTLED_LIFETIMES lifetimes is kept but marked unsettled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from stepserve.core.request import Request
 from stepserve.metrics.percentiles import percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
 from stepserve.metrics.step_metrics import step_summary
@@ -72,15 +57,14 @@ class WindowRule:
                 "produced inside it, latencies of the requests that arrived inside it")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "warmup_share": self.warmup_share}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> WindowRule | None:
         """None for a result written before windows: its points measured whole runs."""
         if not data:
             return None
-        return cls(str(data.get("kind", "steady")),
-                   float(data.get("warmup_share", WARMUP_SHARE)))
+        return cls(str(data.get("kind", "steady")), float(data.get("warmup_share", WARMUP_SHARE)))
 
 
 STEADY = WindowRule()
@@ -109,10 +93,7 @@ class Window:
             self.length_s >= SETTLED_LIFETIMES * self.lifetime_s
 
     def to_json(self) -> dict[str, Any]:
-        return {"start_s": self.start_s, "end_s": self.end_s, "requests": self.requests,
-                "steady": self.steady, "note": self.note,
-                "whole_run_tokens_per_s": self.whole_run_tokens_per_s,
-                "lifetime_s": self.lifetime_s, "settled": self.settled}
+        return {**asdict(self), "settled": self.settled}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Window | None:
@@ -166,7 +147,9 @@ def windowed_run(run: RunResult, sim: SimResult, rule: WindowRule) -> tuple[RunR
     length = end - start
     ms = [m for m in every if start <= m.arrival_time <= end]
     tokens = tokens_between([r.token_times for r in sim.requests], start, end)
-    finished = sum(1 for r in sim.requests if _finished_between(r, start, end))
+    finished = sum(1 for r in sim.requests if r.finish_reason is not None
+                   and r.finish_reason.completed and r.finish_time is not None
+                   and start <= r.finish_time <= end)
     steps = [[s for s in replica if start <= s.start_s <= end] for replica in sim.steps]
     summary = (request_summary(ms, length)
                .updated(step_summary(steps, (start, end)))
@@ -175,15 +158,6 @@ def windowed_run(run: RunResult, sim: SimResult, rule: WindowRule) -> tuple[RunR
                             throughput_requests_per_s=ratio(finished, length)))
     if run.config is not None:
         summary = summary.with_values(**config_facts(run.config))
-    return replace(run, summary=summary, by_class=_classes(ms, length, run),
+    classes = by_class(ms, length) if run.by_class is not None else None
+    return replace(run, summary=summary, by_class=classes,
                    latency_samples=latency_samples(ms)), window
-
-
-def _finished_between(request: Request, start: float, end: float) -> bool:
-    done = request.finish_reason is not None and request.finish_reason.completed
-    return done and request.finish_time is not None and start <= request.finish_time <= end
-
-
-def _classes(ms: list[RequestLatencies], length: float, run: RunResult
-             ) -> dict[str, Any] | None:
-    return by_class(ms, length) if run.by_class is not None else None
