@@ -1,4 +1,4 @@
-"""Tensors are checked before their pointers cross to the kernels (kernel_abi.py): a wrong
+"""Tensors are checked before their pointers cross to the kernels (ggml_kernels.py): a wrong
 dtype, a non-contiguous view, another device, a wrong shape or size, a format the build
 cannot run, or a row index out of range is a clear KernelArgumentError naming the
 argument, never garbage read from raw memory or a crashed process."""

@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stepserve.model.ggml_kernels import FMT_F32, GGMLKernels
-from stepserve.model.kernel_abi import PROJECTIONS, tensor_pointer
+from stepserve.model.ggml_kernels import FMT_F32, PROJECTIONS, GGMLKernels, tensor_pointer
 from stepserve.model.kv_store import KVStore
 from stepserve.model.llama import LlamaModel, RMSNorm
 from stepserve.model.paged_attention import AttentionMetadata
