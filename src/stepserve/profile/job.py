@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepserve.core.output import SchedulerOutput
-from stepserve.core.request import Request, SamplingParams
+from stepserve.core.request import SamplingParams
+from stepserve.model.step_timing import measure_step, synthetic_step
 from stepserve.sim.calibrated import TERMS, CalibratedCost, fit, relative_errors, step_terms
 from stepserve.sim.cost import computed_tokens, joining
 from stepserve.sim.cost_options import this_host
@@ -95,26 +95,11 @@ def point_terms(p: GridPoint, knee_tokens: int) -> tuple[float, ...]:
     """The cost terms of a grid point (the batch it times, as the scheduler would send it)."""
     if p.swap_blocks:
         return tuple(float(p.swap_blocks) if t == "swap" else 0.0 for t in TERMS)
-    params = SamplingParams(max_tokens=1 << 20)
-    reqs, counts = [], []
-    for i in range(p.decodes):
-        r = Request(f"d{i}", [1] * (p.context - 1), params, 0.0)
-        r.output_token_ids.append(1)
-        r.num_computed_tokens = p.context - 1
-        reqs.append(r)
-        counts.append(1)
-    if p.chunk:
-        r = Request("p", [1] * (p.chunk_start + p.chunk), params, 0.0)
-        r.num_computed_tokens = p.chunk_start
-        reqs.append(r)
-        counts.append(p.chunk)
-    return step_terms(SchedulerOutput(0, reqs, counts), knee_tokens)
+    return step_terms(synthetic_step(p.decodes, p.context, p.chunk, p.chunk_start), knee_tokens)
 
 
 def _time_point(runner, p: GridPoint) -> float:
     """One timing of one grid point (seconds)."""
-    from stepserve.model.step_timing import measure_step
-
     if not p.swap_blocks:
         return measure_step(runner, p.decodes, p.context or 1, p.chunk, repeats=1, warmup=0,
                             prefill_start=p.chunk_start).median_s
