@@ -12,7 +12,7 @@ import torch
 from tiny_gguf import llama_cpp_permute
 
 from stepserve.model.ggml_kernels import kernels_unavailable_reason
-from stepserve.model.gguf_file import unpermute_rows
+from stepserve.model.gguf_convert import unpermute_rows
 from stepserve.model.gguf_weights import load_packed_model, packed_path
 from stepserve.model.runner import TorchRunner
 

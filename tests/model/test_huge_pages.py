@@ -1,4 +1,4 @@
-"""The GGUF weights moved into one huge-page arena (huge_pages.py): the same values, the
+"""The GGUF weights moved into one huge-page arena (gguf_weights.py): the same values, the
 tied table still shared, every kernel pointer inside the arena, the same tokens."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from stepserve.model import gguf_weights
 from stepserve.model.fused_decode import FMT_F32
 from stepserve.model.ggml_kernels import kernels_unavailable_reason
-from stepserve.model.huge_pages import ALIGN, move_to_huge_pages
+from stepserve.model.gguf_weights import ALIGN, move_to_huge_pages
 from stepserve.model.quant import GGUFEmbedding, GGUFLinear
 from stepserve.model.runner import TorchRunner
 
