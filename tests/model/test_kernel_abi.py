@@ -24,9 +24,9 @@ from stepserve.model.ggml_kernels import (
     KernelsUnavailable,
     kernels_unavailable_reason,
 )
+from stepserve.model.llama import rope_cos_sin
 from stepserve.model.modes import choose_quantization
 from stepserve.model.paged_attention import build_attention_metadata
-from stepserve.model.rope import rope_cos_sin
 from stepserve.model.runner import TorchRunner
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,

@@ -16,8 +16,8 @@ from stepserve.model.ggml_kernels import (
     kernels_unavailable_reason,
     load_kernels,
 )
+from stepserve.model.llama import rope_cos_sin
 from stepserve.model.paged_attention import build_attention_metadata
-from stepserve.model.rope import rope_cos_sin
 from stepserve.model.runner import TorchRunner
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,

@@ -33,7 +33,7 @@ from torch import nn
 
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.gguf_convert import read_gguf, unpermute_rows
-from stepserve.model.llama import LlamaModel
+from stepserve.model.llama import LlamaModel, inv_frequencies
 from stepserve.model.model_args import ModelArgs, load_model_args
 from stepserve.model.quant import (
     KERNEL_FORMAT,
@@ -42,7 +42,6 @@ from stepserve.model.quant import (
     GGUFLinear,
     GGUFMatrix,
 )
-from stepserve.model.rope import inv_frequencies
 
 PACKED_FORMAT = "stepserve-gguf-packed/1"
 # From this many activation rows up, GGUFLinear dequantises and runs a BLAS GEMM instead

@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from stepserve.model.llama import LlamaModel
+from stepserve.model.llama import LlamaModel, inv_frequencies
 from stepserve.model.model_args import ModelArgs, load_model_args
-from stepserve.model.rope import inv_frequencies
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
