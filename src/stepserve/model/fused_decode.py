@@ -38,7 +38,7 @@ _F32, _I64 = torch.float32, torch.int64
 def _projection(module: nn.Module, kernels: GGMLKernels) -> tuple[int, int, int] | None:
     """(format, quants, scales) of a projection for struct decode_projection, or None if
     the kernel cannot run it."""
-    if isinstance(module, GGUFLinear) and module.bias is None:
+    if isinstance(module, GGUFLinear):
         qs, scales, _ = kernels.weights("decode_layers", module.kernel_format, module.qs,
                                         module.scales, module.in_features,
                                         module.out_features)

@@ -91,16 +91,13 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
     types: dict[str, str] = {}
 
     def put(name: str, parts: list[tuple[str, int | None]]) -> None:
-        src = [tensors[n] for n, _ in parts]
-        kinds = {t.type_name for t in src}
-        if len(kinds) == 1 and src[0].runs_quantised:
-            mats = [_permuted(t.matrix(), heads) for t, (_, heads) in zip(src, parts)]
-            m = GGUFMatrix.cat(mats) if len(mats) > 1 else mats[0]
+        src = [(tensors[n], heads) for n, heads in parts]
+        if len({t.type_name for t, _ in src}) == 1 and src[0][0].runs_quantised:
+            m = GGUFMatrix.cat([_unpermuted(t.matrix(), heads) for t, heads in src])
             state[f"{name}.qs"], state[f"{name}.scales"] = m.qs, m.scales
             types[name] = m.fmt
         else:
-            state[name] = torch.cat([_permuted_float(t.dequantized(), heads)
-                                     for t, (_, heads) in zip(src, parts)])
+            state[name] = torch.cat([_unpermuted(t.dequantized(), heads) for t, heads in src])
             types[name] = "F32"
 
     heads = {"heads": args.num_heads, "kv_heads": args.num_kv_heads, None: None}
@@ -126,12 +123,12 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
     return out
 
 
-def _permuted(m: GGUFMatrix, heads: int | None) -> GGUFMatrix:
-    return m if heads is None else m.select_rows(unpermute_rows(m.shape[0], heads))
-
-
-def _permuted_float(w: torch.Tensor, heads: int | None) -> torch.Tensor:
-    return w if heads is None else w.index_select(0, unpermute_rows(w.shape[0], heads))
+def _unpermuted(w: GGUFMatrix | torch.Tensor, heads: int | None) -> GGUFMatrix | torch.Tensor:
+    """w with llama.cpp's Q/K row permutation undone (heads: None for other tensors)."""
+    if heads is None:
+        return w
+    rows = unpermute_rows(w.shape[0], heads)
+    return w.select_rows(rows) if isinstance(w, GGUFMatrix) else w.index_select(0, rows)
 
 
 def _read_packed(path: Path, gguf_path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
@@ -170,7 +167,7 @@ class _Builder:
     def linear(self, name: str) -> nn.Module:
         m = self.matrix(name)
         if m is not None:
-            return GGUFLinear(m, None, self.kernels, self.scratch, self.gemm_rows)
+            return GGUFLinear(m, self.kernels, self.scratch, self.gemm_rows)
         weight = self.float_weight(name)
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         linear.weight = nn.Parameter(weight, requires_grad=False)
@@ -205,8 +202,7 @@ def load_packed_model(gguf_path: Path, model_dir: Path) -> LlamaModel:
     if embed is not None:
         model.embed_tokens = GGUFEmbedding(embed, build.kernels)
         if args.tie_word_embeddings:  # the head reads the same groups, not a copy
-            model.packed_head = GGUFLinear(embed, None, build.kernels, build.scratch,
-                                           build.gemm_rows)
+            model.packed_head = GGUFLinear(embed, build.kernels, build.scratch, build.gemm_rows)
     else:
         model.embed_tokens = nn.Embedding.from_pretrained(build.float_weight("embed_tokens"),
                                                           freeze=True)
