@@ -385,7 +385,7 @@ def write_float_weights(gguf: GGUFFile, num_heads: int, num_kv_heads: int,
 
 def record_gguf_source(model_dir: Path, gguf_path: Path) -> None:
     """Note which GGUF a directory was converted from: the quantised modes read their
-    weights from it (gguf_weights.py)."""
+    weights from it (weights.py)."""
     (Path(model_dir) / GGUF_SOURCE).write_text(json.dumps(
         {"gguf": str(Path(gguf_path).resolve())}, indent=2) + "\n")
 

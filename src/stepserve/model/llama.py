@@ -174,7 +174,7 @@ class LlamaModel(nn.Module):
                         else nn.Linear(args.hidden_size, args.vocab_size, bias=False))
         self.register_buffer("inv_freq", inv_frequencies(args), persistent=False)
         # A head module that replaces the tied embedding in `logits`: the quantised
-        # embedding's groups read as a linear layer (gguf_weights.py).
+        # embedding's groups read as a linear layer (weights.py).
         self.packed_head: nn.Module | None = None
         # fused_decode.FusedDecoder: all layers of a decode-only step in one C call (set
         # by the runner where the weights allow; None: the torch path always).

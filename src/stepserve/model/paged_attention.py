@@ -101,11 +101,6 @@ class AttentionMetadata:
         return self.decode_groups()
 
 
-def _pad_tables(tables: list[list[int]], width: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in tables],
-                        dtype=torch.long, device=device)
-
-
 def _window_mask(kpos: torch.Tensor, qpos: torch.Tensor, window: int | None) -> torch.Tensor:
     """Causal mask (keys at or before the query), optionally a sliding window."""
     mask = kpos <= qpos
@@ -132,7 +127,8 @@ def build_attention_metadata(starts: list[int], num_tokens: list[int],
             raise ValueError(f"sequence {b}: {len(table)} blocks cannot hold {end} tokens")
 
     width = -(-max(ends) // block_size)
-    tables = _pad_tables(block_tables, width, torch.device("cpu"))
+    tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in block_tables],
+                          dtype=torch.long)
     if num_decode == num_seqs:  # one token each, at its start: two lists, no tensor ops
         positions = torch.tensor(starts, dtype=torch.long)
         slots = torch.tensor([t[p // block_size] * block_size + p % block_size
@@ -216,10 +212,7 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor,
     b, w = tables.shape
     # index_select on the flat table copies whole blocks; `cache[tables]` (advanced
     # indexing) is 3x slower for the same bytes on CPU (15 MB: 0.54 ms against 1.61 ms).
-    if out is None:
-        blocks = cache.index_select(0, tables.reshape(-1))
-    else:
-        blocks = torch.index_select(cache, 0, tables.reshape(-1), out=out)
+    blocks = torch.index_select(cache, 0, tables.reshape(-1), out=out)
     return blocks.view(b, w * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
 
 
