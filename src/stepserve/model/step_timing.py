@@ -23,14 +23,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepTiming:
-    batch_size: int  # decode sequences
-    context_len: int  # tokens each decode sequence attends to (its KV length)
-    prefill_tokens: int  # one extra sequence's chunk in the same step (0: none)
     median_s: float
     min_s: float
-    repeats: int
-    prefill_start: int = 0  # tokens of that sequence already in the KV cache
-    times_s: tuple[float, ...] = ()  # every timed repeat
+    times_s: tuple[float, ...]  # every timed repeat
 
 
 def synthetic_step(decodes: int, context: int, chunk: int = 0,
@@ -73,5 +68,4 @@ def measure_step(runner: TorchRunner, batch_size: int, context_len: int,
                                              block_tables=tables))
         if i >= warmup:
             times.append(out.elapsed_s)
-    return StepTiming(batch_size, context_len, prefill_tokens, statistics.median(times),
-                      min(times), repeats, prefill_start, tuple(times))
+    return StepTiming(statistics.median(times), min(times), tuple(times))
