@@ -34,7 +34,7 @@ import os
 import shutil
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -65,6 +65,16 @@ class GGUFTensor:
         from stepserve.model.quant import KERNEL_FORMAT
 
         return self.type_name in KERNEL_FORMAT
+
+    def unpermuted(self, num_heads: int, num_kv_heads: int) -> GGUFTensor:
+        """This tensor with llama.cpp's permutation of the Q and K rows undone (others as
+        they are): its converter permutes them so that rotary pairs are adjacent. The rows
+        are whole (a row's groups are contiguous), so this is a row order on the bytes."""
+        heads = (num_heads if ".attn_q." in self.name else
+                 num_kv_heads if ".attn_k." in self.name else None)
+        if heads is None:
+            return self
+        return replace(self, data=self.data[unpermute_rows(self.shape[0], heads).numpy()])
 
     def matrix(self) -> GGUFMatrix:
         """The tensor's groups, copied out of the mapped file (a type that runs quantised)."""
@@ -97,8 +107,7 @@ class GGUFTensor:
 
 def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
     """The row order that undoes llama.cpp's Q/K permutation (transformers'
-    `_reverse_permute_weights`: rows (head, i, pair) become (head, pair, i)). llama.cpp's
-    converter permutes the rows of Q and K so that rotary pairs are adjacent."""
+    `_reverse_permute_weights`: rows (head, i, pair) become (head, pair, i))."""
     import torch
 
     dim = num_rows // num_heads // 2
@@ -374,12 +383,7 @@ def write_float_weights(gguf: GGUFFile, num_heads: int, num_kv_heads: int,
     kernels = _kernels_or_none()  # Q4_1 and Q8_0 in one threaded pass where they build
     state = {}
     for name, t in gguf.tensors.items():
-        values = t.dequantized(kernels)
-        heads = num_heads if ".attn_q." in name else num_kv_heads if ".attn_k." in name \
-            else None
-        if heads is not None:
-            values = values.index_select(0, unpermute_rows(values.shape[0], heads))
-        state[names[name]] = values.contiguous()
+        state[names[name]] = t.unpermuted(num_heads, num_kv_heads).dequantized(kernels)
     save_file(state, str(out), metadata={"format": "pt"})
 
 

@@ -58,10 +58,6 @@ class GGUFMatrix:
             return cls(fmt, qs.view(torch.int8), scales.squeeze(-1).contiguous())
         return cls(fmt, qs, scales)
 
-    def select_rows(self, index: torch.Tensor) -> GGUFMatrix:
-        return GGUFMatrix(self.fmt, self.qs.index_select(0, index),
-                          self.scales.index_select(0, index))
-
     @staticmethod
     def cat(parts: list[GGUFMatrix]) -> GGUFMatrix:
         """Row-wise concatenation (fused projections)."""

@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from stepserve.model.ggml_kernels import load_kernels
-from stepserve.model.gguf_convert import read_gguf, unpermute_rows
+from stepserve.model.gguf_convert import read_gguf
 from stepserve.model.llama import LlamaModel, inv_frequencies
 from stepserve.model.model_args import ModelArgs, load_model_args
 from stepserve.model.quant import (
@@ -162,12 +162,12 @@ PACKED_FORMAT = "stepserve-gguf-packed/1"
 # 1,913: the kernel at every size.
 GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
 
-# GGUF tensor -> (our parameter, number of heads whose rows to un-permute)
+# our projection -> (its block, the GGUF tensors it fuses)
 _PARTS = {
-    "qkv_proj": ("self_attn", [("attn_q", "heads"), ("attn_k", "kv_heads"), ("attn_v", None)]),
-    "o_proj": ("self_attn", [("attn_output", None)]),
-    "gate_up_proj": ("mlp", [("ffn_gate", None), ("ffn_up", None)]),
-    "down_proj": ("mlp", [("ffn_down", None)]),
+    "qkv_proj": ("self_attn", ["attn_q", "attn_k", "attn_v"]),
+    "o_proj": ("self_attn", ["attn_output"]),
+    "gate_up_proj": ("mlp", ["ffn_gate", "ffn_up"]),
+    "down_proj": ("mlp", ["ffn_down"]),
 }
 
 
@@ -195,27 +195,25 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
     state: dict[str, torch.Tensor] = {}
     types: dict[str, str] = {}
 
-    def put(name: str, parts: list[tuple[str, int | None]]) -> None:
-        src = [(tensors[n], heads) for n, heads in parts]
-        if len({t.type_name for t, _ in src}) == 1 and src[0][0].runs_quantised:
-            m = GGUFMatrix.cat([_unpermuted(t.matrix(), heads) for t, heads in src])
+    def put(name: str, parts: list[str]) -> None:
+        src = [tensors[n].unpermuted(args.num_heads, args.num_kv_heads) for n in parts]
+        if len({t.type_name for t in src}) == 1 and src[0].runs_quantised:
+            m = GGUFMatrix.cat([t.matrix() for t in src])
             state[f"{name}.qs"], state[f"{name}.scales"] = m.qs, m.scales
             types[name] = m.fmt
         else:
-            state[name] = torch.cat([_unpermuted(t.dequantized(), heads) for t, heads in src])
+            state[name] = torch.cat([t.dequantized() for t in src])
             types[name] = "F32"
 
-    heads = {"heads": args.num_heads, "kv_heads": args.num_kv_heads, None: None}
     for i in range(args.num_layers):
         for param, (block, parts) in _PARTS.items():
-            put(f"layers.{i}.{block}.{param}",
-                [(f"blk.{i}.{g}.weight", heads[h]) for g, h in parts])
-        put(f"layers.{i}.input_layernorm", [(f"blk.{i}.attn_norm.weight", None)])
-        put(f"layers.{i}.post_attention_layernorm", [(f"blk.{i}.ffn_norm.weight", None)])
-    put("norm", [("output_norm.weight", None)])
-    put("embed_tokens", [("token_embd.weight", None)])
+            put(f"layers.{i}.{block}.{param}", [f"blk.{i}.{g}.weight" for g in parts])
+        put(f"layers.{i}.input_layernorm", [f"blk.{i}.attn_norm.weight"])
+        put(f"layers.{i}.post_attention_layernorm", [f"blk.{i}.ffn_norm.weight"])
+    put("norm", ["output_norm.weight"])
+    put("embed_tokens", ["token_embd.weight"])
     if "output.weight" in tensors:
-        put("lm_head", [("output.weight", None)])
+        put("lm_head", ["output.weight"])
     if args.tie_word_embeddings != ("output.weight" not in tensors):
         raise ValueError(f"config says tie_word_embeddings = {args.tie_word_embeddings}, "
                          f"the GGUF {'has' if 'output.weight' in tensors else 'lacks'} "
@@ -226,14 +224,6 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
         gguf_path), "types": json.dumps(types)})
     os.replace(tmp, out)
     return out
-
-
-def _unpermuted(w: GGUFMatrix | torch.Tensor, heads: int | None) -> GGUFMatrix | torch.Tensor:
-    """w with llama.cpp's Q/K row permutation undone (heads: None for other tensors)."""
-    if heads is None:
-        return w
-    rows = unpermute_rows(w.shape[0], heads)
-    return w.select_rows(rows) if isinstance(w, GGUFMatrix) else w.index_select(0, rows)
 
 
 def _read_packed(path: Path,
