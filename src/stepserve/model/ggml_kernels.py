@@ -202,24 +202,16 @@ def read_layout(lib: ctypes.CDLL, where: str) -> KernelLayout:
 Shape = tuple[int | None, ...]  # None: any size in that dimension
 
 
-def _matches(got: torch.Size, want: Shape) -> bool:
-    """got against a shape with wildcards (the slower path: a concrete shape compares at
-    once)."""
-    return len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
-
-
 def _wanted(dtype: torch.dtype, shape: Shape | None, ndim: int | None, numel: int | None,
             at_least: int | None) -> str:
-    text = f"a contiguous {str(dtype).removeprefix('torch.')} CPU tensor"
-    if ndim is not None:
-        text += f" of {ndim} dimensions"
-    if shape is not None:
-        text += f" of shape [{', '.join('*' if s is None else str(s) for s in shape)}]"
-    if numel is not None:
-        text += f" of {numel} elements"
-    if at_least is not None:
-        text += f" of at least {at_least} elements"
-    return text
+    """What a kernel reads, as the error says it: each given constraint an "of ..." part."""
+    dims = None if shape is None else ", ".join("*" if s is None else str(s) for s in shape)
+    parts = [f"a contiguous {str(dtype).removeprefix('torch.')} CPU tensor"]
+    for value, text in ((ndim, f"{ndim} dimensions"), (dims, f"shape [{dims}]"),
+                        (numel, f"{numel} elements"), (at_least, f"at least {at_least} elements")):
+        if value is not None:
+            parts.append(text)
+    return " of ".join(parts)
 
 
 def _got(t: object) -> str:
@@ -238,7 +230,9 @@ def tensor_pointer(what: str, t: torch.Tensor, dtype: torch.dtype, shape: Shape 
     least that many elements."""
     if (not isinstance(t, torch.Tensor) or t.dtype is not dtype or not t.is_cpu
             or not t.is_contiguous()
-            or (shape is not None and t.shape != shape and not _matches(t.shape, shape))
+            or (shape is not None and t.shape != shape  # else compare with the wildcards
+                and not (len(t.shape) == len(shape)
+                         and all(w is None or g == w for g, w in zip(t.shape, shape))))
             or (ndim is not None and t.dim() != ndim)
             or (numel is not None and t.numel() != numel)
             or (at_least is not None and t.numel() < at_least)):

@@ -26,7 +26,7 @@ from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
 from stepserve.model.model_args import ModelArgs
-from stepserve.model.modes import choose_quantization, describe_quantization, weight_nbytes
+from stepserve.model.modes import MODE_DESCRIPTIONS, choose_quantization, weight_nbytes
 from stepserve.model.paged_attention import (
     GatherBuffers,
     build_attention_metadata,
@@ -164,7 +164,7 @@ class TorchRunner:
 
     def describe(self) -> str:
         a = self.args
-        weights = describe_quantization(self.quantization)
+        weights = MODE_DESCRIPTIONS[self.quantization]
         if self.quantization_note is not None:
             weights += f" ({self.quantization_note})"
         return (f"{self.model_path} ({a.architecture}, {a.num_parameters / 1e6:.1f}M params, "

@@ -1,18 +1,13 @@
 """`stepserve profile`: measure the real engine's step time over a grid of the batches the
 scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
 
-The grid: decode-only steps over batch size x context length; prefill chunks of several
-sizes (128 among them: the chunk a CPU's step budget makes), fresh and after a quarter
-and half of max_len cached; mixed steps (a chunk riding with 4, 16 or 32 decodes at a
-short and a long context, small chunks and large ones); KV block copies for swap. Each
-point is warmed up, then timed `repeats` times; the median is fitted, the spread (min,
-max) kept. The engine's own per-step work around the model
-(scheduling, sampling bookkeeping, detokenizing, Python) is measured by running a real
-workload through LLMEngine and subtracting the runner's time from each step's wall time;
-fitted on the step's sequences and on the requests that joined its batch (new or
-recomputed ones), it adds to the fixed, per-sequence and join terms: the
-scheduling overhead that makes a continuous engine's steps dearer than a static batch's.
-
+The grid: decode-only steps over batch size x context length; prefill chunks, fresh and
+after a quarter and half of max_len cached; a chunk riding with decodes; KV block copies
+for swap. Each point is timed `repeats` times after `warmup` rounds; the median is
+fitted, the spread kept. The engine's own work around the model (scheduling,
+bookkeeping, detokenizing, Python) is the wall time of a real LLMEngine workload's steps
+less the runner's time, fitted per step, per sequence and per request joining the batch:
+the overhead that makes a continuous engine's steps dearer than a static batch's.
 Every fourth grid point is held out: the model fitted on the others predicts them, and
 that error is the fit error reported. The final coefficients come from all points.
 """
