@@ -363,27 +363,22 @@ def _llama_names(gguf: GGUFFile) -> dict[str, str] | None:
     return None if None in names.values() else names  # type: ignore[return-value]
 
 
-def _kernels_or_none():
-    from stepserve.model.ggml_kernels import KernelsUnavailable, load_kernels
-
-    try:
-        return load_kernels()
-    except KernelsUnavailable:
-        return None
-
-
 def write_float_weights(gguf: GGUFFile, num_heads: int, num_kv_heads: int,
                         out: Path) -> None:
     """Every tensor of `gguf` dequantised to float32 under its Hugging Face name, Q and K
     rows un-permuted, written as one safetensors file."""
     from safetensors.torch import save_file
 
+    from stepserve.model.ggml_kernels import KernelsUnavailable, load_kernels
+
     names = _llama_names(gguf)
     assert names is not None, "the caller checked the fast path applies"
-    kernels = _kernels_or_none()  # Q4_1 and Q8_0 in one threaded pass where they build
-    state = {}
-    for name, t in gguf.tensors.items():
-        state[names[name]] = t.unpermuted(num_heads, num_kv_heads).dequantized(kernels)
+    try:  # Q4_1 and Q8_0 in one threaded pass where the kernels build
+        kernels = load_kernels()
+    except KernelsUnavailable:
+        kernels = None
+    state = {names[name]: t.unpermuted(num_heads, num_kv_heads).dequantized(kernels)
+             for name, t in gguf.tensors.items()}
     save_file(state, str(out), metadata={"format": "pt"})
 
 

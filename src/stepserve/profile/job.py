@@ -80,8 +80,7 @@ def grid(quick: bool, max_len: int) -> list[GridPoint]:
 
 @dataclass
 class ProfileResult:
-    cost: CalibratedCost
-    points: list[dict[str, Any]] = field(default_factory=list)
+    cost: CalibratedCost  # its meta holds every grid point's timings
     held_out_error: dict[str, float] = field(default_factory=dict)  # median, p90, max
     overhead: dict[str, float] = field(default_factory=dict)  # per step, per sequence (s)
 
@@ -233,7 +232,7 @@ def profile(opts: ProfileOptions,
             "block_size": opts.block_size, "grid": records, "fit_error": held_out,
             "engine_overhead": {"step_s": step_s, "seq_s": seq_s, "join_s": join_s}}
     cost = CalibratedCost(coefficients, opts.knee_tokens, meta)
-    return ProfileResult(cost, records, held_out,
+    return ProfileResult(cost, held_out,
                          {"step": step_s, "seq": seq_s, "join": join_s})
 
 
