@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from stepserve.model import ggml_kernels, kernel_cache
+from stepserve.model import ggml_kernels
 from stepserve.model.ggml_kernels import KernelsUnavailable, kernels_unavailable_reason
 from stepserve.model.runner import TorchRunner
 
@@ -57,7 +57,7 @@ def test_a_failing_compiler_is_reported_and_tried_once(fresh_cache, tmp_path, mo
         with pytest.raises(KernelsUnavailable, match="no AVX2 here"):
             ggml_kernels.load_kernels()
     # Its version asked once (the build key), one build tried.
-    assert calls.read_text().split() == ["--version", kernel_cache.CFLAGS[0]]
+    assert calls.read_text().split() == ["--version", ggml_kernels.CFLAGS[0]]
     assert not [p for p in os.listdir(fresh_cache / "kernels")]  # no half-built library
 
 

@@ -1,4 +1,4 @@
-"""The fast GGUF conversion (gguf_file.py, gguf_convert.py) against the slow authorities:
+"""The fast GGUF conversion (gguf_convert.py) against the slow authorities:
 gguf-py's reader for what the file holds, the tiny GGUF's float32 reference for the
 dequantised, un-permuted weights, transformers' GGUF loader for the config."""
 
@@ -11,8 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from stepserve.model.gguf_convert import find_smollm2_gguf, llama_config, write_float_weights
-from stepserve.model.gguf_file import read_gguf
+from stepserve.model.gguf_convert import (
+    find_smollm2_gguf,
+    llama_config,
+    read_gguf,
+    write_float_weights,
+)
 
 gguf = pytest.importorskip("gguf")
 

@@ -12,9 +12,9 @@ import torch
 from tiny_gguf import llama_cpp_permute
 
 from stepserve.model.ggml_kernels import kernels_unavailable_reason
-from stepserve.model.gguf_file import unpermute_rows
-from stepserve.model.gguf_weights import load_packed_model, packed_path
+from stepserve.model.gguf_convert import unpermute_rows
 from stepserve.model.runner import TorchRunner
+from stepserve.model.weights import load_packed_model, packed_path
 
 gguf = pytest.importorskip("gguf")
 needs_kernels = pytest.mark.skipif(kernels_unavailable_reason() is not None,

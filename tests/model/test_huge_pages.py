@@ -1,4 +1,4 @@
-"""The GGUF weights moved into one huge-page arena (huge_pages.py): the same values, the
+"""The GGUF weights moved into one huge-page arena (weights.py): the same values, the
 tied table still shared, every kernel pointer inside the arena, the same tokens."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import sys
 import pytest
 import torch
 
-from stepserve.model import gguf_weights
+from stepserve.model import weights
 from stepserve.model.fused_decode import FMT_F32
 from stepserve.model.ggml_kernels import kernels_unavailable_reason
-from stepserve.model.huge_pages import ALIGN, move_to_huge_pages
 from stepserve.model.quant import GGUFEmbedding, GGUFLinear
 from stepserve.model.runner import TorchRunner
+from stepserve.model.weights import ALIGN, move_to_huge_pages
 
 pytestmark = [
     pytest.mark.skipif(kernels_unavailable_reason() is not None,
@@ -49,7 +49,7 @@ def test_every_quantised_buffer_lives_in_one_aligned_arena(gguf_dir):
 
 def test_values_and_greedy_tokens_are_unchanged(gguf_dir, driver, monkeypatch):
     moved = runner(gguf_dir)
-    monkeypatch.setattr(gguf_weights, "move_to_huge_pages", lambda model: 0)
+    monkeypatch.setattr(weights, "move_to_huge_pages", lambda model: 0)
     kept = runner(gguf_dir)
     for a, b in zip(gguf_modules(moved.model), gguf_modules(kept.model)):
         assert a.qs.data_ptr() != b.qs.data_ptr()

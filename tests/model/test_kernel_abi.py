@@ -15,13 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from stepserve.model import ggml_kernels, kernel_cache
+from stepserve.model import ggml_kernels
 from stepserve.model.fused_decode import FusedDecoder
-from stepserve.model.ggml_kernels import FMT_Q4_1, KernelsUnavailable, kernels_unavailable_reason
-from stepserve.model.kernel_abi import ABI_VERSION, KERNEL_OUT_OF_MEMORY
+from stepserve.model.ggml_kernels import (
+    ABI_VERSION,
+    FMT_Q4_1,
+    KERNEL_OUT_OF_MEMORY,
+    KernelsUnavailable,
+    kernels_unavailable_reason,
+)
+from stepserve.model.llama import rope_cos_sin
 from stepserve.model.modes import choose_quantization
 from stepserve.model.paged_attention import build_attention_metadata
-from stepserve.model.rope import rope_cos_sin
 from stepserve.model.runner import TorchRunner
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,
@@ -36,7 +41,7 @@ def plant_variant(tmp_path: Path, *defines: str,
     src, cache = tmp_path / "src", tmp_path / "cache" / "kernels"
     src.mkdir()
     cache.mkdir(parents=True, mode=0o700)
-    for f in (*kernel_cache.SOURCES, *kernel_cache.HEADERS):
+    for f in (*ggml_kernels.SOURCES, *ggml_kernels.HEADERS):
         shutil.copy(f, src / f.name)
     if edit is not None:
         header = src / "kernel_abi.h"
@@ -44,9 +49,9 @@ def plant_variant(tmp_path: Path, *defines: str,
         assert edited != header.read_text()
         header.write_text(edited)
     isa = ggml_kernels.choose_isa()
-    subprocess.run([kernel_cache.compiler(), *kernel_cache.CFLAGS, *kernel_cache.ISAS[isa][0],
-                    *defines, "-o", str(cache / kernel_cache.library_name(isa)),
-                    *(str(src / f.name) for f in kernel_cache.SOURCES)],
+    subprocess.run([ggml_kernels.compiler(), *ggml_kernels.CFLAGS, *ggml_kernels.ISAS[isa][0],
+                    *defines, "-o", str(cache / ggml_kernels.library_name(isa)),
+                    *(str(src / f.name) for f in ggml_kernels.SOURCES)],
                    check=True, capture_output=True)
     return cache
 
@@ -77,9 +82,9 @@ def test_a_library_of_another_layout_is_refused_with_the_reason(tmp_path, monkey
 def test_a_library_with_the_layout_but_not_the_kernels_is_refused(tmp_path):
     cache = tmp_path / "kernels"
     cache.mkdir(mode=0o700)
-    abi = next(f for f in kernel_cache.SOURCES if f.name == "kernel_abi.c")
-    subprocess.run([kernel_cache.compiler(), "-shared", "-fPIC", "-o",
-                    str(cache / kernel_cache.library_name(ggml_kernels.choose_isa())),
+    abi = next(f for f in ggml_kernels.SOURCES if f.name == "kernel_abi.c")
+    subprocess.run([ggml_kernels.compiler(), "-shared", "-fPIC", "-o",
+                    str(cache / ggml_kernels.library_name(ggml_kernels.choose_isa())),
                     str(abi)], check=True)
     with pytest.raises(KernelsUnavailable, match="lacks an entry point"):
         ggml_kernels.load_kernels(cache)

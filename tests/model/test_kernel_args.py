@@ -1,4 +1,4 @@
-"""Tensors are checked before their pointers cross to the kernels (kernel_abi.py): a wrong
+"""Tensors are checked before their pointers cross to the kernels (ggml_kernels.py): a wrong
 dtype, a non-contiguous view, another device, a wrong shape or size, a format the build
 cannot run, or a row index out of range is a clear KernelArgumentError naming the
 argument, never garbage read from raw memory or a crashed process."""
@@ -16,8 +16,8 @@ from stepserve.model.ggml_kernels import (
     kernels_unavailable_reason,
     load_kernels,
 )
+from stepserve.model.llama import rope_cos_sin
 from stepserve.model.paged_attention import build_attention_metadata
-from stepserve.model.rope import rope_cos_sin
 from stepserve.model.runner import TorchRunner
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,

@@ -1,4 +1,4 @@
-"""The kernel cache (kernel_cache.py): only a folder and library this user alone owns are
+"""The kernel cache (ggml_kernels.py): only a folder and library this user alone owns are
 loaded, never through a symbolic link; an untrusted or read-only cache means a private
 build (one warning), not float weights; the build key follows the compiler's version;
 old builds are removed once the current one has loaded.
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from stepserve.model import ggml_kernels, kernel_cache
+from stepserve.model import ggml_kernels
 from stepserve.model.ggml_kernels import FMT_Q4_1, kernels_unavailable_reason
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,
                                 reason=str(kernels_unavailable_reason()))
-LOGGER = "stepserve.model.kernel_cache"
+LOGGER = "stepserve.model.ggml_kernels"
 PLANTED = """
 #include <stdio.h>
 __attribute__((constructor)) static void planted(void) {
@@ -38,7 +38,7 @@ def plant(lib: Path, marker: Path) -> None:
     (in a child process: loading it here is what the tests must show never happens)."""
     source = lib.parent.parent / f"{lib.name}.c"
     source.write_text(PLANTED)
-    subprocess.run([kernel_cache.compiler(), "-shared", "-fPIC", f'-DMARKER="{marker}"',
+    subprocess.run([ggml_kernels.compiler(), "-shared", "-fPIC", f'-DMARKER="{marker}"',
                     "-o", str(lib), str(source)], check=True)
     subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(lib)!r})"],
                    check=True)
@@ -47,7 +47,7 @@ def plant(lib: Path, marker: Path) -> None:
 
 
 def expected_name() -> str:
-    return kernel_cache.library_name(ggml_kernels.choose_isa())
+    return ggml_kernels.library_name(ggml_kernels.choose_isa())
 
 
 def assert_kernels_work(kernels: ggml_kernels.GGMLKernels) -> None:
@@ -133,15 +133,15 @@ def test_a_read_only_cache_builds_privately(cache, caplog, monkeypatch):
     if writes_anyway(cache):
         # Root ignores the mode, and a flag root does respect (chattr +i) needs a
         # capability and a filesystem that CI does not promise; so the one write into the
-        # folder (kernel_cache._temp_file) fails as the OS would fail it without root.
-        temp_file = kernel_cache._temp_file
+        # folder (ggml_kernels._temp_file) fails as the OS would fail it without root.
+        temp_file = ggml_kernels._temp_file
 
         def refuse(folder: Path) -> tuple[int, str]:
             if folder != cache:
                 return temp_file(folder)
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
 
-        monkeypatch.setattr(kernel_cache, "_temp_file", refuse)
+        monkeypatch.setattr(ggml_kernels, "_temp_file", refuse)
     load_privately(cache, caplog, "is not writable (Permission denied)")
     assert not os.listdir(cache)
 
@@ -157,27 +157,27 @@ def test_a_read_only_cache_with_the_library_in_it_is_used(cache, caplog):
 
 def test_the_build_key_follows_the_compilers_version(tmp_path, monkeypatch):
     cc = tmp_path / "cc"
-    real = kernel_cache.compiler()
+    real = ggml_kernels.compiler()
 
     def name_with(version: str) -> str:
         cc.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "{version}"; exit 0; }}\n'
                       f'exec {real} "$@"\n')
         cc.chmod(0o755)
-        kernel_cache.compiler_version.cache_clear()
-        return kernel_cache.library_name("avx2")
+        ggml_kernels.compiler_version.cache_clear()
+        return ggml_kernels.library_name("avx2")
 
     monkeypatch.setenv("CC", str(cc))
     names = {name_with("cc 12.2.0"), name_with("cc 13.1.0")}
     monkeypatch.delenv("CC")
-    kernel_cache.compiler_version.cache_clear()
-    names.add(kernel_cache.library_name("avx2"))
+    ggml_kernels.compiler_version.cache_clear()
+    names.add(ggml_kernels.library_name("avx2"))
     assert len(names) == 3
 
 
 def test_old_builds_are_removed_once_the_current_one_loads(cache):
-    other_isa = next(isa for isa in kernel_cache.ISAS if isa != ggml_kernels.choose_isa())
+    other_isa = next(isa for isa in ggml_kernels.ISAS if isa != ggml_kernels.choose_isa())
     others = ["ggml_kernels-avx2-notes.txt", "ggml_kernels-avx2-0123.so", "other.so",
-              kernel_cache.library_name(other_isa)]  # another build's current library stays
+              ggml_kernels.library_name(other_isa)]  # another build's current library stays
     # an old key, and a build for an instruction set no longer built
     old = [f"ggml_kernels-avx2-{'0' * 16}.so", f"ggml_kernels-avx512_vnni-{'a' * 16}.so"]
     for name in others + old:

@@ -24,7 +24,7 @@ def test_smollm2_shape_and_kv_bytes():
     assert a.rope_theta == 100000.0 and a.rope_scaling is None
     assert a.tie_word_embeddings and not a.attention_bias
     assert a.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4  # 45 KiB in float32
-    assert a.with_dtype("bfloat16").kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+    assert model_args_from_hf(SMOLLM2, "bfloat16").kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
     assert 134e6 < a.num_parameters < 135e6  # the 134.5M of the model card
 
 

@@ -65,22 +65,21 @@ def assert_float32_product(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) ->
 
 @pytest.mark.parametrize("fmt", [Q4_1, Q8_0])
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_blocks_round_trip_and_dequantize_like_gguf(fmt, n, k):
+def test_blocks_dequantize_like_gguf(fmt, n, k):
     blocks = gguf_blocks(fmt, n, k)
     m = GGUFMatrix.from_blocks(fmt, torch.from_numpy(blocks))
     assert m.shape == (n, k)
-    assert np.array_equal(m.to_blocks().numpy(), blocks)
     assert torch.equal(m.dequantize(), gguf_dequantized(fmt, blocks))
-    # quants() unpacks; packing them again gives the same bytes
-    assert torch.equal(GGUFMatrix.from_quants(fmt, m.quants(), m.scales).qs, m.qs)
 
 
 @pytest.mark.parametrize("fmt", [Q4_1, Q8_0])
 def test_row_selection_and_fusion_move_whole_rows(fmt):
-    a, wa = matrix(fmt, 48, 64, seed=1)
+    _, wa = matrix(fmt, 48, 64, seed=1)
     b, wb = matrix(fmt, 16, 64, seed=2)
     index = torch.randperm(48, generator=torch.Generator().manual_seed(0))
-    fused = GGUFMatrix.cat([a.select_rows(index), b])
+    # a row order on the file's bytes (how Q/K rows are un-permuted) moves whole rows
+    rows = GGUFMatrix.from_blocks(fmt, torch.from_numpy(gguf_blocks(fmt, 48, 64, 1)[index]))
+    fused = GGUFMatrix.cat([rows, b])
     assert torch.equal(fused.dequantize(), torch.cat([wa[index], wb]))
 
 
@@ -114,8 +113,8 @@ def test_linear_is_float32_math_on_the_dequantized_weights(fmt, n, k, rows, isa)
 
     m, w = matrix(fmt, n, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    kernel = GGUFLinear(m, None, load_kernels(isa=isa), DequantScratch(), gemm_rows=1 << 30)
-    gemm = GGUFLinear(m, None, load_kernels(isa=isa), DequantScratch(), gemm_rows=1)
+    kernel = GGUFLinear(m, load_kernels(isa=isa), DequantScratch(), gemm_rows=1 << 30)
+    gemm = GGUFLinear(m, load_kernels(isa=isa), DequantScratch(), gemm_rows=1)
     assert_float32_product(kernel(x), x, w)
     assert torch.equal(gemm(x), F.linear(x, w))  # the same GEMM on the same weights
     assert kernel(x.view(1, rows, k)).shape == (1, rows, n)
@@ -139,7 +138,7 @@ def test_linear_refuses_bfloat16_activations():
 
     m, _ = matrix(Q4_1, 16, 64)
     with pytest.raises(TypeError, match="float32"):
-        GGUFLinear(m, None, load_kernels(), DequantScratch(), 16)(torch.randn(1, 64).bfloat16())
+        GGUFLinear(m, load_kernels(), DequantScratch(), 16)(torch.randn(1, 64).bfloat16())
 
 
 @needs_kernels
@@ -152,7 +151,7 @@ def test_gemm_path_dequantizes_a_slice_of_rows_at_a_time(monkeypatch):
     m, w = matrix(Q8_0, 37, 64)
     scratch = DequantScratch()
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
-    y = GGUFLinear(m, None, load_kernels(), scratch, gemm_rows=1)(x)
+    y = GGUFLinear(m, load_kernels(), scratch, gemm_rows=1)(x)
     torch.testing.assert_close(y, F.linear(x, w), rtol=0, atol=1e-6)
     assert scratch.get(1, 1).untyped_storage().nbytes() <= 4 * 64 * 10
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stepserve.model.ggml_kernels import FMT_F32, GGMLKernels
-from stepserve.model.kernel_abi import PROJECTIONS, tensor_pointer
+from stepserve.model.ggml_kernels import FMT_F32, PROJECTIONS, GGMLKernels, tensor_pointer
 from stepserve.model.kv_store import KVStore
 from stepserve.model.llama import LlamaModel, RMSNorm
 from stepserve.model.paged_attention import AttentionMetadata
@@ -39,7 +38,7 @@ _F32, _I64 = torch.float32, torch.int64
 def _projection(module: nn.Module, kernels: GGMLKernels) -> tuple[int, int, int] | None:
     """(format, quants, scales) of a projection for struct decode_projection, or None if
     the kernel cannot run it."""
-    if isinstance(module, GGUFLinear) and module.bias is None:
+    if isinstance(module, GGUFLinear):
         qs, scales, _ = kernels.weights("decode_layers", module.kernel_format, module.qs,
                                         module.scales, module.in_features,
                                         module.out_features)
@@ -50,26 +49,14 @@ def _projection(module: nn.Module, kernels: GGMLKernels) -> tuple[int, int, int]
     return None
 
 
-def _norm_ok(norm: nn.Module) -> bool:
-    return (type(norm) is RMSNorm and norm.weight.dtype == torch.float32
-            and norm.weight.is_contiguous())
-
-
 class FusedDecoder:
     """The fused decode path of one model; `for_model` says whether it applies."""
 
     def __init__(self, model: LlamaModel, kernels: GGMLKernels, layer_words: list[int],
                  max_batch: int) -> None:
-        a = model.args
-        self.kernels, self.max_batch = kernels, max_batch
+        self.args, self.kernels, self.max_batch = model.args, kernels, max_batch
         self.layers = torch.tensor(layer_words, dtype=_I64)
-        self.num_layers = a.num_layers
-        self.eps, self.scale = float(a.rms_norm_eps), a.head_dim ** -0.5
-        self.hidden, self.head_dim, self.kv_heads = a.hidden_size, a.head_dim, a.num_kv_heads
-        self._sizes = {"hidden": a.hidden_size, "heads": a.num_heads,
-                       "kv_heads": a.num_kv_heads, "head_dim": a.head_dim,
-                       "intermediate": a.intermediate_size}
-        self.window = a.sliding_window or 0
+        self.window = model.args.sliding_window or 0
         self._scratch = torch.empty(0)
         self._dims: torch.Tensor | None = None
         self._dims_key: tuple[int, int, int] | None = None
@@ -86,7 +73,8 @@ class FusedDecoder:
         words: list[int] = []
         for layer in model.layers:
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if not all(_norm_ok(n) for n in norms):
+            if not all(type(n) is RMSNorm and n.weight.dtype == torch.float32
+                       and n.weight.is_contiguous() for n in norms):
                 return None
             found = {p: _projection(layer.get_submodule(m), kernels) for p, m in _MODULES.items()}
             projections = {p: v for p, v in found.items() if v is not None}
@@ -115,7 +103,7 @@ class FusedDecoder:
         b, heads, hd = q.shape
         q = q.contiguous()
         out = torch.empty(b, heads, hd)
-        cache = (kv.num_blocks, kv.block_size, self.kv_heads, hd)
+        cache = (kv.num_blocks, kv.block_size, self.args.num_kv_heads, hd)
         status = self.kernels.decode_attention_raw(
             tensor_pointer(f"{what}'s q", q, _F32, (b, heads, hd)), heads * hd,
             tensor_pointer(f"{what}'s k_cache", k_cache, _F32, cache),
@@ -130,42 +118,40 @@ class FusedDecoder:
 
     def _dims_for(self, kv: KVStore) -> torch.Tensor:
         """struct decode_dims, laid out as the library says."""
-        key = (kv.num_blocks, kv.block_size, self.window)
+        a, key = self.args, (kv.num_blocks, kv.block_size, self.window)
         if self._dims is None or self._dims_key != key:
-            words = self.kernels.layout.dims.words(**self._sizes, num_blocks=kv.num_blocks,
-                                                   block_size=kv.block_size, window=self.window)
+            words = self.kernels.layout.dims.words(
+                hidden=a.hidden_size, heads=a.num_heads, kv_heads=a.num_kv_heads,
+                head_dim=a.head_dim, intermediate=a.intermediate_size, num_blocks=kv.num_blocks,
+                block_size=kv.block_size, window=self.window)
             self._dims, self._dims_key = torch.tensor(words, dtype=_I64), key
         return self._dims
-
-    def _scratch_for(self, dims: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
-        need = self.kernels.scratch_floats(dims, rows)
-        if self._scratch.numel() < need:
-            self._scratch = torch.empty(need)
-        return self._scratch, need
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             meta: AttentionMetadata, kv: KVStore) -> torch.Tensor:
         """Every layer on x [B, hidden] (modified in place and returned); writes the step's
         K/V into `kv`. Call only where `applies` is true."""
-        b, hd, what = x.shape[0], self.head_dim, "decode_layers"
-        tables, lens = meta.decode_tables, meta.decode_lens
+        a, b, what = self.args, x.shape[0], "decode_layers"
+        hd, tables, lens = a.head_dim, meta.decode_tables, meta.decode_lens
         assert tables is not None and lens is not None
         cos, sin = cos.contiguous(), sin.contiguous()
         dims = self._dims_for(kv)
-        scratch, need = self._scratch_for(dims, b)
+        need = self.kernels.scratch_floats(dims, b)
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need)
         status = self.kernels.decode_layers_raw(
             tensor_pointer(f"{what}' layers", self.layers, _I64,
-                           (self.num_layers * self.kernels.layout.layer.size,)),
-            self.num_layers, tensor_pointer(f"{what}' dims", dims, _I64), self.eps,
-            self.scale, tensor_pointer(f"{what}' x", x, _F32, (b, self.hidden)), b,
+                           (a.num_layers * self.kernels.layout.layer.size,)),
+            a.num_layers, tensor_pointer(f"{what}' dims", dims, _I64), float(a.rms_norm_eps),
+            hd ** -0.5, tensor_pointer(f"{what}' x", x, _F32, (b, a.hidden_size)), b,
             tensor_pointer(f"{what}' cos", cos, _F32, (b, hd)),
             tensor_pointer(f"{what}' sin", sin, _F32, (b, hd)),
             tensor_pointer(f"{what}' slot_mapping", meta.slot_mapping, _I64, (b,)),
             tensor_pointer(f"{what}' decode_tables", tables, _I64, (b, None)), tables.shape[1],
             tensor_pointer(f"{what}' decode_lens", lens, _I64, (b,)),
-            tensor_pointer(f"{what}' kv", kv.kv, _F32, (self.num_layers, 2, kv.num_blocks,
-                                                           kv.block_size, self.kv_heads, hd)),
-            tensor_pointer(f"{what}' scratch", scratch, _F32, at_least=need),
+            tensor_pointer(f"{what}' kv", kv.kv, _F32, (a.num_layers, 2, kv.num_blocks,
+                                                           kv.block_size, a.num_kv_heads, hd)),
+            tensor_pointer(f"{what}' scratch", self._scratch, _F32, at_least=need),
             torch.get_num_threads())
         self.kernels.check_status(status, what)
         self.steps += 1

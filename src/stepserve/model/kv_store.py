@@ -43,15 +43,6 @@ class KVStore:
         """K and V of layer i, each [num_blocks, block_size, kv_heads, head_dim]."""
         return self.kv[i, 0], self.kv[i, 1]
 
-    @property
-    def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
-
-    @property
-    def block_nbytes(self) -> int:
-        """Bytes one block holds across all layers (what a swap of it moves)."""
-        return self.nbytes // self.num_blocks
-
     def copy_blocks_to_cpu(self, pairs: list[tuple[int, int]]) -> None:
         """Swap out: (device block, cpu block) pairs, as in SchedulerOutput.swap_out."""
         if not pairs:
@@ -97,10 +88,6 @@ def _meminfo_bytes(field: str) -> int | None:
     except OSError:
         return None
     return None
-
-
-def _mem_available_bytes() -> int | None:
-    return _meminfo_bytes("MemAvailable")
 
 
 def memory_total_and_free(device: str | torch.device = "cpu") -> tuple[int, int] | None:
@@ -149,7 +136,7 @@ def default_kv_budget(device: str | torch.device = "cpu", cpu_fraction: float = 
         free, _ = torch.cuda.mem_get_info(device)
         return KVBudget(int(free * cuda_fraction),
                         f"{cuda_fraction:.0%} of {free / GiB:.1f} GiB free on {device}")
-    avail = _mem_available_bytes()
+    avail = _meminfo_bytes("MemAvailable")
     if avail is None:  # not Linux: assume a small machine rather than guess high
         avail = 2 * cpu_cap
         source = "MemAvailable unknown"

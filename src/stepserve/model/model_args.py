@@ -9,7 +9,7 @@ and Mistral's sliding window.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +76,6 @@ class ModelArgs:
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
-    def with_dtype(self, dtype: str) -> ModelArgs:
-        from dataclasses import replace
-
-        return replace(self, dtype=dtype)
-
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """Rope base and scaling from either config style: transformers 5 writes
@@ -95,10 +90,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     kind = scaling.get("rope_type", "default")
     if kind == "default":
         return theta, None
-    if kind not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope scaling type {kind!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
-    if kind == "llama3":
+    if kind == "llama3":  # an unsupported kind: ModelArgs refuses it
         scaling.setdefault("original_max_position_embeddings",
                            cfg.get("max_position_embeddings", 8192))
     return theta, scaling
@@ -158,11 +150,7 @@ def load_model_args(model_dir: str | Path, dtype: str = "float32") -> ModelArgs:
                                 "model directory?")
     args = model_args_from_hf(json.loads(path.read_text()), dtype)
     eos = generation_eos_ids(model_dir)
-    if eos:
-        from dataclasses import replace
-
-        args = replace(args, eos_token_ids=eos)
-    return args
+    return replace(args, eos_token_ids=eos) if eos else args
 
 
 def generation_eos_ids(model_dir: str | Path) -> tuple[int, ...]:

@@ -5,14 +5,11 @@
     none          bfloat16  bfloat16 GEMM                    bfloat16
     q4_1          float32   GGUF Q4_1 groups, our kernels    GGUF Q8_0 groups, our kernels
 
-"auto" (the default) is q4_1 where it can run (a model with a GGUF source, the CPU, float32,
-kernels that build here) and none elsewhere, with the reason it fell back. q4_1 is the
-fastest mode on every CPU measured, at every batch size, and its greedy output equals the
-float32 reference on the same dequantised weights (tests/model/test_quantized_smollm2.py);
-none is that reference, and the only mode for a model without a GGUF or on CUDA.
-docs/benchmarks.md ("Weight modes kept") has the measurements, and the modes dropped.
-
-This module imports no torch at load time: the CLI reads `QUANTIZATION_CHOICES` from it.
+"auto" (the default) is q4_1 where it can run (a GGUF source, the CPU, float32, kernels
+that build here), else none with the reason. q4_1 is the fastest mode on every CPU
+measured, at every batch size, and its greedy output equals the float32 reference on the
+same dequantised weights (docs/benchmarks.md, "Weight modes kept"). Imports no torch at
+load time: the CLI reads `QUANTIZATION_CHOICES` from it.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ if TYPE_CHECKING:
 
 MODES = ("none", "q4_1")  # what a runner loads; "auto" picks one of them
 QUANTIZATION_CHOICES = ("auto", *MODES)
-_DESCRIPTIONS = {"none": "float", "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)"}
+MODE_DESCRIPTIONS = {"none": "float", "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)"}
 
 
 def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
@@ -60,10 +57,6 @@ def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
     if reason is not None:
         raise ValueError(f"quantization = {wanted!r} is unavailable here: {reason}")
     return wanted, None
-
-
-def describe_quantization(mode: str) -> str:
-    return _DESCRIPTIONS[mode]
 
 
 def _unique_nbytes(tensors: list[torch.Tensor]) -> int:

@@ -1,14 +1,11 @@
-"""OpenMP thread pools and the thread that steps the engine.
+"""Freeing the calling thread's OpenMP workers, so the engine thread's pool is the only one.
 
-libgomp (torch's OpenMP runtime, which our kernels share) keeps one pool of worker threads
-per thread that has started a parallel region. While there are more such threads than
-CPUs, it "throttles": a worker waiting for the next region spins ~100 times and then
-sleeps in the kernel, so every region pays a wake-up. The server steps the engine on a
-thread of its own after the model was loaded (with torch ops, on the main thread): two
-pools on two cores, and a batch-1 decode step of the default model took 12-13 ms instead
-of 4, every GGUF matrix product ~130 us instead of ~40 (measured on an AMD EPYC, 2
-cores). `release_openmp_pool()` frees the calling thread's pool (OpenMP 5's
-omp_pause_resource_all, soft), so that the engine thread's pool is the only one.
+libgomp (torch's OpenMP runtime, which our kernels share) keeps one pool of workers per
+thread that has started a parallel region; with more such threads than CPUs it throttles
+(a waiting worker soon sleeps in the kernel, so every region pays a wake-up). The server
+loads the model on the main thread and steps the engine on another: two pools on two
+cores made a batch-1 decode step of the default model 12-13 ms instead of 4 (measured on
+an AMD EPYC, 2 cores).
 """
 
 from __future__ import annotations

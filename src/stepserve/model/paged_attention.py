@@ -2,30 +2,26 @@
 
 A step's batch is flattened: sequence b contributes `n_b` query tokens at positions
 `start_b .. start_b + n_b - 1` and attends to its keys at positions `0 .. start_b + n_b - 1`
-(causally). Prefill, chunked prefill and decode are the same rule; only n_b differs.
-
-The batch is laid out decode sequences first (n_b == 1), then the others, and each group
-runs as one batched tensor operation:
+(causally). Prefill, chunked prefill and decode are the same rule; only n_b differs. New
+K/V are written into the cache first (one index_copy per tensor via the slot mapping),
+so a query sees its own token and the rest of its chunk through the cache. The batch is
+laid out decode sequences first (n_b == 1), then the others, and each group runs as one
+batched tensor operation, so a long prompt chunk does not pad every decode query:
 
 * decode: gather every sequence's blocks into a padded `[B, ctx, kv_heads, head_dim]`
   tensor with one index op on the block tables, then one SDPA call with a padding mask.
-  Sequences come sorted by context length and are cut into a few buckets, each padded
-  only to its own longest context, so 54 short chats do not pad to 10 long reports.
-  Where the GGUF kernels run the model on a float32 CPU cache, the decode rows skip
-  all this and attend off the paged cache in C (`AttentionMetadata.decode_kernel`,
-  decode_attention.c): a mixed step of 31 decodes at 1,100 tokens and a 108-token
-  chunk went from 597 to 475 ms on 2 AVX2 cores.
+  Sequences come sorted by context length and cut into a few buckets, each padded only
+  to its own longest context, so 54 short chats do not pad to 10 long reports. Where the
+  GGUF kernels run the model on a float32 CPU cache, the decode rows attend off the
+  paged cache in C instead (`AttentionMetadata.decode_kernel`, decode_attention.c): a
+  mixed step of 31 decodes at 1,100 tokens and a 108-token chunk went from 597 to 475 ms
+  on 2 AVX2 cores.
 * prefill (n_b > 1, any start): pad queries to `[B, max_q]`, gather contexts the same
   way, one SDPA call with a causal + padding mask, then unpad.
 
-Splitting the groups keeps a long prompt chunk from padding every decode query to its
-length. New K/V are written into the cache first (one index_copy per tensor via the slot
-mapping), so a query sees its own token and the rest of its chunk through the cache.
-
 Measured on 2 CPU cores (SmolLM2 shapes, batch 64, context 64): SDPA on the gathered,
 transposed views took 0.9 ms per layer against 2.6 ms for explicit matmul + softmax and
-2.1 ms for SDPA on contiguous copies; the gather itself was half of it (before it moved
-from advanced indexing to index_select, which is 3x faster).
+2.1 ms for SDPA on contiguous copies.
 """
 
 from __future__ import annotations
@@ -101,11 +97,6 @@ class AttentionMetadata:
         return self.decode_groups()
 
 
-def _pad_tables(tables: list[list[int]], width: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in tables],
-                        dtype=torch.long, device=device)
-
-
 def _window_mask(kpos: torch.Tensor, qpos: torch.Tensor, window: int | None) -> torch.Tensor:
     """Causal mask (keys at or before the query), optionally a sliding window."""
     mask = kpos <= qpos
@@ -132,7 +123,8 @@ def build_attention_metadata(starts: list[int], num_tokens: list[int],
             raise ValueError(f"sequence {b}: {len(table)} blocks cannot hold {end} tokens")
 
     width = -(-max(ends) // block_size)
-    tables = _pad_tables(block_tables, width, torch.device("cpu"))
+    tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in block_tables],
+                          dtype=torch.long)
     if num_decode == num_seqs:  # one token each, at its start: two lists, no tensor ops
         positions = torch.tensor(starts, dtype=torch.long)
         slots = torch.tensor([t[p // block_size] * block_size + p % block_size
@@ -216,10 +208,7 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor,
     b, w = tables.shape
     # index_select on the flat table copies whole blocks; `cache[tables]` (advanced
     # indexing) is 3x slower for the same bytes on CPU (15 MB: 0.54 ms against 1.61 ms).
-    if out is None:
-        blocks = cache.index_select(0, tables.reshape(-1))
-    else:
-        blocks = torch.index_select(cache, 0, tables.reshape(-1), out=out)
+    blocks = torch.index_select(cache, 0, tables.reshape(-1), out=out)
     return blocks.view(b, w * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
 
 

@@ -44,10 +44,6 @@ class GGUFMatrix:
         n = self.qs.shape[0]
         return n, self.scales.shape[1] * GROUP
 
-    @property
-    def nbytes(self) -> int:
-        return self.qs.nbytes + self.scales.nbytes
-
     @classmethod
     def from_blocks(cls, fmt: str, blocks: torch.Tensor) -> GGUFMatrix:
         """From the file's bytes: uint8 [N, K/32 * block bytes] (GGUF blocks in row order)."""
@@ -61,27 +57,6 @@ class GGUFMatrix:
         if fmt == Q8_0:
             return cls(fmt, qs.view(torch.int8), scales.squeeze(-1).contiguous())
         return cls(fmt, qs, scales)
-
-    @classmethod
-    def from_quants(cls, fmt: str, q: torch.Tensor, scales: torch.Tensor) -> GGUFMatrix:
-        """The inverse of `quants()`: q [N, K] in element order, packed."""
-        n, k = q.shape
-        if fmt == Q8_0:
-            return cls(fmt, q.to(torch.int8).contiguous(), scales)
-        groups = q.to(torch.uint8).view(n, k // GROUP, GROUP)
-        packed = groups[..., :GROUP // 2] | (groups[..., GROUP // 2:] << 4)
-        return cls(fmt, packed.reshape(n, k // 2).contiguous(), scales)
-
-    def to_blocks(self) -> torch.Tensor:
-        """The inverse of `from_blocks`: the GGUF's bytes, uint8 [N, K/32 * block bytes]."""
-        n, k = self.shape
-        scales = self.scales.reshape(n, k // GROUP, -1).contiguous().view(torch.uint8)
-        qs = self.qs.view(torch.uint8).view(n, k // GROUP, -1)
-        return torch.cat([scales, qs], dim=-1).reshape(n, -1)
-
-    def select_rows(self, index: torch.Tensor) -> GGUFMatrix:
-        return GGUFMatrix(self.fmt, self.qs.index_select(0, index),
-                          self.scales.index_select(0, index))
 
     @staticmethod
     def cat(parts: list[GGUFMatrix]) -> GGUFMatrix:
@@ -126,22 +101,17 @@ class DequantScratch:
 
 
 class GGUFLinear(nn.Module):
-    """y = x @ W.T (+ b), W a `GGUFMatrix`, x float32."""
+    """y = x @ W.T, W a `GGUFMatrix`, x float32 (the quantised loader refuses biases)."""
 
-    def __init__(self, weight: GGUFMatrix, bias: torch.Tensor | None, kernels: GGMLKernels,
-                 scratch: DequantScratch, gemm_rows: int) -> None:
+    def __init__(self, weight: GGUFMatrix, kernels: GGMLKernels, scratch: DequantScratch,
+                 gemm_rows: int) -> None:
         super().__init__()
         self.fmt = weight.fmt
         self.kernel_format = KERNEL_FORMAT[weight.fmt]
         self.out_features, self.in_features = weight.shape
         self.register_buffer("qs", weight.qs)
         self.register_buffer("scales", weight.scales)
-        self.bias = bias
         self.kernels, self.scratch, self.gemm_rows = kernels, scratch, gemm_rows
-
-    @property
-    def weight_nbytes(self) -> int:
-        return self.qs.nbytes + self.scales.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Lean on purpose: a decode step makes ~120 of these calls, each a few tens of
@@ -155,8 +125,6 @@ class GGUFLinear(nn.Module):
         else:
             y = self.kernels.matmul(self.kernel_format, x2, self.qs, self.scales,
                                     torch.empty(x2.shape[0], self.out_features))
-            if self.bias is not None:
-                y += self.bias
         return y if x.dim() == 2 else y.view(*lead, self.out_features)
 
     def _dequantize_and_gemm(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,7 +135,7 @@ class GGUFLinear(nn.Module):
         if step == n:
             w = self.scratch.get(n, k)
             self.kernels.dequantize(self.kernel_format, self.qs, self.scales, k, w)
-            return F.linear(x, w, self.bias)
+            return F.linear(x, w)
         y = torch.empty(x.shape[0], n)
         for n0 in range(0, n, step):
             rows = min(step, n - n0)
@@ -175,8 +143,6 @@ class GGUFLinear(nn.Module):
             self.kernels.dequantize(self.kernel_format, self.qs[n0:n0 + rows],
                                     self.scales[n0:n0 + rows], k, w)
             y[:, n0:n0 + rows] = F.linear(x, w)
-        if self.bias is not None:
-            y += self.bias
         return y
 
     def extra_repr(self) -> str:

@@ -1,18 +1,11 @@
 """`TorchRunner`: executes a `SchedulerOutput` on a real model with a paged KV cache.
 
-One step: block copies (swap out, then swap in), build the flattened ragged batch,
-one forward pass, sample the rows whose chunk reaches the end of their sequence. The
-runner never mutates requests; the scheduler advances `num_computed_tokens` and appends
-the sampled tokens in `update_from_output`.
-
-Block ids come in the SchedulerOutput (`block_tables`, from the KV block manager the
-engine core owns); the runner only sizes its KV store (`num_gpu_blocks`) and copies and
-reads blocks by id.
-
-A step's ragged batch is flattened into a `StepBatch`: sequences go decode first
-(paged_attention.decode_first_order); each contributes the tokens it computes this step,
-its block table, and, where its chunk reaches the end of the sequence, a row to sample;
-rows that score prompt tokens (prompt logprobs) are listed apart.
+One step: block copies (swap out, then swap in), the flattened ragged batch (decode
+first), one forward pass, and a sample for each sequence whose chunk reaches its end.
+The runner never mutates requests (the scheduler advances them in
+`update_from_output`), and block ids come in the SchedulerOutput from the KV block
+manager the engine core owns: the runner only sizes its KV store and copies and reads
+blocks by id.
 """
 
 from __future__ import annotations
@@ -30,11 +23,10 @@ from stepserve.core.output import RunnerOutput, SchedulerOutput
 from stepserve.core.request import Request
 from stepserve.model.fused_decode import FusedDecoder
 from stepserve.model.ggml_kernels import load_kernels
-from stepserve.model.gguf_weights import load_packed_model
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
 from stepserve.model.llama import LlamaModel
 from stepserve.model.model_args import ModelArgs
-from stepserve.model.modes import choose_quantization, describe_quantization, weight_nbytes
+from stepserve.model.modes import MODE_DESCRIPTIONS, choose_quantization, weight_nbytes
 from stepserve.model.paged_attention import (
     GatherBuffers,
     build_attention_metadata,
@@ -43,7 +35,7 @@ from stepserve.model.paged_attention import (
 from stepserve.model.presets import resolve_gguf, resolve_model
 from stepserve.model.sampler import sample, token_logprobs
 from stepserve.model.tokenizer import Tokenizer
-from stepserve.model.weights import DTYPES, load_model
+from stepserve.model.weights import DTYPES, load_model, load_packed_model
 
 log = logging.getLogger("stepserve.model")
 
@@ -125,6 +117,9 @@ class TorchRunner:
                                                    block_size)
         self.kv = KVStore(self.args, num_gpu_blocks, block_size, num_cpu_blocks, self.device,
                           DTYPES[dtype])
+        # what the engine reads
+        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        self.block_size = block_size
         self.gather_buffers = GatherBuffers()
         # Before each step: how many threads it runs on (host/step_threads.py); None:
         # torch's count as it stands.
@@ -157,19 +152,6 @@ class TorchRunner:
                    swap_space_gib=cache.swap_space,
                    dtype=dtype, device=device, quantization=quantization)
 
-    # ---- what the engine reads ----
-    @property
-    def num_gpu_blocks(self) -> int:
-        return self.kv.num_blocks
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        return self.kv.num_cpu_blocks
-
-    @property
-    def block_size(self) -> int:
-        return self.kv.block_size
-
     @property
     def eos_token_id(self) -> int | None:
         tok = self.tokenizer.eos_token_id
@@ -182,7 +164,7 @@ class TorchRunner:
 
     def describe(self) -> str:
         a = self.args
-        weights = describe_quantization(self.quantization)
+        weights = MODE_DESCRIPTIONS[self.quantization]
         if self.quantization_note is not None:
             weights += f" ({self.quantization_note})"
         return (f"{self.model_path} ({a.architecture}, {a.num_parameters / 1e6:.1f}M params, "

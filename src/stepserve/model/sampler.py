@@ -112,9 +112,8 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     seeded generator."""
     params = [r.sampling_params for r in requests]
     want = [b for b, p in enumerate(params) if p.logprobs is not None]
+    # a copy (index_select never returns a view): the processing below works in place
     raw = logits.index_select(0, torch.tensor(want, device=logits.device)) if want else None
-    if raw is not None:
-        raw = raw.clone()  # the processing below works in place
     mask_stop_tokens(logits, requests)
     apply_penalties(logits, requests)
     out = logits.argmax(dim=-1)

@@ -11,37 +11,42 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.request import Request, SamplingParams
-from stepserve.model.runner import TorchRunner
+
+if TYPE_CHECKING:
+    from stepserve.model.runner import TorchRunner
 
 
 @dataclass(frozen=True)
 class StepTiming:
-    batch_size: int  # decode sequences
-    context_len: int  # tokens each decode sequence attends to (its KV length)
-    prefill_tokens: int  # one extra sequence's chunk in the same step (0: none)
     median_s: float
     min_s: float
-    repeats: int
-    prefill_start: int = 0  # tokens of that sequence already in the KV cache
-    times_s: tuple[float, ...] = ()  # every timed repeat
+    times_s: tuple[float, ...]  # every timed repeat
 
 
-def _requests(n: int, length: int, prefix: str, decoding: bool = False) -> list[Request]:
-    """`n` throwaway requests of `length` tokens; decoding ones hold their last token as
-    an output token (what makes `Request.is_decoding` true once the rest is computed)."""
+def synthetic_step(decodes: int, context: int, chunk: int = 0,
+                   chunk_start: int = 0) -> SchedulerOutput:
+    """A step of `decodes` throwaway requests each decoding its `context`-th token (the
+    last one held as an output token, which makes `Request.is_decoding` true), plus one
+    prefill chunk of `chunk` tokens after `chunk_start` computed ones; no block tables."""
     params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
     reqs = []
-    for i in range(n):
-        ids = [(7 * i + j) % 500 + 3 for j in range(length)]
-        req = Request(f"{prefix}{i}", ids[:-1] if decoding else ids, params, 0.0)
-        if decoding:
-            req.output_token_ids.append(ids[-1])
+    for i in range(decodes):
+        ids = [(7 * i + j) % 500 + 3 for j in range(context)]
+        req = Request(f"profile-d{i}", ids[:-1], params, 0.0)
+        req.output_token_ids.append(ids[-1])
+        req.num_computed_tokens = context - 1
         reqs.append(req)
-    return reqs
+    if chunk:
+        req = Request("profile-p0", [j % 500 + 3 for j in range(chunk_start + chunk)], params,
+                      0.0)
+        req.num_computed_tokens = chunk_start
+        reqs.append(req)
+    return SchedulerOutput(0, reqs, [1] * decodes + [chunk] * (1 if chunk else 0))
 
 
 def measure_step(runner: TorchRunner, batch_size: int, context_len: int,
@@ -51,23 +56,16 @@ def measure_step(runner: TorchRunner, batch_size: int, context_len: int,
     chunk of `prefill_tokens` after `prefill_start` cached ones). Every repeat re-runs
     the same positions, so the shape stays fixed."""
     mgr = KVCacheManager(runner.num_gpu_blocks, runner.block_size)
-    decodes = _requests(batch_size, context_len, "profile-d", decoding=True)
-    prefill = _requests(1 if prefill_tokens else 0, prefill_start + prefill_tokens,
-                        "profile-p")
-    reqs = decodes + prefill
-    for r in reqs:
-        if not mgr.allocate_slots(r, r.num_tokens):
-            raise ValueError(f"KV cache too small for {len(reqs)} x {r.num_tokens} tokens")
-    for r in decodes:  # KV of the first context_len - 1 tokens is "already computed"
-        r.num_computed_tokens = context_len - 1
-    for r in prefill:
-        r.num_computed_tokens = prefill_start
-    counts = [1] * batch_size + [prefill_tokens] * len(prefill)
-    tables = [mgr.block_table(r.request_id) for r in reqs]
+    step = synthetic_step(batch_size, context_len, prefill_tokens, prefill_start)
+    for r in step.requests:
+        if not mgr.allocate_slots(r, r.num_tokens - r.num_computed_tokens):
+            raise ValueError(f"KV cache too small for {len(step.requests)} x {r.num_tokens} "
+                             "tokens")
+    tables = [mgr.block_table(r.request_id) for r in step.requests]
     times = []
     for i in range(warmup + repeats):
-        out = runner.execute(SchedulerOutput(i, reqs, counts, block_tables=tables))
+        out = runner.execute(SchedulerOutput(i, step.requests, step.num_scheduled_tokens,
+                                             block_tables=tables))
         if i >= warmup:
             times.append(out.elapsed_s)
-    return StepTiming(batch_size, context_len, prefill_tokens, statistics.median(times),
-                      min(times), repeats, prefill_start, tuple(times))
+    return StepTiming(statistics.median(times), min(times), tuple(times))

@@ -1,18 +1,13 @@
 """`stepserve profile`: measure the real engine's step time over a grid of the batches the
 scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
 
-The grid: decode-only steps over batch size x context length; prefill chunks of several
-sizes (128 among them: the chunk a CPU's step budget makes), fresh and after a quarter
-and half of max_len cached; mixed steps (a chunk riding with 4, 16 or 32 decodes at a
-short and a long context, small chunks and large ones); KV block copies for swap. Each
-point is warmed up, then timed `repeats` times; the median is fitted, the spread (min,
-max) kept. The engine's own per-step work around the model
-(scheduling, sampling bookkeeping, detokenizing, Python) is measured by running a real
-workload through LLMEngine and subtracting the runner's time from each step's wall time;
-fitted on the step's sequences and on the requests that joined its batch (new or
-recomputed ones), it adds to the fixed, per-sequence and join terms: the
-scheduling overhead that makes a continuous engine's steps dearer than a static batch's.
-
+The grid: decode-only steps over batch size x context length; prefill chunks, fresh and
+after a quarter and half of max_len cached; a chunk riding with decodes; KV block copies
+for swap. Each point is timed `repeats` times after `warmup` rounds; the median is
+fitted, the spread kept. The engine's own work around the model (scheduling,
+bookkeeping, detokenizing, Python) is the wall time of a real LLMEngine workload's steps
+less the runner's time, fitted per step, per sequence and per request joining the batch:
+the overhead that makes a continuous engine's steps dearer than a static batch's.
 Every fourth grid point is held out: the model fitted on the others predicts them, and
 that error is the fit error reported. The final coefficients come from all points.
 """
@@ -26,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepserve.core.output import SchedulerOutput
-from stepserve.core.request import Request, SamplingParams
+from stepserve.core.request import SamplingParams
+from stepserve.model.step_timing import measure_step, synthetic_step
 from stepserve.sim.calibrated import TERMS, CalibratedCost, fit, relative_errors, step_terms
 from stepserve.sim.cost import computed_tokens, joining
 from stepserve.sim.cost_options import this_host
@@ -85,8 +80,7 @@ def grid(quick: bool, max_len: int) -> list[GridPoint]:
 
 @dataclass
 class ProfileResult:
-    cost: CalibratedCost
-    points: list[dict[str, Any]] = field(default_factory=list)
+    cost: CalibratedCost  # its meta holds every grid point's timings
     held_out_error: dict[str, float] = field(default_factory=dict)  # median, p90, max
     overhead: dict[str, float] = field(default_factory=dict)  # per step, per sequence (s)
 
@@ -95,26 +89,11 @@ def point_terms(p: GridPoint, knee_tokens: int) -> tuple[float, ...]:
     """The cost terms of a grid point (the batch it times, as the scheduler would send it)."""
     if p.swap_blocks:
         return tuple(float(p.swap_blocks) if t == "swap" else 0.0 for t in TERMS)
-    params = SamplingParams(max_tokens=1 << 20)
-    reqs, counts = [], []
-    for i in range(p.decodes):
-        r = Request(f"d{i}", [1] * (p.context - 1), params, 0.0)
-        r.output_token_ids.append(1)
-        r.num_computed_tokens = p.context - 1
-        reqs.append(r)
-        counts.append(1)
-    if p.chunk:
-        r = Request("p", [1] * (p.chunk_start + p.chunk), params, 0.0)
-        r.num_computed_tokens = p.chunk_start
-        reqs.append(r)
-        counts.append(p.chunk)
-    return step_terms(SchedulerOutput(0, reqs, counts), knee_tokens)
+    return step_terms(synthetic_step(p.decodes, p.context, p.chunk, p.chunk_start), knee_tokens)
 
 
 def _time_point(runner, p: GridPoint) -> float:
     """One timing of one grid point (seconds)."""
-    from stepserve.model.step_timing import measure_step
-
     if not p.swap_blocks:
         return measure_step(runner, p.decodes, p.context or 1, p.chunk, repeats=1, warmup=0,
                             prefill_start=p.chunk_start).median_s
@@ -252,7 +231,7 @@ def profile(opts: ProfileOptions,
             "block_size": opts.block_size, "grid": records, "fit_error": held_out,
             "engine_overhead": {"step_s": step_s, "seq_s": seq_s, "join_s": join_s}}
     cost = CalibratedCost(coefficients, opts.knee_tokens, meta)
-    return ProfileResult(cost, records, held_out,
+    return ProfileResult(cost, held_out,
                          {"step": step_s, "seq": seq_s, "join": join_s})
 
 
