@@ -69,6 +69,7 @@ def drive(settings_: dict, reqs: list[Request]):
             continue
         before = {r.request_id: r.num_computed_tokens
                   for r in sched.running + sched.waiting + sched.swapped}
+        waited = {r.request_id for r in sched.waiting}
         out = sched.schedule()
         # budget and batch caps
         assert out.total_num_scheduled_tokens <= sc.max_num_batched_tokens
@@ -77,12 +78,14 @@ def drive(settings_: dict, reqs: list[Request]):
         assert len(set(map(id, out.requests))) == len(out.requests)
         for r, n in zip(out.requests, out.num_scheduled_tokens):
             assert n >= 1 and r.num_computed_tokens + n <= r.num_tokens
-        # victims: FCFS picks the most recently admitted; swap keeps progress
+        # victims: FCFS picks the most recently admitted; swap keeps progress (for a request
+        # admitted in this very step, the prefix its admission found in the cache)
         for v in out.preempted:
             if sc.policy == "fcfs":
                 assert all(v.admitted_seq > r.admitted_seq for r in sched.running)
             if v.status is RequestStatus.SWAPPED:
-                assert v.num_computed_tokens == before[v.request_id]
+                kept = v.prefix_hit_tokens if v.request_id in waited else before[v.request_id]
+                assert v.num_computed_tokens == kept
             else:
                 assert v.status is RequestStatus.PREEMPTED and v.num_computed_tokens == 0
         if sc.preemption_mode == "none":
