@@ -15,7 +15,7 @@ from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer, token_prom
 from stepserve.bench.workload_options import BenchError, build_workload, make_specs
 from stepserve.cli import main
 from stepserve.cli.bench import add_bench_parser, bench_options
-from stepserve.workload.mooncake import load_mooncake_trace
+from stepserve.workload.trace import load_mooncake_trace
 
 BLOCK = 32  # trace tokens per hash id: the tiny model's max_model_len is 256
 # (timestamp ms, input_length, hash_ids): the first prompt again, then a prompt sharing
@@ -89,7 +89,7 @@ def test_prompts_share_tokens_and_text_as_far_as_their_hash_ids_agree(tmp_path):
 
 
 def test_the_repeated_share_follows_a_cut_block_and_arrival_order():
-    from stepserve.workload.mooncake import TraceSpec
+    from stepserve.workload.trace import TraceSpec
 
     def spec(i, t, n, h):
         return TraceSpec(i, t, n, 1, 1, hash_ids=tuple(h), block_tokens=BLOCK)

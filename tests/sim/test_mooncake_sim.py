@@ -12,7 +12,7 @@ from stepserve.cli import main
 from stepserve.config.settings import EngineConfig
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import simulate
-from stepserve.workload.mooncake import load_mooncake_trace
+from stepserve.workload.trace import load_mooncake_trace
 
 SAMPLE = Path(__file__).parents[2] / "benchmarks" / "workloads" / "mooncake_sample.jsonl"
 KV_BLOCK = 16

@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from stepserve.workload.errors import WorkloadError
-from stepserve.workload.mooncake import (
-    TraceOptions,
-    is_mooncake_trace,
-    load_mooncake_trace,
-    trace_token_ids,
-    trace_workload,
-)
+from stepserve.workload.loader import TraceOptions, trace_workload
+from stepserve.workload.trace import is_mooncake_trace, load_mooncake_trace, trace_token_ids
 
 SAMPLE = Path(__file__).parents[2] / "benchmarks" / "workloads" / "mooncake_sample.jsonl"
 

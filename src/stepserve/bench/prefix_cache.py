@@ -9,9 +9,9 @@ from stepserve.bench.client import RequestRecord
 from stepserve.metrics.percentiles import ratio
 from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.workload.mooncake import TraceSpec
 from stepserve.workload.sessions import next_turns
 from stepserve.workload.spec import RequestSpec
+from stepserve.workload.trace import TraceSpec
 
 
 def prefix_cache_fields(done: Sequence[RequestRecord]) -> RunSummary:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepserve.config.limits import MAX_NUM_REQUESTS
-from stepserve.workload.mooncake import TraceSpec, prompt_blocks, trace_token_ids
 from stepserve.workload.spec import RequestSpec
+from stepserve.workload.trace import TraceSpec, prompt_blocks, trace_token_ids
 
 if TYPE_CHECKING:
     from stepserve.model.tokenizer import Tokenizer
@@ -51,7 +51,7 @@ def token_prompt(spec: RequestSpec, vocab: int = 500, seed: int = 0) -> list[int
     """Exactly spec.prompt_len token ids in [FIRST_ID, vocab): its prefix's ids, then its
     own, which open with its index in base (vocab - FIRST_ID) digits and go on at random
     (the old prompts, one formula of the index, came round again every 490 requests).
-    A trace's request: the ids its block hashes give (workload/mooncake.py)."""
+    A trace's request: the ids its block hashes give (workload/trace.py)."""
     if isinstance(spec, TraceSpec):
         return trace_token_ids(spec, vocab)
     span = max(vocab - FIRST_ID, 2)

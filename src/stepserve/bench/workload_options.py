@@ -21,12 +21,12 @@ from stepserve.workload.arrivals import (
 )
 from stepserve.workload.builtin import get_workload
 from stepserve.workload.lengths import fixed, uniform
-from stepserve.workload.loader import load_workload
-from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TraceOptions, trace_workload
+from stepserve.workload.loader import TraceOptions, load_workload, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 from stepserve.workload.shared_prefix import MAX_SHARED_PREFIXES, prefix_name
 from stepserve.workload.sharegpt import sharegpt_class
 from stepserve.workload.spec import RequestClass, RequestSpec, Workload
+from stepserve.workload.trace import MOONCAKE_BLOCK_TOKENS
 
 
 class BenchError(Exception):
@@ -39,7 +39,7 @@ RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 1024, 128  # vLLM's random dataset default
 # vLLM's prefix_repetition defaults: prefix, suffix and output tokens, prefixes
 PREFIX_LEN, SUFFIX_LEN, PREFIX_OUTPUT_LEN, NUM_PREFIXES = 256, 256, 128, 10
 PREFIX_REPETITION = "prefix_repetition"
-MOONCAKE = "mooncake"  # a Mooncake trace (workload/mooncake.py), on its own times
+MOONCAKE = "mooncake"  # a Mooncake trace (workload/trace.py), on its own times
 
 
 @dataclass(frozen=True)

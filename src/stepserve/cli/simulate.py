@@ -10,8 +10,9 @@ from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS
 from stepserve.sim.cost_options import CostModelOptions
 from stepserve.sim.job import SimulateOptions, run_simulate
 from stepserve.sim.scenarios import SCENARIOS
-from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS, TraceOptions
+from stepserve.workload.loader import TraceOptions
 from stepserve.workload.overrides import WorkloadOverrides
+from stepserve.workload.trace import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS
 
 # Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}

@@ -23,8 +23,7 @@ from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_co
 from stepserve.sim.report import format_result
 from stepserve.sim.run import SimulateResult, run_all, run_scenario, selected_runs
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
-from stepserve.workload.loader import load_workload
-from stepserve.workload.mooncake import TraceOptions, trace_workload
+from stepserve.workload.loader import TraceOptions, load_workload, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 
 

@@ -31,10 +31,10 @@ from stepserve.core.request import Request, SamplingParams
 from stepserve.routing.pools import Deployment, PoolRouter
 from stepserve.routing.routers import ReplicaView, RouteRequest
 from stepserve.sim.cost import CostModel
-from stepserve.workload.mooncake import TraceSpec
 from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.shared_prefix import prefix_token_ids
 from stepserve.workload.spec import RequestSpec
+from stepserve.workload.trace import TraceSpec, trace_token_ids
 
 _REQUEST_ID = attrgetter("request_id")
 SIM_EOS = 0
@@ -148,7 +148,7 @@ def prompt_token_ids(spec: RequestSpec) -> list[int]:
     """The token ids of a simulated prompt, unique to the request from its first token
     after its shared prefix (if any); a trace's request's, as its block hashes say."""
     if isinstance(spec, TraceSpec):
-        return spec.token_ids()
+        return trace_token_ids(spec)
     ids = [1] * spec.prompt_len
     if spec.prefix is not None:
         ids[:spec.prefix_len] = prefix_token_ids(spec.prefix, spec.prefix_len)

@@ -31,17 +31,22 @@ arrivals: lengths.py and arrivals.py. Errors carry the YAML path, e.g.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from stepserve.config.user_files import load_yaml, preview, write_atomic
+from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import TraceReplay, parse_arrival
 from stepserve.workload.errors import (
     WorkloadError,
     check_keys,
     check_mapping,
+    check_positive,
     located,
     read_user_file,
     resolved,
@@ -49,6 +54,14 @@ from stepserve.workload.errors import (
 from stepserve.workload.lengths import parse_length
 from stepserve.workload.sessions import parse_multi_turn
 from stepserve.workload.spec import RequestClass, Workload
+from stepserve.workload.trace import (
+    MAX_SLOWDOWN,
+    MOONCAKE_BLOCK_TOKENS,
+    TRACE_FORMATS,
+    is_mooncake_trace,
+    load_mooncake_trace,
+    load_trace,
+)
 
 TOP_KEYS = ("name", "description", "seed", "num_requests", "duration_s", "arrival", "classes")
 CLASS_KEYS = ("name", "share", "prompt", "output", "max_tokens", "priority", "tenant",
@@ -164,3 +177,38 @@ def save_workload(workload: Workload, path: str | Path) -> Path:
     p = Path(path)
     write_atomic(p, yaml.safe_dump(workload_to_dict(workload), sort_keys=False))
     return p
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """A JSON Lines trace to replay: `format` auto tells ours from Mooncake's by the first
+    line's keys; `slowdown` stretches its times (2: half the rate); `block_tokens` is
+    the prompt tokens of one Mooncake hash id."""
+
+    path: str
+    format: str = "auto"
+    slowdown: float = 1.0
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+
+def trace_workload(options: TraceOptions) -> Workload:
+    """The trace as a workload on its own times; the reader's note (an out-of-order
+    Mooncake file sorted) printed to stderr."""
+    Allowed(choices=TRACE_FORMATS, kind=str).check("--trace-format", options.format,
+                                                   WorkloadError)
+    if options.format == "mooncake" or \
+            (options.format == "auto" and is_mooncake_trace(options.path)):
+        trace = load_mooncake_trace(options.path, options.slowdown, options.block_tokens)
+        if trace.note:
+            print(f"note: {trace.note}", file=sys.stderr)
+        specs, path, description = trace.specs, trace.path, f"Mooncake trace {trace.path}"
+    else:
+        if options.block_tokens != MOONCAKE_BLOCK_TOKENS:
+            raise WorkloadError(f"--trace-block-tokens {options.block_tokens}: goes with a "
+                                "Mooncake trace (ours gives no block hashes)")
+        slowdown = check_positive("--trace-slowdown", options.slowdown, hi=MAX_SLOWDOWN)
+        specs = tuple(dataclasses.replace(s, arrival_s=s.arrival_s * slowdown)
+                      for s in load_trace(options.path))
+        path, description = str(options.path), f"trace {options.path}"
+    return Workload(Path(options.path).stem, (), TraceReplay(specs, path),
+                    len(specs), description=description)

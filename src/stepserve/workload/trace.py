@@ -1,25 +1,50 @@
-"""Request traces as JSON Lines: one request per line, so a trace can be streamed, grepped
-and cut with `head`.
+"""Request traces as JSON Lines, one request a line, so a trace can be streamed, grepped and
+cut with `head`. Ours (`load_trace` reads back what `save_trace` wrote):
 
     {"arrival_s": 0.0, "prompt_len": 312, "output_len": 87, "max_tokens": 87,
      "priority": 0, "tenant": "a", "class": "chat"}
 
 `arrival_s`, `prompt_len` and `output_len` are required; `max_tokens` defaults to
-`output_len`, the rest to RequestSpec's defaults. At most limits.MAX_NUM_REQUESTS
-requests, arriving within MAX_SECONDS; `load_trace` reads back what `save_trace` wrote.
+`output_len`, the rest to RequestSpec's defaults. And Mooncake's (Kimi's public traces,
+SGLang's `--dataset-name mooncake`; other keys ignored):
+
+    {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48]}
+
+`timestamp` is ms since the trace began; `hash_ids` names the prompt's blocks of
+`block_tokens` (512 in Mooncake's traces, independent of the engine's KV block size), the
+last one partial. Each request becomes a `TraceSpec` arriving at (timestamp - the first) /
+1000 s times the slowdown (SGLang's `--mooncake-slowdown-factor`); its prompt's token ids
+(`trace_token_ids`) draw block i's tokens from a generator seeded by its hash id, so equal
+hash-id prefixes give equal token prefixes; tokens past the last hash id are its own.
+At most limits.MAX_NUM_REQUESTS requests, arriving within MAX_SECONDS.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
+from array import array
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepserve.config.limits import MAX_NUM_REQUESTS, MAX_SECONDS
+from stepserve.config.limits import (
+    MAX_LEN,
+    MAX_NUM_REQUESTS,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_WORKLOAD_TOKENS,
+)
 from stepserve.config.user_files import preview, read_text, write_atomic
-from stepserve.workload.errors import WorkloadError, check_positive, read_user_file
+from stepserve.workload.errors import (
+    WorkloadError,
+    check_int,
+    check_positive,
+    check_range,
+    read_user_file,
+)
 from stepserve.workload.request_spec import RequestSpec
 
 # a line's keys -> the RequestSpec fields they fill (the index is the line's place)
@@ -100,3 +125,131 @@ def save_trace(specs: Iterable[RequestSpec], path: str | Path) -> Path:
     lines = [json.dumps(spec_to_record(s)) for s in specs]
     write_atomic(p, "".join(line + "\n" for line in lines))
     return p
+
+
+MOONCAKE_BLOCK_TOKENS = 512  # the prompt tokens each hash id stands for in Mooncake's traces
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
+FIRST_ID = 10  # token ids below this are left alone: special tokens sit there
+# The simulator's vocabulary: any ids do, a Llama-sized span keeps them plausible.
+SIM_VOCAB = 32_000
+MAX_SLOWDOWN = 1e6
+# what detection reads before it gives up: a first request past these is no trace of ours
+DETECT_LINES, DETECT_BYTES = 1000, 1 << 20
+
+
+@dataclass(frozen=True)
+class TraceSpec(RequestSpec):
+    """A request whose prompt's identity is its blocks' hash ids."""
+
+    hash_ids: tuple[int, ...] = ()
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+
+def trace_token_ids(spec: TraceSpec, vocab: int = SIM_VOCAB) -> list[int]:
+    """Exactly spec.prompt_len ids in [FIRST_ID, vocab): block i's from its hash id's
+    generator (the last block cut), blocks past the hash ids from the request's index."""
+    span = max(vocab - FIRST_ID, 2)
+    ids: list[int] = []
+    for seed, n in prompt_blocks(spec):
+        # randbytes, not randrange per token: a long trace holds millions of tokens
+        draws = array("H", random.Random(seed).randbytes(2 * n))
+        ids += [FIRST_ID + d % span for d in draws]
+    return ids
+
+
+def prompt_blocks(spec: TraceSpec) -> list[tuple[str, int]]:
+    """(seed, tokens) of each block of the prompt: a hash id's seed is the id's alone (a
+    cut block is the start of the whole one), a block past the hash ids the request's."""
+    out = []
+    for i in range(-(-spec.prompt_len // spec.block_tokens)):
+        n = min(spec.block_tokens, spec.prompt_len - i * spec.block_tokens)
+        seed = f"mooncake/{spec.hash_ids[i]}" if i < len(spec.hash_ids) \
+            else f"mooncake/own/{spec.index}/{i}"
+        out.append((seed, n))
+    return out
+
+
+@dataclass(frozen=True)
+class MooncakeTrace:
+    specs: tuple[TraceSpec, ...]
+    path: str
+    note: str = ""  # what the reader changed (an out-of-order file sorted)
+
+
+def mooncake_record_to_spec(record: Any, index: int, block_tokens: int) -> TraceSpec:
+    """One decoded line as a spec (arrival_s still the raw timestamp, in s)."""
+    if not isinstance(record, dict):
+        raise WorkloadError(f"{preview(record)}: must be a JSON object with keys "
+                            f"{', '.join(MOONCAKE_KEYS)}")
+    for key in MOONCAKE_KEYS:
+        if key not in record:
+            raise WorkloadError(f"missing required key {key!r} (a Mooncake line has "
+                                f"{', '.join(MOONCAKE_KEYS)})")
+    timestamp = check_range("timestamp", record["timestamp"], 0, MAX_SECONDS * 1000.0)
+    input_length = check_int("input_length", record["input_length"], lo=1, hi=MAX_LEN)
+    output_length = check_int("output_length", record["output_length"], lo=1, hi=MAX_LEN)
+    hash_ids = record["hash_ids"]
+    if not isinstance(hash_ids, list):
+        raise WorkloadError(f"hash_ids = {preview(hash_ids)}: must be a list of integers")
+    blocks = -(-input_length // block_tokens)
+    if len(hash_ids) > blocks:
+        raise WorkloadError(f"hash_ids = {preview(hash_ids)}: {len(hash_ids)} ids; at most "
+                            f"{blocks} (input_length {input_length} in blocks of "
+                            f"{block_tokens} tokens, the last partial)")
+    for i, h in enumerate(hash_ids):
+        check_int(f"hash_ids[{i}]", h, lo=0, hi=MAX_SEED)
+    return TraceSpec(index=index, arrival_s=timestamp / 1000.0, prompt_len=input_length,
+                     output_len=output_length, max_tokens=output_length,
+                     request_class="mooncake", hash_ids=tuple(hash_ids),
+                     block_tokens=block_tokens)
+
+
+def load_mooncake_trace(path: str | Path, slowdown: float = 1.0,
+                        block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> MooncakeTrace:
+    """Read a Mooncake trace; WorkloadError naming the file and line on a bad one.
+    Blank lines are skipped; requests are sorted (stably) by timestamp and indexed
+    0..n-1, arrivals counted from the first."""
+    slowdown = check_positive("--trace-slowdown", slowdown, hi=MAX_SLOWDOWN)
+    block_tokens = check_int("--trace-block-tokens", block_tokens, lo=1, hi=MAX_LEN)
+    p = Path(path)
+    where = f"Mooncake trace {str(p)!r}"
+    specs: list[TraceSpec] = []
+    tokens = 0
+    for at, record in read_jsonl(p, "Mooncake trace"):
+        try:
+            spec = mooncake_record_to_spec(record, len(specs), block_tokens)
+        except WorkloadError as e:
+            raise WorkloadError(f"{at}: {e}") from None
+        tokens += spec.prompt_len + spec.output_len
+        if tokens > MAX_WORKLOAD_TOKENS:  # the simulator holds every token id
+            raise WorkloadError(f"{at}: more than {MAX_WORKLOAD_TOKENS:,} "
+                                "prompt and output tokens up to here (the most a workload "
+                                "may hold)")
+        specs.append(spec)
+    in_order = all(a.arrival_s <= b.arrival_s for a, b in zip(specs, specs[1:]))
+    note = "" if in_order else f"{where}: timestamps out of order; requests sorted by them"
+    specs.sort(key=lambda s: s.arrival_s)
+    start = specs[0].arrival_s
+    return MooncakeTrace(tuple(dataclasses.replace(s, index=i, arrival_s=(s.arrival_s - start)
+                                                   * slowdown)
+                               for i, s in enumerate(specs)), str(p), note)
+
+
+def is_mooncake_trace(path: str | Path) -> bool:
+    """Whether a JSON Lines trace is Mooncake's: its first line has `input_length` (ours
+    has `prompt_len`). A file that cannot be read or parsed is left to its reader."""
+    try:
+        with Path(path).open("rb") as f:
+            for _ in range(DETECT_LINES):
+                raw = f.readline(DETECT_BYTES)
+                if not raw:
+                    return False
+                if raw.strip():
+                    record = json.loads(raw)
+                    return isinstance(record, dict) and "input_length" in record
+    except (OSError, ValueError, RecursionError):
+        return False
+    return False
+
+
+TRACE_FORMATS = ("auto", "stepserve", "mooncake")
