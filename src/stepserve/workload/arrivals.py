@@ -328,10 +328,6 @@ class RateSchedule(ArrivalProcess):
         return {"rate_schedule": {"points": [list(p) for p in self.points]}}
 
 
-def trace_replay(path: str | Path, concurrency: int | None = None) -> TraceReplay:
-    return TraceReplay(tuple(load_trace(path)), str(path), concurrency)
-
-
 # The kinds whose body is a mapping of exactly these keys, passed in this order.
 KEYED_KINDS: dict[str, tuple[type[ArrivalProcess], tuple[str, ...]]] = {
     "poisson": (Poisson, ("rate",)),
@@ -377,4 +373,4 @@ def parse_arrival(data: Any, where: str = "arrival",
         path = resolved(check_str("trace", body), base_dir)
         if concurrency is not None:  # before the file is read
             check_int("trace.concurrency", concurrency, lo=1, hi=MAX_CONCURRENCY)
-        return trace_replay(path, concurrency)
+        return TraceReplay(tuple(load_trace(path)), str(path), concurrency)

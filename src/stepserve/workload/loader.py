@@ -1,32 +1,10 @@
-"""Workloads from YAML (or the equivalent dict) and back:
-
-    name: mixed
-    seed: 1
-    num_requests: 2000
-    duration_s: 600                         # optional: drop open-loop arrivals after this
-    arrival: {poisson: {rate: 5.0}}         # gamma, constant, closed_loop, trace: see arrivals
-    classes:
-      - {name: summary, share: 0.3, prompt: {fixed: 8192}, output: {fixed: 200}}
-      - name: chat
-        share: 0.7
-        prompt: {lognormal: {p50: 300, p99: 900}}
-        output: {uniform: [50, 400]}
-        max_tokens: 1024                    # optional client cap (default: the output length)
-        priority: 0                         # optional, lower is more urgent
-        tenant: a                           # optional
-        length_estimate: none               # optional: none, exact, class_mean
-        shared_prefixes: 32                 # optional, with prefix_len: each prompt opens
-        prefix_len: 512                     # with one of 32 system prompts of 512 tokens
-        multi_turn: {turns: 4, think_time_s: 5}   # optional: each arrival opens a
-                                            # conversation of 4 turns (sessions.py)
-      - name: real                          # lengths from a ShareGPT-style JSON file:
-        sharegpt: {file: sg.json, tokenizer: default}   # (prompt, output) pairs, see
-                                            # sharegpt.py; tokenizer, output_len optional
-
-With `arrival: {trace: file.jsonl}` the trace gives every request, so `classes` must be
-left out and `num_requests` defaults to the trace's length. The shapes of lengths and
-arrivals: lengths.py and arrivals.py. Errors carry the YAML path, e.g.
-`classes[1].output.lognormal.p99 = 10: ...`.
+"""Workloads from YAML (or the equivalent dict) and back, and a trace file as a workload
+(`trace_workload`). The YAML shape is docs/guide.md's "Workloads"; a class gives `prompt`
+and `output` lengths (lengths.py) or a `sharegpt` file (sharegpt.py), and may add
+max_tokens, priority, tenant, length_estimate, shared_prefixes with prefix_len, and
+multi_turn (sessions.py). With `arrival: {trace: file.jsonl}` the trace gives every
+request, so `classes` is left out and `num_requests` defaults to the trace's length.
+Errors carry the YAML path, e.g. `classes[1].output.lognormal.p99 = 10: ...`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Multi-turn sessions: a class whose every arrival opens a conversation of `turns`
-requests. Turn k sends the whole conversation so far again (turn k-1's prompt, its
-answer, then a new user message of `user_len` tokens), so its prompt shares everything
-before the new message with what the previous turn computed: the prefix cache's main win
-in a chat deployment.
-
-    multi_turn:
-      turns: {uniform: [2, 6]}       # a length distribution (or just 3), turns >= 1
-      think_time_s: {uniform: [2, 8]} # seconds from an answer's end to the next send:
-                                      # a number, {fixed: s}, {uniform: [lo, hi]},
-                                      # {exponential: {mean: s}}
-      user_len: {fixed: 60}           # each later user message (default: the class's prompt)
-
-The arrival process times only a session's first turn; a later turn is sent
-`think_time_s` after its predecessor ended, so its time is known only when the run gets
-there (the simulator and bench release it then; its spec carries the session's start as a
-lower bound). A turn whose predecessor did not complete ends its session.
+requests (the YAML shape: docs/guide.md, "Multi-turn sessions"). Turn k sends turn k-1's
+prompt and answer again, then a new user message of `user_len` tokens, so it shares that
+history with what the previous turn computed. The arrival process times only first turns;
+a later turn is sent `think_time_s` after its predecessor ended, so its time is known only
+when the run gets there (its spec carries the session's start as a lower bound). A turn
+whose predecessor did not complete ends its session.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
-"""Request lengths from a ShareGPT-style JSON file the user supplies (as vLLM's serving
-benchmark reads one): a list of conversations, each
-
-    {"id": "...", "conversations": [{"from": "human", "value": "..."},
-                                    {"from": "gpt", "value": "..."}, ...]}
-
-(`role`/`content` are read as well as `from`/`value`, and `conversation` as well as
-`conversations`). The first turn is the prompt and the second the completion; only their
-token lengths are kept, as (prompt, output) pairs that a request class samples jointly
-(seeded, with replacement), so a long question keeps its long answer.
-
-Lengths are counted with `tokenizer` (a model preset or a Hugging Face directory) when
-given, else estimated (CHARS_PER_TOKEN); `output_len` fixes every output length. Pairs
-are dropped as vLLM drops them (under MIN_LEN tokens, prompt over MAX_PROMPT_LEN, both
-over MAX_TOTAL_LEN), and the drops counted for the description.
-
-Prompts themselves are not kept: the bench sends prompts of the counted length, each its
-own (bench/prompt_maker.py), since a scheduler sees lengths, not words. So the prefix
-cache finds nothing to reuse in a ShareGPT run; shared_prefixes or the bench's
-prefix_repetition dataset is how to measure it.
+"""Request lengths from a ShareGPT-style JSON file (as vLLM's serving benchmark reads one):
+a list of conversations `{"conversations": [{"from": "human", "value": ...}, {"from":
+"gpt", ...}]}` (also `role`/`content`, `conversation`). The first two turns' token
+lengths become (prompt, output) pairs a class samples jointly, so a long question keeps
+its long answer; pairs are dropped as vLLM drops them and the drops counted. Prompts
+themselves are not kept (the bench sends prompts of the counted length), so the prefix
+cache finds nothing to reuse in a ShareGPT run.
 """
 
 from __future__ import annotations

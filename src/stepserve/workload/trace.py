@@ -1,22 +1,13 @@
-"""Request traces as JSON Lines, one request a line, so a trace can be streamed, grepped and
-cut with `head`. Ours (`load_trace` reads back what `save_trace` wrote):
+"""Request traces as JSON Lines, one request a line (docs/guide.md tells both formats).
+Ours, which `load_trace` reads back from `save_trace`:
 
     {"arrival_s": 0.0, "prompt_len": 312, "output_len": 87, "max_tokens": 87,
      "priority": 0, "tenant": "a", "class": "chat"}
 
-`arrival_s`, `prompt_len` and `output_len` are required; `max_tokens` defaults to
-`output_len`, the rest to RequestSpec's defaults. And Mooncake's (Kimi's public traces,
-SGLang's `--dataset-name mooncake`; other keys ignored):
-
-    {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48]}
-
-`timestamp` is ms since the trace began; `hash_ids` names the prompt's blocks of
-`block_tokens` (512 in Mooncake's traces, independent of the engine's KV block size), the
-last one partial. Each request becomes a `TraceSpec` arriving at (timestamp - the first) /
-1000 s times the slowdown (SGLang's `--mooncake-slowdown-factor`); its prompt's token ids
-(`trace_token_ids`) draw block i's tokens from a generator seeded by its hash id, so equal
-hash-id prefixes give equal token prefixes; tokens past the last hash id are its own.
-At most limits.MAX_NUM_REQUESTS requests, arriving within MAX_SECONDS.
+and Mooncake's (`{"timestamp": ms, "input_length", "output_length", "hash_ids"}`, other
+keys ignored), each line a `TraceSpec` whose prompt's token ids follow its hash ids
+(`trace_token_ids`): each names one block of `block_tokens`, the last one partial, so
+equal hash-id prefixes give equal token prefixes.
 """
 
 from __future__ import annotations
