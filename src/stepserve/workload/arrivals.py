@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import bisect
+import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ MAX_POINTS = 1_000
 
 
 class ArrivalProcess(abc.ABC):
+    # a kind whose YAML body is a mapping of exactly `keys`, its fields in that order
+    kind: ClassVar[str] = ""
+    keys: ClassVar[tuple[str, ...]] = ()
+
     @abc.abstractmethod
     def times(self, n: int, rng: random.Random) -> list[float]:
         """n non-decreasing arrival times in seconds, the first at 0.0."""
@@ -68,8 +73,9 @@ class ArrivalProcess(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str: ...
 
-    @abc.abstractmethod
-    def to_dict(self) -> Any: ...
+    def to_dict(self) -> Any:
+        return {self.kind: {key: getattr(self, f.name)
+                            for key, f in zip(self.keys, dataclasses.fields(self))}}
 
 
 def _from_gaps(n: int, gap: Any) -> list[float]:
@@ -87,7 +93,7 @@ class RatedArrival(ArrivalProcess):
     """Open-loop arrivals at a mean rate: the processes a rate override applies to."""
 
     rate_per_s: float
-    kind: ClassVar[str]
+    keys = ("rate",)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate_per_s", check_range(f"{self.kind}.rate", self.rate_per_s,
@@ -95,9 +101,6 @@ class RatedArrival(ArrivalProcess):
 
     def describe(self) -> str:
         return f"{self.kind} {self.rate_per_s:g} req/s"
-
-    def to_dict(self) -> Any:
-        return {self.kind: {"rate": self.rate_per_s}}
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class Gamma(RatedArrival):
     smoother."""
 
     burstiness: float = 1.0
-    kind = "gamma"
+    kind, keys = "gamma", ("rate", "burstiness")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -131,9 +134,6 @@ class Gamma(RatedArrival):
 
     def describe(self) -> str:
         return f"{super().describe()}, burstiness {self.burstiness:g}"
-
-    def to_dict(self) -> Any:
-        return {"gamma": {"rate": self.rate_per_s, "burstiness": self.burstiness}}
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,7 @@ class ClosedLoop(ArrivalProcess):
     job, or the promo-spike incident's "140 concurrent users")."""
 
     concurrency: int
+    kind, keys = "closed_loop", ("concurrency",)
 
     def __post_init__(self) -> None:
         check_int("closed_loop.concurrency", self.concurrency, lo=1, hi=MAX_CONCURRENCY)
@@ -161,9 +162,6 @@ class ClosedLoop(ArrivalProcess):
 
     def describe(self) -> str:
         return f"closed loop, {self.concurrency} in flight"
-
-    def to_dict(self) -> Any:
-        return {"closed_loop": {"concurrency": self.concurrency}}
 
 
 @dataclass(frozen=True)
@@ -328,14 +326,8 @@ class RateSchedule(ArrivalProcess):
         return {"rate_schedule": {"points": [list(p) for p in self.points]}}
 
 
-# The kinds whose body is a mapping of exactly these keys, passed in this order.
-KEYED_KINDS: dict[str, tuple[type[ArrivalProcess], tuple[str, ...]]] = {
-    "poisson": (Poisson, ("rate",)),
-    "gamma": (Gamma, ("rate", "burstiness")),
-    "constant": (Constant, ("rate",)),
-    "closed_loop": (ClosedLoop, ("concurrency",)),
-    "batch": (ClosedLoop, ("concurrency",)),
-}
+KEYED_KINDS: dict[str, type[ArrivalProcess]] = {
+    **{cls.kind: cls for cls in (Poisson, Gamma, Constant, ClosedLoop)}, "batch": ClosedLoop}
 ARRIVAL_KINDS = (*KEYED_KINDS, "trace", "rounds", "rate_schedule")
 
 
@@ -346,9 +338,9 @@ def parse_arrival(data: Any, where: str = "arrival",
     with located(where):
         kind, body = one_key("", data, ARRIVAL_KINDS)
         if kind in KEYED_KINDS:
-            cls, keys = KEYED_KINDS[kind]
-            body = keyed(kind, body, keys)
-            return cls(*(body[k] for k in keys))
+            cls = KEYED_KINDS[kind]
+            body = keyed(kind, body, cls.keys)
+            return cls(*(body[k] for k in cls.keys))
         if kind == "rounds":
             body = keyed("rounds", body, ("concurrency", "groups"))
             groups = body["groups"]
