@@ -1,12 +1,8 @@
-"""`stepserve demo`: the night-report incident, on a real model and in the simulator.
-
-On the default model (SmolLM2-135M on a CPU) a closed-loop job with 64 in flight, ~15% of
-requests 100x longer than the rest, twice as many requests as slots, runs with static and
-with continuous batching under the CPU's scheduling defaults (host/step_budget.py); then
-the same job shape at full-scale lengths (P50 20 / P99 2,000; 2,000 requests, ~31 rounds
-of 64: the speedup settles within a few percent of the workload's 6,400) in the simulator
-on an H100 profile. One table, and the measured speedups against the cap for the same
-requests. Sized to finish within a minute on a 2-core CPU from a fresh cache.
+"""`stepserve demo`: the night-report incident's job (64 in flight, ~15% of requests 100x
+longer, twice as many requests as slots), static vs continuous batching, on the default
+model on a CPU and then at full-scale lengths (P50 20 / P99 2,000; 2,000 requests, within
+a few percent of the workload's 6,400 speedup) in the simulator on an H100 profile; one
+table and the speedups against their caps, within a minute on a 2-core CPU.
 """
 
 from __future__ import annotations

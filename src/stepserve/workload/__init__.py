@@ -1,9 +1,6 @@
-"""Workloads: who sends what, and when.
-
-A `Workload` (request classes x arrival process x count x seed) generates a list of
-`RequestSpec`s, the same list for the same seed. Standard library only (`random`, `math`)
-besides pyyaml; no numpy, no torch.
-"""
+"""Workloads: who sends what, and when. A `Workload` (request classes x arrival process x
+count x seed) generates a list of `RequestSpec`s, the same list for the same seed; standard
+library only besides pyyaml."""
 
 from stepserve.workload.arrivals import (
     ClosedLoop,

@@ -9,10 +9,9 @@
                                         {name: long, count: 10, prompt: 128, output: 2000}]}}
     {rate_schedule: {points: [[0, 13.0], [120, 13.0], [180, 16.33]]}}   # [seconds, req/s]
 
-Open loop: `times(n, rng)` gives n non-decreasing arrival times, the first at 0.0 (sent at
-once, as `vllm bench serve` does). Closed loop: every request is available from the start
-and the runner keeps `closed_loop_concurrency` of them in flight, issuing the next when one
-finishes; arrival times are all 0.0 and mean nothing.
+Open loop: the first request at 0.0 (sent at once, as `vllm bench serve` does). Closed
+loop: every request is available from the start (times all 0.0) and the runner keeps
+`closed_loop_concurrency` in flight.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ from stepserve.workload.errors import (
     one_key,
     resolved,
 )
-from stepserve.workload.request_spec import RequestSpec
-from stepserve.workload.trace import load_trace
+from stepserve.workload.trace import RequestSpec, load_trace
 
 GROUP_KEYS = ("name", "count", "prompt", "output")
 MAX_POINTS = 1_000

@@ -1,8 +1,6 @@
-"""`WorkloadError` and the small checks every workload reader shares.
-
-Every message has `ConfigError`'s shape, `field = value: what is allowed`, so a user can
-fix a YAML file from the message alone; numbers and their ranges are checked by
-config/validate.py, upper bounds come from limits.py.
+"""`WorkloadError` and the small checks every workload reader shares. Every message has
+`ConfigError`'s shape, `field = value: what is allowed`, so a user can fix a YAML file
+from the message alone; upper bounds come from limits.py.
 """
 
 from __future__ import annotations

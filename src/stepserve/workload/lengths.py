@@ -1,14 +1,7 @@
-"""Token-length distributions for prompts and outputs, and their YAML shapes
-(`parse_length`; `to_dict()` writes them back):
-
-    {fixed: 20}  (or just 20)
-    {uniform: [10, 50]}                        # integers, both ends included
-    {lognormal: {p50: 20, p99: 2000, max: 4096}}
-    {mixture: [{weight: 0.85, fixed: 20}, {weight: 0.15, fixed: 2000}]}
-    {empirical: [1, 2, 3]}  or  {empirical: {file: lengths.txt}}
-
-`sample(rng)` returns an integer >= 1; randomness comes only from the `rng` the caller
-passes, so a workload is reproducible from its seed.
+"""Token-length distributions for prompts and outputs (their YAML shapes, read by
+`parse_length` and written by `to_dict`: docs/guide.md, "Workloads"). `sample(rng)`
+returns an integer >= 1 drawn only from the caller's `rng`, so a workload is reproducible
+from its seed.
 """
 
 from __future__ import annotations

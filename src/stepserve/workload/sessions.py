@@ -23,7 +23,7 @@ from stepserve.workload.errors import WorkloadError, check_keys, keyed, located,
 from stepserve.workload.lengths import LengthDist, parse_length
 
 if TYPE_CHECKING:
-    from stepserve.workload.request_spec import RequestSpec
+    from stepserve.workload.trace import RequestSpec
 
 MULTI_TURN_KEYS = ("turns", "think_time_s", "user_len")
 # A conversation longer than this is a script, not a chat; the bound also keeps a class's

@@ -1,10 +1,7 @@
-"""Shared prefixes: a class whose requests start with one of its `shared_prefixes` system
-prompts of `prefix_len` tokens, then their own `prompt` tokens (multi-tenant chat: a few
-dozen system prompts, each request opening with one of them).
-
-A prefix is named `<class>/<k>`; the same name always gives the same token ids, and two
-names never share their first token, so prompts share KV blocks exactly when they share
-a prefix (the prefix cache and a prefix-aware router see what a real workload gives them).
+"""Shared prefixes: a class whose requests open with one of its `shared_prefixes` system
+prompts of `prefix_len` tokens, then their own `prompt` tokens. A prefix is named
+`<class>/<k>`; the same name always gives the same token ids and two names never share
+their first token, so prompts share KV blocks exactly when they share a prefix.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a workload is: request classes, an arrival process, a count and a seed; and what
-it produces: a list of `RequestSpec`s (request_spec.py), the same list for the same seed.
+it produces: a list of `RequestSpec`s (trace.py), the same list for the same seed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import ArrivalProcess, TraceReplay
 from stepserve.workload.errors import WorkloadError, check_int, check_positive, check_str
 from stepserve.workload.lengths import LENGTH_KINDS, LengthDist, cumulative_shares
-from stepserve.workload.request_spec import RequestSpec, check_priority_and_tenant
 from stepserve.workload.sessions import MultiTurn, check_session_count, later_turns
 from stepserve.workload.shared_prefix import check_shared_prefixes, prefix_name
+from stepserve.workload.trace import RequestSpec, check_priority_and_tenant
 
 # How a class fills `length_estimate`, the output length an SRPT scheduler is told:
 # none (it must fall back on max_tokens), exact (an oracle), class_mean (it knows the
@@ -36,14 +36,10 @@ LENGTH_ESTIMATES = ("none", "exact", "class_mean")
 class RequestClass:
     """A kind of request (e.g. `summary`, `chat`) with its share of the traffic.
 
-    `max_tokens`, when given, is the cap every request of the class asks for; a sampled
-    output longer than the cap is cut to it (the request ends by length). When None, the
-    client asks for exactly what it will get (max_tokens = output_len).
-
-    `pairs`, when given, are (prompt, output) lengths sampled jointly (a dataset, see
-    sharegpt.py); `prompt` and `output` then hold their marginals, for `mean()` and
-    `describe()`, and `dataset` the YAML form it came from. `shared_prefixes`: see
-    shared_prefix.py (a prefix drawn uniformly, then the request's own `prompt` tokens).
+    `max_tokens`: the cap every request asks for, a longer sampled output cut to it (None:
+    exactly its output length). `pairs`: (prompt, output) lengths sampled jointly (a
+    dataset, sharegpt.py), `prompt` and `output` then their marginals and `dataset` the
+    YAML form it came from.
     """
 
     name: str
