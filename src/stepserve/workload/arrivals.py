@@ -23,7 +23,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar
 
 from stepserve.config.limits import (
     MAX_BURSTINESS,
@@ -197,7 +197,8 @@ class TraceReplay(ArrivalProcess):
 
 class _RoundSpecs(Sequence[RequestSpec]):
     """Request i of a job that repeats `groups` (name, count, prompt, output) forever, in
-    order; as long as a workload may be, built only when read."""
+    order; as long as a workload may be, built only when read (by index: a job is always
+    replayed closed-loop, so never sliced by arrival)."""
 
     def __init__(self, groups: tuple[tuple[str, int, int, int], ...]) -> None:
         self.order = [(name, prompt, output) for name, count, prompt, output in groups
@@ -206,15 +207,7 @@ class _RoundSpecs(Sequence[RequestSpec]):
     def __len__(self) -> int:
         return MAX_NUM_REQUESTS
 
-    @overload
-    def __getitem__(self, i: int) -> RequestSpec: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[RequestSpec]: ...
-
-    def __getitem__(self, i: int | slice) -> RequestSpec | list[RequestSpec]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
+    def __getitem__(self, i: int) -> RequestSpec:  # type: ignore[override]
         if not 0 <= i < len(self):
             raise IndexError(i)
         name, prompt, output = self.order[i % len(self.order)]

@@ -133,18 +133,16 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
 
 
 def _class_to_dict(c: RequestClass) -> dict[str, Any]:
+    """Each field in order, an optional one only when it is not its default."""
     out: dict[str, Any] = {"name": c.name, "share": c.share}
     if c.dataset is not None:
         out["sharegpt"] = {k: v for k, v in c.dataset.items() if k in SHAREGPT_KEYS}
     else:
         out.update(prompt=c.prompt.to_dict(), output=c.output.to_dict())
-    if c.max_tokens is not None:
-        out["max_tokens"] = c.max_tokens
-    out.update(priority=c.priority, tenant=c.tenant)
-    if c.length_estimate != "none":
-        out["length_estimate"] = c.length_estimate
-    if c.shared_prefixes:
-        out.update(shared_prefixes=c.shared_prefixes, prefix_len=c.prefix_len)
+    for f in dataclasses.fields(c)[4:]:
+        value = getattr(c, f.name)
+        if f.name in CLASS_OPTIONS and (value != f.default or f.name in ("priority", "tenant")):
+            out[f.name] = value
     if c.multi_turn is not None:
         out["multi_turn"] = c.multi_turn.to_dict()
     return out
