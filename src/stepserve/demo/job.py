@@ -85,14 +85,6 @@ def run_real(runner, batching: str, jobs, concurrency: int) -> DemoRun:
     return DemoRun(f"cpu-{batching}", batching, summary, engine.runner.describe(), wall)
 
 
-def _model_ready(model: str) -> bool:
-    """Whether `model` is already in the cache (a directory, or a converted preset)."""
-    from stepserve.model.presets import ALIASES, PRESETS
-
-    preset = PRESETS.get(ALIASES.get(model, model))
-    return preset is None or preset.path().is_dir()
-
-
 def run_sim(batching: str, num_requests: int, cost_choice: str | None = None
             ) -> tuple[DemoRun, list[int]]:
     """The simulated run (SmolLM2 on an H100's roofline, or `cost_choice`: constant,
@@ -114,14 +106,6 @@ def run_sim(batching: str, num_requests: int, cost_choice: str | None = None
     run = run_config(name, config, specs, cost, blocks, 64)
     return (DemoRun(run.name, batching, run.summary, cost.describe(), sim=run),
             [s.output_len for s in specs])
-
-
-def sample_text(engine) -> str:
-    tok = engine.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user",
-                                       "content": "What is the capital of France?"}])
-    req = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=24))
-    return engine.run_until_done()[req.request_id].full_text.strip()
 
 
 def _tokens(v: float | None, fmt: str) -> str:
@@ -166,8 +150,11 @@ def run_demo(options: DemoOptions) -> int:
     print("stepserve demo: the night-report incident's job (64 in flight, ~15% of requests "
           "100x longer than the rest), static vs continuous batching.")
     start = time.perf_counter()
-    fresh = not _model_ready(options.model)
     from stepserve.engine.llm_engine import LLMEngine
+    from stepserve.model.presets import ALIASES, PRESETS
+
+    preset = PRESETS.get(ALIASES.get(options.model, options.model))
+    fresh = preset is not None and not preset.path().is_dir()  # not yet in the cache
 
     try:  # converted first where the cache lacks it
         engine = LLMEngine(options.model, ConfigOverrides(settings={"max_model_len": 2048}))
@@ -177,7 +164,10 @@ def run_demo(options: DemoOptions) -> int:
     print(f"model: {engine.runner.describe()}")
     print(f"  ready in {timing['model']:.0f} s"
           + (" (fresh cache: converted from the GGUF first)" if fresh else " (cached)"))
-    text = sample_text(engine)
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}])
+    req = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=24))
+    text = engine.run_until_done()[req.request_id].full_text.strip()
 
     jobs, real_lengths = demo_jobs(engine.tokenizer, options.requests, options.short,
                                    options.long)

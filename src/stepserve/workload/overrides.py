@@ -1,14 +1,8 @@
-"""Overriding a workload's count, seed, rate, concurrency, arrival process or duration,
-the one way every command and scenario does it. By arrival kind:
-
-    rate         poisson, gamma, constant: the same process at the new rate (a gamma
-                 keeps its burstiness); closed loop, trace: WorkloadError (no rate)
-    concurrency  closed loop, a trace replayed closed-loop: the new number in flight;
-                 poisson, gamma, constant, a trace on its own times: WorkloadError
-    arrival      any: the process replaced as a whole (bench's --request-rate,
-                 --burstiness, --max-concurrency), before `rate` and `concurrency` apply
-    num_requests, seed, duration_s: any kind; the workload checks the values (a trace
-                 holds only so many requests)
+"""Overriding a workload's count, seed, rate, concurrency, arrival process or duration, the
+one way every command and scenario does it. `arrival` replaces the process first (bench's
+--request-rate, --burstiness, --max-concurrency); then `rate` applies to poisson, gamma
+(keeping its burstiness) and constant arrivals, `concurrency` to a closed loop or a trace
+replayed closed-loop, and any other pairing is a WorkloadError.
 """
 
 from __future__ import annotations
