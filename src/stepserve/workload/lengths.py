@@ -234,27 +234,6 @@ class Empirical(LengthDist):
             check_int(f"empirical[{i}]", v, lo=1, hi=MAX_LEN)
         object.__setattr__(self, "values", tuple(self.values))
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> Empirical:
-        """One integer per line; blank lines and lines starting with # are skipped."""
-        p = Path(path)
-        text = read_user_file(read_text, p, "empirical.file")
-        values = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            try:
-                value = int(line)
-            except ValueError:
-                raise WorkloadError(f"empirical.file {str(p)!r} line {number} = "
-                                    f"{preview(line)}: must be one integer >= 1") from None
-            check_int(f"empirical.file {str(p)!r} line {number}", value, lo=1, hi=MAX_LEN)
-            values.append(value)
-        if not values:
-            raise WorkloadError(f"empirical.file = {str(p)!r}: holds no lengths")
-        return cls(tuple(values), source=str(p))
-
     def sample(self, rng: random.Random) -> int:
         return rng.choice(self.values)
 
@@ -274,10 +253,27 @@ fixed, uniform, lognormal, mixture = Fixed, Uniform, LogNormal, Mixture
 
 
 def empirical(values: Sequence[int] | str | Path) -> Empirical:
-    """From a list of lengths, or from a file of integers when given a path."""
-    if isinstance(values, (str, Path)):
-        return Empirical.from_file(values)
-    return Empirical(tuple(values))
+    """From a list of lengths, or from a file of integers when given a path: one a line,
+    blank lines and lines starting with # skipped."""
+    if not isinstance(values, (str, Path)):
+        return Empirical(tuple(values))
+    p = Path(values)
+    text = read_user_file(read_text, p, "empirical.file")
+    lengths: list[int] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            value = int(line)
+        except ValueError:
+            raise WorkloadError(f"empirical.file {str(p)!r} line {number} = "
+                                f"{preview(line)}: must be one integer >= 1") from None
+        check_int(f"empirical.file {str(p)!r} line {number}", value, lo=1, hi=MAX_LEN)
+        lengths.append(value)
+    if not lengths:
+        raise WorkloadError(f"empirical.file = {str(p)!r}: holds no lengths")
+    return Empirical(tuple(lengths), source=str(p))
 
 
 LENGTH_KINDS = ("fixed", "uniform", "lognormal", "mixture", "empirical")
@@ -318,7 +314,7 @@ def parse_length(data: Any, where: str = "length", base_dir: Path | None = None)
             check_keys("empirical", body, ("file",), required=("file",))
             body = body["file"]
         if isinstance(body, str):
-            return Empirical.from_file(resolved(body, base_dir))
+            return empirical(resolved(body, base_dir))
         if not isinstance(body, Sequence):
             raise WorkloadError(f"empirical = {preview(body)}: must be a list of integers >= 1 or "
                                 "{file: path}")
