@@ -31,6 +31,7 @@ from stepserve.workload.errors import (
 )
 from stepserve.workload.lengths import parse_length
 from stepserve.workload.sessions import parse_multi_turn
+from stepserve.workload.sharegpt import sharegpt_class
 from stepserve.workload.spec import RequestClass, Workload
 from stepserve.workload.trace import (
     MAX_SLOWDOWN,
@@ -101,8 +102,6 @@ def _parse_class(data: Any, where: str, base: Path | None) -> RequestClass:
                "multi_turn": multi_turn}
     with located(where):
         if dataset:
-            from stepserve.workload.sharegpt import sharegpt_class
-
             return sharegpt_class(path, spec.get("tokenizer"), spec.get("output_len"), **options)
         return RequestClass(prompt=prompt, output=output, **options)
 
