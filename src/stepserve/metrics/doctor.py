@@ -1,13 +1,7 @@
-"""`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`'s job: which of the
-alert rules (docs/guide.md's table) fire.
-
-RESULT.json is a result file of any version (its stored findings are ignored: the rules
-are applied afresh), a bare summary dict, or a `vllm bench serve --save-result` file (the
-report then says which rules need server-side data). `--url` scrapes a live server's
-/metrics over a window instead (live_window.py); the JSON then also carries that
-"summary", the server's "config" and the rules "not_evaluable" for lack of data. A bad
-file (missing, malformed, without runs, or with impossible values: summary_checks.py) or
-a target that cannot be scraped is a UsageError; otherwise 0, whatever fires.
+"""`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`: which alert rules
+fire, applied afresh to a result file of any version, a bare summary, a vLLM bench result
+or a live server's window (the JSON then also carries its "summary", "config" and
+"not_evaluable"). A bad file or target is a UsageError; otherwise 0, whatever fires.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""RunSummary: one run's numbers as typed fields, whatever measured them (a simulation or
-an engine run, a by-class summary, a live /metrics window, a bench run, another tool's
-file). Every field is None where its source does not measure it or where it is undefined
-(no completed request, no steps, no preemption), so the rules read one type and a rule
-whose inputs are None cannot run.
-
-`reported` names the fields the source reports, in order: `to_json` writes exactly those
-keys, and `from_json` reads any of them, dropping keys it does not know and values of the
-wrong kind (a string where a number belongs is no number).
+"""RunSummary: one run's numbers as typed fields, whatever measured them. A field is None
+where its source does not measure it or it is undefined, so a rule whose inputs are None
+cannot run. `reported` names the fields the source reports, in JSON order: `to_json`
+writes exactly those, `from_json` drops unknown keys and values of the wrong kind.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Step-level metrics from the StepRecords the scheduler leaves, one per executed step:
-how full the batch was, how the budget was split, how the queues moved.
-
-Steps come as one list (one engine) or one list per replica (`SimResult.steps`). Queue
-levels (waiting, running, in the engine) are cluster-wide: after every step of any
-replica, the sum of each replica's latest value. Every other step metric pools the
-records of all replicas."""
+"""Step-level metrics from the StepRecords, one per executed step. Steps come as one list
+or one per replica; queue levels are cluster-wide (after each step of any replica, the
+sum of each replica's latest value), every other metric pools all replicas' records.
+"""
 
 from __future__ import annotations
 

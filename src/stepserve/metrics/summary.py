@@ -1,9 +1,7 @@
-"""One run summarised as a RunSummary: the request fields from each request's
-RequestLatencies (latencies from completed requests only), the step fields from the step
-records, and the alert times from both. Measure the requests once and hand them to every
-summary that needs them: `measure_run` does, and adds the by-class summaries, a binned
-time series and thinned latency samples (a result's `timeseries` and `latency_samples`,
-from which `stepserve report` draws)."""
+"""One run summarised as a RunSummary: request fields from each request's latencies, step
+fields from the step records, alert times from both. `measure_run` measures the requests
+once and adds the by-class summaries, a binned time series and thinned latency samples.
+"""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""Which values a run's summary and its config can hold, so `stepserve doctor` refuses a
-file with impossible ones instead of reasoning from them (a negative preemption count, a
-share of 1.5, a NaN latency) or passing over them in silence (`"ttft_p99_s": "high"`: no
-rule could read it).
-
-Types: each RunSummary field holds its kind or null (not measured); so do the config
-settings the advice names. Keys the doctor does not read are not checked.
-
-Ranges: numbers are classed by their key's name: the queue's fitted slopes may be
-negative; shares and ratios of held slots are in [0, 1]; every other number (counts,
-tokens, seconds, throughputs, P99/P50 ratios, settings) is >= 0. Every number must be
-finite.
+"""Which values a run's summary and config can hold, so `stepserve doctor` refuses a file
+with impossible ones (a negative count, a share of 1.5, a NaN) or of the wrong kind
+(`"ttft_p99_s": "high"`) rather than reason from them or pass over them. Numbers are
+classed by their key: the queue's fitted slopes may be negative, shares lie in [0, 1],
+every other number is >= 0; all are finite.
 """
 
 from __future__ import annotations
