@@ -27,7 +27,7 @@ from stepserve.metrics.live_window import (
     window_notes,
 )
 from stepserve.metrics.prometheus import Snapshot
-from stepserve.metrics.rules import Finding, RuleSettings, diagnose, findings_for, unevaluable
+from stepserve.metrics.rules import Finding, RuleSettings, diagnose, unevaluable
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import check_schema
 from stepserve.metrics.summary_checks import impossible_values, wrong_types
@@ -130,19 +130,13 @@ def run_doctor(options: DoctorOptions) -> int:
         return run_live(options, options.url)
     runs = load_runs(options.result)
     client_only = {run.name: unevaluable(run.summary) for run in runs if run.client_only}
-    if options.as_json:
-        rows = [f.to_json() for f in findings_for(runs)]
-        extra = {"not_evaluable": next(iter(client_only.values()))} if client_only else {}
-        print(json.dumps({"findings": rows, **extra}, indent=2))
-    else:
-        print(format_report([(run, diagnose(run.summary, run.rule_settings()))
-                             for run in runs]))
-        for missing in client_only.values():
-            print(f"  a client-side vLLM bench result: {len(missing)} rule(s) cannot run "
-                  f"without server-side data ({', '.join(missing) or 'none'}); run "
-                  "`stepserve doctor --url` or `stepserve bench --target` (it scrapes "
-                  "/metrics) for those")
-    return 0
+    notes = [f"  a client-side vLLM bench result: {len(missing)} rule(s) cannot run without "
+             f"server-side data ({', '.join(missing) or 'none'}); run `stepserve doctor "
+             "--url` or `stepserve bench --target` (it scrapes /metrics) for those"
+             for missing in client_only.values()]
+    extra = {"not_evaluable": next(iter(client_only.values()))} if client_only else {}
+    return _print(options, [(run, diagnose(run.summary, run.rule_settings())) for run in runs],
+                  extra, notes)
 
 
 def run_live(options: DoctorOptions, url: str) -> int:
@@ -157,17 +151,21 @@ def run_live(options: DoctorOptions, url: str) -> int:
         raise UsageError(str(exc)) from None
     results = live_runs(url, window.snapshots)
     (run, _), pools = results[0], results[1:]
-    summary, config = run.summary, run.config
-    missing = unevaluable(summary)
+    missing = unevaluable(run.summary)
+    extra = {"summary": run.summary.to_json(), "config": run.config, "not_evaluable": missing,
+             "failed_scrapes": window.failures,
+             **({"pools": {r.name: r.summary.to_json() for r, _ in pools}} if pools else {})}
+    return _print(options, results, extra, window_notes(run.summary, missing, window.failures))
+
+
+def _print(options: DoctorOptions, results: list[tuple[Run, list[Finding]]],
+           extra: dict[str, Any], notes: list[str]) -> int:
+    """The findings as JSON (each naming its run, then `extra`), or as text and `notes`."""
     if options.as_json:
-        rows = [f.on_run(r.name).to_json() for r, fs in results for f in fs]
-        print(json.dumps({"findings": rows, "summary": summary.to_json(), "config": config,
-                          "not_evaluable": missing, "failed_scrapes": window.failures,
-                          **({"pools": {r.name: r.summary.to_json() for r, _ in pools}}
-                             if pools else {})}, indent=2))
+        rows = [f.on_run(run.name).to_json() for run, found in results for f in found]
+        print(json.dumps({"findings": rows, **extra}, indent=2))
     else:
-        print("\n".join([format_report(results),
-                          *window_notes(summary, missing, window.failures)]))
+        print("\n".join([format_report(results), *notes]))
     return 0
 
 

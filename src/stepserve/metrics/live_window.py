@@ -52,16 +52,6 @@ def metrics_url(url: str) -> str:
     return url if url.endswith("/metrics") else url + "/metrics"
 
 
-def fetch(url: str, limits: ScrapeLimits | None = None) -> Snapshot:
-    """One scrape of `url` (a /metrics URL), bounded as every scrape is."""
-
-    async def once() -> Snapshot:
-        async with httpx.AsyncClient() as client:
-            return await fetch_snapshot(client, url, limits)
-
-    return asyncio.run(once())
-
-
 @dataclass(kw_only=True)
 class ScrapeWindow:
     """The scrapes of a window that worked, in time order, and one line per one that

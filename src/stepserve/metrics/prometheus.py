@@ -52,20 +52,20 @@ class Source:
                 raise ValueError(f"Source {self.name}: unknown {kind} {sorted(unknown)}")
 
 
+# the names vLLM introduced, which ours and SGLang's keep
+_TOKENS = {"prompt_tokens": ("prompt_tokens",), "generation_tokens": ("generation_tokens",)}
+_TTFT_E2E = {"ttft": ("time_to_first_token_seconds",),
+             "e2e": ("e2e_request_latency_seconds",)}
+
 STEPSERVE = Source(
     "stepserve", "stepserve:",
     levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
             "kv_usage": ("kv_cache_usage_perc",)},
-    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
-              "generation_tokens": ("generation_tokens",),
+    counters={"preemptions": ("num_preemptions",), **_TOKENS,
               "requests_finished": ("request_success",), "steps": ("steps",),
-              "prefill_only_steps": ("prefill_only_steps",),
-              "zero_decode_steps": ("zero_decode_steps",),
-              "active_sequence_steps": ("active_sequence_steps",),
-              "held_slot_steps": ("held_slot_steps",)},
-    histograms={"ttft": ("time_to_first_token_seconds",),
-                "e2e": ("e2e_request_latency_seconds",),
-                "tpot": ("request_time_per_output_token_seconds",),
+              **{key: (key,) for key in ("prefill_only_steps", "zero_decode_steps",
+                                         "active_sequence_steps", "held_slot_steps")}},
+    histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",),
                 "step_time": ("step_duration_seconds",)},
     config_info="scheduler_config_info")
 
@@ -73,24 +73,20 @@ VLLM = Source(
     "vllm", "vllm:",
     levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
             "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc")},
-    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
-              "generation_tokens": ("generation_tokens",),
+    counters={"preemptions": ("num_preemptions",), **_TOKENS,
               "requests_finished": ("request_success",),
               "steps": ("iteration_tokens_total_count",)},
-    histograms={"ttft": ("time_to_first_token_seconds",),
-                "e2e": ("e2e_request_latency_seconds",),
-                "tpot": ("request_time_per_output_token_seconds",
-                         "time_per_output_token_seconds", "inter_token_latency_seconds")})
+    histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",
+                                      "time_per_output_token_seconds",
+                                      "inter_token_latency_seconds")})
 
 SGLANG = Source(
     "sglang", "sglang:",
     levels={"waiting": ("num_queue_reqs",), "running": ("num_running_reqs",),
             "kv_usage": ("token_usage",)},
-    counters={"preemptions": ("num_retracted_requests",), "prompt_tokens": ("prompt_tokens",),
-              "generation_tokens": ("generation_tokens",),
+    counters={"preemptions": ("num_retracted_requests",), **_TOKENS,
               "requests_finished": ("num_requests",)},
-    histograms={"ttft": ("time_to_first_token_seconds",),
-                "e2e": ("e2e_request_latency_seconds",),
+    histograms={**_TTFT_E2E,
                 "tpot": ("inter_token_latency_seconds", "time_per_output_token_seconds")})
 
 TGI = Source(

@@ -151,22 +151,15 @@ class TimeSeries:
     def from_json(cls, data: Mapping[str, Any]) -> TimeSeries:
         """From a result file: `t` is required, a missing series reads as empty (kv_usage
         and steps as absent)."""
-        values = {f.name: _series(data.get(f.name), f.name) for f in fields(cls)}
+        values = {f.name: data.get(f.name) for f in fields(cls)}
+        for name, value in values.items():
+            if value is not None and not isinstance(value, list):
+                raise ValueError(f"timeseries.{name} must be a list, got "
+                                 f"{type(value).__name__}")
         if values["t"] is None:
             raise ValueError("a timeseries without t")
-        return cls(**{name: v if v is not None or name in _OPTIONAL else []
+        return cls(**{name: [] if v is None and name not in ("kv_usage", "steps") else v
                       for name, v in values.items()})
-
-
-_OPTIONAL = ("kv_usage", "steps")
-
-
-def _series(value: Any, name: str) -> list | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise ValueError(f"timeseries.{name} must be a list, got {type(value).__name__}")
-    return value
 
 
 def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> TimeSeries:
@@ -184,9 +177,8 @@ def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> Time
     def slot(s: StepRecord) -> int:
         return min(int((step_end(s) - t0) / width), bins - 1)
 
-    zeros_f = [0.0] * bins
-    waiting, running, kv = list(zeros_f), list(zeros_f), list(zeros_f)
-    prefill, decode, preempt, counts = [0] * bins, [0] * bins, [0] * bins, [0] * bins
+    waiting, running, kv = ([0.0] * bins for _ in range(3))
+    prefill, decode, preempt, counts = ([0] * bins for _ in range(4))
     for recs in replicas:
         levels: list[list[tuple[float, float, float]]] = [[] for _ in range(bins)]
         for s in recs:
@@ -198,10 +190,8 @@ def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> Time
             counts[b] += 1
         last = (0.0, 0.0, 0.0)
         for b, samples in enumerate(levels):
-            if samples:
-                k = len(samples)
-                last = (sum(x[0] for x in samples) / k, sum(x[1] for x in samples) / k,
-                        sum(x[2] for x in samples) / k)
+            if samples:  # the mean of each level over the bin's steps
+                last = tuple(sum(level) / len(samples) for level in zip(*samples))
             waiting[b] += last[0]
             running[b] += last[1]
             kv[b] += last[2] / len(replicas)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.run_summary import RunSummary, value_kind
 from stepserve.metrics.summary import latency_fields
 
 VLLM_MARKERS = ("completed", "duration", "request_throughput")
@@ -27,8 +27,7 @@ def is_vllm_result(data: Any) -> bool:
 
 def _number(data: Mapping[str, Any], key: str) -> float | None:
     value = data.get(key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if ok else None
+    return float(value) if value_kind(value) is float else None
 
 
 def _seconds(data: Mapping[str, Any], key: str) -> float | None:
