@@ -1,7 +1,9 @@
 """`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`: which alert rules
 fire, applied afresh to a result file of any version, a bare summary, a vLLM bench result
 or a live server's window (the JSON then also carries its "summary", "config" and
-"not_evaluable"). A bad file or target is a UsageError; otherwise 0, whatever fires.
+"not_evaluable"). A bad file or target is a UsageError, a file with values of the wrong
+kind or impossible ones (a negative count, a share of 1.5, a NaN) included, so the rules
+never reason from them; otherwise 0, whatever fires.
 """
 
 from __future__ import annotations
@@ -27,10 +29,9 @@ from stepserve.metrics.live_window import (
     window_notes,
 )
 from stepserve.metrics.prometheus import Snapshot
-from stepserve.metrics.rules import Finding, RuleSettings, diagnose, unevaluable
-from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.rules import SETTING_TYPES, Finding, RuleSettings, diagnose, unevaluable
+from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary, allowed, value_kind
 from stepserve.metrics.schema import check_schema
-from stepserve.metrics.summary_checks import impossible_values, wrong_types
 from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
 
 # --window-s and --interval-s: a millisecond to a month; at most MAX_SCRAPES snapshots
@@ -107,6 +108,50 @@ def _checked(path: str, name: str, summary: dict, batching: str | None,
     if problems:
         raise UsageError(f"{path}: run {name}: impossible values: {'; '.join(problems)}")
     return Run(name, RunSummary.from_json(summary), batching, config)
+
+
+def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """`key = value: must be ...` for each impossible number, nested mappings (config
+    sections, error counts) included, their keys prefixed `section.`."""
+    problems: list[str] = []
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            problems += impossible_values(value, f"{prefix}{key}.")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        problem = allowed(str(key)).problem(f"{prefix}{key}", value)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+# the config settings the advice reads (RuleSettings), top level or one section deep
+ADVICE_SETTINGS = {name: str if kind is str else float for name, kind in SETTING_TYPES.items()}
+_KIND_TEXT = {float: "a number", str: "a string", bool: "true or false", dict: "an object",
+              list: "a list"}
+
+
+def wrong_types(summary: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """`summary.key = value (a string): must be a number (or null)` for each value the
+    doctor reads that is not of its field's kind (a key it does not read is not checked);
+    the config's advice settings likewise, as `config.section.key`."""
+    problems = [_wrong(f"summary.{key}", value, FIELD_KINDS[key])
+                for key, value in summary.items() if key in FIELD_KINDS]
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            problems += [_wrong(f"config.{key}.{sub}", v, ADVICE_SETTINGS[sub])
+                         for sub, v in value.items() if sub in ADVICE_SETTINGS]
+        elif key in ADVICE_SETTINGS:
+            problems.append(_wrong(f"config.{key}", value, ADVICE_SETTINGS[key]))
+    return [p for p in problems if p]
+
+
+def _wrong(where: str, value: Any, kind: type) -> str:
+    if value is None or value_kind(value) is kind:
+        return ""
+    found = _KIND_TEXT.get(value_kind(value), type(value).__name__)
+    return f"{where} = {preview(value)} ({found}): must be {_KIND_TEXT[kind]} (or null)"
 
 
 @dataclass(frozen=True)
