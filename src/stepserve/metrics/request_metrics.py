@@ -107,12 +107,9 @@ def cacheable_tokens(shared_tokens: int, prompt_len: int,
 def repeated_prefix_tokens(requests: Sequence[Request],
                            block_size: int = REPEAT_BLOCK_TOKENS) -> list[int]:
     """For each request, the leading prompt tokens (whole blocks, at most all but its
-    last) that a request arriving before it began with, under the same cache salt: blocks
-    named as the prefix cache names them (core/prefix_hash.py).
-
-    A prompt's blocks are named only once another prompt begins with the same first
-    block, so a workload of distinct prompts costs one hash per request and no memory
-    beyond the requests themselves."""
+    last) that a request arriving before it began with, under the same cache salt, blocks
+    named as the prefix cache names them. A prompt's blocks are named only once another
+    begins with the same first block: distinct prompts cost one hash each."""
     first_seen: dict[BlockHash, Request] = {}  # a first block -> the prompt that had it
     named: set[BlockHash] = set()  # every block of every prompt whose first one recurred
     expanded: set[int] = set()  # ids of the prompts whose blocks are in `named`

@@ -225,19 +225,13 @@ def _first_ttft_p99_at(ms: Sequence[RequestLatencies]) -> float | None:
 
 
 def _first_prefill_share_at(recs: list[StepRecord]) -> float | None:
-    window: deque[StepRecord] = deque()
-    prefill = zero = 0
-    for s in recs:
-        window.append(s)
-        prefill += s.is_prefill_only
-        zero += s.is_zero_decode
-        if len(window) > STEP_WINDOW:
-            old = window.popleft()
-            prefill -= old.is_prefill_only
-            zero -= old.is_zero_decode
-        if len(window) == STEP_WINDOW and (prefill > PREFILL_STEP_SHARE_MAX * STEP_WINDOW
-                                           or zero > ZERO_DECODE_STEP_SHARE_MAX * STEP_WINDOW):
-            return step_end(s)
+    prefill = list(accumulate((s.is_prefill_only for s in recs), initial=0))
+    zero = list(accumulate((s.is_zero_decode for s in recs), initial=0))
+    for end in range(STEP_WINDOW, len(recs) + 1):  # the STEP_WINDOW steps before `end`
+        start = end - STEP_WINDOW
+        if prefill[end] - prefill[start] > PREFILL_STEP_SHARE_MAX * STEP_WINDOW \
+                or zero[end] - zero[start] > ZERO_DECODE_STEP_SHARE_MAX * STEP_WINDOW:
+            return step_end(recs[end - 1])
     return None
 
 

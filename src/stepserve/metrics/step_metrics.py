@@ -127,13 +127,10 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
 
 @dataclass(frozen=True)
 class TimeSeries:
-    """A run over time, in bins, for plots. t: bin centres (s). waiting, running:
-    cluster-wide mean level in the bin (the last value carried through empty bins);
-    kv_usage: mean over replicas; prefill_tokens, decode_tokens, preemptions: totals in
-    the bin; steps: step records per bin (summary.step_timeseries), so tokens per step
-    can be drawn. From a bench's /metrics samples (bench/results.py) a row is a sample:
-    no kv_usage, and steps only where the target counts them. A None series is absent
-    from the JSON."""
+    """A run over time, in bins, for plots: t the bin centres (s); waiting, running the
+    cluster-wide mean level (carried through empty bins); kv_usage the mean over
+    replicas; the rest totals per bin. From a bench's /metrics samples a row is a sample
+    (no kv_usage; steps only where counted). A None series is absent from the JSON."""
 
     t: list[float]
     waiting: list[float]
