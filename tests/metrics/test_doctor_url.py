@@ -170,14 +170,14 @@ def test_a_window_with_under_two_good_scrapes_is_an_error(capsys):
 
 def test_label_values_with_commas_and_quotes_survive_a_scrape():
     from stepserve.config.settings import SchedulerConfig
-    from stepserve.metrics.live_window import fetch
+    from stepserve.metrics.live_window import scrape_window
     from stepserve.server.metrics import ServerMetrics
 
     name = 'org/model,v2 "chat"'
     metrics = ServerMetrics(name, SchedulerConfig(max_num_seqs=7), engine="1")
     metrics.waiting.set(2)
     with metrics_server([metrics.render().decode()]) as url:
-        snap = fetch(url + "/metrics")
+        snap = scrape_window(url + "/metrics", 0.01, 0.01).snapshots[-1]
     ours = [dict(ls) for n, ls in snap.samples if n.startswith("stepserve:")]
     assert ours and {(ls["model_name"], ls["engine"]) for ls in ours} == {(name, "1")}
     assert snap.level("waiting") == 2.0

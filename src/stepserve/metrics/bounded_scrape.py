@@ -1,20 +1,9 @@
-"""One scrape of a server's `/metrics`, bounded whatever the server does: `doctor --url`
-(live_window.py) and `bench` (bench/scrape.py) both read a target through `fetch_snapshot`.
-
-A server may be slow, broken or hostile, and the reader must still come back soon with a
-bounded amount of memory. So a scrape has `ScrapeLimits`:
-
-  deadline_s: the whole scrape (connecting, the headers, every byte of the body), not a
-      wait per read: a server that sends one byte every two seconds is cut off there;
-  max_body_bytes: the body as read, after gzip or deflate are undone, counted while it
-      streams in: an endless body, or a small gzip that expands a thousandfold, stops at
-      the cap with nothing more kept;
-  max_series: sample lines, counted before parsing (prometheus_client takes about 60 us
-      a line): a page with a million series is refused, not parsed for a minute.
-
-A scrape past a limit fails with a `LiveScrapeError` that names the limit, as an
-unreachable server or an HTTP error does; the callers skip it and report it. A real
-server's page is far inside them: vLLM's is a few thousand series, a few hundred KB.
+"""One scrape of a server's `/metrics` (`fetch_snapshot`, for `doctor --url` and `bench`),
+bounded whatever a slow, broken or hostile server does: `ScrapeLimits` caps the whole
+scrape's time (not a wait per read), the body as read after gzip is undone (counted as it
+streams in), and the sample lines (counted before parsing, which takes ~60 us a line).
+Past a limit the scrape fails with a LiveScrapeError naming it. A real server's page is
+far inside them: vLLM's is a few thousand series, a few hundred KB.
 """
 
 from __future__ import annotations

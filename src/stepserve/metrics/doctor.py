@@ -1,13 +1,9 @@
-"""`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`'s job: which of the
-alert rules (docs/guide.md's table) fire.
-
-RESULT.json is a result file of any version (its stored findings are ignored: the rules
-are applied afresh), a bare summary dict, or a `vllm bench serve --save-result` file (the
-report then says which rules need server-side data). `--url` scrapes a live server's
-/metrics over a window instead (live_window.py); the JSON then also carries that
-"summary", the server's "config" and the rules "not_evaluable" for lack of data. A bad
-file (missing, malformed, without runs, or with impossible values: summary_checks.py) or
-a target that cannot be scraped is a UsageError; otherwise 0, whatever fires.
+"""`stepserve doctor RESULT.json | --url http://HOST:PORT [--json]`: which alert rules
+fire, applied afresh to a result file of any version, a bare summary, a vLLM bench result
+or a live server's window (the JSON then also carries its "summary", "config" and
+"not_evaluable"). A bad file or target is a UsageError, a file with values of the wrong
+kind or impossible ones (a negative count, a share of 1.5, a NaN) included, so the rules
+never reason from them; otherwise 0, whatever fires.
 """
 
 from __future__ import annotations
@@ -33,10 +29,9 @@ from stepserve.metrics.live_window import (
     window_notes,
 )
 from stepserve.metrics.prometheus import Snapshot
-from stepserve.metrics.rules import Finding, RuleSettings, diagnose, findings_for, unevaluable
-from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.rules import SETTING_TYPES, Finding, RuleSettings, diagnose, unevaluable
+from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary, allowed, value_kind
 from stepserve.metrics.schema import check_schema
-from stepserve.metrics.summary_checks import impossible_values, wrong_types
 from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
 
 # --window-s and --interval-s: a millisecond to a month; at most MAX_SCRAPES snapshots
@@ -115,6 +110,50 @@ def _checked(path: str, name: str, summary: dict, batching: str | None,
     return Run(name, RunSummary.from_json(summary), batching, config)
 
 
+def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """`key = value: must be ...` for each impossible number, nested mappings (config
+    sections, error counts) included, their keys prefixed `section.`."""
+    problems: list[str] = []
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            problems += impossible_values(value, f"{prefix}{key}.")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        problem = allowed(str(key)).problem(f"{prefix}{key}", value)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+# the config settings the advice reads (RuleSettings), top level or one section deep
+ADVICE_SETTINGS = {name: str if kind is str else float for name, kind in SETTING_TYPES.items()}
+_KIND_TEXT = {float: "a number", str: "a string", bool: "true or false", dict: "an object",
+              list: "a list"}
+
+
+def wrong_types(summary: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """`summary.key = value (a string): must be a number (or null)` for each value the
+    doctor reads that is not of its field's kind (a key it does not read is not checked);
+    the config's advice settings likewise, as `config.section.key`."""
+    problems = [_wrong(f"summary.{key}", value, FIELD_KINDS[key])
+                for key, value in summary.items() if key in FIELD_KINDS]
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            problems += [_wrong(f"config.{key}.{sub}", v, ADVICE_SETTINGS[sub])
+                         for sub, v in value.items() if sub in ADVICE_SETTINGS]
+        elif key in ADVICE_SETTINGS:
+            problems.append(_wrong(f"config.{key}", value, ADVICE_SETTINGS[key]))
+    return [p for p in problems if p]
+
+
+def _wrong(where: str, value: Any, kind: type) -> str:
+    if value is None or value_kind(value) is kind:
+        return ""
+    found = _KIND_TEXT.get(value_kind(value), type(value).__name__)
+    return f"{where} = {preview(value)} ({found}): must be {_KIND_TEXT[kind]} (or null)"
+
+
 @dataclass(frozen=True)
 class DoctorOptions:
     """Exactly one of `result` (a result file or a bare summary) or `url` (a live server,
@@ -136,19 +175,13 @@ def run_doctor(options: DoctorOptions) -> int:
         return run_live(options, options.url)
     runs = load_runs(options.result)
     client_only = {run.name: unevaluable(run.summary) for run in runs if run.client_only}
-    if options.as_json:
-        rows = [f.to_json() for f in findings_for(runs)]
-        extra = {"not_evaluable": next(iter(client_only.values()))} if client_only else {}
-        print(json.dumps({"findings": rows, **extra}, indent=2))
-    else:
-        print(format_report([(run, diagnose(run.summary, run.rule_settings()))
-                             for run in runs]))
-        for missing in client_only.values():
-            print(f"  a client-side vLLM bench result: {len(missing)} rule(s) cannot run "
-                  f"without server-side data ({', '.join(missing) or 'none'}); run "
-                  "`stepserve doctor --url` or `stepserve bench --target` (it scrapes "
-                  "/metrics) for those")
-    return 0
+    notes = [f"  a client-side vLLM bench result: {len(missing)} rule(s) cannot run without "
+             f"server-side data ({', '.join(missing) or 'none'}); run `stepserve doctor "
+             "--url` or `stepserve bench --target` (it scrapes /metrics) for those"
+             for missing in client_only.values()]
+    extra = {"not_evaluable": next(iter(client_only.values()))} if client_only else {}
+    return _print(options, [(run, diagnose(run.summary, run.rule_settings())) for run in runs],
+                  extra, notes)
 
 
 def run_live(options: DoctorOptions, url: str) -> int:
@@ -163,17 +196,21 @@ def run_live(options: DoctorOptions, url: str) -> int:
         raise UsageError(str(exc)) from None
     results = live_runs(url, window.snapshots)
     (run, _), pools = results[0], results[1:]
-    summary, config = run.summary, run.config
-    missing = unevaluable(summary)
+    missing = unevaluable(run.summary)
+    extra = {"summary": run.summary.to_json(), "config": run.config, "not_evaluable": missing,
+             "failed_scrapes": window.failures,
+             **({"pools": {r.name: r.summary.to_json() for r, _ in pools}} if pools else {})}
+    return _print(options, results, extra, window_notes(run.summary, missing, window.failures))
+
+
+def _print(options: DoctorOptions, results: list[tuple[Run, list[Finding]]],
+           extra: dict[str, Any], notes: list[str]) -> int:
+    """The findings as JSON (each naming its run, then `extra`), or as text and `notes`."""
     if options.as_json:
-        rows = [f.on_run(r.name).to_json() for r, fs in results for f in fs]
-        print(json.dumps({"findings": rows, "summary": summary.to_json(), "config": config,
-                          "not_evaluable": missing, "failed_scrapes": window.failures,
-                          **({"pools": {r.name: r.summary.to_json() for r, _ in pools}}
-                             if pools else {})}, indent=2))
+        rows = [f.on_run(run.name).to_json() for run, found in results for f in found]
+        print(json.dumps({"findings": rows, **extra}, indent=2))
     else:
-        print("\n".join([format_report(results),
-                          *window_notes(summary, missing, window.failures)]))
+        print("\n".join([format_report(results), *notes]))
     return 0
 
 

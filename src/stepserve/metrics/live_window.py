@@ -1,24 +1,11 @@
-"""A live server's `/metrics`, scraped over a window and turned into a RunSummary with the
-fields the alert rules read (rules.py), for `stepserve doctor --url`.
-
-Levels (gauges) are read at every scrape; counters and histograms as the increase from
-the first scrape to the last, so every key describes the window only. A scrape that fails
-inside the window (a 503, a half-written answer, or one past bounded_scrape.py's deadline,
-body size or series count) is skipped and reported, not fatal; the first is tried twice,
-and a window needs two scrapes that worked. A key the server has no series for
-(prometheus.py names them per source) stays None, and the rules reading it stay silent.
-
-How the keys (LIVE_KEYS) differ from a simulation's:
-  latency quantiles come from the histograms' bucket increases, interpolated inside a
-  bucket as Prometheus' histogram_quantile does (so only as fine as the buckets), and
-  tpot_p50_s is the inter-token latency where a server has no per-request TPOT;
-  prefill_token_share is prompt / (prompt + generation) tokens: servers count a prompt
-  once (stepserve at its first token, SGLang when it finishes), prefix-cache hits
-  included and recomputation after a preemption left out;
-  step times exist on ours and TGI only (vLLM and SGLang expose none); the step shares
-  and slot_utilization (a ratio of sums, as offline) on ours only: the per-step ratios
-  behind active_ratio_p50 / active_ratio_mean are not published;
-  the cpu fields are the server's CPU sharing over the window (host/cpu_metrics.py).
+"""A live server's `/metrics` scraped over a window into a RunSummary for `stepserve doctor
+--url`: gauges read at every scrape, counters and histograms as the increase from the
+first scrape to the last. A failed scrape is skipped and reported (the first is tried
+twice); a window needs two that worked. How the keys (LIVE_KEYS) differ from a
+simulation's: quantiles are interpolated inside histogram buckets (histogram_quantile),
+tpot_p50_s is the ITL where a server has no TPOT, prefill_token_share counts a prompt
+once (cache hits in, recomputation out), step times exist on ours and TGI only, and the
+step shares and slot_utilization on ours only (no per-step active ratios).
 """
 
 from __future__ import annotations
@@ -63,16 +50,6 @@ def metrics_url(url: str) -> str:
     UsageError naming --url when it is not an http(s) URL."""
     url = check_http_url("--url", url)
     return url if url.endswith("/metrics") else url + "/metrics"
-
-
-def fetch(url: str, limits: ScrapeLimits | None = None) -> Snapshot:
-    """One scrape of `url` (a /metrics URL), bounded as every scrape is."""
-
-    async def once() -> Snapshot:
-        async with httpx.AsyncClient() as client:
-            return await fetch_snapshot(client, url, limits)
-
-    return asyncio.run(once())
 
 
 @dataclass(kw_only=True)

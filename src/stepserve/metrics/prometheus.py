@@ -1,31 +1,15 @@
 """Prometheus text from a server's `/metrics`, read the same way whatever the server.
 
-`parse_prometheus` turns the text format into {(name, labels): value}, through
-prometheus_client's own parser (label values with commas, escaped quotes and newlines
-survive). A `Source` names, for one kind of server, the series behind each signal the
-bench and the doctor read (LEVELS: gauges, read as they are; COUNTERS: increases between
-two scrapes, requests_finished counting stop or length only; HISTOGRAMS: bucket increases
-between two scrapes, tpot being the inter-token latency where a server has no TPOT).
+A `Source` names, for one kind of server, the series behind each signal (LEVELS: gauges;
+COUNTERS and HISTOGRAMS: increases between two scrapes); a key it has no series for reads
+as None. Values are summed over label sets; a counter may lack `_total` (TGI's router);
+of several names for one key the first present wins (so an old server still reads).
 
-A key a server has no series for is simply absent from its maps: readers get None. Values
-of one name are summed over label sets (models, engines, methods); a counter may or may
-not carry the `_total` suffix (prometheus_client adds it, the TGI router does not); of
-several names for one key, the first one present wins (so an old server still reads).
-
-Where the names come from (each source's table below lists its own):
-  stepserve: src/stepserve/server/metrics.py (vLLM's names under `stepserve:`).
-  vLLM: vllm/v1/metrics/loggers.py and docs/design/metrics.md in vllm-project/vllm.
-      gpu_cache_usage_perc is kv_cache_usage_perc before 0.9 (kept as an alias); older
-      versions have only time_per_output_token_seconds, later split into
-      inter_token_latency_seconds; iteration_tokens_total is a histogram observed once
-      per engine step, so its _count counts steps.
-  SGLang: python/sglang/srt/metrics/collector.py and docs/references/production_metrics.md
-      in sgl-project/sglang. Retractions are its preemption; the prompt, generation and
-      request counters count when a request finishes.
-  TGI: docs/source/reference/metrics.md in huggingface/text-generation-inference (router
-      metrics). Token counts are histograms of tokens per request (their _sum counts the
-      tokens); batch_inference_* count forward passes, by method (prefill/decode). TGI
-      has no TTFT histogram, no KV usage and no preemption counter.
+Where the names come from: stepserve's server/metrics.py; vLLM's v1/metrics/loggers.py
+(gpu_cache_usage_perc before 0.9; iteration_tokens_total's _count counts steps); SGLang's
+srt/metrics/collector.py (retractions are its preemption; counters count at a request's
+finish); TGI's router metrics (token counts are per-request histograms, batch_inference_*
+count forward passes; no TTFT, KV usage or preemptions).
 """
 
 from __future__ import annotations
@@ -68,20 +52,20 @@ class Source:
                 raise ValueError(f"Source {self.name}: unknown {kind} {sorted(unknown)}")
 
 
+# the names vLLM introduced, which ours and SGLang's keep
+_TOKENS = {"prompt_tokens": ("prompt_tokens",), "generation_tokens": ("generation_tokens",)}
+_TTFT_E2E = {"ttft": ("time_to_first_token_seconds",),
+             "e2e": ("e2e_request_latency_seconds",)}
+
 STEPSERVE = Source(
     "stepserve", "stepserve:",
     levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
             "kv_usage": ("kv_cache_usage_perc",)},
-    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
-              "generation_tokens": ("generation_tokens",),
+    counters={"preemptions": ("num_preemptions",), **_TOKENS,
               "requests_finished": ("request_success",), "steps": ("steps",),
-              "prefill_only_steps": ("prefill_only_steps",),
-              "zero_decode_steps": ("zero_decode_steps",),
-              "active_sequence_steps": ("active_sequence_steps",),
-              "held_slot_steps": ("held_slot_steps",)},
-    histograms={"ttft": ("time_to_first_token_seconds",),
-                "e2e": ("e2e_request_latency_seconds",),
-                "tpot": ("request_time_per_output_token_seconds",),
+              **{key: (key,) for key in ("prefill_only_steps", "zero_decode_steps",
+                                         "active_sequence_steps", "held_slot_steps")}},
+    histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",),
                 "step_time": ("step_duration_seconds",)},
     config_info="scheduler_config_info")
 
@@ -89,24 +73,20 @@ VLLM = Source(
     "vllm", "vllm:",
     levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
             "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc")},
-    counters={"preemptions": ("num_preemptions",), "prompt_tokens": ("prompt_tokens",),
-              "generation_tokens": ("generation_tokens",),
+    counters={"preemptions": ("num_preemptions",), **_TOKENS,
               "requests_finished": ("request_success",),
               "steps": ("iteration_tokens_total_count",)},
-    histograms={"ttft": ("time_to_first_token_seconds",),
-                "e2e": ("e2e_request_latency_seconds",),
-                "tpot": ("request_time_per_output_token_seconds",
-                         "time_per_output_token_seconds", "inter_token_latency_seconds")})
+    histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",
+                                      "time_per_output_token_seconds",
+                                      "inter_token_latency_seconds")})
 
 SGLANG = Source(
     "sglang", "sglang:",
     levels={"waiting": ("num_queue_reqs",), "running": ("num_running_reqs",),
             "kv_usage": ("token_usage",)},
-    counters={"preemptions": ("num_retracted_requests",), "prompt_tokens": ("prompt_tokens",),
-              "generation_tokens": ("generation_tokens",),
+    counters={"preemptions": ("num_retracted_requests",), **_TOKENS,
               "requests_finished": ("num_requests",)},
-    histograms={"ttft": ("time_to_first_token_seconds",),
-                "e2e": ("e2e_request_latency_seconds",),
+    histograms={**_TTFT_E2E,
                 "tpot": ("inter_token_latency_seconds", "time_per_output_token_seconds")})
 
 TGI = Source(

@@ -1,20 +1,11 @@
-"""Per-request latency metrics, with vLLM's definitions.
+"""Per-request latency metrics, with vLLM's definitions: TTFT = first token - arrival,
+E2E = last token (else the finish) - arrival, TPOT = (E2E - TTFT) / (output tokens - 1)
+for 2+ tokens, ITL = every gap between tokens, queue = first scheduled - arrival. Only
+completed requests (stop or length) feed the latency percentiles.
 
-    TTFT  = first token time - arrival
-    E2E   = last token time - arrival (the finish time when no token came out)
-    TPOT  = (E2E - TTFT) / (output tokens - 1), for 2+ output tokens
-    ITL   = every gap between consecutive token times
-    queue = first scheduled time - arrival
-
-A request *completed* when it ended with reason stop or length. Only completed requests
-feed the latency percentiles: a rejected or timed-out request has no latency to speak of,
-and an aborted one stopped for the client's reasons, not the engine's.
-
-The prefix cache, per request: `num_cached_tokens`, the prompt tokens it got from the
-cache at its first admission (OpenAI's usage.prompt_tokens_details.cached_tokens), and
-`num_repeated_tokens`, the prompt tokens an earlier request's prompt already held: what
-a cache that never evicted could have given it (`repeated_prefix_tokens`; None where the
-prompts were not looked at). Their gap is what evictions cost.
+The prefix cache: `num_cached_tokens` came from the cache at first admission;
+`num_repeated_tokens` an earlier prompt already held (what a cache that never evicted
+could give; None where not measured). Their gap is what evictions cost.
 """
 
 from __future__ import annotations
@@ -116,12 +107,9 @@ def cacheable_tokens(shared_tokens: int, prompt_len: int,
 def repeated_prefix_tokens(requests: Sequence[Request],
                            block_size: int = REPEAT_BLOCK_TOKENS) -> list[int]:
     """For each request, the leading prompt tokens (whole blocks, at most all but its
-    last) that a request arriving before it began with, under the same cache salt: blocks
-    named as the prefix cache names them (core/prefix_hash.py).
-
-    A prompt's blocks are named only once another prompt begins with the same first
-    block, so a workload of distinct prompts costs one hash per request and no memory
-    beyond the requests themselves."""
+    last) that a request arriving before it began with, under the same cache salt, blocks
+    named as the prefix cache names them. A prompt's blocks are named only once another
+    begins with the same first block: distinct prompts cost one hash each."""
     first_seen: dict[BlockHash, Request] = {}  # a first block -> the prompt that had it
     named: set[BlockHash] = set()  # every block of every prompt whose first one recurred
     expanded: set[int] = set()  # ids of the prompts whose blocks are in `named`

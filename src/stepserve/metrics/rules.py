@@ -1,11 +1,7 @@
-"""The alert rules (`stepserve doctor`): each a small check over a RunSummary that declares
-the fields it needs and returns one Finding or None; the settings only sharpen the
-advice, e.g. name the chunk cap actually set. `diagnose` applies them to one summary.
-
-Thresholds come from the incidents' post-mortems (night-report, mixed-pool, promo-spike:
-docs/guide.md tells each story) and the tail-latency table; where a rule's early signal
-leads a later alert, the lead is measured on the run's own series (`alert_times`).
-"""
+"""The alert rules (`stepserve doctor`): each a check over a RunSummary that declares the
+fields it needs and returns one Finding or None; the settings only sharpen the advice.
+Thresholds come from the incidents' post-mortems and the tail-latency table (docs/guide.md
+tells each story); an early signal's lead is measured on the run's own series."""
 
 from __future__ import annotations
 
@@ -172,15 +168,9 @@ def _from(setting: object) -> str:
 
 
 # ---- when each alert would first have fired ----
-# The incidents name three early signals and what they ran ahead of: the waiting queue
-# reaching 10 before TTFT P99 passed 5 s (promo-spike), the prefill-only share of steps
-# passing 70% (or zero-decode steps 10%) before the TTFT alert (mixed-pool), active
-# sequences / slots held falling under 30% before slot utilisation showed the waste
-# (night-report). `alert_times` finds the first moment each line was crossed in a run's
-# requests and step records, in seconds from the run's start; `lead` words the gap as
-# this run measured it. An incident's own figure ("about 20 minutes") is only ever quoted
-# as what that incident reported. A time the run measured but never reached is None; a
-# summary without the series does not report the field, and `lead` says so.
+# The incidents' early signals and the alerts they ran ahead of; `alert_times` finds when
+# a run first crossed each line, `lead` words the gap as this run measured it (an
+# incident's own figure is only quoted as what that incident reported).
 
 QUEUE_ALERT = 10  # promo-spike: "它到 10 时 P99 还是 1.8 s"
 TTFT_P99_ALERT_S = 5.0  # promo-spike: the P99 alert the team had, "P99 超 5 s"
@@ -235,19 +225,13 @@ def _first_ttft_p99_at(ms: Sequence[RequestLatencies]) -> float | None:
 
 
 def _first_prefill_share_at(recs: list[StepRecord]) -> float | None:
-    window: deque[StepRecord] = deque()
-    prefill = zero = 0
-    for s in recs:
-        window.append(s)
-        prefill += s.is_prefill_only
-        zero += s.is_zero_decode
-        if len(window) > STEP_WINDOW:
-            old = window.popleft()
-            prefill -= old.is_prefill_only
-            zero -= old.is_zero_decode
-        if len(window) == STEP_WINDOW and (prefill > PREFILL_STEP_SHARE_MAX * STEP_WINDOW
-                                           or zero > ZERO_DECODE_STEP_SHARE_MAX * STEP_WINDOW):
-            return step_end(s)
+    prefill = list(accumulate((s.is_prefill_only for s in recs), initial=0))
+    zero = list(accumulate((s.is_zero_decode for s in recs), initial=0))
+    for end in range(STEP_WINDOW, len(recs) + 1):  # the STEP_WINDOW steps before `end`
+        start = end - STEP_WINDOW
+        if prefill[end] - prefill[start] > PREFILL_STEP_SHARE_MAX * STEP_WINDOW \
+                or zero[end] - zero[start] > ZERO_DECODE_STEP_SHARE_MAX * STEP_WINDOW:
+            return step_end(recs[end - 1])
     return None
 
 
@@ -507,10 +491,7 @@ def tail_ttft_from_prefill(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         "long prompts to their own pool")
 
 
-# ---- batching ----
-# The night-report incident's rules: held batch slots that produce nothing. The active
-# ratio (sequences producing a token / slots held) is the early signal the incident names;
-# slot utilisation below 50% says continuous batching is worth 2x or more.
+# ---- batching (the night-report incident: held batch slots that produce nothing) ----
 
 def _active_ratio(s: RunSummary) -> tuple[float | None, str]:
     """(active ratio, which statistic it is): the per-step median (with the mean of the
@@ -570,22 +551,11 @@ def low_slot_utilization(s: RunSummary, cfg: RuleSettings) -> Finding | None:
 
 
 # ---- prefill stalls ----
-# Prefill-heavy steps that stall decoding or first tokens (a wave of prompts prefilled
-# in one multi-second step while every running sequence and every new prompt waits), with
-# the step times as evidence and a smaller step budget, computed from them, as the action.
-#
-# What a slow step costs depends on who waits it out. Where prefill goes first (or decode
-# was skipped in some steps), a running sequence gets no token until the prefill step
-# ends: a step over 5 decode steps is a stall. Where decode goes first and no step skipped
-# it, every running sequence rides in each step, a bounded chunk included, and its pace
-# (TPOT) already pays for the chunk steps: a stall is then a step the pace does not absorb,
-# over 20x the TPOT P50. The mixed-pool incident's fix (budget 8192, chunk cap 2048, decode
-# first) accepts a 2,048-token chunk step of about 0.4 s on an engine whose TPOT P50 was
-# 58 ms, about 7x, and simulated its P99 step is about 10x (the cap is per request: a
-# summary's chunk and the chats that arrived with it fill the 8,192-token step): a 5x
-# line over the bare decode step flags that fix itself, and 20x is twice the fix's own
-# figure. A wave of prompts prefilled in one step is far past it (65x on a CPU-like engine
-# at a budget of 8,192).
+# Prefill-heavy steps that stall decoding or first tokens. Where prefill goes first (or
+# decode was skipped), a running sequence waits out the whole step: over 5 decode steps is
+# a stall. Where decode goes first, every running sequence rides in each step and its TPOT
+# pays for the chunk steps: a stall is then over 20x the TPOT P50, twice the ~10x P99 step
+# of the mixed-pool incident's own fix (docs/guide.md).
 
 STALL_RATIO = 5.0  # the slow steps (or token gaps) over this many decode steps: a stall
 RIDE_ALONG_RATIO = 20.0  # decode first: the slow steps over this many TPOT P50s
@@ -663,15 +633,9 @@ def prefill_stalls_decode(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         "cost.json --vary max_num_batched_tokens=...` on this workload")
 
 
-# ---- outcomes ----
-# Rules on how requests ended: the share refused at admission (by reason, naming the
-# setting that refused them) and the share that timed out in the queue.
-#
-# Thresholds, from the promo-spike incident's own figures: 429s at 0.1% were its healthy
-# level (it ruled out a retry storm on them) and timeouts went from 0.5% to 12% at the
-# spike. A share of 1% is ten times that healthy rejection level and twice the healthy
-# timeout level: warn. 10% is the scale of the spike's 12%: critical, a tenth of the
-# offered load is being turned away.
+# ---- outcomes: requests refused at admission, and timed out in the queue ----
+# The promo-spike incident's 429s at 0.1% were healthy and its timeouts went from 0.5% to
+# 12%: 1% is ten times the healthy rejection level (warn), 10% the spike's scale (critical).
 
 OUTCOME_WARN_SHARE = 0.01
 OUTCOME_CRITICAL_SHARE = 0.10
@@ -786,17 +750,9 @@ def timeouts(s: RunSummary, cfg: RuleSettings) -> Finding | None:
         f"max_queue_time_s{raise_it} only if the latency SLO allows the longer wait")
 
 
-# ---- experience ----
-# Rules from the tail-latency table's second and fourth rows: a TPOT tail while the
-# typical stream's pace is normal (preemption, batch swings, memory pressure: lower
-# concurrency, keep headroom, split pools), and high throughput with a poor experience
-# (a batch too large: limit the batch, tune by the SLA).
-
-# TPOT P99 over 5x its P50, the line the TTFT row of the table is held to
-# (tail_ttft_from_prefill): the slowest streams get a token a fifth as often as the
-# typical one. Simulated incident configurations run at 1.0-3.1 (a mixed pool's chunk
-# steps slow the streams that share them); the mixed-pool incident's spike was 6.8 s
-# over a 58 ms median, over 100x.
+# ---- experience (the tail-latency table's second and fourth rows) ----
+# TPOT P99 over 5x its P50, the TTFT row's line; simulated incident configurations run at
+# 1.0-3.1, the mixed-pool incident's spike was over 100x.
 TPOT_TAIL_RATIO = 5.0
 TPOT_MEAN_NORMAL = 1.5  # a mean within 1.5x the median: the typical stream is fine
 STEP_SWING_RATIO = 3.0  # step time P99 over 3x its P50: the batch's make-up swings
@@ -804,12 +760,10 @@ STEP_SWING_RATIO = 3.0  # step time P99 over 3x its P50: the batch's make-up swi
 # counted against the SLO a bench run was given); fewer than half is critical.
 GOODPUT_SHARE_MIN = 0.90
 GOODPUT_SHARE_CRITICAL = 0.50
-# Without an SLO: a full batch (running at 90% of max_num_seqs x replicas, every held
-# slot producing) and no queue, yet the TTFT P99 past the promo-spike incident's P99
-# alert (5 s) and over 50 steps: a first token should take the few steps of its prefill
-# once admitted, so the batch is sharing the steps too thinly. A batch that never filled
-# its slots is not "too large" (the tail is then the prompts' own; tail_ttft_from_prefill).
-# E2E is no such yardstick: a 2,000-token answer takes 2,000 steps by design.
+# Without an SLO: a full batch (90% of max_num_seqs x replicas, every held slot busy) and
+# no queue, yet TTFT P99 past 5 s and over 50 steps: the batch shares the steps too thinly.
+# A batch that never filled its slots is not "too large"; E2E is no yardstick (a long
+# answer takes its steps by design).
 BUSY_SLOT_UTILIZATION = 0.90
 FULL_BATCH = 0.90
 FAR_STEPS = 50
@@ -935,17 +889,9 @@ def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | No
         + "; give the bench an SLO (`stepserve bench --goodput ttft:MS`) to measure goodput")
 
 
-# ---- the prefix cache ----
-# The prefix cache's rule: a cache that thrashes. The workload repeats much of its
-# prompts (the share of prompt tokens an earlier prompt began with: what a cache that never
-# evicted could give), yet the cache gave far less: blocks were evicted before the
-# requests that wanted them came, or the requests went where the blocks were not.
-#
-# Lines: a repeated share under 20% leaves too little to win for a miss to matter (a few
-# shared system prompts in a mostly distinct workload); a hit rate under half the repeated
-# share means the cache kept less than half of what was there to keep. Cold misses are
-# already out of the repeated share (a prefix's first request counts nothing), so a
-# healthy cache sits near it, less only the blocks a shorter block grain splits.
+# ---- the prefix cache: a cache that thrashes ----
+# The workload repeats much of its prompts (the repeated share: what a cache that never
+# evicted could give; cold misses are already out of it), yet the cache gave under half.
 
 REPEATED_SHARE_MIN = 0.20  # below this the workload has little to share
 HIT_OF_REPEATED_MIN = 0.50  # the hit rate as a fraction of the repeated share
@@ -975,21 +921,10 @@ def prefix_cache_thrash(s: RunSummary, cfg: RuleSettings) -> Finding | None:
 
 
 # ---- the host: a shared CPU ----
-# When other processes compete for the engine's cores, its steps slow down far more than
-# the share of CPU they take explains (on 2 cores one busy loop beside the engine took a
-# batch-1 decode step from 12 ms to a median of 29-36 ms and a P90 of 120-150 ms: each
-# OpenMP thread waits on the run queue for its turn, and the others wait for the
-# slowest). Users then blame the scheduler's settings.
-#
-# Lines: other processes at normal priority used 0.25 cores or more on average (a quarter
-# of a core taken from a 2-core engine already shows in the tail), or the engine's threads
-# waited 10% or more of their time for a core. A window in which the engine ran no step
-# (an idle server) is left alone: sharing an idle CPU costs nothing. The cpu fields come
-# from host/cpu_share.py (a bench run's own process, or a server's /metrics read back).
-# Readings from the bench client's own machine (`cpu_source` "client") are not the
-# engine's, and that machine may hold the server itself, whose CPU would count as the
-# others': the rule does not read them. It is no member of RULES: `diagnose` puts its
-# finding first and tells every latency finding that the settings may not be its cause.
+# Other processes on the engine's cores slow its steps far more than their CPU share says
+# (docs/guide.md has the measurement). An idle engine is left alone, and readings from the
+# bench client's machine (`cpu_source` "client") are not the engine's. It is no member of
+# RULES: `diagnose` puts its finding first and cautions every latency finding.
 
 OTHERS_CORES_MIN = 0.25  # other processes' CPU, in cores, averaged over the run
 WAIT_SHARE_MIN = 0.10  # of the engine threads' time, spent waiting for a core

@@ -1,12 +1,8 @@
-"""RunSummary: one run's numbers as typed fields, whatever measured them (a simulation or
-an engine run, a by-class summary, a live /metrics window, a bench run, another tool's
-file). Every field is None where its source does not measure it or where it is undefined
-(no completed request, no steps, no preemption), so the rules read one type and a rule
-whose inputs are None cannot run.
-
-`reported` names the fields the source reports, in order: `to_json` writes exactly those
-keys, and `from_json` reads any of them, dropping keys it does not know and values of the
-wrong kind (a string where a number belongs is no number).
+"""RunSummary: one run's numbers as typed fields, whatever measured them. A field is None
+where its source does not measure it or it is undefined, so a rule whose inputs are None
+cannot run. `reported` names the fields the source reports, in JSON order: `to_json`
+writes exactly those, `from_json` drops unknown keys and values of the wrong kind.
+`allowed` says which numbers a field can hold, so a file with impossible ones is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +12,8 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from stepserve.config.validate import Allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,3 +218,26 @@ def field_name(attribute: Any) -> str:
             and attribute.__objclass__ is RunSummary and attribute.__name__ in FIELD_KINDS):
         raise TypeError(f"{attribute!r} is not a field of RunSummary (write RunSummary.NAME)")
     return attribute.__name__
+
+
+# fitted slopes of the waiting queue: a queue that drains has a negative one
+SIGNED_KEYS = frozenset({"waiting_growth", "waiting_trend_rise"})
+# far beyond any count, token total or duration a run can have; keeps the rules' float
+# arithmetic from overflowing on a 400-digit integer
+MAGNITUDE_MAX = 1e18
+
+
+def _is_share(key: str) -> bool:
+    return key.endswith("_share") or key in ("slot_utilization", "prefix_cache_hit_rate") \
+        or key.startswith(("active_ratio_", "kv_usage_"))
+
+
+def allowed(key: str) -> Allowed:
+    """What the number under `key` may be, by its name: the queue's fitted slopes may be
+    negative, shares lie in [0, 1], every other number (counts, seconds, ratios, settings)
+    is >= 0; all are finite."""
+    if key in SIGNED_KEYS:
+        return Allowed(-MAGNITUDE_MAX, MAGNITUDE_MAX, float)
+    if _is_share(key):
+        return Allowed(0.0, 1.0, float, note=" (a share)")
+    return Allowed(0.0, MAGNITUDE_MAX, float)

@@ -1,10 +1,7 @@
-"""Step-level metrics from the StepRecords the scheduler leaves, one per executed step:
-how full the batch was, how the budget was split, how the queues moved.
-
-Steps come as one list (one engine) or one list per replica (`SimResult.steps`). Queue
-levels (waiting, running, in the engine) are cluster-wide: after every step of any
-replica, the sum of each replica's latest value. Every other step metric pools the
-records of all replicas."""
+"""Step-level metrics from the StepRecords, one per executed step. Steps come as one list
+or one per replica; queue levels are cluster-wide (after each step of any replica, the
+sum of each replica's latest value), every other metric pools all replicas' records.
+"""
 
 from __future__ import annotations
 
@@ -130,13 +127,10 @@ def step_summary(steps: Steps, offered_window: tuple[float, float] | None = None
 
 @dataclass(frozen=True)
 class TimeSeries:
-    """A run over time, in bins, for plots. t: bin centres (s). waiting, running:
-    cluster-wide mean level in the bin (the last value carried through empty bins);
-    kv_usage: mean over replicas; prefill_tokens, decode_tokens, preemptions: totals in
-    the bin; steps: step records per bin (summary.step_timeseries), so tokens per step
-    can be drawn. From a bench's /metrics samples (bench/results.py) a row is a sample:
-    no kv_usage, and steps only where the target counts them. A None series is absent
-    from the JSON."""
+    """A run over time, in bins, for plots: t the bin centres (s); waiting, running the
+    cluster-wide mean level (carried through empty bins); kv_usage the mean over
+    replicas; the rest totals per bin. From a bench's /metrics samples a row is a sample
+    (no kv_usage; steps only where counted). A None series is absent from the JSON."""
 
     t: list[float]
     waiting: list[float]
@@ -154,22 +148,15 @@ class TimeSeries:
     def from_json(cls, data: Mapping[str, Any]) -> TimeSeries:
         """From a result file: `t` is required, a missing series reads as empty (kv_usage
         and steps as absent)."""
-        values = {f.name: _series(data.get(f.name), f.name) for f in fields(cls)}
+        values = {f.name: data.get(f.name) for f in fields(cls)}
+        for name, value in values.items():
+            if value is not None and not isinstance(value, list):
+                raise ValueError(f"timeseries.{name} must be a list, got "
+                                 f"{type(value).__name__}")
         if values["t"] is None:
             raise ValueError("a timeseries without t")
-        return cls(**{name: v if v is not None or name in _OPTIONAL else []
+        return cls(**{name: [] if v is None and name not in ("kv_usage", "steps") else v
                       for name, v in values.items()})
-
-
-_OPTIONAL = ("kv_usage", "steps")
-
-
-def _series(value: Any, name: str) -> list | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise ValueError(f"timeseries.{name} must be a list, got {type(value).__name__}")
-    return value
 
 
 def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> TimeSeries:
@@ -187,9 +174,8 @@ def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> Time
     def slot(s: StepRecord) -> int:
         return min(int((step_end(s) - t0) / width), bins - 1)
 
-    zeros_f = [0.0] * bins
-    waiting, running, kv = list(zeros_f), list(zeros_f), list(zeros_f)
-    prefill, decode, preempt, counts = [0] * bins, [0] * bins, [0] * bins, [0] * bins
+    waiting, running, kv = ([0.0] * bins for _ in range(3))
+    prefill, decode, preempt, counts = ([0] * bins for _ in range(4))
     for recs in replicas:
         levels: list[list[tuple[float, float, float]]] = [[] for _ in range(bins)]
         for s in recs:
@@ -201,10 +187,8 @@ def timeseries(steps: Steps, bins: int = 100, count_steps: bool = False) -> Time
             counts[b] += 1
         last = (0.0, 0.0, 0.0)
         for b, samples in enumerate(levels):
-            if samples:
-                k = len(samples)
-                last = (sum(x[0] for x in samples) / k, sum(x[1] for x in samples) / k,
-                        sum(x[2] for x in samples) / k)
+            if samples:  # the mean of each level over the bin's steps
+                last = tuple(sum(level) / len(samples) for level in zip(*samples))
             waiting[b] += last[0]
             running[b] += last[1]
             kv[b] += last[2] / len(replicas)

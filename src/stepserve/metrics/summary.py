@@ -1,9 +1,7 @@
-"""One run summarised as a RunSummary: the request fields from each request's
-RequestLatencies (latencies from completed requests only), the step fields from the step
-records, and the alert times from both. Measure the requests once and hand them to every
-summary that needs them: `measure_run` does, and adds the by-class summaries, a binned
-time series and thinned latency samples (a result's `timeseries` and `latency_samples`,
-from which `stepserve report` draws)."""
+"""One run summarised as a RunSummary: request fields from each request's latencies, step
+fields from the step records, alert times from both. `measure_run` measures the requests
+once and adds the by-class summaries, a binned time series and thinned latency samples.
+"""
 
 from __future__ import annotations
 
@@ -143,13 +141,9 @@ def summarize(requests: Sequence[Request], steps: Steps, duration_s: float, *,
 
 def by_class(ms: Sequence[RequestLatencies], duration_s: float, *,
              long_request_threshold: int = LONG_REQUEST_THRESHOLD) -> dict[str, RunSummary]:
-    """{request_class: request fields of that class's requests}, classes sorted by name;
-    requests without a class go under "unclassified".
-
-    Step fields are left out: a step serves every class at once, so its metrics (slot
-    utilisation, shares, queues, KV) belong to the run, not to a class. Throughputs use
-    the whole run's duration_s.
-    """
+    """{request_class: request fields of that class's requests}, classes sorted by name
+    (no step fields: a step serves every class at once); throughputs use the whole run's
+    duration_s."""
     groups: dict[str, list[RequestLatencies]] = {}
     for m in ms:
         groups.setdefault(m.request_class, []).append(m)

@@ -1,16 +1,9 @@
-"""A `vllm bench serve --save-result` file (or ours, written with `stepserve bench
---save-result`) as a RunSummary, so `stepserve doctor` and `stepserve report` read it.
-
-Such a file is one flat object: `completed`, `duration`, `request_throughput`, ...,
-latencies in milliseconds as `{mean,median,std,pNN}_{ttft,tpot,itl,e2el}_ms`
-(bench/vllm_result.py lists the keys and their definitions). It is recognised by its
-keys, not its name. Milliseconds become seconds; `median` is P50; a percentile the file
-lacks (vLLM writes P99 only by default) is computed from the per-request lists when the
-file has them (`--save-detailed`: `ttfts`, `itls`, `output_lens`, `errors`), else left
-None. A run with no completed request has no latencies (vLLM writes 0.0 there).
-
-It is the client's view only: no queue, batch, KV or preemption numbers, so the rules
-that need the server's side cannot run on it (`rules.unevaluable` names them).
+"""A `vllm bench serve --save-result` file (or `stepserve bench --save-result`'s), known by
+its keys, as a RunSummary for `doctor` and `report` (bench/vllm_result.py lists the keys).
+Milliseconds become seconds, `median` is P50, and a percentile the file lacks is computed
+from the per-request lists where it has them (`--save-detailed`). A run with no completed
+request has no latencies (vLLM writes 0.0 there). It is the client's view only: the rules
+that need the server's side cannot run (`rules.unevaluable` names them).
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stepserve.metrics.run_summary import RunSummary
+from stepserve.metrics.run_summary import RunSummary, value_kind
 from stepserve.metrics.summary import latency_fields
 
 VLLM_MARKERS = ("completed", "duration", "request_throughput")
@@ -34,8 +27,7 @@ def is_vllm_result(data: Any) -> bool:
 
 def _number(data: Mapping[str, Any], key: str) -> float | None:
     value = data.get(key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if ok else None
+    return float(value) if value_kind(value) is float else None
 
 
 def _seconds(data: Mapping[str, Any], key: str) -> float | None:

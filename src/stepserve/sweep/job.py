@@ -25,8 +25,8 @@ from stepserve.config.user_files import (
     write_outputs,
 )
 from stepserve.metrics.rules import findings_for
+from stepserve.metrics.run_summary import allowed as metric_range
 from stepserve.metrics.summary import LATENCIES
-from stepserve.metrics.summary_checks import allowed as metric_range
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
