@@ -91,26 +91,73 @@ def buckets_1_2_5(top: int) -> tuple[float, ...]:
         scale *= 10
 
 
-class _Series:
-    """Makes one app's series: each in its registry, with vLLM's labels set."""
-
-    def __init__(self, registry: CollectorRegistry, label_values: tuple[str, str]) -> None:
-        self.registry = registry
-        self.values = label_values
-
-    def gauge(self, name: str, doc: str) -> Gauge:
-        return Gauge(P + name, doc, LABELS, registry=self.registry).labels(*self.values)
-
-    def counter(self, name: str, doc: str) -> Counter:
-        return Counter(P + name, doc, LABELS, registry=self.registry).labels(*self.values)
-
-    def hist(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-        return Histogram(P + name, doc, LABELS, registry=self.registry, buckets=buckets
-                         ).labels(*self.values)
-
-    def by(self, name: str, doc: str, label: str) -> Counter:
-        """A counter with one more label (its children are made as they are counted)."""
-        return Counter(P + name, doc, [*LABELS, label], registry=self.registry)
+# The series of one app: (attribute, kind, name after P, HELP, and a histogram's buckets
+# or a labelled counter's extra label), registered in this order, which is the order
+# /metrics lists them in. TOKEN_COUNTS: buckets_1_2_5 up to the app's max_model_len.
+TOKEN_COUNTS = "token counts"
+SERIES: tuple[tuple, ...] = (
+    # levels: set from the engine thread's snapshot (on_state)
+    ("running", Gauge, "num_requests_running", "requests in the running batch"),
+    ("waiting", Gauge, "num_requests_waiting", "requests waiting to be scheduled"),
+    ("swapped", Gauge, "num_requests_swapped", "requests swapped out to the CPU pool"),
+    ("kv_usage", Gauge, "kv_cache_usage_perc", "share of KV blocks in use (0..1)"),
+    ("blocks_used", Gauge, "num_gpu_blocks_used", "KV blocks in use"),
+    ("blocks_total", Gauge, "num_gpu_blocks", "KV blocks in the device pool"),
+    ("preemptions", Counter, "num_preemptions", "preemptions (swap or recompute)"),
+    ("prompt_tokens", Counter, "prompt_tokens",
+     "prompt tokens of requests that produced their first token"),
+    ("generation_tokens", Counter, "generation_tokens", "generated tokens"),
+    ("success", Counter, SUCCESS, "requests ended, by finish reason", "finished_reason"),
+    ("rejected", Counter, REJECTED,
+     f"requests refused, by reason ({', '.join(REJECTED_LABELS)})", "reason"),
+    # TTFT and ITL observed per token (on_token); the rest per completed request
+    ("ttft", Histogram, "time_to_first_token_seconds",
+     "time to first token, observed when it comes out (aborted requests too)", TTFT_BUCKETS),
+    ("itl", Histogram, "inter_token_latency_seconds",
+     "gap between consecutive tokens, observed as each comes out (aborted requests too)",
+     TOKEN_BUCKETS),
+    ("tpot", Histogram, "request_time_per_output_token_seconds",
+     "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS),
+    ("e2e", Histogram, "e2e_request_latency_seconds", "arrival to last token",
+     REQUEST_BUCKETS),
+    ("queue", Histogram, "request_queue_time_seconds", "arrival to first scheduled",
+     REQUEST_BUCKETS),
+    ("prefill", Histogram, "request_prefill_time_seconds", "first scheduled to first token",
+     REQUEST_BUCKETS),
+    ("decode", Histogram, "request_decode_time_seconds", "first token to last token",
+     REQUEST_BUCKETS),
+    ("inference", Histogram, "request_inference_time_seconds",
+     "first scheduled to last token (prefill + decode)", REQUEST_BUCKETS),
+    ("request_prompt_tokens", Histogram, "request_prompt_tokens",
+     "prompt tokens of each completed request", TOKEN_COUNTS),
+    ("request_generation_tokens", Histogram, "request_generation_tokens",
+     "generated tokens of each completed request", TOKEN_COUNTS),
+    ("iteration_tokens", Histogram, "iteration_tokens_total", "tokens computed per step",
+     ITERATION_BUCKETS),
+    # the scheduling signals the doctor reads, fed per step (on_steps)
+    ("steps", Counter, "steps", "engine steps executed"),
+    ("prefill_only_steps", Counter, "prefill_only_steps",
+     "steps with prefill tokens and no decode token"),
+    ("zero_decode_steps", Counter, "zero_decode_steps",
+     "steps where sequences were ready to decode but got no decode token"),
+    ("prefill_share", Gauge, "prefill_step_share",
+     "prefill-only steps / steps (seed alert: > 0.7)"),
+    ("zero_decode_share", Gauge, "zero_decode_step_share",
+     "zero-decode steps / steps (seed alert: > 0.1)"),
+    ("active", Gauge, "num_sequences_active", "sequences that produced a token in the last step"),
+    ("slots_held", Gauge, "num_slots_held", "batch slots held in the last step"),
+    ("active_ratio", Gauge, "active_concurrency_ratio",
+     "sum of active sequences / sum of slots held over all steps (seed alert: < 0.3)"),
+    ("step_duration", Histogram, "step_duration_seconds",
+     "engine step wall time (schedule, execute, update)", STEP_BUCKETS),
+    ("active_sequence_steps", Counter, "active_sequence_steps",
+     "sum over steps of the sequences that produced a token"),
+    ("held_slot_steps", Counter, "held_slot_steps", "sum over steps of the batch slots held"),
+)
+# gauge attribute -> the EngineState field it shows
+LEVELS = {"running": "num_running", "waiting": "num_waiting", "swapped": "num_swapped",
+          "kv_usage": "kv_usage", "blocks_used": "num_gpu_blocks_used",
+          "blocks_total": "num_gpu_blocks"}
 
 
 class CacheMetrics:
@@ -159,71 +206,18 @@ class ServerMetrics:
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
         self.label_values = (model_name, engine)
-        make = _Series(self.registry, self.label_values)
-        # registered in this order, which is the order /metrics lists them in
-        # levels: set from the engine thread's snapshot (on_state)
-        self.running = make.gauge("num_requests_running", "requests in the running batch")
-        self.waiting = make.gauge("num_requests_waiting", "requests waiting to be scheduled")
-        self.swapped = make.gauge("num_requests_swapped",
-                                  "requests swapped out to the CPU pool")
-        self.kv_usage = make.gauge("kv_cache_usage_perc", "share of KV blocks in use (0..1)")
-        self.blocks_used = make.gauge("num_gpu_blocks_used", "KV blocks in use")
-        self.blocks_total = make.gauge("num_gpu_blocks", "KV blocks in the device pool")
-        self.preemptions = make.counter("num_preemptions", "preemptions (swap or recompute)")
-        self.prompt_tokens = make.counter("prompt_tokens", "prompt tokens of requests that "
-                                          "produced their first token")
-        self.generation_tokens = make.counter("generation_tokens", "generated tokens")
-        self.success = make.by(SUCCESS, "requests ended, by finish reason",
-                               "finished_reason")
-        self.rejected = make.by(REJECTED, "requests refused, by reason "
-                                f"({', '.join(REJECTED_LABELS)})", "reason")
-        # TTFT and ITL observed per token (on_token); the rest per completed request
-        self.ttft = make.hist("time_to_first_token_seconds", "time to first token, observed "
-                              "when it comes out (aborted requests too)", TTFT_BUCKETS)
-        self.itl = make.hist("inter_token_latency_seconds", "gap between consecutive tokens, "
-                             "observed as each comes out (aborted requests too)",
-                             TOKEN_BUCKETS)
-        self.tpot = make.hist("request_time_per_output_token_seconds",
-                              "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS)
-        self.e2e = make.hist("e2e_request_latency_seconds", "arrival to last token",
-                             REQUEST_BUCKETS)
-        self.queue = make.hist("request_queue_time_seconds", "arrival to first scheduled",
-                               REQUEST_BUCKETS)
-        self.prefill = make.hist("request_prefill_time_seconds",
-                                 "first scheduled to first token", REQUEST_BUCKETS)
-        self.decode = make.hist("request_decode_time_seconds", "first token to last token",
-                                REQUEST_BUCKETS)
-        self.inference = make.hist("request_inference_time_seconds", "first scheduled to "
-                                   "last token (prefill + decode)", REQUEST_BUCKETS)
-        token_buckets = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
-        self.request_prompt_tokens = make.hist("request_prompt_tokens", "prompt tokens of "
-                                               "each completed request", token_buckets)
-        self.request_generation_tokens = make.hist("request_generation_tokens", "generated "
-                                                   "tokens of each completed request",
-                                                   token_buckets)
-        self.iteration_tokens = make.hist("iteration_tokens_total",
-                                          "tokens computed per step", ITERATION_BUCKETS)
-        # the scheduling signals the doctor reads, fed per step (on_steps)
-        self.steps = make.counter("steps", "engine steps executed")
-        self.prefill_only_steps = make.counter("prefill_only_steps", "steps with prefill "
-                                               "tokens and no decode token")
-        self.zero_decode_steps = make.counter("zero_decode_steps", "steps where sequences "
-                                              "were ready to decode but got no decode token")
-        self.prefill_share = make.gauge("prefill_step_share", "prefill-only steps / steps "
-                                        "(seed alert: > 0.7)")
-        self.zero_decode_share = make.gauge("zero_decode_step_share", "zero-decode steps / "
-                                            "steps (seed alert: > 0.1)")
-        self.active = make.gauge("num_sequences_active", "sequences that produced a token "
-                                 "in the last step")
-        self.slots_held = make.gauge("num_slots_held", "batch slots held in the last step")
-        self.active_ratio = make.gauge("active_concurrency_ratio", "sum of active sequences / "
-                                       "sum of slots held over all steps (seed alert: < 0.3)")
-        self.step_duration = make.hist("step_duration_seconds", "engine step wall time "
-                                       "(schedule, execute, update)", STEP_BUCKETS)
-        self.active_sequence_steps = make.counter(
-            "active_sequence_steps", "sum over steps of the sequences that produced a token")
-        self.held_slot_steps = make.counter("held_slot_steps",
-                                            "sum over steps of the batch slots held")
+        token_counts = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
+        for attr, kind, name, doc, *extra in SERIES:
+            if kind is Histogram:
+                buckets = token_counts if extra[0] == TOKEN_COUNTS else extra[0]
+                series = Histogram(P + name, doc, LABELS, registry=self.registry,
+                                   buckets=buckets).labels(*self.label_values)
+            elif extra:  # a counter with one more label: children made as they are counted
+                series = Counter(P + name, doc, [*LABELS, *extra], registry=self.registry)
+            else:
+                series = kind(P + name, doc, LABELS, registry=self.registry).labels(
+                    *self.label_values)
+            setattr(self, attr, series)
         # the prefix cache's counters and cache_config_info: AsyncEngine attaches the engine
         self.cache = CacheMetrics(self.registry, self.label_values)
         # whether the CPU is shared: read at scrape time, the step reference fed per step
@@ -241,12 +235,8 @@ class ServerMetrics:
 
     # ---- fed by the engine thread ----
     def on_state(self, state) -> None:
-        self.running.set(state.num_running)
-        self.waiting.set(state.num_waiting)
-        self.swapped.set(state.num_swapped)
-        self.kv_usage.set(state.kv_usage)
-        self.blocks_used.set(state.num_gpu_blocks_used)
-        self.blocks_total.set(state.num_gpu_blocks)
+        for gauge, field in LEVELS.items():
+            getattr(self, gauge).set(getattr(state, field))
         if state.num_preemptions_total > self._preemptions_seen:
             self.preemptions.inc(state.num_preemptions_total - self._preemptions_seen)
             self._preemptions_seen = state.num_preemptions_total
