@@ -1,17 +1,12 @@
 """Answering one admitted request: its n sequences' final outputs as one JSON body, or
-server-sent events in OpenAI's chunk shapes as they come (with n > 1 the choices' chunks
-interleave, each tagged with its index).
+server-sent events in OpenAI's chunk shapes as they come (n > 1: chunks interleave,
+tagged by index).
 
-The handler waits for a request's first output before it starts a stream, so an
-abnormal end (a queue timeout) is still a proper status while no header is sent;
-after, it is an SSE error event, then `[DONE]`. A failure of one of n sequences ends the
-whole request (its siblings are aborted).
-
-An answer that can be big (logprobs, echo, n > 1) is rendered on a worker thread, never
-on the event loop: its JSON body, and each batch of its server-sent events. Its size is
-bounded before it runs (logprob_budget.py), yet rendering it on the loop would hold up
-every other stream's tokens. A plain stream's token chunks stay on the loop: one
-json.dumps each, cheaper than a hand-off.
+A stream starts only after the request's first output, so an early abnormal end (a queue
+timeout) still gets a proper status; later it is an SSE error event, then `[DONE]`. One
+failed sequence of n ends the whole request. An answer that can be big (logprobs, echo,
+n > 1) is rendered on a worker thread, since it would hold up every other stream's
+tokens; a plain stream's chunks stay on the loop (one json.dumps, cheaper than a hand-off).
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
-"""AsyncEngine: the engine client of one process (engine/seam.py): the synchronous
-LLMEngine's step loop on a thread of its own (`EngineLoop`), one asyncio stream per
-request; and `drain_live`, the shutdown drain it shares with the cluster's ClusterEngine.
-
-    HTTP handler --add/abort--> command queue --> engine thread: commands, step(), publish
-         ^                                                             |
-         +----- RequestStream (merging slot) <-- outbox (a queue) -----+
+"""AsyncEngine: the engine client of one process (engine/seam.py): the LLMEngine's step
+loop on a thread of its own (`EngineLoop`), one asyncio stream per request; and
+`drain_live`, the shutdown drain it shares with the cluster's ClusterEngine.
 
 Invariants:
-* Only the engine thread touches the engine, so the scheduler is never used
-  concurrently; it sleeps on an Event that a command sets. An abort is applied before
-  the next step, so its blocks are free one step later.
-* Exactly one answer per accepted request: admission either raises (RequestRejected,
-  EngineUnavailable) or returns a stream that gets exactly one final StreamOutput. A
-  fault in a step, or in turning a request's tokens into text, ends the requests it
-  touched with "error"; a fault of the loop itself answers every live request with
-  "error" (LLMEngine.fail_all), resolves every admission still pending (those accepted
-  in the failing iteration too, kept on the loop for that reason), refuses queued ones,
-  and calls `on_fatal` so the server exits non-zero.
-* One iteration's hand-over to the event loop is one message on the outbox (one
-  call_soon_threadsafe per step, not per token). Calls go one way: AsyncEngine touches
-  only EngineLoop's command queue, wake-up event, outbox and published state, and
-  EngineLoop calls nothing of AsyncEngine.
+* Only the engine thread touches the engine; it sleeps on an Event a command sets. An
+  abort is applied before the next step.
+* Exactly one answer per accepted request: admission raises (RequestRejected,
+  EngineUnavailable) or returns a stream that gets exactly one final output. A fault in
+  a step ends the requests it touched with "error"; a fault of the loop itself answers
+  every live request and pending admission, and calls `on_fatal` (the server exits).
+* One iteration reaches the event loop as one outbox message (one call_soon_threadsafe
+  per step, not per token). AsyncEngine touches only EngineLoop's command queue, wake-up
+  event, outbox and published state; EngineLoop calls nothing of AsyncEngine.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""`--api-key`: every route needs `Authorization: Bearer KEY` except the public ones,
-as in vLLM (its AuthenticationMiddleware): /health, /ping, /load, /version, /metrics and
-the API docs stay open, so probes and Prometheus work without the key. A missing or wrong
-key gets 401 in OpenAI's error shape (the openai client raises AuthenticationError).
-
-Keys are compared as SHA-256 digests with `secrets.compare_digest`, so the time an answer
-takes says nothing about how much of a guess was right.
+"""`--api-key`: every route needs `Authorization: Bearer KEY` except the public ones, as
+in vLLM (probes, /metrics and the docs stay open); a missing or wrong key gets 401 in
+OpenAI's error shape. Keys are compared as SHA-256 digests with `compare_digest`, so an
+answer's timing says nothing about how much of a guess was right.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
-"""Reading a request body without letting it stall the server: a byte limit (413), then
-JSON parsing whose cost on the event loop is bounded, then strict validation.
+"""Reading a request body without letting it stall the server: a byte limit (413), JSON
+parsing whose cost on the event loop is bounded, then strict validation.
 
-Why not `model_validate_json(await request.body())`: parsing JSON costs by the number of
-values, not bytes (a 2.4 MB body of `[[1,2],...]` took 0.26 s in json's C parser and
-0.79 s in pydantic's, all on the event loop), and pydantic checks a list's `max_length`
-only after validating every item.
-
-So: the values are at most the structural characters (`,` `[` `{`) plus one. A body of
-at most INLINE_VALUES values is parsed on the event loop, cheap by construction; a larger
-one on a worker thread, where, if it may hold more than the value budget (the longest
-legitimate prompt plus every other bounded field), its values are first counted exactly,
-outside its strings, by a regex scan that stops once past the budget (a 400). Duplicate
-keys and NaN/Infinity are refused.
-
-Two things the C parser would let through are refused for every endpoint, naming the
-JSON path of the value (`messages.0.content`) in `param`:
-* an integer literal longer than any field takes: int() of a long literal costs time
-  quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop for 0.27 s).
-  The int hook keeps one as a marker instead; it is a Python call per integer (about 5x
-  the C parser's cost on token ids), which is why larger bodies go to the worker thread;
-* a lone surrogate (JSON's `\\ud800`): no tokenizer, log line or UTF-8 response can
-  carry one (request_limits.check_text). Only a body holding such an escape is walked.
+Parsing costs by the number of values, not bytes (a 2.4 MB body of `[[1,2],...]` took
+0.26 s in json's C parser, 0.79 s in pydantic's), so the values are bounded first: at
+most the structural characters (`,` `[` `{`) plus one. A body of at most INLINE_VALUES
+is parsed on the event loop; a larger one on a worker thread, counted exactly (outside
+strings) when it may exceed the value budget. Duplicate keys and NaN/Infinity are
+refused, and so, naming the value's JSON path in `param`, are an integer literal longer
+than any field takes (int() is quadratic in its digits: 4,300-digit literals held the
+loop 0.27 s) and a lone surrogate (`\\ud800`), which nothing downstream can carry.
 """
 
 from __future__ import annotations

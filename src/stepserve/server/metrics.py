@@ -1,27 +1,14 @@
-"""Prometheus metrics in vLLM's names under a `stepserve:` prefix, plus the scheduling
-signals (active/concurrency, prefill-only and zero-decode step shares).
+"""Prometheus metrics in vLLM's names and labels (`model_name`, `engine`) under a
+`stepserve:` prefix, plus the scheduling signals `stepserve doctor` reads.
 
-Every series carries vLLM's labels, `model_name` and `engine` (the engine's index, "0"
-for a lone one). As in vLLM, TTFT and the inter-token latency are observed as each token
-comes out, so a request aborted midway has contributed its own; the per-request
-histograms are observed when a request ends, for completed requests only (stop or
-length), as the offline summary does (metrics/request_metrics.py).
-
-What a windowed reader (`stepserve doctor --url`, metrics/live_window.py) needs is kept as
-counters and histograms, whose increase between two scrapes describes just that window:
-step_duration_seconds, active_sequence_steps and held_slot_steps (their increases' ratio
-is the window's mean active ratio), beside the steps counters. scheduler_config_info
-carries the scheduler settings as labels (value 1), as vLLM's cache_config_info does.
-
-The prefix cache's `prefix_cache_queries_total` and `prefix_cache_hits_total` (tokens,
-moved when a request is first scheduled; a request that does not look the cache up
-counts in neither) and `cache_config_info` (the KV settings the Gateway API Inference
-Extension's endpoint picker reads) are read at scrape time from the engine core's
-snapshot, so the engine thread does no metrics work for them.
-
-Each app gets its own CollectorRegistry, so several servers can live in one process;
-each registry also carries what prometheus_client's default one has (process_*,
-python_info, python_gc_*), as vLLM's /metrics does.
+As in vLLM, TTFT and inter-token latency are observed as each token comes out (an
+aborted request contributes its own); the per-request histograms take completed requests
+only, as the offline summary does. What a windowed reader needs (metrics/live_window.py)
+is kept as counters and histograms whose increase between scrapes describes the window.
+The prefix cache's counters and cache_config_info are read from the engine core's
+snapshot at scrape time, so the engine thread does no work for them. Each app has its
+own registry (several servers can live in one process), with the default one's process_*,
+python_info and python_gc_* too, as vLLM's /metrics has.
 """
 
 from __future__ import annotations

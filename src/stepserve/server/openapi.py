@@ -1,8 +1,6 @@
-"""The OpenAPI document: the POST endpoints (generation, /tokenize, /detokenize) read
-their bodies by hand (size limit, bounded JSON parsing, body.py), so FastAPI cannot see
-their request models; this adds them, with every bound of protocol.py, and every status
-the endpoints can answer, each with its body's schema. Schema-driven clients and fuzzers
-(schemathesis) generate valid and invalid requests from it.
+"""The OpenAPI document: the POST endpoints read their bodies by hand (body.py), so
+FastAPI cannot see their models; this adds them, with every bound and every status the
+endpoints can answer, for schema-driven clients and fuzzers (schemathesis).
 """
 
 from __future__ import annotations

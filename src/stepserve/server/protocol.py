@@ -1,20 +1,14 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
-Requests are strict (no "10" for 10, no "true" for true) and bounded (request_limits.py).
-An unknown field is accepted and ignored with a logged warning naming it, as vLLM does
-(SGLang and TGI ignore them too), so bodies built for vLLM (the openai SDK's
-`extra_body`) work. vLLM's extra sampling fields are honoured: min_p, top_k,
-repetition_penalty, min_tokens, stop_token_ids, ignore_eos, skip_special_tokens,
-include_stop_str_in_output, prompt_logprobs, request_id, priority, cache_salt (the prefix
-cache's namespace: requests of different salts share no cached block). Fields OpenAI defines
-that this engine cannot honour (logit_bias, suffix, tools, functions ...) are accepted
-only at their neutral value, so a client that sends the default still works and one that
-relies on the feature hears it clearly. The tenant for fair share comes from `user`.
+Requests are strict (no "10" for 10) and bounded (request_limits.py). An unknown field
+is ignored with a warning naming it, as vLLM does, so bodies built for vLLM work; vLLM's
+extra sampling fields are honoured. Fields OpenAI defines that this engine cannot honour
+(logit_bias, suffix, tools ...) are accepted only at their neutral value. The tenant for
+fair share comes from `user`.
 
-Logprob blocks of a response are rendered to JSON text (logprobs.py says why) and go into
-an answer through `RawBlocks`: in the model a block's field holds a marker (a `Prebuilt`
-field takes it unvalidated), and the dumped JSON gets the block's text where the marker
-came out. The models stay the blocks' schema (/openapi.json).
+Logprob blocks are rendered to JSON text (logprobs.py says why) and enter an answer
+through `RawBlocks`: the model's field holds a marker, replaced by the block's text in
+the dumped JSON, so the models stay the blocks' schema (/openapi.json).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The two generation endpoints: a validated body becomes the prompt's token ids and the
-SamplingParams (with the checks of the body that need the model's name and context; the
-engine checks the rest when it takes the request: token ids, stop tokens, priority), is
-submitted, and goes to its `Answer` (answer.py): one JSON body of n choices, or
-server-sent events.
-
-Heavy work stays off the event loop: chat templating and tokenizing run on a worker
-thread (the tokenizer releases the GIL), and a text longer than any prompt of
-max_model_len tokens could be is refused before it is tokenized at all.
+SamplingParams (with the checks that need the model's name and context; the engine checks
+the rest), is submitted, and goes to its `Answer` (answer.py). Templating and tokenizing
+run on a worker thread, and a text longer than any max_model_len prompt could be is
+refused before it is tokenized.
 """
 
 from __future__ import annotations

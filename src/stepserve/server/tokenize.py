@@ -1,8 +1,7 @@
-"""vLLM's utility endpoints: `POST /tokenize` (a prompt, or chat messages through the
-chat template, to token ids), `POST /detokenize` (ids to text) and `GET /version`, in
-vLLM's request and response shapes. Bodies go through the same size and value limits as
-the generation endpoints, and a text or id list is bounded like a prompt (the text-size
-check first, then max_model_len tokens, as vLLM); tokenizing runs on a worker thread."""
+"""vLLM's utility endpoints in its shapes: `POST /tokenize` (a prompt, or chat messages
+through the chat template), `POST /detokenize` and `GET /version`. Bodies take the same
+limits as generation, a text or id list is bounded like a prompt, and tokenizing runs on
+a worker thread."""
 
 from __future__ import annotations
 
