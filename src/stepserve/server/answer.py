@@ -177,23 +177,22 @@ class Answer:
         return UsageInfo.of(outs[0].num_prompt_tokens, made,
                             prompt_cached_tokens(o.num_cached_tokens for o in outs))
 
-    # ---- the endpoint's shapes ----
+    # ---- the endpoint's shapes: response(outs), the JSON body of the sequences' final
+    # outputs; _chunk, one choice's chunk (`stop_reason` only on its last, as vLLM's);
+    # _content, the text, logprobs block and prompt_logprobs block a choice's piece
+    # carries (`text`: its new text; `first`: the choice's first piece) ----
 
     def response(self, outs: list[StreamOutput]) -> BaseModel:
-        """The JSON body of the sequences' final outputs."""
         raise NotImplementedError
 
     def _chunk(self, index: int, text: str, finish_reason: str | None = None,
                usage: UsageInfo | None = None, logprobs: JSONText | None = None,
                prompt_logprobs: JSONText | None = None,
                stop_reason: str | int | None = None) -> BaseModel:
-        """One choice's chunk; `stop_reason` only on its last (vLLM's: null before)."""
         raise NotImplementedError
 
     def _content(self, out: StreamOutput, text: str, first: bool
                  ) -> tuple[str, JSONText | None, JSONText | None]:
-        """The text, the logprobs block and the prompt_logprobs a choice's piece carries
-        (`text`: its new text; `first`: the choice's first piece), the blocks rendered."""
         raise NotImplementedError
 
     def _opens_with_more(self) -> bool:
@@ -213,33 +212,26 @@ class Answer:
         return bool(out.text or out.logprobs) or (out.index not in self._last
                                                    and self._opens_with_more())
 
-    def token(self, out: StreamOutput) -> str:
-        """A chunk of choice `out.index`'s new text (and its tokens' logprobs)."""
+    def token(self, out: StreamOutput, last: bool = False) -> str:
+        """A chunk of choice `out.index`'s new text (and its tokens' logprobs); `last`:
+        the choice's last chunk (its finish reason)."""
         first = out.index not in self._last
         self._last[out.index] = out
-        if out.index == 0 and not self.continuous_usage and self.renderer is None \
-                and (self.echo is None or not first):
+        if not last and out.index == 0 and not self.continuous_usage \
+                and self.renderer is None and (self.echo is None or not first):
             return f"data: {self._prefix}{json.dumps(out.text)}{self._suffix}\n\n"
-        return self._event(self._piece(out, first))
-
-    def tail(self, out: StreamOutput) -> str:
-        """Choice `out.index`'s last chunk (its finish reason)."""
-        first = out.index not in self._last
-        self._last[out.index] = out
-        return self._event(self._piece(out, first, out.finish_reason, out.stop_reason))
+        text, block, prompt = self._content(out, out.text, first)
+        usage = UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens,
+                             out.num_cached_tokens) if self.continuous_usage else None
+        return self._event(self._chunk(out.index, text, out.finish_reason if last else None,
+                                       usage, block, prompt,
+                                       out.stop_reason if last else None))
 
     def usage(self) -> str:
         """After every choice ended: the usage chunk, when asked for."""
         if not self.include_usage:
             return ""
         return self._event(self._wrap([], self.usage_of(list(self._last.values()))))
-
-    def _piece(self, out: StreamOutput, first: bool, finish_reason: str | None = None,
-               stop_reason: str | int | None = None) -> BaseModel:
-        text, block, prompt = self._content(out, out.text, first)
-        usage = UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens,
-                             out.num_cached_tokens) if self.continuous_usage else None
-        return self._chunk(out.index, text, finish_reason, usage, block, prompt, stop_reason)
 
     def _event(self, chunk: BaseModel) -> str:
         return f"data: {self.raw.dump(chunk)}\n\n"
@@ -293,7 +285,7 @@ class Answer:
                         events.append(self.token(out))
                     events.append(err.sse_event())
                     return "".join(events).encode(), True
-                events.append(self.tail(out))
+                events.append(self.token(out, last=True))
             elif self.wants_chunk(out):
                 events.append(self.token(out))
         if all_ended:
@@ -357,9 +349,8 @@ class ChatAnswer(Answer):
     def head(self, first):
         usage = UsageInfo.of(first.num_prompt_tokens, 0, first.num_cached_tokens) \
             if self.continuous_usage else None
-        return "".join(self._event(self._make(i, DeltaMessage(role="assistant", content=""),
-                                              None, usage))
-                       for i in range(self.body.n))
+        return "".join(self._event(self._chunk(i, "", usage=usage, delta=DeltaMessage(
+            role="assistant", content=""))) for i in range(self.body.n))
 
     def _content(self, out, text, first):
         if self.renderer is None or not out.logprobs:
@@ -367,13 +358,10 @@ class ChatAnswer(Answer):
         return text, self.renderer.chat(out.logprobs), None
 
     def _chunk(self, index, text, finish_reason=None, usage=None, logprobs=None,
-               prompt_logprobs=None, stop_reason=None):
-        delta = DeltaMessage(content=text) if text or finish_reason is None else DeltaMessage()
-        return self._make(index, delta, finish_reason, usage, logprobs, stop_reason)
-
-    def _make(self, index: int, delta: DeltaMessage, finish_reason: str | None,
-              usage: UsageInfo | None, logprobs: JSONText | None = None,
-              stop_reason: str | int | None = None) -> BaseModel:
+               prompt_logprobs=None, stop_reason=None, delta: DeltaMessage | None = None):
+        if delta is None:
+            delta = DeltaMessage(content=text) if text or finish_reason is None \
+                else DeltaMessage()
         return self._wrap([ChatChunkChoice(index=index, delta=delta,
                                            logprobs=self.raw.put(logprobs),
                                            finish_reason=finish_reason,
