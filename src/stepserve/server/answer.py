@@ -49,7 +49,6 @@ from stepserve.server.protocol import (
     DeltaMessage,
     RawBlocks,
     UsageInfo,
-    prompt_cached_tokens,
 )
 
 if TYPE_CHECKING:
@@ -170,12 +169,14 @@ class Answer:
 
     def usage_of(self, outs: list[StreamOutput]) -> UsageInfo:
         """The usage of the sequences whose last outputs are `outs` (best_of: every
-        sequence run counts)."""
+        sequence run counts). The cached prompt tokens (the prompt counted once) are the
+        fewest any sequence got: a sibling admitted a step after another hits the blocks
+        that one has just computed for this very request, which no earlier one cached."""
         made = sum(o.num_output_tokens for o in outs)
         if self.echo is not None and self.echo.only_prompt:
             made = 0
         return UsageInfo.of(outs[0].num_prompt_tokens, made,
-                            prompt_cached_tokens(o.num_cached_tokens for o in outs))
+                            min((o.num_cached_tokens for o in outs), default=0))
 
     # ---- the endpoint's shapes: response(outs), the JSON body of the sequences' final
     # outputs; _chunk, one choice's chunk (`stop_reason` only on its last, as vLLM's);

@@ -45,25 +45,18 @@ INT_LITERAL_MAX_DIGITS = 20
 _HEAVY = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepserve-json")
 
 
-class _BodyError(ValueError):
-    def __init__(self, message: str, param: str | None = None,
-                 code: str = "invalid_json") -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()  # a set, not keys.count: linear in the object's size
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _BodyError(f"duplicate key {dup[:64]!r} in a JSON object")
+        raise bad_request(f"duplicate key {dup[:64]!r} in a JSON object", None, "invalid_json")
     return out
 
 
 def _no_constant(name: str) -> Any:
-    raise _BodyError(f"{name} is not valid JSON (numbers must be finite)")
+    raise bad_request(f"{name} is not valid JSON (numbers must be finite)", None,
+                      "invalid_json")
 
 
 class _LongLiteral:
@@ -95,9 +88,9 @@ def _too_many_values(raw: bytes, budget: int) -> bool:
 
 def _parse(raw: bytes, text: str, budget: int, counted: bool) -> Any:
     if not counted and _too_many_values(raw, budget):
-        raise _BodyError(f"the body holds more than {budget} JSON values; a request needs "
-                         f"far fewer (a prompt of at most max_model_len token ids plus "
-                         f"{VALUE_SLACK} for the other fields)")
+        raise bad_request(f"the body holds more than {budget} JSON values; a request needs "
+                          f"far fewer (a prompt of at most max_model_len token ids plus "
+                          f"{VALUE_SLACK} for the other fields)", None, "invalid_json")
     long_literals: list[_LongLiteral] = []
 
     def bounded_int(literal: str) -> int | _LongLiteral:
@@ -125,10 +118,10 @@ def _check_values(value: Any) -> None:
             _check_text(path, item)
         elif isinstance(item, _LongLiteral):
             where = ".".join(path) or None
-            raise _BodyError(f"{where or 'the body'}: an integer literal of {item.digits} "
-                             f"digits; no field takes one of more than "
-                             f"{INT_LITERAL_MAX_DIGITS} digits (the widest, seed, is a "
-                             f"64-bit integer)", where, "invalid_value")
+            raise bad_request(f"{where or 'the body'}: an integer literal of {item.digits} "
+                              f"digits; no field takes one of more than "
+                              f"{INT_LITERAL_MAX_DIGITS} digits (the widest, seed, is a "
+                              f"64-bit integer)", where)
         elif isinstance(item, dict):
             for key in item:
                 _check_text(path, key, "a key of ")
@@ -144,7 +137,7 @@ def _check_text(path: tuple[str, ...], text: str, what: str = "") -> None:
     where = ".".join(path) or None
     problem = check_text(what + (where or "the body"), text)
     if problem:
-        raise _BodyError(problem, where, "invalid_value")
+        raise bad_request(problem, where)
 
 
 async def read_json(ctx: ServingContext, request: Request) -> Any:
@@ -208,8 +201,6 @@ async def parse_json(raw: bytes, value_budget: int) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(_HEAVY, _parse, raw, text, value_budget,
                                           structural <= value_budget)
-    except _BodyError as e:
-        raise bad_request(str(e), e.param, e.code) from None
     except json.JSONDecodeError as e:
         raise bad_request(f"the body is not valid JSON: {e.msg} at line {e.lineno} column "
                           f"{e.colno}", None, "invalid_json") from None

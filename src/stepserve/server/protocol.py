@@ -17,7 +17,6 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -302,13 +301,6 @@ class UsageInfo(BaseModel):
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=prompt_tokens + completion_tokens,
                    prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
-
-
-def prompt_cached_tokens(per_sequence: Iterable[int]) -> int:
-    """A request's cached prompt tokens from its sequences' (n > 1: the prompt counted
-    once): the fewest any got. A sibling admitted a step after another hits the blocks
-    that one has just computed for this very request, which no earlier request cached."""
-    return min(per_sequence, default=0)
 
 
 class CompletionLogprobs(BaseModel):
