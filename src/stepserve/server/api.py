@@ -1,5 +1,6 @@
-"""The FastAPI app: OpenAI-compatible routes, /health, /metrics, and error handlers
-that answer every failure in OpenAI's error shape."""
+"""The FastAPI app: OpenAI-compatible routes, vLLM's /tokenize, /detokenize and /version
+(the same body limits as generation, a text or id list bounded like a prompt), /health,
+/metrics, and error handlers that answer every failure in OpenAI's error shape."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from stepserve import __version__
 from stepserve.core.end_reasons import Refusal, end_reason, refusal_of_error
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.async_engine import AsyncEngine
 from stepserve.server.auth import ApiKeyAuth
+from stepserve.server.body import parse_body, read_json, validate
 from stepserve.server.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -27,13 +30,25 @@ from stepserve.server.errors import (
 )
 from stepserve.server.metrics import ServerMetrics
 from stepserve.server.openapi import install_openapi
-from stepserve.server.protocol import ErrorResponse, HealthStatus, ModelCard, ModelList
+from stepserve.server.protocol import (
+    DetokenizeRequest,
+    ErrorResponse,
+    HealthStatus,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    VersionResponse,
+)
 from stepserve.server.serving import (
     ServingContext,
+    chat_prompt,
+    check_model,
+    check_text_size,
+    check_token_count,
     create_chat_completion,
     create_completion,
 )
-from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.server")
 
@@ -202,3 +217,45 @@ def add_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
                         SERVER_ERROR, code="internal_error").response()
+
+
+def install_tokenize_routes(app: FastAPI) -> None:
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        """vLLM's /tokenize: `prompt` (text), or `messages` rendered by the chat
+        template; `{count, max_model_len, tokens, token_strs}`."""
+        ctx: ServingContext = request.app.state.ctx
+        tok = ctx.tokenizer
+        data = await read_json(ctx, request)
+        chat = isinstance(data, dict) and "messages" in data
+        body = validate(data, TokenizeChatRequest if chat else TokenizeCompletionRequest)
+        check_model(ctx, body.model)
+        if isinstance(body, TokenizeChatRequest):
+            ids, param = await chat_prompt(ctx, body, body.add_generation_prompt), "messages"
+        else:
+            check_text_size(ctx, len(body.prompt), "prompt")
+            ids = await ctx.off_loop(tok.encode, body.prompt, body.add_special_tokens)
+            param = "prompt"
+        check_token_count(ctx, len(ids), param)
+        strs = await ctx.off_loop(lambda: [tok.id_to_token(i) or "" for i in ids]) \
+            if body.return_token_strs else None
+        return JSONResponse({"count": len(ids), "max_model_len": ctx.max_model_len,
+                             "tokens": ids, "token_strs": strs})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        """vLLM's /detokenize: `tokens` to `{prompt}`."""
+        ctx: ServingContext = request.app.state.ctx
+        body = await parse_body(ctx, request, DetokenizeRequest)
+        check_model(ctx, body.model)
+        check_token_count(ctx, len(body.tokens), "tokens")
+        bad = [t for t in body.tokens if t >= ctx.vocab_size]
+        if bad:
+            raise bad_request(f"tokens must be in [0, {ctx.vocab_size}); got {bad[:5]}",
+                              "tokens")
+        text = await ctx.off_loop(ctx.tokenizer.decode, body.tokens)
+        return JSONResponse({"prompt": text})
+
+    @app.get("/version", response_model=VersionResponse)
+    async def version() -> dict:
+        return {"version": __version__}

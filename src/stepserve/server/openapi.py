@@ -16,9 +16,13 @@ from stepserve.server.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
 )
-from stepserve.server.tokenize import BODY_ROUTES
 
 REF = "#/components/schemas/{model}"
 
@@ -41,6 +45,10 @@ SSE_EVENT = {"type": "object", "required": ["data"],
 GENERATION_ROUTES = {
     "/v1/completions": ((CompletionRequest,), CompletionResponse),
     "/v1/chat/completions": ((ChatCompletionRequest,), ChatCompletionResponse),
+}
+BODY_ROUTES = {
+    "/tokenize": ((TokenizeCompletionRequest, TokenizeChatRequest), TokenizeResponse),
+    "/detokenize": ((DetokenizeRequest,), DetokenizeResponse),
 }
 
 

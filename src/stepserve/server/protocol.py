@@ -212,6 +212,40 @@ class ChatCompletionRequest(_Sampling):
                 "response_format": (None, {"type": "text"})}
 
 
+# vLLM's /tokenize and /detokenize (api.py)
+
+class TokenizeCompletionRequest(_Lenient):
+    model: str | None = Field(None, max_length=1024)
+    prompt: str = Field(max_length=lim.MAX_REQUEST_BYTES_MAX)
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = Field(None, max_length=1024)
+    tokens: list[TokenId]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
+
+
 # ---- responses ----
 
 class ModelCard(BaseModel):
