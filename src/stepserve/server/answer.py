@@ -117,10 +117,9 @@ def response_id(request: Request, given_in_body: str | None, prefix: str) -> str
 
 class Answer:
     """How one request is answered: one JSON body of its n choices (`response`), or
-    server-sent events: `head`, a chunk per output with new text (`token`), each
-    choice's last (`tail`), then `usage` when asked for. A plain text chunk of choice 0
-    comes from a template made once from the chunk model (only the text changes), so a
-    token costs one json.dumps; everything else is rendered by pydantic."""
+    server-sent events: `head`, a chunk per output with new text and each choice's last
+    (`token`), then `usage` when asked for. A plain text chunk of choice 0 comes from a
+    template made once from the chunk model, so a token costs one json.dumps."""
 
     PREFIX: ClassVar[str]  # of the response id
     CHUNK: ClassVar[type[CompletionResponse | ChatCompletionChunk]]  # a streamed chunk

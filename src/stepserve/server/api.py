@@ -58,15 +58,10 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                api_keys: Sequence[str] = ()) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
-    app starts). `model_name`: the name clients pass as `model` (default: the model
-    directory's name). `retry_after_s`: the Retry-After of a 429.
-    `shutdown_timeout_s`: how long a graceful shutdown lets in-flight requests finish.
-    `max_request_bytes`: bodies over it get 413. `api_keys`: when given, every route but
-    /health, /metrics, /version and the docs needs one as a Bearer token (auth.py).
-
-    If the engine loop dies, `/health` answers 503 with the reason and the app calls
-    `app.state.request_exit()` (set by http_server.StepServeServer) so the process exits
-    non-zero for a supervisor to restart it."""
+    app starts). `model_name`: what clients pass as `model` (default: the model
+    directory's name). `api_keys`: when given, the non-public routes need one (auth.py).
+    If the engine loop dies, /health answers 503 and the app calls
+    `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
 
     def on_fatal(reason: str) -> None:  # engine thread, after every request was answered
         log.critical("%s; the server exits", reason)

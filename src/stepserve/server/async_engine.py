@@ -85,17 +85,14 @@ class EngineState(EngineSnapshot):
 # ---- the engine thread ----
 
 class EngineLoop:
-    """The engine thread of the server: apply the handlers' commands, run a step, hand
-    each output to its request's stream; keep the exactly-once promise on every failure
-    path. Runs on the engine thread only (`run`); the event loop talks to it through
-    `commands` and `wake`, and hears from it through `outbox`: neither calls the
-    other."""
+    """The engine thread: apply the handlers' commands, run a step, hand each output to
+    its request's stream, keeping the exactly-once promise on every failure path."""
 
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics,
                  on_fatal: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
-        # (outputs, admissions) of one iteration each, for the event loop (`open_outbox`)
+        # (outputs, admissions) of one iteration each, for the event loop
         self.outbox: asyncio.Queue[tuple[Outputs, Admissions]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_fatal = on_fatal
@@ -109,12 +106,9 @@ class EngineLoop:
         self._outputs: Outputs = []
         self._admissions: Admissions = []
 
-    def open_outbox(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the event loop, before the engine thread starts."""
+    def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The thread's body; `loop`: the event loop its outbox posts to."""
         self._loop = loop
-
-    def run(self) -> None:
-        """The thread's body."""
         try:
             self._loop_forever()
         except Exception as e:  # the loop cannot go on: answer everyone, then exit
@@ -260,10 +254,9 @@ class AsyncEngine:
         from stepserve.model.omp import release_openmp_pool
 
         release_openmp_pool()
-        self._worker.open_outbox(self._loop)
         self._reader = self._loop.create_task(self._read_outbox())
-        self._thread = threading.Thread(target=self._worker.run, name="stepserve-engine",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._worker.run, args=(self._loop,),
+                                        name="stepserve-engine", daemon=True)
         self._thread.start()
 
     @property
