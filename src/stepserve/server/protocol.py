@@ -185,7 +185,7 @@ def _message_kind(value: Any) -> str:
 
 
 # Tagged by role so the schema can say which messages need `content`. The tags are in
-# parentheses so an error's location skips them (errors._is_branch).
+# parentheses so an error's location skips them (errors._loc).
 ChatMessage = Annotated[Annotated[ContentMessage, Tag("(content)")]
                         | Annotated[AssistantMessage, Tag("(assistant)")],
                         Discriminator(_message_kind)]
