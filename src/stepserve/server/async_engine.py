@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -244,7 +245,7 @@ class AsyncEngine:
         self._all_ended = asyncio.Event()
         self._all_ended.set()
         self._drain_cut = asyncio.Event()
-        self._counter = 0
+        self._ids = itertools.count()
 
     def start(self) -> None:
         if self._thread is not None:
@@ -313,8 +314,7 @@ class AsyncEngine:
             raise EngineUnavailable(self.fault or "the server is shutting down")
         request_id = request.request_id
         if request_id is None:
-            request_id = f"srv-{self._counter}"
-            self._counter += 1
+            request_id = f"srv-{next(self._ids)}"
         assert self._loop is not None
         stream = RequestStream(request_id, len(request.prompt_ids), request.params.n)
         admitted = self._loop.create_future()

@@ -13,6 +13,7 @@ python_info and python_gc_* too, as vLLM's /metrics has.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -216,8 +217,8 @@ class ServerMetrics:
                 *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
         for reason in SUCCESS_LABELS:
             self.success.labels(*self.label_values, reason)
-        self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
-        self._sum_active = self._sum_slots = 0
+        # the step counters' totals so far, for the shares and the active ratio
+        self._totals: collections.Counter[str] = collections.Counter()
         self._preemptions_seen = 0
 
     # ---- fed by the engine thread ----
@@ -232,30 +233,26 @@ class ServerMetrics:
         """`wall_s`: the wall time of the engine call that ran these steps (shared evenly);
         without it, each record's own duration."""
         for s in records:
-            self._n_steps += 1
-            self.steps.inc()
             self.step_duration.observe(s.duration_s if wall_s is None
                                        else wall_s / len(records))
-            self.active_sequence_steps.inc(s.num_active)
-            self.held_slot_steps.inc(s.slots_held)
             self.iteration_tokens.observe(s.num_prefill_tokens + s.num_decode_tokens)
             self.generation_tokens.inc(s.num_active)
-            if s.is_prefill_only:
-                self._n_prefill_only += 1
-                self.prefill_only_steps.inc()
-            if s.is_zero_decode:
-                self._n_zero_decode += 1
-                self.zero_decode_steps.inc()
+            for counter, amount in (("steps", 1), ("active_sequence_steps", s.num_active),
+                                    ("held_slot_steps", s.slots_held),
+                                    ("prefill_only_steps", s.is_prefill_only),
+                                    ("zero_decode_steps", s.is_zero_decode)):
+                if amount:
+                    getattr(self, counter).inc(amount)
+                    self._totals[counter] += amount
             self.active.set(s.num_active)
             self.slots_held.set(s.slots_held)
-            self._sum_active += s.num_active
-            self._sum_slots += s.slots_held
         self.cpu.on_steps(records)
-        if self._n_steps:
-            self.prefill_share.set(self._n_prefill_only / self._n_steps)
-            self.zero_decode_share.set(self._n_zero_decode / self._n_steps)
-        if self._sum_slots:
-            self.active_ratio.set(self._sum_active / self._sum_slots)
+        t = self._totals
+        if t["steps"]:
+            self.prefill_share.set(t["prefill_only_steps"] / t["steps"])
+            self.zero_decode_share.set(t["zero_decode_steps"] / t["steps"])
+        if t["held_slot_steps"]:
+            self.active_ratio.set(t["active_sequence_steps"] / t["held_slot_steps"])
 
     def on_token(self, req: Request) -> None:
         """`req` has just produced a token: its first is its TTFT (and counts its prompt),
