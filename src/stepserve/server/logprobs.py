@@ -14,6 +14,7 @@ second). So a render thread rests REST_S after every WORK_S of work.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -60,25 +61,12 @@ class LogprobRenderer:
     a time (an answer's renders follow each other)."""
 
     def __init__(self, tokenizer, top: int) -> None:
-        self.tokenizer = tokenizer
         self.top = top
-        self._texts: dict[int, str] = {}
-        self._quoted: dict[int, JSONText] = {}
+        # a token's text, and that text as a JSON string (closures over no `self`: no cycle)
+        self.text = text = functools.cache(
+            lambda tid: tokenizer.decode([tid], skip_special_tokens=False))
+        self.quoted = functools.cache(lambda tid: json.dumps(text(tid), ensure_ascii=False))
         self._chat: dict[int, tuple[JSONText, JSONText]] = {}
-
-    def text(self, token_id: int) -> str:
-        t = self._texts.get(token_id)
-        if t is None:
-            t = self._texts[token_id] = self.tokenizer.decode([token_id],
-                                                              skip_special_tokens=False)
-        return t
-
-    def quoted(self, token_id: int) -> JSONText:
-        """The token's text as a JSON string."""
-        q = self._quoted.get(token_id)
-        if q is None:
-            q = self._quoted[token_id] = json.dumps(self.text(token_id), ensure_ascii=False)
-        return q
 
     def _chat_entry(self, token_id: int, value: float) -> JSONText:
         """`{"token": .., "logprob": .., "bytes": [..]` (left open for top_logprobs)."""
