@@ -29,10 +29,14 @@ from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
 from stepserve.core.clock import WallClock
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
-from stepserve.server.api import add_error_handlers, add_openai_routes, install_tokenize_routes
+from stepserve.server.api import (
+    add_error_handlers,
+    add_openai_routes,
+    install_openapi,
+    install_tokenize_routes,
+)
 from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
-from stepserve.server.openapi import install_openapi
 from stepserve.server.serving import ServingContext
 
 log = logging.getLogger("stepserve.cluster")

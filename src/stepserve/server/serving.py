@@ -198,6 +198,7 @@ async def _answer(ctx: ServingContext, request: Request, answer: Answer,
 
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
+    """OpenAI completions (body: protocol.CompletionRequest)."""
     arrival = ctx.clock.now()
     body = await parse_body(ctx, request, CompletionRequest)
     check_common(ctx, body)
@@ -227,6 +228,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
+    """OpenAI chat completions (body: protocol.ChatCompletionRequest)."""
     arrival = ctx.clock.now()
     body = await parse_body(ctx, request, ChatCompletionRequest)
     check_common(ctx, body)
