@@ -69,14 +69,8 @@ LABELS = ["model_name", "engine"]  # vLLM's, on every series
 
 def buckets_1_2_5(top: int) -> tuple[float, ...]:
     """1, 2, 5, 10, 20, 50, ... up to `top` (vLLM's token-count buckets)."""
-    out: list[float] = []
-    scale = 1
-    while True:
-        for m in (1, 2, 5):
-            if m * scale > top:
-                return tuple(out)
-            out.append(float(m * scale))
-        scale *= 10
+    return tuple(float(m * 10 ** e) for e in range(len(str(top))) for m in (1, 2, 5)
+                 if m * 10 ** e <= top)
 
 
 # The series of one app: (attribute, kind, name after P, HELP, and a histogram's buckets
