@@ -96,24 +96,23 @@ def _sabotage(monkeypatch, engine, rng: random.Random) -> FaultyRunner:
 
     monkeypatch.setattr(engine.tokenizer, "detokenizer", detokenizer)
 
-    real_init, real_token, real_tail = Answer.__init__, Answer.token, Answer.tail
+    real_init, real_token = Answer.__init__, Answer.token
 
     def init(self, ctx, body, *args, **kwargs):
         real_init(self, ctx, body, *args, **kwargs)
         self.sabotaged = body.user == STREAM_MARK
 
     def breaking(real):
-        def render(self, out):
+        def render(self, out, last=False):
             if getattr(self, "sabotaged", False) and out.num_output_tokens >= 4:
                 raise RuntimeError("injected stream renderer fault")
-            return real(self, out)
+            return real(self, out, last)
         return render
 
     monkeypatch.setattr(Answer, "__init__", init)
-    # both the chunks of new text and the last one: on a busy machine a short request's
-    # outputs can all merge into its final output before the handler reads any
+    # both the chunks of new text and the last one (last=True): on a busy machine a short
+    # request's outputs can all merge into its final output before the handler reads any
     monkeypatch.setattr(Answer, "token", breaking(real_token))
-    monkeypatch.setattr(Answer, "tail", breaking(real_tail))
     return runner
 
 

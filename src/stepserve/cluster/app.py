@@ -1,5 +1,5 @@
 """The ingress: the single-process server's API (the same handlers, errors and
-streaming: server/serving.py; /tokenize, /detokenize and /version: server/tokenize.py)
+streaming: server/serving.py; /tokenize, /detokenize and /version: server/api.py)
 over a ClusterEngine, plus the cluster's health and one /metrics merging every replica's.
 
     /health             public probe: 200 {"status": "ok"} while every pool has a live
@@ -29,12 +29,15 @@ from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
 from stepserve.core.clock import WallClock
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
-from stepserve.server.api import add_error_handlers, add_openai_routes
+from stepserve.server.api import (
+    add_error_handlers,
+    add_openai_routes,
+    install_openapi,
+    install_tokenize_routes,
+)
 from stepserve.server.auth import ApiKeyAuth
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
-from stepserve.server.openapi import install_openapi
 from stepserve.server.serving import ServingContext
-from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.cluster")
 REPLICA_CALL_TIMEOUT_S = 5.0

@@ -1,17 +1,12 @@
 """Answering one admitted request: its n sequences' final outputs as one JSON body, or
-server-sent events in OpenAI's chunk shapes as they come (with n > 1 the choices' chunks
-interleave, each tagged with its index).
+server-sent events in OpenAI's chunk shapes as they come (n > 1: chunks interleave,
+tagged by index).
 
-The handler waits for a request's first output before it starts a stream, so an
-abnormal end (a queue timeout) is still a proper status while no header is sent;
-after, it is an SSE error event, then `[DONE]`. A failure of one of n sequences ends the
-whole request (its siblings are aborted).
-
-An answer that can be big (logprobs, echo, n > 1) is rendered on a worker thread, never
-on the event loop: its JSON body, and each batch of its server-sent events. Its size is
-bounded before it runs (logprob_budget.py), yet rendering it on the loop would hold up
-every other stream's tokens. A plain stream's token chunks stay on the loop: one
-json.dumps each, cheaper than a hand-off.
+A stream starts only after the request's first output, so an early abnormal end (a queue
+timeout) still gets a proper status; later it is an SSE error event, then `[DONE]`. One
+failed sequence of n ends the whole request. An answer that can be big (logprobs, echo,
+n > 1) is rendered on a worker thread, since it would hold up every other stream's
+tokens; a plain stream's chunks stay on the loop (one json.dumps, cheaper than a hand-off).
 """
 
 from __future__ import annotations
@@ -54,7 +49,6 @@ from stepserve.server.protocol import (
     DeltaMessage,
     RawBlocks,
     UsageInfo,
-    prompt_cached_tokens,
 )
 
 if TYPE_CHECKING:
@@ -123,10 +117,9 @@ def response_id(request: Request, given_in_body: str | None, prefix: str) -> str
 
 class Answer:
     """How one request is answered: one JSON body of its n choices (`response`), or
-    server-sent events: `head`, a chunk per output with new text (`token`), each
-    choice's last (`tail`), then `usage` when asked for. A plain text chunk of choice 0
-    comes from a template made once from the chunk model (only the text changes), so a
-    token costs one json.dumps; everything else is rendered by pydantic."""
+    server-sent events: `head`, a chunk per output with new text and each choice's last
+    (`token`), then `usage` when asked for. A plain text chunk of choice 0 comes from a
+    template made once from the chunk model, so a token costs one json.dumps."""
 
     PREFIX: ClassVar[str]  # of the response id
     CHUNK: ClassVar[type[CompletionResponse | ChatCompletionChunk]]  # a streamed chunk
@@ -175,30 +168,31 @@ class Answer:
 
     def usage_of(self, outs: list[StreamOutput]) -> UsageInfo:
         """The usage of the sequences whose last outputs are `outs` (best_of: every
-        sequence run counts)."""
+        sequence run counts). The cached prompt tokens (the prompt counted once) are the
+        fewest any sequence got: a sibling admitted a step after another hits the blocks
+        that one has just computed for this very request, which no earlier one cached."""
         made = sum(o.num_output_tokens for o in outs)
         if self.echo is not None and self.echo.only_prompt:
             made = 0
         return UsageInfo.of(outs[0].num_prompt_tokens, made,
-                            prompt_cached_tokens(o.num_cached_tokens for o in outs))
+                            min((o.num_cached_tokens for o in outs), default=0))
 
-    # ---- the endpoint's shapes ----
+    # ---- the endpoint's shapes: response(outs), the JSON body of the sequences' final
+    # outputs; _chunk, one choice's chunk (`stop_reason` only on its last, as vLLM's);
+    # _content, the text, logprobs block and prompt_logprobs block a choice's piece
+    # carries (`text`: its new text; `first`: the choice's first piece) ----
 
     def response(self, outs: list[StreamOutput]) -> BaseModel:
-        """The JSON body of the sequences' final outputs."""
         raise NotImplementedError
 
     def _chunk(self, index: int, text: str, finish_reason: str | None = None,
                usage: UsageInfo | None = None, logprobs: JSONText | None = None,
                prompt_logprobs: JSONText | None = None,
                stop_reason: str | int | None = None) -> BaseModel:
-        """One choice's chunk; `stop_reason` only on its last (vLLM's: null before)."""
         raise NotImplementedError
 
     def _content(self, out: StreamOutput, text: str, first: bool
                  ) -> tuple[str, JSONText | None, JSONText | None]:
-        """The text, the logprobs block and the prompt_logprobs a choice's piece carries
-        (`text`: its new text; `first`: the choice's first piece), the blocks rendered."""
         raise NotImplementedError
 
     def _opens_with_more(self) -> bool:
@@ -218,33 +212,26 @@ class Answer:
         return bool(out.text or out.logprobs) or (out.index not in self._last
                                                    and self._opens_with_more())
 
-    def token(self, out: StreamOutput) -> str:
-        """A chunk of choice `out.index`'s new text (and its tokens' logprobs)."""
+    def token(self, out: StreamOutput, last: bool = False) -> str:
+        """A chunk of choice `out.index`'s new text (and its tokens' logprobs); `last`:
+        the choice's last chunk (its finish reason)."""
         first = out.index not in self._last
         self._last[out.index] = out
-        if out.index == 0 and not self.continuous_usage and self.renderer is None \
-                and (self.echo is None or not first):
+        if not last and out.index == 0 and not self.continuous_usage \
+                and self.renderer is None and (self.echo is None or not first):
             return f"data: {self._prefix}{json.dumps(out.text)}{self._suffix}\n\n"
-        return self._event(self._piece(out, first))
-
-    def tail(self, out: StreamOutput) -> str:
-        """Choice `out.index`'s last chunk (its finish reason)."""
-        first = out.index not in self._last
-        self._last[out.index] = out
-        return self._event(self._piece(out, first, out.finish_reason, out.stop_reason))
+        text, block, prompt = self._content(out, out.text, first)
+        usage = UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens,
+                             out.num_cached_tokens) if self.continuous_usage else None
+        return self._event(self._chunk(out.index, text, out.finish_reason if last else None,
+                                       usage, block, prompt,
+                                       out.stop_reason if last else None))
 
     def usage(self) -> str:
         """After every choice ended: the usage chunk, when asked for."""
         if not self.include_usage:
             return ""
         return self._event(self._wrap([], self.usage_of(list(self._last.values()))))
-
-    def _piece(self, out: StreamOutput, first: bool, finish_reason: str | None = None,
-               stop_reason: str | int | None = None) -> BaseModel:
-        text, block, prompt = self._content(out, out.text, first)
-        usage = UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens,
-                             out.num_cached_tokens) if self.continuous_usage else None
-        return self._chunk(out.index, text, finish_reason, usage, block, prompt, stop_reason)
 
     def _event(self, chunk: BaseModel) -> str:
         return f"data: {self.raw.dump(chunk)}\n\n"
@@ -298,7 +285,7 @@ class Answer:
                         events.append(self.token(out))
                     events.append(err.sse_event())
                     return "".join(events).encode(), True
-                events.append(self.tail(out))
+                events.append(self.token(out, last=True))
             elif self.wants_chunk(out):
                 events.append(self.token(out))
         if all_ended:
@@ -362,9 +349,8 @@ class ChatAnswer(Answer):
     def head(self, first):
         usage = UsageInfo.of(first.num_prompt_tokens, 0, first.num_cached_tokens) \
             if self.continuous_usage else None
-        return "".join(self._event(self._make(i, DeltaMessage(role="assistant", content=""),
-                                              None, usage))
-                       for i in range(self.body.n))
+        return "".join(self._event(self._chunk(i, "", usage=usage, delta=DeltaMessage(
+            role="assistant", content=""))) for i in range(self.body.n))
 
     def _content(self, out, text, first):
         if self.renderer is None or not out.logprobs:
@@ -372,13 +358,10 @@ class ChatAnswer(Answer):
         return text, self.renderer.chat(out.logprobs), None
 
     def _chunk(self, index, text, finish_reason=None, usage=None, logprobs=None,
-               prompt_logprobs=None, stop_reason=None):
-        delta = DeltaMessage(content=text) if text or finish_reason is None else DeltaMessage()
-        return self._make(index, delta, finish_reason, usage, logprobs, stop_reason)
-
-    def _make(self, index: int, delta: DeltaMessage, finish_reason: str | None,
-              usage: UsageInfo | None, logprobs: JSONText | None = None,
-              stop_reason: str | int | None = None) -> BaseModel:
+               prompt_logprobs=None, stop_reason=None, delta: DeltaMessage | None = None):
+        if delta is None:
+            delta = DeltaMessage(content=text) if text or finish_reason is None \
+                else DeltaMessage()
         return self._wrap([ChatChunkChoice(index=index, delta=delta,
                                            logprobs=self.raw.put(logprobs),
                                            finish_reason=finish_reason,

@@ -1,23 +1,31 @@
-"""The FastAPI app: OpenAI-compatible routes, /health, /metrics, and error handlers
-that answer every failure in OpenAI's error shape."""
+"""The FastAPI app: OpenAI-compatible routes, vLLM's /tokenize, /detokenize and /version
+(the same body limits as generation, a text or id list bounded like a prompt), /health,
+/metrics, error handlers that answer every failure in OpenAI's error shape, and the
+OpenAPI document of the bodies the POST routes read by hand."""
 
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from stepserve import __version__
 from stepserve.core.end_reasons import Refusal, end_reason, refusal_of_error
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.async_engine import AsyncEngine
 from stepserve.server.auth import ApiKeyAuth
+from stepserve.server.body import parse_body, read_json, validate
 from stepserve.server.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -26,14 +34,31 @@ from stepserve.server.errors import (
     bad_request,
 )
 from stepserve.server.metrics import ServerMetrics
-from stepserve.server.openapi import install_openapi
-from stepserve.server.protocol import ErrorResponse, HealthStatus, ModelCard, ModelList
+from stepserve.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    HealthStatus,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
 from stepserve.server.serving import (
     ServingContext,
+    chat_prompt,
+    check_model,
+    check_text_size,
+    check_token_count,
     create_chat_completion,
     create_completion,
 )
-from stepserve.server.tokenize import install_tokenize_routes
 
 log = logging.getLogger("stepserve.server")
 
@@ -43,15 +68,10 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                api_keys: Sequence[str] = ()) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
-    app starts). `model_name`: the name clients pass as `model` (default: the model
-    directory's name). `retry_after_s`: the Retry-After of a 429.
-    `shutdown_timeout_s`: how long a graceful shutdown lets in-flight requests finish.
-    `max_request_bytes`: bodies over it get 413. `api_keys`: when given, every route but
-    /health, /metrics, /version and the docs needs one as a Bearer token (auth.py).
-
-    If the engine loop dies, `/health` answers 503 with the reason and the app calls
-    `app.state.request_exit()` (set by http_server.StepServeServer) so the process exits
-    non-zero for a supervisor to restart it."""
+    app starts). `model_name`: what clients pass as `model` (default: the model
+    directory's name). `api_keys`: when given, the non-public routes need one (auth.py).
+    If the engine loop dies, /health answers 503 and the app calls
+    `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
 
     def on_fatal(reason: str) -> None:  # engine thread, after every request was answered
         log.critical("%s; the server exits", reason)
@@ -100,19 +120,21 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     return app
 
 
+def _post(app: FastAPI, path: str) -> None:
+    name, handler = POST_ROUTES[path][:2]
+
+    async def endpoint(request: Request) -> Response:
+        return await handler(request.app.state.ctx, request)
+
+    app.add_api_route(path, endpoint, methods=["POST"], name=name,
+                      description=inspect.cleandoc(handler.__doc__ or ""))
+
+
 def add_openai_routes(app: FastAPI) -> None:
     """/v1/completions, /v1/chat/completions and /v1/models over `app.state.ctx` (the
     ServingContext its lifespan sets: one engine's, or the cluster ingress's)."""
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        """OpenAI completions (body: protocol.CompletionRequest)."""
-        return await create_completion(request.app.state.ctx, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        """OpenAI chat completions (body: protocol.ChatCompletionRequest)."""
-        return await create_chat_completion(request.app.state.ctx, request)
+    for path in STREAMED:
+        _post(app, path)
 
     @app.get("/v1/models", response_model=ModelList)
     async def models(request: Request) -> dict:
@@ -202,3 +224,154 @@ def add_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
                         SERVER_ERROR, code="internal_error").response()
+
+
+async def tokenize(ctx: ServingContext, request: Request) -> Response:
+    """vLLM's /tokenize: `prompt` (text), or `messages` rendered by the chat
+    template; `{count, max_model_len, tokens, token_strs}`."""
+    tok = ctx.tokenizer
+    data = await read_json(ctx, request)
+    chat = isinstance(data, dict) and "messages" in data
+    body = validate(data, TokenizeChatRequest if chat else TokenizeCompletionRequest)
+    check_model(ctx, body.model)
+    if isinstance(body, TokenizeChatRequest):
+        ids, param = await chat_prompt(ctx, body, body.add_generation_prompt), "messages"
+    else:
+        check_text_size(ctx, len(body.prompt), "prompt")
+        ids = await ctx.off_loop(tok.encode, body.prompt, body.add_special_tokens)
+        param = "prompt"
+    check_token_count(ctx, len(ids), param)
+    strs = await ctx.off_loop(lambda: [tok.id_to_token(i) or "" for i in ids]) \
+        if body.return_token_strs else None
+    return JSONResponse({"count": len(ids), "max_model_len": ctx.max_model_len,
+                         "tokens": ids, "token_strs": strs})
+
+
+async def detokenize(ctx: ServingContext, request: Request) -> Response:
+    """vLLM's /detokenize: `tokens` to `{prompt}`."""
+    body = await parse_body(ctx, request, DetokenizeRequest)
+    check_model(ctx, body.model)
+    check_token_count(ctx, len(body.tokens), "tokens")
+    bad = [t for t in body.tokens if t >= ctx.vocab_size]
+    if bad:
+        raise bad_request(f"tokens must be in [0, {ctx.vocab_size}); got {bad[:5]}",
+                          "tokens")
+    text = await ctx.off_loop(ctx.tokenizer.decode, body.tokens)
+    return JSONResponse({"prompt": text})
+
+
+# POST path -> (its operation's name, handler(ctx, request), the request bodies it takes,
+# its answer). The handlers read their bodies by hand (size limit, bounded parsing:
+# body.py), so FastAPI cannot see the models: install_openapi documents them from here.
+POST_ROUTES = {
+    "/v1/completions": ("completions", create_completion, (CompletionRequest,),
+                        CompletionResponse),
+    "/v1/chat/completions": ("chat_completions", create_chat_completion,
+                             (ChatCompletionRequest,), ChatCompletionResponse),
+    "/tokenize": ("tokenize", tokenize, (TokenizeCompletionRequest, TokenizeChatRequest),
+                  TokenizeResponse),
+    "/detokenize": ("detokenize", detokenize, (DetokenizeRequest,), DetokenizeResponse),
+}
+STREAMED = ("/v1/completions", "/v1/chat/completions")  # answered as SSE with stream: true
+
+
+def install_tokenize_routes(app: FastAPI) -> None:
+    for path in ("/tokenize", "/detokenize"):
+        _post(app, path)
+
+    @app.get("/version", response_model=VersionResponse)
+    async def version() -> dict:
+        return {"version": __version__}
+
+
+REF = "#/components/schemas/{model}"
+
+# status -> why, for both generation endpoints
+ERROR_STATUSES = {
+    "400": "invalid request (the message names the field and what is allowed)",
+    "404": "unknown model",
+    "413": "request body over --max-request-bytes",
+    "415": "Content-Type is not application/json",
+    "429": "queue full (max_waiting): retry after Retry-After seconds",
+    "500": "a fault of the server while running this request",
+    "503": "shutting down, engine down, queue timeout, or aborted",
+}
+
+# One server-sent event (OpenAPI < 3.2: the stream's `schema` describes each event). Its
+# data is a JSON chunk (the response's chunk model, or an error), then "[DONE]".
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
+
+
+def _add_schema(components: dict[str, Any], model: type[BaseModel],
+                mode: str = "validation") -> dict[str, str]:
+    schema = model.model_json_schema(ref_template=REF, mode=mode)  # type: ignore[arg-type]
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _walk(schema: Any):
+    """Every sub-schema (dicts) of `schema`, depth first."""
+    if isinstance(schema, dict):
+        yield schema
+        for value in schema.values():
+            yield from _walk(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from _walk(value)
+
+
+def _served_limits(components: dict[str, Any], model_name: str, max_model_len: int,
+                   vocab_size: int) -> None:
+    """State the served model's own limits: its name, its vocabulary (token ids), its
+    context (no output longer than max_model_len - 1 after a one-token prompt)."""
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = components[name]["properties"]
+        props["model"] = {"type": "string", "enum": [model_name], "title": "Model"}
+        for field in ("max_tokens", "max_completion_tokens"):
+            for sub in _walk(props.get(field)):
+                if sub.get("type") == "integer":
+                    sub["maximum"] = max_model_len - 1
+    for sub in _walk(components["CompletionRequest"]["properties"]["prompt"]):
+        if sub.get("type") == "integer":
+            sub["maximum"] = vocab_size - 1
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Replace `app.openapi` with one that documents the POST endpoints' bodies, every
+    status they can answer (and, once the app has started, the served model's name and
+    limits), for schema-driven clients and fuzzers (schemathesis)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        ctx = getattr(app.state, "ctx", None)  # None before the app started
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = doc.setdefault("components", {}).setdefault("schemas", {})
+        error = _add_schema(components, ErrorResponse, "serialization")
+        errors = {code: _json(error, why) for code, why in ERROR_STATUSES.items()}
+        for path, (_, _, request_models, response_model) in POST_ROUTES.items():
+            bodies = [_add_schema(components, m) for m in request_models]
+            body = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+            answer = _add_schema(components, response_model, "serialization")
+            if path in STREAMED:
+                ok = _json(answer, "the completion (stream: false)")
+                ok["content"]["text/event-stream"] = {"schema": SSE_EVENT}
+            else:
+                ok = _json(answer, "the answer")
+            operation = doc["paths"][path]["post"]
+            operation["requestBody"] = {"required": True,
+                                        "content": {"application/json": {"schema": body}}}
+            operation["responses"] = {"200": ok, **errors}
+        if ctx is None:
+            return doc  # not cached: the served model's limits are not known yet
+        _served_limits(components, ctx.model_name, ctx.max_model_len, ctx.vocab_size)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

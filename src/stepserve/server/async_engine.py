@@ -1,31 +1,23 @@
-"""AsyncEngine: the engine client of one process (engine/seam.py): the synchronous
-LLMEngine's step loop on a thread of its own (`EngineLoop`), one asyncio stream per
-request; and `drain_live`, the shutdown drain it shares with the cluster's ClusterEngine.
-
-    HTTP handler --add/abort--> command queue --> engine thread: commands, step(), publish
-         ^                                                             |
-         +----- RequestStream (merging slot) <-- outbox (a queue) -----+
+"""AsyncEngine: the engine client of one process (engine/seam.py): the LLMEngine's step
+loop on a thread of its own (`EngineLoop`), one asyncio stream per request; and
+`drain_live`, the shutdown drain it shares with the cluster's ClusterEngine.
 
 Invariants:
-* Only the engine thread touches the engine, so the scheduler is never used
-  concurrently; it sleeps on an Event that a command sets. An abort is applied before
-  the next step, so its blocks are free one step later.
-* Exactly one answer per accepted request: admission either raises (RequestRejected,
-  EngineUnavailable) or returns a stream that gets exactly one final StreamOutput. A
-  fault in a step, or in turning a request's tokens into text, ends the requests it
-  touched with "error"; a fault of the loop itself answers every live request with
-  "error" (LLMEngine.fail_all), resolves every admission still pending (those accepted
-  in the failing iteration too, kept on the loop for that reason), refuses queued ones,
-  and calls `on_fatal` so the server exits non-zero.
-* One iteration's hand-over to the event loop is one message on the outbox (one
-  call_soon_threadsafe per step, not per token). Calls go one way: AsyncEngine touches
-  only EngineLoop's command queue, wake-up event, outbox and published state, and
-  EngineLoop calls nothing of AsyncEngine.
+* Only the engine thread touches the engine; it sleeps on an Event a command sets. An
+  abort is applied before the next step.
+* Exactly one answer per accepted request: admission raises (RequestRejected,
+  EngineUnavailable) or returns a stream that gets exactly one final output. A fault in
+  a step ends the requests it touched with "error"; a fault of the loop itself answers
+  every live request and pending admission, and calls `on_fatal` (the server exits).
+* One iteration reaches the event loop as one outbox message (one call_soon_threadsafe
+  per step, not per token). AsyncEngine touches only EngineLoop's command queue, wake-up
+  event, outbox and published state; EngineLoop calls nothing of AsyncEngine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -94,17 +86,14 @@ class EngineState(EngineSnapshot):
 # ---- the engine thread ----
 
 class EngineLoop:
-    """The engine thread of the server: apply the handlers' commands, run a step, hand
-    each output to its request's stream; keep the exactly-once promise on every failure
-    path. Runs on the engine thread only (`run`); the event loop talks to it through
-    `commands` and `wake`, and hears from it through `outbox`: neither calls the
-    other."""
+    """The engine thread: apply the handlers' commands, run a step, hand each output to
+    its request's stream, keeping the exactly-once promise on every failure path."""
 
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics,
                  on_fatal: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
-        # (outputs, admissions) of one iteration each, for the event loop (`open_outbox`)
+        # (outputs, admissions) of one iteration each, for the event loop
         self.outbox: asyncio.Queue[tuple[Outputs, Admissions]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_fatal = on_fatal
@@ -118,12 +107,9 @@ class EngineLoop:
         self._outputs: Outputs = []
         self._admissions: Admissions = []
 
-    def open_outbox(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the event loop, before the engine thread starts."""
+    def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The thread's body; `loop`: the event loop its outbox posts to."""
         self._loop = loop
-
-    def run(self) -> None:
-        """The thread's body."""
         try:
             self._loop_forever()
         except Exception as e:  # the loop cannot go on: answer everyone, then exit
@@ -259,7 +245,7 @@ class AsyncEngine:
         self._all_ended = asyncio.Event()
         self._all_ended.set()
         self._drain_cut = asyncio.Event()
-        self._counter = 0
+        self._ids = itertools.count()
 
     def start(self) -> None:
         if self._thread is not None:
@@ -269,10 +255,9 @@ class AsyncEngine:
         from stepserve.model.omp import release_openmp_pool
 
         release_openmp_pool()
-        self._worker.open_outbox(self._loop)
         self._reader = self._loop.create_task(self._read_outbox())
-        self._thread = threading.Thread(target=self._worker.run, name="stepserve-engine",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._worker.run, args=(self._loop,),
+                                        name="stepserve-engine", daemon=True)
         self._thread.start()
 
     @property
@@ -329,8 +314,7 @@ class AsyncEngine:
             raise EngineUnavailable(self.fault or "the server is shutting down")
         request_id = request.request_id
         if request_id is None:
-            request_id = f"srv-{self._counter}"
-            self._counter += 1
+            request_id = f"srv-{next(self._ids)}"
         assert self._loop is not None
         stream = RequestStream(request_id, len(request.prompt_ids), request.params.n)
         admitted = self._loop.create_future()

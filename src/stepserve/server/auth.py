@@ -1,10 +1,7 @@
-"""`--api-key`: every route needs `Authorization: Bearer KEY` except the public ones,
-as in vLLM (its AuthenticationMiddleware): /health, /ping, /load, /version, /metrics and
-the API docs stay open, so probes and Prometheus work without the key. A missing or wrong
-key gets 401 in OpenAI's error shape (the openai client raises AuthenticationError).
-
-Keys are compared as SHA-256 digests with `secrets.compare_digest`, so the time an answer
-takes says nothing about how much of a guess was right.
+"""`--api-key`: every route needs `Authorization: Bearer KEY` except the public ones, as
+in vLLM (probes, /metrics and the docs stay open); a missing or wrong key gets 401 in
+OpenAI's error shape. Keys are compared as SHA-256 digests with `compare_digest`, so an
+answer's timing says nothing about how much of a guess was right.
 """
 
 from __future__ import annotations
@@ -20,12 +17,6 @@ from stepserve.server.errors import APIError
 
 PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/docs", "/redoc",
                 "/openapi.json")
-AUTH_ERROR = "authentication_error"
-
-
-def is_public(path: str) -> bool:
-    """Exactly a public path or below it (`/healthz` is not `/health`)."""
-    return any(path == p or path.startswith(p + "/") for p in PUBLIC_PATHS)
 
 
 class ApiKeyAuth:
@@ -48,13 +39,15 @@ class ApiKeyAuth:
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")  # public: a public path or below (not /healthz)
         if scope["type"] != "http" or scope.get("method") == "OPTIONS" \
-                or is_public(scope["path"]) or self.authorized(Headers(scope=scope)):
+                or any(path == p or path.startswith(p + "/") for p in PUBLIC_PATHS) \
+                or self.authorized(Headers(scope=scope)):
             await self.app(scope, receive, send)
             return
         given = "authorization" in Headers(scope=scope)
         message = ("Incorrect API key provided" if given else
                    "Missing API key: send `Authorization: Bearer <key>`")
-        response = APIError(401, message, AUTH_ERROR, code="invalid_api_key",
+        response = APIError(401, message, "authentication_error", code="invalid_api_key",
                             headers={"WWW-Authenticate": "Bearer"}).response()
         await response(scope, receive, send)

@@ -1,26 +1,14 @@
-"""Reading a request body without letting it stall the server: a byte limit (413), then
-JSON parsing whose cost on the event loop is bounded, then strict validation.
+"""Reading a request body without letting it stall the server: a byte limit (413), JSON
+parsing whose cost on the event loop is bounded, then strict validation.
 
-Why not `model_validate_json(await request.body())`: parsing JSON costs by the number of
-values, not bytes (a 2.4 MB body of `[[1,2],...]` took 0.26 s in json's C parser and
-0.79 s in pydantic's, all on the event loop), and pydantic checks a list's `max_length`
-only after validating every item.
-
-So: the values are at most the structural characters (`,` `[` `{`) plus one. A body of
-at most INLINE_VALUES values is parsed on the event loop, cheap by construction; a larger
-one on a worker thread, where, if it may hold more than the value budget (the longest
-legitimate prompt plus every other bounded field), its values are first counted exactly,
-outside its strings, by a regex scan that stops once past the budget (a 400). Duplicate
-keys and NaN/Infinity are refused.
-
-Two things the C parser would let through are refused for every endpoint, naming the
-JSON path of the value (`messages.0.content`) in `param`:
-* an integer literal longer than any field takes: int() of a long literal costs time
-  quadratic in its digits (a 4 MB body of 4,300-digit literals held the loop for 0.27 s).
-  The int hook keeps one as a marker instead; it is a Python call per integer (about 5x
-  the C parser's cost on token ids), which is why larger bodies go to the worker thread;
-* a lone surrogate (JSON's `\\ud800`): no tokenizer, log line or UTF-8 response can
-  carry one (request_limits.check_text). Only a body holding such an escape is walked.
+Parsing costs by the number of values, not bytes (a 2.4 MB body of `[[1,2],...]` took
+0.26 s in json's C parser, 0.79 s in pydantic's), so the values are bounded first: at
+most the structural characters (`,` `[` `{`) plus one. A body of at most INLINE_VALUES
+is parsed on the event loop; a larger one on a worker thread, counted exactly (outside
+strings) when it may exceed the value budget. Duplicate keys and NaN/Infinity are
+refused, and so, naming the value's JSON path in `param`, are an integer literal longer
+than any field takes (int() is quadratic in its digits: 4,300-digit literals held the
+loop 0.27 s) and a lone surrogate (`\\ud800`), which nothing downstream can carry.
 """
 
 from __future__ import annotations
@@ -57,25 +45,18 @@ INT_LITERAL_MAX_DIGITS = 20
 _HEAVY = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepserve-json")
 
 
-class _BodyError(ValueError):
-    def __init__(self, message: str, param: str | None = None,
-                 code: str = "invalid_json") -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()  # a set, not keys.count: linear in the object's size
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _BodyError(f"duplicate key {dup[:64]!r} in a JSON object")
+        raise bad_request(f"duplicate key {dup[:64]!r} in a JSON object", None, "invalid_json")
     return out
 
 
 def _no_constant(name: str) -> Any:
-    raise _BodyError(f"{name} is not valid JSON (numbers must be finite)")
+    raise bad_request(f"{name} is not valid JSON (numbers must be finite)", None,
+                      "invalid_json")
 
 
 class _LongLiteral:
@@ -107,9 +88,9 @@ def _too_many_values(raw: bytes, budget: int) -> bool:
 
 def _parse(raw: bytes, text: str, budget: int, counted: bool) -> Any:
     if not counted and _too_many_values(raw, budget):
-        raise _BodyError(f"the body holds more than {budget} JSON values; a request needs "
-                         f"far fewer (a prompt of at most max_model_len token ids plus "
-                         f"{VALUE_SLACK} for the other fields)")
+        raise bad_request(f"the body holds more than {budget} JSON values; a request needs "
+                          f"far fewer (a prompt of at most max_model_len token ids plus "
+                          f"{VALUE_SLACK} for the other fields)", None, "invalid_json")
     long_literals: list[_LongLiteral] = []
 
     def bounded_int(literal: str) -> int | _LongLiteral:
@@ -137,10 +118,10 @@ def _check_values(value: Any) -> None:
             _check_text(path, item)
         elif isinstance(item, _LongLiteral):
             where = ".".join(path) or None
-            raise _BodyError(f"{where or 'the body'}: an integer literal of {item.digits} "
-                             f"digits; no field takes one of more than "
-                             f"{INT_LITERAL_MAX_DIGITS} digits (the widest, seed, is a "
-                             f"64-bit integer)", where, "invalid_value")
+            raise bad_request(f"{where or 'the body'}: an integer literal of {item.digits} "
+                              f"digits; no field takes one of more than "
+                              f"{INT_LITERAL_MAX_DIGITS} digits (the widest, seed, is a "
+                              f"64-bit integer)", where)
         elif isinstance(item, dict):
             for key in item:
                 _check_text(path, key, "a key of ")
@@ -156,7 +137,7 @@ def _check_text(path: tuple[str, ...], text: str, what: str = "") -> None:
     where = ".".join(path) or None
     problem = check_text(what + (where or "the body"), text)
     if problem:
-        raise _BodyError(problem, where, "invalid_value")
+        raise bad_request(problem, where)
 
 
 async def read_json(ctx: ServingContext, request: Request) -> Any:
@@ -220,8 +201,6 @@ async def parse_json(raw: bytes, value_budget: int) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(_HEAVY, _parse, raw, text, value_budget,
                                           structural <= value_budget)
-    except _BodyError as e:
-        raise bad_request(str(e), e.param, e.code) from None
     except json.JSONDecodeError as e:
         raise bad_request(f"the body is not valid JSON: {e.msg} at line {e.lineno} column "
                           f"{e.colno}", None, "invalid_json") from None

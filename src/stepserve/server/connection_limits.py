@@ -1,28 +1,21 @@
-"""What one connection may hold of the server (`ConnectionLimits`) and uvicorn's
-httptools protocol that enforces it below any app code, so before the API key is read.
+"""What one connection may hold of the server (`ConnectionLimits`), and uvicorn's
+httptools protocol that enforces it below any app code (before the API key is read).
 
-Without limits one client stops every other: a 100 MB header was parsed for 12-17 s with
-the event loop held, a head dribbled a byte at a time or a body announced and never sent
-held its connection forever, and 20,000 idle connections took every file descriptor, so
-new clients (probes of /health too) were reset. The defaults, beside other servers':
-* request head 64 KiB (`--max-header-bytes`; Node 16 KiB, nginx 4 x 8 KiB, Go 1 MiB),
-  counted as its bytes arrive, before the parser sees them. Over it: 431.
-* head within 10 s of the connection, or of its first byte on a kept-alive connection
-  (`--header-timeout`; Node 60 s, Apache 20-40 s; a real client sends it in one packet).
-  Over it: 408, or a silent close when not a byte came.
-* body (`--body-timeout`, 30 s): 408 once no byte came for that long, or once the body
-  falls behind BODY_MIN_BYTES_PER_S after that grace, so a dribbled body is cut as surely
-  as one never sent (Apache's RequestReadTimeout body=20,MinRate=500: the same rules).
-* idle keep-alive 5 s (`--timeout-keep-alive`): uvicorn's, vLLM's and Node's default.
-* 2,048 connections (`--max-connections`; nginx serves 512 or 1,024 a worker), never more
-  than the open-file limit (raised to its hard value) less FD_RESERVE. At the cap a new
-  connection displaces the longest-idle one holding no request (as nginx reuses idle
-  keep-alive connections); if every one is busy it gets 503 and is closed at once.
+Unbounded, one client stops every other (a 100 MB header held the event loop 12-17 s;
+a dribbled head or a body never sent held a connection forever; 20,000 idle connections
+took every descriptor). The defaults, beside other servers' (FLAGS has each flag):
+* request head 64 KiB, counted as it arrives (Node 16 KiB, nginx 4 x 8 KiB): else 431;
+* head within 10 s of the connection or of its first byte (Node 60 s, Apache 20-40 s):
+  else 408, or a silent close when not a byte came;
+* body: 408 after 30 s without a byte, or once it falls behind BODY_MIN_BYTES_PER_S after
+  that grace (Apache's RequestReadTimeout body=20,MinRate=500);
+* idle keep-alive 5 s (uvicorn's, vLLM's and Node's default);
+* 2,048 connections, never more than the open-file limit less FD_RESERVE; at the cap a
+  new one displaces the longest-idle one, or gets 503 when every one is busy.
 
-The clocks run only while the server waits on the client, never while an answer goes
-out. A refusal is sent in OpenAI's error shape with `connection: close`; then the server
-drops what the client still sends for up to LINGER_S (or LINGER_BYTES) and closes, so
-the client reads the status rather than a reset (nginx's lingering close).
+The clocks run only while the server waits on the client. A refusal is sent in OpenAI's
+error shape with `connection: close`, then input is dropped for up to LINGER_S (or
+LINGER_BYTES) before the close, so the client reads the status, not a reset.
 """
 
 from __future__ import annotations

@@ -69,13 +69,9 @@ def bad_request(message: str, param: str | None = None,
 def _loc(loc: tuple[Any, ...]) -> str | None:
     """pydantic's location as OpenAI's dotted param ("messages.0.role"); union branch
     names (the type pydantic tried, e.g. "str" or "list[int]") are dropped."""
-    parts = [str(p) for p in loc if isinstance(p, int) or not _is_branch(str(p))]
-    return ".".join(parts) or None
-
-
-def _is_branch(part: str) -> bool:
-    return any(c in part for c in "[]()-") or part in ("str", "int", "float", "bool",
-                                                        "function-after", "literal")
+    parts = [str(p) for p in loc]
+    return ".".join(p for p in parts if p.isdigit() or not (
+        any(c in p for c in "[]()-") or p in ("str", "int", "float", "bool", "literal"))) or None
 
 
 def from_validation_error(err: ValidationError) -> APIError:

@@ -1,17 +1,11 @@
 """uvicorn with a graceful shutdown that knows about the engine.
 
-On SIGINT or SIGTERM (or `should_exit`), before uvicorn closes its listeners: stop
-admitting (new requests get 503 "shutting down"), give in-flight requests
-`shutdown_timeout_s` to finish, abort the rest (a stream gets an SSE error event saying
-so, then [DONE]; an unstreamed request a 503), and log how many finished and how many were
-aborted. Both signals end the same way (exit 0 after the stop line); a second signal
-during the drain aborts the in-flight requests at once. uvicorn's own habit of re-raising
-the captured signal afterwards (SIGTERM would then kill the process with 143 before it
-could say it stopped) is dropped. If the engine loop dies, the app calls `request_exit()`:
-the server shuts down the same way and `exit_code` is 1, for a supervisor to restart it.
-
-Every connection is bounded by `ConnectionLimits` (connection_limits.py), so no client
-can hold the server by how it connects or how slowly it sends.
+On SIGINT or SIGTERM, before uvicorn closes its listeners: stop admitting (503 "shutting
+down"), give in-flight requests `shutdown_timeout_s`, abort the rest, and log how many
+finished and were aborted; a second signal aborts them at once. Both signals exit 0
+(uvicorn's re-raise of the signal, which would exit 143, is dropped). If the engine loop
+dies, `request_exit()` shuts down the same way with `exit_code` 1. Every connection is
+bounded by `ConnectionLimits` (connection_limits.py).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The bound on how many logprob entries one request may ask for, checked before it runs.
 
-An entry is one value an answer carries: a token's own logprob or one of its top
-alternatives. Each costs the engine a Python object held until the request ends, and the
-answer a rendered JSON object (about 70 bytes in chat's shape): a request's entries are
-
-    n  x  tokens whose logprobs it returns  x  (alternatives per token + the token itself)
-
-where the tokens are max_tokens (or its default) when it asks for the output's logprobs,
-plus the prompt each time it asks for the prompt's (echo with logprobs, prompt_logprobs).
-Every factor is bounded alone (n <= 128, alternatives <= 20, tokens <= max_model_len),
-but not their product: n = 128 over a 4,000-token echo with 20 alternatives is 10.8
-million entries, minutes of work and gigabytes of memory for one request.
-
-DEFAULT_MAX_LOGPROB_ENTRIES (250,000) fits every single-sequence use at the default
-context: all 4,096 positions with 20 alternatives are 86,016 entries, so even n = 2 of
-those fits, and scoring a prompt (echo with logprobs 0-5) fits at n up to 10. Rendered,
-250,000 entries are a ~17 MB chat body built in well under a second on a worker thread.
+An entry is a token's own logprob or one of its top alternatives; a request's entries are
+n x (tokens whose logprobs it returns) x (alternatives + 1). Each factor is bounded alone,
+not their product: n = 128 over a 4,000-token echo with 20 alternatives is 10.8 million
+entries, minutes of work and gigabytes for one request. DEFAULT_MAX_LOGPROB_ENTRIES
+(250,000) fits every single-sequence use at the default context (4,096 positions x 21 =
+86,016), and renders as a ~17 MB chat body in well under a second.
 """
 
 from __future__ import annotations

@@ -1,32 +1,20 @@
 """The engine's TokenLogprobs in OpenAI's shapes (and vLLM's prompt_logprobs), rendered
-straight to JSON text.
+straight to JSON text. A logprob of -inf is sent as -9999.0, as OpenAI and vLLM do; token
+texts are each token decoded alone, special tokens included.
 
-Chat: per token {token, logprob, bytes, top_logprobs: the k most likely}. Completions
-(legacy): parallel lists of tokens, their logprobs, their offsets in the choice's text,
-and per token {text: logprob} of the top k plus the token itself; with echo the prompt's
-tokens come first, the very first one with nulls (nothing predicts it). A logprob of
--inf is sent as -9999.0, as OpenAI and vLLM do (JSON has no infinity). Token texts are
-each token decoded alone, special tokens included.
+Why text: an answer may hold a few hundred thousand entries; as pydantic models they cost
+~15 us each, and as dicts every one is an object the cyclic GC walks (a collection held
+the event loop for tenths of a second). Strings are never walked.
 
-Why text: an answer may hold a few hundred thousand entries. As pydantic models they
-cost ~15 us each; as dicts they are cheaper, but every dict is an object the cyclic
-garbage collector walks, and a collection holds the interpreter lock (and so the event
-loop) for tenths of a second. Strings are cheaper still and never walked. The blocks go
-into the answer's JSON through protocol.RawBlocks; protocol.py's models stay their
-schema.
-
-Long renders give the interpreter lock away on a schedule. A quarter of a million
-entries take a render thread about a second of pure Python. The engine thread releases
-the lock around every torch call and must take it back after each; while a render holds
-it, each take waits out the interpreter's switch interval (5 ms), and a decode step of a
-few milliseconds became half a second for every stream on the server. So a render thread
-(one `render_thread()` marked) rests for REST_S after every WORK_S of work (`pace`): the
-engine's step runs through while it rests, and the render takes about half again as
-long. A render on the event loop (a small answer) never sleeps there.
+Why `pace`: a quarter million entries take a render thread about a second of pure
+Python, and while it holds the interpreter lock each of the engine thread's re-takes
+after a torch call waits out the 5 ms switch interval (a few-ms decode step became half a
+second). So a render thread rests REST_S after every WORK_S of work.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -73,25 +61,12 @@ class LogprobRenderer:
     a time (an answer's renders follow each other)."""
 
     def __init__(self, tokenizer, top: int) -> None:
-        self.tokenizer = tokenizer
         self.top = top
-        self._texts: dict[int, str] = {}
-        self._quoted: dict[int, JSONText] = {}
+        # a token's text, and that text as a JSON string (closures over no `self`: no cycle)
+        self.text = text = functools.cache(
+            lambda tid: tokenizer.decode([tid], skip_special_tokens=False))
+        self.quoted = functools.cache(lambda tid: json.dumps(text(tid), ensure_ascii=False))
         self._chat: dict[int, tuple[JSONText, JSONText]] = {}
-
-    def text(self, token_id: int) -> str:
-        t = self._texts.get(token_id)
-        if t is None:
-            t = self._texts[token_id] = self.tokenizer.decode([token_id],
-                                                              skip_special_tokens=False)
-        return t
-
-    def quoted(self, token_id: int) -> JSONText:
-        """The token's text as a JSON string."""
-        q = self._quoted.get(token_id)
-        if q is None:
-            q = self._quoted[token_id] = json.dumps(self.text(token_id), ensure_ascii=False)
-        return q
 
     def _chat_entry(self, token_id: int, value: float) -> JSONText:
         """`{"token": .., "logprob": .., "bytes": [..]` (left open for top_logprobs)."""

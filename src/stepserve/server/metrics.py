@@ -1,31 +1,19 @@
-"""Prometheus metrics in vLLM's names under a `stepserve:` prefix, plus the scheduling
-signals (active/concurrency, prefill-only and zero-decode step shares).
+"""Prometheus metrics in vLLM's names and labels (`model_name`, `engine`) under a
+`stepserve:` prefix, plus the scheduling signals `stepserve doctor` reads.
 
-Every series carries vLLM's labels, `model_name` and `engine` (the engine's index, "0"
-for a lone one). As in vLLM, TTFT and the inter-token latency are observed as each token
-comes out, so a request aborted midway has contributed its own; the per-request
-histograms are observed when a request ends, for completed requests only (stop or
-length), as the offline summary does (metrics/request_metrics.py).
-
-What a windowed reader (`stepserve doctor --url`, metrics/live_window.py) needs is kept as
-counters and histograms, whose increase between two scrapes describes just that window:
-step_duration_seconds, active_sequence_steps and held_slot_steps (their increases' ratio
-is the window's mean active ratio), beside the steps counters. scheduler_config_info
-carries the scheduler settings as labels (value 1), as vLLM's cache_config_info does.
-
-The prefix cache's `prefix_cache_queries_total` and `prefix_cache_hits_total` (tokens,
-moved when a request is first scheduled; a request that does not look the cache up
-counts in neither) and `cache_config_info` (the KV settings the Gateway API Inference
-Extension's endpoint picker reads) are read at scrape time from the engine core's
-snapshot, so the engine thread does no metrics work for them.
-
-Each app gets its own CollectorRegistry, so several servers can live in one process;
-each registry also carries what prometheus_client's default one has (process_*,
-python_info, python_gc_*), as vLLM's /metrics does.
+As in vLLM, TTFT and inter-token latency are observed as each token comes out (an
+aborted request contributes its own); the per-request histograms take completed requests
+only, as the offline summary does. What a windowed reader needs (metrics/live_window.py)
+is kept as counters and histograms whose increase between scrapes describes the window.
+The prefix cache's counters and cache_config_info are read from the engine core's
+snapshot at scrape time, so the engine thread does no work for them. Each app has its
+own registry (several servers can live in one process), with the default one's process_*,
+python_info and python_gc_* too, as vLLM's /metrics has.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -81,36 +69,77 @@ LABELS = ["model_name", "engine"]  # vLLM's, on every series
 
 def buckets_1_2_5(top: int) -> tuple[float, ...]:
     """1, 2, 5, 10, 20, 50, ... up to `top` (vLLM's token-count buckets)."""
-    out: list[float] = []
-    scale = 1
-    while True:
-        for m in (1, 2, 5):
-            if m * scale > top:
-                return tuple(out)
-            out.append(float(m * scale))
-        scale *= 10
+    return tuple(float(m * 10 ** e) for e in range(len(str(top))) for m in (1, 2, 5)
+                 if m * 10 ** e <= top)
 
 
-class _Series:
-    """Makes one app's series: each in its registry, with vLLM's labels set."""
-
-    def __init__(self, registry: CollectorRegistry, label_values: tuple[str, str]) -> None:
-        self.registry = registry
-        self.values = label_values
-
-    def gauge(self, name: str, doc: str) -> Gauge:
-        return Gauge(P + name, doc, LABELS, registry=self.registry).labels(*self.values)
-
-    def counter(self, name: str, doc: str) -> Counter:
-        return Counter(P + name, doc, LABELS, registry=self.registry).labels(*self.values)
-
-    def hist(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-        return Histogram(P + name, doc, LABELS, registry=self.registry, buckets=buckets
-                         ).labels(*self.values)
-
-    def by(self, name: str, doc: str, label: str) -> Counter:
-        """A counter with one more label (its children are made as they are counted)."""
-        return Counter(P + name, doc, [*LABELS, label], registry=self.registry)
+# The series of one app: (attribute, kind, name after P, HELP, and a histogram's buckets
+# or a labelled counter's extra label), registered in this order, which is the order
+# /metrics lists them in. TOKEN_COUNTS: buckets_1_2_5 up to the app's max_model_len.
+TOKEN_COUNTS = "token counts"
+SERIES: tuple[tuple, ...] = (
+    # levels: set from the engine thread's snapshot (on_state)
+    ("running", Gauge, "num_requests_running", "requests in the running batch"),
+    ("waiting", Gauge, "num_requests_waiting", "requests waiting to be scheduled"),
+    ("swapped", Gauge, "num_requests_swapped", "requests swapped out to the CPU pool"),
+    ("kv_usage", Gauge, "kv_cache_usage_perc", "share of KV blocks in use (0..1)"),
+    ("blocks_used", Gauge, "num_gpu_blocks_used", "KV blocks in use"),
+    ("blocks_total", Gauge, "num_gpu_blocks", "KV blocks in the device pool"),
+    ("preemptions", Counter, "num_preemptions", "preemptions (swap or recompute)"),
+    ("prompt_tokens", Counter, "prompt_tokens",
+     "prompt tokens of requests that produced their first token"),
+    ("generation_tokens", Counter, "generation_tokens", "generated tokens"),
+    ("success", Counter, SUCCESS, "requests ended, by finish reason", "finished_reason"),
+    ("rejected", Counter, REJECTED,
+     f"requests refused, by reason ({', '.join(REJECTED_LABELS)})", "reason"),
+    # TTFT and ITL observed per token (on_token); the rest per completed request
+    ("ttft", Histogram, "time_to_first_token_seconds",
+     "time to first token, observed when it comes out (aborted requests too)", TTFT_BUCKETS),
+    ("itl", Histogram, "inter_token_latency_seconds",
+     "gap between consecutive tokens, observed as each comes out (aborted requests too)",
+     TOKEN_BUCKETS),
+    ("tpot", Histogram, "request_time_per_output_token_seconds",
+     "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS),
+    ("e2e", Histogram, "e2e_request_latency_seconds", "arrival to last token",
+     REQUEST_BUCKETS),
+    ("queue", Histogram, "request_queue_time_seconds", "arrival to first scheduled",
+     REQUEST_BUCKETS),
+    ("prefill", Histogram, "request_prefill_time_seconds", "first scheduled to first token",
+     REQUEST_BUCKETS),
+    ("decode", Histogram, "request_decode_time_seconds", "first token to last token",
+     REQUEST_BUCKETS),
+    ("inference", Histogram, "request_inference_time_seconds",
+     "first scheduled to last token (prefill + decode)", REQUEST_BUCKETS),
+    ("request_prompt_tokens", Histogram, "request_prompt_tokens",
+     "prompt tokens of each completed request", TOKEN_COUNTS),
+    ("request_generation_tokens", Histogram, "request_generation_tokens",
+     "generated tokens of each completed request", TOKEN_COUNTS),
+    ("iteration_tokens", Histogram, "iteration_tokens_total", "tokens computed per step",
+     ITERATION_BUCKETS),
+    # the scheduling signals the doctor reads, fed per step (on_steps)
+    ("steps", Counter, "steps", "engine steps executed"),
+    ("prefill_only_steps", Counter, "prefill_only_steps",
+     "steps with prefill tokens and no decode token"),
+    ("zero_decode_steps", Counter, "zero_decode_steps",
+     "steps where sequences were ready to decode but got no decode token"),
+    ("prefill_share", Gauge, "prefill_step_share",
+     "prefill-only steps / steps (seed alert: > 0.7)"),
+    ("zero_decode_share", Gauge, "zero_decode_step_share",
+     "zero-decode steps / steps (seed alert: > 0.1)"),
+    ("active", Gauge, "num_sequences_active", "sequences that produced a token in the last step"),
+    ("slots_held", Gauge, "num_slots_held", "batch slots held in the last step"),
+    ("active_ratio", Gauge, "active_concurrency_ratio",
+     "sum of active sequences / sum of slots held over all steps (seed alert: < 0.3)"),
+    ("step_duration", Histogram, "step_duration_seconds",
+     "engine step wall time (schedule, execute, update)", STEP_BUCKETS),
+    ("active_sequence_steps", Counter, "active_sequence_steps",
+     "sum over steps of the sequences that produced a token"),
+    ("held_slot_steps", Counter, "held_slot_steps", "sum over steps of the batch slots held"),
+)
+# gauge attribute -> the EngineState field it shows
+LEVELS = {"running": "num_running", "waiting": "num_waiting", "swapped": "num_swapped",
+          "kv_usage": "kv_usage", "blocks_used": "num_gpu_blocks_used",
+          "blocks_total": "num_gpu_blocks"}
 
 
 class CacheMetrics:
@@ -159,71 +188,18 @@ class ServerMetrics:
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
         self.label_values = (model_name, engine)
-        make = _Series(self.registry, self.label_values)
-        # registered in this order, which is the order /metrics lists them in
-        # levels: set from the engine thread's snapshot (on_state)
-        self.running = make.gauge("num_requests_running", "requests in the running batch")
-        self.waiting = make.gauge("num_requests_waiting", "requests waiting to be scheduled")
-        self.swapped = make.gauge("num_requests_swapped",
-                                  "requests swapped out to the CPU pool")
-        self.kv_usage = make.gauge("kv_cache_usage_perc", "share of KV blocks in use (0..1)")
-        self.blocks_used = make.gauge("num_gpu_blocks_used", "KV blocks in use")
-        self.blocks_total = make.gauge("num_gpu_blocks", "KV blocks in the device pool")
-        self.preemptions = make.counter("num_preemptions", "preemptions (swap or recompute)")
-        self.prompt_tokens = make.counter("prompt_tokens", "prompt tokens of requests that "
-                                          "produced their first token")
-        self.generation_tokens = make.counter("generation_tokens", "generated tokens")
-        self.success = make.by(SUCCESS, "requests ended, by finish reason",
-                               "finished_reason")
-        self.rejected = make.by(REJECTED, "requests refused, by reason "
-                                f"({', '.join(REJECTED_LABELS)})", "reason")
-        # TTFT and ITL observed per token (on_token); the rest per completed request
-        self.ttft = make.hist("time_to_first_token_seconds", "time to first token, observed "
-                              "when it comes out (aborted requests too)", TTFT_BUCKETS)
-        self.itl = make.hist("inter_token_latency_seconds", "gap between consecutive tokens, "
-                             "observed as each comes out (aborted requests too)",
-                             TOKEN_BUCKETS)
-        self.tpot = make.hist("request_time_per_output_token_seconds",
-                              "(E2E - TTFT) / (output tokens - 1)", TOKEN_BUCKETS)
-        self.e2e = make.hist("e2e_request_latency_seconds", "arrival to last token",
-                             REQUEST_BUCKETS)
-        self.queue = make.hist("request_queue_time_seconds", "arrival to first scheduled",
-                               REQUEST_BUCKETS)
-        self.prefill = make.hist("request_prefill_time_seconds",
-                                 "first scheduled to first token", REQUEST_BUCKETS)
-        self.decode = make.hist("request_decode_time_seconds", "first token to last token",
-                                REQUEST_BUCKETS)
-        self.inference = make.hist("request_inference_time_seconds", "first scheduled to "
-                                   "last token (prefill + decode)", REQUEST_BUCKETS)
-        token_buckets = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
-        self.request_prompt_tokens = make.hist("request_prompt_tokens", "prompt tokens of "
-                                               "each completed request", token_buckets)
-        self.request_generation_tokens = make.hist("request_generation_tokens", "generated "
-                                                   "tokens of each completed request",
-                                                   token_buckets)
-        self.iteration_tokens = make.hist("iteration_tokens_total",
-                                          "tokens computed per step", ITERATION_BUCKETS)
-        # the scheduling signals the doctor reads, fed per step (on_steps)
-        self.steps = make.counter("steps", "engine steps executed")
-        self.prefill_only_steps = make.counter("prefill_only_steps", "steps with prefill "
-                                               "tokens and no decode token")
-        self.zero_decode_steps = make.counter("zero_decode_steps", "steps where sequences "
-                                              "were ready to decode but got no decode token")
-        self.prefill_share = make.gauge("prefill_step_share", "prefill-only steps / steps "
-                                        "(seed alert: > 0.7)")
-        self.zero_decode_share = make.gauge("zero_decode_step_share", "zero-decode steps / "
-                                            "steps (seed alert: > 0.1)")
-        self.active = make.gauge("num_sequences_active", "sequences that produced a token "
-                                 "in the last step")
-        self.slots_held = make.gauge("num_slots_held", "batch slots held in the last step")
-        self.active_ratio = make.gauge("active_concurrency_ratio", "sum of active sequences / "
-                                       "sum of slots held over all steps (seed alert: < 0.3)")
-        self.step_duration = make.hist("step_duration_seconds", "engine step wall time "
-                                       "(schedule, execute, update)", STEP_BUCKETS)
-        self.active_sequence_steps = make.counter(
-            "active_sequence_steps", "sum over steps of the sequences that produced a token")
-        self.held_slot_steps = make.counter("held_slot_steps",
-                                            "sum over steps of the batch slots held")
+        token_counts = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
+        for attr, kind, name, doc, *extra in SERIES:
+            if kind is Histogram:
+                buckets = token_counts if extra[0] == TOKEN_COUNTS else extra[0]
+                series = Histogram(P + name, doc, LABELS, registry=self.registry,
+                                   buckets=buckets).labels(*self.label_values)
+            elif extra:  # a counter with one more label: children made as they are counted
+                series = Counter(P + name, doc, [*LABELS, *extra], registry=self.registry)
+            else:
+                series = kind(P + name, doc, LABELS, registry=self.registry).labels(
+                    *self.label_values)
+            setattr(self, attr, series)
         # the prefix cache's counters and cache_config_info: AsyncEngine attaches the engine
         self.cache = CacheMetrics(self.registry, self.label_values)
         # whether the CPU is shared: read at scrape time, the step reference fed per step
@@ -235,18 +211,14 @@ class ServerMetrics:
                 *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
         for reason in SUCCESS_LABELS:
             self.success.labels(*self.label_values, reason)
-        self._n_steps = self._n_prefill_only = self._n_zero_decode = 0
-        self._sum_active = self._sum_slots = 0
+        # the step counters' totals so far, for the shares and the active ratio
+        self._totals: collections.Counter[str] = collections.Counter()
         self._preemptions_seen = 0
 
     # ---- fed by the engine thread ----
     def on_state(self, state) -> None:
-        self.running.set(state.num_running)
-        self.waiting.set(state.num_waiting)
-        self.swapped.set(state.num_swapped)
-        self.kv_usage.set(state.kv_usage)
-        self.blocks_used.set(state.num_gpu_blocks_used)
-        self.blocks_total.set(state.num_gpu_blocks)
+        for gauge, field in LEVELS.items():
+            getattr(self, gauge).set(getattr(state, field))
         if state.num_preemptions_total > self._preemptions_seen:
             self.preemptions.inc(state.num_preemptions_total - self._preemptions_seen)
             self._preemptions_seen = state.num_preemptions_total
@@ -255,30 +227,26 @@ class ServerMetrics:
         """`wall_s`: the wall time of the engine call that ran these steps (shared evenly);
         without it, each record's own duration."""
         for s in records:
-            self._n_steps += 1
-            self.steps.inc()
             self.step_duration.observe(s.duration_s if wall_s is None
                                        else wall_s / len(records))
-            self.active_sequence_steps.inc(s.num_active)
-            self.held_slot_steps.inc(s.slots_held)
             self.iteration_tokens.observe(s.num_prefill_tokens + s.num_decode_tokens)
             self.generation_tokens.inc(s.num_active)
-            if s.is_prefill_only:
-                self._n_prefill_only += 1
-                self.prefill_only_steps.inc()
-            if s.is_zero_decode:
-                self._n_zero_decode += 1
-                self.zero_decode_steps.inc()
+            for counter, amount in (("steps", 1), ("active_sequence_steps", s.num_active),
+                                    ("held_slot_steps", s.slots_held),
+                                    ("prefill_only_steps", s.is_prefill_only),
+                                    ("zero_decode_steps", s.is_zero_decode)):
+                if amount:
+                    getattr(self, counter).inc(amount)
+                    self._totals[counter] += amount
             self.active.set(s.num_active)
             self.slots_held.set(s.slots_held)
-            self._sum_active += s.num_active
-            self._sum_slots += s.slots_held
         self.cpu.on_steps(records)
-        if self._n_steps:
-            self.prefill_share.set(self._n_prefill_only / self._n_steps)
-            self.zero_decode_share.set(self._n_zero_decode / self._n_steps)
-        if self._sum_slots:
-            self.active_ratio.set(self._sum_active / self._sum_slots)
+        t = self._totals
+        if t["steps"]:
+            self.prefill_share.set(t["prefill_only_steps"] / t["steps"])
+            self.zero_decode_share.set(t["zero_decode_steps"] / t["steps"])
+        if t["held_slot_steps"]:
+            self.active_ratio.set(t["active_sequence_steps"] / t["held_slot_steps"])
 
     def on_token(self, req: Request) -> None:
         """`req` has just produced a token: its first is its TTFT (and counts its prompt),

@@ -1,20 +1,14 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
-Requests are strict (no "10" for 10, no "true" for true) and bounded (request_limits.py).
-An unknown field is accepted and ignored with a logged warning naming it, as vLLM does
-(SGLang and TGI ignore them too), so bodies built for vLLM (the openai SDK's
-`extra_body`) work. vLLM's extra sampling fields are honoured: min_p, top_k,
-repetition_penalty, min_tokens, stop_token_ids, ignore_eos, skip_special_tokens,
-include_stop_str_in_output, prompt_logprobs, request_id, priority, cache_salt (the prefix
-cache's namespace: requests of different salts share no cached block). Fields OpenAI defines
-that this engine cannot honour (logit_bias, suffix, tools, functions ...) are accepted
-only at their neutral value, so a client that sends the default still works and one that
-relies on the feature hears it clearly. The tenant for fair share comes from `user`.
+Requests are strict (no "10" for 10) and bounded (request_limits.py). An unknown field
+is ignored with a warning naming it, as vLLM does, so bodies built for vLLM work; vLLM's
+extra sampling fields are honoured. Fields OpenAI defines that this engine cannot honour
+(logit_bias, suffix, tools ...) are accepted only at their neutral value. The tenant for
+fair share comes from `user`.
 
-Logprob blocks of a response are rendered to JSON text (logprobs.py says why) and go into
-an answer through `RawBlocks`: in the model a block's field holds a marker (a `Prebuilt`
-field takes it unvalidated), and the dumped JSON gets the block's text where the marker
-came out. The models stay the blocks' schema (/openapi.json).
+Logprob blocks are rendered to JSON text (logprobs.py says why) and enter an answer
+through `RawBlocks`: the model's field holds a marker, replaced by the block's text in
+the dumped JSON, so the models stay the blocks' schema (/openapi.json).
 """
 
 from __future__ import annotations
@@ -23,7 +17,6 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -192,7 +185,7 @@ def _message_kind(value: Any) -> str:
 
 
 # Tagged by role so the schema can say which messages need `content`. The tags are in
-# parentheses so an error's location skips them (errors._is_branch).
+# parentheses so an error's location skips them (errors._loc).
 ChatMessage = Annotated[Annotated[ContentMessage, Tag("(content)")]
                         | Annotated[AssistantMessage, Tag("(assistant)")],
                         Discriminator(_message_kind)]
@@ -217,6 +210,40 @@ class ChatCompletionRequest(_Sampling):
     _NEUTRAL = {**_NEUTRAL_SHARED, "tools": (None, []), "tool_choice": (None, "none"),
                 "functions": (None, []), "function_call": (None, "none"),
                 "response_format": (None, {"type": "text"})}
+
+
+# vLLM's /tokenize and /detokenize (api.py)
+
+class TokenizeCompletionRequest(_Lenient):
+    model: str | None = Field(None, max_length=1024)
+    prompt: str = Field(max_length=lim.MAX_REQUEST_BYTES_MAX)
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = Field(None, max_length=1024)
+    tokens: list[TokenId]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 # ---- responses ----
@@ -308,13 +335,6 @@ class UsageInfo(BaseModel):
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=prompt_tokens + completion_tokens,
                    prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
-
-
-def prompt_cached_tokens(per_sequence: Iterable[int]) -> int:
-    """A request's cached prompt tokens from its sequences' (n > 1: the prompt counted
-    once): the fewest any got. A sibling admitted a step after another hits the blocks
-    that one has just computed for this very request, which no earlier request cached."""
-    return min(per_sequence, default=0)
 
 
 class CompletionLogprobs(BaseModel):

@@ -1,12 +1,8 @@
 """The two generation endpoints: a validated body becomes the prompt's token ids and the
-SamplingParams (with the checks of the body that need the model's name and context; the
-engine checks the rest when it takes the request: token ids, stop tokens, priority), is
-submitted, and goes to its `Answer` (answer.py): one JSON body of n choices, or
-server-sent events.
-
-Heavy work stays off the event loop: chat templating and tokenizing run on a worker
-thread (the tokenizer releases the GIL), and a text longer than any prompt of
-max_model_len tokens could be is refused before it is tokenized at all.
+SamplingParams (with the checks that need the model's name and context; the engine checks
+the rest), is submitted, and goes to its `Answer` (answer.py). Templating and tokenizing
+run on a worker thread, and a text longer than any max_model_len prompt could be is
+refused before it is tokenized.
 """
 
 from __future__ import annotations
@@ -146,7 +142,9 @@ def sampling_params(body: _Sampling, max_tokens: int, logprobs: int | None = Non
         raise bad_request(str(e)) from None
 
 
-async def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> list[int]:
+async def completion_prompt(ctx: ServingContext, body: CompletionRequest
+                            ) -> tuple[str | list[int], list[int]]:
+    """The one prompt (unwrapped from a list of one) and its token ids."""
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
@@ -158,8 +156,8 @@ async def completion_prompt(ctx: ServingContext, body: CompletionRequest) -> lis
             raise bad_request("the prompt is empty; at least one token is required",
                               "prompt", "empty_prompt")
         check_text_size(ctx, len(prompt), "prompt")
-        return await ctx.off_loop(ctx.tokenizer.encode, prompt)
-    return list(prompt)  # their range is the engine's check
+        return prompt, await ctx.off_loop(ctx.tokenizer.encode, prompt)
+    return prompt, list(prompt)  # their range is the engine's check
 
 
 async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
@@ -200,10 +198,11 @@ async def _answer(ctx: ServingContext, request: Request, answer: Answer,
 
 
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
+    """OpenAI completions (body: protocol.CompletionRequest)."""
     arrival = ctx.clock.now()
     body = await parse_body(ctx, request, CompletionRequest)
     check_common(ctx, body)
-    ids = await completion_prompt(ctx, body)
+    prompt, ids = await completion_prompt(ctx, body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
     only_prompt = max_tokens == 0
     if only_prompt and not body.echo:
@@ -221,9 +220,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     check_logprob_budget(completion_ask(body, params.n, max_tokens, only_prompt, len(ids)))
     echo = None
     if body.echo:
-        text = body.prompt if isinstance(body.prompt, str) else \
-            body.prompt[0] if isinstance(body.prompt, list) and body.prompt \
-            and isinstance(body.prompt[0], str) else \
+        text = prompt if isinstance(prompt, str) else \
             await ctx.off_loop(ctx.tokenizer.decode, ids)
         echo = Echo(text, ids, only_prompt)
     answer = CompletionAnswer(ctx, body, body.logprobs, prompt_lp, echo)
@@ -231,6 +228,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
+    """OpenAI chat completions (body: protocol.ChatCompletionRequest)."""
     arrival = ctx.clock.now()
     body = await parse_body(ctx, request, ChatCompletionRequest)
     check_common(ctx, body)
