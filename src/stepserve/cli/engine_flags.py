@@ -17,7 +17,6 @@ from stepserve.config.load import (
     config_fields,
     parse_bool,
 )
-from stepserve.config.settings import EngineConfig
 from stepserve.engine.dtypes import DTYPE_CHOICES
 from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
 
@@ -64,12 +63,6 @@ def _help(f: Any) -> str:
     return f"{f.metadata['help']} (config default: {shown})".replace("%", "%%")
 
 
-def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine settings given as flags (add_config_arguments), {name: value}."""
-    return {f.name: getattr(args, f.name) for _s, f in config_fields()
-            if getattr(args, f.name, None) is not None}
-
-
 def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
     """--config FILE (where the command has it) and the engine flags given. A problem
     with a vLLM-style file found while parsing (parser.py) is raised here, as the
@@ -77,13 +70,10 @@ def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
     problem = getattr(args, CONFIG_PROBLEM_DEST, None)
     if problem is not None:
         raise problem
-    return ConfigOverrides(getattr(args, "config", None), flag_changes(args),
+    given = {f.name: getattr(args, f.name) for _s, f in config_fields()
+             if getattr(args, f.name, None) is not None}
+    return ConfigOverrides(getattr(args, "config", None), given,
                            getattr(args, COMMAND_KEYS_DEST, frozenset()))
-
-
-def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None) -> EngineConfig:
-    """Config file (args.config, if any) then any flags given on top."""
-    return config_overrides(args).apply(base)
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:

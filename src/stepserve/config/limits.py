@@ -1,10 +1,6 @@
-"""The bounds on every count, size, rate and time a user can give, in one place.
-
-A workload of 10^12 requests or `--max-num-seqs 1e15` is a typo; unbounded, it is found
-out only when memory runs out, minutes later. Each bound is far above any real use and
-far below what would exhaust a machine; workload fields, engine settings and the CLI's
-numeric flags all read these names.
-"""
+"""The bounds on every count, size, rate and time a user can give. `--max-num-seqs 1e15`
+is a typo, found out unbounded only when memory runs out; each bound is far above any
+real use and far below what would exhaust a machine."""
 
 from __future__ import annotations
 
@@ -63,9 +59,8 @@ Range = Allowed
 
 
 def check_flags(args: object, ranges: Mapping[str, Range]) -> None:
-    """Check each flag given (not None) against its range; `ranges` is keyed by the
-    flag's dest, e.g. "num_prompts" for --num-prompts, read as an attribute of `args`
-    (parsed flags, or options whose fields bear the same names)."""
+    """Check each flag given (not None) against its range; `ranges` is keyed by dest
+    ("num_prompts" for --num-prompts), read off parsed flags or same-named options."""
     for dest, allowed in ranges.items():
         value = getattr(args, dest, None)
         if value is not None:
