@@ -40,24 +40,13 @@ def dashed_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _config_path(argv: Sequence[str]) -> str | None:
-    """The value of the last `--config` in argv, if any."""
-    path = None
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            break
-        if arg == "--config" and i + 1 < len(argv):
-            path = argv[i + 1]
-        elif arg.startswith("--config="):
-            path = arg.partition("=")[2]
-    return path
-
-
 def config_file_flags(parser: argparse.ArgumentParser, argv: Sequence[str]
                       ) -> tuple[list[str], frozenset[str]]:
     """The flags a vLLM-style `--config` file in argv gives the command (to go before
     argv), and its keys read that way (our names; the config loader skips them)."""
-    path = _config_path(argv)
+    only_config = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    only_config.add_argument("--config", nargs="?")
+    path = only_config.parse_known_args(argv)[0].config  # the last one given
     if path is None:
         return [], frozenset()
     data = load_yaml(path, "config file")

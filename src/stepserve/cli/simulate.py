@@ -92,6 +92,5 @@ def simulate_options(args: argparse.Namespace) -> SimulateOptions:
     return options_from(
         SimulateOptions, args, trace=trace,
         config=config_overrides(args), runs=tuple(args.runs.split(",")) if args.runs else None,
-        overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
-                                    seed=args.seed),
+        overrides=options_from(WorkloadOverrides, args, num_requests=args.requests),
         cost=cost_model_options(args), progress=not args.no_progress)

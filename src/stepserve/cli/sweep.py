@@ -114,8 +114,7 @@ def add_sweep_parser(subparsers) -> None:
 
 
 def sweep_options(args: argparse.Namespace) -> SweepOptions:
-    live = LiveOptions(args.target, args.model, args.warmup, args.timeout_s,
-                       args.metrics_interval_s) if args.target else None
+    live = options_from(LiveOptions, args) if args.target else None
     return options_from(
         SweepOptions, args, configs=tuple(args.configs) if args.configs else None,
         vary=tuple(args.vary), config=config_overrides(args), slo=tuple(args.slo),
