@@ -1,10 +1,9 @@
-"""The parser every command shares: a mistake on the command line is one line and exit
-status 2, every flag's help shows its default, and the command line is read as vLLM's
-FlexibleArgumentParser reads it: `--max_num_seqs` is `--max-num-seqs` (a value is left
-alone), and a vLLM-style `--config FILE.yaml` of flat keys (`max-num-seqs: 40`, `port:
-8000`) leaves the engine settings to the config loader and turns any other key into the
-command's flag of that name, placed before the command line's own so that those win. A
-key that is neither is refused, naming the file.
+"""The parser every command shares: a mistake is one line and exit status 2, every
+flag's help shows its default, and the command line is read as vLLM's
+FlexibleArgumentParser reads it: `--max_num_seqs` is `--max-num-seqs`, and a vLLM-style
+`--config FILE.yaml` of flat keys leaves the engine settings (`max-num-seqs: 40`) to the
+config loader and turns any other key (`port: 8000`) into the command's flag of that
+name, before the command line's own so that those win; a key that is neither is refused.
 """
 
 from __future__ import annotations
@@ -125,10 +124,9 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a mistake on the command line is one line (argparse prints the
-    whole usage first: for `serve`, 30 lines before the one that matters), and every
-    flag's help shows its default. Subcommand parsers are of the same class
-    (add_subparsers uses the parent's type) and so take the same formatter."""
+    """argparse, but a mistake is one line (argparse prints the whole usage first: for
+    `serve`, 30 lines before the one that matters). Subcommand parsers are of the same
+    class (add_subparsers uses the parent's type), so they share the formatter."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)

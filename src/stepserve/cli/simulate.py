@@ -32,7 +32,8 @@ def add_simulate_parser(subparsers) -> None:
                           "...) or Mooncake's (timestamp, input_length, output_length, "
                           "hash_ids)")
     add_trace_arguments(p)
-    p.add_argument("--config", help="engine config YAML (seed shape: scheduler:, queue:, ...)")
+    p.add_argument("--config",
+                   help="engine config YAML (the incidents' shape: scheduler:, queue:, ...)")
     p.add_argument("--runs", help="scenario runs to do, comma-separated (default: all)")
     p.add_argument("--requests", type=int, help="override the number of requests "
                    "(default: the scenario's or workload's own)")

@@ -62,9 +62,10 @@ def add_sweep_parser(subparsers) -> None:
                         "more, so that each point has a steady window)")
     p.add_argument("--duration-s", type=float, metavar="S",
                    help="run each point for S seconds of arrivals instead of a request "
-                        "count (the seed: 5 minutes per config); open loop sends what the "
-                        "rate brings in S; closed loop (--target only) stops issuing at S, "
-                        "after at most --requests (default: none: --requests per point)")
+                        "count (the domain document's figure: 5 minutes per config); open "
+                        "loop sends what the rate brings in S; closed loop (--target only) "
+                        "stops issuing at S, after at most --requests (default: none: "
+                        "--requests per point)")
     p.add_argument("--seed", type=int,
                    help="workload seed (default: the scenario's or workload's own)")
     p.add_argument("--config", help="base engine config YAML for --workload")
