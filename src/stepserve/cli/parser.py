@@ -167,8 +167,8 @@ def add_command(subparsers: Any, name: str, handler: Callable[[argparse.Namespac
                 ranges: Mapping[str, Range] | None = None, **kwargs: Any
                 ) -> argparse.ArgumentParser:
     """Add subcommand `name`, run by `handler` once the numeric flags in `ranges` (keyed by
-    dest) are checked. A UsageError, raised anywhere below, is `error: ...` and exit 2,
-    whether `main()` or a test calls the handler."""
+    dest; engine settings bound their own) are checked. A UsageError, raised anywhere
+    below, is `error: ...` and exit 2, whether `main()` or a test calls the handler."""
     p = subparsers.add_parser(name, **kwargs)
 
     @functools.wraps(handler)

@@ -13,7 +13,6 @@ from stepserve.sim.scenarios import SCENARIOS
 from stepserve.workload.mooncake import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS, TraceOptions
 from stepserve.workload.overrides import WorkloadOverrides
 
-# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}
 
 

@@ -18,7 +18,6 @@ from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, NOISE_MARGIN
 from stepserve.sweep.points import MIN_SPAN_S, LiveOptions
 from stepserve.sweep.window import WARMUP_SHARE, WINDOWS, WindowRule
 
-# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 # The knee's fractions: a gain of 10x or a rise of 1000x is no threshold at all.
 SWEEP_FLAGS = {
     "requests": REQUESTS, "duration_s": SECONDS, "seed": SEED,

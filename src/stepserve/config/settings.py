@@ -207,7 +207,4 @@ class EngineConfig(_Section):
 
 
 SECTIONS: dict[str, type[_Section]] = {
-    "scheduler": SchedulerConfig,
-    "queue": QueueConfig,
-    "cache": CacheConfig,
-}
+    cls.SECTION: cls for cls in (SchedulerConfig, QueueConfig, CacheConfig)}
