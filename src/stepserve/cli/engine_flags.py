@@ -36,11 +36,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per config field (and vLLM's name for it, where it differs);
     defaults are None so only given flags apply."""
     group = parser.add_argument_group("engine settings (vLLM-style flags; override --config)")
-    aliases: dict[str, list[str]] = {}
-    for vllm_name, ours in VLLM_ALIASES.items():
-        aliases.setdefault(ours, []).append("--" + vllm_name.replace("_", "-"))
     for _section, f in config_fields():
-        flags = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, [])]
+        names = [f.name, *(vllm for vllm, ours in VLLM_ALIASES.items() if ours == f.name)]
+        flags = ["--" + name.replace("_", "-") for name in names]
         allowed = f.metadata["allowed"]
         if allowed.kind is bool:
             group.add_argument(*flags, dest=f.name, type=_text_type(parse_bool), nargs="?",
