@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from stepserve.cli.engine_flags import add_config_arguments, config_from_args
+from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.config.load import ConfigOverrides, apply_nested, load_config, parse_bool
 from stepserve.config.settings import ConfigError, EngineConfig
 
@@ -47,7 +47,7 @@ def test_vllm_style_flags_override_the_file(tmp_path):
     args = parser.parse_args(["--config", str(p), "--max-num-seqs", "64",
                               "--no-enable-chunked-prefill", "--max-model-len", "8192",
                               "--policy", "priority"])
-    c = config_from_args(args)
+    c = config_overrides(args).apply()
     assert c.scheduler.max_num_seqs == 64 and not c.scheduler.enable_chunked_prefill
     assert c.scheduler.policy == "priority" and c.replicas == 3
 

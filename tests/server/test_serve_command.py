@@ -21,13 +21,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_serve_flags_parse_into_the_config():
-    from stepserve.cli.engine_flags import config_from_args
+    from stepserve.cli.engine_flags import config_overrides
 
     args = _parser().parse_args(["serve", "--model", "tiny", "--max-num-seqs", "40",
                                  "--max-waiting", "24", "--port", "9001",
                                  "--no-enable-chunked-prefill", "--max-model-len", "512",
                                  "--max-num-batched-tokens", "1024"])
-    config = config_from_args(args)
+    config = config_overrides(args).apply()
     assert (config.scheduler.max_num_seqs, config.queue.max_waiting, args.port) == (40, 24, 9001)
     assert config.scheduler.enable_chunked_prefill is False
 

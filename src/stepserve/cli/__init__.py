@@ -83,13 +83,18 @@ EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a command killed by a closed pipe 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`_command` with stdout guarded (PipeGuard): a reader that closes the pipe ends the
-    output quietly; the command's status stands, or 141 where the pipe broke outside
-    the guard."""
+    """Run one command; its exit status (a user's mistake: 2, see parser.add_command;
+    Ctrl-C, even while the command line is read: 130). stdout is guarded (PipeGuard): a
+    reader that closes the pipe ends the output quietly, and the status stands, or is
+    141 where the pipe broke outside the guard."""
     stdout = sys.stdout
     sys.stdout = PipeGuard(stdout)  # type: ignore[assignment]
     try:
-        return _command(argv)
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         to_devnull(stdout)
         return EXIT_CLOSED_PIPE
@@ -99,14 +104,3 @@ def main(argv: list[str] | None = None) -> int:
             stdout.flush()
         except BrokenPipeError:
             to_devnull(stdout)
-
-
-def _command(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status (a user's mistake: 2, see parser.add_command).
-    Ctrl-C, even while the command line is read, is status 130."""
-    try:
-        args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130

@@ -26,33 +26,20 @@ from stepserve.cli.simulate import (
     add_trace_arguments,
     cost_model_options,
 )
+from stepserve.config import limits
 from stepserve.config.errors import UsageError
-from stepserve.config.limits import (
-    CONCURRENCY,
-    LENGTH,
-    MAX_BURSTINESS,
-    MAX_NUM_REQUESTS,
-    MAX_RATE,
-    MIN_BURSTINESS,
-    MIN_RATE,
-    REQUESTS,
-    SECONDS,
-    SEED,
-    STEP_MS,
-    Range,
-)
+from stepserve.config.limits import LENGTH, Range
 from stepserve.workload.builtin import list_workloads
 
-# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 BENCH_FLAGS = {
     "random_input_len": LENGTH, "random_output_len": LENGTH, "sharegpt_output_len": LENGTH,
-    "num_prompts": REQUESTS, "seed": SEED, "max_concurrency": CONCURRENCY,
-    "request_rate": Range(MIN_RATE, MAX_RATE, float, inf_ok=True),
-    "burstiness": Range(MIN_BURSTINESS, MAX_BURSTINESS, float, inf_ok=True),
-    "duration_s": SECONDS, "warmup": Range(0, MAX_NUM_REQUESTS), "timeout_s": SECONDS,
-    "num_warmups": Range(0, MAX_NUM_REQUESTS), "logprobs": Range(0, 20),
-    "metrics_interval_s": Range(0.0, 3600.0, float),  # 0: never scrape
-    "step_ms": STEP_MS, "port": Range(1, 65535),
+    "num_prompts": limits.REQUESTS, "seed": limits.SEED, "max_concurrency": limits.CONCURRENCY,
+    "request_rate": Range(limits.MIN_RATE, limits.MAX_RATE, float, inf_ok=True),
+    "burstiness": Range(limits.MIN_BURSTINESS, limits.MAX_BURSTINESS, float, inf_ok=True),
+    "duration_s": limits.SECONDS, "warmup": Range(0, limits.MAX_NUM_REQUESTS),
+    "timeout_s": limits.SECONDS, "num_warmups": Range(0, limits.MAX_NUM_REQUESTS),
+    "logprobs": Range(0, 20), "metrics_interval_s": Range(0.0, 3600.0, float),  # 0: never scrape
+    "step_ms": limits.STEP_MS, "port": Range(1, 65535),
     "random_range_ratio": Range(0.0, 1.0 - 1e-9, float),
     **{f"prefix_repetition_{k}": LENGTH for k in ("prefix_len", "suffix_len",
                                                   "num_prefixes", "output_len")},

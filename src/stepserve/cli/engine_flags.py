@@ -17,7 +17,6 @@ from stepserve.config.load import (
     config_fields,
     parse_bool,
 )
-from stepserve.config.settings import EngineConfig
 from stepserve.engine.dtypes import DTYPE_CHOICES
 from stepserve.model.modes import QUANTIZATION_CHOICES  # torch-free
 
@@ -37,11 +36,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per config field (and vLLM's name for it, where it differs);
     defaults are None so only given flags apply."""
     group = parser.add_argument_group("engine settings (vLLM-style flags; override --config)")
-    aliases: dict[str, list[str]] = {}
-    for vllm_name, ours in VLLM_ALIASES.items():
-        aliases.setdefault(ours, []).append("--" + vllm_name.replace("_", "-"))
     for _section, f in config_fields():
-        flags = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, [])]
+        names = [f.name, *(vllm for vllm, ours in VLLM_ALIASES.items() if ours == f.name)]
+        flags = ["--" + name.replace("_", "-") for name in names]
         allowed = f.metadata["allowed"]
         if allowed.kind is bool:
             group.add_argument(*flags, dest=f.name, type=_text_type(parse_bool), nargs="?",
@@ -64,12 +61,6 @@ def _help(f: Any) -> str:
     return f"{f.metadata['help']} (config default: {shown})".replace("%", "%%")
 
 
-def flag_changes(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine settings given as flags (add_config_arguments), {name: value}."""
-    return {f.name: getattr(args, f.name) for _s, f in config_fields()
-            if getattr(args, f.name, None) is not None}
-
-
 def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
     """--config FILE (where the command has it) and the engine flags given. A problem
     with a vLLM-style file found while parsing (parser.py) is raised here, as the
@@ -77,13 +68,10 @@ def config_overrides(args: argparse.Namespace) -> ConfigOverrides:
     problem = getattr(args, CONFIG_PROBLEM_DEST, None)
     if problem is not None:
         raise problem
-    return ConfigOverrides(getattr(args, "config", None), flag_changes(args),
+    given = {f.name: getattr(args, f.name) for _s, f in config_fields()
+             if getattr(args, f.name, None) is not None}
+    return ConfigOverrides(getattr(args, "config", None), given,
                            getattr(args, COMMAND_KEYS_DEST, frozenset()))
-
-
-def config_from_args(args: argparse.Namespace, base: EngineConfig | None = None) -> EngineConfig:
-    """Config file (args.config, if any) then any flags given on top."""
-    return config_overrides(args).apply(base)
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,10 +1,9 @@
-"""The parser every command shares: a mistake on the command line is one line and exit
-status 2, every flag's help shows its default, and the command line is read as vLLM's
-FlexibleArgumentParser reads it: `--max_num_seqs` is `--max-num-seqs` (a value is left
-alone), and a vLLM-style `--config FILE.yaml` of flat keys (`max-num-seqs: 40`, `port:
-8000`) leaves the engine settings to the config loader and turns any other key into the
-command's flag of that name, placed before the command line's own so that those win. A
-key that is neither is refused, naming the file.
+"""The parser every command shares: a mistake is one line and exit status 2, every
+flag's help shows its default, and the command line is read as vLLM's
+FlexibleArgumentParser reads it: `--max_num_seqs` is `--max-num-seqs`, and a vLLM-style
+`--config FILE.yaml` of flat keys leaves the engine settings (`max-num-seqs: 40`) to the
+config loader and turns any other key (`port: 8000`) into the command's flag of that
+name, before the command line's own so that those win; a key that is neither is refused.
 """
 
 from __future__ import annotations
@@ -40,24 +39,13 @@ def dashed_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _config_path(argv: Sequence[str]) -> str | None:
-    """The value of the last `--config` in argv, if any."""
-    path = None
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            break
-        if arg == "--config" and i + 1 < len(argv):
-            path = argv[i + 1]
-        elif arg.startswith("--config="):
-            path = arg.partition("=")[2]
-    return path
-
-
 def config_file_flags(parser: argparse.ArgumentParser, argv: Sequence[str]
                       ) -> tuple[list[str], frozenset[str]]:
     """The flags a vLLM-style `--config` file in argv gives the command (to go before
     argv), and its keys read that way (our names; the config loader skips them)."""
-    path = _config_path(argv)
+    only_config = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    only_config.add_argument("--config", nargs="?")
+    path = only_config.parse_known_args(argv)[0].config  # the last one given
     if path is None:
         return [], frozenset()
     data = load_yaml(path, "config file")
@@ -136,10 +124,9 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a mistake on the command line is one line (argparse prints the
-    whole usage first: for `serve`, 30 lines before the one that matters), and every
-    flag's help shows its default. Subcommand parsers are of the same class
-    (add_subparsers uses the parent's type) and so take the same formatter."""
+    """argparse, but a mistake is one line (argparse prints the whole usage first: for
+    `serve`, 30 lines before the one that matters). Subcommand parsers are of the same
+    class (add_subparsers uses the parent's type), so they share the formatter."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
@@ -180,8 +167,8 @@ def add_command(subparsers: Any, name: str, handler: Callable[[argparse.Namespac
                 ranges: Mapping[str, Range] | None = None, **kwargs: Any
                 ) -> argparse.ArgumentParser:
     """Add subcommand `name`, run by `handler` once the numeric flags in `ranges` (keyed by
-    dest) are checked. A UsageError, raised anywhere below, is `error: ...` and exit 2,
-    whether `main()` or a test calls the handler."""
+    dest; engine settings bound their own) are checked. A UsageError, raised anywhere
+    below, is `error: ...` and exit 2, whether `main()` or a test calls the handler."""
     p = subparsers.add_parser(name, **kwargs)
 
     @functools.wraps(handler)

@@ -14,7 +14,6 @@ from stepserve.workload.loader import TraceOptions
 from stepserve.workload.overrides import WorkloadOverrides
 from stepserve.workload.trace import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS
 
-# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}
 
 
@@ -33,7 +32,8 @@ def add_simulate_parser(subparsers) -> None:
                           "...) or Mooncake's (timestamp, input_length, output_length, "
                           "hash_ids)")
     add_trace_arguments(p)
-    p.add_argument("--config", help="engine config YAML (seed shape: scheduler:, queue:, ...)")
+    p.add_argument("--config",
+                   help="engine config YAML (the incidents' shape: scheduler:, queue:, ...)")
     p.add_argument("--runs", help="scenario runs to do, comma-separated (default: all)")
     p.add_argument("--requests", type=int, help="override the number of requests "
                    "(default: the scenario's or workload's own)")
@@ -93,6 +93,5 @@ def simulate_options(args: argparse.Namespace) -> SimulateOptions:
     return options_from(
         SimulateOptions, args, trace=trace,
         config=config_overrides(args), runs=tuple(args.runs.split(",")) if args.runs else None,
-        overrides=WorkloadOverrides(num_requests=args.requests, rate=args.rate,
-                                    seed=args.seed),
+        overrides=options_from(WorkloadOverrides, args, num_requests=args.requests),
         cost=cost_model_options(args), progress=not args.no_progress)

@@ -18,7 +18,6 @@ from stepserve.sweep.knee import MAX_P99_RISE, MIN_THROUGHPUT_GAIN, NOISE_MARGIN
 from stepserve.sweep.points import MIN_SPAN_S, LiveOptions
 from stepserve.sweep.window import WARMUP_SHARE, WINDOWS, WindowRule
 
-# Bounds of the numeric flags (limits.py); engine settings bound their own (settings.py).
 # The knee's fractions: a gain of 10x or a rise of 1000x is no threshold at all.
 SWEEP_FLAGS = {
     "requests": REQUESTS, "duration_s": SECONDS, "seed": SEED,
@@ -62,9 +61,10 @@ def add_sweep_parser(subparsers) -> None:
                         "more, so that each point has a steady window)")
     p.add_argument("--duration-s", type=float, metavar="S",
                    help="run each point for S seconds of arrivals instead of a request "
-                        "count (the seed: 5 minutes per config); open loop sends what the "
-                        "rate brings in S; closed loop (--target only) stops issuing at S, "
-                        "after at most --requests (default: none: --requests per point)")
+                        "count (the domain document's figure: 5 minutes per config); open "
+                        "loop sends what the rate brings in S; closed loop (--target only) "
+                        "stops issuing at S, after at most --requests (default: none: "
+                        "--requests per point)")
     p.add_argument("--seed", type=int,
                    help="workload seed (default: the scenario's or workload's own)")
     p.add_argument("--config", help="base engine config YAML for --workload")
@@ -114,8 +114,7 @@ def add_sweep_parser(subparsers) -> None:
 
 
 def sweep_options(args: argparse.Namespace) -> SweepOptions:
-    live = LiveOptions(args.target, args.model, args.warmup, args.timeout_s,
-                       args.metrics_interval_s) if args.target else None
+    live = options_from(LiveOptions, args) if args.target else None
     return options_from(
         SweepOptions, args, configs=tuple(args.configs) if args.configs else None,
         vary=tuple(args.vary), config=config_overrides(args), slo=tuple(args.slo),

@@ -1,10 +1,6 @@
-"""The bounds on every count, size, rate and time a user can give, in one place.
-
-A workload of 10^12 requests or `--max-num-seqs 1e15` is a typo; unbounded, it is found
-out only when memory runs out, minutes later. Each bound is far above any real use and
-far below what would exhaust a machine; workload fields, engine settings and the CLI's
-numeric flags all read these names.
-"""
+"""The bounds on every count, size, rate and time a user can give. `--max-num-seqs 1e15`
+is a typo, found out unbounded only when memory runs out; each bound is far above any
+real use and far below what would exhaust a machine."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ MAX_LEN = 1 << 20
 # expected prompt + output tokens of a whole workload: the simulator holds a token id
 # (8 bytes) for each, so this is about 2 GB
 MAX_WORKLOAD_TOKENS = 250_000_000
-# requests in flight in a closed loop (and concurrent users in a plan)
-MAX_CONCURRENCY = 100_000
+MAX_CONCURRENCY = 100_000  # requests in flight in a closed loop (concurrent users in a plan)
 # arrival rates, requests per second: one a fortnight to a million a second
 MIN_RATE = 1e-6
 MAX_RATE = 1e6
@@ -32,26 +27,18 @@ MAX_BURSTINESS = 1e3
 # relative weights (class shares, mixture weights): normalised, so only ratios matter;
 # a ratio over 10^9 is a typo, and sums of larger ones overflow a float
 MAX_WEIGHT = 1e9
-# durations, windows, timeouts and waits, seconds: 30 days
-MAX_SECONDS = 30 * 86_400
-# workload seeds: a non-negative int64, as OpenAI's seed
-MAX_SEED = 2**63 - 1
-# sequences in one step (max_num_seqs, partial prefills): beyond any accelerator's batch
-MAX_NUM_SEQS = 65_536
-# tokens in one step (max_num_batched_tokens): 16 max-length prompts at once
-MAX_BATCHED_TOKENS = 1 << 24
-# KV blocks in a pool (device or CPU): the free list alone is 8 bytes a block
-MAX_BLOCKS = 1 << 24
+MAX_SECONDS = 30 * 86_400  # durations, windows, timeouts and waits, seconds: 30 days
+MAX_SEED = 2**63 - 1  # workload seeds: a non-negative int64, as OpenAI's seed
+MAX_NUM_SEQS = 65_536  # sequences in one step (max_num_seqs): beyond any accelerator's batch
+MAX_BATCHED_TOKENS = 1 << 24  # tokens in one step: 16 max-length prompts at once
+MAX_BLOCKS = 1 << 24  # KV blocks in a pool (device or CPU): the free list is 8 bytes a block
 # bytes of KV cache for one replica, and KV bytes per token: 2 TiB (a node of eight
 # 141 GB GPUs holds 1.1 TB) and 64 MiB (the largest models hold ~1 MiB a token)
 MAX_KV_BYTES = 1 << 41
 MAX_KV_BYTES_PER_TOKEN = 1 << 26
-# engine replicas behind one router
-MAX_REPLICAS = 1024
-# CPU threads one engine's step runs on (the largest CPU servers have 512 cores)
-MAX_THREADS = 1024
-# a user file read whole (results, workloads, traces, ShareGPT): ShareGPT itself is ~0.7 GB
-MAX_FILE_BYTES = 2 << 30
+MAX_REPLICAS = 1024  # engine replicas behind one router
+MAX_THREADS = 1024  # CPU threads of one engine's step (the largest CPU servers have 512 cores)
+MAX_FILE_BYTES = 2 << 30  # a user file read whole (results, workloads): ShareGPT is ~0.7 GB
 # a request head (request line and headers) the HTTP server reads: 16 MiB, 16x Go's
 # default, 1,024x Node's (the heads of real clients are well under 8 KiB)
 MAX_HEADER_BYTES = 16 << 20
@@ -63,9 +50,8 @@ Range = Allowed
 
 
 def check_flags(args: object, ranges: Mapping[str, Range]) -> None:
-    """Check each flag given (not None) against its range; `ranges` is keyed by the
-    flag's dest, e.g. "num_prompts" for --num-prompts, read as an attribute of `args`
-    (parsed flags, or options whose fields bear the same names)."""
+    """Check each flag given (not None) against its range; `ranges` is keyed by dest
+    ("num_prompts" for --num-prompts), read off parsed flags or same-named options."""
     for dest, allowed in ranges.items():
         value = getattr(args, dest, None)
         if value is not None:

@@ -1,7 +1,5 @@
-"""Building an EngineConfig from YAML (the incidents' shape), flat dicts and settings given
-by name (`ConfigOverrides`: what the CLI's vLLM-style flags become).
-
-Accepted YAML shapes, mixed freely:
+"""An EngineConfig from YAML, flat dicts and settings given by name (`ConfigOverrides`:
+what the CLI's vLLM-style flags become). YAML shapes, mixed freely:
 
     scheduler: {max_num_seqs: 40, max_num_batched_tokens: 8192}
     queue: {max_waiting: 24, aging_after_s: 20}
@@ -34,8 +32,7 @@ VLLM_ALIASES = {"num_gpu_blocks_override": "num_gpu_blocks",
 
 
 def setting_name(key: str) -> str:
-    """Our name for a setting as a YAML key or flag spells it: dashes read as
-    underscores (`max-num-seqs`), vLLM's names as ours (VLLM_ALIASES)."""
+    """Our name for a setting as a YAML key or flag spells it (`max-num-seqs`, vLLM's)."""
     key = key.replace("-", "_")
     return VLLM_ALIASES.get(key, key)
 
@@ -45,8 +42,7 @@ TEXT_VALUES = {"kv_cache_memory": functools.partial(parse_size, one_letter=True)
 
 
 def config_fields() -> Iterator[tuple[str, dataclasses.Field]]:
-    """Every setting as (section, field): the sections' fields, then the top-level ones
-    (section ""). Each field's metadata holds its help text, kind and what it allows."""
+    """Every setting as (section, field), the top-level ones (section "") last."""
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             yield section, f
@@ -70,15 +66,14 @@ def _value_of(key: str, value: Any) -> Any:
         raise ConfigError(f"{key}: {e}") from None
 
 
-def apply_nested(base: EngineConfig, data: dict[str, Any],
-                 skip: frozenset[str] = frozenset()) -> EngineConfig:
-    """Apply a YAML-shaped dict (sections and/or flat keys, either spelling) on top of
-    `base`; a flat key wins over its section's entry. `skip`: top-level keys (our names)
-    that are not settings but another reader's (a command's own flags in a vLLM-style
-    file, read by the CLI)."""
+def settings_given(data: Any, skip: frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+    """The settings a YAML-shaped dict gives (sections and/or flat keys, either spelling),
+    by owning section ("": the top level); a flat key wins over its section's entry.
+    `skip`: top-level keys (our names) that are another reader's (a command's own flags
+    in a vLLM-style file, read by the CLI)."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping of settings, got {type(data).__name__}")
-    changes: dict[str, dict[str, Any]] = {}  # by section, "" the top level
+    changes: dict[str, dict[str, Any]] = {}
     for raw_key, value in sorted(data.items(), key=lambda kv: str(kv[0]) not in SECTIONS):
         key = setting_name(str(raw_key))
         if key in skip:
@@ -99,6 +94,13 @@ def apply_nested(base: EngineConfig, data: dict[str, Any],
         else:
             raise ConfigError(f"unknown setting {preview(key)}; known settings: "
                               f"{', '.join(OWNER)}")
+    return changes
+
+
+def apply_nested(base: EngineConfig, data: Any,
+                 skip: frozenset[str] = frozenset()) -> EngineConfig:
+    """`base` with the settings of a YAML-shaped dict (settings_given) applied."""
+    changes = settings_given(data, skip)
     kwargs = changes.pop("", {})
     for section, values in changes.items():
         kwargs[section] = dataclasses.replace(getattr(base, section), **values)
@@ -107,7 +109,7 @@ def apply_nested(base: EngineConfig, data: dict[str, Any],
 
 def load_config(path: str | Path, base: EngineConfig | None = None,
                 skip: frozenset[str] = frozenset()) -> EngineConfig:
-    """Read a YAML config file; every error names the file. `skip`: see apply_nested."""
+    """Read a YAML config file; every error names the file. `skip`: see settings_given."""
     try:
         data = load_yaml(path, "config file")
     except UsageError as e:
@@ -138,8 +140,8 @@ def parse_bool(text: str) -> bool:
 
 @dataclass(frozen=True)
 class ConfigOverrides:
-    """What a user gives on top of a base config: a YAML file, then settings by name
-    ({"max_num_seqs": 40}, from flags). Applied in that order, so settings win."""
+    """A YAML file, then settings by name ({"max_num_seqs": 40}, from flags), applied in
+    that order on a base config, so settings win."""
 
     config_file: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
@@ -151,7 +153,6 @@ class ConfigOverrides:
         return bool(self.config_file or self.settings)
 
     def apply(self, base: EngineConfig | None = None) -> EngineConfig:
-        """The config file (if any) on `base`, then the settings."""
         config = base or EngineConfig()
         if self.config_file:
             config = load_config(self.config_file, config, self.command_keys)
@@ -164,11 +165,8 @@ class ConfigOverrides:
         if not self.config_file:
             return False
         data = load_yaml(self.config_file, "config file")
-        if not isinstance(data, dict):
-            return False
-        keys = [*data, *(k for s in SECTIONS if isinstance(data.get(s), dict) for k in data[s])]
-        return name in {setting_name(str(k)) for k in keys}
+        given = settings_given({} if data is None else data, self.command_keys)
+        return any(name in names for names in given.values())
 
     def apply_settings(self, base: EngineConfig) -> EngineConfig:
-        """Only the settings on `base` (a config that came from another file)."""
         return apply_nested(base, dict(self.settings)) if self.settings else base

@@ -1,10 +1,7 @@
-"""Configuration: one frozen dataclass per subsystem.
-
-Every field carries its help text, its type and its allowed range in `metadata`, so the
-CLI flags, the YAML loader and validation all come from the same place. A bad value
-raises `ConfigError` naming the key, the value and what is allowed. Upper bounds come
-from limits.py, where each is explained.
-"""
+"""Engine settings: one frozen dataclass per subsystem. Each field's `metadata` holds its
+help, kind and allowed range, so the CLI flags, the YAML loader and validation all come
+from one place; a bad value raises `ConfigError` naming the key, the value and what is
+allowed."""
 
 from __future__ import annotations
 
@@ -33,14 +30,13 @@ class ConfigError(UsageError):
 
 def knob(default: Any, help: str, kind: type, *, lo: float | None = None,
          hi: float | None = None, choices: tuple[str, ...] = (), optional: bool = False) -> Any:
-    """A config field: default, help text, type and bounds (inclusive)."""
     allowed = Allowed(lo, hi, kind, choices=choices, optional=optional)
     return field(default=default, metadata={"help": help, "kind": kind, "allowed": allowed})
 
 
 class _Section:
-    """Base for config sections (and the whole config): checks each setting after
-    construction (a float setting normalised to float), then the cross-field rules."""
+    """A config section (or the whole config): each setting checked (a float setting
+    normalised to float), then the cross-field rules (`_check_relations`)."""
 
     SECTION = ""
 
@@ -53,7 +49,7 @@ class _Section:
         self._check_relations()
 
     def _check_relations(self) -> None:
-        """Cross-field rules; sections override."""
+        pass
 
 
 BATCHING_MODES = ("continuous", "static", "dynamic")
@@ -211,7 +207,4 @@ class EngineConfig(_Section):
 
 
 SECTIONS: dict[str, type[_Section]] = {
-    "scheduler": SchedulerConfig,
-    "queue": QueueConfig,
-    "cache": CacheConfig,
-}
+    cls.SECTION: cls for cls in (SchedulerConfig, QueueConfig, CacheConfig)}

@@ -1,11 +1,7 @@
-"""Byte sizes as people write them: "38GB", "192 KiB", "1.5GiB", "4096".
-
-KB/MB/GB/TB are powers of 1000 and KiB/MiB/GiB/TiB powers of 1024 (SI and IEC), in any
-case; GPU vendors quote memory in GB, model configs KV sizes in KiB. A one-letter unit
-is vLLM's (`human_readable_int`: 4G and 4Gi are 4 GiB, 4g is 4e9), read only where vLLM's
-spellings are (`one_letter`: the engine settings); elsewhere it would pick one of the two
-families silently.
-"""
+"""Byte sizes as people write them: "38GB", "192 KiB", "1.5GiB", "4096"; KB..TB are
+powers of 1000, KiB..TiB of 1024, in any case. A one-letter unit is vLLM's (4G and 4Gi are
+4 GiB, 4g is 4e9), read only where vLLM's spellings are (`one_letter`: engine settings);
+elsewhere it would pick one of the two families silently."""
 
 from __future__ import annotations
 
@@ -62,10 +58,8 @@ def _scale(unit: str, one_letter: bool) -> int | None:
 
 
 def format_size(num_bytes: int) -> str:
-    """The shortest exact spelling ("192 KiB", "38 GB"), else an approximate binary one.
-
-    Exact spellings round-trip through `parse_size`; approximate ones carry a "~".
-    """
+    """The shortest exact spelling ("192 KiB", "38 GB", which parse_size reads back), else
+    an approximate binary one ("~1.23 GiB")."""
     if isinstance(num_bytes, bool) or not isinstance(num_bytes, int) or num_bytes < 0:
         raise ValueError(f"format_size needs a non-negative integer, got {preview(num_bytes)}")
     for name, scale in _DISPLAY:

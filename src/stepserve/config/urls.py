@@ -12,8 +12,8 @@ EXAMPLE = "e.g. http://127.0.0.1:8000"
 
 
 def check_http_url(flag: str, url: str) -> str:
-    """`url` without its trailing slash; UsageError unless it is an http:// or https://
-    URL with a host (and a port in 1..65535, when given)."""
+    """`url` without its trailing slash; UsageError unless it is an http(s) URL with a
+    host (and a port in 1..65535, when given)."""
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"{flag} {url!r}: expected an http:// or https:// URL, {EXAMPLE}")
     try:

@@ -1,10 +1,6 @@
-"""Files the user names: reading theirs (results, workloads, configs, traces, ShareGPT),
-checking before any work is done that an output path can be written, and writing outputs
-whole or not at all (`write_atomic`, `write_outputs`).
-
-Every failure is a `UsageError` that names the file (and, for JSON and YAML, the line
-and column), so a mistake costs one line and no lost run.
-"""
+"""Files the user names: reading theirs, checking before any work that an output can be
+written, and writing outputs whole or not at all. Every failure is a `UsageError` naming
+the file (and for JSON and YAML the line and column), so a mistake costs no lost run."""
 
 from __future__ import annotations
 
@@ -49,21 +45,19 @@ def read_text(path: str | Path, what: str) -> str:
 
 
 def load_json(path: str | Path, what: str) -> Any:
-    """A user's JSON file, parsed. NaN and Infinity are read as Python reads them (our own
-    writers may emit them); callers that need finite numbers check their values."""
+    """A user's JSON file, parsed; NaN and Infinity are read (our own writers may emit
+    them), so callers that need finite numbers check."""
     return _parsed(path, what, json.loads, "JSON")
 
 
 def load_yaml(path: str | Path, what: str) -> Any:
-    """A user's YAML file, parsed (the safe loader: plain data only). Anchors and aliases
-    are read, but a file whose aliases would repeat more than MAX_ALIAS_VALUES values, or
-    refer to a value from inside itself, is refused before any value is built."""
+    """A user's YAML file, parsed (safe loader); a file whose aliases would repeat more
+    than MAX_ALIAS_VALUES values, or hold a value inside itself, is refused unbuilt."""
     return _parsed(path, what, _parse_yaml, "YAML")
 
 
 def _parsed(path: str | Path, what: str, parse: Callable[[str], Any], language: str) -> Any:
-    """`parse` of the file's text; a UsageError naming the file, and for a syntax error
-    where it is (1-based, as editors count)."""
+    """`parse` of the file's text; a UsageError names the file (and line, column)."""
     text = read_text(path, what)
     try:
         return parse(text)
@@ -166,10 +160,9 @@ def check_output_dir(flag: str, path: str | Path | None) -> None:
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """`text` (UTF-8) as the file at `path`, whole or not at all: written to a temporary
-    file in the same folder, flushed to disk, then renamed over `path` (through a link, to
-    the file it names). On any failure the temporary file is removed and what `path` held
-    before is left as it was; the OSError is raised."""
+    """`text` (UTF-8) as the file at `path` (through a link, the file it names), whole or
+    not at all: a temporary file beside it, fsynced, renamed over it. On failure what
+    `path` held is left as it was and the OSError raised."""
     target = Path(os.path.realpath(path))
     data = text.encode("utf-8")
     tmp = target.with_name(f".{target.name[:200]}.{secrets.token_hex(4)}.tmp")
@@ -199,8 +192,7 @@ def _write_all(fd: int, data: bytes) -> None:
 @dataclass(frozen=True)
 class OutputFile:
     """One output a command was asked for: the flag that named it, its path, and what
-    writes it there (returning the path written where that is not `path`: a folder's
-    page)."""
+    writes it there (returning the path written where that is not `path`)."""
 
     flag: str
     path: str | Path | None  # None: not asked for, skipped
@@ -209,14 +201,12 @@ class OutputFile:
     @classmethod
     def text(cls, flag: str, path: str | Path | None, render: Callable[[], str]
              ) -> OutputFile:
-        """An output whose content is `render()`, written by `write_atomic`."""
         return cls(flag, path, lambda p: write_atomic(p, render()))
 
 
 def write_outputs(outputs: Iterable[OutputFile]) -> str | None:
-    """Write every output, each tried whatever became of the ones before it, printing
-    `wrote PATH` for each written; one line naming each that failed and why (None when
-    all were written), for the command to end with."""
+    """Write every output, whatever became of the ones before, printing `wrote PATH`; one
+    line naming each that failed and why (None when all were written)."""
     failed = []
     for out in outputs:
         if out.path is None:

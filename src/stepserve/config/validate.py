@@ -1,13 +1,8 @@
-"""The one validator for a user's number, range or choice, and the one message shape.
-
-Every layer (engine settings, workload files, flags, request fields) keeps its own error
-type, but whether a value is of the right kind and within its bounds is decided here,
-and the refusal always reads `max_num_seqs = 0: must be an integer in [1, 65536]`: the
-name, the value as given (`preview`), and what is allowed.
+"""The one validator of a user's number, range or choice (each layer keeps its own error
+type), and the one refusal: `max_num_seqs = 0: must be an integer in [1, 65536]`.
 
 Kinds: `int` (a bool is not an integer), `float` (an int or float, returned as float;
-NaN never, infinity only with `inf_ok`), `bool`, `str` (with `choices`: one of them).
-"""
+NaN never, infinity only with `inf_ok`), `bool`, `str` (with `choices`: one of them)."""
 
 from __future__ import annotations
 
@@ -44,8 +39,7 @@ _PREVIEW = _Preview()
 
 
 def preview(value: Any) -> str:
-    """`repr(value)` as a message quotes a user's value: at most PREVIEW_CHARS characters
-    (a longer one cut and ended with '...'), however large the value."""
+    """`repr(value)` in at most PREVIEW_CHARS characters (cut with '...'), however large."""
     text = _PREVIEW.repr(value)
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 3] + "..."
 
@@ -94,8 +88,7 @@ class Allowed:
         return ""
 
     def problem(self, name: str, value: Any) -> str | None:
-        """The refusal of `value` for field `name` (None: it is allowed), for callers that
-        collect several."""
+        """The refusal of `value` for field `name` (None: it is allowed)."""
         return None if self._fits(value) else refusal(name, value, self)
 
     def check(self, name: str, value: Any, error: type[Exception] = UsageError) -> Any:
@@ -134,8 +127,7 @@ def refusal(name: str, value: Any, allowed: Allowed) -> str:
 
 
 def shown(value: Any, kind: type = object) -> str:
-    """The value as a message quotes it; a whole float for a number field as the user
-    most likely typed it (`-5`, not `-5.0`)."""
+    """The value as a message quotes it; a whole float as the user likely typed it (`-5`)."""
     if kind is float and isinstance(value, float) and value.is_integer() \
             and abs(value) < 1e16:
         return str(int(value))

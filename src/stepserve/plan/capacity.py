@@ -1,12 +1,9 @@
-"""How many sequences one replica's KV cache holds, and how many replicas a peak needs.
-
-Sized by the worst case (the promo-spike incident's arithmetic): every running sequence
-may grow to `max_len` tokens, so a replica that admits `n` sequences must hold
-`n x max_len` tokens of KV; sizing by the mean length lets long requests trigger
-preemption storms. max_num_seqs keeps `headroom` of the KV free, its floor taken once on
-the exact quotient (47.19 x 0.85 = 40.11 -> 40; flooring twice would give 39). Run at
-max_num_seqs, the fewest replicas whose KV holds the peak admit replicas x max_num_seqs
-at once; the rest waits (`queued_at_peak`: what `max_waiting` must absorb).
+"""How many sequences one replica's KV cache holds, and how many replicas a peak needs,
+by the worst case (the promo-spike incident's arithmetic): every sequence may reach
+`max_len`, since sizing by the mean lets long requests set off preemption storms.
+max_num_seqs keeps `headroom` free, floored once on the exact quotient (47.19 x 0.85 =
+40.11 -> 40; twice would give 39); what the replicas cannot admit at once waits
+(`queued_at_peak`: what `max_waiting` must absorb).
 """
 
 from __future__ import annotations

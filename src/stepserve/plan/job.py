@@ -1,9 +1,6 @@
-"""`stepserve plan speedup | capacity | models`'s jobs: the incidents' arithmetic, printed.
-
-Every number printed comes with one line saying how it was computed; `as_json` prints the
-result dataclass instead. A bad value prints `error: ...` and returns 2. Counts and sizes
-are bounded by limits.py: the arithmetic would take them, but 10^15 requests is a typo.
-"""
+"""`stepserve plan speedup | capacity | models`: the incidents' arithmetic, each number
+printed with how it was computed (`as_json`: the result dataclass). A bad value prints
+`error: ...` and returns 2; counts and sizes are bounded by limits.py."""
 
 from __future__ import annotations
 

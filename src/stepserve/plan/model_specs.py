@@ -1,10 +1,6 @@
-"""Shapes of well-known models, for KV sizing and the simulator's roofline cost model.
-
-Values are the models' published Hugging Face `config.json` fields; `num_params` is the
-exact count those shapes give (embeddings, attention incl. Qwen2's q/k/v bias, SwiGLU
-MLP, RMSNorms, and an lm_head unless the embeddings are tied), which matches the
-published totals. `dtype_bytes` is 2: all of them ship in bf16.
-"""
+"""Shapes of well-known models (their Hugging Face `config.json`), for KV sizing and the
+roofline cost model. `num_params` is the exact count those shapes give (Qwen2's q/k/v
+bias and an untied lm_head included), matching the published totals; all ship in bf16."""
 
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
-"""How much continuous batching can gain over static batching for a given length mix.
+"""How much continuous batching can gain over static batching for a length mix: the
+night-report incident's arithmetic (docs/guide.md), exact.
 
-The night-report incident's arithmetic, done exactly:
-
-* Static batching serves requests in batches of `concurrency` slots in arrival order
-  (the groups as given, or longest first); a batch holds all its slots until its
-  longest member finishes, so it takes `max(length)` steps, and `static_steps` sums that.
-* With more than one batch the order changes the answer (20x2000 + 108x20 at 64: the
-  longs together take 2,020 steps, one per batch 4,000), so the result also gives the
-  range over every order: the fewest static steps come longest first (the k-th batch's
-  longest is then the (k-1)c+1-th longest request, which no order beats), the most when
-  the ceil(n / c) longest requests sit one per batch.
-* Slot utilisation = useful tokens / (concurrency x static steps); the empty slots of a
-  partial last batch count as idle, as a static scheduler holds them idle too.
-* Ideal steps = useful tokens / concurrency: continuous batching in steady state, every
-  freed slot refilled at once. It ignores a finite run's drain, which is why 9x20 +
-  1x2000 at 10 slots still takes 2000 steps (`longest_request_steps`) while its cap is
-  ~9x: the cap is about throughput under sustained load.
-* Speedup cap = static steps / ideal steps = 1 / slot utilisation.
+* A static batch of `concurrency` slots, filled in arrival order (or longest first),
+  holds its slots until its longest member ends: `static_steps` sums those lengths.
+* With several batches the order matters (20x2000 + 108x20 at 64: 2,020 steps with the
+  longs together, 4,000 one per batch), so the range over every order is given too:
+  fewest longest first, most with the ceil(n / c) longest one per batch.
+* Slot utilisation = useful tokens / (concurrency x static steps), a partial last
+  batch's empty slots idle. Ideal steps = useful tokens / concurrency (every freed slot
+  refilled at once, drain ignored: 9x20 + 1x2000 at 10 slots still takes 2,000 steps,
+  `longest_request_steps`, while its cap is ~9x). Speedup cap = 1 / slot utilisation.
 """
 
 from __future__ import annotations
@@ -167,11 +160,8 @@ def _spread_steps(longest_first: Sequence[Group], num_batches: int) -> int:
 
 
 def speedup_for_lengths(lengths: Sequence[int], concurrency: int) -> SpeedupResult:
-    """`speedup` for a stream of output lengths, batched `concurrency` at a time in order.
-
-    Static steps are summed over the batches, so this is the static makespan of exactly
-    this workload (what a static-batching simulation of it should take).
-    """
+    """`speedup` for a stream of output lengths, batched `concurrency` at a time in order:
+    its static steps are what a static-batching simulation of it should take."""
     if not lengths:
         raise ValueError("lengths is empty: need at least one request")
     return speedup([(len(list(run)), n) for n, run in groupby(lengths)], concurrency)
