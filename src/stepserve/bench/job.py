@@ -20,17 +20,19 @@ from stepserve.bench.results import (
     BenchRun,
     GoodputError,
     GoodputSLO,
+    SaveOptions,
     format_table,
     latency_samples,
     offered_load,
     parse_goodput,
+    save_vllm_result,
     scrape_timeseries,
     summarize_records,
+    vllm_setup,
     write_csv,
     write_json,
     write_markdown,
 )
-from stepserve.bench.vllm_result import SaveOptions, save_vllm_result, vllm_setup
 from stepserve.bench.workload_options import (
     BenchError,
     BenchWorkloadOptions,

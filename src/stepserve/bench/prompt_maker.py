@@ -16,11 +16,14 @@ of a session is its new user message; a `Conversation` puts the session in front
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepserve.config.limits import MAX_NUM_REQUESTS
+from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.workload.mooncake import TraceSpec, prompt_blocks, trace_token_ids
+from stepserve.workload.sessions import next_turns
 from stepserve.workload.spec import RequestSpec
 
 if TYPE_CHECKING:
@@ -213,3 +216,48 @@ class Conversation:
         self.messages += [{"role": "user", "content": user},
                           {"role": "assistant", "content": answer}]
         self.text += user + answer + " "
+
+
+def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
+    """For each spec, the prompt tokens an earlier one's prompt began with. The prompts
+    share exactly their shared prefix, so that is the prefix of any spec
+    whose prefix came before, in the whole blocks a cache could give. A trace's prompts
+    share what their hash ids do (`repeated_trace_tokens`)."""
+    if specs and all(isinstance(s, TraceSpec) for s in specs):
+        return repeated_trace_tokens(specs)  # type: ignore[arg-type]
+    seen: set[str] = set()
+    out = [0] * len(specs)
+    for i in sorted(range(len(specs)), key=lambda i: specs[i].arrival_s):
+        s = specs[i]
+        if s.prefix in seen:
+            out[i] = cacheable_tokens(s.prefix_len, s.prompt_len)
+        if s.prefix is not None:
+            seen.add(s.prefix)
+    for k, nxt in next_turns(specs).items():  # a session's turn: the prompt before it, too
+        out[nxt] = cacheable_tokens(specs[k].prompt_len, specs[nxt].prompt_len)
+    return out
+
+
+def repeated_trace_tokens(specs: Sequence[TraceSpec]) -> list[int]:
+    """For each request, the leading prompt tokens an earlier one began with, from the
+    hash ids alone (the prompts share exactly their common hash-id prefix, a cut last
+    block as far as both have it), in the whole blocks a cache could give."""
+    nodes: dict[tuple[int, int], int] = {}  # (parent node, hash id) -> node: the prefixes
+    covered: list[int] = [0]  # per node, the most tokens an earlier prompt had along it
+    out = [0] * len(specs)
+    for i in sorted(range(len(specs)), key=lambda i: specs[i].arrival_s):
+        s = specs[i]
+        node, shared, path = 0, 0, []
+        for depth, h in enumerate(s.hash_ids, start=1):
+            child = nodes.get((node, h))
+            if child is None:
+                child = nodes[(node, h)] = len(covered)
+                covered.append(0)
+            elif shared == (depth - 1) * s.block_tokens:  # still on an earlier prompt
+                shared = covered[child]
+            node = child
+            path.append((child, min(s.prompt_len, depth * s.block_tokens)))
+        out[i] = cacheable_tokens(min(shared, s.prompt_len), s.prompt_len)
+        for child, tokens in path:
+            covered[child] = max(covered[child], tokens)
+    return out

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepserve.bench.results import BenchResult
-from stepserve.bench.vllm_result import bench_result_from_vllm
+from stepserve.bench.results import BenchResult, bench_result_from_vllm
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import check_output_dir, load_json, write_atomic
 from stepserve.metrics.step_metrics import TimeSeries
