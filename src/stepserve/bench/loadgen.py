@@ -1,24 +1,15 @@
 """Issue a workload's requests against an HTTP target, as `vllm bench serve` does, with
-the target's /metrics sampled alongside: what `stepserve bench --target` and `stepserve
-sweep --target` both do per run.
+the target's /metrics sampled alongside: one run of `bench --target` or `sweep --target`.
 
-Each request is due at its arrival time (all at once for rate inf); with a concurrency
-cap it then waits for a slot, and its send time (TTFT's start) is when it goes out. Rate
-inf with a cap is a closed loop. A multi-turn session (workload/sessions.py) is one task:
-each later turn goes `think_time_s` after the answer before it, its prompt the
-conversation so far and a new user message; a turn not answered in full ends the session
-(the rest stay `not_sent`). A capped run counts sessions in flight: a user keeps their
-slot while thinking, as the simulator's closed loop counts sessions.
-
-Records are created up front and filled in place, so an interrupt (Ctrl-C) keeps what
-was measured. The target's model comes from GET /v1/models. /metrics is scraped before
-the first request, every `metrics_interval_s` during the run, and once more when the
-target is idle after the last (counters are fed when requests end). Each server's names
-(ours, vLLM, SGLang, TGI) are read by metrics/prometheus.py; a failed scrape is skipped
-and counted, never fatal, as `doctor --url` does (both read through
-metrics/bounded_scrape.py). The summary's queue keys are named as in metrics/summary.py,
-so the doctor's queue rules read them (waiting_growth: the least-squares slope in
-requests/s); the step time comes from the step-time histogram (ours and TGI's).
+Each request is due at its arrival time; with a concurrency cap it then waits for a
+slot, and its send time (TTFT's start) is when it goes out. A multi-turn session is one
+task: each later turn goes `think_time_s` after the answer before it, and a turn not
+answered in full ends the session; a user keeps their slot while thinking, as the
+simulator's closed loop counts sessions. Records are filled in place, so an interrupt
+keeps what was measured. /metrics (any server's names, metrics/prometheus.py) is scraped
+before the first request, every `metrics_interval_s`, and once more when the target is
+idle after the last (counters are fed when requests end); a failed scrape is skipped and
+counted, never fatal, as `doctor --url` does.
 """
 
 from __future__ import annotations

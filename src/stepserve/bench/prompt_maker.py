@@ -1,16 +1,11 @@
 """The prompt each bench request sends, of its spec's length: text by default, as `vllm
-bench serve` sends it (with a tokenizer, text that encodes to exactly `prompt_len` tokens,
-fitted as vLLM's random dataset fits its prompts; without one, common English words,
-about one token each), or token ids when asked (`--token-id-prompts`).
+bench serve` sends it (with a tokenizer, text that encodes to exactly `prompt_len` tokens;
+without one, common English words, about one token each), or token ids when asked.
 
 Every prompt is drawn from its request's own seed, so two requests share no prefix (a
 server's prefix cache would otherwise serve most of every prompt) and a run is
-reproducible; token-id prompts open with the request's index, so no two share even a
-first block. A request with a shared prefix opens with it (drawn from the prefix's own
-seed): prompts share exactly their prefix, as the simulator's do. A Mooncake trace's
-request is built block by block from its hash ids' seeds, so prompts share text exactly
-as far as their hash ids agree (tokens at a seam between blocks may merge). A later turn
-of a session is its new user message; a `Conversation` puts the session in front of it.
+reproducible. Prompts share exactly their shared prefix, as the simulator's do; a
+Mooncake trace's prompts share text exactly as far as their hash ids agree.
 """
 
 from __future__ import annotations

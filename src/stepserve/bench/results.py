@@ -551,15 +551,10 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
                  metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
                  percentiles: Sequence[float] = DEFAULT_METRIC_PERCENTILES
                  ) -> dict[str, Any]:
-    """The metric keys of vLLM's result, with its definitions (vllm/benchmarks/serve.py),
-    over the measured requests that were sent, from the figures the summary is written
-    from: duration, completed (stop or length) and failed, total_input_tokens and
-    total_output_tokens over completed requests (usage's counts; without usage the
-    planned prompt length and one token per chunk), the throughputs per second of
-    duration (request_goodput None without --goodput), {mean,median,std,pNN}_{name}_ms
-    for the metrics and percentiles asked (std the population's; 0.0 without values, as
-    numpy gives for vLLM's empty lists), the peaks of peak_buckets, and per sent request
-    the DETAILED_KEYS lists (output_lens 0 when failed, errors "" when ok)."""
+    """vLLM's metric keys with its definitions (vllm/benchmarks/serve.py, as the module
+    doc's), over the measured requests that were sent: token totals over completed ones,
+    std the population's, 0.0 for no values (as numpy gives for vLLM's empty lists), the
+    peaks of peak_buckets, the DETAILED_KEYS lists per sent request."""
     m = MeasuredRequests.of(records)
     sent, done, duration = m.sent, m.done, m.duration_s
     total_in, total_out = m.input_tokens, m.output_tokens

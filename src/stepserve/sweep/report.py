@@ -26,16 +26,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from stepserve.bench.results import BenchResult, bench_result_from_vllm
+from stepserve.bench.results import BenchResult, BenchRun, bench_result_from_vllm
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import check_output_dir, load_json, write_atomic
-from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import LatencySamples
 from stepserve.metrics.vllm_summary import is_vllm_result
-from stepserve.sim.run import SimulateResult
+from stepserve.sim.run import RunResult, SimulateResult
 from stepserve.sweep.knee import LOAD_AXES, P99_METRIC, KneeResult, group_series, is_ordered
 from stepserve.sweep.points import MIN_SPAN_S, agreement
 from stepserve.sweep.result import KIND, SweepPointResult, SweepResult
@@ -46,19 +45,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ReportResult = SimulateResult | SweepResult | BenchResult
-
-class PlotRun(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def summary(self) -> RunSummary: ...
-
-    @property
-    def timeseries(self) -> TimeSeries | None: ...
-
-    @property
-    def latency_samples(self) -> LatencySamples | None: ...
+PlotRun = RunResult | SweepPointResult | BenchRun  # what a line of a plot is drawn from
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,10 @@
-"""A sweep point measured in its steady state, not over its whole run.
+"""A sweep point measured in its steady state, not over its whole run (docs/guide.md).
 
-A point's whole run begins with a warm-up (the batch still filling) and ends with a
-drain (everything has arrived; the last long requests run nearly alone). At high load the
-drain can be most of the run, so whole-run throughput would measure the drain: a
-saturated config would level off far below what it sustains. Like GuideLLM and `vllm
-bench serve`, a point is measured over [first arrival + warm-up, last arrival], the
-warm-up `warmup_share` of the arrival span or one request lifetime if longer (a batch
-fills in about the time its requests spend in the engine). Throughput counts the tokens
-produced inside the window; latencies and preemptions come from the requests that
-arrived inside it, followed to their end; step fields from the steps started inside it.
-With no steady state to cut (all arrived at once, or under MIN_WINDOW_REQUESTS inside)
-the whole run is measured, and the window says so. A lifetime is the median time
-completed requests spent in the engine, queueing left out; a window shorter than
-SETTLED_LIFETIMES lifetimes is kept but marked unsettled.
+At high load a run's drain (everything has arrived; the last long requests run nearly
+alone) can be most of it, so whole-run throughput would level a saturated config far
+below what it sustains. As GuideLLM and `vllm bench serve` do, a point is measured over
+[first arrival + warm-up, last arrival]: tokens produced inside the window, latencies of
+the requests that arrived inside it (followed to their end), steps started inside it.
 """
 
 from __future__ import annotations
@@ -107,7 +99,8 @@ class Window:
 def steady_window(arrivals: Sequence[float], rule: WindowRule,
                   lifetime_s: float | None = None) -> Window:
     """The window over arrival times `arrivals` (any order) for requests that live
-    `lifetime_s` in the engine, or the whole run's span."""
+    `lifetime_s` in the engine, or the whole run's span. The warm-up is `warmup_share` of
+    the arrival span, or one lifetime if longer (a batch fills in about that time)."""
     if not arrivals:
         return Window(0.0, 0.0, 0, False, "no requests")
     first, last = min(arrivals), max(arrivals)
