@@ -21,11 +21,11 @@ import io
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepserve.bench.client import RequestRecord
 from stepserve.bench.loadgen import SCRAPE_KEYS, LoadPlan
@@ -46,6 +46,7 @@ from stepserve.workload.spec import Workload
 if TYPE_CHECKING:
     from stepserve.bench.job import BenchOptions
 
+T = TypeVar("T")
 LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
 SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
                       "output_tokens", "duration_s", "throughput_tokens_per_s",
@@ -271,6 +272,18 @@ def scrape_timeseries(snapshots: Sequence[Snapshot]) -> TimeSeries | None:
                       else counted["steps"])
 
 
+def from_fields(cls: type[T], data: Mapping[str, Any], **read: Callable[[Any], Any]) -> T:
+    """The dataclass `cls` from a JSON object keyed by its field names: each field the
+    object has (the others keep their defaults), through its `read` function where one
+    is given; a null stays None. Keys that name no field are left out."""
+    values = {}
+    for f in fields(cls):
+        if f.name in data:
+            value = data[f.name]
+            values[f.name] = value if value is None or f.name not in read else read[f.name](value)
+    return cls(**values)
+
+
 def json_float(x: float) -> float | str:
     """A number as the result files write it: an infinite one as "inf"."""
     return "inf" if math.isinf(x) else x
@@ -343,26 +356,17 @@ class BenchRun:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
-        for key in ("target", "model", "batching", "config", "cost_model", "workload",
-                    "latency_samples", "timeseries", "started_at", "load"):
-            if (value := getattr(self, key)) is not None:
-                out[key] = value.to_json() if hasattr(value, "to_json") else value
+        for f in fields(self)[2:]:  # after name and summary, in their order
+            if (value := getattr(self, f.name)) is not None:
+                out[f.name] = value.to_json() if hasattr(value, "to_json") else value
         out["summary"] = self.summary.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], name: str = "run") -> BenchRun:
-        samples, ts = data.get("latency_samples"), data.get("timeseries")
-        text = {k: None if data.get(k) is None else str(data[k])
-                for k in ("target", "model", "batching", "cost_model", "workload")}
-        config, load = data.get("config"), data.get("load")
-        return cls(name=str(data.get("name", name)),
-                   summary=RunSummary.from_json(data["summary"]), **text,
-                   config=dict(config) if isinstance(config, dict) else None,
-                   latency_samples=None if samples is None else LatencySamples.from_json(samples),
-                   timeseries=None if ts is None else TimeSeries.from_json(ts),
-                   started_at=data.get("started_at"),
-                   load=dict(load) if isinstance(load, dict) else None)
+        return from_fields(cls, {"name": name, **data}, summary=RunSummary.from_json,
+                           latency_samples=LatencySamples.from_json,
+                           timeseries=TimeSeries.from_json)
 
 
 @dataclass(frozen=True)

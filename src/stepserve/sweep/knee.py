@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from stepserve.bench.results import from_fields
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sweep.spec import SummarySLO, format_x
 
@@ -50,10 +51,7 @@ class KneeRule:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
-        return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
-                   str(data["p99_metric"]),
-                   [SummarySLO.from_json(s) for s in data.get("slos") or []],
-                   float(data.get("noise_margin", NOISE_MARGIN)))
+        return from_fields(cls, data, slos=lambda slos: [SummarySLO.from_json(s) for s in slos])
 
 
 @dataclass(frozen=True)
@@ -94,8 +92,7 @@ class KneeResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeResult:
         values = {f.name: data.get(f.name) for f in fields(cls)}
-        values["steps"] = [Step(int(s["index"]), s.get("throughput_gain"), s.get("p99_rise"))
-                           for s in data.get("steps") or []]
+        values["steps"] = [from_fields(Step, s) for s in data.get("steps") or []]
         return cls(**values)
 
 

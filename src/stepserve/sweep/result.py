@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stepserve.bench.results import BenchRun
+from stepserve.bench.results import BenchRun, from_fields
 from stepserve.metrics.rules import Finding, RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
@@ -39,8 +39,7 @@ class SweepCoords:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SweepCoords:
-        return cls(str(data["series"]), str(data.get("run", data["series"])), data["x"],
-                   dict(data.get("values") or {}))
+        return from_fields(cls, {"run": data["series"], "values": {}, **data})
 
 
 @dataclass(frozen=True)

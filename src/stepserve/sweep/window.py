@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from stepserve.bench.results import from_fields
 from stepserve.metrics.percentiles import percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
 from stepserve.metrics.step_metrics import step_summary
@@ -54,9 +55,7 @@ class WindowRule:
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> WindowRule | None:
         """None for a result written before windows: its points measured whole runs."""
-        if not data:
-            return None
-        return cls(str(data.get("kind", "steady")), float(data.get("warmup_share", WARMUP_SHARE)))
+        return from_fields(cls, data) if data else None
 
 
 STEADY = WindowRule()
@@ -89,11 +88,7 @@ class Window:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Window | None:
-        if not data:
-            return None
-        return cls(float(data["start_s"]), float(data["end_s"]), int(data["requests"]),
-                   bool(data["steady"]), str(data.get("note") or ""),
-                   data.get("whole_run_tokens_per_s"), data.get("lifetime_s"))
+        return from_fields(cls, data) if data else None
 
 
 def steady_window(arrivals: Sequence[float], rule: WindowRule,
