@@ -118,11 +118,10 @@ class PromptMaker:
     words. Fitted texts of shared prefixes and trace blocks are kept for reuse."""
 
     def __init__(self, token_ids: bool = False, tokenizer: Tokenizer | None = None,
-                 seed: int = 0, vocab: int = 500) -> None:
+                 seed: int = 0) -> None:
         self.token_ids = token_ids
         self.tokenizer = tokenizer
         self.seed = seed
-        self.vocab = vocab
         self._texts: dict[tuple[str, int], str] = {}  # (seed, tokens) -> fitted text
 
     def _fitted(self, seed: str, n: int) -> str:
@@ -146,7 +145,7 @@ class PromptMaker:
 
     def __call__(self, spec: RequestSpec) -> str | list[int]:
         if self.token_ids:
-            return token_prompt(spec, self.vocab, self.seed)
+            return token_prompt(spec, seed=self.seed)
         if isinstance(spec, TraceSpec):
             if self.tokenizer is None:
                 return " ".join(_words(random.Random(seed), n) for seed, n in prompt_blocks(spec))

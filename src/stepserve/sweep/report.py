@@ -55,13 +55,12 @@ class Group:
     runs: list[PlotRun]
 
 
-def panels(n_panels: int, cols: int = 1, height: float = 3.2,
-            width: float = 7.5) -> tuple[Figure, list]:
+def panels(n_panels: int, cols: int = 1, width: float = 7.5) -> tuple[Figure, list]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # only when a report is drawn
     from matplotlib.figure import Figure
 
     rows = math.ceil(n_panels / cols)
-    fig = Figure(figsize=(width, height * rows), layout="constrained")
+    fig = Figure(figsize=(width, 3.2 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(n_panels)]
     return fig, axes
