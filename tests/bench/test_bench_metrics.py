@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stepserve.bench.client import RequestRecord
+from stepserve.bench.loadgen import scrape_summary
 from stepserve.bench.results import (
     GoodputError,
     GoodputSLO,
@@ -16,7 +17,6 @@ from stepserve.bench.results import (
     tpot_s,
     ttft_s,
 )
-from stepserve.bench.scrape import scrape_summary
 from stepserve.metrics.prometheus import Snapshot, parse_prometheus
 
 

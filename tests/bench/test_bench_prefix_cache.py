@@ -11,8 +11,7 @@ import json
 import pytest
 
 from stepserve.bench.client import RequestRecord, _take_event
-from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompt_maker import PromptMaker, token_prompt
+from stepserve.bench.prompt_maker import PromptMaker, repeated_tokens, token_prompt
 from stepserve.bench.results import format_table, summarize_records
 from stepserve.bench.workload_options import build_workload, make_specs
 from stepserve.cli import main

@@ -15,7 +15,7 @@ import uvicorn
 from fake_server import make_app
 from server_harness import free_port, wait_until_up
 
-from stepserve.bench.scrape import Scraper
+from stepserve.bench.loadgen import Scraper
 from stepserve.cli import main
 from stepserve.metrics.prometheus import parse_prometheus
 

@@ -10,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from stepserve.bench.prefix_cache import repeated_trace_tokens
-from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer, token_prompt
+from stepserve.bench.prompt_maker import (
+    PromptMaker,
+    load_tokenizer,
+    repeated_trace_tokens,
+    token_prompt,
+)
 from stepserve.bench.workload_options import BenchError, build_workload, make_specs
 from stepserve.cli import main
 from stepserve.cli.bench import add_bench_parser, bench_options

@@ -14,8 +14,7 @@ import pytest
 from stepserve.bench import loadgen
 from stepserve.bench.client import CHAT, COMPLETIONS, RequestShape
 from stepserve.bench.loadgen import HttpTarget, LoadPlan, make_records, run_http
-from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompt_maker import PromptMaker
+from stepserve.bench.prompt_maker import PromptMaker, repeated_tokens
 from stepserve.config.errors import UsageError
 from stepserve.metrics.request_metrics import cacheable_tokens
 from stepserve.workload.loader import workload_from_dict

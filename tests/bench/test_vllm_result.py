@@ -8,8 +8,7 @@ import math
 import pytest
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.results import parse_goodput
-from stepserve.bench.vllm_result import VllmSetup, vllm_metrics, vllm_result
+from stepserve.bench.results import VllmSetup, parse_goodput, vllm_metrics, vllm_result
 
 
 def _rec(i, send, chunks, *, out=None, prompt=None, prompt_len=0, reason="length",

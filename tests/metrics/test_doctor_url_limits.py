@@ -18,7 +18,7 @@ import pytest
 from metrics.canned_texts import rising_vllm_texts, vllm_text
 from metrics.test_doctor_url import FAST, doctor
 
-from stepserve.bench.scrape import Scraper
+from stepserve.bench.loadgen import Scraper
 from stepserve.metrics import bounded_scrape
 from stepserve.metrics.bounded_scrape import ScrapeLimits
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from stepserve.bench.loadgen import SCRAPE_KEYS
 from stepserve.bench.results import LATENCY_NAMES, SUMMARY_KEYS_ORDER
-from stepserve.bench.scrape import SCRAPE_KEYS
 from stepserve.cli import main
 from stepserve.demo import job as demo
 from stepserve.metrics.live_window import LIVE_KEYS

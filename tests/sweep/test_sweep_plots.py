@@ -3,7 +3,7 @@ names not joined by a line, and series of equal data told apart."""
 
 from matplotlib.colors import to_hex
 
-from stepserve.sweep.plots import KneeSeries, distinct_labels, knee_plot, runs_plot, styles
+from stepserve.sweep.report import KneeSeries, distinct_labels, knee_plot, runs_plot, styles
 from stepserve.sweep.spec import parse_summary_slo
 
 RATES = [6.0, 12.0, 24.0, 48.0]

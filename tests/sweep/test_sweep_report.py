@@ -8,9 +8,16 @@ from stepserve.metrics.summary import SAMPLE_CAP, step_timeseries, thin
 from stepserve.sim.run import SimulateResult, run_scenario, simulate_run
 from stepserve.sim.scenarios import get_scenario
 from stepserve.sweep.job import SweepOptions, build_sweep, sweep_result
-from stepserve.sweep.plots import Group, KneeSeries, knee_plot, latency_cdf, timeseries_plot
 from stepserve.sweep.points import run_points
-from stepserve.sweep.report import load_result, write_report
+from stepserve.sweep.report import (
+    Group,
+    KneeSeries,
+    knee_plot,
+    latency_cdf,
+    load_result,
+    timeseries_plot,
+    write_report,
+)
 from stepserve.sweep.result import SweepResult
 from stepserve.workload.overrides import WorkloadOverrides
 

@@ -1,15 +1,8 @@
 """One bench request on the wire, as `vllm bench serve` sends it, and what the client saw
-of it.
-
-The body: the endpoint, the sampling fields (temperature 0.0 unless given),
-`--extra-body` (merged last), and the headers (Bearer $OPENAI_API_KEY or `--api-key`,
-then `--header`, which win). A completions body carries `prompt` and `max_tokens`; a chat
-body one user message and `max_completion_tokens`. Both stream with usage.
-
-Times are seconds on the run's monotonic clock. A chunk time is taken for every SSE event
-whose choice carries text (chat: content or reasoning content) or a finish reason, so the
-last token's time is kept even when its text is empty; the usage chunk at the end gives
-the token counts and, where the server says, the prompt tokens its prefix cache served.
+of it. Times are seconds on the run's monotonic clock. A chunk time is taken for every SSE
+event whose choice carries text or a finish reason, so the last token's time is kept even
+when its text is empty; the usage chunk at the end gives the token counts and, where the
+server says, the prompt tokens its prefix cache served.
 """
 
 from __future__ import annotations

@@ -10,10 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.loadgen import LoadPlan, SendWindow
-from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompt_maker import token_prompt
-from stepserve.bench.scrape import SCRAPE_KEYS
+from stepserve.bench.loadgen import SCRAPE_KEYS, LoadPlan, SendWindow
+from stepserve.bench.prompt_maker import repeated_tokens, token_prompt
 from stepserve.config.errors import UsageError
 from stepserve.config.settings import EngineConfig
 from stepserve.core.end_reasons import end_of

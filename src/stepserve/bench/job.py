@@ -20,17 +20,19 @@ from stepserve.bench.results import (
     BenchRun,
     GoodputError,
     GoodputSLO,
+    SaveOptions,
     format_table,
     latency_samples,
     offered_load,
     parse_goodput,
+    save_vllm_result,
     scrape_timeseries,
     summarize_records,
+    vllm_setup,
     write_csv,
     write_json,
     write_markdown,
 )
-from stepserve.bench.vllm_result import SaveOptions, save_vllm_result, vllm_setup
 from stepserve.bench.workload_options import (
     BenchError,
     BenchWorkloadOptions,
@@ -164,16 +166,12 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
     # target's records are filled in place, so they keep whatever was measured.
     records = make_records(plan) if options.target else []
     kind = options.target or ("sim" if options.sim else "engine")
-    run, extra = BenchRun("", RunSummary(), target=kind, model=options.model), RunSummary()
+    run = BenchRun("", RunSummary(), target=kind, model=options.model)
+    measure = _against_target if options.target else _on_sim if options.sim else _on_engine
     bar = None
     try:
         bar = _progress(len(plan.specs), options.progress)
-        if options.target:
-            run, records, extra = _against_target(options, plan, records, bar, interrupted)
-        elif options.sim:
-            run, records, extra = _on_sim(options, plan, bar)
-        else:
-            run, records, extra = _on_engine(options, plan, bar, interrupted)
+        run, records = measure(options, plan, records, bar, interrupted)
     except KeyboardInterrupt:
         interrupted[0] = True
     finally:
@@ -181,7 +179,7 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
             bar.close()
     if options.target:  # known once the target's model is: its tokenizer may fit them
         load = {**load, "prompts": plan.prompts.describe()}
-    summary = summarize_records(records, slo, extra, interrupted[0])
+    summary = summarize_records(records, slo, run.summary, interrupted[0])
     run = replace(run, name=workload.name, summary=summary, started_at=started, load=load,
                   latency_samples=run.latency_samples or latency_samples(records))
     result = BenchResult([run], findings_for([run]))
@@ -206,8 +204,9 @@ def _run(options: BenchOptions, plan: LoadPlan, slo: GoodputSLO, workload: Workl
     return 2 if failed else 0
 
 
-Measured = tuple[BenchRun, list[RequestRecord], RunSummary]  # the run, its records, the
-# target's or the engine's own fields
+# Each target's run: its summary the target's /metrics fields or the engine's own (the
+# client's are added from the records), and the records.
+Measured = tuple[BenchRun, list[RequestRecord]]
 
 
 def _against_target(options: BenchOptions, plan: LoadPlan, records: list[RequestRecord],
@@ -225,25 +224,26 @@ def _against_target(options: BenchOptions, plan: LoadPlan, records: list[Request
         interrupted[0] = True
     finally:  # a Ctrl-C in asyncio.run's own set-up leaves it unstarted: not a warning
         load.close()
-    run = BenchRun("", RunSummary(), target=options.target, model=http.model or options.model,
-                   config=http.server_config(), timeseries=scrape_timeseries(http.snapshots))
-    return run, records, http.scrape
+    return BenchRun("", http.scrape, target=options.target, model=http.model or options.model,
+                    config=http.server_config(),
+                    timeseries=scrape_timeseries(http.snapshots)), records
 
 
-def _on_sim(options: BenchOptions, plan: LoadPlan, bar) -> Measured:
+def _on_sim(options: BenchOptions, plan: LoadPlan, _records: list[RequestRecord], bar,
+            _interrupted: list[bool]) -> Measured:
     from stepserve.bench.inprocess import run_sim
 
     config = options.config.apply()
     setup = cost_setup_for(options.cost)
     records, extra, sim_run = run_sim(plan, config, setup.cost_model, setup.num_gpu_blocks(config))
     bar.update(len(records))
-    run = BenchRun("", RunSummary(), target="sim", batching=sim_run.batching,
-                   config=config_to_dict(config), timeseries=sim_run.timeseries,
-                   cost_model=setup.cost_model.describe())
-    return run, records, extra
+    return BenchRun("", extra, target="sim", batching=sim_run.batching,
+                    config=config_to_dict(config), timeseries=sim_run.timeseries,
+                    cost_model=setup.cost_model.describe()), records
 
 
-def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[bool]) -> Measured:
+def _on_engine(options: BenchOptions, plan: LoadPlan, _records: list[RequestRecord], bar,
+               interrupted: list[bool]) -> Measured:
     from stepserve.bench.inprocess import run_engine
     from stepserve.engine.llm_engine import LLMEngine
 
@@ -252,7 +252,6 @@ def _on_engine(options: BenchOptions, plan: LoadPlan, bar, interrupted: list[boo
     engine = LLMEngine(options.model or "tiny", options.config)
     config = engine.config
     records, extra, series = run_engine(plan, engine, lambda r: bar.update(), interrupted)
-    run = BenchRun("", RunSummary(), target="engine", model=options.model or "tiny",
-                   batching=config.scheduler.batching, config=config_to_dict(config),
-                   timeseries=series)
-    return run, records, extra
+    return BenchRun("", extra, target="engine", model=options.model or "tiny",
+                    batching=config.scheduler.batching, config=config_to_dict(config),
+                    timeseries=series), records

@@ -1,19 +1,15 @@
 """Issue a workload's requests against an HTTP target, as `vllm bench serve` does, with
-the target's /metrics sampled alongside: what `stepserve bench --target` and `stepserve
-sweep --target` both do per run.
+the target's /metrics sampled alongside: one run of `bench --target` or `sweep --target`.
 
-Each request is due at its arrival time (all at once for rate inf); with a concurrency
-cap it then waits for a slot, and its send time (TTFT's start) is when it goes out. Rate
-inf with a cap is a closed loop. A multi-turn session (workload/sessions.py) is one task:
-each later turn goes `think_time_s` after the answer before it, its prompt the
-conversation so far and a new user message; a turn not answered in full ends the session
-(the rest stay `not_sent`). A capped run counts sessions in flight: a user keeps their
-slot while thinking, as the simulator's closed loop counts sessions.
-
-Records are created up front and filled in place, so an interrupt (Ctrl-C) keeps what
-was measured. The target's model comes from GET /v1/models. /metrics is scraped before
-the first request, every `metrics_interval_s` during the run, and once more when the
-target is idle after the last (counters are fed when requests end).
+Each request is due at its arrival time; with a concurrency cap it then waits for a
+slot, and its send time (TTFT's start) is when it goes out. A multi-turn session is one
+task: each later turn goes `think_time_s` after the answer before it, and a turn not
+answered in full ends the session; a user keeps their slot while thinking, as the
+simulator's closed loop counts sessions. Records are filled in place, so an interrupt
+keeps what was measured. /metrics (any server's names, metrics/prometheus.py) is scraped
+before the first request, every `metrics_interval_s`, and once more when the target is
+idle after the last (counters are fed when requests end); a failed scrape is skipped and
+counted, never fatal, as `doctor --url` does.
 """
 
 from __future__ import annotations
@@ -30,14 +26,15 @@ from typing import TypeVar
 import httpx
 
 from stepserve.bench.client import RequestRecord, RequestShape, stream_completion
-from stepserve.bench.prefix_cache import repeated_tokens
-from stepserve.bench.prompt_maker import Conversation, PromptMaker
-from stepserve.bench.scrape import Scraper, scrape_summary
+from stepserve.bench.prompt_maker import Conversation, PromptMaker, repeated_tokens
 from stepserve.bench.workload_options import BenchError
 from stepserve.config.errors import UsageError
 from stepserve.config.urls import check_http_url
+from stepserve.host.cpu_metrics import cpu_window
 from stepserve.host.cpu_share import CpuWatch
-from stepserve.metrics.live_window import live_config
+from stepserve.metrics.bounded_scrape import ScrapeLimits
+from stepserve.metrics.live_window import ScrapeWindow, level_summary, live_config
+from stepserve.metrics.prometheus import Snapshot, counter_delta, histogram_delta
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.workload.sessions import next_turns, session_starts
 from stepserve.workload.spec import RequestSpec
@@ -197,6 +194,65 @@ async def discover_model(client: httpx.AsyncClient, url: str, model: str | None)
     except (ValueError, KeyError, IndexError, TypeError):
         raise BenchError(f"target {url}: GET /v1/models gave HTTP {resp.status_code} "
                          "without a model list; pass --model NAME") from None
+
+
+SCRAPE_KEYS = ("waiting_max", "running_max", "kv_usage_max", "preemptions",
+               "waiting_p50", "waiting_nonzero_share", "waiting_growth", "waiting_trend_rise",
+               "server_requests_finished", "server_generation_tokens",
+               "server_prompt_tokens", "mean_step_s", "step_p50_s", "step_p99_s",
+               "metrics_source", "scrape_samples")  # the two not numbers last
+# summary key -> the counter whose increase over the run it is
+_COUNTER_KEYS = {"preemptions": "preemptions", "server_requests_finished": "requests_finished",
+                 "server_generation_tokens": "generation_tokens",
+                 "server_prompt_tokens": "prompt_tokens"}
+
+
+@dataclass
+class Scraper(ScrapeWindow):
+    """Polls `url` every `interval_s` until stopped; keeps every snapshot that worked and
+    one line per scrape that failed."""
+
+    url: str
+    interval_s: float = 0.5
+    limits: ScrapeLimits | None = None  # None: bounded_scrape.SCRAPE_LIMITS
+
+    async def scrape_once(self, client: httpx.AsyncClient) -> Snapshot | None:
+        """One scrape; None (and a line in `failures`) when it failed."""
+        return await self.scrape(client, self.url, self.limits)
+
+    async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+            except asyncio.TimeoutError:
+                await self.scrape_once(client)
+
+    def summary(self) -> dict:
+        return scrape_summary(self.snapshots, self.failures)
+
+
+def scrape_summary(snapshots: list[Snapshot], failures: Sequence[str] = ()) -> dict:
+    """The SCRAPE_KEYS from snapshots in time order (first = before the run, last = after),
+    and scrape_failures / scrape_error when some of `failures` (lines) are there."""
+    out: dict = {k: None for k in SCRAPE_KEYS}
+    out["scrape_samples"] = len(snapshots)
+    if failures:
+        out.update(scrape_failures=len(failures), scrape_error=failures[0])
+    if not snapshots or (source := snapshots[0].source()) is None:
+        return out
+    out["metrics_source"] = source.name
+    levels = level_summary(snapshots)
+    out.update({k: v for k, v in levels.items() if k in out})
+    first, last = snapshots[0], snapshots[-1]
+    for key, counter in _COUNTER_KEYS.items():
+        out[key] = counter_delta(first, last, counter)
+    step_time = histogram_delta(first, last, "step_time")
+    if step_time is not None and step_time.count:
+        out.update(mean_step_s=step_time.mean, step_p50_s=step_time.quantile(0.5),
+                   step_p99_s=step_time.quantile(0.99))
+    if (cpu := cpu_window(first, last))["cpu_source"] is not None:
+        out.update(cpu)  # the server's CPU sharing (host/cpu_metrics.py)
+    return out
 
 
 @dataclass

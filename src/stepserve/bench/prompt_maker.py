@@ -1,25 +1,23 @@
 """The prompt each bench request sends, of its spec's length: text by default, as `vllm
-bench serve` sends it (with a tokenizer, text that encodes to exactly `prompt_len` tokens,
-fitted as vLLM's random dataset fits its prompts; without one, common English words,
-about one token each), or token ids when asked (`--token-id-prompts`).
+bench serve` sends it (with a tokenizer, text that encodes to exactly `prompt_len` tokens;
+without one, common English words, about one token each), or token ids when asked.
 
 Every prompt is drawn from its request's own seed, so two requests share no prefix (a
 server's prefix cache would otherwise serve most of every prompt) and a run is
-reproducible; token-id prompts open with the request's index, so no two share even a
-first block. A request with a shared prefix opens with it (drawn from the prefix's own
-seed): prompts share exactly their prefix, as the simulator's do. A Mooncake trace's
-request is built block by block from its hash ids' seeds, so prompts share text exactly
-as far as their hash ids agree (tokens at a seam between blocks may merge). A later turn
-of a session is its new user message; a `Conversation` puts the session in front of it.
+reproducible. Prompts share exactly their shared prefix, as the simulator's do; a
+Mooncake trace's prompts share text exactly as far as their hash ids agree.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepserve.config.limits import MAX_NUM_REQUESTS
+from stepserve.metrics.request_metrics import cacheable_tokens
+from stepserve.workload.sessions import next_turns
 from stepserve.workload.spec import RequestSpec
 from stepserve.workload.trace import TraceSpec, prompt_blocks, trace_token_ids
 
@@ -120,11 +118,10 @@ class PromptMaker:
     words. Fitted texts of shared prefixes and trace blocks are kept for reuse."""
 
     def __init__(self, token_ids: bool = False, tokenizer: Tokenizer | None = None,
-                 seed: int = 0, vocab: int = 500) -> None:
+                 seed: int = 0) -> None:
         self.token_ids = token_ids
         self.tokenizer = tokenizer
         self.seed = seed
-        self.vocab = vocab
         self._texts: dict[tuple[str, int], str] = {}  # (seed, tokens) -> fitted text
 
     def _fitted(self, seed: str, n: int) -> str:
@@ -148,7 +145,7 @@ class PromptMaker:
 
     def __call__(self, spec: RequestSpec) -> str | list[int]:
         if self.token_ids:
-            return token_prompt(spec, self.vocab, self.seed)
+            return token_prompt(spec, seed=self.seed)
         if isinstance(spec, TraceSpec):
             if self.tokenizer is None:
                 return " ".join(_words(random.Random(seed), n) for seed, n in prompt_blocks(spec))
@@ -213,3 +210,48 @@ class Conversation:
         self.messages += [{"role": "user", "content": user},
                           {"role": "assistant", "content": answer}]
         self.text += user + answer + " "
+
+
+def repeated_tokens(specs: Sequence[RequestSpec]) -> list[int]:
+    """For each spec, the prompt tokens an earlier one's prompt began with. The prompts
+    share exactly their shared prefix, so that is the prefix of any spec
+    whose prefix came before, in the whole blocks a cache could give. A trace's prompts
+    share what their hash ids do (`repeated_trace_tokens`)."""
+    if specs and all(isinstance(s, TraceSpec) for s in specs):
+        return repeated_trace_tokens(specs)  # type: ignore[arg-type]
+    seen: set[str] = set()
+    out = [0] * len(specs)
+    for i in sorted(range(len(specs)), key=lambda i: specs[i].arrival_s):
+        s = specs[i]
+        if s.prefix in seen:
+            out[i] = cacheable_tokens(s.prefix_len, s.prompt_len)
+        if s.prefix is not None:
+            seen.add(s.prefix)
+    for k, nxt in next_turns(specs).items():  # a session's turn: the prompt before it, too
+        out[nxt] = cacheable_tokens(specs[k].prompt_len, specs[nxt].prompt_len)
+    return out
+
+
+def repeated_trace_tokens(specs: Sequence[TraceSpec]) -> list[int]:
+    """For each request, the leading prompt tokens an earlier one began with, from the
+    hash ids alone (the prompts share exactly their common hash-id prefix, a cut last
+    block as far as both have it), in the whole blocks a cache could give."""
+    nodes: dict[tuple[int, int], int] = {}  # (parent node, hash id) -> node: the prefixes
+    covered: list[int] = [0]  # per node, the most tokens an earlier prompt had along it
+    out = [0] * len(specs)
+    for i in sorted(range(len(specs)), key=lambda i: specs[i].arrival_s):
+        s = specs[i]
+        node, shared, path = 0, 0, []
+        for depth, h in enumerate(s.hash_ids, start=1):
+            child = nodes.get((node, h))
+            if child is None:
+                child = nodes[(node, h)] = len(covered)
+                covered.append(0)
+            elif shared == (depth - 1) * s.block_tokens:  # still on an earlier prompt
+                shared = covered[child]
+            node = child
+            path.append((child, min(s.prompt_len, depth * s.block_tokens)))
+        out[i] = cacheable_tokens(min(shared, s.prompt_len), s.prompt_len)
+        for child, tokens in path:
+            covered[child] = max(covered[child], tokens)
+    return out

@@ -1,5 +1,5 @@
 """Metrics from request records, with vLLM's definitions; a bench run's result types
-(BenchRun, BenchResult) and their writers.
+(BenchRun, BenchResult) and their writers, `--save-result`'s vLLM file among them.
 
 Per request (sent at `send_s`, chunk times t_1..t_k, n output tokens):
     TTFT = t_1 - send;  E2E = t_k - send (end of the response when no chunk came)
@@ -21,30 +21,32 @@ import io
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepserve.bench.client import RequestRecord
-from stepserve.bench.loadgen import LoadPlan
-from stepserve.bench.prefix_cache import prefix_cache_fields, prompt_tokens
-from stepserve.bench.scrape import SCRAPE_KEYS
-from stepserve.config.user_files import write_atomic
-from stepserve.metrics.percentiles import mean, ratio
+from stepserve.bench.loadgen import SCRAPE_KEYS, LoadPlan
+from stepserve.config.errors import UsageError
+from stepserve.config.user_files import check_output_dir, check_output_file, write_atomic
+from stepserve.metrics.percentiles import mean, percentile, ratio
 from stepserve.metrics.prometheus import Snapshot, counter_delta
 from stepserve.metrics.request_metrics import stream_latencies
-from stepserve.metrics.rules import Finding, RuleSettings
+from stepserve.metrics.rules import Finding, RuleSettings, findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import LatencySamples, latency_fields, sample_set
+from stepserve.metrics.vllm_summary import vllm_summary
 from stepserve.workload.arrivals import Constant, Gamma
 from stepserve.workload.spec import Workload
 
 if TYPE_CHECKING:
     from stepserve.bench.job import BenchOptions
 
+T = TypeVar("T")
 LATENCY_NAMES = ("ttft", "tpot", "itl", "e2e")
 SUMMARY_KEYS_ORDER = ("requests_total", "requests_finished", "requests_failed",
                       "output_tokens", "duration_s", "throughput_tokens_per_s",
@@ -154,6 +156,23 @@ def peak_concurrency(records: Sequence[RequestRecord]) -> int:
     return peak
 
 
+def prefix_cache_fields(done: Sequence[RequestRecord]) -> RunSummary:
+    """The hit rate over the completed requests whose answer counted its cached tokens,
+    and the repeated share over those the bench knows the prompts of; each only when
+    there is a request to count it over."""
+    values: dict[str, float | None] = {}
+    for key, tokens in (("prefix_cache_hit_rate", "cached_tokens"),
+                        ("prefix_repeated_share", "repeated_tokens")):
+        if counted := [r for r in done if getattr(r, tokens) is not None]:
+            values[key] = ratio(sum(getattr(r, tokens) for r in counted),
+                                sum(prompt_tokens(r) for r in counted))
+    return RunSummary.of(**values)
+
+
+def prompt_tokens(r: RequestRecord) -> int:
+    return r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len
+
+
 @dataclass(frozen=True)
 class MeasuredRequests:
     """A run's measured requests (warm-up left out): those sent, those of them completed
@@ -253,6 +272,18 @@ def scrape_timeseries(snapshots: Sequence[Snapshot]) -> TimeSeries | None:
                       else counted["steps"])
 
 
+def from_fields(cls: type[T], data: Mapping[str, Any], **read: Callable[[Any], Any]) -> T:
+    """The dataclass `cls` from a JSON object keyed by its field names: each field the
+    object has (the others keep their defaults), through its `read` function where one
+    is given; a null stays None. Keys that name no field are left out."""
+    values = {}
+    for f in fields(cls):
+        if f.name in data:
+            value = data[f.name]
+            values[f.name] = value if value is None or f.name not in read else read[f.name](value)
+    return cls(**values)
+
+
 def json_float(x: float) -> float | str:
     """A number as the result files write it: an infinite one as "inf"."""
     return "inf" if math.isinf(x) else x
@@ -325,26 +356,17 @@ class BenchRun:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
-        for key in ("target", "model", "batching", "config", "cost_model", "workload",
-                    "latency_samples", "timeseries", "started_at", "load"):
-            if (value := getattr(self, key)) is not None:
-                out[key] = value.to_json() if hasattr(value, "to_json") else value
+        for f in fields(self)[2:]:  # after name and summary, in their order
+            if (value := getattr(self, f.name)) is not None:
+                out[f.name] = value.to_json() if hasattr(value, "to_json") else value
         out["summary"] = self.summary.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], name: str = "run") -> BenchRun:
-        samples, ts = data.get("latency_samples"), data.get("timeseries")
-        text = {k: None if data.get(k) is None else str(data[k])
-                for k in ("target", "model", "batching", "cost_model", "workload")}
-        config, load = data.get("config"), data.get("load")
-        return cls(name=str(data.get("name", name)),
-                   summary=RunSummary.from_json(data["summary"]), **text,
-                   config=dict(config) if isinstance(config, dict) else None,
-                   latency_samples=None if samples is None else LatencySamples.from_json(samples),
-                   timeseries=None if ts is None else TimeSeries.from_json(ts),
-                   started_at=data.get("started_at"),
-                   load=dict(load) if isinstance(load, dict) else None)
+        return from_fields(cls, {"name": name, **data}, summary=RunSummary.from_json,
+                           latency_samples=LatencySamples.from_json,
+                           timeseries=TimeSeries.from_json)
 
 
 @dataclass(frozen=True)
@@ -442,3 +464,226 @@ def write_markdown(path: str | Path, result: BenchResult) -> None:
         lines += ["## findings", ""]
         lines += [f"- **{f.severity}** {f.rule}: {f.evidence}" for f in result.findings]
     write_atomic(path, "\n".join(lines) + "\n")
+
+
+# ---- `--save-result`: the run as `vllm bench serve --save-result` writes it, so tools
+# that read vLLM results read ours; in `--result-dir` (default: here) under
+# `--result-filename` (default: vLLM's name, VllmSetup.filename) ----
+
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # vLLM's default for generation
+DEFAULT_METRIC_PERCENTILES = (99.0,)
+DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
+
+
+@dataclass(frozen=True)
+class VllmSetup:
+    """The keys vLLM writes before the metrics: the run's setup."""
+
+    backend: str
+    model_id: str
+    tokenizer_id: str
+    num_prompts: int
+    request_rate: float
+    burstiness: float
+    max_concurrency: int | None
+    label: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    date: str = ""  # %Y%m%d-%H%M%S; empty: now
+
+    def to_json(self) -> dict[str, Any]:
+        return {"date": self.date or datetime.now().strftime("%Y%m%d-%H%M%S"),
+                "endpoint_type": self.backend, "backend": self.backend, "label": self.label,
+                "model_id": self.model_id, "tokenizer_id": self.tokenizer_id,
+                "num_prompts": self.num_prompts, **self.metadata,
+                "request_rate": json_float(self.request_rate), "burstiness": self.burstiness,
+                "max_concurrency": self.max_concurrency}
+
+    def filename(self) -> str:
+        """vLLM's default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json."""
+        cap = f"-concurrency{self.max_concurrency}" if self.max_concurrency is not None else ""
+        date = self.to_json()["date"]
+        return (f"{self.label or self.backend}-{float(self.request_rate)}qps{cap}-"
+                f"{self.model_id.split('/')[-1]}-{date}.json")
+
+
+def vllm_setup(options: BenchOptions, run: BenchRun) -> VllmSetup:
+    """The setup keys of the `--save-result` file."""
+    load = run.load or {}
+    model = run.model or options.model or str(run.target)
+    return VllmSetup(
+        backend=options.backend, model_id=model,
+        tokenizer_id=options.workload.tokenizer or model,
+        num_prompts=int(load.get("num_prompts", 0)),
+        request_rate=float(load.get("request_rate", math.inf)),
+        burstiness=float(load.get("burstiness", 1.0)),
+        max_concurrency=load.get("max_concurrency"), label=options.save.label,
+        metadata=options.save.metadata)
+
+
+def _stats(values: list[float]) -> tuple[float, float, float]:
+    """(mean, median, population std) in seconds; zeros for no values, as numpy gives
+    for vLLM's `values or 0`."""
+    if not values:
+        return 0.0, 0.0, 0.0
+    m = mean(values) or 0.0
+    return m, percentile(values, 50) or 0.0, math.sqrt(sum((v - m) ** 2 for v in values)
+                                                        / len(values))
+
+
+def peak_buckets(done: Sequence[RequestRecord]) -> tuple[float, int]:
+    """(most chunks in one second, most requests active in one second), seconds counted
+    from the first completed request's send."""
+    spans = [(r.send_s, r.send_s + e) for r in done
+             if r.send_s is not None and (e := e2e_s(r)) is not None]
+    if not spans:
+        return 0.0, 0
+    start = min(s for s, _ in spans)
+    n = int(math.ceil(max(e for _, e in spans) - start)) + 1
+    tokens, active = [0] * n, [0] * n
+    for r in done:
+        for t in r.chunk_times_s:
+            if 0 <= (k := int(t - start)) < n:
+                tokens[k] += 1
+    for s, e in spans:
+        for k in range(int(s - start), int(e - start) + 1):
+            active[k] += 1
+    return float(max(tokens)), max(active)
+
+
+def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None,
+                 metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
+                 percentiles: Sequence[float] = DEFAULT_METRIC_PERCENTILES
+                 ) -> dict[str, Any]:
+    """vLLM's metric keys with its definitions (vllm/benchmarks/serve.py, as the module
+    doc's), over the measured requests that were sent: token totals over completed ones,
+    std the population's, 0.0 for no values (as numpy gives for vLLM's empty lists), the
+    peaks of peak_buckets, the DETAILED_KEYS lists per sent request."""
+    m = MeasuredRequests.of(records)
+    sent, done, duration = m.sent, m.done, m.duration_s
+    total_in, total_out = m.input_tokens, m.output_tokens
+    slo = slo or GoodputSLO()
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    peak_tokens, peak_active = peak_buckets(done)
+    out: dict[str, Any] = {
+        "duration": duration, "completed": len(done), "failed": len(sent) - len(done),
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": per_s(len(done)),
+        "request_goodput": None if slo.empty else per_s(m.good(slo)),
+        "output_throughput": per_s(total_out),
+        "total_token_throughput": per_s(total_in + total_out),
+        "input_lens": [prompt_tokens(r) for r in sent],
+        "output_lens": [r.num_output_tokens if r.ok else 0 for r in sent],
+        "ttfts": [ttft_s(r) or 0.0 for r in sent],
+        "itls": [itl_s(r) for r in sent],
+        "generated_texts": [r.generated_text for r in sent],
+        "errors": ["" if r.ok else (r.error or r.outcome) for r in sent],
+        "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_active}
+    values = m.latency_values()
+    values["e2el"] = values.pop("e2e")
+    for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
+        if name not in metrics:
+            continue
+        mean_s, median, std = _stats(values[name])
+        out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = mean_s * 1000, median * 1000
+        out[f"std_{name}_ms"] = std * 1000
+        for p in percentiles:
+            value = percentile(values[name], p) if values[name] else 0.0
+            out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = (value or 0.0) * 1000
+    return out
+
+
+def vllm_result(setup: VllmSetup, metrics: Mapping[str, Any], detailed: bool = False
+                ) -> dict[str, Any]:
+    """The file's object: the setup, then the metrics (per-request lists only when
+    `detailed`, as vLLM's --save-detailed)."""
+    out = {**setup.to_json(), **metrics}
+    if not detailed:
+        for key in DETAILED_KEYS:
+            out.pop(key, None)
+    return out
+
+
+def bench_result_from_vllm(data: Mapping[str, Any], name: str = "vllm") -> BenchResult:
+    """A vLLM result file as a one-run BenchResult (for `stepserve report`): its summary,
+    and its latency samples when the file has the per-request lists."""
+    summary = vllm_summary(data)
+    ttfts, itls, errors = (data.get(k) for k in ("ttfts", "itls", "errors"))
+    samples = None
+    if isinstance(ttfts, list) and isinstance(itls, list) and isinstance(errors, list):
+        ok = [i for i, e in enumerate(errors) if e == "" and i < min(len(ttfts), len(itls))]
+        ttft = [float(ttfts[i]) for i in ok]
+        e2e = [float(ttfts[i]) + float(sum(itls[i])) for i in ok]
+        samples = sample_set(ttft, e2e, len(ok))
+    label = data.get("label") or data.get("backend") or name
+    run = BenchRun(str(label), summary, target="vllm bench result",
+                   model=None if data.get("model_id") is None else str(data["model_id"]),
+                   latency_samples=samples)
+    return BenchResult([run], findings_for([run]))
+
+
+# ---- the flags and the writer ----
+
+@dataclass(frozen=True)
+class SaveOptions:
+    save: bool = False  # --save-result
+    detailed: bool = False  # --save-detailed: the per-request lists too
+    result_dir: str | None = None
+    result_filename: str | None = None
+    label: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
+    metric_percentiles: tuple[float, ...] = DEFAULT_METRIC_PERCENTILES
+
+    def check(self) -> None:
+        """What can be refused before the run: the metric names, the percentiles, and
+        where the file goes."""
+        for name in self.percentile_metrics:
+            if name not in PERCENTILE_METRICS:
+                raise UsageError(f"--percentile-metrics {name!r}: allowed: "
+                                 f"{', '.join(PERCENTILE_METRICS)}")
+        for p in self.metric_percentiles:
+            if not 0.0 <= p <= 100.0:
+                raise UsageError(f"--metric-percentiles {p:g}: must be in [0, 100]")
+        if self.save:
+            check_output_dir("--result-dir", self.result_dir)
+            if self.result_filename and self.result_dir is None:
+                check_output_file("--result-filename", self.result_filename)
+
+    def path(self, setup: VllmSetup) -> Path:
+        name = Path(self.result_filename or setup.filename())
+        return Path(self.result_dir) / name if self.result_dir else name
+
+
+def parse_metric_names(text: str | None) -> tuple[str, ...]:
+    """`ttft,tpot,itl` -> ("ttft", "tpot", "itl"); None: vLLM's default."""
+    if text is None:
+        return DEFAULT_PERCENTILE_METRICS
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def parse_percentiles(text: str | None) -> tuple[float, ...]:
+    """`25,50,99` -> (25.0, 50.0, 99.0); None: vLLM's default (99)."""
+    if text is None:
+        return DEFAULT_METRIC_PERCENTILES
+    try:
+        values = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise UsageError(f"--metric-percentiles {text!r}: expected numbers separated by "
+                         "commas, e.g. 25,50,99") from None
+    if not values or not all(math.isfinite(p) for p in values):
+        raise UsageError(f"--metric-percentiles {text!r}: expected finite percentiles")
+    return values
+
+
+def save_vllm_result(options: SaveOptions, setup: VllmSetup,
+                     records: Sequence[RequestRecord], slo: GoodputSLO) -> Path:
+    """Write the file; its path."""
+    metrics = vllm_metrics(records, slo, options.percentile_metrics, options.metric_percentiles)
+    path = options.path(setup)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(vllm_result(setup, metrics, options.detailed)))
+    return path

@@ -36,8 +36,9 @@ class BenchError(Exception):
 DATASETS = ("random", "sharegpt", "prefix_repetition", "mooncake")  # --dataset-name values
 DEFAULT_NUM_PROMPTS = 1000  # vLLM's --num-prompts default
 RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 1024, 128  # vLLM's random dataset defaults
-# vLLM's prefix_repetition defaults: prefix, suffix and output tokens, prefixes
-PREFIX_LEN, SUFFIX_LEN, PREFIX_OUTPUT_LEN, NUM_PREFIXES = 256, 256, 128, 10
+# vLLM's prefix_repetition defaults, by the flag's name after --prefix-repetition-
+PREFIX_REPETITION_DEFAULTS = {"prefix_len": 256, "suffix_len": 256, "num_prefixes": 10,
+                              "output_len": 128}
 PREFIX_REPETITION = "prefix_repetition"
 MOONCAKE = "mooncake"  # a Mooncake trace (workload/trace.py), on its own times
 
@@ -83,11 +84,8 @@ class BenchWorkloadOptions:
     def prefix_repetition(self) -> tuple[int, int, int, int]:
         """(prefix_len, suffix_len, num_prefixes, output_len), vLLM's defaults filled in."""
         prefix, suffix, num, output = (
-            d if v is None else v for v, d in (
-                (self.prefix_repetition_prefix_len, PREFIX_LEN),
-                (self.prefix_repetition_suffix_len, SUFFIX_LEN),
-                (self.prefix_repetition_num_prefixes, NUM_PREFIXES),
-                (self.prefix_repetition_output_len, PREFIX_OUTPUT_LEN)))
+            default if (v := getattr(self, f"prefix_repetition_{k}")) is None else v
+            for k, default in PREFIX_REPETITION_DEFAULTS.items())
         return prefix, suffix, num, output
 
     def offered_rate(self) -> float | None:
@@ -102,11 +100,8 @@ class BenchWorkloadOptions:
         return None
 
 
-_PREFIX_FLAGS = ("prefix_len", "suffix_len", "num_prefixes", "output_len")
-
-
 def _check_source(o: BenchWorkloadOptions) -> None:
-    prefixed = [f"--prefix-repetition-{f.replace('_', '-')}" for f in _PREFIX_FLAGS
+    prefixed = [f"--prefix-repetition-{f.replace('_', '-')}" for f in PREFIX_REPETITION_DEFAULTS
                 if getattr(o, f"prefix_repetition_{f}") is not None]
     if prefixed and o.dataset_name != PREFIX_REPETITION:
         raise BenchError(f"{', '.join(prefixed)}: goes with --dataset-name prefix_repetition")

@@ -17,7 +17,7 @@ from stepserve.bench.client import (
     sampling_fields,
 )
 from stepserve.bench.job import BenchOptions, run_bench
-from stepserve.bench.vllm_result import SaveOptions, parse_metric_names, parse_percentiles
+from stepserve.bench.results import SaveOptions, parse_metric_names, parse_percentiles
 from stepserve.bench.workload_options import DEFAULT_NUM_PROMPTS, BenchWorkloadOptions
 from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.cli.parser import add_command, options_from

@@ -5,6 +5,7 @@ checked before any point runs (a typo in an SLO would be silently never met)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -229,10 +230,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
                 RunSpec(config.scheduler.batching, config)]
             setup = cost_setup_for(options.cost)
             cost, blocks = setup.cost_model, setup.num_gpu_blocks
-
-        def source(load: WorkloadOverrides) -> Workload:
-            return override_workload(workload, load)
-
+        source = functools.partial(override_workload, workload)
         name, description = workload.name, f"workload {options.workload}"
 
     def make_workload(load: WorkloadOverrides) -> Workload:

@@ -1,21 +1,14 @@
 """The knee: the last point before the tail jumps, where throughput stops rising
-(production should sit before it).
+(production should sit before it); docs/guide.md tells the rule in full.
 
-Along one series (points in x order), throughput *saturates* at the first point gaining
-under `min_throughput_gain` while its P99 rises over `max_p99_rise`. By then the tail has
-usually been climbing: the steps into saturation whose P99 rose over `max_p99_rise` are
-the climb, its steepest step the *cliff*, and the knee the point just before the cliff
-(marking the saturated point would put the knee past the cliff: TTFT P99 can jump from
-0.2 s to minutes while throughput still gains). `recommended` is the last point at or
-before the knee meeting every SLO.
-
-Without a knee, on an ordered axis throughput may still stop rising while P99 climbs less
-than the rule asks. A gain within `noise_margin` is noise: throughput *went flat* after
-the first point no later point beats by more than it, in throughput or a lower tail
-(every later point, so a dip and its recovery do not pass for a gain), and the
-recommendation stops before that. On a named axis (configs, policies, seeds) order means
-nothing: of the points meeting the SLOs within `min_throughput_gain` of the most
-throughput, the one with the lowest tail.
+Along one series, throughput *saturates* at the first point gaining under
+`min_throughput_gain` while its P99 rises over `max_p99_rise`; the steps into it whose
+P99 rose over `max_p99_rise` are the climb, its steepest step the *cliff*, and the knee
+the point just before the cliff (TTFT P99 can jump from 0.2 s to minutes while
+throughput still gains, so the saturated point would be past the cliff). Without a knee,
+an ordered axis stops where throughput went flat (no later point beats it by more than
+`noise_margin`, in throughput or a lower tail); a named axis takes the lowest tail among
+the points near the most throughput. `recommended` meets every SLO.
 """
 
 from __future__ import annotations
@@ -25,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from stepserve.bench.results import from_fields
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sweep.spec import SummarySLO, format_x
 
@@ -57,10 +51,7 @@ class KneeRule:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeRule:
-        return cls(float(data["min_throughput_gain"]), float(data["max_p99_rise"]),
-                   str(data["p99_metric"]),
-                   [SummarySLO.from_json(s) for s in data.get("slos") or []],
-                   float(data.get("noise_margin", NOISE_MARGIN)))
+        return from_fields(cls, data, slos=lambda slos: [SummarySLO.from_json(s) for s in slos])
 
 
 @dataclass(frozen=True)
@@ -101,8 +92,7 @@ class KneeResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KneeResult:
         values = {f.name: data.get(f.name) for f in fields(cls)}
-        values["steps"] = [Step(int(s["index"]), s.get("throughput_gain"), s.get("p99_rise"))
-                           for s in data.get("steps") or []]
+        values["steps"] = [from_fields(Step, s) for s in data.get("steps") or []]
         return cls(**values)
 
 

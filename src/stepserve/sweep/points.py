@@ -1,17 +1,9 @@
-"""Measure a sweep's points: on the simulator (each point's RunResult over its steady
-window, sweep/window.py), or against a live server (`--target`: one `stepserve bench
---target` run per point, with its /metrics sampled alongside), and with `--predict` the
-live points again on the simulator, a second series ("predicted") beside the measured one.
-
-Ctrl-C stops a sweep and keeps the points measured before it (the one cut off is dropped:
-a partial point would put a false value on the curve). A live server's engine settings
-are its own, so only workload axes vary against one (sweep/job.py refuses the rest).
-
-The prediction runs the same requests on the settings the server runs with: the engine
-flags given (with --predict they describe the server rather than change it), the
-scheduler settings it publishes on /metrics laid over them, and the KV pool the cost file
-records for this machine. A live point's warm-up requests are left out of its metrics;
-the prediction counts every request.
+"""Measure a sweep's points: on the simulator (each over its steady window,
+sweep/window.py), against a live server (`--target`: one bench run per point, /metrics
+sampled alongside), and with `--predict` the live points again on the simulator, a
+second series ("predicted"), on the settings the server publishes over the engine flags
+given and the KV pool the cost file records. Ctrl-C keeps the points measured before it
+(the one cut off is dropped: a partial point would put a false value on the curve).
 """
 
 from __future__ import annotations
@@ -183,7 +175,8 @@ def run_target_points(live: LiveOptions, points: list[SweepPoint], make_workload
 def predict_points(cost_file: str, base: EngineConfig, points: Sequence[SweepPoint],
                    measured: Sequence[SweepPointResult], make_workload: MakeWorkload,
                    log: Log | None = None) -> list[SweepPointResult]:
-    """The measured points again on the simulator, one per point measured."""
+    """The measured points again on the simulator, one per point measured (every request
+    counted: a live point's warm-up is left out of its metrics only)."""
     published = next((r.result.config for r in measured if getattr(r.result, "config", None)),
                      None) or {}
     given = {k: published[k] for k in PUBLISHED if published.get(k) not in (None, "")}

@@ -1,17 +1,7 @@
 """A sweep's result as typed values: each point's run (simulated, or benched against a
-live server) with where it sits in the grid, the knees, the findings. JSON only at the
-edge:
-
-    {"schema_version", "kind": "sweep", "scenario", "description", "cost_model", "target",
-     "requests_per_point", "duration_s_per_point", "interrupted", "stopped", "x_axis",
-     "axes": [{"name", "values", "target"}],
-     "knee_rule": {"min_throughput_gain", "max_p99_rise", "p99_metric", "slos",
-                   "noise_margin"},
-     "window": {"kind", "warmup_share"},   # absent: every point measured whole (older)
-     "runs": [{...a simulate or bench run..., "sweep": {"series", "run", "x", "values"},
-               "window"?: {"start_s", "end_s", "requests", "steady", "note",
-                           "whole_run_tokens_per_s", "lifetime_s", "settled"}}],
-     "knees": [...], "findings": [...]}
+live server) with where it sits in the grid and the window it was measured over, the
+knees, the findings. JSON only at the edge (`to_json`, `from_json`); a result written
+before steady windows has no "window" and its points measured whole runs.
 """
 
 from __future__ import annotations
@@ -20,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stepserve.bench.results import BenchRun
+from stepserve.bench.results import BenchRun, from_fields
 from stepserve.metrics.rules import Finding, RuleSettings
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
@@ -49,8 +39,7 @@ class SweepCoords:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SweepCoords:
-        return cls(str(data["series"]), str(data.get("run", data["series"])), data["x"],
-                   dict(data.get("values") or {}))
+        return from_fields(cls, {"run": data["series"], "values": {}, **data})
 
 
 @dataclass(frozen=True)

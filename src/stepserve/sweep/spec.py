@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stepserve.bench.results import from_fields
 from stepserve.config.load import config_fields, parse_bool
 from stepserve.config.settings import EngineConfig
 from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary
@@ -32,7 +33,7 @@ class Axis:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Axis:
-        return cls(str(data["name"]), tuple(data["values"]), str(data["target"]))
+        return from_fields(cls, data, values=tuple)
 
 
 def parse_vary(text: str) -> Axis:
@@ -127,12 +128,9 @@ class SummarySLO:
     def describe(self) -> str:
         return f"{self.metric} {'>=' if self.at_least else '<='} {self.limit:g}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"metric": self.metric, "limit": self.limit, "at_least": self.at_least}
-
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SummarySLO:
-        return cls(str(data["metric"]), float(data["limit"]), bool(data.get("at_least")))
+        return from_fields(cls, data)
 
 
 def parse_summary_slo(text: str) -> SummarySLO:

@@ -1,18 +1,10 @@
-"""A sweep point measured in its steady state, not over its whole run.
+"""A sweep point measured in its steady state, not over its whole run (docs/guide.md).
 
-A point's whole run begins with a warm-up (the batch still filling) and ends with a
-drain (everything has arrived; the last long requests run nearly alone). At high load the
-drain can be most of the run, so whole-run throughput would measure the drain: a
-saturated config would level off far below what it sustains. Like GuideLLM and `vllm
-bench serve`, a point is measured over [first arrival + warm-up, last arrival], the
-warm-up `warmup_share` of the arrival span or one request lifetime if longer (a batch
-fills in about the time its requests spend in the engine). Throughput counts the tokens
-produced inside the window; latencies and preemptions come from the requests that
-arrived inside it, followed to their end; step fields from the steps started inside it.
-With no steady state to cut (all arrived at once, or under MIN_WINDOW_REQUESTS inside)
-the whole run is measured, and the window says so. A lifetime is the median time
-completed requests spent in the engine, queueing left out; a window shorter than
-SETTLED_LIFETIMES lifetimes is kept but marked unsettled.
+At high load a run's drain (everything has arrived; the last long requests run nearly
+alone) can be most of it, so whole-run throughput would level a saturated config far
+below what it sustains. As GuideLLM and `vllm bench serve` do, a point is measured over
+[first arrival + warm-up, last arrival]: tokens produced inside the window, latencies of
+the requests that arrived inside it (followed to their end), steps started inside it.
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from stepserve.bench.results import from_fields
 from stepserve.metrics.percentiles import percentile, ratio
 from stepserve.metrics.request_metrics import RequestLatencies, measure_requests
 from stepserve.metrics.step_metrics import step_summary
@@ -62,9 +55,7 @@ class WindowRule:
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> WindowRule | None:
         """None for a result written before windows: its points measured whole runs."""
-        if not data:
-            return None
-        return cls(str(data.get("kind", "steady")), float(data.get("warmup_share", WARMUP_SHARE)))
+        return from_fields(cls, data) if data else None
 
 
 STEADY = WindowRule()
@@ -97,17 +88,14 @@ class Window:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Window | None:
-        if not data:
-            return None
-        return cls(float(data["start_s"]), float(data["end_s"]), int(data["requests"]),
-                   bool(data["steady"]), str(data.get("note") or ""),
-                   data.get("whole_run_tokens_per_s"), data.get("lifetime_s"))
+        return from_fields(cls, data) if data else None
 
 
 def steady_window(arrivals: Sequence[float], rule: WindowRule,
                   lifetime_s: float | None = None) -> Window:
     """The window over arrival times `arrivals` (any order) for requests that live
-    `lifetime_s` in the engine, or the whole run's span."""
+    `lifetime_s` in the engine, or the whole run's span. The warm-up is `warmup_share` of
+    the arrival span, or one lifetime if longer (a batch fills in about that time)."""
     if not arrivals:
         return Window(0.0, 0.0, 0, False, "no requests")
     first, last = min(arrivals), max(arrivals)
