@@ -1,15 +1,6 @@
-"""How far a weight mode's greedy output agrees with a reference mode's (modes.py).
-
-Two measures over the same prompts:
-
-* free-running: both generate `max_tokens` greedily; a sequence agrees when every token
-  is equal, and `tokens_before_divergence` counts the equal tokens before the first
-  difference (after one flip the two continue from different text, so later tokens say
-  nothing about the weights);
-* teacher-forced: the candidate reads the reference's own output in one prefill and its
-  argmax at every generated position is compared with the reference's argmax on the same
-  prefill, so each position is one independent trial. The reference's top-2 logit gap
-  at each flip says why it flipped (a near-tie, or a real change).
+"""How far a weight mode's greedy output agrees with a reference mode's: free-running (equal
+tokens before the first difference) and teacher-forced (the candidate's argmax on the
+reference's own output, each position one trial, with the reference's top-2 gap at a flip).
 """
 
 from __future__ import annotations

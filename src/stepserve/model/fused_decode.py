@@ -1,18 +1,8 @@
-"""Decode-only steps in one C call for all layers (decode_kernels.c).
-
-At batch 1 the torch path spends more time around the matrix products than in them:
-~40 small ops per layer (norms, RoPE, cache writes, the gathers and SDPA setup, SiLU,
-residual adds) and the Python that issues them, each a few microseconds. `FusedDecoder`
-runs every layer of a step whose sequences all decode one token in a single ctypes call
-with raw pointers prepared at load time; the embedding lookup, RoPE's cos/sin, the final
-norm and the head stay in llama.py.
-
-It applies when the model is float32 with projections the kernels read (GGUF Q4_1 / Q8_0
-groups, or float32 rows for a tensor the GGUF stores unquantised), no biases, and the
-batch is decode-only with fewer than `max_batch` rows (MAX_BATCH: measured faster than
-the torch path at every decode batch from 1 to 192, AVX2 and AVX-512 builds alike; at
-192 rows 549 vs 595 ms and 388 vs 496 ms). Results equal the torch path's up to the
-order of sums (tests/model/test_fused_decode.py).
+"""Decode-only steps in one C call for all layers (decode_kernels.c): at batch 1 the torch
+path spends more time in ~40 small ops a layer and their Python than in the matmuls. It
+applies to a float32 model whose projections the kernels read, without biases, and to
+batches under `MAX_BATCH` rows (faster than torch at every batch up to 192: 549 vs 595 ms
+on AVX2). Results equal the torch path's up to the order of sums.
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
-"""The GGUF matrix kernels (ggml_kernels.c and the C files beside it): built once with the
-system C compiler into the cache folder, loaded with ctypes only where this user alone
-owns them, their interface checked against kernel_abi.h and their results against
-torch. Where that fails (not x86-64 with AVX2, no compiler, another layout),
-`load_kernels()` raises `KernelsUnavailable` with the reason.
+"""The GGUF matrix kernels (ggml_kernels.c and the C files beside it), built once with the
+system C compiler into the cache folder, loaded with ctypes, and checked against
+kernel_abi.h and against torch; `load_kernels()` raises `KernelsUnavailable` with the
+reason where that fails. Our own because torch's CPU weight-only kernels do not fit Q4_1:
+`_weight_int4pack_mm_for_cpu` vectorises only bfloat16 (its float32 path is ~10x slower
+than a float32 GEMM) and `_weight_int8pack_mm` holds one scale per row, not per group.
 
-Why our own: torch's CPU weight-only kernels do not fit the GGUF's Q4_1 on an AVX2
-machine. `_weight_int4pack_mm_for_cpu` vectorises only bfloat16 (activations, scales and
-output all rounded to bfloat16, so even the weights are no longer the GGUF's), and its
-float32 path is a scalar loop ~10x slower than a float32 GEMM; `_weight_int8pack_mm` holds
-one scale per row, not per group of 32. These read the GGUF's groups as they are and
-compute in float32 (see the exactness note in ggml_groups.h).
-
-Trust: a library runs its constructors the moment it is loaded, before any self-test can
-judge it, so a cache folder another user can write would let them run code in our
-process. The folder and the library are opened without following symbolic links, checked
-on the open descriptors (this user's, writable by no one else), and the library is
-loaded through its checked descriptor (/proc/self/fd/N): what was checked is what runs.
-An untrusted or read-only cache means a private build in a temporary folder, warned
-about once. A build's name holds a hash of the sources, the compiler, its flags and its
-`--version`; once the current build has loaded, the cache's other builds are removed.
-
-Tensors: a kernel reads raw memory, so a float64 tensor read as float32, a CUDA pointer,
-a strided view or a short buffer would give garbage or crash the process. Every tensor
-passes `tensor_pointer` before its pointer crosses (`KernelArgumentError` names the
-argument, what the kernel reads and what it got); cheap on purpose, as a decode step
-makes ~120 such calls. The enums and the ABI version are read from kernel_abi.h at
-import, the structs' layout from the loaded library.
+Trust: a library's constructors run when it loads, so the cache folder and the library are
+opened without following links, checked on the open descriptors (this user's, writable by
+no one else) and loaded through that descriptor (/proc/self/fd/N); an untrusted cache means
+a private build in a temporary folder. Every tensor passes `tensor_pointer` before its
+pointer crosses: a wrong dtype, device, stride or size would give garbage or a crash.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The paged KV cache tensors: device blocks, the CPU swap pool, and how many blocks a
-memory budget buys.
-
-Layout: one tensor `[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`, so
-layer l's K is `kv[l, 0]` (contiguous, `[num_blocks, block_size, kv_heads, head_dim]`)
-and a swap moves a block of every layer with one index operation. Block ids are the
-ones `KVCacheManager` hands out; this class only stores bytes.
-
-Blocks start zeroed: attention pads short sequences with whatever block 0 holds and
-masks it out, and a masked NaN would still poison `probs @ V` (0 * NaN = NaN).
+"""The paged KV cache tensors (`[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`,
+so a swap moves a block of every layer in one op), the CPU swap pool, and how many blocks
+a memory budget buys. Blocks start zeroed: a masked NaN in a pad would still poison
+`probs @ V`.
 """
 
 from __future__ import annotations

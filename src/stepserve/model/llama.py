@@ -1,19 +1,8 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over a ragged, flattened
-batch with a paged KV cache.
-
-Inputs are `input_ids [T]` and `positions [T]` for every scheduled token of every
-sequence, plus `AttentionMetadata` saying which rows belong to which sequence and where
-their K/V live. Only the rows that sample get an lm_head projection: with vocab 49k and
-a 512-token prompt chunk, projecting every row would cost more than the layers.
-
-Q/K/V and gate/up are fused into one matmul each (`weights.py` concatenates the
-checkpoint's tensors): fewer, larger GEMMs matter on CPU, where a decode step is ~200
-small ops per layer stack.
-
-Rotary embeddings mirror transformers (`_compute_default_rope_parameters`,
-`_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`) operation for
-operation, because greedy decoding is compared against it token for token and a
-different rounding of inv_freq would show up at long positions.
+"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over a ragged, flattened batch
+with a paged KV cache. Only the rows that sample get an lm_head projection (vocab 49k
+times a 512-token chunk would cost more than the layers); q/k/v and gate/up are fused.
+Rotary embeddings follow transformers operation for operation: greedy output is compared
+with it token for token.
 """
 
 from __future__ import annotations

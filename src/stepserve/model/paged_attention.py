@@ -1,27 +1,12 @@
-"""Attention over a paged KV cache for a ragged batch.
-
-A step's batch is flattened: sequence b contributes `n_b` query tokens at positions
-`start_b .. start_b + n_b - 1` and attends to its keys at positions `0 .. start_b + n_b - 1`
-(causally). Prefill, chunked prefill and decode are the same rule; only n_b differs. New
-K/V are written into the cache first (one index_copy per tensor via the slot mapping),
-so a query sees its own token and the rest of its chunk through the cache. The batch is
-laid out decode sequences first (n_b == 1), then the others, and each group runs as one
-batched tensor operation, so a long prompt chunk does not pad every decode query:
-
-* decode: gather every sequence's blocks into a padded `[B, ctx, kv_heads, head_dim]`
-  tensor with one index op on the block tables, then one SDPA call with a padding mask.
-  Sequences come sorted by context length and cut into a few buckets, each padded only
-  to its own longest context, so 54 short chats do not pad to 10 long reports. Where the
-  GGUF kernels run the model on a float32 CPU cache, the decode rows attend off the
-  paged cache in C instead (`AttentionMetadata.decode_kernel`, decode_attention.c): a
-  mixed step of 31 decodes at 1,100 tokens and a 108-token chunk went from 597 to 475 ms
-  on 2 AVX2 cores.
-* prefill (n_b > 1, any start): pad queries to `[B, max_q]`, gather contexts the same
-  way, one SDPA call with a causal + padding mask, then unpad.
-
-Measured on 2 CPU cores (SmolLM2 shapes, batch 64, context 64): SDPA on the gathered,
-transposed views took 0.9 ms per layer against 2.6 ms for explicit matmul + softmax and
-2.1 ms for SDPA on contiguous copies.
+"""Attention over a paged KV cache for a ragged, flattened batch: sequence b brings n_b query
+tokens at positions start_b.. and attends causally to its cached keys; new K/V are written
+into the cache first (one index_copy via the slot mapping). Decode rows come first and run
+in buckets of similar context (each padded only to its own longest), gathered with one
+index op and one SDPA call; prefill chunks are padded to [B, max_q] and run as one SDPA
+call. Where the GGUF kernels run on a float32 CPU cache, a mixed step's decode rows attend
+in C instead (decode_attention.c: 597 to 475 ms for 31 decodes at 1,100 tokens + a 108-token
+chunk on 2 AVX2 cores). SDPA on the gathered views: 0.9 ms a layer against 2.6 ms for
+matmul + softmax.
 """
 
 from __future__ import annotations

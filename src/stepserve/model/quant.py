@@ -1,15 +1,6 @@
-"""Quantised weights and the linear layers that run on them.
-
-`GGUFMatrix` holds a [N, K] weight as the GGUF stores it, in groups of 32 along K:
-Q4_1 (4-bit q, fp16 scale d and minimum m per group, w = d * q + m) or Q8_0 (int8 q,
-fp16 d, w = d * q), with the quants and the scales split into two tensors.
-
-`GGUFLinear` multiplies by one on the GGUF's own groups through our kernels
-(ggml_kernels.c), float32 activations, every weight dequantised to exactly the reference's
-float32 (the `q4_1` mode). From `gemm_rows` activation rows up (a prefill chunk) it
-dequantises the matrix into a shared scratch buffer (at most 8 MB at a time) and runs a
-BLAS GEMM instead: there the GEMM's cache blocking wins and one dequantisation per step
-is cheap next to it.
+"""Quantised weights (`GGUFMatrix`: Q4_1 w = d * q + m, or Q8_0 w = d * q, in groups of 32
+along K) and the layers that run on them through our kernels. From `gemm_rows` activation
+rows up, `GGUFLinear` dequantises into a shared scratch and runs a BLAS GEMM instead.
 """
 
 from __future__ import annotations

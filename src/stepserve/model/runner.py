@@ -1,11 +1,6 @@
-"""`TorchRunner`: executes a `SchedulerOutput` on a real model with a paged KV cache.
-
-One step: block copies (swap out, then swap in), the flattened ragged batch (decode
-first), one forward pass, and a sample for each sequence whose chunk reaches its end.
-The runner never mutates requests (the scheduler advances them in
-`update_from_output`), and block ids come in the SchedulerOutput from the KV block
-manager the engine core owns: the runner only sizes its KV store and copies and reads
-blocks by id.
+"""`TorchRunner`: executes a `SchedulerOutput` on a real model with a paged KV cache (block
+copies, one forward pass over the decode-first ragged batch, a sample per finished chunk).
+It never mutates requests; block ids come from the engine core's KV block manager.
 """
 
 from __future__ import annotations

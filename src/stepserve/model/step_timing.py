@@ -1,10 +1,5 @@
-"""Measure `TorchRunner` step times on synthetic batches: decode-only steps at a given
-batch size and context, optionally with a prefill chunk riding along. These are the
-numbers a calibrated cost model fits and the benchmarks print.
-
-The requests are throwaway: blocks come from a KV block manager of their own over the
-runner's KV store (the runner only reads block ids); the KV contents are whatever the
-warm-up wrote (timing does not depend on values).
+"""`TorchRunner` step times on synthetic batches (decodes at a batch size and context, maybe a
+prefill chunk beside them), over throwaway blocks of the runner's KV store.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
-"""A `LlamaModel`'s weights, in one of two ways.
+"""A `LlamaModel`'s weights, float or quantised. Float (`load_model`): a Hugging Face
+directory's safetensors, mapped onto our parameters by name (q/k/v and gate/up into the
+fused ones); every parameter must be filled exactly once. Quantised (`load_packed_model`,
+the `q4_1` mode): `pack_gguf` writes the GGUF's groups in our layout once to the model's
+cache directory, and the model is built from that file, its config the converted one.
 
-Float (`load_model`): a Hugging Face model directory (config.json + *.safetensors, one
-file or shards listed in model.safetensors.index.json). Checkpoint tensors map onto our
-parameters by name; q/k/v and gate/up are copied into their slices of the fused
-`qkv_proj` / `gate_up_proj`. Every parameter must be filled exactly once, so a missing or
-misnamed tensor is an error, not a silently random weight.
-
-Quantised (`load_packed_model`, the `q4_1` mode): the projections stay in the GGUF's
-quantised groups (quant.py). Like the float path's conversion, two steps: `pack_gguf`
-reads the GGUF once and writes its tensors in our layout (fused, Q/K rows un-permuted as
-in gguf_convert.py, scales split from quants) to a safetensors file in the model's cache
-directory; `load_packed_model` builds the model from that file in a second, its
-configuration from the same converted config.json the float path and the reference read.
-A tensor in a type we do not run quantised (F16, F32, K-quants) is stored dequantised by
-gguf-py, exactly the float32 values the float path holds.
-
-Huge pages: a decode step streams every weight once. In 4 KB pages that is ~24,000 pages
-a step for the default model's 97 MB: a TLB miss each, and the hardware prefetchers stop
-at every 4 KB boundary. Linux backs an anonymous mapping with 2 MB pages where it is
-asked to (madvise(MADV_HUGEPAGE), honoured when transparent_hugepage is "always" or
-"madvise"); torch's allocator does not ask (unless THP_MEM_ALLOC_ENABLE=1 is set before
-its first large allocation), and tensors read from a file live in 4 KB page-cache pages.
-Measured on the EPYC (Zen 5), batch-1 decode, five medians of 50 steps: 3.03-3.12 ms in
-2 MB pages against 3.20-3.62 ms as loaded. Where the kernel does not grant huge pages the
-copies are ordinary memory: the same values, the same speed as before.
+Huge pages: a decode step streams every weight once, and in 4 KB pages that is a TLB miss
+per page; the GGUF buffers are copied into a madvise(MADV_HUGEPAGE) arena (batch-1 decode
+on a Zen 5 EPYC: 3.03-3.12 ms against 3.20-3.62 ms as loaded).
 """
 
 

@@ -1,15 +1,7 @@
-"""`stepserve profile`: measure the real engine's step time over a grid of the batches the
-scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
-
-The grid: decode-only steps over batch size x context length; prefill chunks, fresh and
-after a quarter and half of max_len cached; a chunk riding with decodes; KV block copies
-for swap. Each point is timed `repeats` times after `warmup` rounds; the median is
-fitted, the spread kept. The engine's own work around the model (scheduling,
-bookkeeping, detokenizing, Python) is the wall time of a real LLMEngine workload's steps
-less the runner's time, fitted per step, per sequence and per request joining the batch:
-the overhead that makes a continuous engine's steps dearer than a static batch's.
-Every fourth grid point is held out: the model fitted on the others predicts them, and
-that error is the fit error reported. The final coefficients come from all points.
+"""`stepserve profile`: the real engine's step times over a grid of the batches the scheduler
+produces (decodes by batch and context, prefill chunks, mixed steps, swaps), fitted to the
+calibrated cost model, plus the engine's own per-step work around the runner. Every fourth
+point is held out to measure the fit error.
 """
 
 from __future__ import annotations
