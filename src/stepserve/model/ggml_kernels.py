@@ -35,8 +35,6 @@ import torch
 _HERE = Path(__file__).parent
 HEADER = _HERE / "kernel_abi.h"
 VERSION_NAME = "STEPSERVE_ABI_VERSION"
-# decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul_team: one
-# library.
 SOURCES = tuple(_HERE / n for n in ("ggml_kernels.c", "decode_kernels.c", "decode_attention.c",
                                     "kernel_abi.c"))
 HEADERS = tuple(_HERE / n for n in ("ggml_groups.h", "ggml_panels.h", "ggml_team.h",
@@ -80,7 +78,6 @@ class Untrusted(Exception):
 
 
 def _header_constants() -> dict[str, int]:
-    """The header's enum members (one `NAME = value,` a line) and its ABI version."""
     text = HEADER.read_text()
     found = {m[1]: int(m[2]) for m in re.finditer(r"^\s*([A-Z][A-Z0-9_]*) = (-?\d+),",
                                                    text, re.MULTILINE)}
@@ -103,15 +100,13 @@ _WEIGHTS = {FMT_Q4_1: (torch.uint8, 16, 2), FMT_Q8_0: (torch.int8, 32, 1)}
 
 @dataclass(frozen=True)
 class StructLayout:
-    """A struct of int64 fields as the library lays it out: `size` words, each field's
-    word index."""
+    """A struct of int64 fields as the library lays it out: `size` words, each field's index."""
 
     name: str
     size: int
     fields: dict[str, int]
 
     def words(self, **values: int) -> list[int]:
-        """The struct's words with every field set (a missing one is a bug: KeyError)."""
         out = [0] * self.size
         for name, index in self.fields.items():
             out[index] = values[name]
@@ -120,8 +115,6 @@ class StructLayout:
 
 @dataclass(frozen=True)
 class KernelLayout:
-    """What a loaded library says about its interface, checked against Python's."""
-
     dims: StructLayout
     layer: StructLayout
 
@@ -156,8 +149,7 @@ def _struct(entries: dict[str, int], name: str, wanted: tuple[str, ...],
 
 
 def read_layout(lib: ctypes.CDLL, where: str) -> KernelLayout:
-    """The layout of the library loaded from `where` (every (name, value) it exports), or
-    KernelsUnavailable naming what differs from kernel_abi.h."""
+    """The layout the library loaded from `where` exports, checked against kernel_abi.h."""
     try:
         entry = lib.stepserve_abi_entry
     except AttributeError:
@@ -188,7 +180,6 @@ Shape = tuple[int | None, ...]  # None: any size in that dimension
 
 def _wanted(dtype: torch.dtype, shape: Shape | None, ndim: int | None, numel: int | None,
             at_least: int | None) -> str:
-    """What a kernel reads, as the error says it: each given constraint an "of ..." part."""
     dims = None if shape is None else ", ".join("*" if s is None else str(s) for s in shape)
     parts = [f"a contiguous {str(dtype).removeprefix('torch.')} CPU tensor"]
     for value, text in ((ndim, f"{ndim} dimensions"), (dims, f"shape [{dims}]"),
@@ -209,9 +200,8 @@ def _got(t: object) -> str:
 def tensor_pointer(what: str, t: torch.Tensor, dtype: torch.dtype, shape: Shape | None = None,
                    *, ndim: int | None = None, numel: int | None = None,
                    at_least: int | None = None) -> int:
-    """t's data pointer, after checking that it is a contiguous CPU tensor of `dtype` with
-    the given shape (None: any size there), number of dimensions, element count, or at
-    least that many elements."""
+    """t's data pointer, once it is a contiguous CPU tensor of `dtype` and the given shape
+    (None: any size there), dimensions, element count or minimum element count."""
     if (not isinstance(t, torch.Tensor) or t.dtype is not dtype or not t.is_cpu
             or not t.is_contiguous()
             or (shape is not None and t.shape != shape  # else compare with the wildcards
@@ -237,7 +227,6 @@ def compiler() -> str:
 
 @cache
 def compiler_version(cc: str) -> str:
-    """What `cc --version` says (its exit status too): part of the build key."""
     try:
         result = subprocess.run([cc, "--version"], capture_output=True, text=True,
                                 errors="replace", timeout=60)
@@ -247,7 +236,7 @@ def compiler_version(cc: str) -> str:
 
 
 def library_name(isa: str) -> str:
-    """The current build's file name for `isa` (a key of ISAS)."""
+    """The build's name: a hash of the sources, compiler, flags and `--version`."""
     cc = compiler()
     digest = hashlib.sha256()
     for part in (*SOURCES, *HEADERS):
@@ -258,9 +247,8 @@ def library_name(isa: str) -> str:
 
 
 def _open_checked(what: str, path: Path | str, flags: int, dir_fd: int | None = None) -> int:
-    """A descriptor of the folder (`_OPEN_FOLDER`) or of the library in the checked folder
-    `dir_fd` (`_OPEN_LIBRARY`; FileNotFoundError where there is none), checked on the
-    descriptor: not a symbolic link, a folder or a regular file, this user's alone."""
+    """A descriptor of the folder, or (with `dir_fd`) of the library in it, checked: no
+    symbolic link, a folder or regular file, this user's alone (FileNotFoundError: none)."""
     folder = dir_fd is None
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
@@ -285,9 +273,8 @@ def _open_checked(what: str, path: Path | str, flags: int, dir_fd: int | None = 
 
 
 def _dlopen(fd: int, path: Path) -> ctypes.CDLL:
-    """Load the library open at `fd`: through /proc/self/fd, the very file checked. That
-    descriptor stays open for the process's life: the dynamic loader knows the library by
-    that path, and a reused number would make it hand back this library for another."""
+    """Load the library open at `fd` through /proc/self/fd, the very file checked; the
+    descriptor stays open (a reused number would make the loader return this library)."""
     by_fd = f"/proc/self/fd/{fd}"
     target = by_fd if os.path.exists(by_fd) else str(path)
     try:
@@ -300,17 +287,11 @@ def _dlopen(fd: int, path: Path) -> ctypes.CDLL:
     return lib
 
 
-def _temp_file(folder: Path) -> tuple[int, str]:
-    """A new file in `folder` for the compiler's output (the only write into the folder)."""
-    return tempfile.mkstemp(prefix=".ggml_kernels-", suffix=".tmp", dir=folder)
-
-
 def _build(folder: Path, name: str, isa: str) -> None:
-    """Compile the library into `folder` as `name` (atomically: a concurrent build's copy
-    is as good as ours). Untrusted where the folder cannot be written."""
+    """Compile the library into `folder` as `name`, atomically (Untrusted: not writable)."""
     cc = compiler()
     try:
-        fd, tmp = _temp_file(folder)
+        fd, tmp = tempfile.mkstemp(prefix=".ggml_kernels-", suffix=".tmp", dir=folder)
     except OSError as e:
         raise Untrusted(f"the kernel cache {folder} is not writable ({e.strerror})") from e
     os.close(fd)
@@ -321,8 +302,6 @@ def _build(folder: Path, name: str, isa: str) -> None:
         if result.returncode != 0:
             raise KernelsUnavailable(f"building the GGUF kernels with {cc} failed: "
                                      f"{result.stderr.strip()[-500:]}")
-        # The linker's mode follows the umask; a group-writable one would leave a library
-        # this loader then refuses.
         os.chmod(tmp, 0o755)
         os.replace(tmp, folder / name)
     finally:
@@ -331,7 +310,6 @@ def _build(folder: Path, name: str, isa: str) -> None:
 
 
 def _load_from(folder: Path, name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
-    """The library `name` in the trusted `folder`, built there first if it is missing."""
     path, what = folder / name, f"the kernel library {folder / name}"
     folder_fd = _open_checked(f"the kernel cache {folder}", folder, _OPEN_FOLDER)
     try:
@@ -354,13 +332,11 @@ def _warn_once(message: str) -> None:
 
 
 def load_library(cache_dir: Path, isa: str) -> tuple[ctypes.CDLL, Path]:
-    """The current `isa` build from `cache_dir` (built there on first use), or, where that
-    folder or the library in it is not trusted or the folder cannot be written, from a
-    private temporary folder (warned about once)."""
+    """The `isa` build from `cache_dir` (built on first use), else, where that is not
+    trusted or writable, from a private temporary folder (warned about once)."""
     name = library_name(isa)
     try:
         try:
-            # 0700: a group-writable umask must not leave a folder this loader refuses.
             cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise Untrusted(f"the kernel cache {cache_dir} cannot be created "
@@ -374,8 +350,7 @@ def load_library(cache_dir: Path, isa: str) -> tuple[ctypes.CDLL, Path]:
 
 @cache
 def _private_build(name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
-    """The library built in a folder of its own (mkdtemp: 0700), once per process; the
-    folder is removed once the library is loaded (the mapping outlives the file)."""
+    """Built once per process in a mkdtemp folder, removed once loaded."""
     private = Path(tempfile.mkdtemp(prefix="stepserve-kernels-"))
     try:
         return _load_from(private, name, isa)
@@ -386,8 +361,7 @@ def _private_build(name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
 
 
 def remove_old_builds(cache_dir: Path) -> list[str]:
-    """Remove our other builds in `cache_dir` (files named as a build whose name is no
-    ISA's current one); the names removed. Nothing where the folder is not trusted."""
+    """Remove (and name) the builds in a trusted `cache_dir` that no ISA's current one is."""
     current = {library_name(isa) for isa in ISAS}
     try:
         folder_fd = _open_checked(f"the kernel cache {cache_dir}", cache_dir, _OPEN_FOLDER)
@@ -435,8 +409,7 @@ def _check_cpu() -> None:
 
 
 def choose_isa(wanted: str | None = None) -> str:
-    """The build to load: `wanted` (else $STEPSERVE_KERNEL_ISA, else the widest this CPU
-    runs). KernelsUnavailable for a name not in ISAS or an ISA this CPU lacks."""
+    """`wanted`, else $STEPSERVE_KERNEL_ISA, else the widest ISA this CPU runs."""
     wanted = wanted or os.environ.get(ISA_ENV) or None
     if wanted is None:
         return (available_isas() or ["avx2"])[-1]
@@ -451,7 +424,6 @@ def choose_isa(wanted: str | None = None) -> str:
 
 
 def available_isas() -> list[str]:
-    """The builds this CPU runs, narrowest first (tests and benchmarks run each)."""
     flags = _cpu_flags() or set()
     return [isa for isa, (_, needs) in ISAS.items() if all(f in flags for f in needs)]
 
@@ -462,14 +434,12 @@ _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
 def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
-    """The ctypes function `fn`, typed."""
     fn.argtypes, fn.restype = argtypes, restype
     return fn
 
 
 class GGMLKernels:
-    """Typed wrappers around the library's entry points; each checks its tensors before
-    their pointers cross (`tensor_pointer`) and turns a kernel's status into an exception."""
+    """The library's entry points, checking their tensors and statuses."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, isa: str = "avx2") -> None:
         self.path, self.isa = path, isa
@@ -480,9 +450,7 @@ class GGMLKernels:
             self._dequantize = _entry(lib.ggml_dequantize,
                                       [_INT, _P, _P, _I64, _P, _I64, _P, _INT], None)
             self._scratch_floats = _entry(lib.decode_scratch_floats, [_P, _I64], _I64)
-            # fused_decode.py checks its tensors (it knows the model's sizes) and calls
-            # these two: a decode-only step's layers, and the decode rows' attention of a
-            # mixed step (decode_attention.c).
+            # called by fused_decode.py, which checks their tensors
             self.decode_layers_raw = _entry(
                 lib.decode_layers, [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64,
                                     _P, _P, _P, _P, _I64, _P, _P, _P, _INT], _INT)
@@ -503,8 +471,7 @@ class GGMLKernels:
 
     def weights(self, what: str, fmt: int, qs: torch.Tensor, scales: torch.Tensor,
                 k: int, n: int | None = None) -> tuple[int, int, int]:
-        """(quants, scales) pointers of a [n, k] matrix in `fmt`, and n (None: as many
-        rows as `qs` holds)."""
+        """(quants, scales) pointers of a [n, k] matrix in `fmt`, and n (None: all of qs)."""
         if fmt not in _WEIGHTS:
             raise KernelArgumentError(f"{what}: weight format {fmt} is not one of "
                                       f"{sorted(_WEIGHTS)}")
@@ -520,7 +487,7 @@ class GGMLKernels:
 
     def matmul(self, fmt: int, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:
-        """out [M, N] = x [M, K] @ W.T. Every tensor contiguous on the CPU; x, out float32."""
+        """out [M, N] = x [M, K] @ W.T, float32."""
         px = tensor_pointer("ggml_matmul's x", x, torch.float32, ndim=2)
         m, k = x.shape
         pq, ps, n = self.weights("ggml_matmul", fmt, qs, scales, k)
@@ -549,8 +516,6 @@ class GGMLKernels:
         return out
 
     def scratch_floats(self, dims: torch.Tensor, rows: int) -> int:
-        """The float32 scratch decode_layers needs for `rows` rows (its layout is the
-        library's: kernel_abi.h)."""
         ptr = tensor_pointer("decode_scratch_floats' dims", dims, torch.int64,
                              (self.layout.dims.size,))
         return int(self._scratch_floats(ptr, rows))
@@ -575,8 +540,7 @@ def _self_test(kernels: GGMLKernels) -> None:
 
 @cache
 def _load(cache_dir: str, isa: str | None) -> GGMLKernels | KernelsUnavailable:
-    """The kernels, or why not: a failure is remembered too (once per process, not a
-    compiler run per model load)."""
+    """The kernels, or why not (remembered: one compiler run per process)."""
     try:
         _check_cpu()
         isa = choose_isa(isa)
@@ -593,8 +557,7 @@ def _load(cache_dir: str, isa: str | None) -> GGMLKernels | KernelsUnavailable:
 
 
 def load_kernels(cache_dir: Path | None = None, isa: str | None = None) -> GGMLKernels:
-    """The kernels for `isa` (default: choose_isa's), built into `cache_dir` (default:
-    <cache root>/kernels) on first use."""
+    """The kernels for `isa` (choose_isa's), built into `cache_dir` (<cache root>/kernels)."""
     if cache_dir is None:
         from stepserve.model.presets import cache_root
 
@@ -606,7 +569,6 @@ def load_kernels(cache_dir: Path | None = None, isa: str | None = None) -> GGMLK
 
 
 def kernels_unavailable_reason() -> str | None:
-    """None when the kernels load here, else why not."""
     try:
         load_kernels()
     except KernelsUnavailable as e:
