@@ -34,6 +34,7 @@ from stepserve.model.quant import (
     GGUFEmbedding,
     GGUFLinear,
     GGUFMatrix,
+    GGUFModule,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -118,11 +119,10 @@ def _split_sizes(name: str, args: ModelArgs) -> list[int]:
 
 def load_model(model_dir: str | Path, dtype: str = "float32",
                device: str | torch.device = "cpu") -> LlamaModel:
-    """Build the model on `device` in `dtype` and load its checkpoint."""
+    """Build the model on `device` in `dtype` (on the meta device first: initialising
+    135M+ parameters would take longer than reading them) and load its checkpoint."""
     model_dir = Path(model_dir)
     args = load_model_args(model_dir, dtype)
-    # Build on the meta device: random initialisation of 135M+ parameters would take
-    # longer than reading them.
     with torch.device("meta"):
         model = LlamaModel(args)
     model = model.to_empty(device=device).to(DTYPES[dtype])
@@ -135,14 +135,9 @@ def load_model(model_dir: str | Path, dtype: str = "float32",
 
 PACKED_FORMAT = "stepserve-gguf-packed/1"
 # From this many activation rows up, GGUFLinear dequantises and runs a BLAS GEMM instead
-# of its own kernel, per kernel build. AVX2, measured on an AVX2-only machine: SmolLM2's
-# gate_up / down on one core, 30 distinct matrices, ms per matrix (kernel / dequantise +
-# GEMM / float32 GEMM):
-#   M=1  0.18/0.37/0.50   M=8  0.57/0.85/1.15   M=32 1.84/2.04/2.10
-#   M=64 3.80/3.74/3.97   M=128 8.3/7.5/6.9     M=256 17.4/14.5/14.8
-# AVX-512 (AMD EPYC, 2 threads, whole prefill steps of the default model, kernel against
-# dequantise + GEMM from 64 rows): 64 rows 80 vs 180 ms, 256: 300 vs 382, 1,024: 1,759 vs
-# 1,913: the kernel at every size.
+# of its own kernel. AVX2: the two cross at 64 rows (SmolLM2's gate_up / down, 3.80 vs
+# 3.74 ms a matrix); AVX-512: the kernel wins at every size (1,024-row prefill steps:
+# 1,759 vs 1,913 ms).
 GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
 
 # our projection -> (its block, the GGUF tensors it fuses)
@@ -155,21 +150,19 @@ _PARTS = {
 
 
 def packed_path(model_dir: Path, gguf_path: Path) -> Path:
-    """Where the packed copy of `gguf_path` lives: a subdirectory of the model's, so the
-    float loader's `*.safetensors` glob never sees it."""
+    """The packed copy's path: in a subdirectory, out of the float loader's glob."""
     return Path(model_dir) / "quantized" / f"{gguf_path.stem}.safetensors"
 
 
 def _source_tag(gguf_path: Path) -> str:
-    """Identifies the GGUF a packed file came from: a changed file is packed again."""
+    """The GGUF a packed file came from: a changed file is packed again."""
     stat = gguf_path.stat()
     return f"{gguf_path.name}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
-    """Write `gguf_path`'s weights to `out` in our layout: for each quantised parameter P,
-    `P.qs` and `P.scales` (quant.GGUFMatrix), its type in the metadata; other tensors
-    as float32 under their own names. Written to a temporary name, then renamed."""
+    """Write `gguf_path`'s weights to `out` (atomically): each quantised parameter P as
+    `P.qs` and `P.scales`, its type in the metadata; other tensors as float32."""
     tensors = read_gguf(gguf_path).tensors
     if any(name.endswith(".bias") for name in tensors) or args.attention_bias \
             or args.o_proj_bias or args.mlp_bias:
@@ -211,7 +204,6 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
 
 def _read_packed(path: Path,
                  gguf_path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
-    """The packed tensors and types, or None when the file is missing or stale."""
     if not path.is_file():
         return None
     with safe_open(str(path), framework="pt") as f:
@@ -257,9 +249,8 @@ class _Builder:
 
 
 def load_packed_model(gguf_path: Path, model_dir: Path) -> LlamaModel:
-    """The model in `model_dir`'s configuration with `gguf_path`'s weights, its projections
-    on the GGUF's groups through our kernels (the q4_1 mode, float32); packs the GGUF on
-    first use. CPU."""
+    """The q4_1 mode's model: `model_dir`'s configuration, `gguf_path`'s groups (packed on
+    first use) run by our kernels; float32, CPU."""
     args = load_model_args(model_dir)
     path = packed_path(model_dir, gguf_path)
     packed = _read_packed(path, gguf_path)
@@ -302,13 +293,11 @@ _BUFFERS = ("qs", "scales")
 
 
 def move_to_huge_pages(model: nn.Module) -> int:
-    """Copy the GGUF modules' buffers into one huge-page arena (each tensor 64-byte
-    aligned) and point the modules at the copies; returns the arena's size in bytes (0
-    where nothing moved, and off Linux). Tensors two modules share (a tied embedding and
-    head) stay shared."""
+    """Copy the GGUF modules' buffers into one 64-byte aligned huge-page arena (shared ones
+    stay shared); its size in bytes, 0 where nothing moved or off Linux."""
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return 0
-    modules = [m for m in model.modules() if isinstance(m, (GGUFLinear, GGUFEmbedding))]
+    modules = [m for m in model.modules() if isinstance(m, GGUFModule)]
     unique: dict[int, torch.Tensor] = {}
     for m in modules:
         for name in _BUFFERS:

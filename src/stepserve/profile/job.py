@@ -78,14 +78,12 @@ class ProfileResult:
 
 
 def point_terms(p: GridPoint, knee_tokens: int) -> tuple[float, ...]:
-    """The cost terms of a grid point (the batch it times, as the scheduler would send it)."""
     if p.swap_blocks:
         return tuple(float(p.swap_blocks) if t == "swap" else 0.0 for t in TERMS)
     return step_terms(synthetic_step(p.decodes, p.context, p.chunk, p.chunk_start), knee_tokens)
 
 
 def _time_point(runner, p: GridPoint) -> float:
-    """One timing of one grid point (seconds)."""
     if not p.swap_blocks:
         return measure_step(runner, p.decodes, p.context or 1, p.chunk, repeats=1, warmup=0,
                             prefill_start=p.chunk_start).median_s
@@ -112,10 +110,10 @@ def _time_grid(runner, points: list[GridPoint], opts: ProfileOptions,
     return times
 
 
-def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]:
-    """(per step, per sequence, per join) seconds the engine spends around
-    runner.execute, from a small closed-loop run: step wall time minus the runner's time,
-    fitted on the step's sequences and the requests joining its batch."""
+def _engine_overhead(runner, opts: ProfileOptions) -> dict[str, float]:
+    """Seconds the engine spends around runner.execute per "step", "seq" and "join": a
+    small closed-loop run's step wall time less the runner's, fitted on the step's
+    sequences and the requests joining its batch."""
     from stepserve.config.settings import EngineConfig
     from stepserve.engine.llm_engine import LLMEngine, run_closed_loop
 
@@ -156,16 +154,15 @@ def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]
     coef = fit([(1.0, float(n), 0, 0, 0, 0, 0, float(j), 0) for n, j in zip(seqs, joins,
                                                                          strict=True)],
                [max(e, 1e-6) for e in extra])
-    return coef.get("step", 0.0), coef.get("seq", 0.0), coef.get("join", 0.0)
+    return {term: coef.get(term, 0.0) for term in ("step", "seq", "join")}
 
 
 def _blocks_needed(points: list[GridPoint], block_size: int) -> int:
     """KV blocks for the largest grid point (and the swap copies), plus a margin."""
     def blocks(n: int) -> int:
         return -(-n // block_size)
-    need = max(p.decodes * blocks(p.context) + blocks(p.chunk_start + p.chunk) + p.swap_blocks
-               for p in points)
-    return need + 16
+    return 16 + max(p.decodes * blocks(p.context) + blocks(p.chunk_start + p.chunk)
+                    + p.swap_blocks for p in points)
 
 
 def machine(device: str) -> dict[str, Any]:
@@ -201,7 +198,7 @@ def profile(opts: ProfileOptions,
         medians.append(statistics.median(times))
         records.append({"point": p.label(), **vars(p), "median_s": medians[-1],
                         "min_s": min(times), "max_s": max(times)})
-    step_s, seq_s, join_s = _engine_overhead(runner, opts)
+    overhead = _engine_overhead(runner, opts)
     held = [i for i in range(len(rows)) if i % 4 == 3]
     train = [i for i in range(len(rows)) if i % 4 != 3]
     partial = CalibratedCost(fit([rows[i] for i in train], [medians[i] for i in train]),
@@ -209,10 +206,9 @@ def profile(opts: ProfileOptions,
     errors = sorted(relative_errors(partial, [rows[i] for i in held],
                                     [medians[i] for i in held]))
     coefficients = fit(rows, medians)
-    coefficients["step"] = coefficients.get("step", 0.0) + step_s
-    coefficients["seq"] = coefficients.get("seq", 0.0) + seq_s
-    if join_s > 0:
-        coefficients["join"] = coefficients.get("join", 0.0) + join_s
+    for term, seconds in overhead.items():
+        if term != "join" or seconds > 0:
+            coefficients[term] = coefficients.get(term, 0.0) + seconds
     held_out = {"median": statistics.median(errors), "p90": errors[int(0.9 * (len(errors) - 1))],
                 "max": errors[-1], "points": len(errors)}
     meta = {**machine(opts.device), "model": opts.model, "model_path": str(runner.model_path),
@@ -221,10 +217,9 @@ def profile(opts: ProfileOptions,
             "kv_cache_bytes": default_kv_budget(opts.device).num_bytes,
             "kv_bytes_per_token": runner.args.kv_bytes_per_token,
             "block_size": opts.block_size, "grid": records, "fit_error": held_out,
-            "engine_overhead": {"step_s": step_s, "seq_s": seq_s, "join_s": join_s}}
-    cost = CalibratedCost(coefficients, opts.knee_tokens, meta)
-    return ProfileResult(cost, held_out,
-                         {"step": step_s, "seq": seq_s, "join": join_s})
+            "engine_overhead": {f"{term}_s": s for term, s in overhead.items()}}
+    return ProfileResult(CalibratedCost(coefficients, opts.knee_tokens, meta), held_out,
+                         overhead)
 
 
 def report(result: ProfileResult) -> str:
