@@ -114,13 +114,7 @@ class _Cursor:
     def value(self, kind: int) -> Any:
         if kind == _STRING:
             return self.string()
-        if kind == _ARRAY:
-            item, n = self.take("<IQ")
-            return self.array(item, n)
-        dtype = np.dtype(_SCALARS[kind])
-        v = np.frombuffer(self.buf, dtype, 1, self.pos)[0].item()
-        self.pos += dtype.itemsize
-        return bool(v) if kind == _BOOL else v
+        return self.array(*self.take("<IQ")) if kind == _ARRAY else self.array(kind, 1)[0]
 
     def array(self, item: int, n: int) -> list[Any]:
         if item in _SCALARS:

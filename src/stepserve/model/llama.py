@@ -27,12 +27,10 @@ def inv_frequencies(args: ModelArgs) -> torch.Tensor:
     scaling = args.rope_scaling
     if scaling is None:
         return inv_freq
-    kind = scaling.get("rope_type", "default")
+    kind = scaling.get("rope_type", "default")  # ModelArgs refused the others
     if kind == "linear":
         return inv_freq / scaling["factor"]
-    if kind == "llama3":
-        return _llama3(inv_freq, scaling)
-    raise ValueError(f"rope scaling type {kind!r} is not supported")
+    return _llama3(inv_freq, scaling) if kind == "llama3" else inv_freq
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:

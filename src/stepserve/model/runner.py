@@ -36,14 +36,10 @@ log = logging.getLogger("stepserve.model")
 
 
 def new_tokens(request: Request, start: int, n: int) -> list[int]:
-    """`request.all_token_ids[start:start + n]` without concatenating the whole list
-    (a decode step needs one token, not a copy of a 4k-token history)."""
-    prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
-    if start >= num_prompt:
-        return request.output_token_ids[start - num_prompt:start - num_prompt + n]
-    if start + n <= num_prompt:
-        return prompt[start:start + n]
-    return prompt[start:] + request.output_token_ids[:start + n - num_prompt]
+    """`request.all_token_ids[start:start + n]` without copying a 4k-token history."""
+    p = request.num_prompt_tokens
+    head = request.prompt_token_ids[start:start + n] if start < p else []
+    return head + request.output_token_ids[max(start - p, 0):max(start + n - p, 0)]
 
 
 @dataclass(slots=True)
