@@ -65,12 +65,9 @@ def _candidates(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
 def _sample_random(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                    u: torch.Tensor) -> torch.Tensor:
     vocab = x.shape[-1]
-    cut = (top_k > 0) | (top_p < 1.0)
-    if not bool(cut.any()):
+    if not bool(((top_k > 0) | (top_p < 1.0)).any()):
         return _draw(x, u)
-    num = int(top_k.max()) if bool((top_k > 0).any()) else 0
-    if bool((top_p < 1.0).any()):
-        num = max(num, TOP_P_CANDIDATES)
+    num = max(int(top_k.max()), TOP_P_CANDIDATES if bool((top_p < 1.0).any()) else 0)
     num = min(num, vocab)
     vals, ids, incomplete = _candidates(x, top_k, top_p, num)
     out = ids.gather(1, _draw(vals, u)[:, None]).squeeze(1)
@@ -102,15 +99,15 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     out = logits.argmax(dim=-1)
     random_rows = [b for b, p in enumerate(params) if p.temperature > 0 and p.top_k != 1]
     if random_rows:
+        def column(name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.tensor([getattr(params[b], name) for b in random_rows],
+                                device=logits.device, dtype=dtype)
+
         rows = torch.tensor(random_rows, device=logits.device)
-        t = torch.tensor([params[b].temperature for b in random_rows], device=logits.device)
-        x = logits.index_select(0, rows) / t[:, None]
-        min_p = [params[b].min_p for b in random_rows]
-        if any(min_p):
-            x = apply_min_p(x, torch.tensor(min_p, device=x.device, dtype=x.dtype))
-        top_k = torch.tensor([params[b].top_k for b in random_rows], device=logits.device)
-        top_p = torch.tensor([params[b].top_p for b in random_rows], device=logits.device,
-                             dtype=logits.dtype)
+        x = logits.index_select(0, rows) / column("temperature")[:, None]
+        if any(params[b].min_p for b in random_rows):
+            x = apply_min_p(x, column("min_p", x.dtype))
+        top_k, top_p = column("top_k"), column("top_p", logits.dtype)
         u = _row_uniforms([params[b].seed for b in random_rows],
                           [requests[b].num_output_tokens for b in random_rows])
         out[rows] = _sample_random(x, top_k, top_p, u)
