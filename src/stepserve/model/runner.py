@@ -15,7 +15,7 @@ import torch
 
 from stepserve.config.settings import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
-from stepserve.core.request import Request
+from stepserve.core.request import Request, TokenLogprobs
 from stepserve.model.fused_decode import FusedDecoder
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
@@ -231,12 +231,10 @@ class TorchRunner:
             found += token_logprobs(logits, [target for _, _, target in part],
                                     [requests[i].sampling_params.prompt_logprobs or 0
                                      for i, _, _ in part])
-        out.prompt_logprobs = [None] * len(requests)
+        per: dict[int, list[TokenLogprobs]] = {}
         for (i, _, _), lp in zip(b.prompt_rows, found, strict=True):
-            per = out.prompt_logprobs[i]
-            if per is None:
-                per = out.prompt_logprobs[i] = []
-            per.append(lp)
+            per.setdefault(i, []).append(lp)
+        out.prompt_logprobs = [per.get(i) for i in range(len(requests))]
         return model.logits(hidden[:num_sample])
 
 
