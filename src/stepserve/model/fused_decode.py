@@ -16,8 +16,6 @@ from stepserve.model.llama import LlamaModel, RMSNorm
 from stepserve.model.paged_attention import AttentionMetadata
 from stepserve.model.quant import GGUFLinear
 
-__all__ = ["FMT_F32", "MAX_BATCH", "FusedDecoder"]
-
 MAX_BATCH = 256  # decode rows from which the torch path runs (vLLM's default max_num_seqs)
 # Each projection of kernel_abi.h's struct decode_layer, by its module in a layer.
 _MODULES = dict(zip(PROJECTIONS, ("self_attn.qkv_proj", "self_attn.o_proj",

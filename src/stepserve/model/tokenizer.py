@@ -26,9 +26,7 @@ except ImportError:  # tokenizers < 0.21
 
 def _token_text(value: Any) -> str | None:
     """Special tokens appear as strings or as {"content": ...} dicts in older configs."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
+    return value.get("content") if isinstance(value, dict) else value
 
 
 def _compile_template(template: str) -> jinja2.Template:
