@@ -64,13 +64,15 @@ class FusedDecoder:
             if not all(type(n) is RMSNorm and n.weight.dtype == torch.float32
                        and n.weight.is_contiguous() for n in norms):
                 return None
-            found = {p: _projection(layer.get_submodule(m), kernels) for p, m in _MODULES.items()}
-            projections = {p: v for p, v in found.items() if v is not None}
-            if len(projections) < len(found):
-                return None
-            inp, post = (tensor_pointer("decode_layers' norm", n.weight, _F32, (a.hidden_size,))
-                         for n in norms)
-            words += kernels.layout.layer_words(inp, post, projections)
+            values = dict(zip(("input_norm", "post_norm"), (
+                tensor_pointer("decode_layers' norm", n.weight, _F32, (a.hidden_size,))
+                for n in norms), strict=True))
+            for p, m in _MODULES.items():
+                found = _projection(layer.get_submodule(m), kernels)
+                if found is None:
+                    return None
+                values.update(zip((f"{p}.format", f"{p}.qs", f"{p}.scales"), found, strict=True))
+            words += kernels.layout.layer.words(**values)
         return cls(model, kernels, words, max_batch)
 
     def applies(self, meta: AttentionMetadata, kv: KVStore) -> bool:

@@ -118,14 +118,6 @@ class KernelLayout:
     dims: StructLayout
     layer: StructLayout
 
-    def layer_words(self, input_norm: int, post_norm: int,
-                    projections: dict[str, tuple[int, int, int]]) -> list[int]:
-        """One layer's words; `projections`: (format, quants, scales) by PROJECTIONS name."""
-        values = {"input_norm": input_norm, "post_norm": post_norm}
-        for p, triple in projections.items():
-            values.update(zip((f"{p}.format", f"{p}.qs", f"{p}.scales"), triple, strict=True))
-        return self.layer.words(**values)
-
 
 def _struct(entries: dict[str, int], name: str, wanted: tuple[str, ...],
             where: str) -> StructLayout:
