@@ -378,12 +378,10 @@ def remove_old_builds(cache_dir: Path) -> list[str]:
 def _cpu_flags() -> set[str] | None:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+            return next((set(line.split(":", 1)[1].split()) for line in f
+                         if line.startswith("flags")), None)
     except OSError:
         return None
-    return None
 
 
 def _check_cpu() -> None:
