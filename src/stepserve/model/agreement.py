@@ -125,9 +125,8 @@ def measure_agreement(reference: TorchRunner, candidate: TorchRunner,
     want = greedy_generate(reference, prompts, max_tokens, in_flight)
     got = greedy_generate(candidate, prompts, max_tokens, in_flight)
     identical = sum(g == w for g, w in zip(got, want, strict=True))
-    before = 0
-    for g, w in zip(got, want, strict=True):
-        before += next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w))
+    before = sum(next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w))
+                 for g, w in zip(got, want, strict=True))
     positions = flips = 0
     gaps: list[float] = []
     for prompt, out in zip(prompts, want, strict=True):

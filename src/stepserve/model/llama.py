@@ -74,9 +74,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # torch's fused kernel: bit-for-bit the formula below in float32 (checked on
-            # random inputs), in one op instead of seven (~20 us instead of ~55 us a call
-            # at decode; 61 calls a step).
+            # torch's fused kernel, bit-for-bit the formula below in float32: one op
+            # instead of seven (~20 us instead of ~55 us a call, 61 calls a decode step).
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 whatever the compute dtype, as the reference does.
         dtype = x.dtype
@@ -120,9 +119,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         proj = self.gate_up_proj
         if isinstance(proj, nn.Linear):
-            # Plain GEMM: two half-width calls on views of the fused weight. MKL picks a
-            # slow kernel for the fused shape at a few rows (8 x 576 x 3072: 355 us against
-            # 2 x 125 us); at 1 or 32+ rows the two are equal.
+            # Two half-width GEMMs on views of the fused weight: MKL is slow on the fused
+            # shape at a few rows (8 x 576 x 3072: 355 us against 2 x 125 us).
             half = proj.out_features // 2
             w, b = proj.weight, proj.bias
             gate = F.linear(x, w[:half], None if b is None else b[:half])
@@ -160,11 +158,9 @@ class LlamaModel(nn.Module):
         self.lm_head = (None if args.tie_word_embeddings
                         else nn.Linear(args.hidden_size, args.vocab_size, bias=False))
         self.register_buffer("inv_freq", inv_frequencies(args), persistent=False)
-        # A head module that replaces the tied embedding in `logits`: the quantised
-        # embedding's groups read as a linear layer (weights.py).
+        # replaces the tied embedding in `logits`: its quantised groups as a linear layer
         self.packed_head: nn.Module | None = None
-        # fused_decode.FusedDecoder: all layers of a decode-only step in one C call (set
-        # by the runner where the weights allow; None: the torch path always).
+        # fused_decode.FusedDecoder, set by the runner where the weights allow
         self.fused_decode = None
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -33,13 +33,9 @@ class AttentionGroup:
 
 
 class GatherBuffers:
-    """Output buffers for the context gathers, kept across layers and steps.
-
-    A fresh tensor per gather costs more in page faults than the copy itself: glibc hands
-    large frees back to the OS, so every 15 MB gather touched fresh pages (a 54 x 20 +
-    10 x 2000 decode step took 160k minor faults and ~450 ms). Gathers run one at a
-    time (SDPA consumes a bucket before the next is gathered), so one K and one V buffer
-    suffice; they grow to the largest gather seen."""
+    """One K and one V buffer for the context gathers (they run one at a time), kept across
+    layers and steps: glibc returns large frees to the OS, so a fresh 15 MB gather paid
+    more in page faults than the copy (a 54 x 20 + 10 x 2000 decode step: ~450 ms)."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
@@ -65,13 +61,12 @@ class AttentionMetadata:
     decode_groups: Callable[[], list[AttentionGroup]]  # builds `decode`, on first use
     prefill: AttentionGroup | None
     buffers: GatherBuffers | None = None  # None: allocate per gather
-    # The decode rows' block tables [num_decode, width] and context lengths [num_decode]
-    # (the new token included), for the fused decode kernel (fused_decode.py).
+    # for the decode kernels: the decode rows' block tables and context lengths (the new
+    # token included)
     decode_tables: torch.Tensor | None = None
     decode_lens: torch.Tensor | None = None
-    # The decode rows' attention through the kernel library instead of gather + SDPA,
-    # called as (q, k_cache, v_cache, scale) -> [num_decode, heads, head_dim]; set by the
-    # model for a mixed step when the kernels apply (fused_decode.FusedDecoder).
+    # set by the model for a mixed step the kernels attend: (q, k_cache, v_cache, scale)
+    # -> [num_decode, heads, head_dim] instead of gather + SDPA
     decode_kernel: Callable[..., torch.Tensor] | None = None
 
     @cached_property

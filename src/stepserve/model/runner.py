@@ -163,7 +163,6 @@ class TorchRunner:
                 f" {self.weight_bytes / 1e6:.0f} MB); "
                 f"{self.kv_budget.describe(a, self.block_size)}")
 
-    # ---- one step ----
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
         before = torch.get_num_threads()
