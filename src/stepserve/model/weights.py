@@ -227,9 +227,8 @@ class _Builder:
 
     def matrix(self, name: str) -> GGUFMatrix | None:
         fmt = self.types[name]
-        if fmt not in KERNEL_FORMAT:
-            return None
-        return GGUFMatrix(fmt, self.state[f"{name}.qs"], self.state[f"{name}.scales"])
+        return (GGUFMatrix(fmt, self.state[f"{name}.qs"], self.state[f"{name}.scales"])
+                if fmt in KERNEL_FORMAT else None)
 
     def float_weight(self, name: str) -> torch.Tensor:
         m = self.matrix(name)
@@ -239,7 +238,7 @@ class _Builder:
         m = self.matrix(name)
         if m is not None:
             return GGUFLinear(m, self.kernels, self.scratch, self.gemm_rows)
-        weight = self.float_weight(name)
+        weight = self.state[name]
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         linear.weight = nn.Parameter(weight, requires_grad=False)
         return linear
@@ -253,11 +252,9 @@ def load_packed_model(gguf_path: Path, model_dir: Path) -> LlamaModel:
     first use) run by our kernels; float32, CPU."""
     args = load_model_args(model_dir)
     path = packed_path(model_dir, gguf_path)
-    packed = _read_packed(path, gguf_path)
-    if packed is None:
-        pack_gguf(gguf_path, args, path)
-        packed = _read_packed(path, gguf_path)
-        assert packed is not None
+    packed = (_read_packed(path, gguf_path)
+              or _read_packed(pack_gguf(gguf_path, args, path), gguf_path))
+    assert packed is not None
     build = _Builder(*packed)
     with torch.device("meta"):
         model = LlamaModel(args)
