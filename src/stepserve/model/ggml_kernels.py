@@ -279,11 +279,16 @@ def _dlopen(fd: int, path: Path) -> ctypes.CDLL:
     return lib
 
 
+def _temp_file(folder: Path) -> tuple[int, str]:
+    """A new file in `folder` for the compiler's output (the only write into the folder)."""
+    return tempfile.mkstemp(prefix=".ggml_kernels-", suffix=".tmp", dir=folder)
+
+
 def _build(folder: Path, name: str, isa: str) -> None:
     """Compile the library into `folder` as `name`, atomically (Untrusted: not writable)."""
     cc = compiler()
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".ggml_kernels-", suffix=".tmp", dir=folder)
+        fd, tmp = _temp_file(folder)
     except OSError as e:
         raise Untrusted(f"the kernel cache {folder} is not writable ({e.strerror})") from e
     os.close(fd)
