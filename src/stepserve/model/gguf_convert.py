@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -319,13 +320,10 @@ _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
 
 
 def _hf_name(name: str) -> str | None:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" \
-            and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.weight"
-    return None
+    m = re.fullmatch(r"blk\.([^.]+)\.([^.]+)\.weight", name)
+    if m and m[2] in _BLOCK_NAMES:
+        return f"model.layers.{m[1]}.{_BLOCK_NAMES[m[2]]}.weight"
+    return _TOP_NAMES.get(name)
 
 
 def _llama_names(gguf: GGUFFile) -> dict[str, str] | None:
