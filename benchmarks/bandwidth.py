@@ -8,7 +8,7 @@
    against steps from another would compare two machines.
 2. For each weight mode (`--modes quantization/dtype,...`, see stepserve/model/modes.py):
    `TorchRunner.execute` decode steps at batch 1, 2, 4, 8, 16, 32 and context `--context`
-   (`stepserve.model.step_timing.measure_step`), and one prefill chunk of `--prefill`
+   (`stepserve.profile.job.measure_step`), and one prefill chunk of `--prefill`
    tokens alone. The floor of a step is the bytes of weights it streams once (every
    layer, the final norm and the head; the embedding only when tied to the head) divided
    by the copy bandwidth; the table prints each median step and its ratio to the floor.
@@ -38,8 +38,8 @@ import torch
 
 from stepserve.model.modes import MODES, streamed_weight_nbytes
 from stepserve.model.runner import TorchRunner
-from stepserve.model.step_timing import measure_step
 from stepserve.model.weights import DTYPES
+from stepserve.profile.job import measure_step
 
 DEFAULT_MODES = "none/float32,q4_1/float32,none/bfloat16"
 BATCHES = (1, 2, 4, 8, 16, 32)

@@ -15,7 +15,7 @@ requests in flight by four systems:
 Throughput counts useful tokens only: each request's own `max_tokens`, never padding
 or the tokens a static batch generates past a request's end. All systems run float32
 on the CPU without autograd. Then decode step time at batch 1/8/32/64 and context 64:
-`TorchRunner.execute` (via `stepserve.model.step_timing.measure_step`) against a
+`TorchRunner.execute` (via `stepserve.profile.job.measure_step`) against a
 transformers forward of one token per sequence on a `DynamicCache` holding 63.
 
     python benchmarks/engine_vs_hf.py [--requests 192] [--short 3] [--long 300] [--json OUT]
@@ -40,8 +40,8 @@ from stepserve.demo.job import demo_jobs
 from stepserve.engine.llm_engine import LLMEngine, run_closed_loop
 from stepserve.model.presets import resolve_model
 from stepserve.model.runner import TorchRunner
-from stepserve.model.step_timing import measure_step
 from stepserve.model.tokenizer import Tokenizer
+from stepserve.profile.job import measure_step
 
 IN_FLIGHT = 64
 GOAL_VS_HF_STATIC = 4.0

@@ -18,7 +18,7 @@ from stepserve.model.ggml_kernels import (
 )
 from stepserve.model.paged_attention import build_attention_metadata
 from stepserve.model.runner import TorchRunner
-from stepserve.model.step_timing import measure_step
+from stepserve.profile.job import measure_step
 
 pytestmark = pytest.mark.skipif(kernels_unavailable_reason() is not None,
                                 reason=str(kernels_unavailable_reason()))

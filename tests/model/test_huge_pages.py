@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from stepserve.model import weights
-from stepserve.model.fused_decode import FMT_F32
-from stepserve.model.ggml_kernels import kernels_unavailable_reason
+from stepserve.model.ggml_kernels import FMT_F32, kernels_unavailable_reason
 from stepserve.model.quant import GGUFEmbedding, GGUFLinear
 from stepserve.model.runner import TorchRunner
 from stepserve.model.weights import ALIGN, move_to_huge_pages

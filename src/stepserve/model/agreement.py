@@ -1,15 +1,6 @@
-"""How far a weight mode's greedy output agrees with a reference mode's (modes.py).
-
-Two measures over the same prompts:
-
-* free-running: both generate `max_tokens` greedily; a sequence agrees when every token
-  is equal, and `tokens_before_divergence` counts the equal tokens before the first
-  difference (after one flip the two continue from different text, so later tokens say
-  nothing about the weights);
-* teacher-forced: the candidate reads the reference's own output in one prefill and its
-  argmax at every generated position is compared with the reference's argmax on the same
-  prefill, so each position is one independent trial. The reference's top-2 logit gap
-  at each flip says why it flipped (a near-tie, or a real change).
+"""How far a weight mode's greedy output agrees with a reference mode's: free-running (equal
+tokens before the first difference) and teacher-forced (the candidate's argmax on the
+reference's own output, each position one trial, with the reference's top-2 gap at a flip).
 """
 
 from __future__ import annotations
@@ -134,9 +125,8 @@ def measure_agreement(reference: TorchRunner, candidate: TorchRunner,
     want = greedy_generate(reference, prompts, max_tokens, in_flight)
     got = greedy_generate(candidate, prompts, max_tokens, in_flight)
     identical = sum(g == w for g, w in zip(got, want, strict=True))
-    before = 0
-    for g, w in zip(got, want, strict=True):
-        before += next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w))
+    before = sum(next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w))
+                 for g, w in zip(got, want, strict=True))
     positions = flips = 0
     gaps: list[float] = []
     for prompt, out in zip(prompts, want, strict=True):

@@ -1,18 +1,8 @@
-"""Decode-only steps in one C call for all layers (decode_kernels.c).
-
-At batch 1 the torch path spends more time around the matrix products than in them:
-~40 small ops per layer (norms, RoPE, cache writes, the gathers and SDPA setup, SiLU,
-residual adds) and the Python that issues them, each a few microseconds. `FusedDecoder`
-runs every layer of a step whose sequences all decode one token in a single ctypes call
-with raw pointers prepared at load time; the embedding lookup, RoPE's cos/sin, the final
-norm and the head stay in llama.py.
-
-It applies when the model is float32 with projections the kernels read (GGUF Q4_1 / Q8_0
-groups, or float32 rows for a tensor the GGUF stores unquantised), no biases, and the
-batch is decode-only with fewer than `max_batch` rows (MAX_BATCH: measured faster than
-the torch path at every decode batch from 1 to 192, AVX2 and AVX-512 builds alike; at
-192 rows 549 vs 595 ms and 388 vs 496 ms). Results equal the torch path's up to the
-order of sums (tests/model/test_fused_decode.py).
+"""Decode-only steps in one C call for all layers (decode_kernels.c): at batch 1 the torch
+path spends more time in ~40 small ops a layer and their Python than in the matmuls. It
+applies to a float32 model whose projections the kernels read, without biases, and to
+batches under `MAX_BATCH` rows (faster than torch at every batch up to 192: 549 vs 595 ms
+on AVX2). Results equal the torch path's up to the order of sums.
 """
 
 from __future__ import annotations
@@ -25,8 +15,6 @@ from stepserve.model.kv_store import KVStore
 from stepserve.model.llama import LlamaModel, RMSNorm
 from stepserve.model.paged_attention import AttentionMetadata
 from stepserve.model.quant import GGUFLinear
-
-__all__ = ["FMT_F32", "MAX_BATCH", "FusedDecoder"]
 
 MAX_BATCH = 256  # decode rows from which the torch path runs (vLLM's default max_num_seqs)
 # Each projection of kernel_abi.h's struct decode_layer, by its module in a layer.
@@ -76,13 +64,15 @@ class FusedDecoder:
             if not all(type(n) is RMSNorm and n.weight.dtype == torch.float32
                        and n.weight.is_contiguous() for n in norms):
                 return None
-            found = {p: _projection(layer.get_submodule(m), kernels) for p, m in _MODULES.items()}
-            projections = {p: v for p, v in found.items() if v is not None}
-            if len(projections) < len(found):
-                return None
-            inp, post = (tensor_pointer("decode_layers' norm", n.weight, _F32, (a.hidden_size,))
-                         for n in norms)
-            words += kernels.layout.layer_words(inp, post, projections)
+            values = dict(zip(("input_norm", "post_norm"), (
+                tensor_pointer("decode_layers' norm", n.weight, _F32, (a.hidden_size,))
+                for n in norms), strict=True))
+            for p, m in _MODULES.items():
+                found = _projection(layer.get_submodule(m), kernels)
+                if found is None:
+                    return None
+                values.update(zip((f"{p}.format", f"{p}.qs", f"{p}.scales"), found, strict=True))
+            words += kernels.layout.layer.words(**values)
         return cls(model, kernels, words, max_batch)
 
     def applies(self, meta: AttentionMetadata, kv: KVStore) -> bool:

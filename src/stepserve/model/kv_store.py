@@ -1,13 +1,7 @@
-"""The paged KV cache tensors: device blocks, the CPU swap pool, and how many blocks a
-memory budget buys.
-
-Layout: one tensor `[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`, so
-layer l's K is `kv[l, 0]` (contiguous, `[num_blocks, block_size, kv_heads, head_dim]`)
-and a swap moves a block of every layer with one index operation. Block ids are the
-ones `KVCacheManager` hands out; this class only stores bytes.
-
-Blocks start zeroed: attention pads short sequences with whatever block 0 holds and
-masks it out, and a masked NaN would still poison `probs @ V` (0 * NaN = NaN).
+"""The paged KV cache tensors (`[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`,
+so a swap moves a block of every layer in one op), the CPU swap pool, and how many blocks
+a memory budget buys. Blocks start zeroed: a masked NaN in a pad would still poison
+`probs @ V`.
 """
 
 from __future__ import annotations
@@ -79,17 +73,6 @@ class KVBudget:
                 f"{args.kv_bytes_per_token / 1024:.1f} KiB/token); {self.reason}")
 
 
-def _meminfo_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def memory_total_and_free(device: str | torch.device = "cpu") -> tuple[int, int] | None:
     """(total, free) bytes of the device's memory now; on CPU the machine's MemTotal
     and MemAvailable. None where they cannot be read."""
@@ -97,8 +80,12 @@ def memory_total_and_free(device: str | torch.device = "cpu") -> tuple[int, int]
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return total, free
-    total, free = _meminfo_bytes("MemTotal"), _meminfo_bytes("MemAvailable")
-    return None if total is None or free is None else (total, free)
+    try:
+        with open("/proc/meminfo") as f:
+            kib = {name: value.split()[0] for name, value in (line.split(":", 1) for line in f)}
+        return int(kib["MemTotal"]) * 1024, int(kib["MemAvailable"]) * 1024
+    except (OSError, KeyError):
+        return None
 
 
 def utilization_kv_budget(fraction: float, device: str | torch.device = "cpu") -> KVBudget:
@@ -132,16 +119,13 @@ def default_kv_budget(device: str | torch.device = "cpu", cpu_fraction: float = 
     cache shares RAM with everything else, and CPU decode is too slow to use more).
     CUDA: 80% of free device memory, leaving room for activations."""
     device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return KVBudget(int(free * cuda_fraction),
-                        f"{cuda_fraction:.0%} of {free / GiB:.1f} GiB free on {device}")
-    avail = _meminfo_bytes("MemAvailable")
-    if avail is None:  # not Linux: assume a small machine rather than guess high
-        avail = 2 * cpu_cap
-        source = "MemAvailable unknown"
-    else:
-        source = f"MemAvailable {avail / GiB:.1f} GiB"
+    sizes = memory_total_and_free(device)
+    if device.type == "cuda" and sizes is not None:
+        return KVBudget(int(sizes[1] * cuda_fraction),
+                        f"{cuda_fraction:.0%} of {sizes[1] / GiB:.1f} GiB free on {device}")
+    # not Linux: assume a small machine rather than guess high
+    avail = 2 * cpu_cap if sizes is None else sizes[1]
+    source = "MemAvailable unknown" if sizes is None else f"MemAvailable {avail / GiB:.1f} GiB"
     budget = min(int(avail * cpu_fraction), cpu_cap)
     capped = " (capped)" if budget == cpu_cap else ""
     return KVBudget(budget, f"{cpu_fraction:.0%} of {source}, at most "

@@ -1,19 +1,8 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over a ragged, flattened
-batch with a paged KV cache.
-
-Inputs are `input_ids [T]` and `positions [T]` for every scheduled token of every
-sequence, plus `AttentionMetadata` saying which rows belong to which sequence and where
-their K/V live. Only the rows that sample get an lm_head projection: with vocab 49k and
-a 512-token prompt chunk, projecting every row would cost more than the layers.
-
-Q/K/V and gate/up are fused into one matmul each (`weights.py` concatenates the
-checkpoint's tensors): fewer, larger GEMMs matter on CPU, where a decode step is ~200
-small ops per layer stack.
-
-Rotary embeddings mirror transformers (`_compute_default_rope_parameters`,
-`_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`) operation for
-operation, because greedy decoding is compared against it token for token and a
-different rounding of inv_freq would show up at long positions.
+"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over a ragged, flattened batch
+with a paged KV cache. Only the rows that sample get an lm_head projection (vocab 49k
+times a 512-token chunk would cost more than the layers); q/k/v and gate/up are fused.
+Rotary embeddings follow transformers operation for operation: greedy output is compared
+with it token for token.
 """
 
 from __future__ import annotations
@@ -38,12 +27,10 @@ def inv_frequencies(args: ModelArgs) -> torch.Tensor:
     scaling = args.rope_scaling
     if scaling is None:
         return inv_freq
-    kind = scaling.get("rope_type", "default")
+    kind = scaling.get("rope_type", "default")  # ModelArgs refused the others
     if kind == "linear":
         return inv_freq / scaling["factor"]
-    if kind == "llama3":
-        return _llama3(inv_freq, scaling)
-    raise ValueError(f"rope scaling type {kind!r} is not supported")
+    return _llama3(inv_freq, scaling) if kind == "llama3" else inv_freq
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -87,9 +74,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # torch's fused kernel: bit-for-bit the formula below in float32 (checked on
-            # random inputs), in one op instead of seven (~20 us instead of ~55 us a call
-            # at decode; 61 calls a step).
+            # torch's fused kernel, bit-for-bit the formula below in float32: one op
+            # instead of seven (~20 us instead of ~55 us a call, 61 calls a decode step).
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 whatever the compute dtype, as the reference does.
         dtype = x.dtype
@@ -133,9 +119,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         proj = self.gate_up_proj
         if isinstance(proj, nn.Linear):
-            # Plain GEMM: two half-width calls on views of the fused weight. MKL picks a
-            # slow kernel for the fused shape at a few rows (8 x 576 x 3072: 355 us against
-            # 2 x 125 us); at 1 or 32+ rows the two are equal.
+            # Two half-width GEMMs on views of the fused weight: MKL is slow on the fused
+            # shape at a few rows (8 x 576 x 3072: 355 us against 2 x 125 us).
             half = proj.out_features // 2
             w, b = proj.weight, proj.bias
             gate = F.linear(x, w[:half], None if b is None else b[:half])
@@ -173,11 +158,9 @@ class LlamaModel(nn.Module):
         self.lm_head = (None if args.tie_word_embeddings
                         else nn.Linear(args.hidden_size, args.vocab_size, bias=False))
         self.register_buffer("inv_freq", inv_frequencies(args), persistent=False)
-        # A head module that replaces the tied embedding in `logits`: the quantised
-        # embedding's groups read as a linear layer (weights.py).
+        # replaces the tied embedding in `logits`: its quantised groups as a linear layer
         self.packed_head: nn.Module | None = None
-        # fused_decode.FusedDecoder: all layers of a decode-only step in one C call (set
-        # by the runner where the weights allow; None: the torch path always).
+        # fused_decode.FusedDecoder, set by the runner where the weights allow
         self.fused_decode = None
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,

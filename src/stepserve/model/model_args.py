@@ -1,9 +1,5 @@
-"""`ModelArgs`: the shape of a Llama-family decoder, read from a Hugging Face
-`config.json`. Torch-free, so planners can size a KV cache without loading a model.
-
-Llama, Mistral and Qwen2 (and SmolLM, which is Llama) share one decoder; they differ only
-in a few switches recorded here: biases on q/k/v (Qwen2), tied embeddings, rope scaling
-and Mistral's sliding window.
+"""`ModelArgs`: the shape of a Llama-family decoder from a Hugging Face config.json, torch-free.
+Llama, Mistral and Qwen2 differ only in a few switches recorded here.
 """
 
 from __future__ import annotations

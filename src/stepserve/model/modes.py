@@ -28,10 +28,10 @@ MODE_DESCRIPTIONS = {"none": "float", "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels
 
 def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
                         gguf: Path | None) -> tuple[str, str | None]:
-    """The mode to load, `wanted` checked against what this model and machine allow, and
-    a note when "auto" fell back to float weights because the machine cannot run the
-    kernels (no compiler, no AVX2: the reason). An explicit mode that cannot run here
-    raises ValueError saying why."""
+    """The mode to load, and a note when "auto" fell back to float weights because the
+    machine cannot run the kernels (the reason); an explicit mode that cannot run here
+    raises ValueError saying why. The model, device or dtype ruling q4_1 out is the
+    user's own choice: "auto" then says nothing."""
     from stepserve.model.ggml_kernels import kernels_unavailable_reason
 
     wanted = "none" if wanted is None else wanted
@@ -40,23 +40,21 @@ def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
                          f"{', '.join(QUANTIZATION_CHOICES)} (or None)")
     if wanted == "none":
         return "none", None
-    if wanted == "auto":
-        # The model, device or dtype rule q4_1 out by the user's own choice: no note.
-        if device.type != "cpu" or gguf is None or dtype != "float32":
-            return "none", None
-        reason = kernels_unavailable_reason()  # the machine rules it out: say why
-        return ("none", reason) if reason is not None else ("q4_1", None)
-    if device.type != "cpu":
-        raise ValueError(f"quantization = {wanted!r} runs on the CPU only; device is {device}")
-    if gguf is None:
-        raise ValueError(f"quantization = {wanted!r} loads the model's GGUF weights, and this "
-                         "model has no GGUF source (the default model has one)")
-    if dtype != "float32":
-        raise ValueError(f"quantization = {wanted!r} computes in float32, not {dtype}")
+    ruled_out = [why for hit, why in (
+        (device.type != "cpu", f"runs on the CPU only; device is {device}"),
+        (gguf is None, "loads the model's GGUF weights, and this model has no GGUF source "
+                       "(the default model has one)"),
+        (dtype != "float32", f"computes in float32, not {dtype}")) if hit]
+    if ruled_out and wanted == "auto":
+        return "none", None
+    if ruled_out:
+        raise ValueError(f"quantization = {wanted!r} {ruled_out[0]}")
     reason = kernels_unavailable_reason()
-    if reason is not None:
-        raise ValueError(f"quantization = {wanted!r} is unavailable here: {reason}")
-    return wanted, None
+    if reason is None:
+        return "q4_1", None
+    if wanted == "auto":
+        return "none", reason
+    raise ValueError(f"quantization = {wanted!r} is unavailable here: {reason}")
 
 
 def _unique_nbytes(tensors: list[torch.Tensor]) -> int:

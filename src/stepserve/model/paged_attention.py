@@ -1,27 +1,12 @@
-"""Attention over a paged KV cache for a ragged batch.
-
-A step's batch is flattened: sequence b contributes `n_b` query tokens at positions
-`start_b .. start_b + n_b - 1` and attends to its keys at positions `0 .. start_b + n_b - 1`
-(causally). Prefill, chunked prefill and decode are the same rule; only n_b differs. New
-K/V are written into the cache first (one index_copy per tensor via the slot mapping),
-so a query sees its own token and the rest of its chunk through the cache. The batch is
-laid out decode sequences first (n_b == 1), then the others, and each group runs as one
-batched tensor operation, so a long prompt chunk does not pad every decode query:
-
-* decode: gather every sequence's blocks into a padded `[B, ctx, kv_heads, head_dim]`
-  tensor with one index op on the block tables, then one SDPA call with a padding mask.
-  Sequences come sorted by context length and cut into a few buckets, each padded only
-  to its own longest context, so 54 short chats do not pad to 10 long reports. Where the
-  GGUF kernels run the model on a float32 CPU cache, the decode rows attend off the
-  paged cache in C instead (`AttentionMetadata.decode_kernel`, decode_attention.c): a
-  mixed step of 31 decodes at 1,100 tokens and a 108-token chunk went from 597 to 475 ms
-  on 2 AVX2 cores.
-* prefill (n_b > 1, any start): pad queries to `[B, max_q]`, gather contexts the same
-  way, one SDPA call with a causal + padding mask, then unpad.
-
-Measured on 2 CPU cores (SmolLM2 shapes, batch 64, context 64): SDPA on the gathered,
-transposed views took 0.9 ms per layer against 2.6 ms for explicit matmul + softmax and
-2.1 ms for SDPA on contiguous copies.
+"""Attention over a paged KV cache for a ragged, flattened batch: sequence b brings n_b query
+tokens at positions start_b.. and attends causally to its cached keys; new K/V are written
+into the cache first (one index_copy via the slot mapping). Decode rows come first and run
+in buckets of similar context (each padded only to its own longest), gathered with one
+index op and one SDPA call; prefill chunks are padded to [B, max_q] and run as one SDPA
+call. Where the GGUF kernels run on a float32 CPU cache, a mixed step's decode rows attend
+in C instead (decode_attention.c: 597 to 475 ms for 31 decodes at 1,100 tokens + a 108-token
+chunk on 2 AVX2 cores). SDPA on the gathered views: 0.9 ms a layer against 2.6 ms for
+matmul + softmax.
 """
 
 from __future__ import annotations
@@ -35,27 +20,22 @@ import torch.nn.functional as F
 
 
 @dataclass
-class DecodeGroup:
+class AttentionGroup:
+    """Sequences attending in one SDPA call: queries padded to [B, max_q], keys to the
+    group's longest context."""
+
     block_tables: torch.Tensor  # [B, max_blocks] int64; pads point at block 0 (masked)
-    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool, True: attend
-
-
-@dataclass
-class PrefillGroup:
-    block_tables: torch.Tensor  # [B, max_blocks]
-    pad_index: torch.Tensor  # [T_prefill] row of each query token in the flat [B * max_q]
-    max_q: int
-    mask: torch.Tensor  # [B, 1, max_q, max_blocks * block_size] bool
+    mask: torch.Tensor  # [B, 1, max_q, max_blocks * block_size] bool, True: attend
+    max_q: int = 1
+    # the row of each query token in the flat [B * max_q]; None: one query per sequence,
+    # the step's next B rows
+    pad_index: torch.Tensor | None = None
 
 
 class GatherBuffers:
-    """Output buffers for the context gathers, kept across layers and steps.
-
-    A fresh tensor per gather costs more in page faults than the copy itself: glibc hands
-    large frees back to the OS, so every 15 MB gather touched fresh pages (a 54 x 20 +
-    10 x 2000 decode step took 160k minor faults and ~450 ms). Gathers run one at a
-    time (SDPA consumes a bucket before the next is gathered), so one K and one V buffer
-    suffice; they grow to the largest gather seen."""
+    """One K and one V buffer for the context gathers (they run one at a time), kept across
+    layers and steps: glibc returns large frees to the OS, so a fresh 15 MB gather paid
+    more in page faults than the copy (a 54 x 20 + 10 x 2000 decode step: ~450 ms)."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
@@ -78,20 +58,19 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] cache slot (block * block_size + offset) of each token
     num_decode_tokens: int  # the first rows are decode tokens, one per sequence
-    decode_groups: Callable[[], list[DecodeGroup]]  # builds `decode`, on first use
-    prefill: PrefillGroup | None
+    decode_groups: Callable[[], list[AttentionGroup]]  # builds `decode`, on first use
+    prefill: AttentionGroup | None
     buffers: GatherBuffers | None = None  # None: allocate per gather
-    # The decode rows' block tables [num_decode, width] and context lengths [num_decode]
-    # (the new token included), for the fused decode kernel (fused_decode.py).
+    # for the decode kernels: the decode rows' block tables and context lengths (the new
+    # token included)
     decode_tables: torch.Tensor | None = None
     decode_lens: torch.Tensor | None = None
-    # The decode rows' attention through the kernel library instead of gather + SDPA,
-    # called as (q, k_cache, v_cache, scale) -> [num_decode, heads, head_dim]; set by the
-    # model for a mixed step when the kernels apply (fused_decode.FusedDecoder).
+    # set by the model for a mixed step the kernels attend: (q, k_cache, v_cache, scale)
+    # -> [num_decode, heads, head_dim] instead of gather + SDPA
     decode_kernel: Callable[..., torch.Tensor] | None = None
 
     @cached_property
-    def decode(self) -> list[DecodeGroup]:
+    def decode(self) -> list[AttentionGroup]:
         """Consecutive runs of the decode rows (buckets of similar context), built when
         the torch path first asks: a fused decode step never does (~0.2 ms at batch 1)."""
         return self.decode_groups()
@@ -138,30 +117,25 @@ def build_attention_metadata(starts: list[int], num_tokens: list[int],
         slots = (tables[seq_of_token, positions // block_size] * block_size
                  + positions % block_size)
 
-    def decode_groups() -> list[DecodeGroup]:
-        groups = []
-        for lo, hi in decode_buckets(ends[:num_decode], block_size):
-            ctx = torch.tensor(ends[lo:hi])
-            w = -(-max(ends[lo:hi]) // block_size)
-            kpos = torch.arange(w * block_size)
-            mask = _window_mask(kpos[None, :], (ctx - 1)[:, None], sliding_window)
-            groups.append(DecodeGroup(tables[lo:hi, :w].to(device),
-                                      mask[:, None, None, :].to(device)))
-        return groups
+    def group(lo: int, hi: int, qpos: torch.Tensor,
+              pad_index: torch.Tensor | None = None) -> AttentionGroup:
+        """Sequences lo..hi-1, their query positions qpos [B, max_q]."""
+        kpos = torch.arange(-(-max(ends[lo:hi]) // block_size) * block_size)
+        mask = _window_mask(kpos[None, None, :], qpos[:, :, None], sliding_window)
+        return AttentionGroup(tables[lo:hi, :len(kpos) // block_size].to(device),
+                              mask[:, None].to(device), qpos.shape[1],
+                              None if pad_index is None else pad_index.to(device))
+
+    def decode_groups() -> list[AttentionGroup]:
+        return [group(lo, hi, torch.tensor(ends[lo:hi])[:, None] - 1)
+                for lo, hi in decode_buckets(ends[:num_decode], block_size)]
 
     prefill = None
     if num_decode < num_seqs:
-        p_starts = torch.tensor(starts[num_decode:])
-        p_lens = lens[num_decode:]
-        max_q = int(p_lens.max())
-        w = -(-max(ends[num_decode:]) // block_size)
-        local_seq = seq_of_token[num_decode:] - num_decode
-        pad_index = local_seq * max_q + offset[num_decode:]
-        qpos = p_starts[:, None] + torch.arange(max_q)[None, :]  # [B, max_q]
-        kpos = torch.arange(w * block_size)
-        mask = _window_mask(kpos[None, None, :], qpos[:, :, None], sliding_window)
-        prefill = PrefillGroup(tables[num_decode:, :w].to(device), pad_index.to(device), max_q,
-                               mask[:, None].to(device))
+        max_q = int(lens[num_decode:].max())
+        qpos = torch.tensor(starts[num_decode:])[:, None] + torch.arange(max_q)[None, :]
+        pad_index = (seq_of_token[num_decode:] - num_decode) * max_q + offset[num_decode:]
+        prefill = group(num_decode, num_seqs, qpos, pad_index)
     meta = AttentionMetadata(slots.to(device), num_decode, decode_groups, prefill, buffers,
                              tables[:num_decode].contiguous().to(device),
                              torch.tensor(ends[:num_decode], dtype=torch.long, device=device))
@@ -228,28 +202,21 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kvh, hd = k.shape[1], k.shape[2]
     k_cache.view(-1, kvh, hd).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kvh, hd).index_copy_(0, meta.slot_mapping, v)
-    outs = []
-    nd = meta.num_decode_tokens
-    row = 0
+    outs, row, nd, heads = [], 0, meta.num_decode_tokens, q.shape[1]
     if nd and meta.decode_kernel is not None:
         outs.append(meta.decode_kernel(q[:nd], k_cache, v_cache, scale))
         row = nd
-    for g in meta.decode if row == 0 else ():
-        n = g.block_tables.shape[0]
-        kc, vc = _gather_kv(k_cache, v_cache, g.block_tables, meta.buffers)
-        out = F.scaled_dot_product_attention(q[row:row + n].unsqueeze(2), kc, vc,
-                                             attn_mask=g.mask, scale=scale, enable_gqa=True)
-        outs.append(out.squeeze(2))
-        row += n
-    if meta.prefill is not None:
-        g = meta.prefill
+    groups = [*(meta.decode if row == 0 else ()), *filter(None, [meta.prefill])]
+    for g in groups:
         b = g.block_tables.shape[0]
-        qp = q.new_zeros(b * g.max_q, q.shape[1], q.shape[2])
-        qp.index_copy_(0, g.pad_index, q[nd:])
-        qp = qp.view(b, g.max_q, q.shape[1], q.shape[2]).transpose(1, 2)
+        if g.pad_index is None:  # the next b decode rows
+            qg, row = q[row:row + b], row + b
+        else:
+            qg = q.new_zeros(b * g.max_q, heads, hd).index_copy_(0, g.pad_index, q[nd:])
         kc, vc = _gather_kv(k_cache, v_cache, g.block_tables, meta.buffers)
-        out = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=g.mask, scale=scale,
+        out = F.scaled_dot_product_attention(qg.view(b, g.max_q, heads, hd).transpose(1, 2),
+                                             kc, vc, attn_mask=g.mask, scale=scale,
                                              enable_gqa=True)
-        out = out.transpose(1, 2).reshape(b * g.max_q, q.shape[1], q.shape[2])
-        outs.append(out.index_select(0, g.pad_index))
+        out = out.transpose(1, 2).reshape(b * g.max_q, heads, hd)
+        outs.append(out if g.pad_index is None else out.index_select(0, g.pad_index))
     return outs[0] if len(outs) == 1 else torch.cat(outs)

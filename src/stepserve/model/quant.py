@@ -1,15 +1,6 @@
-"""Quantised weights and the linear layers that run on them.
-
-`GGUFMatrix` holds a [N, K] weight as the GGUF stores it, in groups of 32 along K:
-Q4_1 (4-bit q, fp16 scale d and minimum m per group, w = d * q + m) or Q8_0 (int8 q,
-fp16 d, w = d * q), with the quants and the scales split into two tensors.
-
-`GGUFLinear` multiplies by one on the GGUF's own groups through our kernels
-(ggml_kernels.c), float32 activations, every weight dequantised to exactly the reference's
-float32 (the `q4_1` mode). From `gemm_rows` activation rows up (a prefill chunk) it
-dequantises the matrix into a shared scratch buffer (at most 8 MB at a time) and runs a
-BLAS GEMM instead: there the GEMM's cache blocking wins and one dequantisation per step
-is cheap next to it.
+"""Quantised weights (`GGUFMatrix`: Q4_1 w = d * q + m, or Q8_0 w = d * q, in groups of 32
+along K) and the layers that run on them through our kernels. From `gemm_rows` activation
+rows up, `GGUFLinear` dequantises into a shared scratch and runs a BLAS GEMM instead.
 """
 
 from __future__ import annotations
@@ -87,9 +78,8 @@ class GGUFMatrix:
 
 
 class DequantScratch:
-    """One float32 buffer every `GGUFLinear` of a model dequantises into for its GEMM path
-    (layers run one after another, so one buffer of the largest matrix is enough; a fresh
-    tensor per call would page-fault megabytes every step)."""
+    """The float32 buffer a model's `GGUFLinear`s dequantise into, one after another (a
+    fresh tensor per call would page-fault megabytes every step)."""
 
     def __init__(self) -> None:
         self._buffer = torch.empty(0)
@@ -100,22 +90,27 @@ class DequantScratch:
         return self._buffer[:n * k].view(n, k)
 
 
-class GGUFLinear(nn.Module):
+class GGUFModule(nn.Module):
+    """A layer on a `GGUFMatrix`'s groups, its buffers `qs` and `scales`."""
+
+    def __init__(self, weight: GGUFMatrix, kernels: GGMLKernels) -> None:
+        super().__init__()
+        self.fmt, self.kernel_format, self.kernels = weight.fmt, KERNEL_FORMAT[weight.fmt], kernels
+        self.register_buffer("qs", weight.qs)
+        self.register_buffer("scales", weight.scales)
+
+
+class GGUFLinear(GGUFModule):
     """y = x @ W.T, W a `GGUFMatrix`, x float32 (the quantised loader refuses biases)."""
 
     def __init__(self, weight: GGUFMatrix, kernels: GGMLKernels, scratch: DequantScratch,
                  gemm_rows: int) -> None:
-        super().__init__()
-        self.fmt = weight.fmt
-        self.kernel_format = KERNEL_FORMAT[weight.fmt]
+        super().__init__(weight, kernels)
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("qs", weight.qs)
-        self.register_buffer("scales", weight.scales)
-        self.kernels, self.scratch, self.gemm_rows = kernels, scratch, gemm_rows
+        self.scratch, self.gemm_rows = scratch, gemm_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Lean on purpose: a decode step makes ~120 of these calls, each a few tens of
-        # microseconds of kernel, so Python overhead here is a visible share of the step.
+        # Lean on purpose: ~120 calls a decode step, each a few tens of microseconds.
         if x.dtype != torch.float32:
             raise TypeError(f"GGUFLinear computes in float32, got {x.dtype} activations")
         lead = x.shape[:-1]
@@ -150,22 +145,18 @@ class GGUFLinear(nn.Module):
                 f"out_features={self.out_features}, gemm_rows={self.gemm_rows}")
 
 
-class GGUFEmbedding(nn.Module):
+class GGUFEmbedding(GGUFModule):
     """Token embedding rows dequantised on lookup (the table stays in its GGUF groups)."""
 
     def __init__(self, weight: GGUFMatrix, kernels: GGMLKernels) -> None:
-        super().__init__()
-        self.fmt = weight.fmt
+        super().__init__(weight, kernels)
         self.num_embeddings, self.embedding_dim = weight.shape
-        self.register_buffer("qs", weight.qs)
-        self.register_buffer("scales", weight.scales)
-        self.kernels = kernels
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).to(torch.int64).contiguous()
         if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < self.num_embeddings:
             raise IndexError(f"token id out of range [0, {self.num_embeddings})")
         out = torch.empty(flat.numel(), self.embedding_dim)
-        self.kernels.dequantize(KERNEL_FORMAT[self.fmt], self.qs, self.scales,
-                                self.embedding_dim, out, rows=flat)
+        self.kernels.dequantize(self.kernel_format, self.qs, self.scales, self.embedding_dim,
+                                out, rows=flat)
         return out.view(*ids.shape, self.embedding_dim)

@@ -1,11 +1,6 @@
-"""`TorchRunner`: executes a `SchedulerOutput` on a real model with a paged KV cache.
-
-One step: block copies (swap out, then swap in), the flattened ragged batch (decode
-first), one forward pass, and a sample for each sequence whose chunk reaches its end.
-The runner never mutates requests (the scheduler advances them in
-`update_from_output`), and block ids come in the SchedulerOutput from the KV block
-manager the engine core owns: the runner only sizes its KV store and copies and reads
-blocks by id.
+"""`TorchRunner`: executes a `SchedulerOutput` on a real model with a paged KV cache (block
+copies, one forward pass over the decode-first ragged batch, a sample per finished chunk).
+It never mutates requests; block ids come from the engine core's KV block manager.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import torch
 
 from stepserve.config.settings import CacheConfig
 from stepserve.core.output import RunnerOutput, SchedulerOutput
-from stepserve.core.request import Request
+from stepserve.core.request import Request, TokenLogprobs
 from stepserve.model.fused_decode import FusedDecoder
 from stepserve.model.ggml_kernels import load_kernels
 from stepserve.model.kv_store import KVStore, kv_blocks, num_blocks_for_memory
@@ -41,14 +36,10 @@ log = logging.getLogger("stepserve.model")
 
 
 def new_tokens(request: Request, start: int, n: int) -> list[int]:
-    """`request.all_token_ids[start:start + n]` without concatenating the whole list
-    (a decode step needs one token, not a copy of a 4k-token history)."""
-    prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
-    if start >= num_prompt:
-        return request.output_token_ids[start - num_prompt:start - num_prompt + n]
-    if start + n <= num_prompt:
-        return prompt[start:start + n]
-    return prompt[start:] + request.output_token_ids[:start + n - num_prompt]
+    """`request.all_token_ids[start:start + n]` without copying a 4k-token history."""
+    p = request.num_prompt_tokens
+    head = request.prompt_token_ids[start:start + n] if start < p else []
+    return head + request.output_token_ids[max(start - p, 0):max(start + n - p, 0)]
 
 
 @dataclass(slots=True)
@@ -172,7 +163,6 @@ class TorchRunner:
                 f" {self.weight_bytes / 1e6:.0f} MB); "
                 f"{self.kv_budget.describe(a, self.block_size)}")
 
-    # ---- one step ----
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
         before = torch.get_num_threads()
@@ -240,12 +230,10 @@ class TorchRunner:
             found += token_logprobs(logits, [target for _, _, target in part],
                                     [requests[i].sampling_params.prompt_logprobs or 0
                                      for i, _, _ in part])
-        out.prompt_logprobs = [None] * len(requests)
+        per: dict[int, list[TokenLogprobs]] = {}
         for (i, _, _), lp in zip(b.prompt_rows, found, strict=True):
-            per = out.prompt_logprobs[i]
-            if per is None:
-                per = out.prompt_logprobs[i] = []
-            per.append(lp)
+            per.setdefault(i, []).append(lp)
+        out.prompt_logprobs = [per.get(i) for i in range(len(requests))]
         return model.logits(hidden[:num_sample])
 
 

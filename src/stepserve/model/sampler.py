@@ -1,30 +1,13 @@
-"""Batched sampling for one step, in vLLM V1's order:
+"""Batched sampling for one step, in vLLM V1's order: logprobs of the raw logits (vLLM's
+default "raw_logprobs"), then min_tokens masking, penalties (repetition over prompt and
+output, then frequency and presence), argmax for greedy rows, and for random rows
+temperature, min_p, top-k, top-p and one draw.
 
-    raw logits ──> logprobs of the model's own output (vLLM's default logprobs_mode,
-     │             "raw_logprobs": log_softmax before any of the processing below)
-     ├─ min_tokens: EOS and the stop token ids masked while the output is shorter
-     ├─ penalties: repetition over prompt + output tokens (a positive logit divided by
-     │   the penalty, a negative one multiplied), then frequency (times the token's count
-     │   in the output) and presence (once per token in the output) subtracted
-     ├─ greedy rows: argmax of the penalised logits
-     └─ random rows: / temperature, min_p (drop tokens under min_p x the top
-         probability), top-k, top-p, then one draw
-
-So "logprobs" are those of the distribution the model produced for the very forward pass
-that sampled the token (not a recomputation), before sampling settings reshaped it; that
-is what vLLM returns by default and what a transformers forward pass of the same tokens
-gives.
-
-Random rows draw by inverse CDF (one uniform per row, `searchsorted` on the cumulative
-probabilities) instead of `torch.multinomial` or an exponential race: on 2 CPU cores and
-a [64, 49152] batch, multinomial took 72 ms, exponential noise 67 ms, softmax + cumsum +
-searchsorted 5 ms. Top-k / top-p work on `topk` candidates rather than a full sort
-(sort: 231 ms for the same batch, topk(256): 7 ms); a top-p row whose nucleus is not
-inside the candidates falls back to a full sort of that row, so the result stays exact.
-
-Seeds: a seeded request's draw for its k-th output token uses a generator seeded from
-(seed, k). The same seed and prompt give the same text, independent of batch
-composition, preemption or recompute, and the runner keeps no per-request state.
+Random rows draw by inverse CDF (softmax + cumsum + searchsorted: 5 ms on a [64, 49152]
+batch against 72 ms for torch.multinomial), top-k / top-p work on `topk` candidates
+(7 ms against 231 ms for a sort; a nucleus outside them falls back to sorting that row).
+A seeded request's k-th draw comes from a generator seeded with (seed, k), so its text
+does not depend on batch composition, preemption or recompute.
 """
 
 from __future__ import annotations
@@ -82,12 +65,9 @@ def _candidates(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
 def _sample_random(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                    u: torch.Tensor) -> torch.Tensor:
     vocab = x.shape[-1]
-    cut = (top_k > 0) | (top_p < 1.0)
-    if not bool(cut.any()):
+    if not bool(((top_k > 0) | (top_p < 1.0)).any()):
         return _draw(x, u)
-    num = int(top_k.max()) if bool((top_k > 0).any()) else 0
-    if bool((top_p < 1.0).any()):
-        num = max(num, TOP_P_CANDIDATES)
+    num = max(int(top_k.max()), TOP_P_CANDIDATES if bool((top_p < 1.0).any()) else 0)
     num = min(num, vocab)
     vals, ids, incomplete = _candidates(x, top_k, top_p, num)
     out = ids.gather(1, _draw(vals, u)[:, None]).squeeze(1)
@@ -119,15 +99,15 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
     out = logits.argmax(dim=-1)
     random_rows = [b for b, p in enumerate(params) if p.temperature > 0 and p.top_k != 1]
     if random_rows:
+        def column(name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.tensor([getattr(params[b], name) for b in random_rows],
+                                device=logits.device, dtype=dtype)
+
         rows = torch.tensor(random_rows, device=logits.device)
-        t = torch.tensor([params[b].temperature for b in random_rows], device=logits.device)
-        x = logits.index_select(0, rows) / t[:, None]
-        min_p = [params[b].min_p for b in random_rows]
-        if any(min_p):
-            x = apply_min_p(x, torch.tensor(min_p, device=x.device, dtype=x.dtype))
-        top_k = torch.tensor([params[b].top_k for b in random_rows], device=logits.device)
-        top_p = torch.tensor([params[b].top_p for b in random_rows], device=logits.device,
-                             dtype=logits.dtype)
+        x = logits.index_select(0, rows) / column("temperature")[:, None]
+        if any(params[b].min_p for b in random_rows):
+            x = apply_min_p(x, column("min_p", x.dtype))
+        top_k, top_p = column("top_k"), column("top_p", logits.dtype)
         u = _row_uniforms([params[b].seed for b in random_rows],
                           [requests[b].num_output_tokens for b in random_rows])
         out[rows] = _sample_random(x, top_k, top_p, u)

@@ -1,10 +1,5 @@
-"""The "tiny" preset: a deterministic random-weight Llama (vocab 512, hidden 64, 4 layers,
-4 heads / 2 KV heads) with a real byte-level BPE tokenizer, written as an ordinary
-Hugging Face directory so transformers can load the very same files as a reference.
-
-It is for tests that need speed, not meaning. The initialisation is chosen so the model
-is sensitive to context (attention matters) and its logits are well separated (greedy
-choices are not near-ties that float rounding could flip); see `_init_std`.
+"""The "tiny" preset: a deterministic random-weight Llama with a real byte-level BPE
+tokenizer, as a Hugging Face directory transformers loads too; for tests that need speed.
 """
 
 from __future__ import annotations

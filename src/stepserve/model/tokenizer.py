@@ -1,14 +1,7 @@
-"""Tokenizer: `tokenizers.Tokenizer` from tokenizer.json plus what tokenizer_config.json
-adds (special tokens, BOS handling, the chat template), without importing transformers.
-
-`IncrementalDetokenizer` turns a stream of token ids into text deltas for streaming:
-byte-level BPE splits one multi-byte character over several tokens, so a delta is only
-released once the bytes decode to whole characters. It steps `tokenizers`' DecodeStream
-(the prefix/read offset scheme of TGI and vLLM, in Rust): 1.6-6x less time per token
-than `WindowDetokenizer`, the same scheme in Python, with the same deltas on real text
-(benchmarks/detok.py); on broken UTF-8 it is the one whose deltas add up to decoding
-the output alone. The Python one stays for tokenizers < 0.21, which lack
-DecodeStream, and as the benchmark's baseline.
+"""Tokenizer: `tokenizers.Tokenizer` from tokenizer.json plus tokenizer_config.json's special
+tokens, BOS handling and chat template, without transformers. The streaming detokenizer
+steps `tokenizers`' DecodeStream (1.6-6x faster per token than `WindowDetokenizer`, the
+same scheme in Python, kept for tokenizers < 0.21 and as benchmarks/detok.py's baseline).
 """
 
 from __future__ import annotations
@@ -33,9 +26,7 @@ except ImportError:  # tokenizers < 0.21
 
 def _token_text(value: Any) -> str | None:
     """Special tokens appear as strings or as {"content": ...} dicts in older configs."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
+    return value.get("content") if isinstance(value, dict) else value
 
 
 def _compile_template(template: str) -> jinja2.Template:

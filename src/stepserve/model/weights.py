@@ -1,29 +1,12 @@
-"""A `LlamaModel`'s weights, in one of two ways.
+"""A `LlamaModel`'s weights, float or quantised. Float (`load_model`): a Hugging Face
+directory's safetensors, mapped onto our parameters by name (q/k/v and gate/up into the
+fused ones); every parameter must be filled exactly once. Quantised (`load_packed_model`,
+the `q4_1` mode): `pack_gguf` writes the GGUF's groups in our layout once to the model's
+cache directory, and the model is built from that file, its config the converted one.
 
-Float (`load_model`): a Hugging Face model directory (config.json + *.safetensors, one
-file or shards listed in model.safetensors.index.json). Checkpoint tensors map onto our
-parameters by name; q/k/v and gate/up are copied into their slices of the fused
-`qkv_proj` / `gate_up_proj`. Every parameter must be filled exactly once, so a missing or
-misnamed tensor is an error, not a silently random weight.
-
-Quantised (`load_packed_model`, the `q4_1` mode): the projections stay in the GGUF's
-quantised groups (quant.py). Like the float path's conversion, two steps: `pack_gguf`
-reads the GGUF once and writes its tensors in our layout (fused, Q/K rows un-permuted as
-in gguf_convert.py, scales split from quants) to a safetensors file in the model's cache
-directory; `load_packed_model` builds the model from that file in a second, its
-configuration from the same converted config.json the float path and the reference read.
-A tensor in a type we do not run quantised (F16, F32, K-quants) is stored dequantised by
-gguf-py, exactly the float32 values the float path holds.
-
-Huge pages: a decode step streams every weight once. In 4 KB pages that is ~24,000 pages
-a step for the default model's 97 MB: a TLB miss each, and the hardware prefetchers stop
-at every 4 KB boundary. Linux backs an anonymous mapping with 2 MB pages where it is
-asked to (madvise(MADV_HUGEPAGE), honoured when transparent_hugepage is "always" or
-"madvise"); torch's allocator does not ask (unless THP_MEM_ALLOC_ENABLE=1 is set before
-its first large allocation), and tensors read from a file live in 4 KB page-cache pages.
-Measured on the EPYC (Zen 5), batch-1 decode, five medians of 50 steps: 3.03-3.12 ms in
-2 MB pages against 3.20-3.62 ms as loaded. Where the kernel does not grant huge pages the
-copies are ordinary memory: the same values, the same speed as before.
+Huge pages: a decode step streams every weight once, and in 4 KB pages that is a TLB miss
+per page; the GGUF buffers are copied into a madvise(MADV_HUGEPAGE) arena (batch-1 decode
+on a Zen 5 EPYC: 3.03-3.12 ms against 3.20-3.62 ms as loaded).
 """
 
 
@@ -51,6 +34,7 @@ from stepserve.model.quant import (
     GGUFEmbedding,
     GGUFLinear,
     GGUFMatrix,
+    GGUFModule,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -135,11 +119,10 @@ def _split_sizes(name: str, args: ModelArgs) -> list[int]:
 
 def load_model(model_dir: str | Path, dtype: str = "float32",
                device: str | torch.device = "cpu") -> LlamaModel:
-    """Build the model on `device` in `dtype` and load its checkpoint."""
+    """Build the model on `device` in `dtype` (on the meta device first: initialising
+    135M+ parameters would take longer than reading them) and load its checkpoint."""
     model_dir = Path(model_dir)
     args = load_model_args(model_dir, dtype)
-    # Build on the meta device: random initialisation of 135M+ parameters would take
-    # longer than reading them.
     with torch.device("meta"):
         model = LlamaModel(args)
     model = model.to_empty(device=device).to(DTYPES[dtype])
@@ -152,14 +135,9 @@ def load_model(model_dir: str | Path, dtype: str = "float32",
 
 PACKED_FORMAT = "stepserve-gguf-packed/1"
 # From this many activation rows up, GGUFLinear dequantises and runs a BLAS GEMM instead
-# of its own kernel, per kernel build. AVX2, measured on an AVX2-only machine: SmolLM2's
-# gate_up / down on one core, 30 distinct matrices, ms per matrix (kernel / dequantise +
-# GEMM / float32 GEMM):
-#   M=1  0.18/0.37/0.50   M=8  0.57/0.85/1.15   M=32 1.84/2.04/2.10
-#   M=64 3.80/3.74/3.97   M=128 8.3/7.5/6.9     M=256 17.4/14.5/14.8
-# AVX-512 (AMD EPYC, 2 threads, whole prefill steps of the default model, kernel against
-# dequantise + GEMM from 64 rows): 64 rows 80 vs 180 ms, 256: 300 vs 382, 1,024: 1,759 vs
-# 1,913: the kernel at every size.
+# of its own kernel. AVX2: the two cross at 64 rows (SmolLM2's gate_up / down, 3.80 vs
+# 3.74 ms a matrix); AVX-512: the kernel wins at every size (1,024-row prefill steps:
+# 1,759 vs 1,913 ms).
 GEMM_ROWS = {"avx2": 64, "avx512": 1 << 62}
 
 # our projection -> (its block, the GGUF tensors it fuses)
@@ -172,21 +150,19 @@ _PARTS = {
 
 
 def packed_path(model_dir: Path, gguf_path: Path) -> Path:
-    """Where the packed copy of `gguf_path` lives: a subdirectory of the model's, so the
-    float loader's `*.safetensors` glob never sees it."""
+    """The packed copy's path: in a subdirectory, out of the float loader's glob."""
     return Path(model_dir) / "quantized" / f"{gguf_path.stem}.safetensors"
 
 
 def _source_tag(gguf_path: Path) -> str:
-    """Identifies the GGUF a packed file came from: a changed file is packed again."""
+    """The GGUF a packed file came from: a changed file is packed again."""
     stat = gguf_path.stat()
     return f"{gguf_path.name}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
-    """Write `gguf_path`'s weights to `out` in our layout: for each quantised parameter P,
-    `P.qs` and `P.scales` (quant.GGUFMatrix), its type in the metadata; other tensors
-    as float32 under their own names. Written to a temporary name, then renamed."""
+    """Write `gguf_path`'s weights to `out` (atomically): each quantised parameter P as
+    `P.qs` and `P.scales`, its type in the metadata; other tensors as float32."""
     tensors = read_gguf(gguf_path).tensors
     if any(name.endswith(".bias") for name in tensors) or args.attention_bias \
             or args.o_proj_bias or args.mlp_bias:
@@ -228,7 +204,6 @@ def pack_gguf(gguf_path: Path, args: ModelArgs, out: Path) -> Path:
 
 def _read_packed(path: Path,
                  gguf_path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
-    """The packed tensors and types, or None when the file is missing or stale."""
     if not path.is_file():
         return None
     with safe_open(str(path), framework="pt") as f:
@@ -252,9 +227,8 @@ class _Builder:
 
     def matrix(self, name: str) -> GGUFMatrix | None:
         fmt = self.types[name]
-        if fmt not in KERNEL_FORMAT:
-            return None
-        return GGUFMatrix(fmt, self.state[f"{name}.qs"], self.state[f"{name}.scales"])
+        return (GGUFMatrix(fmt, self.state[f"{name}.qs"], self.state[f"{name}.scales"])
+                if fmt in KERNEL_FORMAT else None)
 
     def float_weight(self, name: str) -> torch.Tensor:
         m = self.matrix(name)
@@ -264,7 +238,7 @@ class _Builder:
         m = self.matrix(name)
         if m is not None:
             return GGUFLinear(m, self.kernels, self.scratch, self.gemm_rows)
-        weight = self.float_weight(name)
+        weight = self.state[name]
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         linear.weight = nn.Parameter(weight, requires_grad=False)
         return linear
@@ -274,16 +248,13 @@ class _Builder:
 
 
 def load_packed_model(gguf_path: Path, model_dir: Path) -> LlamaModel:
-    """The model in `model_dir`'s configuration with `gguf_path`'s weights, its projections
-    on the GGUF's groups through our kernels (the q4_1 mode, float32); packs the GGUF on
-    first use. CPU."""
+    """The q4_1 mode's model: `model_dir`'s configuration, `gguf_path`'s groups (packed on
+    first use) run by our kernels; float32, CPU."""
     args = load_model_args(model_dir)
     path = packed_path(model_dir, gguf_path)
-    packed = _read_packed(path, gguf_path)
-    if packed is None:
-        pack_gguf(gguf_path, args, path)
-        packed = _read_packed(path, gguf_path)
-        assert packed is not None
+    packed = (_read_packed(path, gguf_path)
+              or _read_packed(pack_gguf(gguf_path, args, path), gguf_path))
+    assert packed is not None
     build = _Builder(*packed)
     with torch.device("meta"):
         model = LlamaModel(args)
@@ -319,13 +290,11 @@ _BUFFERS = ("qs", "scales")
 
 
 def move_to_huge_pages(model: nn.Module) -> int:
-    """Copy the GGUF modules' buffers into one huge-page arena (each tensor 64-byte
-    aligned) and point the modules at the copies; returns the arena's size in bytes (0
-    where nothing moved, and off Linux). Tensors two modules share (a tied embedding and
-    head) stay shared."""
+    """Copy the GGUF modules' buffers into one 64-byte aligned huge-page arena (shared ones
+    stay shared); its size in bytes, 0 where nothing moved or off Linux."""
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return 0
-    modules = [m for m in model.modules() if isinstance(m, (GGUFLinear, GGUFEmbedding))]
+    modules = [m for m in model.modules() if isinstance(m, GGUFModule)]
     unique: dict[int, torch.Tensor] = {}
     for m in modules:
         for name in _BUFFERS:

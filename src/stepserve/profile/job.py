@@ -1,15 +1,8 @@
-"""`stepserve profile`: measure the real engine's step time over a grid of the batches the
-scheduler produces, and fit the calibrated cost model (sim/calibrated.py) to it.
-
-The grid: decode-only steps over batch size x context length; prefill chunks, fresh and
-after a quarter and half of max_len cached; a chunk riding with decodes; KV block copies
-for swap. Each point is timed `repeats` times after `warmup` rounds; the median is
-fitted, the spread kept. The engine's own work around the model (scheduling,
-bookkeeping, detokenizing, Python) is the wall time of a real LLMEngine workload's steps
-less the runner's time, fitted per step, per sequence and per request joining the batch:
-the overhead that makes a continuous engine's steps dearer than a static batch's.
-Every fourth grid point is held out: the model fitted on the others predicts them, and
-that error is the fit error reported. The final coefficients come from all points.
+"""`stepserve profile`: the real engine's step times over a grid of the batches the scheduler
+produces (decodes by batch and context, prefill chunks, mixed steps, swaps; `measure_step`
+times one on throwaway blocks of the runner's KV store), fitted to the calibrated cost
+model, plus the engine's own per-step work around the runner. Every fourth point is held
+out to measure the fit error.
 """
 
 from __future__ import annotations
@@ -19,13 +12,67 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stepserve.core.request import SamplingParams
-from stepserve.model.step_timing import measure_step, synthetic_step
+from stepserve.core.kv_cache import KVCacheManager
+from stepserve.core.output import SchedulerOutput
+from stepserve.core.request import Request, SamplingParams
 from stepserve.sim.calibrated import TERMS, CalibratedCost, fit, relative_errors, step_terms
 from stepserve.sim.cost import computed_tokens, joining
 from stepserve.sim.cost_options import this_host
+
+if TYPE_CHECKING:
+    from stepserve.model.runner import TorchRunner
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    median_s: float
+    min_s: float
+    times_s: tuple[float, ...]  # every timed repeat
+
+
+def synthetic_step(decodes: int, context: int, chunk: int = 0,
+                   chunk_start: int = 0) -> SchedulerOutput:
+    """A step of `decodes` throwaway requests each decoding its `context`-th token (the
+    last one held as an output token, which makes `Request.is_decoding` true), plus one
+    prefill chunk of `chunk` tokens after `chunk_start` computed ones; no block tables."""
+    params = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
+    reqs = []
+    for i in range(decodes):
+        ids = [(7 * i + j) % 500 + 3 for j in range(context)]
+        req = Request(f"profile-d{i}", ids[:-1], params, 0.0)
+        req.output_token_ids.append(ids[-1])
+        req.num_computed_tokens = context - 1
+        reqs.append(req)
+    if chunk:
+        req = Request("profile-p0", [j % 500 + 3 for j in range(chunk_start + chunk)], params,
+                      0.0)
+        req.num_computed_tokens = chunk_start
+        reqs.append(req)
+    return SchedulerOutput(0, reqs, [1] * decodes + [chunk] * (1 if chunk else 0))
+
+
+def measure_step(runner: TorchRunner, batch_size: int, context_len: int,
+                 prefill_tokens: int = 0, repeats: int = 10, warmup: int = 2,
+                 prefill_start: int = 0) -> StepTiming:
+    """Time one step of `batch_size` decodes at `context_len` (plus an optional prefill
+    chunk of `prefill_tokens` after `prefill_start` cached ones). Every repeat re-runs
+    the same positions, so the shape stays fixed."""
+    mgr = KVCacheManager(runner.num_gpu_blocks, runner.block_size)
+    step = synthetic_step(batch_size, context_len, prefill_tokens, prefill_start)
+    for r in step.requests:
+        if not mgr.allocate_slots(r, r.num_tokens - r.num_computed_tokens):
+            raise ValueError(f"KV cache too small for {len(step.requests)} x {r.num_tokens} "
+                             "tokens")
+    tables = [mgr.block_table(r.request_id) for r in step.requests]
+    times = []
+    for i in range(warmup + repeats):
+        out = runner.execute(SchedulerOutput(i, step.requests, step.num_scheduled_tokens,
+                                             block_tables=tables))
+        if i >= warmup:
+            times.append(out.elapsed_s)
+    return StepTiming(statistics.median(times), min(times), tuple(times))
 
 
 @dataclass(frozen=True)
@@ -86,14 +133,12 @@ class ProfileResult:
 
 
 def point_terms(p: GridPoint, knee_tokens: int) -> tuple[float, ...]:
-    """The cost terms of a grid point (the batch it times, as the scheduler would send it)."""
     if p.swap_blocks:
         return tuple(float(p.swap_blocks) if t == "swap" else 0.0 for t in TERMS)
     return step_terms(synthetic_step(p.decodes, p.context, p.chunk, p.chunk_start), knee_tokens)
 
 
 def _time_point(runner, p: GridPoint) -> float:
-    """One timing of one grid point (seconds)."""
     if not p.swap_blocks:
         return measure_step(runner, p.decodes, p.context or 1, p.chunk, repeats=1, warmup=0,
                             prefill_start=p.chunk_start).median_s
@@ -120,10 +165,10 @@ def _time_grid(runner, points: list[GridPoint], opts: ProfileOptions,
     return times
 
 
-def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]:
-    """(per step, per sequence, per join) seconds the engine spends around
-    runner.execute, from a small closed-loop run: step wall time minus the runner's time,
-    fitted on the step's sequences and the requests joining its batch."""
+def _engine_overhead(runner, opts: ProfileOptions) -> dict[str, float]:
+    """Seconds the engine spends around runner.execute per "step", "seq" and "join": a
+    small closed-loop run's step wall time less the runner's, fitted on the step's
+    sequences and the requests joining its batch."""
     from stepserve.config.settings import EngineConfig
     from stepserve.engine.llm_engine import LLMEngine, run_closed_loop
 
@@ -164,16 +209,15 @@ def _engine_overhead(runner, opts: ProfileOptions) -> tuple[float, float, float]
     coef = fit([(1.0, float(n), 0, 0, 0, 0, 0, float(j), 0) for n, j in zip(seqs, joins,
                                                                          strict=True)],
                [max(e, 1e-6) for e in extra])
-    return coef.get("step", 0.0), coef.get("seq", 0.0), coef.get("join", 0.0)
+    return {term: coef.get(term, 0.0) for term in ("step", "seq", "join")}
 
 
 def _blocks_needed(points: list[GridPoint], block_size: int) -> int:
     """KV blocks for the largest grid point (and the swap copies), plus a margin."""
     def blocks(n: int) -> int:
         return -(-n // block_size)
-    need = max(p.decodes * blocks(p.context) + blocks(p.chunk_start + p.chunk) + p.swap_blocks
-               for p in points)
-    return need + 16
+    return 16 + max(p.decodes * blocks(p.context) + blocks(p.chunk_start + p.chunk)
+                    + p.swap_blocks for p in points)
 
 
 def machine(device: str) -> dict[str, Any]:
@@ -209,7 +253,7 @@ def profile(opts: ProfileOptions,
         medians.append(statistics.median(times))
         records.append({"point": p.label(), **vars(p), "median_s": medians[-1],
                         "min_s": min(times), "max_s": max(times)})
-    step_s, seq_s, join_s = _engine_overhead(runner, opts)
+    overhead = _engine_overhead(runner, opts)
     held = [i for i in range(len(rows)) if i % 4 == 3]
     train = [i for i in range(len(rows)) if i % 4 != 3]
     partial = CalibratedCost(fit([rows[i] for i in train], [medians[i] for i in train]),
@@ -217,10 +261,9 @@ def profile(opts: ProfileOptions,
     errors = sorted(relative_errors(partial, [rows[i] for i in held],
                                     [medians[i] for i in held]))
     coefficients = fit(rows, medians)
-    coefficients["step"] = coefficients.get("step", 0.0) + step_s
-    coefficients["seq"] = coefficients.get("seq", 0.0) + seq_s
-    if join_s > 0:
-        coefficients["join"] = coefficients.get("join", 0.0) + join_s
+    for term, seconds in overhead.items():
+        if term != "join" or seconds > 0:
+            coefficients[term] = coefficients.get(term, 0.0) + seconds
     held_out = {"median": statistics.median(errors), "p90": errors[int(0.9 * (len(errors) - 1))],
                 "max": errors[-1], "points": len(errors)}
     meta = {**machine(opts.device), "model": opts.model, "model_path": str(runner.model_path),
@@ -229,10 +272,9 @@ def profile(opts: ProfileOptions,
             "kv_cache_bytes": default_kv_budget(opts.device).num_bytes,
             "kv_bytes_per_token": runner.args.kv_bytes_per_token,
             "block_size": opts.block_size, "grid": records, "fit_error": held_out,
-            "engine_overhead": {"step_s": step_s, "seq_s": seq_s, "join_s": join_s}}
-    cost = CalibratedCost(coefficients, opts.knee_tokens, meta)
-    return ProfileResult(cost, held_out,
-                         {"step": step_s, "seq": seq_s, "join": join_s})
+            "engine_overhead": {f"{term}_s": s for term, s in overhead.items()}}
+    return ProfileResult(CalibratedCost(coefficients, opts.knee_tokens, meta), held_out,
+                         overhead)
 
 
 def report(result: ProfileResult) -> str:
