@@ -3,7 +3,7 @@ concurrent clients, against the in-process engine on the same workload, side by 
 
 Both sides run the same closed loop: `concurrency` requests in flight, the next sent the
 moment one ends, every request the same (prompt ids, max_tokens, greedy, ignore_eos).
-In-process: engine/drive.run_closed_loop on an LLMEngine. HTTP: `stepserve serve`
+In-process: engine/llm_engine.run_closed_loop on an LLMEngine. HTTP: `stepserve serve`
 in a subprocess (its own engine, same settings), and `concurrency` asyncio clients in
 this process streaming /v1/completions (httpx, SSE parsed by hand; output tokens from
 the final `usage` chunk). Goal: HTTP >= 90% of in-process.

@@ -1,5 +1,5 @@
-"""What one connection may hold of the server (server/connection_limits.py,
-guarded_protocol.py), over raw sockets: a head over --max-header-bytes gets 431 before
+"""What one connection may hold of the server (server/connection_limits.py), over raw
+sockets: a head over --max-header-bytes gets 431 before
 the API key is looked at, a stalled head or body 408 after --header-timeout or
 --body-timeout, a connection that sends nothing is closed, a stream outlives every
 timeout, and past --max-connections an idle connection makes room or, when all are busy,

@@ -55,7 +55,7 @@ def metrics_url(url: str) -> str:
 @dataclass(kw_only=True)
 class ScrapeWindow:
     """The scrapes of a window that worked, in time order, and one line per one that
-    failed (skipped); `error`: the last failure. bench/scrape.py's Scraper is one too."""
+    failed (skipped); `error`: the last failure. bench/loadgen.py's Scraper is one too."""
 
     snapshots: list[Snapshot] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -120,7 +120,7 @@ async def _scrape_window(target: str, window_s: float, n: int) -> ScrapeWindow:
 
 def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     """The level fields (waiting_*, running_max, in_engine_max, kv_usage_max) of a series
-    of scrapes in time order, by name (bench/scrape.py picks the ones it reports)."""
+    of scrapes in time order, by name (bench/loadgen.py picks the ones it reports)."""
     out: dict[str, Any] = {}
     for key in LEVELS:
         vals = [v for s in snapshots if (v := s.level(key)) is not None]

@@ -113,7 +113,7 @@ class RunSummary:
     enable_chunked_prefill: bool | None = None
     budget_order: str | None = None
     max_waiting: float | None = None
-    # ---- a server's /metrics (live_window.py over a window, bench/scrape.py over a run) ----
+    # ---- a server's /metrics (live_window.py over a window, bench/loadgen.py over a run) ----
     window_s: float | None = None
     scrape_samples: float | None = None
     metrics_source: str | None = None  # stepserve, vllm, sglang, tgi, or engine

@@ -1,5 +1,5 @@
 """A `vllm bench serve --save-result` file (or `stepserve bench --save-result`'s), known by
-its keys, as a RunSummary for `doctor` and `report` (bench/vllm_result.py lists the keys).
+its keys, as a RunSummary for `doctor` and `report` (bench/results.py lists the keys).
 Milliseconds become seconds, `median` is P50, and a percentile the file lacks is computed
 from the per-request lists where it has them (`--save-detailed`). A run with no completed
 request has no latencies (vLLM writes 0.0 there). It is the client's view only: the rules
