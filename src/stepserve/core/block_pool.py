@@ -1,26 +1,14 @@
 """A pool of KV blocks shared by reference count, with the prefix cache's names and LRU.
 
-A block is *held* (ref_cnt[b] > 0: that many block tables name it) or *free* (in
-`free_queue`). A free block may still be *named* (`block_hash[b]`, prefix_hash.py): its
-KV is kept, and a request whose prefix has that name takes it back (`touch`) instead of
-recomputing it, until `take` hands it out for new data (an eviction drops the name). A
-block may instead be *marked* (`lazy[b]`, its `Chain`): cached, placed and evicted
-exactly as a named one, its name computed only if a lookup asks (kv_cache.py).
-
-The free queue, head first (take pops the head):
-
-    [empty blocks ...][named or marked blocks, least recently freed ... most recently]
-
-so an empty block is reused before any cached one and the least recently used cached
-one is evicted first; a table is released tail block first, so of one request's blocks
-the tail (least likely shared) is evicted before its head.
-
-Several blocks may carry the same name (two requests computed the same tokens at once,
-or a swapped-in copy): a lookup gives the lowest block id of a name (`cached`); the
-others wait in `twins`. So which block a lookup gets depends only on which blocks are
-named, never on the order they were named in (decode runs name blocks later than
-stepping does and must come out the same). A call that breaks an invariant (take more
-than is free, release what nobody holds) raises KVCacheError.
+A block is held (ref_cnt > 0: that many tables name it) or free (in `free_queue`). A
+free block may still be named (`block_hash`) or marked to be named on demand (`lazy`,
+its `Chain`): its KV is kept, and a request whose prefix has that name takes it back
+(`touch`) until `take` hands it out for new data (an eviction). The free queue holds
+empty blocks first, then cached ones least recently freed first; a table is released
+tail first, so a request's tail is evicted before its head. Several blocks may carry
+one name: a lookup gives the lowest id (`cached`), the others wait in `twins`, so which
+block a lookup gets never depends on naming order (decode runs name blocks later than
+stepping does). Breaking an invariant raises KVCacheError.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
-"""Decode runs: a stretch of decode-only steps of the continuous scheduler worked out at
-once, the simulator's fast path (sim/loop.py).
+"""Decode runs, the simulator's fast path: a stretch of the continuous scheduler's
+decode-only steps worked out at once.
 
-When nothing waits, nothing is swapped out and every running request is decoding, every
-step of the continuous scheduler is the same: each running request gets one token, in
-admission order; one that has filled its last block takes one more block; one that
-reaches its end leaves. Nothing else changes until something comes from outside (an
-arrival). So the steps up to the next outside event follow from the first, touching in
-each step only the requests that take a block or end in it (a few), instead of every
-request in every step; the others are brought up to date once, when the run ends.
-
-`run_decodes` leaves exactly what stepping would have left: the same tokens, token and
-finish times, finish reasons, KV block ids taken and freed in the same order (and so
-the same prefix cache), step records and indices, policy counters and finished log
-(tests/sim/test_decode_run.py compares whole simulations both ways). Where the steps
-are not plain (`decoding_batch`), or a block would run out (schedule() preempts then),
-it does nothing and schedule() does the step.
+When nothing waits or is swapped and every running request decodes, each step gives
+every request one token; only the requests that take a block or end in a step change
+anything else, so only those are touched per step and the rest are brought up to date
+when the run ends. `run_decodes` leaves exactly what stepping would (tokens, times,
+block ids in the same order, records, policy counters; tests/sim/test_decode_run.py
+compares both ways); where the steps are not plain or a block would run out it does
+nothing and schedule() steps.
 """
 
 from __future__ import annotations

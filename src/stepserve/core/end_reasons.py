@@ -1,15 +1,8 @@
-"""How a request ends, and what each way of ending looks like: one table.
-
-A request ends finished (stop, length), aborted, timed out in the queue, failed, or
-refused: by the scheduler at admission (`RejectReason`) or by the server before the
-engine held it (`Refusal`). Each way of ending is one row of `END_REASONS`, naming what
-the client sees (the choice's `finish_reason`, or the HTTP status and OpenAI error type
-and code of the error answer) and what the operator sees (the Prometheus counter and its
-label). The server's answers and counters, the cluster ingress, bench's outcomes and the
-metrics read this table; nothing else maps end reasons to statuses, codes or labels.
-
-An abnormal end after a streamed answer began cannot change its status any more: the same
-error body arrives as a server-sent event instead (server/answer.py).
+"""How a request ends, one table: each way (finished, aborted, timed out, failed, refused
+by admission (`RejectReason`) or by the server (`Refusal`)) is a row of `END_REASONS`
+naming what the client sees (`finish_reason`, or the HTTP status and OpenAI error type
+and code) and the Prometheus counter and label. Nothing else maps end reasons to
+statuses, codes or labels. After a stream began, an abnormal end arrives as an event.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
-"""The engine core: the one loop body of the system, shared by every driver.
+"""The engine core: the one loop body every driver shares.
 
-    step() = begin_step()                 schedule(), then runner.execute(out)
-             complete_step(pending)       update_from_output()
-                                          -> StepResult(record, emitted, finished)
+    step() = begin_step()        schedule(), then runner.execute(out)
+             complete_step()     update_from_output() -> StepResult
 
-The runner (a torch model in model/runner.py, a cost model in sim/loop.py) gets all it
-needs in the SchedulerOutput and returns a RunnerOutput. No torch here: the simulator
-drives this very core on a virtual clock, so a simulated step is the real engine's step
-with another runner. Drivers (LLM.generate, bench's in-process load, the server's engine
-thread, the simulator's event loop) are thin loops over `step()`, or over `begin_step()`
-/ `complete_step()` where time passes in between; the core calls none of them back.
-
-Every end of a request from outside a step (an abort, a stop string, a client gone)
-goes through `finish_request`, which ends it exactly once and reports it in the next
-result's `finished`, as a step's own ends are. Drivers read the core's state through
-`snapshot()`, never through the scheduler.
-
-Failure isolation: an exception while the runner executes a step ends exactly the
-requests that step touched (FINISHED_ERROR, blocks freed); the core goes on.
-MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row mean the runner itself is broken:
-`EngineDead`. A fault in the scheduler raises as it is: its state can no longer be trusted.
+No torch here: the simulator drives this core on a virtual clock with a cost-model
+runner. Every end from outside a step goes through `finish_request` (exactly once, in
+the next result's `finished`); drivers read state through `snapshot()`. A runner fault
+ends exactly the requests its step touched (FINISHED_ERROR); MAX_CONSECUTIVE_STEP_FAILURES
+in a row raise `EngineDead`. A scheduler fault raises as it is.
 """
 
 from __future__ import annotations

@@ -1,32 +1,19 @@
-"""The paged KV block manager: device blocks of `block_size` tokens shared by reference
-count (block_pool.py), a CPU swap pool, per-request block tables, and automatic prefix
-caching.
+"""The paged KV block manager: device blocks shared by reference count (block_pool.py),
+a CPU swap pool, per-request block tables, and automatic prefix caching.
 
-Prefix caching (on unless `enable_prefix_caching=False`): a block whose tokens are all
-computed is cached (`cache_blocks`, as each step's tokens are applied) and stays in the
-pool after its request lets go, until the pool needs it for new data. A new request
-starts from the longest run of named blocks matching its own chain of prefix_hash.py
-(`cached_prefix`), holding them beside their other holders.
+Prefix caching: a block whose tokens are all computed is cached (`cache_blocks`) and
+stays in the pool after its request lets go until the pool needs it; a new request
+starts from the longest run of named blocks matching its chain of names (prefix_hash.py,
+`cached_prefix`). Blocks are named on demand: `cache_blocks` names only a table's first
+block and files its `Chain` under that name; a lookup whose first block has that name
+names the chains filed there first, so it sees exactly what naming every block at once
+would give. A request only ever writes its own unshared blocks: at least its last token
+is always computed, so a whole-prompt hit is cut back by one block.
 
-Named on demand: a lookup can hit block i of a chain only if its own block 0 has the same
-name, so `cache_blocks` hashes only a table's first block, files the table's `Chain`
-under that name and marks the blocks (`BlockPool.mark_lazy`); a lookup whose first block
-has that name first names every chain filed there (`BlockPool.name_chain`), which is then
-named eagerly. A lookup sees exactly what naming every block at once would give; the
-hashes of blocks nobody asks for, most of them, are never computed.
-
-    a table:  [hit][hit][hit][new][new]    hits: shared, read-only; new: its own
-                               ^ num_computed_tokens starts here
-
-A request only ever writes its own, unshared blocks: a hit is a full block below the
-first token it computes, and at least its last token is always computed (it needs the
-logits), so a whole-prompt hit is cut back by one block (`cached_prefix`).
-
-Invariant (`check_integrity`): in each pool, a block's reference count is the number of
-tables naming it; the free queue is exactly the blocks with count 0; every named block is
-in the name map under its name and the map holds nothing else. Allocation is
-check-then-commit: a method that can run out of blocks returns False (or an empty
-result) and changes nothing; a broken invariant raises.
+Invariant (`check_integrity`): a block's reference count is the number of tables naming
+it; the free queue is exactly the blocks with count 0; the name map holds exactly the
+named blocks. A method that can run out of blocks returns False (or an empty result) and
+changes nothing; a broken invariant raises.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Names of full KV blocks for the prefix cache: a hash chain.
 
-Block i of a request is named hash(name of block i - 1, the block's token ids); block 0's
-parent is the chain's root. Two blocks share a name only if the whole token prefix up to
-their end is the same and so is the request's `cache_salt`, so a block's name says
-everything its KV depends on (one model, one block size: a KV manager serves one engine).
-
-Three algorithms, vLLM's `--prefix-caching-hash-algo`; which one names the blocks never
-changes which blocks are shared, only what a name costs:
-
-  builtin  (default) Python's hash() of (parent, *token ids): an int, ~0.1 us a block.
-           Not keyed, so not collision resistant: a prompt crafted to collide could read
-           another prompt's KV *within its salt*. It cannot cross a salt: a salted
-           request's names carry the salt itself, (salt, int), never equal to another
-           salt's names nor to the unsalted ones. Tenants that must not learn about each
-           other's prompts give different salts (or run with sha256).
-  xxhash   xxHash3-128 over a fixed encoding (the `xxhash` package): faster than SHA-256,
-           likewise not collision resistant; salted names carry the salt as above.
-  sha256   SHA-256 over a fixed encoding, the salt in the root: collision resistant
-           across every request (~0.7 us a block).
-
-Each request names each of its blocks once (`Request.block_hashes` keeps them).
+Block i is named hash(name of block i - 1, its token ids), block 0's parent the root, so
+two blocks share a name only if the whole prefix up to their end and the `cache_salt`
+agree. The algorithm (vLLM's `--prefix-caching-hash-algo`) changes only what a name
+costs: builtin (default, Python's hash(), ~0.1 us a block) and xxhash (xxHash3-128) are
+not collision resistant, but a salted request's names carry the salt itself, so no
+collision crosses a salt; sha256 (~0.7 us a block) is collision resistant everywhere.
+Each request names each of its blocks once (`Request.block_hashes`).
 """
 
 from __future__ import annotations

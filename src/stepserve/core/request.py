@@ -1,9 +1,8 @@
-"""Requests: what was asked (SamplingParams), where it stands (RequestStatus, and how it
-ended: end_reasons.py), and when each thing happened (timestamps), plus the per-request
-preemption accounting.
+"""Requests: what was asked (SamplingParams), where it stands (RequestStatus,
+end_reasons.py), when things happened, and its preemption accounting.
 
-One token rule for every request: `num_computed_tokens` chases `num_tokens`.
-Prefill, chunked prefill, recompute after preemption and decode are the same rule.
+One token rule: `num_computed_tokens` chases `num_tokens` (prefill, chunks, recompute
+and decode alike).
 """
 
 from __future__ import annotations

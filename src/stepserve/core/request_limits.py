@@ -1,28 +1,11 @@
-"""The bounds of every request input, in one place.
+"""The bounds of every request input, in one place: `SamplingParams` and the HTTP models
+(server/protocol.py) read their ranges here, so what the API accepts the engine can run
+and a hostile value is refused at the edge, naming the field and the range.
 
-`SamplingParams` (offline and server alike) and the HTTP request models
-(`server/protocol.py`, published in /openapi.json) read their ranges from here, so a
-value the API accepts is one the engine can run, and a hostile value (a 64-bit top_k,
-100,000 stop strings, a megabyte tenant name) is refused at the edge with a message
-naming the field and the range. (Sizes of workloads and command-line runs: limits.py.)
-
-Why these numbers:
-* Integers that reach torch or a generator stay inside int64 (`seed`, `top_k`,
-  `max_tokens`); `top_k` and `max_tokens` are also capped far above any real vocabulary
-  or context, so nothing downstream sizes a buffer from them.
-* Per-token work grows with the stop strings (each is searched after every token):
-  a few dozen short strings cost nothing, a hundred thousand slow every stream.
-* `n` children each hold a whole sequence of KV and a batch slot: a hundred is already
-  far past any sensible use; top logprobs cost a top-k over the vocabulary per token.
-* `user` is a tenant *name* for the fair-share policy; the table of tenants is bounded
-  separately (core/policies.py), this bounds each key.
-* Bodies: the largest legitimate body is a prompt of max_model_len token ids or text
-  (a few hundred KB at 32k tokens); `DEFAULT_MAX_REQUEST_BYTES` leaves ample room.
-* Text must be valid Unicode (`check_text`): JSON's `\\ud800` escape and Python's
-  reading of a byte that is not UTF-8 (argv, surrogateescape) both make a lone
-  surrogate, which no tokenizer, log line or UTF-8 response can carry.
-* A min_tokens request masks its stop tokens and EOS until it has that many: a stop set
-  covering the whole vocabulary leaves it nothing to sample (`stop_tokens_refusal`).
+Integers reaching torch stay in int64; stop strings are searched after every token, so
+they are bounded; each of `n` children holds a sequence of KV; text must be valid
+Unicode (a lone surrogate cannot be tokenized, logged or sent); a min_tokens request
+whose stop set covers the vocabulary could sample nothing (`stop_tokens_refusal`).
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
-"""The continuous-batching scheduler: the batch is re-formed every step. The whole
-order of a step is in this file, with its two strategies (budget orders, preemption modes).
+"""The continuous-batching scheduler: the batch is re-formed every step, in the order
+of its budget order (decode_first, or the legacy prefill_first) and its preemption mode.
 
-One step (1-4 here, 5-6 in SchedulerBase.update_from_output):
-  1. expire requests that waited past max_queue_time_s (SchedulerBase.schedule);
-  2. split the token budget (max_num_batched_tokens) between decode and prefill, in the
-     budget order's sequence of named steps, each taking the budget left:
-
-       decode_first (default)   schedule_running -> schedule_swapped -> schedule_waiting
-                                (running sequences, decodes and unfinished prefills in
-                                admission order, before swapped ones, before new prompts)
-       prefill_first (legacy)   schedule_running (prefills) -> schedule_waiting ->
-                                decode budget -> schedule_running (decodes) ->
-                                schedule_swapped ("decode 预算 = 总预算 - 本步 prefill
-                                chunk": a step that prefills leaves decode budget - cap)
-
-  3. allocate KV blocks; when they run out, preempt a victim chosen by the policy; the
-     preemption mode swaps it to the CPU pool or drops its KV to recompute later; new
-     prompts just wait;
-  4. hand the batch to the runner as a SchedulerOutput.
-
-Token rule: a request needs `num_tokens - num_computed_tokens` more tokens computed; a
-new prompt starts past its cached prefix (the KV manager's prefix cache), so the budget,
-the chunk cap and the partial-prefill limits count only what is left to compute. It is
-decoding (Request.is_decoding) when exactly its newest sampled token is missing; anything
-else is prefill (a fresh prompt, a chunk of one, or a recompute after preemption). A
-prefill chunk is capped by long_prefill_token_threshold; at most max_num_partial_prefills
-prompts (and max_long_partial_prefills long ones) may be left mid-prefill at once.
+A step: expire queue timeouts (SchedulerBase.schedule); split max_num_batched_tokens
+between running sequences, swapped ones and new prompts in the budget order's sequence;
+allocate KV blocks, preempting the policy's victim when they run out (new prompts just
+wait); hand the batch to the runner. A request needs `num_tokens - num_computed_tokens`
+tokens computed, a new prompt starting past its cached prefix; a prefill chunk is capped
+by long_prefill_token_threshold, and at most max_num_partial_prefills prompts
+(max_long_partial_prefills long ones) are left mid-prefill at once.
 """
 
 from __future__ import annotations

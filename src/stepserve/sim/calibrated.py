@@ -1,26 +1,9 @@
-"""The calibrated cost model: a step's time as a few explainable terms, each a measured
-cost per unit of work, fitted to the real engine's step times (`stepserve profile`).
-
-    t = step                     fixed cost of any step (scheduling, sampling set-up,
-                                 launching the layers, streaming the weights once)
-      + seq      x sequences     per scheduled sequence (Python bookkeeping, sampling)
-      + token    x tokens        per token through the layers (prefill and decode alike)
-      + token_hi x tokens over   per token past `knee_tokens` (a CPU's GEMMs get cheaper
-                                 per token as the batch grows; a GPU's too, until compute-
-                                 bound: the fit says which)
-      + kv_read  x decode KV     per KV token a decode reads (attention over context)
-      + attn     x prefill attn  per (query x key) pair of a prefill chunk's causal
-                                 attention: n x (start + (n + 1) / 2)
-      + swap     x blocks        per KV block copied between device and CPU
-      + join     x joins         per request joining the batch (its chunk starts at token
-                                 0: new, or recomputed): the engine re-forming its batch
-      + chunk    x chunks        per prefill chunk in the step, fresh or after cached
-                                 tokens (the prefill path's own fixed cost: a chunk of 16
-                                 tokens costs several decode steps on a CPU)
-
-Coefficients are fitted by non-negative least squares on relative error (a 5 ms step
-and a 2 s step count alike), so each stays a cost, never a credit. JSON in and out
-(`to_json` / `from_json`) with the machine and model it was measured on.
+"""The calibrated cost model: a step's time as a sum of terms (TERMS: a fixed step cost;
+per sequence; per token, and per token past `knee_tokens`; per KV token a decode reads;
+per causal attention pair of a prefill chunk; per block swapped; per request joining the
+batch; per prefill chunk), each a measured cost per unit fitted to the real engine's
+step times (`stepserve profile`) by non-negative least squares on relative error, so
+each stays a cost, never a credit.
 """
 
 from __future__ import annotations

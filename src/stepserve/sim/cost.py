@@ -1,13 +1,9 @@
-"""Cost models: how long one step takes, given the batch. ConstantCost here (every step
-the same, the night-report job's 24-26 ms), RooflineCost (roofline.py: max(compute,
-memory) from a hardware and a model spec), CalibratedCost (calibrated.py: a fit of this
-machine's measured steps, from `stepserve profile`).
+"""Cost models: how long one step takes, given the batch. ConstantCost here,
+RooflineCost (roofline.py), CalibratedCost (calibrated.py, fitted by `stepserve profile`).
 
-Every model adds the engine's scheduling overhead (`SchedulingOverhead`): work that grows
-with the batch it re-forms each step, not with the tokens the model computes. A static
-batch's steps after its short members finish carry only its few live sequences, a
-continuous batch's carry all of them, so a continuous engine's steps are slower and its
-gain over static batching stays below the step-count cap (`plan speedup`).
+Each adds the engine's scheduling overhead (`SchedulingOverhead`), which grows with the
+batch re-formed each step: a continuous batch's steps carry every sequence, a static
+batch's only its live ones, so continuous batching's gain stays below the step-count cap.
 """
 
 from __future__ import annotations

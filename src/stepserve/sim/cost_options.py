@@ -1,11 +1,8 @@
 """The cost model a user picks (`--cost constant|roofline|FILE`, `--step-ms`,
-`--hardware`, `--model-spec`), and the KV memory it implies.
-
-A roofline model knows the memory its hardware leaves for KV after the weights and the
-model's KV bytes per token, so it sizes the KV pool (sim/scenarios.py); a calibrated one
-(a cost file from `stepserve profile`) knows the KV budget the profiled engine had; a
-constant one leaves the pool to the config. A cost file measured on another machine is
-used with a warning naming both."""
+`--hardware`, `--model-spec`), and the KV memory it implies: a roofline model's hardware
+minus weights, a cost file's profiled budget, or (constant) the config's own pool. A
+cost file measured on another machine is used with a warning naming both.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""`stepserve simulate`'s job: a built-in scenario, or a workload file or a trace (ours
-or Mooncake's) with a config file and settings, through the real scheduler on a virtual
-clock; the table printed, the result written as JSON.
-
-User mistakes raise UsageError (ConfigError, WorkloadError), which `stepserve` prints as
-one line, exit 2; the output path is checked before anything runs."""
+"""`stepserve simulate`'s job: a scenario, a workload file or a trace with a config and
+settings, through the real scheduler on a virtual clock; the table printed, the result
+written as JSON. User mistakes raise UsageError (one line, exit 2); the output path is
+checked before anything runs."""
 
 from __future__ import annotations
 

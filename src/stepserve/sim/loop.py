@@ -1,16 +1,10 @@
-"""The discrete-event loop: drives the engine core of each replica on a virtual clock. A
-replica's step begins at one event (`begin_step`: schedule, cost model) and completes at
-another, its duration later (`complete_step`); in between, arrivals queue and aborts
-land, as on a real server. Events: arrivals, step completions, batch window expiries.
-
-A closed-loop workload issues its next request the moment one ends (a refused one
-included), before any replica forms its next batch. A multi-turn session's later turn
-(workload/sessions.py) arrives its think time after the turn before it ended, its prompt
-that turn's prompt and output ids plus its own; a turn whose predecessor did not complete
-is never sent (its session ends, and only then does a closed loop send its next request).
-Replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
-and belongs to a pool with its own config; the router (routing/) picks a pool by the
-deployment's rules, then a replica in it, from each replica's view of its load.
+"""The discrete-event loop: drives each replica's engine core on one virtual clock. A
+step begins at one event (schedule, cost model) and completes its duration later;
+arrivals and aborts land in between, as on a real server. A closed loop issues its next
+request the moment one ends; a session's later turn arrives its think time after the
+turn before it ended (never, if that one did not complete). Each replica belongs to a
+pool with its own config; the router picks a pool by the deployment's rules, then a
+replica from each one's view of its load.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""What `stepserve simulate` prints about a result: the table of runs side by side (one
-row a metric, each with a note on what it means), and for the built-in scenarios the
-incident's own figures against the run and the lab's verdicts on each fix.
-
-Each incident reports figures (the promo spike's TTFT P99 of 9.4 s, the night report's
-420 tok/s ...). A `Figure` is one of them: its value in the incident, and how a run of the
-scenario reads it. Its scenario reproduces it within `TOLERANCE`, unless `why_not` says
-why it cannot hold together with the incident's other figures (the arithmetic is there);
-docs/guide.md tells the story and tests/sim/test_incident_figures.py pins them. The
-verdicts: is the promo peak absorbed, in the simulator and by `stepserve plan capacity`
-on the same peak (they must agree); what the mixed-pool fix does; and each of the quick
-start's claims checked on the run (`CLAIMS`).
+"""What `stepserve simulate` prints about a result: the runs side by side (a row a metric,
+with a note on what it means), and for the built-in scenarios the incident's figures
+against the run and the lab's verdicts on each fix. A `Figure` holds within `TOLERANCE`
+unless `why_not` says why it cannot hold with the incident's other figures (docs/guide.md
+tells the story; tests/sim/test_incident_figures.py pins them).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Running simulations, and their results as typed values: a RunResult per config run and
-a SimulateResult per scenario or workload file. JSON only at the edge, in the shape other
-tools read:
-
-    {"schema_version", "scenario", "description", "cost_model", "workload",
-     "runs": [{"name", "batching", "note", "config", "num_gpu_blocks", "summary",
-               "by_class"?, "deployment"?, "timeseries", "latency_samples"}],
-     "findings": [{"run", "rule", "severity", "evidence", "action"}],
-     "comparison"?: {"speedup", "speedup_cap", "share_of_cap",
-                     "static_slot_utilization_computed"}}   # batching comparisons
+"""Running simulations, and their results as typed values: a RunResult per config run
+and a SimulateResult per scenario or workload file; JSON only at the edge (the shape
+other tools read: schema_version, scenario, description, cost_model, workload, runs,
+findings, and comparison for batching comparisons).
 """
 
 from __future__ import annotations
