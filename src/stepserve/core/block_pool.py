@@ -26,10 +26,9 @@ class KVCacheError(RuntimeError):
 
 
 class Chain:
-    """One block table's computed blocks that are to be named only when asked for (see
-    kv_cache.py, "named on demand"): the request whose tokens they hold, the table, and
-    how many of its blocks still hold that content unnamed (`alive`). A chain that is
-    no request's any more (`live` False) and holds nothing leaves its registry bucket."""
+    """One table's computed blocks to be named only when asked for: its request, the
+    table, how many blocks still hold that content unnamed (`alive`); once no request's
+    (`live` False) and empty, it leaves its registry bucket."""
 
     __slots__ = ("request", "table", "first", "alive", "live", "filed", "registry")
 
@@ -82,9 +81,8 @@ class BlockPool:
         return list(self.free_queue)
 
     # ---- handing blocks out and back ----
-    # The simulator moves every block of every request through take, name and release:
-    # each is one plain loop over the blocks with the common case written out (plain
-    # loops beat map() over bound methods in CPython 3.11; benchmarks/sim_speed.py).
+    # The simulator's hot path: plain loops with the common case written out (they beat
+    # map() over bound methods in CPython 3.11; benchmarks/sim_speed.py).
     def take(self, n: int) -> list[int]:
         """`n` blocks from the head of the free queue, held once each; a named one is
         evicted (its name dropped)."""
@@ -134,9 +132,8 @@ class BlockPool:
         self.num_refs += k
 
     def release(self, blocks: list[int]) -> None:
-        """Drop one hold on each of `blocks` (one table's), its last block first; a block
-        nobody holds any more joins the free queue (named: at the tail; unnamed: at the
-        head)."""
+        """Drop one hold on each of `blocks` (one table's), last first; a block nobody
+        holds joins the free queue (cached: at the tail; empty: at the head)."""
         ref, queue, names, lazy = self.ref_cnt, self.free_queue, self.block_hash, self.lazy
         if not all(map(ref.__getitem__, blocks)):
             stray = next(b for b in blocks if ref[b] <= 0)
@@ -157,8 +154,7 @@ class BlockPool:
 
     # ---- names ----
     def name(self, blocks: list[int], hashes: list[BlockHash], lo: int, hi: int) -> None:
-        """Name held blocks `blocks[lo:hi]` by `hashes[lo:hi]`: their KV is computed and
-        others may share them."""
+        """Name held blocks `blocks[lo:hi]` by `hashes[lo:hi]` (computed: shareable)."""
         names, cached = self.block_hash, self.cached
         named = 0
         for i in range(lo, hi):
@@ -181,8 +177,7 @@ class BlockPool:
         self.num_named += named
 
     def mark_lazy(self, blocks: list[int], lo: int, hi: int, chain: Chain) -> None:
-        """Held blocks `blocks[lo:hi]` hold `chain`'s computed KV, to be named on demand
-        (`name_chain`); they are cached as named blocks are (the free queue's tail)."""
+        """Mark held blocks `blocks[lo:hi]` as `chain`'s, named on demand (`name_chain`)."""
         names, lazy = self.block_hash, self.lazy
         k = 0
         for i in range(lo, hi):
@@ -194,8 +189,7 @@ class BlockPool:
         self.num_lazy += k
 
     def name_chain(self, chain: Chain, hashes: list[BlockHash], hi: int) -> None:
-        """Name the blocks among `chain.table[:hi]` that still hold its content unnamed by
-        `hashes` (the chain's names)."""
+        """Name by `hashes` the blocks of `chain.table[:hi]` still marked as its."""
         table, lazy = chain.table, self.lazy
         mine = [i for i in range(min(hi, len(table))) if lazy[table[i]] is chain]
         for i in mine:
@@ -241,9 +235,8 @@ class BlockPool:
                                f"{sum(map(len, self.twins.values()))} twins")
 
     def check(self, name: str, tables: list[list[int]]) -> None:
-        """The full check: every block's count is the number of tables naming it, the free
-        queue is exactly the blocks nobody holds, and the name map and the blocks' names
-        agree both ways (C-speed passes over the pool: cheap enough for every step)."""
+        """The full check: counts against the tables, the free queue against the held
+        blocks, the name map against the blocks' names (C-speed passes over the pool)."""
         self.check_counts(name, tables)
         counts = Counter(chain.from_iterable(tables))
         for table in tables:

@@ -34,9 +34,8 @@ _ID = attrgetter("request_id")
 
 @dataclass(frozen=True)
 class Sampler:
-    """The runner's side of a decode run: request i of the batch samples `token` in the
-    run's first `plain_steps(batch, held)[i]` steps and `eos` in every step after
-    (`held[i]`: the output tokens it holds now)."""
+    """The runner's side of a decode run: request i samples `token` in the first
+    `plain_steps(batch, held)[i]` steps (`held`: output tokens now), then `eos`."""
 
     token: int
     eos: int
@@ -45,26 +44,21 @@ class Sampler:
 
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
-    """Several decode-only steps done at once: their records, the requests that ended in
-    them (in order), when the last one completed, and the requests that had ended before,
-    for the runner to drop (as the next step's SchedulerOutput.finished_request_ids would
-    have told it)."""
+    """Decode-only steps done at once: their records, the requests ended in them, the
+    last step's end, and the ids ended before (for the runner to drop)."""
 
     records: list[StepRecord]
     finished: list[Request]
     end_s: float
     released_ids: list[str]
-    # the last step completes at or after `until`: its record's num_waiting must count
-    # what arrives while it runs (the caller sets it when the step completes)
+    # the last step ends at or after `until`: the caller sets its num_waiting then
     straddles: bool = False
 
 
 def decoding_batch(sched: Scheduler) -> list[Request] | None:
-    """The running requests when the next step is a plain decode-only step; else None.
-    Plain: continuous batching (every budget order serves every decode), nothing swapped
-    out, every running request decoding, all within the token budget, and nothing
-    waiting, or only requests that cannot be admitted (every batch slot is taken) and
-    cannot time out (no max_queue_time_s)."""
+    """The running requests when the next step is plain (continuous batching, nothing
+    swapped, all decoding within the budget, nothing waiting that could be admitted or
+    time out); else None."""
     if type(sched) is not Scheduler:
         return None
     running = sched.running
@@ -80,9 +74,8 @@ def decoding_batch(sched: Scheduler) -> list[Request] | None:
 
 def _end_steps(batch: list[Request], held: list[int], plain: list[int], sampler: Sampler
                ) -> tuple[list[int], list[bool]]:
-    """The step of the run in which each request ends, and whether by length
-    (update_from_output's rules: the length first, then a stop id once min_tokens are
-    out)."""
+    """The step each request ends in, and whether by length (update_from_output's
+    rules)."""
     token, eos = sampler.token, sampler.eos
     at_length = list(map(sub, map(_MAX_TOKENS, batch), held))
     first_eos = [p + 1 for p in plain]
@@ -105,16 +98,12 @@ def _end_steps(batch: list[Request], held: list[int], plain: list[int], sampler:
 def run_decodes(sched: Scheduler, start: float, until: float,
                 step_time: Callable[[int, int], float], sampler: Sampler,
                 stop_at_first_end: bool = False, straddle: bool = False) -> DecodeRun | None:
-    """Apply, from `start`, the decode-only steps that begin before `until` (the next
-    outside event) and complete before it; with `straddle`, also the one that completes
-    at or after it, as the last, if no request ends in it and the policy counts no
-    tokens (an arrival while it runs sees the replica as schedule() left it: the step's
-    blocks taken, nobody gone, no tokens counted yet). `step_time(n, computed)`: the
-    duration of a step of n decodes whose requests hold `computed` computed tokens in
-    all. `stop_at_first_end`: the run ends with the first step in which a request ends
-    (a closed-loop client answers it before the next step; so too where requests wait
-    for a batch slot: the next step admits them). None, and nothing changed: no step
-    could be applied."""
+    """Apply from `start` the decode-only steps that complete before `until` (the next
+    outside event); with `straddle`, also one completing at or after it if nobody ends in
+    it and the policy counts no tokens. `step_time(n, computed)`: a step of n decodes
+    holding `computed` tokens. `stop_at_first_end`: stop after the first step a request
+    ends in (a closed loop answers it; waiting requests get its slot). None, nothing
+    changed: no step could be applied."""
     batch = decoding_batch(sched)
     if batch is None:
         return None
@@ -149,8 +138,7 @@ def run_decodes(sched: Scheduler, start: float, until: float,
 
 
 class _Run:
-    """One decode run's state while run_decodes applies its steps: when each request
-    ends and takes its next blocks, worked out once; the steps done so far."""
+    """A decode run's state: when each request ends and takes blocks; steps so far."""
 
     def __init__(self, sched: Scheduler, batch: list[Request], sampler: Sampler) -> None:
         self.sched, self.batch, self.sampler = sched, batch, sampler
@@ -163,12 +151,10 @@ class _Run:
         self.plain = plain
         self.final, self.by_length = _end_steps(batch, held, plain, sampler)
         done = list(map(_COMPUTED, batch))
-        # A request takes its next block in the step after `room` more tokens (its blocks'
-        # free slots), then every block_size steps.
+        # a request takes a block after `room` more tokens, then every block_size steps
         self.room = list(map(sub, map(self.block_size.__mul__, map(len, map(
             kv.block_tables.__getitem__, map(_ID, batch)))), done))
-        # Batch positions in the order they end, and in the order they first take a block
-        # (stable sorts: batch order within a step, as schedule() and update_from_output go).
+        # positions by end and by first block taken (stable: batch order within a step)
         positions = range(len(batch))
         self.ending = sorted(positions, key=self.final.__getitem__)
         self.taking = sorted(positions, key=self.room.__getitem__)
@@ -181,8 +167,8 @@ class _Run:
         self.step = self.e = self.k = 0  # steps applied; next in `ending`; next in `taking`
 
     def take_blocks(self) -> bool:
-        """Give the next step's block takers a block each and count the step as applied;
-        False, and nothing taken, where the free blocks do not suffice."""
+        """Give the next step's takers a block each and apply the step; False (nothing
+        taken) without enough free blocks."""
         step, room, taking, final = self.step, self.room, self.taking, self.final
         k = self.k
         while k < len(taking) and room[taking[k]] == step:
@@ -220,7 +206,7 @@ class _Run:
             self.n -= 1
 
     def record(self, end_s: float, duration: float, active: int) -> None:
-        """The StepRecord schedule() and update_from_output would have left for the step."""
+        """The StepRecord stepping would have left."""
         waiting, sched = self.num_waiting, self.sched
         sched.step_records.append(StepRecord(
             index=self.step0 + self.step - 1, start_s=end_s - duration, duration_s=duration,
@@ -240,13 +226,10 @@ class _Run:
             sched.running = batch
         _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
         sched.step_index += step
-        # The blocks the run filled are named for the prefix cache now, not in the step
-        # that filled each (as update_from_output does): nobody looks the cache up during
-        # a run, and which block a name gives does not depend on naming order
-        # (block_pool.py); a request that ended in the run named its blocks as it let go.
+        # Filled blocks are named now: nobody looks the cache up during a run and naming
+        # order does not matter (block_pool.py); ended requests named theirs on release.
         if self.kv.enable_prefix_caching:
-            # Only a request whose last block had at most `step` free slots filled one;
-            # `taking` lists them first (it is in the order of the slots they had).
+            # only requests with at most `step` free slots filled one: `taking` lists them first
             cache_blocks, room, final, everyone = self.kv.cache_blocks, self.room, \
                 self.final, self.batch
             for i in self.taking:
@@ -258,9 +241,8 @@ class _Run:
 
 def _catch_up(sched: Scheduler, requests: list[Request], plain: list[int], steps: int,
               times: list[float], sampler: Sampler, step0: int) -> None:
-    """Bring `requests` up to date after `steps` steps of the run: what update_from_output
-    (and the schedule() before it) would have done to each, step by step. (`times`: the
-    run's step ends so far, at least `steps` of them.)"""
+    """Bring `requests` up to date after `steps` steps of the run, as stepping would
+    (`times`: the run's step ends so far)."""
     tokens = [sampler.token] * steps
     token_times = times if steps == len(times) else times[:steps]
     last = step0 + steps - 1

@@ -28,8 +28,7 @@ from stepserve.core.request import FinishReason, Request, RequestStatus
 
 log = logging.getLogger("stepserve.engine")
 
-# A runner that fails this many steps in a row is broken, not unlucky: stop, so that a
-# supervisor can restart the process, instead of failing every request forever.
+# failed steps in a row that mean a broken runner: stop, so a supervisor restarts it
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 
@@ -40,9 +39,8 @@ _DRIVER_ENDS = frozenset(_STATUS_OF.values())
 
 
 def default_max_tokens(max_model_len: int, num_prompt_tokens: int) -> int:
-    """max_tokens=None, as vLLM reads it: whatever room max_model_len leaves after the
-    prompt (at least 1, so a prompt that fills the context is refused by its length). The
-    one place it is resolved; the server's chat endpoint asks here too."""
+    """max_tokens=None, as vLLM reads it: the room max_model_len leaves after the prompt
+    (at least 1, so a prompt filling the context is refused by its length)."""
     return max(max_model_len - num_prompt_tokens, 1)
 
 
@@ -51,8 +49,7 @@ class EngineDead(RuntimeError):
 
 
 class Runner(Protocol):
-    """What the engine core steps: `execute` a batch. A runner whose class says
-    `reads_block_tables = False` gets batches without their block tables."""
+    """`execute` a batch (`reads_block_tables = False`: without block tables)."""
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
 
@@ -75,9 +72,8 @@ class PendingStep:
 
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
-    """What a driver may read of an engine core's state between steps: queue lengths, KV
-    block counts and the prefix cache's counters (for /health, the server's metrics, a
-    replica's routing view and the demo), so the core can change how it keeps them."""
+    """What a driver may read of the core's state between steps (queues, KV blocks, the
+    prefix cache's counters), so the core can change how it keeps them."""
 
     num_running: int
     num_waiting: int
@@ -118,8 +114,8 @@ class EngineCore:
 
     # ---- requests ----
     def add_request(self, request: Request) -> bool:
-        """Queue `request`; False if admission refused it (it is then finished, with its
-        reason, and appears in no StepResult). max_tokens=None: `default_max_tokens`."""
+        """Queue `request`; False if admission refused it (finished with its reason, in
+        no StepResult)."""
         if request.max_tokens is None:
             request.max_tokens = default_max_tokens(self.config.scheduler.max_model_len,
                                                     request.num_prompt_tokens)
@@ -130,11 +126,9 @@ class EngineCore:
 
     def finish_request(self, request_id: str, reason: RequestStatus | FinishReason,
                        message: str = "", stop_reason: str | None = None) -> bool:
-        """End a live request now, whatever it is doing: its blocks are freed and it is in
-        the next StepResult's `finished`, like any end. `reason`: its end (a finished
-        RequestStatus, or its FinishReason); `stop_reason`: the stop string that ended it
-        (a stop token's is read by the scheduler). False, and nothing done, if the request
-        is unknown or has already ended: each request ends exactly once."""
+        """End a live request now (in the next StepResult's `finished`). `reason`: a
+        finished RequestStatus or FinishReason; `stop_reason`: the stop string that ended
+        it. False, nothing done, if it is unknown or already ended."""
         status = _STATUS_OF.get(reason) if isinstance(reason, FinishReason) else reason
         if status not in _DRIVER_ENDS:
             allowed = ", ".join(s.name for s in _STATUS_OF.values())
@@ -201,28 +195,22 @@ class EngineCore:
         return StepResult(record, emitted, sched.take_finished())
 
     def take_finished(self) -> list[Request]:
-        """The requests ended since the last result and not yet reported (those a driver
-        ended after a step, e.g. by a stop string), in the order they ended."""
+        """The requests ended since the last result (e.g. by a driver's stop string)."""
         return self.scheduler.take_finished()
 
     def run_decodes(self, start: float, until: float,
                     step_time: Callable[[int, int], float], sampler: Sampler,
                     stop_at_first_end: bool = False,
                     straddle: bool = False) -> DecodeRun | None:
-        """The simulator's fast path: the decode-only steps from `start` that complete
-        before `until`, worked out at once where the scheduler's steps are plain
-        (core/decode_run.py), with the runner's side given as `step_time` and `sampler`.
-        None: none could be; step() as usual."""
+        """The simulator's fast path (core/decode_run.py); None: step() as usual."""
         run = run_decodes(self.scheduler, start, until, step_time, sampler,
                           stop_at_first_end, straddle)
         if run is not None and self.integrity_checks:
             self._check()
         return run
 
-    # The debug switch's check: the counts after every step, the block sets themselves
-    # every FULL_CHECK_EVERY steps, when the engine is idle, and always on a small pool
-    # (a full check walks every block: after each of a simulation's 10^5 steps it would
-    # dominate the run; at 2,048 blocks it doubled the promo-spike scenario's time).
+    # The debug switch: counts every step, the full check every FULL_CHECK_EVERY steps,
+    # when idle, and on small pools (at 2,048 blocks, every step doubled promo-spike's time).
     FULL_CHECK_EVERY = 64
     FULL_CHECK_BLOCKS = 256
 
@@ -248,9 +236,8 @@ class EngineCore:
 
 
 def _keep_logprobs(out: SchedulerOutput, result: RunnerOutput) -> None:
-    """Append the step's logprobs to their requests: a sampled token's only if the token
-    was appended (not for a request aborted while the step ran), so each request holds
-    exactly one entry per output token."""
+    """Append the step's logprobs to their requests, exactly one per output token (none
+    for a request aborted while the step ran)."""
     for i, req in enumerate(out.requests):
         if result.prompt_logprobs is not None and req.prompt_logprobs is not None:
             found = result.prompt_logprobs[i]

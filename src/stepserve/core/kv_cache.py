@@ -45,13 +45,11 @@ class KVCacheManager:
         self.namer = namer(hash_algo)  # prefix_hash.py: what names a full block
         self.block_tables: dict[str, list[int]] = {}  # request id -> device blocks
         self.cpu_tables: dict[str, list[int]] = {}  # request id -> CPU blocks (swapped)
-        # request id -> how many leading blocks of its device table are named already, or
-        # marked to be named on demand
+        # request id -> leading blocks of its table named (or marked to be)
         self.num_named: dict[str, int] = {}
         self.chain_of: dict[str, Chain] = {}  # request id -> its table's chain (on demand)
         self.chains: dict = {}  # a first block's name -> the chains filed under it, by id
-        # Counters for the metrics (vLLM's prefix_cache_queries / _hits, in tokens), over
-        # first admissions that looked the cache up; evictions (named blocks reused) in blocks.
+        # vLLM's prefix_cache_queries / _hits, in tokens
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -79,11 +77,9 @@ class KVCacheManager:
 
     # ---- the prefix cache ----
     def cached_prefix(self, request: Request) -> list[int]:
-        """The device blocks of the longest cached prefix of `request` (which holds no
-        blocks), at most (num_tokens - 1) // block_size of them so its last token is
-        computed. Empty with caching off, and for a request that wants prompt logprobs
-        (its prompt positions must be computed to be scored). Changes nothing a caller
-        sees (it names the blocks marked under its first block's name)."""
+        """The device blocks of the longest cached prefix of `request` (holding no
+        blocks), leaving its last token to compute; empty with caching off or prompt
+        logprobs asked (those positions must be computed to be scored)."""
         if not self.looks_up(request):
             return []
         bs = self.block_size
@@ -106,16 +102,13 @@ class KVCacheManager:
         return hits
 
     def take_prefix_hit(self, request: Request, hit_tokens: int) -> None:
-        """`request` was admitted holding `hit_tokens` tokens from the prefix cache (the
-        blocks `cached_prefix` found, handed to `allocate_slots`): it starts past them.
-        Continuous, static and dynamic batching all admit through here, so the baselines
-        are compared with continuous batching on the same cache and counters."""
+        """`request` was admitted holding `hit_tokens` cached tokens: it starts past them
+        (every batching admits through here: one cache, one set of counters)."""
         request.num_computed_tokens += hit_tokens
         request.prefix_hit_tokens = hit_tokens
         if request.first_scheduled_time is None:  # its prompt's first admission: for usage
             request.num_cached_tokens = hit_tokens
-            # the metrics count first admissions only (vLLM's counters leave preempted
-            # requests out), so they move by exactly what usage reports
+            # first admissions only, as vLLM's counters (and usage) count
             if self.looks_up(request):
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += hit_tokens
@@ -125,8 +118,7 @@ class KVCacheManager:
         return self.enable_prefix_caching and request.prompt_logprobs is None
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the full blocks among the first `num_tokens` tokens of `request`, whose KV
-        is computed: from now on other requests may share them (with caching on)."""
+        """Cache the full blocks of the first `num_tokens` (computed) tokens of `request`."""
         if not self.enable_prefix_caching:
             return
         rid = request.request_id
@@ -157,13 +149,11 @@ class KVCacheManager:
     # ---- device allocation ----
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve_total: int = 0,
                        cached: list[int] | None = None) -> bool:
-        """Make room for `num_new_tokens` more tokens of `request` (and, when given, for
-        `reserve_total` tokens in all). `cached`: for a request holding no blocks, the
-        hits `cached_prefix` found; they come first in its table and the new tokens
-        follow them (the caller advances num_computed_tokens past them). Hits still free
-        leave the free queue, so they count against it like new blocks. A request
-        holding no blocks yet must leave the watermark free so running requests can
-        still grow, unless no request holds any. False: no change."""
+        """Make room for `num_new_tokens` more tokens of `request` (and for
+        `reserve_total` in all, when given). `cached`: the hits `cached_prefix` found for
+        a request holding no blocks, first in its table (free ones count like new
+        blocks). A request holding no blocks must leave the watermark free, unless no
+        request holds any. False: no change."""
         rid = request.request_id
         table = self.block_tables.get(rid)
         have = len(table) if table else 0
@@ -197,8 +187,7 @@ class KVCacheManager:
         return True
 
     def free(self, request: Request) -> None:
-        """Release every block `request` holds, on the device and in the CPU pool; its
-        computed device blocks stay cached (named) for whoever shares the prefix next."""
+        """Release every block `request` holds; its computed device blocks stay cached."""
         rid = request.request_id
         if rid in self.block_tables:
             self._let_go(request)
@@ -206,13 +195,11 @@ class KVCacheManager:
         if cpu_table:
             self.cpu.release(cpu_table)
         if request.is_finished:
-            # An ended request's names serve nobody, and a simulation keeps every request.
             request.block_hashes.clear()
 
     def _let_go(self, request: Request) -> list[int]:
-        """Release `request`'s device table (returned), first naming what `cache_blocks`
-        has not named yet (a decode run applies its steps without it), so it stays
-        cached."""
+        """Release `request`'s device table (returned), naming first what a decode run
+        left unnamed."""
         self.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
         rid = request.request_id
         self.num_named.pop(rid, None)
@@ -225,14 +212,11 @@ class KVCacheManager:
         return table
 
     # ---- swapping ----
-    # A swapped request keeps its own CPU copy of every block, shared or not, and lets go
-    # of its device blocks (a shared one stays with its other holders; a computed one
-    # stays cached). Swapping in takes fresh device blocks for the copies; they are named
-    # again as steps complete (twins of the originals, if those are still cached).
+    # A swapped request keeps a CPU copy of every block, shared or not; swapping in takes
+    # fresh device blocks, named again as steps complete (twins of cached originals).
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
-        """Copy `request`'s device blocks to the CPU pool and release them; returns the
-        (device, cpu) copies, which must run before the released blocks are written.
-        Empty list (and no change) if the CPU pool is too small."""
+        """Move `request`'s blocks to the CPU pool: the (device, cpu) copies, to run before
+        the released blocks are written; empty (no change) if the pool is too small."""
         rid = request.request_id
         table = self.block_tables.get(rid, [])
         if not table or len(table) > self.cpu.num_free:
@@ -242,9 +226,8 @@ class KVCacheManager:
         return list(zip(self._let_go(request), cpu_blocks))
 
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
-        """Bring `request`'s blocks back to the device; returns (cpu, device) copies.
-        Empty list (and no change) without room for them, leaving the watermark free
-        unless no request holds any blocks."""
+        """Bring `request`'s blocks back: the (cpu, device) copies; empty (no change)
+        without room above the watermark (unless no request holds blocks)."""
         cpu_table = self.cpu_tables.get(request.request_id)
         n, free = len(cpu_table or ()), self.gpu.num_free
         room = n <= free - self.watermark_blocks or (n <= free and not self.gpu.num_held)
@@ -258,11 +241,8 @@ class KVCacheManager:
 
     # ---- invariants ----
     def check_integrity(self, full: bool = True) -> None:
-        """Raise KVCacheError unless the pools and the tables agree. `full=False` checks
-        only the counts (free + held == total, the tables' entries == the references, the
-        name map's size): O(requests), cheap enough for every step; a leak or a double
-        allocation changes a count. The full check compares each block's count with the
-        tables naming it, the free queue and the name map, both ways."""
+        """Raise KVCacheError unless the pools and the tables agree; `full=False`: the
+        counts only, O(requests) (a leak or a double allocation changes a count)."""
         for name, pool, tables in (("device", self.gpu, self.block_tables),
                                    ("cpu", self.cpu, self.cpu_tables)):
             if full:
