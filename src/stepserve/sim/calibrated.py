@@ -26,22 +26,18 @@ SHOWN = {"step": (1e3, "ms per step"), "seq": (1e6, "us per sequence"),
          "swap": (1e6, "us per block copied"), "join": (1e6, "us per request joining the batch"),
          "chunk": (1e6, "us per prefill chunk")}
 TERMS = tuple(SHOWN)
-# The terms that grow with the batch the engine re-forms, not with the model's work:
-# the scheduling overhead (sim/cost.py), named in describe().
+# the scheduling overhead's terms (sim/cost.py), named in describe()
 SCHEDULING_TERMS = ("seq", "join")
 
 
 def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
-    """The work of one step, in the order of TERMS. A decode (the runner's decode path:
-    one query over the cached KV) reads start + 1 keys; a prefill chunk of n tokens after
-    `start` computed ones attends to n * start + n (n + 1) / 2 (an integer); a request
-    joins the batch when its chunk starts at token 0 (sim/cost.py, `joining`)."""
+    """The work of one step, in the order of TERMS: a decode reads start + 1 keys, a
+    prefill chunk attends causally (`causal_pairs`), a chunk at token 0 joins."""
     counts = out.num_scheduled_tokens
     starts = computed_tokens(out)
     tokens = sum(counts)
     if counts.count(1) == out.num_decode_tokens:
-        # Every decode computes 1 token; when as many entries have 1 token as the batch
-        # has decodes, those are the decodes (no per-request call: this runs every step).
+        # as many 1-token entries as decodes: those are the decodes (no per-request call)
         prefill = list(map(_NOT_ONE, counts))
     else:  # built by hand: ask each request
         prefill = [not req.is_decoding for req in out.requests]
@@ -71,8 +67,7 @@ class CalibratedCost(CostModel):
         return self._time(step_terms(out, self.knee_tokens))
 
     def decode_step_time(self, batch: int, computed: int) -> float:
-        # step_terms of `batch` decodes: each reads its computed tokens + 1 keys; no
-        # prefill attention, no swaps, nobody joining, no chunk
+        # step_terms of `batch` decodes
         over = batch - self.knee_tokens if batch > self.knee_tokens else 0
         return self._time((1.0, float(batch), float(batch), float(over),
                            float(computed + batch), 0.0, 0.0, 0.0, 0.0))
