@@ -227,7 +227,7 @@ class _Run:
         _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
         sched.step_index += step
         # Filled blocks are named now: nobody looks the cache up during a run and naming
-        # order does not matter (block_pool.py); ended requests named theirs on release.
+        # order does not matter (kv_cache.py); ended requests named theirs on release.
         if self.kv.enable_prefix_caching:
             # only requests with at most `step` free slots filled one: `taking` lists them first
             cache_blocks, room, final, everyone = self.kv.cache_blocks, self.room, \

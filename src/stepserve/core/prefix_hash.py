@@ -25,8 +25,7 @@ DEFAULT_HASH_ALGO = HASH_ALGOS[0]
 
 _DOMAIN = b"stepserve.prefix-cache.v1"
 _ROOT = hashlib.sha256(_DOMAIN).digest()
-# The payload's first byte names its encoding, so the two encodings can never produce
-# the same bytes for different token lists.
+# the first byte names the encoding: the two never collide
 _INT64, _TEXT = b"q", b"t"
 
 
@@ -43,8 +42,7 @@ def _payload(token_ids: Sequence[int]) -> bytes:
 
 
 class BlockNamer:
-    """One algorithm's chain: `root(salt)`, then `name(parent, token_ids)` per block. A
-    name is also the next block's parent. (Subclasses by algorithm; `namer` picks one.)"""
+    """One algorithm's chain: `root(salt)`, then `name(parent, token_ids)` per block."""
 
     algo = ""
 
@@ -55,9 +53,8 @@ class BlockNamer:
         raise NotImplementedError
 
     def names(self, request: Request, num_blocks: int, block_size: int) -> list[BlockHash]:
-        """`request.block_hashes`, extended to name at least its first `num_blocks`
-        blocks (each must be full: num_blocks * block_size <= request.num_tokens). Tokens
-        are only ever appended to a request, so a name, once computed, stays right."""
+        """`request.block_hashes`, extended over its first `num_blocks` (full) blocks; a
+        name stays right once computed (tokens are only appended)."""
         hashes = request.block_hashes
         have = len(hashes)
         if have >= num_blocks:
@@ -98,8 +95,7 @@ class BlockNamer:
 
 class _Builtin(BlockNamer):
     algo = "builtin"
-    # hash() of an int or a tuple of ints is the same in every process (only str and
-    # bytes hashes are randomised), so the chain is reproducible; the root is an int.
+    # hash() of ints and int tuples is not randomised: the chain is reproducible
     _root = int.from_bytes(_ROOT[:8], "little")
 
     def root(self, cache_salt: str | None) -> BlockHash:
@@ -174,8 +170,7 @@ def namer(algo: str = DEFAULT_HASH_ALGO) -> BlockNamer:
 
 
 def block_tokens(request: Request, index: int, block_size: int) -> list[int]:
-    """The token ids of block `index` of `request` (prompt, then output), without
-    concatenating the whole sequence."""
+    """The token ids of block `index` of `request`, without concatenating it whole."""
     lo, hi = index * block_size, (index + 1) * block_size
     prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
     if hi <= num_prompt:

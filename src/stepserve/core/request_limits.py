@@ -41,23 +41,21 @@ MAX_REQUEST_BYTES_MAX = 1 << 30
 def check_range(name: str, value: object, low: float | None, high: float | None,
                 *, integer: bool = False, low_open: bool = False,
                 note: str = "") -> str | None:
-    """A problem description if `value` is not a number in [low, high] (`low_open`:
-    (low, high]) (None: fine). NaN and infinities fail every range; bools are not
-    numbers here."""
+    """A problem if `value` is not a number in [low, high] (`low_open`: (low, high]);
+    None: fine. NaN, infinities and bools fail."""
     return _allowed(low, high, int if integer else float, low_open, note).problem(name, value)
 
 
 @lru_cache(maxsize=256)
 def _allowed(low: float | None, high: float | None, kind: type, low_open: bool,
              note: str) -> Allowed:
-    """Each range's Allowed, made once (every request's params check a dozen)."""
+    """Each range's Allowed, made once."""
     return Allowed(low, high, kind, lo_open=low_open, note=note)
 
 
 def check_text(field: str, text: str) -> str | None:
-    """A problem description if `text` is not valid Unicode (None: fine): a lone
-    surrogate, the only str a UTF-8 encoder refuses. Never quotes the text (a message
-    holding the surrogate could not be printed or sent either)."""
+    """A problem if `text` holds a lone surrogate (None: fine); never quotes the text,
+    which could not be printed either."""
     if text.isascii():
         return None
     try:
@@ -75,9 +73,8 @@ def check_text(field: str, text: str) -> str | None:
 
 def stop_tokens_refusal(stop_token_ids: tuple[int, ...] | list[int], min_tokens: int,
                         vocab_size: int, eos_token_id: int | None) -> str | None:
-    """Why these stop token ids cannot be taken by a model of `vocab_size` tokens (None:
-    they can): an id outside the vocabulary, or, with min_tokens, a stop set that masks
-    every token (the sampler masks EOS too, even under ignore_eos, as vLLM)."""
+    """Why these stop ids cannot be taken (None: they can): an id outside the vocabulary,
+    or, with min_tokens, a stop set masking every token (EOS too, as vLLM)."""
     token_id = Allowed(0, vocab_size, hi_open=True)
     for i, t in enumerate(stop_token_ids):
         if (problem := token_id.problem(f"stop_token_ids[{i}]", t)) is not None:
@@ -94,8 +91,7 @@ def stop_tokens_refusal(stop_token_ids: tuple[int, ...] | list[int], min_tokens:
 
 
 def cache_salt_refusal(cache_salt: object) -> str | None:
-    """Why `cache_salt` cannot be taken (None: it can): the prefix cache's namespace is a
-    non-empty string (as vLLM's), bounded, valid Unicode; None is no salt."""
+    """Why `cache_salt` cannot be taken (None: it can): a bounded non-empty string."""
     if cache_salt is None:
         return None
     if not isinstance(cache_salt, str) or not cache_salt:
@@ -107,9 +103,8 @@ def cache_salt_refusal(cache_salt: object) -> str | None:
 
 
 def priority_refusal(priority: int, policy: str) -> str | None:
-    """Why a request's `priority` cannot be taken under scheduling `policy` (None: it
-    can). vLLM refuses a priority under fcfs rather than ignore it; so do the server
-    (a 400) and `LLM.generate` (ValueError)."""
+    """Why `priority` cannot be taken under `policy` (None: it can); vLLM refuses it
+    under fcfs rather than ignore it."""
     if not priority or policy == "priority":
         return None
     return (f"priority = {priority}, but the scheduling policy is {policy!r}: priority is "
