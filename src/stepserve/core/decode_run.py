@@ -18,11 +18,10 @@ from itertools import repeat
 from operator import attrgetter, eq, sub
 
 from stepserve.core.output import StepRecord
-from stepserve.core.request import Request, RequestStatus
+from stepserve.core.request import Request, RequestStatus, is_decoding
 from stepserve.core.scheduler import Scheduler
 
 _LENGTH, _STOPPED = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED
-_is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget
 # attribute getters: map() over them runs at C speed (a run starts thousands of times)
 _OUTPUT = attrgetter("output_token_ids")
 _COMPUTED = attrgetter("num_computed_tokens")
@@ -67,7 +66,7 @@ def decoding_batch(sched: Scheduler) -> list[Request] | None:
     if sched.waiting and (len(running) < sched.sc.max_num_seqs
                           or sched.qc.max_queue_time_s):
         return None
-    if not all(map(_is_decoding, running)):
+    if not all(map(is_decoding, running)):
         return None
     return running
 

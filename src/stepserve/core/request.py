@@ -7,6 +7,7 @@ and decode alike).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from stepserve.core import request_limits as limits
@@ -238,3 +239,8 @@ class Request:
         if self.first_scheduled_time is None:
             return None
         return self.first_scheduled_time - self.arrival_time
+
+
+# Request.is_decoding's getter as a plain function, for the hot loops: Python 3.11 does not
+# specialise property access (~20-40 ns more per request).
+is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget

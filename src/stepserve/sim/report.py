@@ -155,15 +155,11 @@ def format_comparison(result: SimulateResult) -> list[str]:
 # ---- the incidents' figures ----
 TOLERANCE = 0.25
 
-# The promo spike's TTFT is measured at its gateway: the daily traffic's mean 0.95 s and
-# P99 1.1 s sit ~0.9 s above what an engine with no queue takes for these prompts (~0.05
-# s), and so close together that no queue can be in them. The lab adds those 0.9 s
-# (retrieval and the gateway, before the engine) to the engine's TTFT and E2E.
+# The promo spike's TTFT is the gateway's: its daily mean 0.95 s and P99 1.1 s sit ~0.9 s
+# above an unqueued engine's ~0.05 s, so the lab adds 0.9 s to the engine's TTFT and E2E.
 GATEWAY_S = 0.9
-# The incident gives no timeout. A promo client here gives up when its first token
-# comes later than twice the daily mean TTFT (2 x 0.95 s at the gateway): the daily
-# traffic (P99 1.1 s) misses that about as rarely as the incident's 0.5%. The share is
-# sensitive to it (docs/guide.md: 2 s gives 8.7%, 1.5 s 19.7%).
+# The incident gives no timeout: a client gives up past twice the daily mean TTFT, which
+# the daily traffic misses about as rarely as the incident's 0.5% (docs/guide.md).
 DEADLINE_S = 2 * 0.95
 
 Read = Callable[[SimulateResult], "float | None"]

@@ -68,10 +68,9 @@ class RunResult:
             out["by_class"] = {k: s.to_json() for k, s in self.by_class.items()}
         if self.deployment is not None:
             out["deployment"] = self.deployment
-        if self.timeseries is not None:
-            out["timeseries"] = self.timeseries.to_json()
-        if self.latency_samples is not None:
-            out["latency_samples"] = self.latency_samples.to_json()
+        for key in ("timeseries", "latency_samples"):
+            if (value := getattr(self, key)) is not None:
+                out[key] = value.to_json()
         return out
 
     @classmethod
