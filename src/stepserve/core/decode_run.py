@@ -97,12 +97,10 @@ def _end_steps(batch: list[Request], held: list[int], plain: list[int], sampler:
 def run_decodes(sched: Scheduler, start: float, until: float,
                 step_time: Callable[[int, int], float], sampler: Sampler,
                 stop_at_first_end: bool = False, straddle: bool = False) -> DecodeRun | None:
-    """Apply from `start` the decode-only steps that complete before `until` (the next
-    outside event); with `straddle`, also one completing at or after it if nobody ends in
-    it and the policy counts no tokens. `step_time(n, computed)`: a step of n decodes
-    holding `computed` tokens. `stop_at_first_end`: stop after the first step a request
-    ends in (a closed loop answers it; waiting requests get its slot). None, nothing
-    changed: no step could be applied."""
+    """Apply from `start` the decode-only steps completing before `until` (the next
+    outside event), with `straddle` also one completing after it if nobody ends in it and
+    no tokens are counted; `stop_at_first_end`: stop after a step a request ends in.
+    `step_time(n, computed)`: n decodes holding `computed` tokens. None: no step."""
     batch = decoding_batch(sched)
     if batch is None:
         return None

@@ -313,9 +313,8 @@ def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: Cos
              num_gpu_blocks: int, closed_loop_concurrency: int | None = None,
              progress: Callable[[int], None] | None = None,
              deployment: Deployment | None = None, decode_runs: bool = True) -> SimResult:
-    """Run `specs` through the deployment's replicas (default: `config.replicas` alike);
-    every request and step. Pools without num_gpu_blocks get `num_gpu_blocks`.
-    `decode_runs=False` steps one by one (same results, slower)."""
+    """Every request and step of `specs` through the deployment's replicas (default:
+    `config.replicas` alike); `decode_runs=False` steps one by one (same results)."""
     loop = _EventLoop(deployment or Deployment.single(config), specs, cost_model,
                       num_gpu_blocks, closed_loop_concurrency, progress, decode_runs)
     loop.run()

@@ -126,9 +126,8 @@ def format_findings(findings: Sequence[Finding]) -> str:
 
 
 def format_comparison(result: SimulateResult) -> list[str]:
-    """Continuous over static against its cap, and where the rest went: the step count
-    (prefill steps, the drain at the end) and the step time (the scheduling overhead a
-    full batch pays every step, named in the cost model)."""
+    """Continuous over static against its cap, and where the rest went (step count, step
+    time)."""
     comp = result.comparison
     assert comp is not None
     lines = [f"continuous / static throughput: {comp.speedup:.2f}x; speedup cap for the same "
