@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepserve.config.settings import EngineConfig
-from stepserve.core.block_pool import Chain
+from stepserve.core.kv_cache import Chain
 from stepserve.sim import loop
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.loop import simulate

@@ -1,7 +1,6 @@
-"""What every scheduler shares, whatever its batching: admission checks, the request
-lifecycle (every request ends exactly once, with a reason), applying a runner's output,
-and one StepRecord per executed step. Subclasses decide only how a batch is filled
-(`fill`)."""
+"""What every scheduler shares: admission, the request lifecycle (each request ends
+exactly once, with a reason), applying a runner's output, a StepRecord per step.
+Subclasses decide only how a batch is filled (`fill`)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ _REQUEST_ID = attrgetter("request_id")
 _FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 _FINISHED_STOPPED = RequestStatus.FINISHED_STOPPED
 
-# The debug switch: with this environment variable set to 1, the engine core checks the
-# scheduler's blocks and queues after every step (`check_integrity`), so a leak or a
-# double free raises at the step that made it. The test suite runs with it on.
+# The debug switch (the test suite sets it): check blocks and queues after every step.
 CHECK_INTEGRITY_ENV = "STEPSERVE_CHECK_INTEGRITY"
 
 
@@ -32,8 +29,7 @@ def integrity_checks_on() -> bool:
 
 
 class SchedulerBase:
-    # Whether schedule() looks up the batch's block tables (`SchedulerOutput.block_tables`):
-    # a runner that never reads block ids (the simulator's) has its engine core turn it off.
+    # off for a runner that never reads block ids (the simulator's)
     fills_block_tables = True
 
     def __init__(self, config: EngineConfig, kv: KVCacheManager, clock: Clock) -> None:
@@ -44,8 +40,7 @@ class SchedulerBase:
         self.clock = clock
         self.policy = make_policy(self.sc.policy, self.qc.aging_after_s,
                                   lambda r: len(kv.cached_prefix(r)) * kv.block_size)
-        # One sequence of max_model_len must fit (as vLLM asks); the watermark does not
-        # count against it: it holds a new request back only while others hold blocks.
+        # one sequence of max_model_len must fit (as vLLM asks), watermark aside
         need = blocks_for(self.sc.max_model_len, kv.block_size)
         if kv.num_gpu_blocks < need:
             raise ConfigError(
@@ -94,8 +89,7 @@ class SchedulerBase:
     # ---- ending requests ----
     def finish_request(self, request_id: str, status: RequestStatus, message: str = "",
                        stop_reason: str | int | None = None) -> bool:
-        """End a live request from outside a step (abort, stop string); False if it is
-        unknown or already ended. `stop_reason`: the stop string that ended it."""
+        """End a live request from outside a step; False if unknown or already ended."""
         request = self.requests.get(request_id)
         if request is None:
             return False
@@ -110,10 +104,8 @@ class SchedulerBase:
         return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, message)
 
     def fail_step(self, out: SchedulerOutput, message: str) -> list[Request]:
-        """The runner could not execute `out`: end, as FINISHED_ERROR, every request whose
-        KV the step touched (its batch, the victims it was to swap out, the requests it
-        was to swap in), freeing their blocks. Requests outside the step keep running:
-        their KV was not part of it. Returns the requests ended."""
+        """The runner could not execute `out`: end as FINISHED_ERROR (and return) every
+        request whose KV it touched (batch, swap-outs, swap-ins); the others run on."""
         touched = list(out.requests)
         touched += [r for r in out.preempted if r.status is RequestStatus.SWAPPED]
         swapped_in = {device for _, device in out.swap_in}
@@ -126,12 +118,9 @@ class SchedulerBase:
 
     def end_request(self, request: Request, status: RequestStatus, message: str = "",
                     now: float | None = None, stop_reason: str | int | None = None) -> None:
-        """End `request` (at `now`, default the clock's time) with `status`: the one way
-        any request ends (a step's stop or length, a decode run's, a queue timeout, a
-        failed step, an abort, a stop string, admission's refusal). A live one's blocks
-        are freed and the runner is told at the next step; the caller has taken it out
-        of its queue. `stop_reason`: the stop string or stop token id that ended it, set
-        where the stop was decided. Every end is logged in `finished`, once."""
+        """End `request` with `status` (at `now`, default the clock's): the one way any
+        request ends. The caller has taken it out of its queue; its blocks are freed, the
+        runner told at the next step, the end logged in `finished` once."""
         if request.is_finished:
             raise RuntimeError(f"request {request.request_id} ended twice")
         request.status = status
@@ -162,9 +151,8 @@ class SchedulerBase:
                       f"max_queue_time_s = {limit}")
 
     # ---- what the engine core takes after every step ----
-    # `finished` and `step_records` are logs: whoever drives a scheduler by hand reads
-    # them whole. The engine core takes what is new after each step; what it has taken is
-    # dropped once a log passes LOG_KEEP entries, so a long-running server stays bounded.
+    # Logs read whole by hand-driven schedulers; the engine core takes what is new, and
+    # taken entries are dropped past LOG_KEEP so a long-running server stays bounded.
     LOG_KEEP = 4096
 
     def take_finished(self) -> list[Request]:
@@ -184,12 +172,9 @@ class SchedulerBase:
         return bool(self.waiting or self.running or self.swapped)
 
     def check_integrity(self, full: bool = True) -> None:
-        """Raise KVCacheError unless: the block manager's own invariant holds (reference
-        counts, free queue, prefix cache names); every live request is in exactly one
-        queue; exactly the running requests hold device blocks, covering their computed
-        tokens (a prefix cache hit included), and exactly the swapped ones hold CPU blocks
-        (a table left behind by an ended request is a leak). `full=False`: the counts
-        only, O(requests), cheap enough for every step of a long simulation."""
+        """Raise KVCacheError unless the block manager's invariant holds, every live
+        request is in one queue, and exactly the running (swapped) requests hold device
+        (CPU) blocks, covering their computed tokens. `full=False`: counts only."""
         kv = self.kv
         kv.check_integrity(full)
         live = self.requests
@@ -222,8 +207,7 @@ class SchedulerBase:
 
     # ---- forming a step's batch ----
     def schedule(self) -> SchedulerOutput:
-        """This step's batch: queue timeouts first, then the subclass's `fill`; the
-        block tables of the batch are looked up once it is formed."""
+        """This step's batch: queue timeouts, then the subclass's `fill`."""
         now = self.clock.now()
         out = SchedulerOutput(step_index=self.step_index)
         self.step_index += 1
@@ -243,8 +227,7 @@ class SchedulerBase:
 
     # ---- applying a step ----
     def update_from_output(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
-        """Advance each scheduled request, append sampled tokens, end the ones that hit a
-        stop condition, and record the step. Returns the requests that got a token."""
+        """Apply a step: tokens, stop conditions, the record; returns who got a token."""
         now = self.clock.now()
         requests, counts = out.requests, out.num_scheduled_tokens
         if self.policy.tracks_tokens:  # fair share counts each tenant's computed tokens
@@ -255,16 +238,12 @@ class SchedulerBase:
         emitted: list[Request] = []
         emit = emitted.append
         ended: list[Request] = []
-        # A block is named for the prefix cache once its last token's KV is computed:
-        # here, when a step's tokens cross a block boundary (computed % bs < n), never
-        # when scheduled, so a failed or preempted step leaves nothing half-computed in
-        # the cache (vLLM names blocks as it schedules them and shares them within a
-        # step; here the next step shares them).
+        # A block is cached once a completed step crosses its end (computed % bs < n),
+        # never when scheduled: a failed or preempted step caches nothing half-computed.
         cache_blocks = self.kv.cache_blocks
         # with caching off, a "block" no step's tokens ever cross: one test a token, not two
         bs = self.kv.block_size if self.kv.enable_prefix_caching else 1 << 62
-        # No max_model_len check here: admission guarantees prompt + max_tokens fits it.
-        # (With schedule_running, the hottest loop of a simulation: locals, no indexing.)
+        # the hottest loop with schedule_running; admission already bounds max_model_len
         for req, n, tok in zip(requests, counts, result.sampled_token_ids):
             if req.status is not _RUNNING:
                 continue  # ended (aborted) while the step ran
@@ -306,8 +285,7 @@ class SchedulerBase:
 
 
 def _take_new(log: list, taken: int, keep: int) -> tuple[list, int]:
-    """What `log` gained since its first `taken` entries were taken, and the count taken
-    now: the taken entries are dropped once the log is longer than `keep`."""
+    """What `log` gained past `taken`, and the new count (dropped past `keep`)."""
     new = log[taken:]
     if len(log) > keep:
         del log[:]

@@ -1,17 +1,9 @@
-"""Baselines to compare continuous batching against, behind the same interface.
-
-* Static batching: when no batch is running, take up to max_num_seqs waiting requests
-  as one batch and run it until its last member ends. Members that finish early leave
-  the computation, but their slots are not refilled: a new batch starts only when the
-  whole batch is done. This is "wait for the slowest request".
-* Dynamic batching: the same, except a batch closes only when max_num_seqs requests are
-  waiting or the oldest has waited batch_window_s (the night-report incident's 64 / 50 ms).
-
-A batch reserves prompt + max_tokens of KV for every member when it forms (as static
-engines preallocate), so nothing is ever preempted; a member's cached prefix (the
-prefix cache, looked up as continuous batching does) is shared, not reserved again. The
-batch prefills first (chunked by the token budget when prompts do not fit one step),
-then decodes in lock-step.
+"""Baselines behind the same interface. Static batching takes up to max_num_seqs waiting
+requests as one batch and runs it until its last member ends (early finishers' slots
+stay empty); dynamic batching closes a batch only at max_num_seqs waiting or once the
+oldest has waited batch_window_s. A batch reserves prompt + max_tokens of KV per member
+(nothing is preempted), shares cached prefixes, prefills first, then decodes in
+lock-step.
 """
 
 from __future__ import annotations

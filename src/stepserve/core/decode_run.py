@@ -1,20 +1,13 @@
-"""Decode runs: a stretch of decode-only steps of the continuous scheduler worked out at
-once, the simulator's fast path (sim/loop.py).
+"""Decode runs, the simulator's fast path: a stretch of the continuous scheduler's
+decode-only steps worked out at once.
 
-When nothing waits, nothing is swapped out and every running request is decoding, every
-step of the continuous scheduler is the same: each running request gets one token, in
-admission order; one that has filled its last block takes one more block; one that
-reaches its end leaves. Nothing else changes until something comes from outside (an
-arrival). So the steps up to the next outside event follow from the first, touching in
-each step only the requests that take a block or end in it (a few), instead of every
-request in every step; the others are brought up to date once, when the run ends.
-
-`run_decodes` leaves exactly what stepping would have left: the same tokens, token and
-finish times, finish reasons, KV block ids taken and freed in the same order (and so
-the same prefix cache), step records and indices, policy counters and finished log
-(tests/sim/test_decode_run.py compares whole simulations both ways). Where the steps
-are not plain (`decoding_batch`), or a block would run out (schedule() preempts then),
-it does nothing and schedule() does the step.
+When nothing waits or is swapped and every running request decodes, each step gives
+every request one token; only the requests that take a block or end in a step change
+anything else, so only those are touched per step and the rest are brought up to date
+when the run ends. `run_decodes` leaves exactly what stepping would (tokens, times,
+block ids in the same order, records, policy counters; tests/sim/test_decode_run.py
+compares both ways); where the steps are not plain or a block would run out it does
+nothing and schedule() steps.
 """
 
 from __future__ import annotations
@@ -25,11 +18,10 @@ from itertools import repeat
 from operator import attrgetter, eq, sub
 
 from stepserve.core.output import StepRecord
-from stepserve.core.request import Request, RequestStatus
+from stepserve.core.request import Request, RequestStatus, is_decoding
 from stepserve.core.scheduler import Scheduler
 
 _LENGTH, _STOPPED = RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED
-_is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget
 # attribute getters: map() over them runs at C speed (a run starts thousands of times)
 _OUTPUT = attrgetter("output_token_ids")
 _COMPUTED = attrgetter("num_computed_tokens")
@@ -41,9 +33,8 @@ _ID = attrgetter("request_id")
 
 @dataclass(frozen=True)
 class Sampler:
-    """The runner's side of a decode run: request i of the batch samples `token` in the
-    run's first `plain_steps(batch, held)[i]` steps and `eos` in every step after
-    (`held[i]`: the output tokens it holds now)."""
+    """The runner's side of a decode run: request i samples `token` in the first
+    `plain_steps(batch, held)[i]` steps (`held`: output tokens now), then `eos`."""
 
     token: int
     eos: int
@@ -52,26 +43,21 @@ class Sampler:
 
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
-    """Several decode-only steps done at once: their records, the requests that ended in
-    them (in order), when the last one completed, and the requests that had ended before,
-    for the runner to drop (as the next step's SchedulerOutput.finished_request_ids would
-    have told it)."""
+    """Decode-only steps done at once: their records, the requests ended in them, the
+    last step's end, and the ids ended before (for the runner to drop)."""
 
     records: list[StepRecord]
     finished: list[Request]
     end_s: float
     released_ids: list[str]
-    # the last step completes at or after `until`: its record's num_waiting must count
-    # what arrives while it runs (the caller sets it when the step completes)
+    # the last step ends at or after `until`: the caller sets its num_waiting then
     straddles: bool = False
 
 
 def decoding_batch(sched: Scheduler) -> list[Request] | None:
-    """The running requests when the next step is a plain decode-only step; else None.
-    Plain: continuous batching (every budget order serves every decode), nothing swapped
-    out, every running request decoding, all within the token budget, and nothing
-    waiting, or only requests that cannot be admitted (every batch slot is taken) and
-    cannot time out (no max_queue_time_s)."""
+    """The running requests when the next step is plain (continuous batching, nothing
+    swapped, all decoding within the budget, nothing waiting that could be admitted or
+    time out); else None."""
     if type(sched) is not Scheduler:
         return None
     running = sched.running
@@ -80,16 +66,15 @@ def decoding_batch(sched: Scheduler) -> list[Request] | None:
     if sched.waiting and (len(running) < sched.sc.max_num_seqs
                           or sched.qc.max_queue_time_s):
         return None
-    if not all(map(_is_decoding, running)):
+    if not all(map(is_decoding, running)):
         return None
     return running
 
 
 def _end_steps(batch: list[Request], held: list[int], plain: list[int], sampler: Sampler
                ) -> tuple[list[int], list[bool]]:
-    """The step of the run in which each request ends, and whether by length
-    (update_from_output's rules: the length first, then a stop id once min_tokens are
-    out)."""
+    """The step each request ends in, and whether by length (update_from_output's
+    rules)."""
     token, eos = sampler.token, sampler.eos
     at_length = list(map(sub, map(_MAX_TOKENS, batch), held))
     first_eos = [p + 1 for p in plain]
@@ -112,16 +97,10 @@ def _end_steps(batch: list[Request], held: list[int], plain: list[int], sampler:
 def run_decodes(sched: Scheduler, start: float, until: float,
                 step_time: Callable[[int, int], float], sampler: Sampler,
                 stop_at_first_end: bool = False, straddle: bool = False) -> DecodeRun | None:
-    """Apply, from `start`, the decode-only steps that begin before `until` (the next
-    outside event) and complete before it; with `straddle`, also the one that completes
-    at or after it, as the last, if no request ends in it and the policy counts no
-    tokens (an arrival while it runs sees the replica as schedule() left it: the step's
-    blocks taken, nobody gone, no tokens counted yet). `step_time(n, computed)`: the
-    duration of a step of n decodes whose requests hold `computed` computed tokens in
-    all. `stop_at_first_end`: the run ends with the first step in which a request ends
-    (a closed-loop client answers it before the next step; so too where requests wait
-    for a batch slot: the next step admits them). None, and nothing changed: no step
-    could be applied."""
+    """Apply from `start` the decode-only steps completing before `until` (the next
+    outside event), with `straddle` also one completing after it if nobody ends in it and
+    no tokens are counted; `stop_at_first_end`: stop after a step a request ends in.
+    `step_time(n, computed)`: n decodes holding `computed` tokens. None: no step."""
     batch = decoding_batch(sched)
     if batch is None:
         return None
@@ -156,8 +135,7 @@ def run_decodes(sched: Scheduler, start: float, until: float,
 
 
 class _Run:
-    """One decode run's state while run_decodes applies its steps: when each request
-    ends and takes its next blocks, worked out once; the steps done so far."""
+    """A decode run's state: when each request ends and takes blocks; steps so far."""
 
     def __init__(self, sched: Scheduler, batch: list[Request], sampler: Sampler) -> None:
         self.sched, self.batch, self.sampler = sched, batch, sampler
@@ -170,12 +148,10 @@ class _Run:
         self.plain = plain
         self.final, self.by_length = _end_steps(batch, held, plain, sampler)
         done = list(map(_COMPUTED, batch))
-        # A request takes its next block in the step after `room` more tokens (its blocks'
-        # free slots), then every block_size steps.
+        # a request takes a block after `room` more tokens, then every block_size steps
         self.room = list(map(sub, map(self.block_size.__mul__, map(len, map(
             kv.block_tables.__getitem__, map(_ID, batch)))), done))
-        # Batch positions in the order they end, and in the order they first take a block
-        # (stable sorts: batch order within a step, as schedule() and update_from_output go).
+        # positions by end and by first block taken (stable: batch order within a step)
         positions = range(len(batch))
         self.ending = sorted(positions, key=self.final.__getitem__)
         self.taking = sorted(positions, key=self.room.__getitem__)
@@ -188,8 +164,8 @@ class _Run:
         self.step = self.e = self.k = 0  # steps applied; next in `ending`; next in `taking`
 
     def take_blocks(self) -> bool:
-        """Give the next step's block takers a block each and count the step as applied;
-        False, and nothing taken, where the free blocks do not suffice."""
+        """Give the next step's takers a block each and apply the step; False (nothing
+        taken) without enough free blocks."""
         step, room, taking, final = self.step, self.room, self.taking, self.final
         k = self.k
         while k < len(taking) and room[taking[k]] == step:
@@ -227,7 +203,7 @@ class _Run:
             self.n -= 1
 
     def record(self, end_s: float, duration: float, active: int) -> None:
-        """The StepRecord schedule() and update_from_output would have left for the step."""
+        """The StepRecord stepping would have left."""
         waiting, sched = self.num_waiting, self.sched
         sched.step_records.append(StepRecord(
             index=self.step0 + self.step - 1, start_s=end_s - duration, duration_s=duration,
@@ -247,13 +223,10 @@ class _Run:
             sched.running = batch
         _catch_up(sched, batch, plain, step, self.times, self.sampler, self.step0)
         sched.step_index += step
-        # The blocks the run filled are named for the prefix cache now, not in the step
-        # that filled each (as update_from_output does): nobody looks the cache up during
-        # a run, and which block a name gives does not depend on naming order
-        # (block_pool.py); a request that ended in the run named its blocks as it let go.
+        # Filled blocks are named now: nobody looks the cache up during a run and naming
+        # order does not matter (kv_cache.py); ended requests named theirs on release.
         if self.kv.enable_prefix_caching:
-            # Only a request whose last block had at most `step` free slots filled one;
-            # `taking` lists them first (it is in the order of the slots they had).
+            # only requests with at most `step` free slots filled one: `taking` lists them first
             cache_blocks, room, final, everyone = self.kv.cache_blocks, self.room, \
                 self.final, self.batch
             for i in self.taking:
@@ -265,9 +238,8 @@ class _Run:
 
 def _catch_up(sched: Scheduler, requests: list[Request], plain: list[int], steps: int,
               times: list[float], sampler: Sampler, step0: int) -> None:
-    """Bring `requests` up to date after `steps` steps of the run: what update_from_output
-    (and the schedule() before it) would have done to each, step by step. (`times`: the
-    run's step ends so far, at least `steps` of them.)"""
+    """Bring `requests` up to date after `steps` steps of the run, as stepping would
+    (`times`: the run's step ends so far)."""
     tokens = [sampler.token] * steps
     token_times = times if steps == len(times) else times[:steps]
     last = step0 + steps - 1

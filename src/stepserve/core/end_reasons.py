@@ -1,15 +1,8 @@
-"""How a request ends, and what each way of ending looks like: one table.
-
-A request ends finished (stop, length), aborted, timed out in the queue, failed, or
-refused: by the scheduler at admission (`RejectReason`) or by the server before the
-engine held it (`Refusal`). Each way of ending is one row of `END_REASONS`, naming what
-the client sees (the choice's `finish_reason`, or the HTTP status and OpenAI error type
-and code of the error answer) and what the operator sees (the Prometheus counter and its
-label). The server's answers and counters, the cluster ingress, bench's outcomes and the
-metrics read this table; nothing else maps end reasons to statuses, codes or labels.
-
-An abnormal end after a streamed answer began cannot change its status any more: the same
-error body arrives as a server-sent event instead (server/answer.py).
+"""How a request ends, one table: each way (finished, aborted, timed out, failed, refused
+by admission (`RejectReason`) or by the server (`Refusal`)) is a row of `END_REASONS`
+naming what the client sees (`finish_reason`, or the HTTP status and OpenAI error type
+and code) and the Prometheus counter and label. Nothing else maps end reasons to
+statuses, codes or labels. After a stream began, an abnormal end arrives as an event.
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ class RequestStatus(enum.IntEnum):
 
 
 class FinishReason(str, enum.Enum):
-    """The engine's end of a request, as its outputs carry it (vLLM's strings for stop,
-    length and abort; the others are stepserve's)."""
+    """The engine's end of a request (vLLM's stop, length and abort, and stepserve's)."""
 
     STOP = "stop"
     LENGTH = "length"
@@ -50,8 +42,7 @@ class FinishReason(str, enum.Enum):
 
     @property
     def completed(self) -> bool:
-        """Ended by its own stop condition or its length: a completed request (vLLM's
-        request_success with finished_reason stop or length). The one definition."""
+        """Stop or length: a completed request (the one definition)."""
         return self.value in COMPLETED_REASONS
 
 
@@ -87,10 +78,9 @@ REJECTED = "request_rejected"  # label reason: every refusal
 
 @dataclass(frozen=True, slots=True)
 class EndReason:
-    """One way a request ends. `http_status` 200: answered, the choice carrying
-    `finish_reason`; otherwise an error answer of `error_type` and `error_code` whose
-    message is `message` around the detail. Counted in `counter` under `label` (None:
-    in no counter)."""
+    """One way a request ends: answered (200) with `finish_reason`, or an error answer
+    of `error_type` and `error_code` with `message` around the detail; counted in
+    `counter` under `label` (None: uncounted)."""
 
     key: FinishReason | RejectReason | Refusal
     finish_reason: FinishReason | None  # on the engine's Request (None: never held)
@@ -174,9 +164,8 @@ REJECTED_LABELS: tuple[str, ...] = tuple(row.label for row in END_REASONS
 
 
 def end_reason(key: str | None) -> EndReason:
-    """The row of a finish reason, reject reason or refusal (its enum or its string).
-    No reason at all is an error end (nothing said how it ended); "rejected" with no
-    reject reason, or a reason this table does not know, is an invalid request."""
+    """The row of a finish reason, reject reason or refusal (enum or string); None: an
+    error end; a reason this table does not know: an invalid request."""
     if key is None:
         return _BY_KEY[FinishReason.ERROR.value]
     value = key.value if isinstance(key, enum.Enum) else key
@@ -184,8 +173,7 @@ def end_reason(key: str | None) -> EndReason:
 
 
 def end_of(finish_reason: str | None, reject_reason: str | None = None) -> EndReason:
-    """The row of an ended request: its finish reason, or when refused its reject
-    reason."""
+    """The row of an ended request: its finish reason, or its reject reason."""
     value = finish_reason.value if isinstance(finish_reason, enum.Enum) else finish_reason
     if value == FinishReason.REJECTED.value:
         return end_reason(reject_reason or Refusal.INVALID)
@@ -193,8 +181,8 @@ def end_of(finish_reason: str | None, reject_reason: str | None = None) -> EndRe
 
 
 def refusal_of_error(http_status: int, error_code: str | None) -> EndReason | None:
-    """The counted refusal an error answer is, by its code; any other 4xx but a 404 (an
-    unknown route) is an invalid request; None: not a refusal (a 5xx, an unknown route)."""
+    """The counted refusal an error answer is, by its code (another 4xx but 404: an
+    invalid request); None: not a refusal."""
     row = _COUNTED_BY_CODE.get(error_code or "")
     if row is None and 400 <= http_status < 500 and http_status != 404:
         row = _BY_KEY[Refusal.INVALID.value]

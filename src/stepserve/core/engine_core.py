@@ -1,25 +1,13 @@
-"""The engine core: the one loop body of the system, shared by every driver.
+"""The engine core: the one loop body every driver shares.
 
-    step() = begin_step()                 schedule(), then runner.execute(out)
-             complete_step(pending)       update_from_output()
-                                          -> StepResult(record, emitted, finished)
+    step() = begin_step()        schedule(), then runner.execute(out)
+             complete_step()     update_from_output() -> StepResult
 
-The runner (a torch model in model/runner.py, a cost model in sim/loop.py) gets all it
-needs in the SchedulerOutput and returns a RunnerOutput. No torch here: the simulator
-drives this very core on a virtual clock, so a simulated step is the real engine's step
-with another runner. Drivers (LLM.generate, bench's in-process load, the server's engine
-thread, the simulator's event loop) are thin loops over `step()`, or over `begin_step()`
-/ `complete_step()` where time passes in between; the core calls none of them back.
-
-Every end of a request from outside a step (an abort, a stop string, a client gone)
-goes through `finish_request`, which ends it exactly once and reports it in the next
-result's `finished`, as a step's own ends are. Drivers read the core's state through
-`snapshot()`, never through the scheduler.
-
-Failure isolation: an exception while the runner executes a step ends exactly the
-requests that step touched (FINISHED_ERROR, blocks freed); the core goes on.
-MAX_CONSECUTIVE_STEP_FAILURES failed steps in a row mean the runner itself is broken:
-`EngineDead`. A fault in the scheduler raises as it is: its state can no longer be trusted.
+No torch here: the simulator drives this core on a virtual clock with a cost-model
+runner. Every end from outside a step goes through `finish_request` (exactly once, in
+the next result's `finished`); drivers read state through `snapshot()`. A runner fault
+ends exactly the requests its step touched (FINISHED_ERROR); MAX_CONSECUTIVE_STEP_FAILURES
+in a row raise `EngineDead`. A scheduler fault raises as it is.
 """
 
 from __future__ import annotations
@@ -40,8 +28,7 @@ from stepserve.core.request import FinishReason, Request, RequestStatus
 
 log = logging.getLogger("stepserve.engine")
 
-# A runner that fails this many steps in a row is broken, not unlucky: stop, so that a
-# supervisor can restart the process, instead of failing every request forever.
+# failed steps in a row that mean a broken runner: stop, so a supervisor restarts it
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 
@@ -52,9 +39,8 @@ _DRIVER_ENDS = frozenset(_STATUS_OF.values())
 
 
 def default_max_tokens(max_model_len: int, num_prompt_tokens: int) -> int:
-    """max_tokens=None, as vLLM reads it: whatever room max_model_len leaves after the
-    prompt (at least 1, so a prompt that fills the context is refused by its length). The
-    one place it is resolved; the server's chat endpoint asks here too."""
+    """max_tokens=None, as vLLM reads it: the room max_model_len leaves after the prompt
+    (at least 1, so a prompt filling the context is refused by its length)."""
     return max(max_model_len - num_prompt_tokens, 1)
 
 
@@ -63,8 +49,7 @@ class EngineDead(RuntimeError):
 
 
 class Runner(Protocol):
-    """What the engine core steps: `execute` a batch. A runner whose class says
-    `reads_block_tables = False` gets batches without their block tables."""
+    """`execute` a batch (`reads_block_tables = False`: without block tables)."""
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
 
@@ -87,9 +72,8 @@ class PendingStep:
 
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
-    """What a driver may read of an engine core's state between steps: queue lengths, KV
-    block counts and the prefix cache's counters (for /health, the server's metrics, a
-    replica's routing view and the demo), so the core can change how it keeps them."""
+    """What a driver may read of the core's state between steps (queues, KV blocks, the
+    prefix cache's counters), so the core can change how it keeps them."""
 
     num_running: int
     num_waiting: int
@@ -130,8 +114,8 @@ class EngineCore:
 
     # ---- requests ----
     def add_request(self, request: Request) -> bool:
-        """Queue `request`; False if admission refused it (it is then finished, with its
-        reason, and appears in no StepResult). max_tokens=None: `default_max_tokens`."""
+        """Queue `request`; False if admission refused it (finished with its reason, in
+        no StepResult)."""
         if request.max_tokens is None:
             request.max_tokens = default_max_tokens(self.config.scheduler.max_model_len,
                                                     request.num_prompt_tokens)
@@ -142,11 +126,9 @@ class EngineCore:
 
     def finish_request(self, request_id: str, reason: RequestStatus | FinishReason,
                        message: str = "", stop_reason: str | None = None) -> bool:
-        """End a live request now, whatever it is doing: its blocks are freed and it is in
-        the next StepResult's `finished`, like any end. `reason`: its end (a finished
-        RequestStatus, or its FinishReason); `stop_reason`: the stop string that ended it
-        (a stop token's is read by the scheduler). False, and nothing done, if the request
-        is unknown or has already ended: each request ends exactly once."""
+        """End a live request now (in the next StepResult's `finished`). `reason`: a
+        finished RequestStatus or FinishReason; `stop_reason`: the stop string that ended
+        it. False, nothing done, if it is unknown or already ended."""
         status = _STATUS_OF.get(reason) if isinstance(reason, FinishReason) else reason
         if status not in _DRIVER_ENDS:
             allowed = ", ".join(s.name for s in _STATUS_OF.values())
@@ -213,28 +195,22 @@ class EngineCore:
         return StepResult(record, emitted, sched.take_finished())
 
     def take_finished(self) -> list[Request]:
-        """The requests ended since the last result and not yet reported (those a driver
-        ended after a step, e.g. by a stop string), in the order they ended."""
+        """The requests ended since the last result (e.g. by a driver's stop string)."""
         return self.scheduler.take_finished()
 
     def run_decodes(self, start: float, until: float,
                     step_time: Callable[[int, int], float], sampler: Sampler,
                     stop_at_first_end: bool = False,
                     straddle: bool = False) -> DecodeRun | None:
-        """The simulator's fast path: the decode-only steps from `start` that complete
-        before `until`, worked out at once where the scheduler's steps are plain
-        (core/decode_run.py), with the runner's side given as `step_time` and `sampler`.
-        None: none could be; step() as usual."""
+        """The simulator's fast path (core/decode_run.py); None: step() as usual."""
         run = run_decodes(self.scheduler, start, until, step_time, sampler,
                           stop_at_first_end, straddle)
         if run is not None and self.integrity_checks:
             self._check()
         return run
 
-    # The debug switch's check: the counts after every step, the block sets themselves
-    # every FULL_CHECK_EVERY steps, when the engine is idle, and always on a small pool
-    # (a full check walks every block: after each of a simulation's 10^5 steps it would
-    # dominate the run; at 2,048 blocks it doubled the promo-spike scenario's time).
+    # The debug switch: counts every step, the full check every FULL_CHECK_EVERY steps,
+    # when idle, and on small pools (at 2,048 blocks, every step doubled promo-spike's time).
     FULL_CHECK_EVERY = 64
     FULL_CHECK_BLOCKS = 256
 
@@ -260,9 +236,8 @@ class EngineCore:
 
 
 def _keep_logprobs(out: SchedulerOutput, result: RunnerOutput) -> None:
-    """Append the step's logprobs to their requests: a sampled token's only if the token
-    was appended (not for a request aborted while the step ran), so each request holds
-    exactly one entry per output token."""
+    """Append the step's logprobs to their requests, exactly one per output token (none
+    for a request aborted while the step ran)."""
     for i, req in enumerate(out.requests):
         if result.prompt_logprobs is not None and req.prompt_logprobs is not None:
             found = result.prompt_logprobs[i]

@@ -1,5 +1,5 @@
-"""What crosses the seam between the scheduler and a runner, and what one step leaves
-behind for the metrics. Plain dataclasses; no torch."""
+"""What crosses the seam between the scheduler and a runner, and what a step leaves for
+the metrics."""
 
 from __future__ import annotations
 
@@ -10,22 +10,16 @@ from stepserve.core.request import Request, TokenLogprobs
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One step's batch.
-
-    `requests[i]` computes `num_scheduled_tokens[i]` tokens starting at its current
-    `num_computed_tokens`; it samples a token iff that reaches `num_tokens`. The block
-    copies must be done before the forward pass: swap_out (device -> CPU) first, since
-    the freed device blocks may already be handed to a swap_in (CPU -> device).
-    """
+    """One step's batch: `requests[i]` computes `num_scheduled_tokens[i]` tokens from its
+    `num_computed_tokens`, sampling iff that reaches `num_tokens`. Block copies run before
+    the forward pass, swap_out first (its freed blocks may be a swap_in's targets)."""
 
     step_index: int
     requests: list[Request] = field(default_factory=list)
     num_scheduled_tokens: list[int] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
-    # per scheduled request: its device blocks, covering what this step computes (the KV
-    # manager's own list: runners read it, never change it); filled once the batch is
-    # formed (SchedulerBase.schedule)
+    # per request: its device blocks (the KV manager's own list: read, never changed)
     block_tables: list[list[int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
@@ -36,8 +30,7 @@ class SchedulerOutput:
     slots_held: int = 0  # batch slots occupied or reserved (for slot utilisation)
 
     def add(self, request: Request, num_tokens: int, decoding: bool) -> None:
-        """Put `request` in this step's batch to compute `num_tokens` tokens (1 when it is
-        decoding); its blocks must already cover them."""
+        """Batch `request` for `num_tokens` tokens; its blocks must already cover them."""
         request.sched_step = self.step_index
         request.sched_tokens = num_tokens
         self.requests.append(request)
@@ -48,8 +41,7 @@ class SchedulerOutput:
             self.num_prefill_tokens += num_tokens
 
     def remove(self, request: Request, decoding: bool) -> int:
-        """Take `request` back out of the batch (it became a preemption victim); returns
-        the tokens it had been given."""
+        """Take a preemption victim out of the batch; returns the tokens it had."""
         k = self.requests.index(request)
         given = self.num_scheduled_tokens[k]
         if decoding:
@@ -71,13 +63,9 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """What the runner did: a sampled token per scheduled request (None where the chunk
-    did not reach the end of the sequence), and how long the step took.
-
-    Only for requests whose params ask (else None, and None throughout for a runner that
-    computes none, like the simulator's): `logprobs[i]`, those of request i's sampled
-    token; `prompt_logprobs[i]`, those of the prompt tokens this step's chunk predicted
-    (positions after the ones the request already holds)."""
+    """What the runner did: a sampled token per request (None where the chunk did not
+    reach the end), the step's time, and where asked the sampled token's logprobs and
+    those of the prompt positions the chunk predicted."""
 
     sampled_token_ids: list[int | None]
     elapsed_s: float
@@ -104,10 +92,9 @@ class StepRecord:
     slots_held: int
     num_active: int  # sequences that produced an output token this step
 
-    # The one classification of a step, read by the live metrics and the summaries alike.
     @property
     def kind(self) -> str:
-        """"prefill_only", "decode_only", "mixed" or "empty" (no token computed)."""
+        """"prefill_only", "decode_only", "mixed" or "empty": the one classification."""
         prefill, decode = self.num_prefill_tokens > 0, self.num_decode_tokens > 0
         if prefill and decode:
             return "mixed"
@@ -125,14 +112,10 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """What one call of the engine core's step did: the one thing every driver reads.
-
-    `record` is the step that ran (None when nothing could run: the batch was empty or the
-    runner failed). `emitted` are the requests that got a token in it, in batch order,
-    some of them now finished (each one's new token is its last output token).
-    `finished` are the requests that ended since the previous result, for any reason
-    (stop, length, abort, timed out, error), in the order they ended; a request refused at
-    admission is not among them: `add_request` said so when it was added."""
+    """What one engine core step did, the one thing every driver reads: the step's
+    `record` (None: nothing ran), the requests `emitted` a token (batch order; each one's
+    new token is its last), and those `finished` since the previous result, in order
+    (not those refused at admission: `add_request` said so)."""
 
     record: StepRecord | None
     emitted: list[Request]

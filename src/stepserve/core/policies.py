@@ -1,8 +1,5 @@
-"""Scheduling policies: the order in which waiting requests are admitted and which
-running request is the preemption victim. Each is a small class chosen by name.
-
-Convention (vLLM's): a lower priority value runs first.
-"""
+"""Scheduling policies: the order waiting requests are admitted in and the preemption
+victim. A lower priority value runs first (vLLM's convention)."""
 
 from __future__ import annotations
 
@@ -13,8 +10,8 @@ from stepserve.core.request import Request
 
 
 class Policy:
-    """Interface. `order_waiting` sorts the queue in place (stable); `pick_victim`
-    returns the running request to preempt when blocks run out."""
+    """Interface: `order_waiting` sorts in place (stable); `pick_victim` names the
+    running request to preempt."""
 
     name = ""
     sorts_waiting = False  # FCFS keeps arrival order and never sorts
@@ -37,8 +34,8 @@ class Policy:
 
 
 class FCFS(Policy):
-    """First come, first served. The victim is the most recently admitted running
-    request: it has the least progress to lose. `running` is kept in admission order."""
+    """First come, first served; the victim is the most recently admitted (`running` is in
+    admission order): it has the least progress to lose."""
 
     name = "fcfs"
 
@@ -65,10 +62,8 @@ class RankedPolicy(Policy):
 
 
 class PriorityWithAging(RankedPolicy):
-    """Lower priority value first, then arrival. With `aging_after_s` > 0 a request
-    rises one level for every `aging_after_s` seconds since it arrived, so a low
-    priority request waits at most about (its level - the best level) x aging_after_s
-    longer than an urgent one: nothing starves."""
+    """Lower priority value first, then arrival; with `aging_after_s` > 0 a request
+    rises a level every `aging_after_s` seconds it waits, so nothing starves."""
 
     name = "priority"
 
@@ -82,8 +77,7 @@ class PriorityWithAging(RankedPolicy):
 
 
 class ShortestRemaining(RankedPolicy):
-    """Shortest remaining output first (from the length estimate, else max_tokens).
-    Minimises mean completion time; long requests can starve."""
+    """Shortest remaining output first (estimate, else max_tokens); long ones can starve."""
 
     name = "srpt"
 
@@ -92,17 +86,10 @@ class ShortestRemaining(RankedPolicy):
 
 
 class FairShare(RankedPolicy):
-    """Per-tenant fair share by virtual token counters: each tenant's counter grows by
-    the tokens computed for it; the tenant with the smallest counter goes first and the
-    one with the largest gives up a victim. A tenant that becomes active again is lifted
-    to the smallest counter among active tenants, so idle time earns no credit.
-
-    Bounded state: only tenants with live requests are in `served`; a tenant whose last
-    request ends moves to `idle`, an LRU of at most `max_idle_tenants` counters, so a
-    tenant that comes back soon keeps its debt while a stream of one-off tenant names
-    (the free-text `user` field) costs constant memory. Forgetting an idle tenant loses
-    nothing it could claim: it would be lifted to the active minimum on return anyway,
-    and only a counter above that minimum (recent heavy use) is remembered."""
+    """Per-tenant fair share by token counters: the smallest counter goes first, the
+    largest gives up a victim; a returning tenant is lifted to the active minimum, so
+    idle time earns no credit. Bounded state: an idle tenant's counter (its debt) waits
+    in an LRU of `max_idle_tenants`; forgetting one loses nothing it could claim."""
 
     name = "fair"
     tracks_tokens = True
@@ -139,15 +126,9 @@ class FairShare(RankedPolicy):
 
 
 class LongestPrefixMatch(FCFS):
-    """Longest cached prefix first (SGLang's lpm): a prompt whose prefix is in the cache
-    costs least to admit, and admitting it before its prefix is evicted keeps the hit.
-    Ties (and every prompt, with prefix caching off) in arrival order. The victim is the
-    most recently admitted, as FCFS's.
-
-    The aging guard: with `aging_after_s` > 0, a request that has waited that long goes
-    ahead of every younger one, oldest first, so a prompt that shares nothing waits at
-    most about aging_after_s plus the admission of the older ones. 0: no guard (a cold
-    prompt waits as long as hot ones keep coming)."""
+    """Longest cached prefix first (SGLang's lpm), ties in arrival order; FCFS's victim.
+    With `aging_after_s` > 0, a request waiting that long goes ahead of every younger
+    one, oldest first, so a cold prompt cannot wait forever."""
 
     name = "lpm"
     sorts_waiting = True
@@ -174,8 +155,8 @@ POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
 
 def make_policy(name: str, aging_after_s: float = 0.0,
                 cached_tokens: Callable[[Request], int] | None = None) -> Policy:
-    """The policy called `name`; `cached_tokens(request)`: the tokens of its prompt the
-    prefix cache holds (lpm orders by it; none given: nothing is cached)."""
+    """The policy called `name`; `cached_tokens(request)`: its cached prompt tokens
+    (lpm's order; none given: nothing is cached)."""
     policy = POLICIES.get(name)
     if policy is None:
         raise ValueError(f"policy = {name!r}: must be one of {', '.join(POLICIES)}")

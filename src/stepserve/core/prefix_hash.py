@@ -1,25 +1,12 @@
 """Names of full KV blocks for the prefix cache: a hash chain.
 
-Block i of a request is named hash(name of block i - 1, the block's token ids); block 0's
-parent is the chain's root. Two blocks share a name only if the whole token prefix up to
-their end is the same and so is the request's `cache_salt`, so a block's name says
-everything its KV depends on (one model, one block size: a KV manager serves one engine).
-
-Three algorithms, vLLM's `--prefix-caching-hash-algo`; which one names the blocks never
-changes which blocks are shared, only what a name costs:
-
-  builtin  (default) Python's hash() of (parent, *token ids): an int, ~0.1 us a block.
-           Not keyed, so not collision resistant: a prompt crafted to collide could read
-           another prompt's KV *within its salt*. It cannot cross a salt: a salted
-           request's names carry the salt itself, (salt, int), never equal to another
-           salt's names nor to the unsalted ones. Tenants that must not learn about each
-           other's prompts give different salts (or run with sha256).
-  xxhash   xxHash3-128 over a fixed encoding (the `xxhash` package): faster than SHA-256,
-           likewise not collision resistant; salted names carry the salt as above.
-  sha256   SHA-256 over a fixed encoding, the salt in the root: collision resistant
-           across every request (~0.7 us a block).
-
-Each request names each of its blocks once (`Request.block_hashes` keeps them).
+Block i is named hash(name of block i - 1, its token ids), block 0's parent the root, so
+two blocks share a name only if the whole prefix up to their end and the `cache_salt`
+agree. The algorithm (vLLM's `--prefix-caching-hash-algo`) changes only what a name
+costs: builtin (default, Python's hash(), ~0.1 us a block) and xxhash (xxHash3-128) are
+not collision resistant, but a salted request's names carry the salt itself, so no
+collision crosses a salt; sha256 (~0.7 us a block) is collision resistant everywhere.
+Each request names each of its blocks once (`Request.block_hashes`).
 """
 
 from __future__ import annotations
@@ -38,8 +25,7 @@ DEFAULT_HASH_ALGO = HASH_ALGOS[0]
 
 _DOMAIN = b"stepserve.prefix-cache.v1"
 _ROOT = hashlib.sha256(_DOMAIN).digest()
-# The payload's first byte names its encoding, so the two encodings can never produce
-# the same bytes for different token lists.
+# the first byte names the encoding: the two never collide
 _INT64, _TEXT = b"q", b"t"
 
 
@@ -56,8 +42,7 @@ def _payload(token_ids: Sequence[int]) -> bytes:
 
 
 class BlockNamer:
-    """One algorithm's chain: `root(salt)`, then `name(parent, token_ids)` per block. A
-    name is also the next block's parent. (Subclasses by algorithm; `namer` picks one.)"""
+    """One algorithm's chain: `root(salt)`, then `name(parent, token_ids)` per block."""
 
     algo = ""
 
@@ -68,9 +53,8 @@ class BlockNamer:
         raise NotImplementedError
 
     def names(self, request: Request, num_blocks: int, block_size: int) -> list[BlockHash]:
-        """`request.block_hashes`, extended to name at least its first `num_blocks`
-        blocks (each must be full: num_blocks * block_size <= request.num_tokens). Tokens
-        are only ever appended to a request, so a name, once computed, stays right."""
+        """`request.block_hashes`, extended over its first `num_blocks` (full) blocks; a
+        name stays right once computed (tokens are only appended)."""
         hashes = request.block_hashes
         have = len(hashes)
         if have >= num_blocks:
@@ -111,8 +95,7 @@ class BlockNamer:
 
 class _Builtin(BlockNamer):
     algo = "builtin"
-    # hash() of an int or a tuple of ints is the same in every process (only str and
-    # bytes hashes are randomised), so the chain is reproducible; the root is an int.
+    # hash() of ints and int tuples is not randomised: the chain is reproducible
     _root = int.from_bytes(_ROOT[:8], "little")
 
     def root(self, cache_salt: str | None) -> BlockHash:
@@ -187,8 +170,7 @@ def namer(algo: str = DEFAULT_HASH_ALGO) -> BlockNamer:
 
 
 def block_tokens(request: Request, index: int, block_size: int) -> list[int]:
-    """The token ids of block `index` of `request` (prompt, then output), without
-    concatenating the whole sequence."""
+    """The token ids of block `index` of `request`, without concatenating it whole."""
     lo, hi = index * block_size, (index + 1) * block_size
     prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
     if hi <= num_prompt:

@@ -1,28 +1,11 @@
-"""The bounds of every request input, in one place.
+"""The bounds of every request input, in one place: `SamplingParams` and the HTTP models
+(server/protocol.py) read their ranges here, so what the API accepts the engine can run
+and a hostile value is refused at the edge, naming the field and the range.
 
-`SamplingParams` (offline and server alike) and the HTTP request models
-(`server/protocol.py`, published in /openapi.json) read their ranges from here, so a
-value the API accepts is one the engine can run, and a hostile value (a 64-bit top_k,
-100,000 stop strings, a megabyte tenant name) is refused at the edge with a message
-naming the field and the range. (Sizes of workloads and command-line runs: limits.py.)
-
-Why these numbers:
-* Integers that reach torch or a generator stay inside int64 (`seed`, `top_k`,
-  `max_tokens`); `top_k` and `max_tokens` are also capped far above any real vocabulary
-  or context, so nothing downstream sizes a buffer from them.
-* Per-token work grows with the stop strings (each is searched after every token):
-  a few dozen short strings cost nothing, a hundred thousand slow every stream.
-* `n` children each hold a whole sequence of KV and a batch slot: a hundred is already
-  far past any sensible use; top logprobs cost a top-k over the vocabulary per token.
-* `user` is a tenant *name* for the fair-share policy; the table of tenants is bounded
-  separately (core/policies.py), this bounds each key.
-* Bodies: the largest legitimate body is a prompt of max_model_len token ids or text
-  (a few hundred KB at 32k tokens); `DEFAULT_MAX_REQUEST_BYTES` leaves ample room.
-* Text must be valid Unicode (`check_text`): JSON's `\\ud800` escape and Python's
-  reading of a byte that is not UTF-8 (argv, surrogateescape) both make a lone
-  surrogate, which no tokenizer, log line or UTF-8 response can carry.
-* A min_tokens request masks its stop tokens and EOS until it has that many: a stop set
-  covering the whole vocabulary leaves it nothing to sample (`stop_tokens_refusal`).
+Integers reaching torch stay in int64; stop strings are searched after every token, so
+they are bounded; each of `n` children holds a sequence of KV; text must be valid
+Unicode (a lone surrogate cannot be tokenized, logged or sent); a min_tokens request
+whose stop set covers the vocabulary could sample nothing (`stop_tokens_refusal`).
 """
 
 from __future__ import annotations
@@ -58,23 +41,21 @@ MAX_REQUEST_BYTES_MAX = 1 << 30
 def check_range(name: str, value: object, low: float | None, high: float | None,
                 *, integer: bool = False, low_open: bool = False,
                 note: str = "") -> str | None:
-    """A problem description if `value` is not a number in [low, high] (`low_open`:
-    (low, high]) (None: fine). NaN and infinities fail every range; bools are not
-    numbers here."""
+    """A problem if `value` is not a number in [low, high] (`low_open`: (low, high]);
+    None: fine. NaN, infinities and bools fail."""
     return _allowed(low, high, int if integer else float, low_open, note).problem(name, value)
 
 
 @lru_cache(maxsize=256)
 def _allowed(low: float | None, high: float | None, kind: type, low_open: bool,
              note: str) -> Allowed:
-    """Each range's Allowed, made once (every request's params check a dozen)."""
+    """Each range's Allowed, made once."""
     return Allowed(low, high, kind, lo_open=low_open, note=note)
 
 
 def check_text(field: str, text: str) -> str | None:
-    """A problem description if `text` is not valid Unicode (None: fine): a lone
-    surrogate, the only str a UTF-8 encoder refuses. Never quotes the text (a message
-    holding the surrogate could not be printed or sent either)."""
+    """A problem if `text` holds a lone surrogate (None: fine); never quotes the text,
+    which could not be printed either."""
     if text.isascii():
         return None
     try:
@@ -92,9 +73,8 @@ def check_text(field: str, text: str) -> str | None:
 
 def stop_tokens_refusal(stop_token_ids: tuple[int, ...] | list[int], min_tokens: int,
                         vocab_size: int, eos_token_id: int | None) -> str | None:
-    """Why these stop token ids cannot be taken by a model of `vocab_size` tokens (None:
-    they can): an id outside the vocabulary, or, with min_tokens, a stop set that masks
-    every token (the sampler masks EOS too, even under ignore_eos, as vLLM)."""
+    """Why these stop ids cannot be taken (None: they can): an id outside the vocabulary,
+    or, with min_tokens, a stop set masking every token (EOS too, as vLLM)."""
     token_id = Allowed(0, vocab_size, hi_open=True)
     for i, t in enumerate(stop_token_ids):
         if (problem := token_id.problem(f"stop_token_ids[{i}]", t)) is not None:
@@ -111,8 +91,7 @@ def stop_tokens_refusal(stop_token_ids: tuple[int, ...] | list[int], min_tokens:
 
 
 def cache_salt_refusal(cache_salt: object) -> str | None:
-    """Why `cache_salt` cannot be taken (None: it can): the prefix cache's namespace is a
-    non-empty string (as vLLM's), bounded, valid Unicode; None is no salt."""
+    """Why `cache_salt` cannot be taken (None: it can): a bounded non-empty string."""
     if cache_salt is None:
         return None
     if not isinstance(cache_salt, str) or not cache_salt:
@@ -124,9 +103,8 @@ def cache_salt_refusal(cache_salt: object) -> str | None:
 
 
 def priority_refusal(priority: int, policy: str) -> str | None:
-    """Why a request's `priority` cannot be taken under scheduling `policy` (None: it
-    can). vLLM refuses a priority under fcfs rather than ignore it; so do the server
-    (a 400) and `LLM.generate` (ValueError)."""
+    """Why `priority` cannot be taken under `policy` (None: it can); vLLM refuses it
+    under fcfs rather than ignore it."""
     if not priority or policy == "priority":
         return None
     return (f"priority = {priority}, but the scheduling policy is {policy!r}: priority is "

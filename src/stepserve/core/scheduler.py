@@ -1,36 +1,16 @@
-"""The continuous-batching scheduler: the batch is re-formed every step. The whole
-order of a step is in this file, with its two strategies (budget orders, preemption modes).
+"""The continuous-batching scheduler: the batch is re-formed every step, in the order
+of its budget order (decode_first, or the legacy prefill_first) and its preemption mode.
 
-One step (1-4 here, 5-6 in SchedulerBase.update_from_output):
-  1. expire requests that waited past max_queue_time_s (SchedulerBase.schedule);
-  2. split the token budget (max_num_batched_tokens) between decode and prefill, in the
-     budget order's sequence of named steps, each taking the budget left:
-
-       decode_first (default)   schedule_running -> schedule_swapped -> schedule_waiting
-                                (running sequences, decodes and unfinished prefills in
-                                admission order, before swapped ones, before new prompts)
-       prefill_first (legacy)   schedule_running (prefills) -> schedule_waiting ->
-                                decode budget -> schedule_running (decodes) ->
-                                schedule_swapped ("decode 预算 = 总预算 - 本步 prefill
-                                chunk": a step that prefills leaves decode budget - cap)
-
-  3. allocate KV blocks; when they run out, preempt a victim chosen by the policy; the
-     preemption mode swaps it to the CPU pool or drops its KV to recompute later; new
-     prompts just wait;
-  4. hand the batch to the runner as a SchedulerOutput.
-
-Token rule: a request needs `num_tokens - num_computed_tokens` more tokens computed; a
-new prompt starts past its cached prefix (the KV manager's prefix cache), so the budget,
-the chunk cap and the partial-prefill limits count only what is left to compute. It is
-decoding (Request.is_decoding) when exactly its newest sampled token is missing; anything
-else is prefill (a fresh prompt, a chunk of one, or a recompute after preemption). A
-prefill chunk is capped by long_prefill_token_threshold; at most max_num_partial_prefills
-prompts (and max_long_partial_prefills long ones) may be left mid-prefill at once.
+A step: expire queue timeouts (SchedulerBase.schedule); split max_num_batched_tokens
+between running sequences, swapped ones and new prompts in the budget order's sequence;
+allocate KV blocks, preempting the policy's victim when they run out (new prompts just
+wait); hand the batch to the runner. A request needs `num_tokens - num_computed_tokens`
+tokens computed, a new prompt starting past its cached prefix; a prefill chunk is capped
+by long_prefill_token_threshold, and at most max_num_partial_prefills prompts
+(max_long_partial_prefills long ones) are left mid-prefill at once.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from stepserve.config.settings import EngineConfig, SchedulerConfig
 from stepserve.core.base import SchedulerBase
@@ -38,21 +18,17 @@ from stepserve.core.clock import Clock
 from stepserve.core.kv_cache import KVCacheManager
 from stepserve.core.output import SchedulerOutput
 from stepserve.core.prefix_hash import BlockHash, BlockNamer
-from stepserve.core.request import Request, RequestStatus
+from stepserve.core.request import Request, RequestStatus, is_decoding
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
-# Request.is_decoding's getter, called as a plain function in the hot loops: Python 3.11
-# does not specialise property access, which costs ~20-40 ns more per request.
-_is_decoding: Callable[[Request], bool] = vars(Request)["is_decoding"].fget
 
 
 # ---- the budget order: which named steps get a step's token budget first ----
 class BudgetOrder:
-    """Interface: `fill` runs the scheduler's named steps in this order's sequence,
-    passing the budget on. Every order serves every decode of a step in which nothing
-    waits or is swapped and all running requests decode (core/decode_run.py relies on
-    it)."""
+    """Interface: `fill` runs the scheduler's named steps in order, passing the budget
+    on. Every order serves every decode of a step where nothing waits or is swapped and
+    all running requests decode (core/decode_run.py relies on it)."""
 
     name = ""
 
@@ -65,8 +41,7 @@ class BudgetOrder:
 
 
 class DecodeFirst(BudgetOrder):
-    """Running sequences (decodes and unfinished prefills alike, in admission order) before
-    swapped ones, before new prompts: a running sequence never waits behind a new one."""
+    """Running sequences (in admission order), then swapped ones, then new prompts."""
 
     name = "decode_first"
 
@@ -77,8 +52,8 @@ class DecodeFirst(BudgetOrder):
 
 
 class PrefillFirst(BudgetOrder):
-    """Legacy: prompts first (running chunks, then new prompts), decode gets what is left
-    under the rule "decode 预算 = 总预算 - 本步 prefill chunk", then swapped ones."""
+    """Legacy: prompts first (running chunks, then new ones), then decodes under
+    "decode 预算 = 总预算 - 本步 prefill chunk", then swapped ones."""
 
     name = "prefill_first"
 
@@ -90,9 +65,8 @@ class PrefillFirst(BudgetOrder):
         steps.schedule_swapped(out, budget, now)
 
     def decode_budget(self, budget: int, num_prefill_tokens: int) -> int:
-        """A step that prefills reserves a whole chunk for it, so decode budget = budget -
-        chunk cap. A cap equal to the budget leaves decode nothing until no prompt is left
-        (the mixed-pool incident)."""
+        """A step that prefills reserves a whole chunk: a cap equal to the budget leaves
+        decode nothing while prompts remain (the mixed-pool incident)."""
         if not num_prefill_tokens:
             return budget
         return min(budget, self.max_num_batched_tokens
@@ -103,32 +77,31 @@ BUDGET_ORDERS: dict[str, type[BudgetOrder]] = {
     order.name: order for order in (DecodeFirst, PrefillFirst)}
 
 
+def _named(setting: str, table: dict, name: str):
+    if name not in table:
+        raise ValueError(f"{setting} = {name!r}: must be one of {', '.join(table)}")
+    return table[name]
+
+
 def make_budget_order(name: str, sc: SchedulerConfig) -> BudgetOrder:
     """The budget order called `name`, with the budget and chunk cap of `sc`."""
-    order = BUDGET_ORDERS.get(name)
-    if order is None:
-        raise ValueError(f"budget_order = {name!r}: must be one of {', '.join(BUDGET_ORDERS)}")
-    return order(sc)
+    return _named("budget_order", BUDGET_ORDERS, name)(sc)
 
 
 # ---- the preemption mode: what happens to a victim's KV ----
 class Preemption:
     """Interface. `evict` takes `victim`'s KV off the device and returns the status it
-    waits in (SWAPPED: in `swapped`; PREEMPTED: first in `waiting`); it runs before any
-    other bookkeeping, so a mode that refuses changes nothing."""
+    waits in (SWAPPED or PREEMPTED), before any other bookkeeping."""
 
     name = ""
-    # Admission reserves prompt + max_tokens of blocks for every request, so a running
-    # request can always grow and no victim is ever needed.
-    reserves_worst_case = False
+    reserves_worst_case = False  # admission reserves prompt + max_tokens: no victims
 
     def evict(self, victim: Request, kv: KVCacheManager, out: SchedulerOutput) -> RequestStatus:
         raise NotImplementedError
 
 
 class Recompute(Preemption):
-    """Drop the KV and start over from zero computed tokens; the output so far is kept,
-    so the recompute prefills prompt + output and resumes sampling."""
+    """Drop the KV; the recompute prefills prompt + output so far and resumes."""
 
     name = "recompute"
 
@@ -140,8 +113,7 @@ class Recompute(Preemption):
 
 
 class Swap(Recompute):
-    """Copy the KV to the CPU pool (the copies go in `out.swap_out`); recompute when the
-    pool has no room for it."""
+    """Copy the KV to the CPU pool (`out.swap_out`); recompute when it has no room."""
 
     name = "swap"
 
@@ -155,8 +127,7 @@ class Swap(Recompute):
 
 
 class NoPreemption(Preemption):
-    """Never evict: admission reserves each request's worst case instead (fewer requests
-    run at once, none is ever interrupted)."""
+    """Never evict: admission reserves each request's worst case instead."""
 
     name = "none"
     reserves_worst_case = True
@@ -171,23 +142,14 @@ PREEMPTIONS: dict[str, type[Preemption]] = {
 
 
 def make_preemption(name: str) -> Preemption:
-    """The preemption mode called `name`."""
-    mode = PREEMPTIONS.get(name)
-    if mode is None:
-        raise ValueError(f"preemption_mode = {name!r}: must be one of {', '.join(PREEMPTIONS)}")
-    return mode()
+    return _named("preemption_mode", PREEMPTIONS, name)()
 
 
 class InFlightBlocks:
-    """The names of the full blocks one step's prefill chunks compute, gathered from the
-    step's batch when first asked and kept up to date as the batch grows.
-
-    A block enters the prefix cache once the step that computes it completes, so a burst
-    of prompts sharing a system prompt, all admitted in one step, would each compute the
-    shared part. Instead, a waiting prompt whose next uncached block is one this step
-    already computes for another request is left for the next step, where it finds the
-    block cached (as SGLang defers such prompts): an LLM.generate of 32 prompts sharing 48
-    tokens computes 560 prompt tokens instead of 2048. Only ever an optimisation."""
+    """The names of the full blocks this step's prefill chunks compute (gathered as the
+    batch grows). A waiting prompt whose next uncached block is among them waits a step
+    and finds it cached, as SGLang defers such prompts (32 prompts sharing 48 tokens:
+    560 prompt tokens computed instead of 2048)."""
 
     def __init__(self, out: SchedulerOutput, block_size: int, namer: BlockNamer) -> None:
         self.out = out
@@ -197,8 +159,8 @@ class InFlightBlocks:
         self.seen = 0  # entries of out.requests gathered so far
 
     def holds_next_block_of(self, req: Request, num_hits: int) -> bool:
-        """Whether the block after `req`'s `num_hits` cached ones, one it could take from
-        the cache rather than compute (not its last), is being computed this step."""
+        """Whether `req`'s block after its `num_hits` cached ones (not its last) is
+        computed this step."""
         bs = self.block_size
         if (num_hits + 1) * bs >= req.num_tokens or num_hits >= len(req.block_hashes):
             return False
@@ -217,7 +179,6 @@ class Scheduler(SchedulerBase):
 
     def __init__(self, config: EngineConfig, kv: KVCacheManager, clock: Clock) -> None:
         super().__init__(config, kv, clock)
-        # Resolved once, by name: no step compares names.
         self.budget_order = make_budget_order(self.sc.budget_order, self.sc)
         self.preemption = make_preemption(self.sc.preemption_mode)
 
@@ -229,9 +190,8 @@ class Scheduler(SchedulerBase):
     # ---- running sequences ----
     def schedule_running(self, out: SchedulerOutput, budget: int, now: float,
                          decodes: bool = True, prefills: bool = True) -> int:
-        """One walk over `running` in admission order, serving the kinds asked for: a
-        decode gets 1 token, a prefill its next chunk; blocks that run out are made by
-        preempting (_make_room)."""
+        """One walk over `running` in admission order: a decode gets 1 token, a prefill
+        its next chunk; blocks that run out are made by preempting (_make_room)."""
         tables = self.kv.block_tables
         bs = self.kv.block_size
         chunked = self.sc.enable_chunked_prefill
@@ -240,9 +200,8 @@ class Scheduler(SchedulerBase):
         add = out.add
         add_request, add_count = out.requests.append, out.num_scheduled_tokens.append
         num_decode_ready = num_decodes = 0
-        # Walk a snapshot: a victim leaves self.running and RUNNING status, so one still
-        # ahead of the walk is skipped, and the walk's place never shifts. (Status is read
-        # only after _make_room, where victims are made: a read per request costs ~25 ns.)
+        # Walk a snapshot, skipping victims (status read only once _make_room ran: ~25 ns
+        # a request)
         made_room = False
         for req in self.running[:]:
             if req.sched_step == step or (made_room and req.status is not _RUNNING):
@@ -297,8 +256,8 @@ class Scheduler(SchedulerBase):
         return budget
 
     def _make_room(self, req: Request, n: int, out: SchedulerOutput, now: float) -> int:
-        """Allocate blocks for `n` more tokens of running `req`, preempting the policy's
-        victims until they fit or `req` is the victim. Returns the budget given back."""
+        """Allocate `n` more tokens of `req`, preempting the policy's victims until they
+        fit or `req` is the victim; returns the budget given back."""
         given_back = 0
         while not self.kv.allocate_slots(req, n):
             victim = self.policy.pick_victim(self.running, now)
@@ -309,11 +268,11 @@ class Scheduler(SchedulerBase):
         return given_back
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
-        """Evict `victim` by the preemption mode and queue it to come back. Returns the
-        budget given back: its tokens, if it had already been scheduled this step."""
+        """Evict `victim` and queue it to come back; returns its tokens if it had been
+        scheduled this step."""
         scheduled = victim.sched_step == out.step_index
         # Read before evicting: a recompute resets num_computed_tokens.
-        decoding = scheduled and _is_decoding(victim)
+        decoding = scheduled and is_decoding(victim)
         victim.status = self.preemption.evict(victim, self.kv, out)  # none: raises
         victim.num_preemptions += 1
         self.num_preemptions_total += 1
@@ -326,8 +285,8 @@ class Scheduler(SchedulerBase):
 
     # ---- swapped sequences come back before new prompts ----
     def schedule_swapped(self, out: SchedulerOutput, budget: int, now: float) -> int:
-        """Swap requests back in, oldest first, while slots, budget and device blocks
-        allow; not in a step that preempted (the blocks would only go out again)."""
+        """Swap requests back in, oldest first, while slots, budget and blocks allow; not
+        in a step that preempted."""
         if not self.swapped or out.preempted:
             return budget
         max_seqs = self.sc.max_num_seqs
@@ -339,7 +298,7 @@ class Scheduler(SchedulerBase):
             out.swap_in.extend(pairs)
             del self.swapped[0]
             self._admit(req, now)
-            decoding = _is_decoding(req)
+            decoding = is_decoding(req)
             if decoding:
                 out.num_decode_ready += 1
                 n = 1
@@ -358,13 +317,12 @@ class Scheduler(SchedulerBase):
         partial = long_partial = 0
         for req in self.running:
             if req.sched_step == step:
-                # Is_decoding one step ahead, once this step's chunk is computed: prefill
-                # is over when at most the newest sampled token is left.
+                # is_decoding once this step's chunk is computed
                 left = req.num_tokens - req.num_computed_tokens - req.sched_tokens
                 mid_prefill = left > 1 or (left == 1 and not req.output_token_ids)
             else:
                 mid_prefill = req.num_tokens > req.num_computed_tokens and \
-                    not _is_decoding(req)
+                    not is_decoding(req)
             if mid_prefill:
                 partial += 1
                 if threshold and req.num_tokens - req.prefix_hit_tokens > threshold:
@@ -373,7 +331,7 @@ class Scheduler(SchedulerBase):
 
     def schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> int:
         """Admit waiting prompts in the policy's order while slots, budget, partial-prefill
-        limits and blocks allow; not in a step that preempted (they would evict it back)."""
+        limits and blocks allow; not in a step that preempted."""
         if not self.waiting or out.preempted or budget <= 0:
             return budget
         sc = self.sc
@@ -387,15 +345,12 @@ class Scheduler(SchedulerBase):
         kv = self.kv
         bs = kv.block_size
         in_flight = InFlightBlocks(out, bs, kv.namer) if kv.enable_prefix_caching else None
-        # Prompts left mid-prefill, counted when a chunk first needs them (a prompt that
-        # fits whole, the usual case, never does): -1 until then.
+        # prompts left mid-prefill: counted only once a chunk needs them (-1 until then)
         partial = long_partial = -1
         admitted: list[Request] = []
         for req in self.waiting:
             if len(self.running) >= sc.max_num_seqs or budget <= 0:
                 break
-            # Its cached prefix is computed already: only the rest counts against the
-            # budget, the chunk cap, the partial-prefill limits and the free blocks.
             hits = kv.cached_prefix(req)
             if in_flight is not None and kv.looks_up(req) and \
                     in_flight.holds_next_block_of(req, len(hits)):
@@ -424,10 +379,8 @@ class Scheduler(SchedulerBase):
                 long_partial += is_long
             self._admit(req, now)
             admitted.append(req)
-            # A waiting request holds no KV (new, or its KV was dropped), so it needs
-            # its whole prompt (plus any output) past its cached prefix: a prefill, unless
-            # a recompute found all but its newest token cached.
-            out.add(req, n, decoding=n == 1 and _is_decoding(req))
+            # a prefill, unless a recompute found all but its newest token cached
+            out.add(req, n, decoding=n == 1 and is_decoding(req))
             budget -= n
         if admitted:
             k = len(admitted)

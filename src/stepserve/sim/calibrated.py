@@ -1,26 +1,9 @@
-"""The calibrated cost model: a step's time as a few explainable terms, each a measured
-cost per unit of work, fitted to the real engine's step times (`stepserve profile`).
-
-    t = step                     fixed cost of any step (scheduling, sampling set-up,
-                                 launching the layers, streaming the weights once)
-      + seq      x sequences     per scheduled sequence (Python bookkeeping, sampling)
-      + token    x tokens        per token through the layers (prefill and decode alike)
-      + token_hi x tokens over   per token past `knee_tokens` (a CPU's GEMMs get cheaper
-                                 per token as the batch grows; a GPU's too, until compute-
-                                 bound: the fit says which)
-      + kv_read  x decode KV     per KV token a decode reads (attention over context)
-      + attn     x prefill attn  per (query x key) pair of a prefill chunk's causal
-                                 attention: n x (start + (n + 1) / 2)
-      + swap     x blocks        per KV block copied between device and CPU
-      + join     x joins         per request joining the batch (its chunk starts at token
-                                 0: new, or recomputed): the engine re-forming its batch
-      + chunk    x chunks        per prefill chunk in the step, fresh or after cached
-                                 tokens (the prefill path's own fixed cost: a chunk of 16
-                                 tokens costs several decode steps on a CPU)
-
-Coefficients are fitted by non-negative least squares on relative error (a 5 ms step
-and a 2 s step count alike), so each stays a cost, never a credit. JSON in and out
-(`to_json` / `from_json`) with the machine and model it was measured on.
+"""The calibrated cost model: a step's time as a sum of terms (TERMS: a fixed step cost;
+per sequence; per token, and per token past `knee_tokens`; per KV token a decode reads;
+per causal attention pair of a prefill chunk; per block swapped; per request joining the
+batch; per prefill chunk), each a measured cost per unit fitted to the real engine's
+step times (`stepserve profile`) by non-negative least squares on relative error, so
+each stays a cost, never a credit.
 """
 
 from __future__ import annotations
@@ -43,22 +26,18 @@ SHOWN = {"step": (1e3, "ms per step"), "seq": (1e6, "us per sequence"),
          "swap": (1e6, "us per block copied"), "join": (1e6, "us per request joining the batch"),
          "chunk": (1e6, "us per prefill chunk")}
 TERMS = tuple(SHOWN)
-# The terms that grow with the batch the engine re-forms, not with the model's work:
-# the scheduling overhead (sim/cost.py), named in describe().
+# the scheduling overhead's terms (sim/cost.py), named in describe()
 SCHEDULING_TERMS = ("seq", "join")
 
 
 def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
-    """The work of one step, in the order of TERMS. A decode (the runner's decode path:
-    one query over the cached KV) reads start + 1 keys; a prefill chunk of n tokens after
-    `start` computed ones attends to n * start + n (n + 1) / 2 (an integer); a request
-    joins the batch when its chunk starts at token 0 (sim/cost.py, `joining`)."""
+    """The work of one step, in the order of TERMS: a decode reads start + 1 keys, a
+    prefill chunk attends causally (`causal_pairs`), a chunk at token 0 joins."""
     counts = out.num_scheduled_tokens
     starts = computed_tokens(out)
     tokens = sum(counts)
     if counts.count(1) == out.num_decode_tokens:
-        # Every decode computes 1 token; when as many entries have 1 token as the batch
-        # has decodes, those are the decodes (no per-request call: this runs every step).
+        # as many 1-token entries as decodes: those are the decodes (no per-request call)
         prefill = list(map(_NOT_ONE, counts))
     else:  # built by hand: ask each request
         prefill = [not req.is_decoding for req in out.requests]
@@ -88,8 +67,7 @@ class CalibratedCost(CostModel):
         return self._time(step_terms(out, self.knee_tokens))
 
     def decode_step_time(self, batch: int, computed: int) -> float:
-        # step_terms of `batch` decodes: each reads its computed tokens + 1 keys; no
-        # prefill attention, no swaps, nobody joining, no chunk
+        # step_terms of `batch` decodes
         over = batch - self.knee_tokens if batch > self.knee_tokens else 0
         return self._time((1.0, float(batch), float(batch), float(over),
                            float(computed + batch), 0.0, 0.0, 0.0, 0.0))

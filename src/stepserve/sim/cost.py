@@ -1,13 +1,9 @@
-"""Cost models: how long one step takes, given the batch. ConstantCost here (every step
-the same, the night-report job's 24-26 ms), RooflineCost (roofline.py: max(compute,
-memory) from a hardware and a model spec), CalibratedCost (calibrated.py: a fit of this
-machine's measured steps, from `stepserve profile`).
+"""Cost models: how long one step takes, given the batch. ConstantCost here,
+RooflineCost (roofline.py), CalibratedCost (calibrated.py, fitted by `stepserve profile`).
 
-Every model adds the engine's scheduling overhead (`SchedulingOverhead`): work that grows
-with the batch it re-forms each step, not with the tokens the model computes. A static
-batch's steps after its short members finish carry only its few live sequences, a
-continuous batch's carry all of them, so a continuous engine's steps are slower and its
-gain over static batching stays below the step-count cap (`plan speedup`).
+Each adds the engine's scheduling overhead (`SchedulingOverhead`), which grows with the
+batch re-formed each step: a continuous batch's steps carry every sequence, a static
+batch's only its live ones, so continuous batching's gain stays below the step-count cap.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ def computed_tokens(out: SchedulerOutput) -> list[int]:
 
 
 def causal_pairs(counts: Sequence[int], starts: Sequence[int]) -> int:
-    """Query x key pairs of causal attention: n new tokens after `start` computed ones
-    attend to start + 1 .. start + n keys, n * start + n (n + 1) / 2 in all. Summed with
-    map() at C speed: the cost models run this for every step of a simulation."""
+    """Query x key pairs of causal attention, n * start + n (n + 1) / 2 per chunk (map():
+    C speed, every step)."""
     return sum(map(mul, counts, starts)) + (sum(map(mul, counts, counts)) + sum(counts)) // 2
 
 
@@ -44,17 +39,10 @@ def _ms(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class SchedulingOverhead:
-    """The engine's own work in a step that grows with the batch it re-forms:
-
-    * `per_seq_s` per scheduled sequence: the scheduler's pass over it (blocks, budget),
-      its row of the step's inputs, its sampling and output bookkeeping;
-    * `per_join_s` per request joining the batch: one whose step starts its sequence
-      from the first token (new, or resumed after its KV was dropped for recompute): its
-      state set up, and torn down again when it leaves (one charge for both, at the
-      join). A swapped-in request is priced by its block copies instead.
-
-    A decode-only step has no joins, so a decode run (core/decode_run.py) prices the same
-    as stepping; nothing but the batch itself is needed to count them (`joining`)."""
+    """The engine's own work in a step: `per_seq_s` per scheduled sequence (its pass,
+    inputs row, sampling), `per_join_s` per request joining the batch from its first
+    token (set up and torn down: one charge; a swap-in pays its copies instead). Decode
+    steps have no joins, so decode runs price the same as stepping."""
 
     per_seq_s: float = 0.0
     per_join_s: float = 0.0
@@ -87,10 +75,8 @@ class CostModel:
         raise NotImplementedError
 
     def decode_step_time(self, batch: int, computed: int) -> float | None:
-        """Exactly what `step_time` returns for a step of `batch` decodes whose requests
-        hold `computed` computed tokens in all (a decode run's steps, core/decode_run.py);
-        None where a model cannot tell without the batch (the
-        simulator then steps)."""
+        """Exactly `step_time` of `batch` decodes holding `computed` tokens in all (decode
+        runs); None where the batch is needed (the simulator then steps)."""
         return None
 
     def describe(self) -> str:

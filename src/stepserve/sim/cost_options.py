@@ -1,11 +1,8 @@
 """The cost model a user picks (`--cost constant|roofline|FILE`, `--step-ms`,
-`--hardware`, `--model-spec`), and the KV memory it implies.
-
-A roofline model knows the memory its hardware leaves for KV after the weights and the
-model's KV bytes per token, so it sizes the KV pool (sim/scenarios.py); a calibrated one
-(a cost file from `stepserve profile`) knows the KV budget the profiled engine had; a
-constant one leaves the pool to the config. A cost file measured on another machine is
-used with a warning naming both."""
+`--hardware`, `--model-spec`), and the KV memory it implies: a roofline model's hardware
+minus weights, a cost file's profiled budget, or (constant) the config's own pool. A
+cost file measured on another machine is used with a warning naming both.
+"""
 
 from __future__ import annotations
 
@@ -26,9 +23,8 @@ from stepserve.sim.scenarios import Scenario, num_gpu_blocks_for
 
 @dataclass(frozen=True)
 class CostModelOptions:
-    """Which cost model: `cost` "constant" (`step_ms` a step), "roofline" (`hardware`
-    and `model_spec` presets) or the path of a cost file (`stepserve profile`); None:
-    roofline, unless a scenario brings its own."""
+    """`cost`: "constant" (`step_ms`), "roofline" (`hardware`, `model_spec`) or a cost
+    file's path; None: roofline, unless a scenario brings its own."""
 
     cost: str | None = None
     step_ms: float = 25.0
@@ -52,16 +48,14 @@ NAMED = ("constant", "roofline")
 
 
 def with_cost(scenario: Scenario, setup: CostSetup) -> Scenario:
-    """`scenario` simulated with another cost model, and the KV pool that one implies
-    (the config's num_gpu_blocks still wins where set)."""
+    """`scenario` with another cost model and the KV pool it implies."""
     return replace(scenario, cost_model=lambda: setup.cost_model,
                    kv_cache_bytes=setup.kv_cache_bytes,
                    kv_bytes_per_token=setup.kv_bytes_per_token)
 
 
 def cost_setup_for(options: CostModelOptions) -> CostSetup:
-    """The cost model `options` name; UsageError for a preset the lookups do not know or
-    a cost file that cannot be read."""
+    """The cost model `options` name; UsageError for an unknown preset or a bad file."""
     if options.cost == "constant":
         return CostSetup(ConstantCost(options.step_ms / 1000.0))
     if options.cost is not None and options.cost not in NAMED:
@@ -84,8 +78,7 @@ def load_cost_file(path: str) -> CalibratedCost:
     """A cost file; its warnings (another machine) go to stderr."""
     data = load_json(path, "cost file")
     try:
-        cost = CalibratedCost.from_json(data) if isinstance(data, dict) else \
-            CalibratedCost.from_json({})
+        cost = CalibratedCost.from_json(data if isinstance(data, dict) else {})
     except ValueError as e:
         raise UsageError(f"--cost {path!r}: {e}") from None
     for warning in cost_file_warnings(cost):
@@ -94,8 +87,7 @@ def load_cost_file(path: str) -> CalibratedCost:
 
 
 def cost_file_warnings(cost: CalibratedCost, model: str | None = None) -> list[str]:
-    """What differs between where the cost was measured and here (this machine; the model
-    a command runs, when it names one)."""
+    """What differs between where the cost was measured and here (machine, model)."""
     out = []
     measured_on, here = cost.meta.get("host"), this_host()
     if measured_on and measured_on != here:

@@ -1,9 +1,7 @@
-"""`stepserve simulate`'s job: a built-in scenario, or a workload file or a trace (ours
-or Mooncake's) with a config file and settings, through the real scheduler on a virtual
-clock; the table printed, the result written as JSON.
-
-User mistakes raise UsageError (ConfigError, WorkloadError), which `stepserve` prints as
-one line, exit 2; the output path is checked before anything runs."""
+"""`stepserve simulate`'s job: a scenario, a workload file or a trace with a config and
+settings, through the real scheduler on a virtual clock; the table printed, the result
+written as JSON. User mistakes raise UsageError (one line, exit 2); the output path is
+checked before anything runs."""
 
 from __future__ import annotations
 
@@ -29,10 +27,8 @@ from stepserve.workload.overrides import WorkloadOverrides, override_workload
 
 @dataclass(frozen=True)
 class SimulateOptions:
-    """One `simulate`: exactly one of `scenario` (a built-in name), `workload` (a YAML
-    file) or `trace` (JSON Lines). `config` goes on top of every run of a scenario, or
-    makes the one run of a workload file or trace; `cost` is used for a workload file or
-    trace (a scenario brings its own)."""
+    """One `simulate` of exactly one of `scenario`, `workload` (YAML) or `trace` (JSON
+    Lines); `config` goes on top of a scenario's runs, or is a file's one run."""
 
     scenario: str | None = None
     workload: str | None = None
@@ -119,9 +115,8 @@ def changed_settings(before: EngineConfig, after: EngineConfig) -> Changes:
 
 def override_runs(scenario: Scenario, config: ConfigOverrides
                   ) -> tuple[Scenario, dict[str, Changes]]:
-    """The config file and settings on top of every run of a scenario. A run they change
-    is no longer the scenario's run: its name says what changed ("after
-    (max_num_seqs=64)"); returns the changes by the run's own name too."""
+    """The config and settings on every run of a scenario; a changed run's name says so
+    ("after (max_num_seqs=64)"). Also the changes by each run's own name."""
     runs, changes = [], {}
     for r in scenario.runs:
         new = config.apply(r.config)

@@ -1,16 +1,10 @@
-"""The discrete-event loop: drives the engine core of each replica on a virtual clock. A
-replica's step begins at one event (`begin_step`: schedule, cost model) and completes at
-another, its duration later (`complete_step`); in between, arrivals queue and aborts
-land, as on a real server. Events: arrivals, step completions, batch window expiries.
-
-A closed-loop workload issues its next request the moment one ends (a refused one
-included), before any replica forms its next batch. A multi-turn session's later turn
-(workload/sessions.py) arrives its think time after the turn before it ended, its prompt
-that turn's prompt and output ids plus its own; a turn whose predecessor did not complete
-is never sent (its session ends, and only then does a closed loop send its next request).
-Replicas share one clock; each has its own engine core (scheduler, KV blocks, SimRunner)
-and belongs to a pool with its own config; the router (routing/) picks a pool by the
-deployment's rules, then a replica in it, from each replica's view of its load.
+"""The discrete-event loop: drives each replica's engine core on one virtual clock. A
+step begins at one event (schedule, cost model) and completes its duration later;
+arrivals and aborts land in between, as on a real server. A closed loop issues its next
+request the moment one ends; a session's later turn arrives its think time after the
+turn before it ended (never, if that one did not complete). Each replica belongs to a
+pool with its own config; the router picks a pool by the deployment's rules, then a
+replica from each one's view of its load.
 """
 
 from __future__ import annotations
@@ -42,10 +36,8 @@ SIM_TOKEN = 1
 
 
 class SimRunner:
-    """Stands in for the model: "samples" a token for every sequence that reached its end
-    and says how long the step took, from a cost model. A request stops by emitting EOS
-    when it reaches its true output length from the workload, so the scheduler sees
-    exactly what it would see from a real model."""
+    """Stands in for the model: a token for each sequence at its end, EOS at its
+    workload's output length, and the step's time from a cost model."""
 
     reads_block_tables = False  # a cost model prices counts, never block ids
 
@@ -54,8 +46,7 @@ class SimRunner:
         # request id -> the output tokens it holds when it samples EOS (its length - 1)
         self.eos_after: dict[str, int] = {}
         eos_after = self.eos_after
-        # A decode run's view of the same rule: the steps in which each request samples
-        # SIM_TOKEN before its first EOS.
+        # the same rule for a decode run: the steps before each request's EOS
         self.sampler = Sampler(SIM_TOKEN, SIM_EOS, lambda batch, held: list(
             map(sub, map(eos_after.__getitem__, map(_REQUEST_ID, batch)), held)))
         self.decode_step_time = cost_model.decode_step_time
@@ -71,9 +62,7 @@ class SimRunner:
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         eos_after = self.eos_after
         self.release(out.finished_request_ids)
-        # A chunk that does not reach the end of the sequence samples nothing (None); a
-        # sequence at its workload length samples EOS. (One expression per request: the
-        # simulator runs this for every request in every step.)
+        # one expression per request: this runs for every request in every step
         sampled: list[int | None] = [
             None if req.num_computed_tokens + n < req.num_prompt_tokens + (
                 num_output := len(req.output_token_ids))
@@ -129,24 +118,18 @@ def make_request(spec: RequestSpec, arrival: float, history: list[int] | None = 
 
 @lru_cache(maxsize=4096)
 def _sim_params(max_tokens: int, priority: int, tenant: str) -> SamplingParams:
-    """One SamplingParams for the simulated requests alike (nothing changes one once it
-    is made): checked once for each distinct (max_tokens, priority, tenant), not once a
-    request."""
+    """One (unchanged) SamplingParams per (max_tokens, priority, tenant), checked once."""
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, priority=priority,
                           tenant=tenant)
 
 
-# Simulated prompts start with a token no other request has, above any id the runner
-# samples, so the prefix cache sees what a real workload of distinct prompts gives it:
-# no hits, except a request's own blocks after a recompute. A request of a class with
-# shared prefixes (workload/shared_prefix.py) starts with its prefix's ids instead, and
-# is its own from the token after it.
+# A simulated prompt is its own from its first token after any shared prefix (above any
+# sampled id), so the prefix cache hits only what a real workload would.
 FIRST_PROMPT_ID = 1 << 20
 
 
 def prompt_token_ids(spec: RequestSpec) -> list[int]:
-    """The token ids of a simulated prompt, unique to the request from its first token
-    after its shared prefix (if any); a trace's request's, as its block hashes say."""
+    """A simulated prompt's token ids (a trace's, as its block hashes say)."""
     if isinstance(spec, TraceSpec):
         return trace_token_ids(spec)
     ids = [1] * spec.prompt_len
@@ -183,9 +166,8 @@ class _EventLoop:
         self.turn_of: dict[str, int] = {}  # an issued session turn's request id -> its spec
         self.sessions_cut = self.turns_not_sent = 0
         self.reactive = bool(closed_loop_concurrency or self.next_turn)  # arrivals wait on ends
-        # Decode runs (core/decode_run.py) need a cost model that prices a decode-only
-        # step from its counts, and no outside event that a run could hide: with several
-        # replicas, a closed-loop client may send one a request while another is in a run.
+        # Decode runs need a cost model pricing decode steps from counts, and no hidden
+        # outside event (several replicas: a closed loop may send one a request mid-run).
         self.decode_runs = decode_runs and cost_model.decode_step_time(1, 1) is not None \
             and (len(self.replicas) == 1 or not self.reactive)
         self.progress = progress
@@ -216,8 +198,7 @@ class _EventLoop:
             self.progress(len(requests))
 
     def release_next_turn(self, req: Request) -> bool:
-        """Schedule the arrival of the turn after `req` in its session, if it completed;
-        False: its session ended here."""
+        """Schedule the next turn of `req`'s session if it completed; False: it ended."""
         k = self.turn_of.pop(req.request_id, None)
         nxt = self.next_turn.get(k) if k is not None else None
         if nxt is None:
@@ -266,12 +247,11 @@ class _EventLoop:
             self.push(max(wake, t), _WAKE, rep.index)
 
     def run_decodes(self, rep: Replica, t: float) -> bool:
-        """Do the replica's decode-only steps up to the next event at once, if its steps
-        are plain; they complete (and their ended requests are told) at _RUN_END."""
+        """Do the replica's plain decode-only steps up to the next event at once; they
+        complete at _RUN_END."""
         until = self.events[0][0] if self.events else math.inf
-        # A run's setup passes over the whole batch several times: where fewer than
-        # MIN_RUN_STEPS steps fit before the next event, stepping is cheaper. (A step of
-        # the batch at no context: at most the real step's time, so this errs to runs.)
+        # a run's setup passes over the batch several times: under MIN_RUN_STEPS (priced
+        # at no context, so erring to runs) stepping is cheaper
         batch = rep.core.snapshot().num_running
         if until - t < MIN_RUN_STEPS * rep.runner.decode_step_time(batch, 0):
             return False
@@ -333,10 +313,8 @@ def simulate(config: EngineConfig, specs: Sequence[RequestSpec], cost_model: Cos
              num_gpu_blocks: int, closed_loop_concurrency: int | None = None,
              progress: Callable[[int], None] | None = None,
              deployment: Deployment | None = None, decode_runs: bool = True) -> SimResult:
-    """Run `specs` through the deployment's replicas (default: `config.replicas` alike,
-    behind `config.router`); returns every request and step. A pool's config that sets
-    num_gpu_blocks keeps it; the others get `num_gpu_blocks`. `decode_runs=False` steps
-    every step one by one (same results, slower: the check that they are the same)."""
+    """Every request and step of `specs` through the deployment's replicas (default:
+    `config.replicas` alike); `decode_runs=False` steps one by one (same results)."""
     loop = _EventLoop(deployment or Deployment.single(config), specs, cost_model,
                       num_gpu_blocks, closed_loop_concurrency, progress, decode_runs)
     loop.run()

@@ -1,15 +1,8 @@
-"""What `stepserve simulate` prints about a result: the table of runs side by side (one
-row a metric, each with a note on what it means), and for the built-in scenarios the
-incident's own figures against the run and the lab's verdicts on each fix.
-
-Each incident reports figures (the promo spike's TTFT P99 of 9.4 s, the night report's
-420 tok/s ...). A `Figure` is one of them: its value in the incident, and how a run of the
-scenario reads it. Its scenario reproduces it within `TOLERANCE`, unless `why_not` says
-why it cannot hold together with the incident's other figures (the arithmetic is there);
-docs/guide.md tells the story and tests/sim/test_incident_figures.py pins them. The
-verdicts: is the promo peak absorbed, in the simulator and by `stepserve plan capacity`
-on the same peak (they must agree); what the mixed-pool fix does; and each of the quick
-start's claims checked on the run (`CLAIMS`).
+"""What `stepserve simulate` prints about a result: the runs side by side (a row a metric,
+with a note on what it means), and for the built-in scenarios the incident's figures
+against the run and the lab's verdicts on each fix. A `Figure` holds within `TOLERANCE`
+unless `why_not` says why it cannot hold with the incident's other figures (docs/guide.md
+tells the story; tests/sim/test_incident_figures.py pins them).
 """
 
 from __future__ import annotations
@@ -133,9 +126,8 @@ def format_findings(findings: Sequence[Finding]) -> str:
 
 
 def format_comparison(result: SimulateResult) -> list[str]:
-    """Continuous over static against its cap, and where the rest went: the step count
-    (prefill steps, the drain at the end) and the step time (the scheduling overhead a
-    full batch pays every step, named in the cost model)."""
+    """Continuous over static against its cap, and where the rest went (step count, step
+    time)."""
     comp = result.comparison
     assert comp is not None
     lines = [f"continuous / static throughput: {comp.speedup:.2f}x; speedup cap for the same "
@@ -162,15 +154,11 @@ def format_comparison(result: SimulateResult) -> list[str]:
 # ---- the incidents' figures ----
 TOLERANCE = 0.25
 
-# The promo spike's TTFT is measured at its gateway: the daily traffic's mean 0.95 s and
-# P99 1.1 s sit ~0.9 s above what an engine with no queue takes for these prompts (~0.05
-# s), and so close together that no queue can be in them. The lab adds those 0.9 s
-# (retrieval and the gateway, before the engine) to the engine's TTFT and E2E.
+# The promo spike's TTFT is the gateway's: its daily mean 0.95 s and P99 1.1 s sit ~0.9 s
+# above an unqueued engine's ~0.05 s, so the lab adds 0.9 s to the engine's TTFT and E2E.
 GATEWAY_S = 0.9
-# The incident gives no timeout. A promo client here gives up when its first token
-# comes later than twice the daily mean TTFT (2 x 0.95 s at the gateway): the daily
-# traffic (P99 1.1 s) misses that about as rarely as the incident's 0.5%. The share is
-# sensitive to it (docs/guide.md: 2 s gives 8.7%, 1.5 s 19.7%).
+# The incident gives no timeout: a client gives up past twice the daily mean TTFT, which
+# the daily traffic misses about as rarely as the incident's 0.5% (docs/guide.md).
 DEADLINE_S = 2 * 0.95
 
 Read = Callable[[SimulateResult], "float | None"]

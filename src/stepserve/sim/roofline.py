@@ -2,22 +2,13 @@
 
   compute = (2 x params x tokens + attention FLOPs) / (peak FLOP/s x MFU)
   memory  = (weights + KV read + KV written) / (bandwidth x MBU)
-  swap    = KV blocks copied x block bytes / host link bandwidth
   step    = fixed overhead + scheduling overhead + swap + max(compute, memory)
 
-Attention FLOPs for a chunk of n new tokens after `start` cached ones:
-4 x layers x heads x head_dim x n x (start + (n + 1) / 2)  (QK^T and PV, causal).
-Decode is memory-bound (weights are read once per step, whatever the batch), prefill is
-compute-bound: that is why continuous batching's gain on a GPU is close to the step-count
-gain, and why a CPU (where compute grows with batch) sees less of it. Block copies come
-before the forward pass (core/output.py), so their time adds to the step's.
-
-Hardware presets (`HARDWARE`): the vendors' dense bf16 tensor FLOP/s and memory
-bandwidth; the efficiencies say how much of the peak a serving engine reaches
-(assumptions, printed with every simulated result). `host_link_bandwidth` is what a KV
-block copy between device and host reaches (PCIe Gen5 x16 peaks at 64 GB/s a direction,
-copies reach about 50; Gen4 x16 32 and about 25): swapping a sequence's KV costs its
-bytes over this link twice, recomputing it costs its prefill again.
+with attention 4 x layers x heads x head_dim x n x (start + (n + 1) / 2) for a chunk of
+n tokens after `start` cached ones, and a swap its blocks' bytes over the host link
+(PCIe Gen5 x16 copies reach about 50 GB/s, Gen4 about 25). Presets (`HARDWARE`): the
+vendors' dense bf16 FLOP/s and bandwidth; the efficiencies are assumptions, printed with
+every result.
 """
 
 from __future__ import annotations

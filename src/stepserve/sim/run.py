@@ -1,13 +1,7 @@
-"""Running simulations, and their results as typed values: a RunResult per config run and
-a SimulateResult per scenario or workload file. JSON only at the edge, in the shape other
-tools read:
-
-    {"schema_version", "scenario", "description", "cost_model", "workload",
-     "runs": [{"name", "batching", "note", "config", "num_gpu_blocks", "summary",
-               "by_class"?, "deployment"?, "timeseries", "latency_samples"}],
-     "findings": [{"run", "rule", "severity", "evidence", "action"}],
-     "comparison"?: {"speedup", "speedup_cap", "share_of_cap",
-                     "static_slot_utilization_computed"}}   # batching comparisons
+"""Running simulations, and their results as typed values: a RunResult per config run
+and a SimulateResult per scenario or workload file; JSON only at the edge (the shape
+other tools read: schema_version, scenario, description, cost_model, workload, runs,
+findings, and comparison for batching comparisons).
 """
 
 from __future__ import annotations
@@ -47,10 +41,8 @@ def config_facts(config: EngineConfig) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One config run on the simulator. `config` is None only for a file whose config
-    this version cannot read (the run's numbers still can be); `by_class` only when the
-    requests have several classes; `timeseries` and `latency_samples` None only in a file
-    written without them."""
+    """One config run on the simulator. `config` None: a file's config this version
+    cannot read; `by_class` only for several request classes."""
 
     name: str
     batching: str | None
@@ -76,10 +68,9 @@ class RunResult:
             out["by_class"] = {k: s.to_json() for k, s in self.by_class.items()}
         if self.deployment is not None:
             out["deployment"] = self.deployment
-        if self.timeseries is not None:
-            out["timeseries"] = self.timeseries.to_json()
-        if self.latency_samples is not None:
-            out["latency_samples"] = self.latency_samples.to_json()
+        for key in ("timeseries", "latency_samples"):
+            if (value := getattr(self, key)) is not None:
+                out[key] = value.to_json()
         return out
 
     @classmethod
@@ -122,11 +113,9 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "",
 
 
 def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
-    """The KV pool a run derives (from kv_cache_memory, or max_num_seqs x max_model_len)
-    must hold a block and fit in memory: the block manager lists every free block.
-    swap_space and gpu_memory_utilization size a real engine's memory from the machine it
-    runs on; the simulator has no such machine, so it refuses them rather than ignore
-    them."""
+    """The run's KV pool must hold a block and fit in memory (every free block is
+    listed); swap_space and gpu_memory_utilization size a real machine's memory, which
+    the simulator has not, so it refuses them rather than ignore them."""
     cache = config.cache
     for name, value in (("swap_space", cache.swap_space),
                         ("gpu_memory_utilization", cache.gpu_memory_utilization)):
@@ -146,9 +135,8 @@ def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
 
 def checked_deployment(config: EngineConfig, num_gpu_blocks: int,
                        pools: Mapping[str, Any] | None) -> Deployment | None:
-    """The pools file's deployment over `config` (its settings go on top of it; None
-    without one), once every KV pool the run would build is known to fit: the config's
-    own, then each pool's. UsageError or ConfigError names what is wrong."""
+    """The pools file's deployment over `config` (None without one), once every KV pool
+    the run would build is known to fit."""
     check_num_gpu_blocks(config, num_gpu_blocks)
     deployment = None if pools is None else deployment_from(pools, config)
     for pool in deployment.pools if deployment else ():
@@ -161,9 +149,8 @@ def simulate_run(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
                  closed_loop_concurrency: int | None, note: str = "",
                  progress: Callable[[int], None] | None = None,
                  pools: Mapping[str, Any] | None = None) -> tuple[RunResult, SimResult]:
-    """One config on the simulator (with `pools`: the pools file's deployment over it):
-    its result, and the simulation itself beside it for callers that need the requests
-    (bench --sim)."""
+    """One config on the simulator (over `pools`' deployment): its result, and the
+    simulation for callers that need the requests (bench --sim)."""
     deployment = checked_deployment(config, num_gpu_blocks, pools)
     sim = simulate(config, specs, cost_model, num_gpu_blocks, closed_loop_concurrency,
                    progress=progress, deployment=deployment)
@@ -270,8 +257,7 @@ def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | Non
 
 
 def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario:
-    """The scenario with only the runs named (all for None); UsageError naming the
-    allowed runs for a name it does not have."""
+    """The scenario with only the runs named (None: all); UsageError for another name."""
     if names is None:
         return scenario
     known = [r.name for r in scenario.runs]
@@ -287,9 +273,8 @@ def run_all(name: str, description: str, workload: Workload, specs: Sequence[Req
             blocks_for_config: Callable[[EngineConfig], int], compare: bool,
             progress_factory=None, pools: Mapping[str, Any] | None = None
             ) -> SimulateResult:
-    """Every run of `runs` on the same requests; `pools` (a pools file's contents) makes
-    each run's config the base of that deployment."""
-    # every run's KV pools and deployment, checked before the first run starts
+    """Every run of `runs` on the same requests (each over `pools`' deployment), every
+    run's KV pools checked before the first starts."""
     blocks = [blocks_for_config(spec.config) for spec in runs]
     deployments = [checked_deployment(spec.config, n, pools) for spec, n in zip(runs, blocks)]
     results = []

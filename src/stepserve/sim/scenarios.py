@@ -1,10 +1,7 @@
-"""The three incidents and the quick-start configs as runnable simulations.
-
-A Scenario is a workload, a cost model, a KV size and the configs to compare: the
-incident's config (`before`) and its fix (`after`), or the three batching modes, or
-A/B/C. docs/guide.md says how each one's sizes were chosen; sim/report.py holds the
-figures each must reproduce.
-"""
+"""The three incidents and the quick start as runnable simulations: a Scenario is a
+workload, a cost model, a KV size and the configs to compare (before/after, the batching
+modes, or A/B/C). docs/guide.md says how the sizes were chosen; sim/report.py holds the
+figures each must reproduce."""
 
 from __future__ import annotations
 
@@ -29,10 +26,9 @@ def cfg(**settings) -> EngineConfig:
 
 def num_gpu_blocks_for(config: EngineConfig, kv_cache_bytes: int | None = None,
                        kv_bytes_per_token: int | None = None) -> int:
-    """KV blocks per simulated replica, one rule for scenarios and commands: the config's
-    num_gpu_blocks if set; else from a KV size (the config's kv_cache_memory, else
-    `kv_cache_bytes`, over `kv_bytes_per_token` x block_size, both given and non-zero);
-    else enough for max_num_seqs sequences of max_model_len."""
+    """KV blocks per simulated replica: the config's num_gpu_blocks; else a KV size (its
+    kv_cache_memory, else `kv_cache_bytes`) over `kv_bytes_per_token` x block_size; else
+    max_num_seqs sequences of max_model_len."""
     bs = config.cache.block_size
     if config.cache.num_gpu_blocks:
         return config.cache.num_gpu_blocks
@@ -45,8 +41,7 @@ def num_gpu_blocks_for(config: EngineConfig, kv_cache_bytes: int | None = None,
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One named engine config: a scenario's run, or a sweep's series (a scenario run, a
-    --configs file, or flags)."""
+    """One named engine config: a scenario's run, or a sweep's series."""
 
     name: str
     config: EngineConfig
@@ -75,10 +70,8 @@ class Scenario:
         return num_gpu_blocks_for(config, self.kv_cache_bytes, self.kv_bytes_per_token)
 
 
-# The night-report engine: its steps took 24-26 ms under static batching, where after
-# step 20 only 10 sequences run. 24 ms of model work, 0.1 ms per scheduled sequence and
-# 1 ms per request joining the batch make that 25 ms, and a continuous batch's step
-# (64 sequences) 30.4 ms: what re-forming the batch every step costs.
+# The night report's 24-26 ms static steps (10 sequences after step 20): 24 ms of work,
+# 0.1 ms a sequence and 1 ms a join; a continuous step of 64 sequences then takes 30.4 ms.
 NIGHT_REPORT_COST = ConstantCost(0.024, SchedulingOverhead(per_seq_s=1e-4, per_join_s=1e-3))
 
 
@@ -100,9 +93,7 @@ def _night_report() -> Scenario:
 
 
 def _mixed_pool_cost() -> RooflineCost:
-    # Qwen2.5-14B on an A100 80GB: a 300-token prefill ~0.065 s and a 2,048-token chunk
-    # ~0.4 s, as the incident measured; an 8K summary alone ~1.8 s, a 32,768-token step
-    # ~7 s; ~216k tokens of KV.
+    # a 300-token prefill ~0.065 s, a 2,048-token chunk ~0.4 s (the incident's), ~216k KV
     return RooflineCost(get_hardware("a100"), get_model_spec("qwen2.5-14b"))
 
 
@@ -131,8 +122,7 @@ def _mixed_pool() -> Scenario:
 
 def _promo_spike() -> Scenario:
     spec = get_model_spec("qwen2.5-14b")  # 192 KiB of KV per token, the incident's figure
-    # The pool's max_num_seqs 128 over its two replicas: 64 each, so at most 128 run while
-    # 140 are in flight, as the incident reads it.
+    # the pool's max_num_seqs 128 is 64 a replica: 128 run while 140 are in flight
     before = cfg(replicas=2, max_num_seqs=64, max_num_batched_tokens=8192,
                  max_model_len=4096, policy="priority", preemption_mode="recompute")
     after = before.replace(replicas=3, max_num_seqs=40, max_waiting=24, aging_after_s=20.0)
