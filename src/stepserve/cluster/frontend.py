@@ -1,14 +1,11 @@
-"""ClusterEngine: the ingress's engine. serving.py's handlers talk to it as to the
-single-process AsyncEngine (add, abort, drain); it picks each request's pool by the
-deployment's rules and hands the request to that pool's Ray Serve deployment, whose
-request router picks the replica.
+"""ClusterEngine: the ingress's engine, to serving.py's handlers what AsyncEngine is in
+one process. It picks each request's pool by the deployment's rules and hands the
+request to that pool's Ray Serve deployment, whose request router picks the replica.
 
-Every accepted request gets exactly one final output, whatever happens to its replica:
-its own outputs end with its final one, an abort's too (the replica's engine aborts the
-request and its final "abort" output comes back on the stream); a replica that dies
-mid-request, or cannot be told to abort, gets the only answer the ingress makes itself, a
-final "error" output naming the replica. A replica that dies before it admitted a
-request costs nothing: the request is sent again (the router no longer offers it).
+Every accepted request gets exactly one final output: the replica's own (an abort's
+too), or, where the replica dies mid-request or cannot be told to abort, a final "error"
+output made here naming the replica. A replica that dies before it admitted a request
+costs nothing: the request is sent again (the router no longer offers it).
 """
 
 from __future__ import annotations
