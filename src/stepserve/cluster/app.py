@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine
+from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine, brief
 from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
 from stepserve.core.clock import WallClock
@@ -165,8 +165,7 @@ async def _health_of(cluster: ClusterEngine, pool: str, engine: int) -> dict:
     try:
         return await call_replica(cluster, pool, engine, "health")
     except Exception as e:
-        return {"engine": engine, "pool": pool, "status": "unreachable",
-                "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        return {"engine": engine, "pool": pool, "status": "unreachable", "error": brief(e)}
 
 
 async def _answers(cluster: ClusterEngine) -> tuple[list[dict], list[str]]:

@@ -115,7 +115,7 @@ class ClusterEngine:
             _raise_for(admission)
             return generator, admission
         raise RequestFailed(f"pool {pool!r}: replicas died before taking the request "
-                            f"({_brief(died)})")
+                            f"({brief(died)})")
 
     async def _pump(self, rid: str) -> None:
         """Move the replica's outputs into the handler's stream until the final one."""
@@ -130,9 +130,9 @@ class ClusterEngine:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            log.warning("request %s: %s failed: %s", rid, _where(live), _brief(e))
+            log.warning("request %s: %s failed: %s", rid, _where(live), brief(e))
             self._fail(live, f"{_where(live)} failed while running the request: "
-                             f"{_brief(e)}")
+                             f"{brief(e)}")
         finally:
             self._forget(rid)
 
@@ -152,9 +152,9 @@ class ClusterEngine:
             await call
         except Exception as e:  # its engine cannot be reached: stop reading it
             log.warning("request %s: aborting it on %s failed: %s", live.stream.request_id,
-                        _where(live), _brief(e))
+                        _where(live), brief(e))
             self._end_here(live, f"{_where(live)} could not be told to abort the request "
-                                 f"({message}): {_brief(e)}")
+                                 f"({message}): {brief(e)}")
 
     def _end_here(self, live: _Live, message: str,
                   reason: FinishReason = FinishReason.ERROR) -> None:
@@ -215,7 +215,7 @@ def _where(live: _Live) -> str:
     return f"replica engine={a.engine} (pool {a.pool})"
 
 
-def _brief(error: BaseException | None) -> str:
+def brief(error: BaseException | None) -> str:
     """The first line of an error (Ray's carry the remote traceback below it)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"

@@ -81,8 +81,8 @@ class LLMEngine:
 
     # ---- requests ----
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None,
-                    streamed: bool = False, cache_salt: str | None = None) -> Request:
+                    request_id: str | None = None, arrival_time: float | None = None
+                    ) -> Request:
         """Queue a prompt (text or token ids) with n = 1 (`add_parallel` takes any n). A
         request the scheduler rejects comes back already finished, with status
         FINISHED_REJECTED and the reason in finish_message (and is in no StepResult)."""
@@ -90,8 +90,7 @@ class LLMEngine:
         if params.n != 1:
             raise ValueError(f"n = {params.n}: add_request queues one sequence; use "
                              "add_parallel for n > 1")
-        (request,) = self.add_parallel(prompt, params, request_id, arrival_time, streamed,
-                                       cache_salt)
+        (request,) = self.add_parallel(prompt, params, request_id, arrival_time)
         return request
 
     def add_parallel(self, prompt: str | list[int], params: SamplingParams | None = None,
