@@ -1,16 +1,13 @@
-"""The ingress: the single-process server's API (the same handlers, errors and
-streaming: server/serving.py; /tokenize, /detokenize and /version: server/api.py)
-over a ClusterEngine, plus the cluster's health and one /metrics merging every replica's.
+"""The ingress: the single-process server's API (server/serving.py, server/api.py)
+over a ClusterEngine, plus the cluster's health and one merged /metrics.
 
-    /health             public probe: 200 {"status": "ok"} while every pool has a live
+    /health             public: 200 {"status": "ok"} while every pool has a live
                         replica, else 503 with a short reason (GET and HEAD)
-    /health/{engine}    public probe of one replica, the same shape
-    /cluster/replicas   every replica's own answer (pid, load, state): needs the API key
-                        when one is set, as every non-public route (server/auth.py)
+    /health/{engine}    public, one replica, the same shape
+    /cluster/replicas   every replica's own answer (pid, load, state), behind the API key
     /metrics            every replica's series labelled engine="<index>", pool="<name>"
 
-The probes say only healthy or not: who runs where (pids, error texts carrying Ray's
-internals) is for operators, behind the key.
+The public probes say only healthy or not: pids and Ray's error texts are for operators.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine
+from stepserve.cluster.frontend import REQUEST_HEADERS, ClusterEngine, brief
 from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.cluster.registry import ROUTERS
 from stepserve.core.clock import WallClock
@@ -171,8 +168,7 @@ async def _health_of(cluster: ClusterEngine, pool: str, engine: int) -> dict:
     try:
         return await call_replica(cluster, pool, engine, "health")
     except Exception as e:
-        return {"engine": engine, "pool": pool, "status": "unreachable",
-                "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        return {"engine": engine, "pool": pool, "status": "unreachable", "error": brief(e)}
 
 
 async def _answers(cluster: ClusterEngine) -> tuple[list[dict], list[str]]:

@@ -1,14 +1,11 @@
-"""ClusterEngine: the ingress's engine. serving.py's handlers talk to it as to the
-single-process AsyncEngine (add, abort, drain); it picks each request's pool by the
-deployment's rules and hands the request to that pool's Ray Serve deployment, whose
-request router picks the replica.
+"""ClusterEngine: the ingress's engine, to serving.py's handlers what AsyncEngine is in
+one process. It picks each request's pool by the deployment's rules and hands the
+request to that pool's Ray Serve deployment, whose request router picks the replica.
 
-Every accepted request gets exactly one final output, whatever happens to its replica:
-its own outputs end with its final one, an abort's too (the replica's engine aborts the
-request and its final "abort" output comes back on the stream); a replica that dies
-mid-request, or cannot be told to abort, gets the only answer the ingress makes itself, a
-final "error" output naming the replica. A replica that dies before it admitted a
-request costs nothing: the request is sent again (the router no longer offers it).
+Every accepted request gets exactly one final output: the replica's own (an abort's
+too), or, where the replica dies mid-request or cannot be told to abort, a final "error"
+output made here naming the replica. A replica that dies before it admitted a request
+costs nothing: the request is sent again (the router no longer offers it).
 """
 
 from __future__ import annotations
@@ -118,7 +115,7 @@ class ClusterEngine:
             _raise_for(admission)
             return generator, admission
         raise RequestFailed(f"pool {pool!r}: replicas died before taking the request "
-                            f"({_brief(died)})")
+                            f"({brief(died)})")
 
     async def _pump(self, rid: str) -> None:
         """Move the replica's outputs into the handler's stream until the final one."""
@@ -133,9 +130,9 @@ class ClusterEngine:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            log.warning("request %s: %s failed: %s", rid, _where(live), _brief(e))
+            log.warning("request %s: %s failed: %s", rid, _where(live), brief(e))
             self._fail(live, f"{_where(live)} failed while running the request: "
-                             f"{_brief(e)}")
+                             f"{brief(e)}")
         finally:
             self._forget(rid)
 
@@ -155,9 +152,9 @@ class ClusterEngine:
             await call
         except Exception as e:  # its engine cannot be reached: stop reading it
             log.warning("request %s: aborting it on %s failed: %s", live.stream.request_id,
-                        _where(live), _brief(e))
+                        _where(live), brief(e))
             self._end_here(live, f"{_where(live)} could not be told to abort the request "
-                                 f"({message}): {_brief(e)}")
+                                 f"({message}): {brief(e)}")
 
     def _end_here(self, live: _Live, message: str,
                   reason: FinishReason = FinishReason.ERROR) -> None:
@@ -218,7 +215,7 @@ def _where(live: _Live) -> str:
     return f"replica engine={a.engine} (pool {a.pool})"
 
 
-def _brief(error: BaseException | None) -> str:
+def brief(error: BaseException | None) -> str:
     """The first line of an error (Ray's carry the remote traceback below it)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"

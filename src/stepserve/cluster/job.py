@@ -1,15 +1,8 @@
-"""`stepserve serve --replicas N [--pools FILE] [--ray-address ADDR]`'s job: engine
-replicas on Ray Serve behind one OpenAI-compatible ingress (this process).
-
-    Ray: pool "online": replicas 0..1   pool "offline": replica 2
-          ^ StepserveRequestRouter picks the replica (routing/, request_router.py)
-    this process: uvicorn + the ingress app (app.py) -> ClusterEngine (frontend.py)
-                  picks the pool by the deployment's rules
-
-Each pool is one Ray Serve application of engine replicas with its engine config. On
-SIGINT/SIGTERM the ingress drains like the single-process server (stop admitting, let
-in-flight requests finish for the shutdown timeout, abort the rest), then every pool's
-application is deleted (each replica drains first) and a local Ray stops.
+"""`stepserve serve --replicas N [--pools FILE] [--ray-address ADDR]`: each pool one Ray
+Serve application of engine replicas (StepserveRequestRouter picks the replica), behind
+one OpenAI-compatible ingress in this process (app.py, frontend.py: it picks the pool).
+On SIGINT/SIGTERM the ingress drains as the single-process server does, then every
+pool's application is deleted (each replica drains first) and a local Ray stops.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Starting or joining Ray and Ray Serve for the replicas.
 
-A local instance (no `--ray-address`) is loopback only: with
-RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER off (read when `ray` is first imported, so it is set
-before) Ray takes its node address from the loopback and binds its GCS, raylet, workers
-and agents there. No dashboard, and no Ray Serve HTTP proxy: the ingress is stepserve's
-own server. A replica's inter-deployment gRPC server ignores the node address (it binds
-"[::]:0" in Ray 2.60): `keep_replica_grpc_on_node_ip` points it at a loopback one.
-
-A local instance runs its workers at this process's priority: at Ray's default nice 15
-(RAY_worker_niceness) a replica loses its cores to any process at normal priority
-(beside two busy loops, replicas took minutes to start). A joined cluster keeps its own.
+A local instance (no `--ray-address`) is loopback only: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+off (read at `import ray`) binds its GCS, raylet, workers and agents to the loopback; no
+dashboard, no Ray Serve HTTP proxy. A replica's gRPC server binds "[::]:0" whatever the
+node address (Ray 2.60): `keep_replica_grpc_on_node_ip` points it at the loopback. Its
+workers run at our priority (a joined cluster keeps its own): at Ray's default nice 15 a
+replica loses its cores to any normal process (beside two busy loops, minutes to start).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""What crosses the Ray seam between the ingress and a replica, as typed values: how to
-build a replica (ReplicaSettings, with its pool's config), the first item of every
-generate stream (Admission) and the load a replica reports for the router (ReplicaStats,
-sent as the plain dict Ray Serve's routing stats must be)."""
+"""What crosses the Ray seam between the ingress and a replica: how to build a replica
+(ReplicaSettings), the first item of every generate stream (Admission) and the load a
+replica reports to the router (ReplicaStats, as the plain dict Ray Serve requires).
+"""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""EngineReplica: one engine in its own process, as a Ray Serve deployment replica,
-wrapped exactly as the single-process server wraps it (server/async_engine.py).
-
-Ray Serve calls it by name: `generate` (streamed: an Admission, then the request's
-StreamOutputs; a cancelled stream aborts the request), `abort` (the ingress's: its final
-output goes out on the request's stream), `record_routing_stats` (what the request
-router's view is built from), `check_health` (raises once the engine loop died, so Ray
-Serve restarts the replica), and `health` and `metrics_text` for the ingress's
-per-replica /health and merged /metrics. `target`, where a call takes it, is the engine
-index the request router sent it to.
+"""EngineReplica: one engine in its own process, a Ray Serve replica, wrapped as the
+single-process server wraps it (server/async_engine.py). Ray Serve calls it by name:
+`generate` (an Admission, then the request's StreamOutputs; a cancelled stream aborts
+it), `abort`, `record_routing_stats` (the router's view), `check_health` (raises once the
+engine loop died: Ray Serve restarts the replica), `describe`, and `health` and
+`metrics_text` for the ingress. `target`: the engine index the router sent a call to.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""StepserveRequestRouter: Ray Serve's custom request router for a pool's deployment. It
-decides with stepserve.routing, the same PoolRouter the simulator's replicas use, over a
-ReplicaView of each live replica: its engine index, pool, running count and KV usage as it
-reported them (`record_routing_stats`, every routing-stats period), and its outstanding
-requests counted here as they are sent and end, so a burst sent between two reports does
-not all see the same stale queue.
-
-A call with `target=<engine index>` (the ingress's per-replica /health and /metrics)
-goes to that replica; a call with no `route` to any of them. Ray Serve builds one router
-per deployment in the ingress process; each registers itself in registry.ROUTERS under
-its pool so the ingress can list the live replicas.
+"""StepserveRequestRouter: Ray Serve's request router for a pool's deployment, deciding
+with the simulator's PoolRouter over a ReplicaView of each live replica: the load it
+reported (`record_routing_stats`, every routing-stats period) and its outstanding
+requests counted here as they are sent and end, so a burst between two reports does not
+all see the same stale queue. `target=<engine index>` (the ingress's per-replica calls)
+goes to that replica; a call with no `route` to any. Each router registers itself in
+registry.ROUTERS under its pool, for the ingress to list the live replicas.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from stepserve.engine.llm_engine import LLMEngine
 from stepserve.engine.outputs import RequestOutput
 
 Prompt = str | dict[str, Any] | list[int]
+PromptInput = tuple[str | list[int], str | None]  # what to queue, and its cache salt
 
 
 class LLM:
@@ -70,8 +71,7 @@ class LLM:
                 raise ValueError(f"{len(params)} prompts but {len(priority)} priorities")
             params = [dataclasses.replace(p, priority=k)
                       for p, k in zip(params, priority, strict=True)]
-        salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in prompts]
-        return self._run([_prompt_input(p) for p in prompts], params, use_tqdm, salts)
+        return self._run([_prompt_input(p) for p in prompts], params, use_tqdm)
 
     def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -84,18 +84,18 @@ class LLM:
         else:
             conversations = list(messages)  # type: ignore[arg-type]
         tok = self.engine.tokenizer
-        prompts: list[str | list[int]] = [
-            tok.encode(tok.apply_chat_template([dict(m) for m in c], add_generation_prompt),
-                       add_special_tokens=False) for c in conversations]
+        prompts: list[PromptInput] = [
+            (tok.encode(tok.apply_chat_template([dict(m) for m in c], add_generation_prompt),
+                        add_special_tokens=False), None) for c in conversations]
         return self._run(prompts, _params_for(sampling_params, len(prompts)), use_tqdm)
 
-    def _run(self, prompts: list[str | list[int]], params: list[SamplingParams],
-             use_tqdm: bool, salts: list[str | None] | None = None) -> list[RequestOutput]:
+    def _run(self, prompts: list[PromptInput], params: list[SamplingParams],
+             use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine
         groups: list[list[Request]] = []
-        for k, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        for k, ((prompt, salt), p) in enumerate(zip(prompts, params, strict=True)):
             try:
-                group = engine.add_parallel(prompt, p, cache_salt=salts[k] if salts else None)
+                group = engine.add_parallel(prompt, p, cache_salt=salt)
                 if group[0].is_finished:  # rejected at once: say why
                     raise ValueError(f"prompt {k}: {group[0].finish_message}")
             except ValueError:  # one the engine cannot take: nothing of the batch runs
@@ -108,7 +108,7 @@ class LLM:
         finals = engine.run_until_done(lambda result: bar.update(len(result.finished)))
         bar.close()
         return [engine.output_of(g, finals, p if isinstance(p, str) else None)
-                for g, p in zip(groups, prompts, strict=True)]
+                for g, (p, _) in zip(groups, prompts, strict=True)]
 
 
 def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
@@ -122,14 +122,16 @@ def _params_for(sampling_params: SamplingParams | Sequence[SamplingParams] | Non
     return params
 
 
-def _prompt_input(prompt: Prompt) -> str | list[int]:
+def _prompt_input(prompt: Prompt) -> PromptInput:
+    """The text or token ids to queue, and the prompt dict's "cache_salt"."""
     if isinstance(prompt, (str, list)):
-        return prompt
+        return prompt, None
     if isinstance(prompt, dict):
+        salt = prompt.get("cache_salt")
         if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
+            return list(prompt["prompt_token_ids"]), salt
         if "prompt" in prompt:
-            return str(prompt["prompt"])
+            return str(prompt["prompt"]), salt
         raise ValueError(f"prompt dict needs 'prompt_token_ids' or 'prompt'; got keys "
                          f"{sorted(prompt)}")
     raise ValueError(f"prompt must be a string, a token id list or a dict; got "

@@ -1,15 +1,6 @@
 """LLMEngine: the real engine: a torch runner under the engine core (core/engine_core.py),
-plus the text around it: tokenizing prompts, and the output processor (detokenizing, stop
-strings, what each sequence was sent).
-
-    step() = core.step()                  schedule -> runner.execute -> update
-             output.add_tokens(emitted)   new text, stop strings -> core.finish_request
-             output.process(...)          deltas, final outputs
-
-The scheduler, its KV block manager and its step records are exactly the ones the
-simulator uses; only the runner differs (a torch model instead of a cost model).
-`run_closed_loop` keeps N requests in flight the way the night-report batch job drives a
-server: the next one is sent the moment one ends.
+the simulator's scheduler, KV block manager and step records, plus the text around it:
+tokenizing prompts, and the output processor (outputs.py: detokenizing, stop strings).
 """
 
 from __future__ import annotations
@@ -90,8 +81,8 @@ class LLMEngine:
 
     # ---- requests ----
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None,
-                    streamed: bool = False, cache_salt: str | None = None) -> Request:
+                    request_id: str | None = None, arrival_time: float | None = None
+                    ) -> Request:
         """Queue a prompt (text or token ids) with n = 1 (`add_parallel` takes any n). A
         request the scheduler rejects comes back already finished, with status
         FINISHED_REJECTED and the reason in finish_message (and is in no StepResult)."""
@@ -99,8 +90,7 @@ class LLMEngine:
         if params.n != 1:
             raise ValueError(f"n = {params.n}: add_request queues one sequence; use "
                              "add_parallel for n > 1")
-        (request,) = self.add_parallel(prompt, params, request_id, arrival_time, streamed,
-                                       cache_salt)
+        (request,) = self.add_parallel(prompt, params, request_id, arrival_time)
         return request
 
     def add_parallel(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -264,8 +254,9 @@ class ClosedLoopResult:
 def run_closed_loop(engine: LLMEngine, jobs: Sequence[tuple[list[int], SamplingParams]],
                     concurrency: int, request_class: Callable[[int], str] | None = None
                     ) -> ClosedLoopResult:
-    """Run every (prompt ids, params) job with `concurrency` in flight; returns every
-    request (in issue order) and the wall time from the first issue to the last end."""
+    """Run every (prompt ids, params) job with `concurrency` in flight, the way a batch job
+    drives a server (the next one sent the moment one ends); returns every request (in
+    issue order), the steps, and the wall time from the first issue to the last end."""
     start = engine.clock.now()
     issued: list[Request] = []
     steps: list[StepRecord] = []

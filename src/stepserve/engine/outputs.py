@@ -1,19 +1,12 @@
-"""What the engine hands back, and the output processor that makes it.
+"""What the engine hands back, and the output processor that makes it: seam.py's
+StreamOutputs step by step, and offline vLLM's RequestOutput (logprobs per position as a
+dict {token id: Logprob} of the token and the top ones; prompt logprobs start with None).
 
-Step by step, a server gets seam.py's StreamOutputs; offline, outputs come in vLLM's
-shape: RequestOutput.outputs[i].text, and, when asked, logprobs as vLLM gives them: per
-position a dict {token id: Logprob} holding the token there and the top alternatives
-(prompt logprobs start with None: the first prompt token has no context to be predicted
-from).
-
-The output processor keeps everything of a live request's output, as vLLM v1's
-OutputProcessor keeps its RequestStates. Per sequence (a request, or one child of an
-n > 1 request): its incremental detokenizer, where a stop string cut its text, the
-characters held back because they might start a stop string, and how much text and how
-many logprobs were already sent; per n > 1 request: its live children. A sequence's
-state goes with its final output (nothing to release by hand); a parent's goes with its
-last child's. Ends (a stop string, a text that failed) are returned, for the engine to
-apply through the core's `finish_request`: this module knows no core.
+The processor keeps each live sequence's output state (vLLM v1's RequestStates): its
+detokenizer, where a stop string cut it, the characters held back as a possible stop
+string's start, what was sent; a state goes with its final output, a parent's with its
+last child's. It returns the ends it decides (stop strings, failed text) for the engine
+to apply: it knows no core.
 """
 
 from __future__ import annotations

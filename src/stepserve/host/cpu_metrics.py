@@ -1,11 +1,8 @@
-"""Whether a server shares its CPU: the readings on /metrics, taken at scrape time (the
-engine thread only adds each step's time to the quiet reference), and read back from two
-scraped pages as a run's cpu fields (`doctor --url`, `bench --target`). Counters run since
-the server started; a series the host cannot read (not Linux, no schedstat) is absent.
-
-Several engines behind one /metrics (a cluster's merged page) each count the others'
-CPU from their own process, the other engines included: read back, the others' CPU and
-the gauges are the largest engine's, not a sum; the wait and on-CPU times are summed.
+"""Whether a server shares its CPU: the series on /metrics, read at scrape time, and read
+back from two scraped pages as a run's cpu fields (`doctor --url`, `bench --target`).
+Counters run since the server started; a series the host cannot read is absent. On a
+page of several engines (a cluster's) each counts the others from its own process: the
+others' CPU and the gauges are the largest engine's, the wait and on-CPU times a sum.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""Whether the engine shares its CPUs: what Linux says about this process's threads and
-everyone else, read a few times a second at most (a scrape, a bench run's two ends),
-never per step.
+"""Whether the engine shares its CPUs, from /proc, read a few times a second at most (a
+scrape, a bench run's two ends), never per step.
 
-* Run-queue wait and time on a CPU of this process's threads: /proc/self/task/<tid>/
-  schedstat is "<ns on cpu> <ns waiting on a run queue> <timeslices>". Summed as per-tid
-  increases, so the totals never go back when a thread exits (its share stays counted)
-  and a reused tid, whose numbers start over, counts from zero.
-* CPU seconds of OTHER processes at normal or higher priority: /proc/stat's first line
-  as user + system + irq + softirq, less this process's own utime + stime. Nice time is
-  left out (our threads at nice 0 preempt it), and so are idle and iowait; steal (a
-  hypervisor took the CPU) is kept apart. A process of ours running niced would count
-  itself in nice, not user, and then understate the others: the increase is floored at 0.
-* Usable CPUs: the process's affinity mask (a cgroup's CPU quota is not read).
-* Other processes' threads runnable at one instant (`running_others`): see there.
+* This process's threads' run-queue wait and time on a CPU: each tid's schedstat, summed
+  as per-tid increases (an exited thread's share stays counted, a reused tid starts over).
+* Other processes' CPU at normal or higher priority: /proc/stat's user + system + irq +
+  softirq less our own utime + stime (nice time apart: our nice-0 threads preempt it;
+  steal apart; the increase floored at 0, for a process of ours running niced).
+* Usable CPUs: the affinity mask (a cgroup quota is not read).
 
-A file that is not there (not Linux, a kernel without schedstat) makes its part None:
-`available` says whether anything could be read, and nothing downstream fails.
+A file that is not there (not Linux, no schedstat) makes its part None (`available`).
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,17 +164,21 @@ class CpuShareSampler:
             stat = (self.root / "stat").read_text()
             running = next(int(line.split()[1]) for line in stat.splitlines()
                            if line.startswith("procs_running "))
-            tids = os.listdir(self.root / "self" / "task")
+            ours = sum(fields[0] == "R" for fields in self._task_stats("self"))
         except (OSError, ValueError, IndexError, StopIteration):
             return None
-        ours = 0
-        for tid in tids:
-            try:
-                state = _stat_fields((self.root / "self" / "task" / tid / "stat").read_text())[0]
-            except (OSError, ValueError, IndexError):
-                continue  # exited since the listing
-            ours += state == "R"
         return max(0, running - ours)
+
+    def _task_stats(self, pid: str) -> Iterator[list[str]]:
+        """The stat fields (_stat_fields) of each thread of `pid` that is still there;
+        OSError where its threads cannot be listed."""
+        for tid in os.listdir(self.root / pid / "task"):
+            try:
+                fields = _stat_fields((self.root / pid / "task" / tid / "stat").read_text())
+            except (OSError, ValueError):
+                continue  # exited since the listing
+            if fields:
+                yield fields
 
     def _runnable_taking_a_core(self) -> int | None:
         """Other processes' threads in state R, a niced one only from another autogroup
@@ -195,21 +192,17 @@ class CpuShareSampler:
         groups_on = self._autogroups_on()
         group = self._autogroup("self") if groups_on else None
         count = 0
-        for pid in pids:
-            if pid == own:
-                continue
+        for pid in (p for p in pids if p != own):
             try:
-                tids = os.listdir(self.root / pid / "task")
+                threads = list(self._task_stats(pid))
             except OSError:
                 continue  # exited since the listing
-            for tid in tids:
+            for fields in threads:
                 try:
-                    stat = (self.root / pid / "task" / tid / "stat").read_text()
-                    rest = _stat_fields(stat)
-                    running, nice = rest[0] == "R", int(rest[16])
-                except (OSError, ValueError, IndexError):
+                    nice = int(fields[16])
+                except (ValueError, IndexError):
                     continue
-                if running and (nice <= 0 or (groups_on and (
+                if fields[0] == "R" and (nice <= 0 or (groups_on and (
                         group is None or self._autogroup(pid) != group))):
                     count += 1
         return count

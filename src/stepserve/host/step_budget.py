@@ -1,26 +1,17 @@
-"""Scheduling defaults from the hardware: how many tokens one step may carry on this
-device, so that a wave of prompts never stalls the running sequences for seconds.
+"""Scheduling defaults from the hardware: how many tokens one step may carry, so that a
+wave of prompts never stalls the running sequences for seconds.
 
-The config's defaults (max_num_batched_tokens 8,192, no per-request chunk cap) suit a GPU.
-A CPU prefills a few hundred tokens per second per few cores: 8,192 prompt tokens in one
-step would stop every running decode for tens of seconds. So on a CPU the engine starts
-from:
+The config's defaults (8,192 batched tokens, no chunk cap) suit a GPU; a CPU prefills a
+few hundred tokens per second, so there the engine starts from
 
-    prefill rate   r = threads x core_flops / (2 x P)   tokens/s
-                   P: the model's parameters outside the embedding table (a prompt token
-                   passes every layer; the head runs only on sampled rows); core_flops:
-                   the float32 GEMM rate one core sustains (CORE_GFLOPS: ~40% of a
-                   2.5 GHz core's FMA peak).
+    prefill rate   r = threads x core_flops / (2 x P)   tokens/s  (P: the parameters a
+                   prompt token passes; CORE_GFLOPS: ~40% of a 2.5 GHz core's FMA peak)
     chunk          long_prefill_token_threshold = r x PREFILL_STEP_S, down to a multiple
-                   of 64, within [64, 2048]: a long prompt adds at most ~0.5 s to a step.
-    budget         max_num_batched_tokens = chunk + DECODE_ROOM: the running decodes (one
-                   token each, served first under decode_first) plus one chunk of prompt.
+                   of 64, within [64, 2048]: a long prompt adds at most ~0.5 s to a step
+    budget         max_num_batched_tokens = chunk + DECODE_ROOM (the running decodes)
 
-E.g. SmolLM2-135M on 2 AVX2 threads: r = 300 tokens/s, chunk 128, budget 256.
-
-Settings the user gives always win; the defaults bend to them: a budget the user set caps
-the chunk; a chunk cap the user set raises the budget to fit it; without chunked prefill
-the budget covers max_model_len.
+E.g. SmolLM2-135M on 2 AVX2 threads: r = 300 tokens/s, chunk 128, budget 256. The user's
+settings win, and the defaults bend to them (hardware_base).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""How much slower steps run now than when the machine was quiet: "steps take N x their
-quiet time".
+"""How much slower steps run now than when the machine was quiet: N, the last WINDOW
+steps' time over their shapes' quiet time. A shape (decode and prefill tokens, each up
+to a power of two) has as quiet time its steps' 10th percentile, from a histogram of 5%
+log bins (O(1) a step), once it has MIN_STEPS steps.
 
-Steps are grouped by shape (decode and prefill tokens, each rounded up to a power of
-two). A shape's quiet time is its steps' 10th percentile, kept as a histogram of 5%-wide
-log bins (a bounded dict per shape, O(1) per step); N is the last WINDOW steps' total time
-over the total of their shapes' quiet times (shapes with MIN_STEPS steps or more).
-
-The reference is what this run has seen: a run contended from its first step has no
-quiet steps, and N understates the slowdown (down to about 1 under steady contention).
-The run-queue wait and the others' CPU (cpu_share.py) say that directly; N tells how
-much the steps suffered when contention came and went.
+The reference is what this run has seen: a run contended from its first step understates
+N (down to about 1); cpu_share.py's run-queue wait and others' CPU say that directly.
 """
 
 from __future__ import annotations

@@ -1,33 +1,23 @@
 """How many CPU threads a step runs on: the cores other work leaves free.
 
-A decode step is a chain of ~300 small products, each shared out over one OpenMP team
-and closed by a barrier. Beside one busy process on 2 cores, the scheduler keeps one of
-the two threads off a core for a whole time slice at a time while the other spins at the
-next barrier, so the step only moves while both hold a core (measured, default model,
-batch 1: 12 ms a step quiet; two threads beside a busy loop 29-36 ms median, 120-150 ms
-P90; one thread 19-21 ms). Sleeping waits were worse (54-87 ms). A nice-19 loop from
-another session is worse still: with autogroups (on by default) its nice value counts
-only inside its own session, and a batch-8 step went from 46 ms to 1,248 ms.
-
-So a step runs on as many threads as the cores it really gets, decided every WINDOW_S
-from cpu_share.py's readings:
+A decode step is ~300 small products, each shared out over one OpenMP team and closed by
+a barrier, so it moves only while every thread holds a core: beside one busy process on
+2 cores, two threads took 29-36 ms a step (P90 120-150 ms) against one thread's 19-21 ms
+and 12 ms quiet (default model, batch 1; sleeping waits 54-87 ms). A nice-19 loop from another session is worse
+(with autogroups its nice value counts only in its own session): a batch-8 step went
+from 46 ms to 1,248 ms. So every WINDOW_S, from cpu_share.py's readings:
 
 * one thread fewer when others take more than SHRINK_AT of a core the team runs on
-  (niced work counts until a probe has shown that it yields to us), or when the team's
-  own threads wait on the run queue WAIT_SHRINK of their time or more (whatever holds the
-  cores); where no window is fresh (the first step, the first after an idle spell over
-  STALE_S), one fewer for each thread of another process runnable at that instant;
-* one more onto an idle core (everyone's CPU, niced work included, leaves it at most
-  GROW_AT busy); onto a core niced work or a light neighbour holds, only if a probe says
-  a thread of ours would get it. A Canary asks (~0.1 s of one thread; where none can
-  run, the extra thread is tried for a window), because a wrong try costs a step the
-  1,248 ms above. It hashes a buffer (GIL-free) on a thread of its own and reads that
-  thread's run-queue wait share: on 2 cores beside a busy thread of ours, 0.00-0.01 quiet
-  or beside a nice-19 loop in our session (it yields), 0.50 beside one in another
-  session or at normal priority. Every shrink, and every canary that says no, puts the
-  next probe off (PROBE_FIRST_S, doubling to PROBE_MAX_S unless the count held KEPT_S).
+  (niced work counts until a probe showed it yields to us) or the team waits WAIT_SHRINK
+  of its time on the run queue; with no fresh window (the first step, the first after
+  STALE_S idle), one fewer per thread of another process runnable at that instant;
+* one more onto an idle core (everyone's CPU at most GROW_AT of it); onto one niced work
+  or a light neighbour holds, only if a Canary (~0.1 s hashing on a thread of its own)
+  waits under WAIT_SHRINK of its time: 0.00-0.01 quiet or beside a nice-19 loop in our
+  session, 0.50 beside one in another session. A shrink or a canary's no puts the next
+  probe off (PROBE_FIRST_S, doubling to PROBE_MAX_S unless the count held KEPT_S).
 
-`threads` fixed by the user (`--threads`, or OMP_NUM_THREADS) is kept as it is.
+A count the user fixed (`--threads`, OMP_NUM_THREADS) is kept as it is.
 """
 
 from __future__ import annotations
@@ -78,11 +68,9 @@ class ThreadChoice:
 
 
 class StepThreads:
-    """`threads()` before each step: the count to run it on. `ceiling`: the most threads
-    it may use (torch's count at start); `usable`: the CPUs it may run on (its affinity);
-    `fixed`: the user's count, kept as it is; `read`: cumulative CPU readings
-    (CpuShareSampler.read), or None to keep the ceiling; `canary`: asks whether one more
-    thread would get a core (None: try the thread itself)."""
+    """`threads()` before each step: the count to run it on, at most `ceiling` (torch's
+    count at start) on `usable` CPUs; `fixed` (the user's) is kept; without `read`
+    (CpuShareSampler.read) the ceiling is; without a `canary` an extra thread is tried."""
 
     def __init__(self, ceiling: int, usable: int, fixed: int | None = None,
                  read: Callable[[], CpuReading] | None = None,
@@ -134,12 +122,10 @@ class StepThreads:
         self._mark = (now, reading)
 
     def _first_look(self, now: float) -> None:
-        """No window to judge by: the first step, or the first after an idle spell (a
-        window across it would average the idle time). A step run on a core another
-        process holds can take 10x its time (a 256-token prefill, 2 threads beside a
-        busy loop: 10 s against 0.7 s on one), so the processes of others runnable right
-        now each take a core from the team at once; the windows after decide as usual
-        (a core found idle is taken back a window later)."""
+        """No window to judge by (a window across an idle spell averages the idle time):
+        each thread of others runnable now takes a core from the team at once, since a
+        step on a held core can take 10x its time (a 256-token prefill, 2 threads beside
+        a busy loop: 10 s against 0.7 s on one); a core found idle comes back later."""
         others = self._glance()
         if others is None:
             return
@@ -188,11 +174,9 @@ class StepThreads:
         return False
 
     def _put_off_probes(self, now: float, crowded: bool) -> None:
-        """A shrink. After a count that held KEPT_S, the next probe may come as soon as
-        the cause is gone where other processes took the core (`crowded`: a burst; the
-        probe waits for them to fall under SHRINK_AT), else after PROBE_FIRST_S (the team
-        waited, whoever held its cores: nothing says when that ends). After a shorter
-        hold, twice as long as the last wait."""
+        """A shrink. After a count that held KEPT_S, the next probe comes a window on
+        where others took the core (`crowded`: a burst), else after PROBE_FIRST_S (the
+        team waited: nothing says when that ends); after a shorter hold, _back_off."""
         if now - self._changed_at >= KEPT_S:
             self._probe_wait = WINDOW_S if crowded else PROBE_FIRST_S
             self._next_probe = now + self._probe_wait
@@ -200,8 +184,7 @@ class StepThreads:
             self._back_off(now)
 
     def _back_off(self, now: float) -> None:
-        """The last probe was wrong: the next waits twice as long (PROBE_FIRST_S at least,
-        PROBE_MAX_S at most)."""
+        """The next probe waits twice as long (within PROBE_FIRST_S..PROBE_MAX_S)."""
         self._probe_wait = min(max(2 * self._probe_wait, PROBE_FIRST_S), PROBE_MAX_S)
         self._next_probe = now + self._probe_wait
 

@@ -188,8 +188,8 @@ def _rule(i: int, data: Any, pools: list[str]) -> Rule:
         got = sorted(preview(k) for k in set(data) - {"pool"})
         raise ConfigError(f"{where}: conditions are {', '.join(RULE_KEYS)}; got "
                           f"[{', '.join(got)}]")
-    for key in ("prompt_tokens_over", "max_tokens_over", "priority_at_least"):
-        value = data.get(key)
+    limits = [data.get(key) for key in RULE_KEYS[:3]]
+    for key, value in zip(RULE_KEYS, limits):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigError(f"{where}.{key} = {preview(value)}: must be an integer")
     tenants = data.get("tenant", ())
@@ -197,15 +197,13 @@ def _rule(i: int, data: Any, pools: list[str]) -> Rule:
     if not isinstance(tenants, (list, tuple)) or not all(isinstance(t, str) for t in tenants):
         raise ConfigError(f"{where}.tenant = {preview(data.get('tenant'))}: must be a tenant "
                           "name or a list of them")
-    tenants = tuple(tenants)
     header = data.get("header")
     if header is not None:
         if not isinstance(header, Mapping) or len(header) != 1:
             raise ConfigError(f"{where}.header: must be one {{name: value}}")
         ((name, value),) = header.items()
         header = (str(name).lower(), str(value))
-    return Rule(data["pool"], data.get("prompt_tokens_over"), data.get("max_tokens_over"),
-                data.get("priority_at_least"), tenants, header)
+    return Rule(data["pool"], *limits, tuple(tenants), header)
 
 
 def load_pools_file(path: str, base: EngineConfig) -> Mapping[str, Any]:

@@ -1,36 +1,23 @@
-"""Routers: which replica of a pool gets a request, from what a router sees: each
-replica's load (ReplicaView; a simulator replica builds it from its scheduler, a cluster
-replica reports the same numbers to Ray Serve's router) and the request (RouteRequest).
+"""Routers: which replica of a pool gets a request, from each replica's load
+(ReplicaView: a simulator replica's from its scheduler, a cluster replica's as reported to
+Ray Serve's router) and the request (RouteRequest). Deterministic for a given seed.
 
 * round_robin: in turn.
-* least_outstanding: power of two choices: two replicas drawn at random, the one holding
-  fewer requests (waiting + running) wins, ties to the lower index. Near-optimal
-  balance without comparing every replica (Mitzenmacher), and with two replicas it is
-  exactly "the less loaded one".
-* prefix_affinity: send a request where its prompt's prefix probably already is.
-All are deterministic for a given seed, so a simulation repeats exactly.
-
-prefix_affinity cannot ask a replica what its prefix cache holds, so it remembers what it
-sent where (the approximate prefix index of the Gateway API Inference Extension): a
-prompt's full blocks are named as the KV manager names them (core/prefix_hash.py: the
-SHA-256 chain rooted in the cache salt), and each replica keeps the names of the blocks
-sent to it most recently, in an LRU of at most `index_blocks` names. A replica may have
-evicted what the index still lists, or (after a recompute) hold what it forgot: the
-index is a guess, which the replica's own cache turns into hits or misses.
-
-Each eligible replica is scored
+* least_outstanding: power of two choices (Mitzenmacher): of two replicas drawn at random
+  the one holding fewer requests wins, ties to the lower index; with two, the less loaded.
+* prefix_affinity: where the prompt's prefix probably is. It cannot ask a replica's
+  cache, so it remembers the block names (core/prefix_hash.py's, salted) it sent each
+  replica in an LRU of `index_blocks` (the Gateway API Inference Extension's approximate
+  prefix index), and scores each eligible replica
 
     prefix_weight * (leading blocks it was sent / the prompt's blocks)
   + queue_weight  * (1 - (outstanding - least) / (imbalance_threshold + 1))
   + kv_weight     * (1 - KV usage)
 
-and the highest wins (ties: fewer outstanding, then the lower position). A replica
-whose outstanding count exceeds the least-loaded one's by more than
-`imbalance_threshold` is not eligible, so affinity never piles a hot prefix onto one
-replica: when every holder of it is too far ahead, the request goes by load alone, and
-its blocks are then recorded on the replica that got it (the prefix spreads). The queue
-term is measured against that same threshold, not against the current spread: one
-request more than another replica is a small cost, not the whole of queue_weight.
+  (highest wins; ties: fewer outstanding, then the lower position). A replica more than
+  `imbalance_threshold` above the least loaded is not eligible, so a hot prefix spreads
+  instead of piling onto one replica; the queue term is measured against that threshold,
+  so one request more is a small cost, not the whole of queue_weight.
 """
 
 from __future__ import annotations
