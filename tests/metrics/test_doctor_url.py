@@ -182,3 +182,35 @@ def test_label_values_with_commas_and_quotes_survive_a_scrape():
     assert ours and {(ls["model_name"], ls["engine"]) for ls in ours} == {(name, "1")}
     assert snap.level("waiting") == 2.0
     assert snap.info()["max_num_seqs"] == "7" and "engine" not in snap.info()
+
+
+def _non_finite_texts() -> list[str]:
+    """The rising window with values the exposition format allows but no arithmetic
+    takes: the last scrape's preemption counter +Inf, a TTFT bucket NaN, the queue -Inf."""
+    texts = rising_vllm_texts()
+    last = texts[-1].splitlines()
+    for i, line in enumerate(last):
+        if line.startswith("vllm:num_preemptions_total"):
+            last[i] = line.rsplit(" ", 1)[0] + " +Inf"
+        elif line.startswith("vllm:time_to_first_token_seconds_bucket") and 'le="5.0"' in line:
+            last[i] = line.rsplit(" ", 1)[0] + " NaN"
+        elif line.startswith("vllm:num_requests_waiting"):
+            last[i] = line.rsplit(" ", 1)[0] + " -Inf"
+    texts[-1] = "\n".join(last) + "\n"
+    return texts
+
+
+def test_non_finite_samples_are_read_as_missing_and_named(capsys):
+    with metrics_server(_non_finite_texts()) as url:
+        assert doctor("--url", url, *FAST) == 0
+        out = capsys.readouterr().out
+        assert ("3 series held NaN or infinite values, read as missing: "
+                "vllm:num_preemptions_total, vllm:num_requests_waiting, "
+                "vllm:time_to_first_token_seconds_bucket") in out
+        assert doctor("--url", url, *FAST, "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["non_finite_series"] == ["vllm:num_preemptions_total",
+                                         "vllm:num_requests_waiting",
+                                         "vllm:time_to_first_token_seconds_bucket"]
+    # the last scrape's preemption counter is missing, so the window has no increase
+    assert data["summary"]["preemptions"] is None

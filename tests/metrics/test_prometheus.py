@@ -30,6 +30,17 @@ def test_parse_labels_comments_and_bad_lines():
     assert len(s) == 2
 
 
+def test_non_finite_values_are_missing_and_named():
+    text = ('a 1\nb NaN\nc +Inf\nd -Inf\n'
+            'h_bucket{le="1"} NaN\nh_bucket{le="+Inf"} 4\nh_count 4\nh_sum 2\n')
+    names: set[str] = set()
+    s = parse_prometheus(text, names)
+    assert set(s) == {("a", frozenset()), ("h_bucket", frozenset({("le", "+Inf")})),
+                      ("h_count", frozenset()), ("h_sum", frozenset())}
+    assert names == {"b", "c", "d", "h_bucket"}
+    assert parse_prometheus(text) == s  # the names are only collected where asked
+
+
 def test_label_values_with_commas_escaped_quotes_and_newlines_survive():
     text = ('# TYPE vllm:num_requests_waiting gauge\n'
             'vllm:num_requests_waiting{model_name="org/m,v2 \\"chat\\"\\n",engine="0"} 3\n'

@@ -48,8 +48,10 @@ async def fetch_snapshot(client: httpx.AsyncClient, url: str,
                               "running server that serves Prometheus metrics there") from None
     t_s = time.monotonic()
     # parsing takes a while on a big page: off the event loop, which may be sending load
-    samples = await asyncio.to_thread(_parse, url, body.decode("utf-8", "replace"), limits)
-    snap = Snapshot(t_s, samples)
+    non_finite: set[str] = set()
+    samples = await asyncio.to_thread(_parse, url, body.decode("utf-8", "replace"), limits,
+                                      non_finite)
+    snap = Snapshot(t_s, samples, tuple(sorted(non_finite)))
     if snap.source() is None:
         raise LiveScrapeError(f"{url} has no series with a known prefix ({KNOWN_PREFIXES}); "
                               "expected the /metrics of stepserve, vLLM, SGLang or TGI")
@@ -98,13 +100,13 @@ async def _read_body(resp: httpx.Response, url: str, cap: int) -> bytes:
     return b"".join(parts)
 
 
-def _parse(url: str, text: str, limits: ScrapeLimits) -> dict:
+def _parse(url: str, text: str, limits: ScrapeLimits, non_finite: set[str]) -> dict:
     series = len(sample_lines(text))
     if series > limits.max_series:
         raise LiveScrapeError(f"{url} has {series:,} series, more than the "
                               f"{limits.max_series:,} a scrape reads")
     try:
-        return parse_prometheus(text)
+        return parse_prometheus(text, non_finite)
     except Exception as e:  # a text the parser cannot read at all is a failed scrape
         raise LiveScrapeError(f"{url} sent unreadable metrics text ({type(e).__name__}: "
                               f"{e})") from None

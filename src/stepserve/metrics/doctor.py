@@ -24,6 +24,7 @@ from stepserve.metrics.live_window import (
     LiveScrapeError,
     live_config,
     live_summary,
+    non_finite_series,
     pool_windows,
     scrape_window,
     window_notes,
@@ -197,10 +198,13 @@ def run_live(options: DoctorOptions, url: str) -> int:
     results = live_runs(url, window.snapshots)
     (run, _), pools = results[0], results[1:]
     missing = unevaluable(run.summary)
+    non_finite = non_finite_series(window.snapshots)
     extra = {"summary": run.summary.to_json(), "config": run.config, "not_evaluable": missing,
              "failed_scrapes": window.failures,
+             **({"non_finite_series": non_finite} if non_finite else {}),
              **({"pools": {r.name: r.summary.to_json() for r, _ in pools}} if pools else {})}
-    return _print(options, results, extra, window_notes(run.summary, missing, window.failures))
+    return _print(options, results, extra,
+                  window_notes(run.summary, missing, window.failures, non_finite))
 
 
 def _print(options: DoctorOptions, results: list[tuple[Run, list[Finding]]],

@@ -188,10 +188,15 @@ def live_config(snapshot: Snapshot) -> dict[str, Any]:
             for k, v in (snapshot.info() or {}).items()}
 
 
+def non_finite_series(snapshots: Sequence[Snapshot]) -> list[str]:
+    """The series some scrape of the window held as NaN or infinity (read as missing)."""
+    return sorted({name for s in snapshots for name in s.non_finite})
+
+
 def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]],
-                 failures: Sequence[str] = ()) -> list[str]:
+                 failures: Sequence[str] = (), non_finite: Sequence[str] = ()) -> list[str]:
     """What the window saw and what it could not (`failures`: the scrapes that failed
-    and were skipped), for the text report."""
+    and were skipped; `non_finite`: series read as missing), for the text report."""
     finished = summary.requests_finished
     seen = "requests finished: unknown" if finished is None else \
         f"{finished:g} requests finished"
@@ -201,6 +206,11 @@ def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]],
     if failures:
         lines.append(f"  {len(failures)} scrape(s) failed and were skipped; the first: "
                      f"{failures[0]}")
+    if non_finite:
+        shown = ", ".join(non_finite[:5]) + (f" and {len(non_finite) - 5} more"
+                                             if len(non_finite) > 5 else "")
+        lines.append(f"  {len(non_finite)} series held NaN or infinite values, read as "
+                     f"missing: {shown}")
     if not finished:
         lines.append("  no request finished in the window: no latency quantiles")
     if unevaluable:
@@ -216,5 +226,6 @@ def pool_windows(snapshots: Sequence[Snapshot]) -> dict[str, list[Snapshot]]:
     names = sorted({value for (_, labels) in snapshots[-1].samples for key, value in labels
                     if key == "pool"}) if snapshots else []
     return {name: [Snapshot(s.t_s, {k: v for k, v in s.samples.items()
-                                    if ("pool", name) in k[1]}) for s in snapshots]
+                                    if ("pool", name) in k[1]}, s.non_finite)
+                   for s in snapshots]
             for name in names}

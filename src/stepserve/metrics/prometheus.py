@@ -107,19 +107,22 @@ KNOWN_PREFIXES = ", ".join(s.prefix for s in SOURCES)
 Samples = dict[tuple[str, frozenset], float]
 
 
-def parse_prometheus(text: str) -> Samples:
+def parse_prometheus(text: str, non_finite: set[str] | None = None) -> Samples:
     """{(sample name, frozenset of (label, value)): value}. The strict parser refuses a
     whole text for one bad line; then each line is read alone and bad ones skipped, so
     one odd series does not blind a reader to the rest. (prometheus_client's parser
-    raises IndexError, not ValueError, on some garbage: both are a bad text.)"""
+    raises IndexError, not ValueError, on some garbage: both are a bad text.) A NaN or
+    infinite value (legal in the format) is read as missing, so no sum, rate or quantile
+    sees it; the names of those series go into `non_finite` where it is given."""
+    dropped = set() if non_finite is None else non_finite
     try:
-        return _samples(text)
+        return _samples(text, dropped)
     except (ValueError, IndexError):
         pass
     out: Samples = {}
     for line in sample_lines(text):
         try:
-            out.update(_samples(line + "\n"))
+            out.update(_samples(line + "\n", dropped))
         except (ValueError, IndexError):
             continue
     return out
@@ -131,11 +134,15 @@ def sample_lines(text: str) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _samples(text: str) -> Samples:
+def _samples(text: str, non_finite: set[str]) -> Samples:
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = float(s.value)
+            value = float(s.value)
+            if math.isfinite(value):
+                out[(s.name, frozenset(s.labels.items()))] = value
+            else:
+                non_finite.add(s.name)
     return out
 
 
@@ -216,6 +223,7 @@ class Snapshot:
 
     t_s: float
     samples: Samples
+    non_finite: tuple[str, ...] = ()  # series whose values were NaN or infinite: dropped
 
     def source(self) -> Source | None:
         return self._source
@@ -233,8 +241,8 @@ class Snapshot:
 
     def _sum(self, name: str, keep: Callable[[frozenset], bool] | None = None
              ) -> float | None:
-        vals = [v for (n, ls), v in self.samples.items() if n == name
-                and not math.isnan(v) and (keep is None or keep(ls))]
+        vals = [v for (n, ls), v in self.samples.items()
+                if n == name and (keep is None or keep(ls))]
         return sum(vals) if vals else None
 
     def level(self, key: str) -> float | None:
