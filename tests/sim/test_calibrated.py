@@ -94,7 +94,32 @@ def test_json_round_trip_and_refusals():
     assert again.step_time(out) == model.step_time(out)
     with pytest.raises(ValueError, match="schema"):
         CalibratedCost.from_json({"coefficients": TRUE})
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(ValueError, match=r"coefficients.step = -1: must be a finite number "
+                                         r"in \[0, 60\]"):
         CalibratedCost.from_json({**model.to_json(), "coefficients": {"step": -1.0}})
     with pytest.raises(ValueError, match="unknown cost terms"):
         CalibratedCost({"warp": 1.0})
+
+
+@pytest.mark.parametrize("change, refusal", [
+    # a coefficient so large that a step's time, and then the virtual clock, overflows
+    ({"coefficients": {"step": 1e300}}, r"coefficients.step = 1e\+300: must be a finite "
+                                        r"number in \[0, 60\]"),
+    ({"coefficients": {"token": float("inf")}}, r"coefficients.token = inf"),
+    ({"coefficients": {"step": "0.01"}}, r"coefficients.step = '0.01'"),
+    ({"coefficients": [0.01]}, r"`coefficients` must map terms to seconds per unit"),
+    ({"knee_tokens": float("inf")}, r"knee_tokens = inf: must be an integer in \[0, 16777216\]"),
+    ({"knee_tokens": 64.5}, r"knee_tokens = 64.5: must be an integer"),
+    ({"knee_tokens": -1}, r"knee_tokens = -1"),
+])
+def test_cost_files_are_bounded_so_the_clock_stays_finite(change, refusal):
+    data = {**CalibratedCost(TRUE, 64).to_json(), **change}
+    with pytest.raises(ValueError, match=refusal):
+        CalibratedCost.from_json(data)
+
+
+def test_the_largest_allowed_cost_file_still_runs_to_a_finite_clock():
+    cost = CalibratedCost.from_json({"schema": "stepserve.cost/1", "knee_tokens": 0,
+                                     "coefficients": dict.fromkeys(TERMS, 60)})
+    t = cost.step_time(random_step(random.Random(7)))
+    assert 0 < t < float("inf")

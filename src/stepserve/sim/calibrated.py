@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
+from stepserve.config.limits import MAX_BATCHED_TOKENS
+from stepserve.config.validate import Allowed
 from stepserve.core.output import SchedulerOutput
 from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens, joining
 
@@ -48,6 +50,14 @@ def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
     swaps = len(out.swap_in) + len(out.swap_out)
     return (1.0, float(len(out.requests)), float(tokens), float(over), float(kv_read), attn,
             float(swaps), float(joining(starts)), float(len(pre_n)))
+
+
+# What a cost file may say. A real engine's terms are microseconds to milliseconds per
+# unit; a minute per unit is far past any, and keeps every step's time (at most
+# MAX_BATCHED_TOKENS tokens and MAX_BLOCKS blocks of counts) and so the virtual clock finite.
+MAX_COEFFICIENT_S = 60.0
+COEFFICIENT = Allowed(0, MAX_COEFFICIENT_S, kind=float)
+KNEE_TOKENS = Allowed(0, MAX_BATCHED_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -99,14 +109,15 @@ class CalibratedCost(CostModel):
             raise ValueError(f"not a stepserve cost file (schema {data.get('schema')!r}, "
                              f"expected {SCHEMA!r})")
         coefficients = data.get("coefficients")
-        if not isinstance(coefficients, dict) or not all(
-                isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
-                for v in coefficients.values()):
-            raise ValueError("cost file: `coefficients` must map terms to finite numbers >= 0")
+        if not isinstance(coefficients, dict):
+            raise ValueError("cost file: `coefficients` must map terms to seconds per unit")
+        checked = {k: COEFFICIENT.check(f"cost file: coefficients.{k}", v, ValueError)
+                   for k, v in coefficients.items()}
+        knee = KNEE_TOKENS.check("cost file: knee_tokens", data.get("knee_tokens", 64),
+                                 ValueError)
         meta = {k: v for k, v in data.items()
                 if k not in ("schema", "knee_tokens", "coefficients")}
-        return cls({k: float(v) for k, v in coefficients.items()},
-                   int(data.get("knee_tokens", 64)), meta)
+        return cls(checked, knee, meta)
 
 
 # ---- fitting ----
