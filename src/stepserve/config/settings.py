@@ -132,9 +132,14 @@ class QueueConfig(_Section):
     max_queue_time_s: float = knob(0.0, "a request waiting longer than this before it first runs "
                                    "ends as timed_out. 0: wait forever", float, lo=0.0,
                                    hi=MAX_SECONDS)
-    aging_after_s: float = knob(0.0, "priority policy: every this many seconds of waiting raise a "
-                                "request one priority level; lpm: a request waiting this long "
-                                "goes ahead of younger ones. 0: no aging", float, lo=0.0,
+    # on by default: a reordering policy (lpm above all, whose hot prefixes can keep
+    # arriving) must not starve anyone; 10 s is past any interactive TTFT target, so the
+    # guard changes nothing while the queue is healthy (docs/guide.md, "The starvation guard")
+    aging_after_s: float = knob(10.0, "the starvation guard of every policy that reorders: "
+                                "priority raises a waiting request one level every this many "
+                                "seconds; srpt, fair and lpm put a request waiting this long "
+                                "ahead of younger ones, oldest first; fcfs never reorders. 0: "
+                                "off (vLLM's strict order)", float, lo=0.0,
                                 hi=MAX_SECONDS)
 
 

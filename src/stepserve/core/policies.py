@@ -45,16 +45,30 @@ class FCFS(Policy):
 
 class RankedPolicy(Policy):
     """Admits the lowest `rank` first (ties in arrival order) and preempts the highest
-    (ties: the most recently admitted)."""
+    (ties: the most recently admitted). The starvation guard: with `aging_after_s` > 0, a
+    request that has waited that long goes ahead of every younger one, oldest first,
+    whatever its rank, so no stream of better-ranked arrivals can hold it back for ever."""
 
     sorts_waiting = True
+
+    def __init__(self, aging_after_s: float = 0.0) -> None:
+        self.aging_after_s = aging_after_s
 
     def rank(self, request: Request, now: float) -> float:
         raise NotImplementedError
 
     def order_waiting(self, waiting: list[Request], now: float) -> None:
-        rank = self.rank
-        waiting.sort(key=lambda r: (rank(r, now), r.arrival_time))
+        rank, aging = self.rank, self.aging_after_s
+        if aging <= 0:
+            waiting.sort(key=lambda r: (rank(r, now), r.arrival_time))
+            return
+
+        def key(r: Request) -> tuple[int, float, float]:
+            if now - r.arrival_time >= aging:
+                return (0, 0.0, r.arrival_time)
+            return (1, rank(r, now), r.arrival_time)
+
+        waiting.sort(key=key)
 
     def pick_victim(self, running: list[Request], now: float) -> Request:
         rank = self.rank
@@ -63,17 +77,19 @@ class RankedPolicy(Policy):
 
 class PriorityWithAging(RankedPolicy):
     """Lower priority value first, then arrival; with `aging_after_s` > 0 a request
-    rises a level every `aging_after_s` seconds it waits, so nothing starves."""
+    rises a level every `aging_after_s` seconds it waits (its guard: a request k levels
+    below a newcomer goes ahead of it after k intervals), so nothing starves."""
 
     name = "priority"
-
-    def __init__(self, aging_after_s: float = 0.0) -> None:
-        self.aging_after_s = aging_after_s
 
     def rank(self, request: Request, now: float) -> float:
         if self.aging_after_s <= 0:
             return request.priority
         return request.priority - int((now - request.arrival_time) // self.aging_after_s)
+
+    def order_waiting(self, waiting: list[Request], now: float) -> None:
+        rank = self.rank  # the aging is in the rank itself
+        waiting.sort(key=lambda r: (rank(r, now), r.arrival_time))
 
 
 class ShortestRemaining(RankedPolicy):
@@ -95,7 +111,9 @@ class FairShare(RankedPolicy):
     tracks_tokens = True
     DEFAULT_MAX_IDLE_TENANTS = 1024
 
-    def __init__(self, max_idle_tenants: int = DEFAULT_MAX_IDLE_TENANTS) -> None:
+    def __init__(self, aging_after_s: float = 0.0,
+                 max_idle_tenants: int = DEFAULT_MAX_IDLE_TENANTS) -> None:
+        super().__init__(aging_after_s)
         self.served: dict[str, float] = {}  # live tenants only
         self.live: dict[str, int] = {}  # live requests per live tenant
         self.idle: OrderedDict[str, float] = OrderedDict()  # most recently idle last
@@ -125,28 +143,22 @@ class FairShare(RankedPolicy):
         return self.served[request.tenant]
 
 
-class LongestPrefixMatch(FCFS):
-    """Longest cached prefix first (SGLang's lpm), ties in arrival order; FCFS's victim.
-    With `aging_after_s` > 0, a request waiting that long goes ahead of every younger
-    one, oldest first, so a cold prompt cannot wait forever."""
+class LongestPrefixMatch(RankedPolicy):
+    """Longest cached prefix first (SGLang's lpm), ties in arrival order, with the
+    starvation guard every ranked policy has; FCFS's victim."""
 
     name = "lpm"
-    sorts_waiting = True
 
     def __init__(self, cached_tokens: Callable[[Request], int],
                  aging_after_s: float = 0.0) -> None:
+        super().__init__(aging_after_s)
         self.cached_tokens = cached_tokens  # the KV manager's cached prefix of a request
-        self.aging_after_s = aging_after_s
 
-    def order_waiting(self, waiting: list[Request], now: float) -> None:
-        aging, cached = self.aging_after_s, self.cached_tokens
+    def rank(self, request: Request, now: float) -> float:
+        return -self.cached_tokens(request)
 
-        def key(r: Request) -> tuple[int, int, float]:
-            if aging > 0 and now - r.arrival_time >= aging:
-                return (0, 0, r.arrival_time)
-            return (1, -cached(r), r.arrival_time)
-
-        waiting.sort(key=key)
+    def pick_victim(self, running: list[Request], now: float) -> Request:
+        return running[-1]
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
@@ -155,13 +167,14 @@ POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
 
 def make_policy(name: str, aging_after_s: float = 0.0,
                 cached_tokens: Callable[[Request], int] | None = None) -> Policy:
-    """The policy called `name`; `cached_tokens(request)`: its cached prompt tokens
-    (lpm's order; none given: nothing is cached)."""
+    """The policy called `name` with its starvation guard (`aging_after_s`; FCFS never
+    reorders, so has none); `cached_tokens(request)`: its cached prompt tokens (lpm's
+    order; none given: nothing is cached)."""
     policy = POLICIES.get(name)
     if policy is None:
         raise ValueError(f"policy = {name!r}: must be one of {', '.join(POLICIES)}")
-    if policy is PriorityWithAging:
-        return PriorityWithAging(aging_after_s)
     if policy is LongestPrefixMatch:
         return LongestPrefixMatch(cached_tokens or (lambda request: 0), aging_after_s)
+    if issubclass(policy, RankedPolicy):
+        return policy(aging_after_s)
     return policy()

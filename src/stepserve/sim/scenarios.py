@@ -124,7 +124,8 @@ def _promo_spike() -> Scenario:
     spec = get_model_spec("qwen2.5-14b")  # 192 KiB of KV per token, the incident's figure
     # the pool's max_num_seqs 128 is 64 a replica: 128 run while 140 are in flight
     before = cfg(replicas=2, max_num_seqs=64, max_num_batched_tokens=8192,
-                 max_model_len=4096, policy="priority", preemption_mode="recompute")
+                 max_model_len=4096, policy="priority", preemption_mode="recompute",
+                 aging_after_s=0.0)  # no aging before the fix
     after = before.replace(replicas=3, max_num_seqs=40, max_waiting=24, aging_after_s=20.0)
     return Scenario(
         name="promo-spike",
