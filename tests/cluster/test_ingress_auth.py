@@ -1,5 +1,6 @@
 """`serve --replicas N --api-key K`: the ingress asks for the key as the single-process
-server does (401 in OpenAI's shape; /health, /metrics and /version open), and each
+server does (401 in OpenAI's shape; /health, /metrics and /version open; /metrics
+behind the key with --metrics-require-api-key), and each
 replica's detail (/cluster/replicas) is behind it. Runs without Ray: the ingress app over
 a stand-in for the cluster."""
 
@@ -47,3 +48,28 @@ def test_each_replicas_detail_needs_the_key_and_the_probe_does_not():
         assert detail.status_code == 200 and detail.json()["replicas"] == []
         assert client.get("/health").json() == {"status": "ok"}
         assert client.head("/health").status_code == 200
+
+
+def test_the_ingress_metrics_need_the_key_when_asked():
+    settings = IngressSettings("tiny", 256, 512, 4096, api_keys=("secret",),
+                               metrics_require_api_key=True)
+    with TestClient(create_ingress_app(NoCluster(), settings)) as client:
+        refused = client.get("/metrics")
+        assert refused.status_code == 401
+        assert refused.json() == client.get("/v1/models").json()
+        assert client.get("/metrics", headers={"Authorization": "Bearer nope"}
+                          ).status_code == 401
+        ok = client.get("/metrics", headers={"Authorization": "Bearer secret"})
+        assert ok.status_code == 200 and "stepserve:cluster_replicas_live" in ok.text
+        assert client.get("/health").status_code == 200
+
+
+def test_the_ingress_metrics_stay_open_without_the_flag():
+    settings = IngressSettings("tiny", 256, 512, 4096, api_keys=("secret",))
+    with TestClient(create_ingress_app(NoCluster(), settings)) as client:
+        assert client.get("/metrics").status_code == 200
+
+
+def test_guarding_the_ingress_metrics_needs_a_key():
+    with pytest.raises(ValueError, match="metrics_require_api_key needs api_keys"):
+        IngressSettings("tiny", 256, 512, 4096, metrics_require_api_key=True)

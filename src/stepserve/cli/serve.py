@@ -20,7 +20,7 @@ from stepserve.cli.engine_flags import (
     config_overrides,
 )
 from stepserve.cli.parser import add_command, options_from
-from stepserve.config.errors import report_error
+from stepserve.config.errors import UsageError, report_error
 from stepserve.config.limits import MAX_SECONDS, SEED, WAIT_SECONDS, Range
 from stepserve.config.load import ConfigOverrides
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES_MAX
@@ -63,6 +63,10 @@ def add_serve_parser(subparsers) -> None:
                    help="require `Authorization: Bearer KEY` on every route but /health, "
                         "/metrics and /version (repeat for several keys; default: the "
                         "VLLM_API_KEY environment variable, as vLLM)")
+    p.add_argument("--metrics-require-api-key", action="store_true",
+                   help="/metrics needs the API key too (it shows queue depths, KV usage "
+                        "and the prefix cache's hit totals); needs --api-key or "
+                        "VLLM_API_KEY")
     p.add_argument("--uvicorn-log-level", default=None,
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="the HTTP server's log level (default: --log-level)")
@@ -131,6 +135,7 @@ class ServeOptions:
     pools: str | None = None  # a pools file: the replicas run on Ray Serve (cluster/)
     ray_address: str | None = None  # the Ray cluster to run them on (cluster/)
     api_keys: tuple[str, ...] = ()  # Bearer tokens every non-public route requires
+    metrics_require_api_key: bool = False  # /metrics needs one of them too
     limits: ConnectionLimits = ConnectionLimits()  # what one connection may hold
 
     def __post_init__(self) -> None:
@@ -138,6 +143,9 @@ class ServeOptions:
         Range(0, MAX_SECONDS).check("--retry-after", self.retry_after_s)
         SEED.check("--seed", self.seed)
         Range(1024, MAX_REQUEST_BYTES_MAX).check("--max-request-bytes", self.max_request_bytes)
+        if self.metrics_require_api_key and not self.api_keys:
+            raise UsageError("--metrics-require-api-key needs --api-key (or the VLLM_API_KEY "
+                             "environment variable): without a key /metrics would stay open")
 
 
 def run_serve(options: ServeOptions) -> int:
@@ -168,7 +176,8 @@ def run_serve(options: ServeOptions) -> int:
     name = o.served_model_name or str(o.model)
     app = create_app(engine, model_name=name, retry_after_s=o.retry_after_s,
                      shutdown_timeout_s=o.shutdown_timeout_s,
-                     max_request_bytes=o.max_request_bytes, api_keys=o.api_keys)
+                     max_request_bytes=o.max_request_bytes, api_keys=o.api_keys,
+                     metrics_require_api_key=o.metrics_require_api_key)
     print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1 "
           f"({engine.runner.describe()})", file=sys.stderr)
     server = make_server(app, o.host, o.port, log_level=o.uvicorn_log_level or o.log_level,

@@ -6,6 +6,7 @@ over a ClusterEngine, plus the cluster's health and one merged /metrics.
     /health/{engine}    public, one replica, the same shape
     /cluster/replicas   every replica's own answer (pid, load, state), behind the API key
     /metrics            every replica's series labelled engine="<index>", pool="<name>"
+                        (public, or behind the API key with --metrics-require-api-key)
 
 The public probes say only healthy or not: pids and Ray's error texts are for operators.
 """
@@ -50,6 +51,12 @@ class IngressSettings:
     shutdown_timeout_s: float = 30.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     api_keys: tuple[str, ...] = ()  # every route but the public ones needs one (auth.py)
+    metrics_require_api_key: bool = False  # /metrics needs one too
+
+    def __post_init__(self) -> None:
+        if self.metrics_require_api_key and not self.api_keys:
+            raise ValueError("metrics_require_api_key needs api_keys: without a key "
+                             "/metrics would stay open")
 
 
 def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
@@ -76,7 +83,8 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
     add_error_handlers(app)
     install_openapi(app)
     if s.api_keys:
-        app.add_middleware(ApiKeyAuth, keys=list(s.api_keys))
+        app.add_middleware(ApiKeyAuth, keys=list(s.api_keys),
+                           metrics_require_api_key=s.metrics_require_api_key)
 
     @app.middleware("http")
     async def remember_headers(request: Request, call_next):

@@ -50,6 +50,7 @@ class ClusterServeOptions:
     connection_limits: ConnectionLimits = ConnectionLimits()
     cpus_per_replica: float = 1.0
     api_keys: tuple[str, ...] = ()  # Bearer tokens the ingress requires (server/auth.py)
+    metrics_require_api_key: bool = False  # /metrics needs one of them too
 
 
 def plan_deployment(o: ClusterServeOptions) -> tuple[EngineConfig, Deployment]:
@@ -94,7 +95,8 @@ def run_cluster_serve(options: ClusterServeOptions) -> int:
         settings = ReplicaSettings(str(model_dir), name, o.dtype, o.device, o.cpus_per_replica,
                                    shutdown_timeout_s=o.shutdown_timeout_s)
         ingress = build_ingress(deployment, base, o.pools_file, settings, o.retry_after_s,
-                                o.shutdown_timeout_s, o.max_request_bytes, o.api_keys)
+                                o.shutdown_timeout_s, o.max_request_bytes, o.api_keys,
+                                o.metrics_require_api_key)
         layout = ", ".join(f"{p.name}: {p.replicas}" for p in deployment.pools)
         print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1: "
               f"{deployment.num_replicas} replicas on Ray Serve ({layout}; Ray node "
@@ -118,7 +120,8 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
                   replicas: ReplicaSettings, retry_after_s: int = 1,
                   shutdown_timeout_s: float = 30.0,
                   max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                  api_keys: tuple[str, ...] = ()) -> Ingress:
+                  api_keys: tuple[str, ...] = (),
+                  metrics_require_api_key: bool = False) -> Ingress:
     """Deploy the pools on the Ray Serve this process is connected to, and the ingress
     app over them (not yet serving)."""
     from stepserve.cluster.app import IngressSettings, create_ingress_app
@@ -131,7 +134,8 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
     first = next(iter(facts.values()))
     settings = IngressSettings(replicas.model_name, max_len, first["vocab_size"],
                                max_len * tokenizer.max_token_bytes(), retry_after_s,
-                               shutdown_timeout_s, max_request_bytes, api_keys)
+                               shutdown_timeout_s, max_request_bytes, api_keys,
+                               metrics_require_api_key)
     app = create_ingress_app(ClusterEngine(deployment, handles), settings, tokenizer)
     return Ingress(app, first["runner"])
 

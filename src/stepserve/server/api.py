@@ -66,10 +66,12 @@ log = logging.getLogger("stepserve.server")
 def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
                shutdown_timeout_s: float = 30.0,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               api_keys: Sequence[str] = ()) -> FastAPI:
+               api_keys: Sequence[str] = (),
+               metrics_require_api_key: bool = False) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
     app starts). `model_name`: what clients pass as `model` (default: the model
-    directory's name). `api_keys`: when given, the non-public routes need one (auth.py).
+    directory's name). `api_keys`: when given, the non-public routes need one (auth.py);
+`metrics_require_api_key`: /metrics too (it needs `api_keys`).
     If the engine loop dies, /health answers 503 and the app calls
     `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
 
@@ -113,8 +115,12 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     add_error_handlers(app)
     install_openapi(app)
     install_tokenize_routes(app)
+    if metrics_require_api_key and not api_keys:
+        raise ValueError("metrics_require_api_key needs api_keys: without a key /metrics "
+                         "would stay open")
     if api_keys:
-        app.add_middleware(ApiKeyAuth, keys=list(api_keys))
+        app.add_middleware(ApiKeyAuth, keys=list(api_keys),
+                           metrics_require_api_key=metrics_require_api_key)
     add_openai_routes(app)
     _add_health_and_metrics_routes(app)
     return app

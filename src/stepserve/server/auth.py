@@ -2,6 +2,10 @@
 in vLLM (probes, /metrics and the docs stay open); a missing or wrong key gets 401 in
 OpenAI's error shape. Keys are compared as SHA-256 digests with `compare_digest`, so an
 answer's timing says nothing about how much of a guess was right.
+
+`metrics_require_api_key` (`serve --metrics-require-api-key`) takes /metrics out of the
+public paths: it shows load figures (queue depths, KV usage, the prefix cache's hit and
+query totals) an operator may not want open, and the same one check then guards it.
 """
 
 from __future__ import annotations
@@ -15,17 +19,21 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stepserve.server.errors import APIError
 
-PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", "/metrics", "/docs", "/redoc",
+METRICS_PATH = "/metrics"
+PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", METRICS_PATH, "/docs", "/redoc",
                 "/openapi.json")
 
 
 class ApiKeyAuth:
     """Pure ASGI middleware: checks the bearer token of every non-public HTTP request."""
 
-    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: Sequence[str], *,
+                 metrics_require_api_key: bool = False) -> None:
         if not keys or not all(keys):
             raise ValueError("api keys must be non-empty strings")
         self.app = app
+        self._public = tuple(p for p in PUBLIC_PATHS
+                             if not (metrics_require_api_key and p == METRICS_PATH))
         self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
 
     def authorized(self, headers: Headers) -> bool:
@@ -41,7 +49,7 @@ class ApiKeyAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")  # public: a public path or below (not /healthz)
         if scope["type"] != "http" or scope.get("method") == "OPTIONS" \
-                or any(path == p or path.startswith(p + "/") for p in PUBLIC_PATHS) \
+                or any(path == p or path.startswith(p + "/") for p in self._public) \
                 or self.authorized(Headers(scope=scope)):
             await self.app(scope, receive, send)
             return
