@@ -40,6 +40,11 @@ class LengthDist(abc.ABC):
     def mean(self) -> float: ...
 
     @abc.abstractmethod
+    def moments(self, cap: int) -> tuple[float, float]:
+        """E[min(X, cap)] and E[min(X, cap)^2] of a draw X: what a size guard needs where
+        a cost grows with the square of a length (a session's history in its turns)."""
+
+    @abc.abstractmethod
     def describe(self) -> str: ...
 
     @abc.abstractmethod
@@ -58,6 +63,10 @@ class Fixed(LengthDist):
 
     def mean(self) -> float:
         return float(self.n)
+
+    def moments(self, cap: int) -> tuple[float, float]:
+        m = float(min(self.n, cap))
+        return m, m * m
 
     def describe(self) -> str:
         return f"fixed {self.n}"
@@ -85,11 +94,29 @@ class Uniform(LengthDist):
     def mean(self) -> float:
         return (self.lo + self.hi) / 2
 
+    def moments(self, cap: int) -> tuple[float, float]:
+        n = self.hi - self.lo + 1
+        top = min(self.hi, cap)  # lo..top are drawn as themselves, the rest count as cap
+        if top < self.lo:
+            return float(cap), float(cap) * cap
+        above = self.hi - top
+        first = _sum_to(top) - _sum_to(self.lo - 1) + above * cap
+        second = _squares_to(top) - _squares_to(self.lo - 1) + above * cap * cap
+        return first / n, second / n
+
     def describe(self) -> str:
         return f"uniform {self.lo}..{self.hi}"
 
     def to_dict(self) -> Any:
         return {"uniform": [self.lo, self.hi]}
+
+
+def _sum_to(k: int) -> int:
+    return k * (k + 1) // 2
+
+
+def _squares_to(k: int) -> int:
+    return k * (k + 1) * (2 * k + 1) // 6
 
 
 def cumulative_shares(weights: Sequence[float]) -> tuple[float, ...]:
@@ -160,6 +187,20 @@ class LogNormal(LengthDist):
         z = (math.log(self.max) - mu) / sigma
         return unclipped * _normal_cdf(z - sigma) + self.max * (1.0 - _normal_cdf(z))
 
+    def moments(self, cap: int) -> tuple[float, float]:
+        """Of the continuous distribution clipped where sampling clips it (max, MAX_LEN)
+        and at `cap`: E[min(X, c)^k] = e^(k mu + k^2 sigma^2 / 2) Phi(z - k sigma) +
+        c^k (1 - Phi(z)), z = (ln c - mu) / sigma."""
+        c = min(cap, MAX_LEN, self.max if self.max is not None else MAX_LEN)
+        mu, sigma = self.mu, self.sigma
+        if sigma == 0.0:
+            m = min(self.p50, c)
+            return m, m * m
+        z = (math.log(c) - mu) / sigma
+        tail = 1.0 - _normal_cdf(z)
+        return tuple(math.exp(k * mu + k * k * sigma * sigma / 2) * _normal_cdf(z - k * sigma)
+                     + c ** k * tail for k in (1, 2))  # type: ignore[return-value]
+
     def describe(self) -> str:
         clip = f" max={self.max}" if self.max is not None else ""
         return f"lognormal p50={self.p50:g} p99={self.p99:g}{clip} (mean {self.mean():.0f})"
@@ -208,6 +249,11 @@ class Mixture(LengthDist):
     def mean(self) -> float:
         return sum(w * dist.mean() for w, (_, dist) in zip(self.weights, self.parts, strict=True))
 
+    def moments(self, cap: int) -> tuple[float, float]:
+        each = [(w, dist.moments(cap)) for w, (_, dist) in zip(self.weights, self.parts,
+                                                               strict=True)]
+        return sum(w * m[0] for w, m in each), sum(w * m[1] for w, m in each)
+
     def describe(self) -> str:
         inner = ", ".join(f"{w:.1%} {dist.describe()}"
                           for w, (_, dist) in zip(self.weights, self.parts, strict=True))
@@ -239,6 +285,10 @@ class Empirical(LengthDist):
 
     def mean(self) -> float:
         return sum(self.values) / len(self.values)
+
+    def moments(self, cap: int) -> tuple[float, float]:
+        clipped = [min(v, cap) for v in self.values]
+        return sum(clipped) / len(clipped), sum(v * v for v in clipped) / len(clipped)
 
     def describe(self) -> str:
         where = f" from {self.source}" if self.source else ""

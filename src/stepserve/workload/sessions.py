@@ -124,10 +124,13 @@ class MultiTurn:
         return out
 
     def mean_tokens(self, first_prompt: float, user: float, output: float) -> float:
-        """Expected prompt + output tokens of a whole session: turn k's prompt holds the
-        k-1 exchanges before it, so the history grows quadratically in the turns."""
-        t = min(self.turns.mean(), MAX_TURNS)
-        return t * (first_prompt + output) + (output + user) * t * (t - 1) / 2
+        """Expected prompt + output tokens of a whole session of t turns: turn k's prompt
+        holds the k exchanges before it, so a session is t (first_prompt + output) +
+        (output + user) t (t - 1) / 2 tokens, and its mean needs E[t(t-1)], not the mean
+        turn count squared (one session in a hundred of 1,000 turns weighs ~10,000 times
+        the other 99). An upper estimate: a session whose prompt would pass MAX_LEN ends."""
+        t, t2 = self.turns.moments(MAX_TURNS)
+        return t * (first_prompt + output) + (output + user) * (t2 - t) / 2
 
 
 def parse_multi_turn(data: Any, where: str, base_dir: Path | None) -> MultiTurn:
@@ -143,10 +146,11 @@ def check_session_count(num_sessions: int, multi_turn: MultiTurn | None) -> None
     """The expected requests of `num_sessions` sessions within MAX_NUM_REQUESTS."""
     if multi_turn is None:
         return
-    expected = num_sessions * multi_turn.turns.mean()
+    turns = multi_turn.turns.moments(MAX_TURNS)[0]
+    expected = num_sessions * turns
     if expected > MAX_NUM_REQUESTS:
         raise WorkloadError(
-            f"num_requests = {num_sessions}: sessions of {multi_turn.turns.mean():g} turns "
+            f"num_requests = {num_sessions}: sessions of {turns:g} turns "
             f"on average make about {expected:,.0f} requests; at most {MAX_NUM_REQUESTS:,} "
             "(lower num_requests or the turns)")
 

@@ -186,7 +186,8 @@ class Workload:
         if expected > MAX_WORKLOAD_TOKENS:
             raise WorkloadError(
                 f"num_requests = {self.num_requests}: at about {per_request:,.0f} prompt + "
-                f"output tokens a request that is {expected:,.0f} tokens; a workload may "
+                f"output tokens an arrival (a whole session where a class has turns) that is "
+                f"{expected:,.0f} tokens; a workload may "
                 f"hold at most {MAX_WORKLOAD_TOKENS:,} (lower num_requests or the lengths)")
 
     @property
@@ -215,13 +216,23 @@ class Workload:
                     for index, (t, spec) in enumerate(zip(times, self.arrival.specs))]
         rng = random.Random(f"stepserve:{self.seed}:requests")
         specs: list[RequestSpec] = []
+        tokens = 0
         for arrival_s in times:
             cls = self.classes[bisect.bisect_right(self._cumulative, rng.random())]
-            specs += cls.make_session(len(specs), arrival_s, rng)
+            made = cls.make_session(len(specs), arrival_s, rng)
+            specs += made
             if len(specs) > MAX_NUM_REQUESTS:
                 raise WorkloadError(f"num_requests = {self.num_requests}: its sessions "
                                     f"made more than {MAX_NUM_REQUESTS:,} requests (lower "
                                     "num_requests or the turns)")
+            # the expected size was checked up front; a draw far above it stops here,
+            # before the run holds its token ids
+            tokens += sum(s.prompt_len + s.output_len for s in made)
+            if tokens > MAX_WORKLOAD_TOKENS:
+                raise WorkloadError(f"num_requests = {self.num_requests}: the requests drawn "
+                                    f"hold more than {MAX_WORKLOAD_TOKENS:,} prompt + output "
+                                    "tokens, the most a workload may hold (lower "
+                                    "num_requests, the lengths or the turns)")
         return specs
 
     def describe(self) -> str:
