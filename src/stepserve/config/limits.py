@@ -39,6 +39,11 @@ MAX_KV_BYTES_PER_TOKEN = 1 << 26
 MAX_REPLICAS = 1024  # engine replicas behind one router
 MAX_THREADS = 1024  # CPU threads of one engine's step (the largest CPU servers have 512 cores)
 MAX_FILE_BYTES = 2 << 30  # a user file read whole (results, workloads): ShareGPT is ~0.7 GB
+# a file read line by line (traces): lines of any kind, blank ones too (twice the requests
+# a workload may have), and the bytes of one line or one item of a JSON list read item by
+# item (a Mooncake line of 2^20 block ids is ~20 MB; a ShareGPT conversation a few KB)
+MAX_FILE_LINES = 2 * MAX_NUM_REQUESTS
+MAX_LINE_BYTES = 64 << 20
 # a request head (request line and headers) the HTTP server reads: 16 MiB, 16x Go's
 # default, 1,024x Node's (the heads of real clients are well under 8 KiB)
 MAX_HEADER_BYTES = 16 << 20

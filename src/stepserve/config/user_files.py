@@ -4,12 +4,14 @@ the file (and for JSON and YAML the line and column), so a mistake costs no lost
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
+import re
 import secrets
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import yaml
 
 from stepserve.config.errors import UsageError
-from stepserve.config.limits import MAX_FILE_BYTES
+from stepserve.config.limits import MAX_FILE_BYTES, MAX_FILE_LINES, MAX_LINE_BYTES
 from stepserve.config.validate import preview  # noqa: F401  (how a message quotes a value)
 
 
@@ -42,6 +44,176 @@ def read_text(path: str | Path, what: str) -> str:
     except UnicodeDecodeError as e:
         raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
                          f"{e.start})") from None
+
+
+def _open(path: Path, where: str):  # noqa: ANN202 (a binary file)
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise UsageError(f"{where}: cannot be read (no such file)") from None
+    except IsADirectoryError:
+        raise UsageError(f"{where}: cannot be read (it is a folder, not a file)") from None
+    except OSError as e:
+        raise UsageError(f"{where}: cannot be read ({e.strerror})") from None
+
+
+def read_lines(path: str | Path, what: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a user's UTF-8 file as it is read, so memory
+    holds one line, not the file. Every line counts toward MAX_FILE_LINES, blank ones
+    too (a file of newlines is as costly to walk as one of requests); a line may hold
+    MAX_LINE_BYTES, the file MAX_FILE_BYTES. UsageError naming the file (and line)."""
+    p = Path(path)
+    where = f"{what} {str(p)!r}"
+    offset = 0
+    with _open(p, where) as f:
+        for number in range(1, MAX_FILE_LINES + 2):
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as e:
+                raise UsageError(f"{where}: cannot be read ({e.strerror})") from None
+            if not raw:
+                return
+            if number > MAX_FILE_LINES:
+                raise UsageError(f"{where}: more than the {MAX_FILE_LINES:,} lines a file may "
+                                 "have (blank lines count)")
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(f"{where} line {number}: longer than the {MAX_LINE_BYTES:,} "
+                                 "bytes a line may have")
+            if offset + len(raw) > MAX_FILE_BYTES:
+                raise UsageError(f"{where}: more than the {MAX_FILE_BYTES:,} bytes a file "
+                                 "may have")
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise UsageError(f"{where} line {number}: not UTF-8 text (byte "
+                                 f"0x{raw[e.start]:02x} at offset {offset + e.start})") from None
+            offset += len(raw)
+            yield number, text.rstrip("\r\n")
+
+
+def iter_json_list(path: str | Path, what: str, expected: str) -> Iterator[Any]:
+    """The items of a user's file holding one JSON list, each parsed as it is read: the
+    memory held is an item and a read-ahead, not the file (a 2 GiB ShareGPT file parsed
+    whole takes several times that). An item may take MAX_LINE_BYTES characters.
+    `expected` says what the list holds, for the message about a file that is no list.
+    UsageError naming the file, the line and the column."""
+    p = Path(path)
+    where = f"{what} {str(p)!r}"
+    reader = _ListReader(_open(p, where), where)
+    with reader.file:
+        yield from reader.items(expected)
+
+
+class _ListReader:
+    """A JSON list read in chunks: `buf[pos:]` is the text not parsed yet, `line` and
+    `column` where `pos` stands in the file."""
+
+    CHUNK = 1 << 20
+    decoder = json.JSONDecoder()
+    space = re.compile(r"[ \t\r\n]*")
+
+    def __init__(self, file: Any, where: str) -> None:
+        self.file, self.where = file, where
+        self.text = codecs.getincrementaldecoder("utf-8-sig")()
+        self.buf, self.pos, self.eof = "", 0, False
+        self.read_bytes, self.line, self.column = 0, 1, 1
+
+    def more(self, at_least: int = 0) -> bool:
+        """Append a chunk (at least `at_least` bytes) to what is left; False at the end."""
+        if self.eof:
+            return False
+        try:
+            data = self.file.read1(max(self.CHUNK, at_least))  # what is there: a pipe too
+        except OSError as e:
+            raise UsageError(f"{self.where}: cannot be read ({e.strerror})") from None
+        self.read_bytes += len(data)
+        if self.read_bytes > MAX_FILE_BYTES:
+            raise UsageError(f"{self.where}: more than the {MAX_FILE_BYTES:,} bytes a file "
+                             "may have")
+        try:
+            text = self.text.decode(data, final=not data)
+        except UnicodeDecodeError as e:
+            at = self.read_bytes - len(data) + max(e.start, 0)
+            raise UsageError(f"{self.where}: not UTF-8 text (at byte offset {at})") from None
+        self.buf, self.pos = self.buf[self.pos:] + text, 0
+        self.eof = not data
+        return bool(data)
+
+    def advance(self, end: int) -> None:
+        """Move `pos` to `end`, keeping its line and column."""
+        newlines = self.buf.count("\n", self.pos, end)
+        if newlines:
+            self.line += newlines
+            self.column = end - self.buf.rfind("\n", self.pos, end)
+        else:
+            self.column += end - self.pos
+        self.pos = end
+
+    def next_char(self) -> str:
+        """The next character after any space ("" at the end of the file)."""
+        while True:
+            self.advance(self.space.match(self.buf, self.pos).end())
+            if self.pos < len(self.buf) or not self.more():
+                return self.buf[self.pos:self.pos + 1]
+
+    def fail(self, problem: str, at: int | None = None) -> UsageError:
+        line, column = self.line, self.column
+        if at is not None:  # a place past pos, within the item being parsed
+            newlines = self.buf.count("\n", self.pos, at)
+            line += newlines
+            column = at - self.buf.rfind("\n", self.pos, at) if newlines \
+                else column + at - self.pos
+        return UsageError(f"{self.where}: not valid JSON ({problem} at line {line}, column "
+                          f"{column})")
+
+    def items(self, expected: str) -> Iterator[Any]:
+        if self.next_char() != "[":  # not JSON at all, or another kind of value
+            other = type(self.item()).__name__
+            raise UsageError(f"{self.where}: expected a JSON list {expected}, got a {other}")
+        self.advance(self.pos + 1)
+        if self.next_char() == "]":
+            self.advance(self.pos + 1)
+            self.end()
+            return
+        while True:
+            yield self.item()
+            sep = self.next_char()
+            if sep == "]":
+                self.advance(self.pos + 1)
+                self.end()
+                return
+            if sep != ",":
+                raise self.fail("expected ',' or ']' after an item" if sep
+                                else "the file ends inside the list")
+            self.advance(self.pos + 1)
+            self.next_char()
+
+    def item(self) -> Any:
+        """The item at `pos`, reading on while it may be cut off by the chunk's end."""
+        while True:
+            held = len(self.buf) - self.pos
+            try:
+                value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as e:
+                if self.eof:
+                    raise self.fail(e.msg, e.pos) from None
+                if held > MAX_LINE_BYTES:
+                    raise UsageError(f"{self.where}: the item at line {self.line}, column "
+                                     f"{self.column} is not valid JSON within the "
+                                     f"{MAX_LINE_BYTES:,} characters an item may have "
+                                     f"({e.msg})") from None
+                self.more(held)  # doubles what is held: an item is parsed O(log n) times
+                continue
+            except (RecursionError, ValueError) as e:  # nested too deeply; a huge number
+                raise self.fail(f"{type(e).__name__}: {e}") from None
+            if end == len(self.buf) and self.more():
+                continue  # a number may go on in the next chunk
+            self.advance(end)
+            return value
+
+    def end(self) -> None:
+        if self.next_char():
+            raise self.fail("more after the list's closing ']'")
 
 
 def load_json(path: str | Path, what: str) -> Any:

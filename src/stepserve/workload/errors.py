@@ -29,6 +29,19 @@ def read_user_file(read: Callable[[Path, str], T], path: Path, what: str) -> T:
         raise WorkloadError(str(e)) from None
 
 
+def read_user_items(items: Iterator[T]) -> Iterator[T]:
+    """The items of a streaming reader of config/user_files.py, refusing with
+    WorkloadError."""
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except UsageError as e:
+            raise WorkloadError(str(e)) from None
+        yield item
+
+
 def check_int(field: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """An integer (bools are not integers here) in [lo, hi], either end optional."""
     return Allowed(lo, hi).check(field, value, WorkloadError)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from stepserve.config.limits import MAX_LEN
-from stepserve.config.user_files import load_json
+from stepserve.config.user_files import iter_json_list
 from stepserve.core.request_limits import check_text
-from stepserve.workload.errors import WorkloadError, check_int, read_user_file
+from stepserve.workload.errors import WorkloadError, check_int, read_user_items
 from stepserve.workload.lengths import Empirical
 from stepserve.workload.spec import RequestClass
 
@@ -65,8 +65,25 @@ def _counter(tokenizer: str | None) -> tuple[Callable[[str], int], str]:
                             f"(pip install -e '.[model]'): {e}") from None
     except (OSError, ValueError) as e:
         raise WorkloadError(f"tokenizer {tokenizer!r}: {e}") from None
-    return (lambda text: len(tok.encode(text, add_special_tokens=False))), \
-        f"tokenizer {tokenizer}"
+    return (lambda text: count_up_to(text, MAX_TOTAL_LEN, lambda t: len(
+        tok.encode(t, add_special_tokens=False)))), f"tokenizer {tokenizer}"
+
+
+def count_up_to(text: str, limit: int, count: Callable[[str], int]) -> int:
+    """`count(text)` where it is at most `limit`, else some number above `limit`, having
+    tokenized no more than a few times `limit` tokens' worth of text: a prefix, doubled
+    while it is short of the limit (a token is at most a vocabulary entry long, so a
+    long enough prefix holds more than `limit` tokens). Only whether a turn passes the
+    limit matters for one that long, and tokenizing three million words to find out took
+    seconds and gigabytes."""
+    chars = (limit + 2) * CHARS_PER_TOKEN
+    while True:
+        if len(text) <= chars:
+            return count(text)
+        n = count(text[:chars])
+        if n > limit + 1:  # the prefix's last token may be cut in two: +1
+            return n
+        chars *= 2
 
 
 def load_sharegpt(path: str | Path, tokenizer: str | None = None,
@@ -76,15 +93,14 @@ def load_sharegpt(path: str | Path, tokenizer: str | None = None,
     where = f"sharegpt file {str(p)!r}"
     if output_len is not None:
         check_int("output_len", output_len, lo=1, hi=MAX_LEN)
-    data = read_user_file(load_json, p, "sharegpt file")
-    if not isinstance(data, list):
-        raise WorkloadError(f"{where}: expected a JSON list of conversations "
-                            f'[{{"conversations": [{{"from": "human", "value": ...}}, ...]}}], '
-                            f"got a {type(data).__name__}")
     count, counted_by = _counter(tokenizer)
     pairs: list[tuple[int, int]] = []
     dropped: Counter[str] = Counter()
-    for i, item in enumerate(data):
+    # parsed a conversation at a time: a whole file's objects take several times its size
+    items = read_user_items(iter_json_list(p, "sharegpt file", "of conversations "
+                                           '[{"conversations": [{"from": "human", "value": '
+                                           "...}, ...]}]"))
+    for i, item in enumerate(items):
         turns = item.get("conversations", item.get("conversation")) \
             if isinstance(item, dict) else None
         if not isinstance(turns, list) or len(turns) < 2:

@@ -31,7 +31,7 @@ from stepserve.config.limits import (
     MAX_SEED,
     MAX_WORKLOAD_TOKENS,
 )
-from stepserve.config.user_files import preview, read_text, write_atomic
+from stepserve.config.user_files import preview, read_lines, write_atomic
 from stepserve.core.request_limits import PRIORITY_MAX, PRIORITY_MIN, TENANT_MAX_CHARS
 from stepserve.workload.errors import (
     WorkloadError,
@@ -39,7 +39,7 @@ from stepserve.workload.errors import (
     check_positive,
     check_range,
     check_str,
-    read_user_file,
+    read_user_items,
 )
 from stepserve.workload.sessions import MAX_THINK_S, MAX_TURNS
 
@@ -132,15 +132,15 @@ def record_to_spec(record: Any, index: int) -> RequestSpec:
 
 
 def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, Any]]:
-    """The decoded records of a JSON Lines file of requests (`what`: "trace"), blank lines
-    skipped, each with where it stands (`trace 'path' line N`) for an error about it; at
-    most MAX_NUM_REQUESTS. WorkloadError for a file that cannot be read, a line that is
-    not JSON, too many requests or none."""
+    """The decoded records of a JSON Lines file of requests (`what`: "trace"), each
+    parsed as it is read (user_files.read_lines: blank lines skipped but counted), with
+    where it stands (`trace 'path' line N`) for an error about it; at most
+    MAX_NUM_REQUESTS. WorkloadError for a file that cannot be read, a line that is not
+    JSON, too many requests or none."""
     p = Path(path)
     where = f"{what} {str(p)!r}"
-    text = read_user_file(read_text, p, what)
     count = 0
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in read_user_items(read_lines(p, what)):
         if not line.strip():
             continue
         if count == MAX_NUM_REQUESTS:
