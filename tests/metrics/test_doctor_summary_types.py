@@ -10,7 +10,7 @@ import json
 import pytest
 from metrics.test_doctor_cmd import STATIC, doctor, write
 
-from stepserve.metrics.doctor import wrong_types
+from stepserve.metrics.result_runs import wrong_types
 
 
 def _error(capsys, path) -> str:

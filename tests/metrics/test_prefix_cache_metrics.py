@@ -8,8 +8,8 @@ from unittest.mock import patch
 
 from stepserve.config.settings import EngineConfig
 from stepserve.core.request import FinishReason, Request, RequestStatus, SamplingParams
-from stepserve.metrics.doctor import impossible_values
 from stepserve.metrics.request_metrics import measure_requests, repeated_prefix_tokens
+from stepserve.metrics.result_runs import impossible_values
 from stepserve.metrics.rules import RULES, diagnose, prefix_cache_thrash
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.summary import request_summary

@@ -3,7 +3,8 @@ fire, applied afresh to a result file of any version, a bare summary, a vLLM ben
 or a live server's window (the JSON then also carries its "summary", "config" and
 "not_evaluable"). A bad file or target is a UsageError, a file with values of the wrong
 kind or impossible ones (a negative count, a share of 1.5, a NaN) included, so the rules
-never reason from them; otherwise 0, whatever fires.
+never reason from them (result_runs.py checks them, as it does for `stepserve report`);
+otherwise 0, whatever fires.
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.limits import MAX_SECONDS, Range, check_flags
-from stepserve.config.user_files import load_json, preview
+from stepserve.config.user_files import load_json
 from stepserve.metrics.live_window import (
     INTERVAL_S,
     WINDOW_S,
@@ -30,18 +30,15 @@ from stepserve.metrics.live_window import (
     window_notes,
 )
 from stepserve.metrics.prometheus import Snapshot
-from stepserve.metrics.rules import SETTING_TYPES, Finding, RuleSettings, diagnose, unevaluable
-from stepserve.metrics.run_summary import FIELD_KINDS, RunSummary, allowed, value_kind
-from stepserve.metrics.schema import check_schema
-from stepserve.metrics.vllm_summary import is_vllm_result, vllm_summary
+from stepserve.metrics.result_runs import result_runs
+from stepserve.metrics.rules import Finding, RuleSettings, diagnose, unevaluable
+from stepserve.metrics.run_summary import RunSummary
 
 # --window-s and --interval-s: a millisecond to a month; at most MAX_SCRAPES snapshots
 # are kept (each is a parsed /metrics page)
 DOCTOR_FLAGS = {"window_s": Range(1e-3, MAX_SECONDS, float),
                 "interval_s": Range(1e-3, MAX_SECONDS, float)}
 MAX_SCRAPES = 10_000
-# A bare summary must carry at least one of these (summary.py's keys).
-_SUMMARY_MARKERS = ("requests_total", "steps", "slot_utilization", "ttft_p50_s", "preemptions")
 
 
 @dataclass(frozen=True)
@@ -60,99 +57,10 @@ class Run:
 
 
 def load_runs(path: str) -> list[Run]:
-    """The runs in a result file; UsageError says what is wrong, naming the file."""
-    data = load_json(path, "result file")
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    check_schema(data, path)
-    if is_vllm_result(data):
-        name = str(data.get("label") or data.get("backend") or Path(path).stem)
-        return [replace(_checked(path, name, vllm_summary(data).to_json(), None, {}),
-                        client_only=True)]
-    if "runs" not in data:
-        if not any(k in data for k in _SUMMARY_MARKERS):
-            raise UsageError(f"{path}: neither a result file (no \"runs\") nor a summary "
-                             f"(none of {', '.join(_SUMMARY_MARKERS)})")
-        return [_checked(path, Path(path).stem, data, None, {})]
-    raw = data["runs"]
-    if not isinstance(raw, list):
-        raise UsageError(f"{path}: \"runs\" must be a list, got {type(raw).__name__}")
-    if not raw:
-        raise UsageError(f"{path}: the result has no runs (\"runs\" is empty): nothing to "
-                         "diagnose")
-    return [_checked(path, *_run(f"{path}: runs[{i}]", i, item)) for i, item in enumerate(raw)]
-
-
-def _run(where: str, i: int, item: Any) -> tuple[str, dict, str | None, dict]:
-    """(name, summary, batching, config) of one run of a file, as the file has them."""
-    if not isinstance(item, dict):
-        raise UsageError(f"{where} must be an object, got {type(item).__name__}")
-    summary = item.get("summary")
-    if not isinstance(summary, dict):
-        raise UsageError(f"{where} has no \"summary\" object")
-    config = item.get("config") or {}
-    if not isinstance(config, dict):
-        raise UsageError(f"{where}.config must be an object, got {type(config).__name__}")
-    batching = item.get("batching")
-    if batching is not None and not isinstance(batching, str):
-        raise UsageError(f"{where}.batching must be a string, got {preview(batching)}")
-    return str(item.get("name", f"run {i}")), summary, batching, config
-
-
-def _checked(path: str, name: str, summary: dict, batching: str | None,
-             config: dict) -> Run:
-    """The run, unless its summary or config holds a value no run can have."""
-    wrong = wrong_types(summary, config)
-    if wrong:
-        raise UsageError(f"{path}: run {name}: values of the wrong type: {'; '.join(wrong)}")
-    problems = impossible_values(summary, "summary.") + impossible_values(config, "config.")
-    if problems:
-        raise UsageError(f"{path}: run {name}: impossible values: {'; '.join(problems)}")
-    return Run(name, RunSummary.from_json(summary), batching, config)
-
-
-def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """`key = value: must be ...` for each impossible number, nested mappings (config
-    sections, error counts) included, their keys prefixed `section.`."""
-    problems: list[str] = []
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            problems += impossible_values(value, f"{prefix}{key}.")
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        problem = allowed(str(key)).problem(f"{prefix}{key}", value)
-        if problem is not None:
-            problems.append(problem)
-    return problems
-
-
-# the config settings the advice reads (RuleSettings), top level or one section deep
-ADVICE_SETTINGS = {name: str if kind is str else float for name, kind in SETTING_TYPES.items()}
-_KIND_TEXT = {float: "a number", str: "a string", bool: "true or false", dict: "an object",
-              list: "a list"}
-
-
-def wrong_types(summary: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """`summary.key = value (a string): must be a number (or null)` for each value the
-    doctor reads that is not of its field's kind (a key it does not read is not checked);
-    the config's advice settings likewise, as `config.section.key`."""
-    problems = [_wrong(f"summary.{key}", value, FIELD_KINDS[key])
-                for key, value in summary.items() if key in FIELD_KINDS]
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            problems += [_wrong(f"config.{key}.{sub}", v, ADVICE_SETTINGS[sub])
-                         for sub, v in value.items() if sub in ADVICE_SETTINGS]
-        elif key in ADVICE_SETTINGS:
-            problems.append(_wrong(f"config.{key}", value, ADVICE_SETTINGS[key]))
-    return [p for p in problems if p]
-
-
-def _wrong(where: str, value: Any, kind: type) -> str:
-    if value is None or value_kind(value) is kind:
-        return ""
-    found = _KIND_TEXT.get(value_kind(value), type(value).__name__)
-    return f"{where} = {preview(value)} ({found}): must be {_KIND_TEXT[kind]} (or null)"
+    """The runs in a result file, their values checked (result_runs); UsageError says
+    what is wrong, naming the file."""
+    return [Run(r.name, RunSummary.from_json(r.summary), r.batching, r.config, r.client_only)
+            for r in result_runs(load_json(path, "result file"), path)]
 
 
 @dataclass(frozen=True)

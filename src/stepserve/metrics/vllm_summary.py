@@ -3,7 +3,9 @@ its keys, as a RunSummary for `doctor` and `report` (bench/results.py lists the 
 Milliseconds become seconds, `median` is P50, and a percentile the file lacks is computed
 from the per-request lists where it has them (`--save-detailed`). A run with no completed
 request has no latencies (vLLM writes 0.0 there). It is the client's view only: the rules
-that need the server's side cannot run (`rules.unevaluable` names them).
+that need the server's side cannot run (`rules.unevaluable` names them). The values it
+is read from must be numbers it can hold (`vllm_problems`), so a bad file is refused,
+not read as missing or overflowed.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stepserve.metrics.run_summary import RunSummary, value_kind
+from stepserve.config.validate import Allowed, preview
+from stepserve.metrics.run_summary import MAGNITUDE_MAX, RunSummary, value_kind
 from stepserve.metrics.summary import latency_fields
 
 VLLM_MARKERS = ("completed", "duration", "request_throughput")
@@ -23,6 +26,45 @@ def is_vllm_result(data: Any) -> bool:
     """A flat vLLM bench result: every marker key, and no `runs` list (ours has one)."""
     return isinstance(data, dict) and "runs" not in data \
         and all(k in data for k in VLLM_MARKERS)
+
+
+# the numbers the summary is read from (counts, seconds, milliseconds, rates: none negative)
+NUMBER_KEYS = ("completed", "failed", "total_input_tokens", "total_output_tokens",
+               "request_goodput", "duration", "output_throughput", "request_throughput",
+               *(f"{stat}_{theirs}_ms" for theirs in METRIC_NAMES
+                 for stat in ("mean", "median", "p50", "p95", "p99")))
+# the per-request lists the percentiles and the CDFs are read from, as numbers
+LIST_KEYS = ("ttfts", "output_lens")
+_NUMBER = Allowed(0.0, MAGNITUDE_MAX, float, optional=True)
+_ENTRY = Allowed(0.0, MAGNITUDE_MAX, float)
+
+
+def vllm_problems(data: Mapping[str, Any]) -> list[str]:
+    """`key = value: must be ...` for each value the summary would be read from that is
+    not a number it can hold (a string would read as missing, a NaN or 1e30 overflow the
+    sums made of it); a per-request list names its first bad entry."""
+    problems = [p for key in NUMBER_KEYS if key in data
+                if (p := _NUMBER.problem(key, data[key])) is not None]
+    for key in LIST_KEYS:
+        if isinstance(data.get(key), list):
+            problems += _first_bad(key, data[key])
+    itls = data.get("itls")
+    for i, gaps in enumerate(itls if isinstance(itls, list) else []):
+        bad = _first_bad(f"itls[{i}]", gaps) if isinstance(gaps, list) else \
+            [f"itls[{i}] = {preview(gaps)}: must be a list of numbers"]
+        if bad:
+            problems += bad
+            break
+    return problems
+
+
+def _first_bad(key: str, values: list[Any]) -> list[str]:
+    """The refusal of the first entry of `values` that is no number in range, if any."""
+    for i, value in enumerate(values):
+        problem = _ENTRY.problem(f"{key}[{i}]", value)
+        if problem is not None:
+            return [problem]
+    return []
 
 
 def _number(data: Mapping[str, Any], key: str) -> float | None:

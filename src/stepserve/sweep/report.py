@@ -1,7 +1,9 @@
 """`stepserve report RESULT.json --out DIR`: PNG plots and one self-contained HTML page
 (PNGs embedded as base64, also written beside it) for a sweep, simulate or bench result,
 or a `vllm bench serve --save-result` file. Runs without `timeseries` or
-`latency_samples` (metrics.summary.measure_run) are skipped with a note on the page.
+`latency_samples` (metrics.summary.measure_run) are skipped with a note on the page. A
+file whose runs hold values `stepserve doctor` refuses (a string, a NaN, a 1e30) is
+refused with the doctor's line before anything is drawn (metrics.result_runs).
 
 The plots are drawn with matplotlib's Agg backend (loaded only to draw; no pyplot, no
 global state). Lines that would hide one another (the same data) are told apart by
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from stepserve.bench.results import BenchResult, BenchRun, bench_result_from_vllm
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import check_output_dir, load_json, write_atomic
+from stepserve.metrics.result_runs import result_runs
 from stepserve.metrics.step_metrics import TimeSeries
 from stepserve.metrics.summary import LatencySamples
 from stepserve.metrics.vllm_summary import is_vllm_result
@@ -489,8 +492,7 @@ def run_report(options: ReportOptions) -> int:
     """Check the result, write the report, say where; the exit status."""
     check_output_dir("--out", options.out)  # before reading and plotting
     result = load_json(options.result, "result file")
-    if not is_vllm_result(result):  # a flat vLLM result is one run: load_result reads it
-        _check_runs(result, options.result)
+    _check_runs(result, options.result)
     try:
         page = write_report(load_result(result, options.result), options.out)
     except UsageError:
@@ -505,15 +507,16 @@ def run_report(options: ReportOptions) -> int:
 
 
 def _check_runs(result: Any, where: str) -> None:
-    if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
-        raise UsageError(f"{where}: not a sweep, simulate, bench or vLLM bench result (no "
-                         "runs list, no vLLM result keys)")
-    if not result["runs"]:
-        raise UsageError(f"{where}: the result has no runs: nothing to plot")
-    for i, run in enumerate(result["runs"]):
-        if not isinstance(run, dict) or not isinstance(run.get("summary"), dict):
-            raise UsageError(f"{where}: runs[{i}] is not a run (an object with a "
-                             "\"summary\" object)")
+    """A result with runs to plot (or a vLLM result, one run), every run's summary and
+    config holding only values a run can have: checked as `stepserve doctor` checks them
+    (metrics.result_runs), so no plot or table is made of a NaN, a 1e30 or a string."""
+    if not is_vllm_result(result):
+        if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
+            raise UsageError(f"{where}: not a sweep, simulate, bench or vLLM bench result "
+                             "(no runs list, no vLLM result keys)")
+        if not result["runs"]:
+            raise UsageError(f"{where}: the result has no runs: nothing to plot")
+    result_runs(result, where)
 
 
 def load_result(data: Mapping[str, Any], where: str) -> ReportResult:
