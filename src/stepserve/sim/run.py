@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from stepserve.config.errors import UsageError
-from stepserve.config.limits import MAX_BLOCKS
 from stepserve.config.load import apply_nested, to_dict
 from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.core.base import check_holds_one_sequence
 from stepserve.metrics.rules import Finding, RuleSettings, findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
@@ -112,10 +112,12 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "",
                      latency_samples=measured.latency_samples)
 
 
-def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
-    """The run's KV pool must hold a block and fit in memory (every free block is
-    listed); swap_space and gpu_memory_utilization size a real machine's memory, which
-    the simulator has not, so it refuses them rather than ignore them."""
+def check_simulated_cache(config: EngineConfig, num_gpu_blocks: int,
+                          source: str = "num_gpu_blocks") -> None:
+    """A replica of `config` with `num_gpu_blocks` (from `num_gpu_blocks_for`, which
+    bounds it) can run: it holds one sequence of max_model_len; swap_space and
+    gpu_memory_utilization size a real machine's memory, which the simulator has not, so
+    it refuses them rather than ignore them."""
     cache = config.cache
     for name, value in (("swap_space", cache.swap_space),
                         ("gpu_memory_utilization", cache.gpu_memory_utilization)):
@@ -123,24 +125,19 @@ def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
             raise ConfigError(f"{name} = {value:g}: sizes a real engine's memory; the "
                               "simulator takes num_gpu_blocks, num_cpu_blocks or "
                               "kv_cache_memory instead")
-    if 1 <= num_gpu_blocks <= MAX_BLOCKS:
-        return
-    sc = config.scheduler
-    raise UsageError(
-        f"num_gpu_blocks = {num_gpu_blocks:,} (block_size {config.cache.block_size}, derived "
-        f"from the KV cache size or max_num_seqs {sc.max_num_seqs} x max_model_len "
-        f"{sc.max_model_len}): must be in [1, {MAX_BLOCKS:,}]; set num_gpu_blocks or "
-        "kv_cache_memory, or change block_size, max_num_seqs or max_model_len")
+    check_holds_one_sequence(num_gpu_blocks, cache.block_size, config.scheduler.max_model_len,
+                             source)
 
 
 def checked_deployment(config: EngineConfig, num_gpu_blocks: int,
                        pools: Mapping[str, Any] | None) -> Deployment | None:
     """The pools file's deployment over `config` (None without one), once every KV pool
     the run would build is known to fit."""
-    check_num_gpu_blocks(config, num_gpu_blocks)
+    check_simulated_cache(config, num_gpu_blocks)
     deployment = None if pools is None else deployment_from(pools, config)
     for pool in deployment.pools if deployment else ():
-        check_num_gpu_blocks(pool.config, pool.config.cache.num_gpu_blocks or num_gpu_blocks)
+        check_simulated_cache(pool.config, pool.config.cache.num_gpu_blocks or num_gpu_blocks,
+                              f"pool {pool.name}: num_gpu_blocks")
     return deployment
 
 
