@@ -11,7 +11,8 @@ from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.sim.roofline import RooflineCost
-from stepserve.sim.scenarios import get_scenario, num_gpu_blocks_for
+from stepserve.sim.run import plan_runs
+from stepserve.sim.scenarios import RunSpec, get_scenario, num_gpu_blocks_for
 
 CONFIG = EngineConfig().replace(max_num_seqs=8, max_model_len=1024, block_size=16)
 
@@ -61,8 +62,10 @@ def test_an_unknown_preset_is_a_usage_error(options, flag):
 AT_LIMIT = EngineConfig().replace(max_num_seqs=MAX_NUM_SEQS, max_model_len=4096, block_size=16)
 
 
-def test_max_num_seqs_sequences_filling_max_blocks_exactly_are_accepted():
+def test_max_num_seqs_sequences_filling_max_blocks_exactly_are_accepted_and_planned():
     assert num_gpu_blocks_for(AT_LIMIT) == MAX_BLOCKS
+    (run,) = plan_runs([RunSpec("at-limit", AT_LIMIT)], num_gpu_blocks_for)  # not simulated
+    assert run.num_gpu_blocks == MAX_BLOCKS
 
 
 def test_one_token_more_a_sequence_is_refused_naming_the_inputs_and_what_is_allowed():

@@ -141,6 +141,27 @@ def checked_deployment(config: EngineConfig, num_gpu_blocks: int,
     return deployment
 
 
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run with its KV pool and deployment checked: what `run_all` simulates."""
+
+    spec: RunSpec
+    num_gpu_blocks: int
+    deployment: Deployment | None
+
+
+def plan_runs(runs: Sequence[RunSpec], blocks_for_config: Callable[[EngineConfig], int],
+              pools: Mapping[str, Any] | None = None) -> list[PlannedRun]:
+    """Every run's KV pool sized and checked and its deployment built: before the first
+    run starts, and before a workload file or trace is read (a wrong flag must not wait
+    for a 200,000-line trace)."""
+    planned = []
+    for spec in runs:
+        blocks = blocks_for_config(spec.config)
+        planned.append(PlannedRun(spec, blocks, checked_deployment(spec.config, blocks, pools)))
+    return planned
+
+
 def simulate_run(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
                  cost_model: CostModel, num_gpu_blocks: int,
                  closed_loop_concurrency: int | None, note: str = "",
@@ -245,12 +266,12 @@ def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | Non
                  only: Sequence[str] | None = None,
                  progress_factory: Callable[[str, int], Callable[[int], None] | None]
                  | None = None, pools: Mapping[str, Any] | None = None) -> SimulateResult:
-    workload = scenario.workload_with(workload_overrides)
-    specs = workload.generate()
     runs = selected_runs(scenario, tuple(only)).runs if only else scenario.runs
-    return run_all(scenario.name, scenario.description, workload, specs, runs,
-                   scenario.cost_model(), scenario.num_gpu_blocks,
-                   scenario.compare_batching, progress_factory, pools)
+    planned = plan_runs(runs, scenario.num_gpu_blocks, pools)
+    workload = scenario.workload_with(workload_overrides)
+    return run_all(scenario.name, scenario.description, workload, workload.generate(),
+                   planned, scenario.cost_model(), scenario.compare_batching,
+                   progress_factory)
 
 
 def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario:
@@ -266,25 +287,22 @@ def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario
 
 
 def run_all(name: str, description: str, workload: Workload, specs: Sequence[RequestSpec],
-            runs: Sequence[RunSpec], cost_model: CostModel,
-            blocks_for_config: Callable[[EngineConfig], int], compare: bool,
-            progress_factory=None, pools: Mapping[str, Any] | None = None
-            ) -> SimulateResult:
-    """Every run of `runs` on the same requests (each over `pools`' deployment), every
-    run's KV pools checked before the first starts."""
-    blocks = [blocks_for_config(spec.config) for spec in runs]
-    deployments = [checked_deployment(spec.config, n, pools) for spec, n in zip(runs, blocks)]
+            planned: Sequence[PlannedRun], cost_model: CostModel, compare: bool,
+            progress_factory=None) -> SimulateResult:
+    """Every run of `planned` (`plan_runs`) on the same requests, each over its
+    deployment."""
     results = []
-    for spec, num_gpu_blocks, deployment in zip(runs, blocks, deployments):
+    for run in planned:
+        spec = run.spec
         progress = progress_factory(spec.name, len(specs)) if progress_factory else None
-        sim = simulate(spec.config, specs, cost_model, num_gpu_blocks,
+        sim = simulate(spec.config, specs, cost_model, run.num_gpu_blocks,
                        workload.closed_loop_concurrency, progress=progress,
-                       deployment=deployment)
-        results.append(run_result(spec.name, spec.config, sim, spec.note, deployment))
+                       deployment=run.deployment)
+        results.append(run_result(spec.name, spec.config, sim, spec.note, run.deployment))
     comparison = None
     if compare:
         concurrency = workload.closed_loop_concurrency or \
-            runs[0].config.scheduler.max_num_seqs
+            planned[0].spec.config.scheduler.max_num_seqs
         comparison = batching_comparison(results, specs, concurrency)
     return SimulateResult(
         scenario=name, description=description, cost_model=cost_model.describe(),
