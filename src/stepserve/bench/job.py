@@ -48,6 +48,7 @@ from stepserve.config.user_files import OutputFile, check_output_file, write_out
 from stepserve.metrics.rules import findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
+from stepserve.sim.run import checked_deployment
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.spec import Workload
 
@@ -84,14 +85,16 @@ class BenchOptions:
 
 
 def check_bench_options(options: BenchOptions) -> None:
-    """What can be checked before any work: the target URL, the engine settings, the
-    cost model or the model name, output paths."""
+    """What can be checked before any work (and before a workload file is read): the
+    target URL, the engine settings, the cost model and the KV pool or the model name,
+    output paths."""
     if options.target:
         check_http_url("--target", options.target)
     else:
-        options.config.apply()
-    if options.sim:
-        cost_setup_for(options.cost)
+        config = options.config.apply()
+        if options.sim:  # its KV pool too, before a trace or ShareGPT file is read
+            checked_deployment(config, cost_setup_for(options.cost).num_gpu_blocks(config),
+                               None)
     if options.engine:
         replicas = options.config.apply().replicas
         if replicas > 1:

@@ -171,6 +171,7 @@ def _prefix_repetition_class(o: BenchWorkloadOptions) -> RequestClass:
 def build_workload(options: BenchWorkloadOptions) -> Workload:
     o = options
     _check_source(o)
+    arrival = _arrival(o)  # the load flags, before a file is read
     if o.dataset() == MOONCAKE:
         assert o.sharegpt is not None
         workload = trace_workload(TraceOptions(o.sharegpt, MOONCAKE, o.trace_slowdown,
@@ -184,7 +185,6 @@ def build_workload(options: BenchWorkloadOptions) -> Workload:
             sharegpt_class(o.sharegpt, o.tokenizer, o.sharegpt_output_len) if o.sharegpt \
             else _random_class(o)
         workload = Workload(cls.name, (cls,), Poisson(1.0), o.num_prompts or DEFAULT_NUM_PROMPTS)
-    arrival = _arrival(o)
     if isinstance(workload.arrival, TraceReplay) and arrival is not None:
         arrival = _trace_arrival(o, workload.arrival, arrival)
     return override_workload(workload, WorkloadOverrides(

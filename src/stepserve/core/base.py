@@ -28,6 +28,19 @@ def integrity_checks_on() -> bool:
     return os.environ.get(CHECK_INTEGRITY_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def check_holds_one_sequence(num_gpu_blocks: int, block_size: int, max_model_len: int,
+                             source: str = "cache.num_gpu_blocks") -> None:
+    """One sequence of max_model_len must fit (as vLLM asks), watermark aside; the
+    simulator asks this before it reads a workload, the scheduler when it is built.
+    `source`: what gave the count, for the message."""
+    need = blocks_for(max_model_len, block_size)
+    if num_gpu_blocks < need:
+        raise ConfigError(
+            f"{source} = {num_gpu_blocks:,} (block_size {block_size}) cannot hold one "
+            f"sequence of max_model_len = {max_model_len:,} tokens ({need:,} blocks); add "
+            "blocks or lower max_model_len")
+
+
 class SchedulerBase:
     # off for a runner that never reads block ids (the simulator's)
     fills_block_tables = True
@@ -40,13 +53,7 @@ class SchedulerBase:
         self.clock = clock
         self.policy = make_policy(self.sc.policy, self.qc.aging_after_s,
                                   lambda r: len(kv.cached_prefix(r)) * kv.block_size)
-        # one sequence of max_model_len must fit (as vLLM asks), watermark aside
-        need = blocks_for(self.sc.max_model_len, kv.block_size)
-        if kv.num_gpu_blocks < need:
-            raise ConfigError(
-                f"cache.num_gpu_blocks = {kv.num_gpu_blocks} (block_size {kv.block_size}) "
-                f"cannot hold one sequence of max_model_len = {self.sc.max_model_len} tokens "
-                f"({need} blocks); add blocks or lower max_model_len")
+        check_holds_one_sequence(kv.num_gpu_blocks, kv.block_size, self.sc.max_model_len)
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # admission order
         self.swapped: list[Request] = []

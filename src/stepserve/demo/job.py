@@ -27,6 +27,7 @@ from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
 from stepserve.sim.report import ROWS, Row, fmt_s, format_runs
 from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.sim.run import RunResult, run_config
+from stepserve.sim.scenarios import num_gpu_blocks_for
 from stepserve.workload.builtin import get_workload
 
 TOPICS = ["the night shift", "quarterly sales", "the weather in Paris", "a delayed train",
@@ -97,7 +98,7 @@ def run_sim(batching: str, num_requests: int, cost_choice: str | None = None
     if cost_choice is None:
         spec = get_model_spec("smollm2-135m")
         cost: CostModel = RooflineCost(get_hardware("h100"), spec)
-        blocks = cost.kv_cache_bytes() // (spec.kv_bytes_per_token * 16)
+        blocks = num_gpu_blocks_for(config, cost.kv_cache_bytes(), spec.kv_bytes_per_token)
         name = f"h100-sim-{batching}"
     else:
         setup = cost_setup_for(CostModelOptions(cost_choice, model_spec="smollm2-135m"))

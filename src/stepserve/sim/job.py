@@ -19,7 +19,13 @@ from stepserve.config.user_files import OutputFile, check_output_file, write_out
 from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.report import format_result
-from stepserve.sim.run import SimulateResult, run_all, run_scenario, selected_runs
+from stepserve.sim.run import (
+    SimulateResult,
+    plan_runs,
+    run_all,
+    run_scenario,
+    selected_runs,
+)
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
 from stepserve.workload.loader import TraceOptions, load_workload, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
@@ -43,19 +49,22 @@ class SimulateOptions:
 
 
 def run_simulate(options: SimulateOptions) -> int:
-    """Simulate, print the table, write the JSON; the exit status."""
+    """Simulate, print the table, write the JSON; the exit status. Every flag, the config
+    and each run's KV pool are checked before a workload file or trace is read."""
     check_output_file("--json", options.json_out)  # before the run: a typo must not cost it
     progress = _progress_factory(options.progress and sys.stderr.isatty())
     pools = load_pools_file(options.pools, options.config.apply()) if options.pools else None
     if options.scenario:
         scenario = selected_runs(get_scenario(options.scenario), options.runs)
+        changes = None
         if options.config.given:
             scenario, changes = override_runs(scenario, options.config)
-            for line in describe_changes(changes):
-                print(line)
         if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
             scenario = with_cost(scenario, cost_setup_for(options.cost))
         result = run_scenario(scenario, options.overrides, None, progress, pools)
+        if changes is not None:  # once the runs are known to be allowed
+            for line in describe_changes(changes):
+                print(line)
     else:
         result = _run_workload(options, progress, pools)
     print(format_result(result))
@@ -79,25 +88,26 @@ def _progress_factory(enabled: bool):
 
 
 def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
-    """A workload file or a trace, one run with the config file and settings."""
-    if options.trace is not None:
-        workload = trace_workload(options.trace)
-        kind, source = "trace", f"trace {options.trace.path}"
-    else:
-        assert options.workload is not None
-        workload = load_workload(options.workload)
-        kind, source = "workload file", f"workload {options.workload}"
-    workload = override_workload(workload, options.overrides)
+    """A workload file or a trace, one run with the config file and settings; the run
+    (its config, cost model and KV pool) planned before the file is read."""
     config = options.config.apply()
     name = config.scheduler.batching
+    kind = "trace" if options.trace is not None else "workload file"
     if options.runs is not None and options.runs != (name,):
         raise UsageError(f"--runs {','.join(options.runs)}: a {kind} makes one "
                          f"run, {name} (its batching); allowed: {name}, or no --runs")
     setup = cost_setup_for(options.cost)
-    specs = workload.generate()
-    runs = (RunSpec(name, config),)
-    return run_all(workload.name, source, workload, specs, runs,
-                   setup.cost_model, setup.num_gpu_blocks, False, progress, pools)
+    planned = plan_runs((RunSpec(name, config),), setup.num_gpu_blocks, pools)
+    if options.trace is not None:
+        workload = trace_workload(options.trace)
+        source = f"trace {options.trace.path}"
+    else:
+        assert options.workload is not None
+        workload = load_workload(options.workload)
+        source = f"workload {options.workload}"
+    workload = override_workload(workload, options.overrides)
+    return run_all(workload.name, source, workload, workload.generate(), planned,
+                   setup.cost_model, False, progress)
 
 
 Changes = dict[str, tuple[Any, Any]]  # setting -> (the run's value, the value given)

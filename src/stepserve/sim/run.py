@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from stepserve.config.errors import UsageError
-from stepserve.config.limits import MAX_BLOCKS
 from stepserve.config.load import apply_nested, to_dict
 from stepserve.config.settings import ConfigError, EngineConfig
+from stepserve.core.base import check_holds_one_sequence
 from stepserve.metrics.rules import Finding, RuleSettings, findings_for
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.schema import SCHEMA_KEY, SCHEMA_VERSION, check_schema
@@ -112,10 +112,12 @@ def run_result(name: str, config: EngineConfig, sim: SimResult, note: str = "",
                      latency_samples=measured.latency_samples)
 
 
-def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
-    """The run's KV pool must hold a block and fit in memory (every free block is
-    listed); swap_space and gpu_memory_utilization size a real machine's memory, which
-    the simulator has not, so it refuses them rather than ignore them."""
+def check_simulated_cache(config: EngineConfig, num_gpu_blocks: int,
+                          source: str = "num_gpu_blocks") -> None:
+    """A replica of `config` with `num_gpu_blocks` (from `num_gpu_blocks_for`, which
+    bounds it) can run: it holds one sequence of max_model_len; swap_space and
+    gpu_memory_utilization size a real machine's memory, which the simulator has not, so
+    it refuses them rather than ignore them."""
     cache = config.cache
     for name, value in (("swap_space", cache.swap_space),
                         ("gpu_memory_utilization", cache.gpu_memory_utilization)):
@@ -123,25 +125,41 @@ def check_num_gpu_blocks(config: EngineConfig, num_gpu_blocks: int) -> None:
             raise ConfigError(f"{name} = {value:g}: sizes a real engine's memory; the "
                               "simulator takes num_gpu_blocks, num_cpu_blocks or "
                               "kv_cache_memory instead")
-    if 1 <= num_gpu_blocks <= MAX_BLOCKS:
-        return
-    sc = config.scheduler
-    raise UsageError(
-        f"num_gpu_blocks = {num_gpu_blocks:,} (block_size {config.cache.block_size}, derived "
-        f"from the KV cache size or max_num_seqs {sc.max_num_seqs} x max_model_len "
-        f"{sc.max_model_len}): must be in [1, {MAX_BLOCKS:,}]; set num_gpu_blocks or "
-        "kv_cache_memory, or change block_size, max_num_seqs or max_model_len")
+    check_holds_one_sequence(num_gpu_blocks, cache.block_size, config.scheduler.max_model_len,
+                             source)
 
 
 def checked_deployment(config: EngineConfig, num_gpu_blocks: int,
                        pools: Mapping[str, Any] | None) -> Deployment | None:
     """The pools file's deployment over `config` (None without one), once every KV pool
     the run would build is known to fit."""
-    check_num_gpu_blocks(config, num_gpu_blocks)
+    check_simulated_cache(config, num_gpu_blocks)
     deployment = None if pools is None else deployment_from(pools, config)
     for pool in deployment.pools if deployment else ():
-        check_num_gpu_blocks(pool.config, pool.config.cache.num_gpu_blocks or num_gpu_blocks)
+        check_simulated_cache(pool.config, pool.config.cache.num_gpu_blocks or num_gpu_blocks,
+                              f"pool {pool.name}: num_gpu_blocks")
     return deployment
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run with its KV pool and deployment checked: what `run_all` simulates."""
+
+    spec: RunSpec
+    num_gpu_blocks: int
+    deployment: Deployment | None
+
+
+def plan_runs(runs: Sequence[RunSpec], blocks_for_config: Callable[[EngineConfig], int],
+              pools: Mapping[str, Any] | None = None) -> list[PlannedRun]:
+    """Every run's KV pool sized and checked and its deployment built: before the first
+    run starts, and before a workload file or trace is read (a wrong flag must not wait
+    for a 200,000-line trace)."""
+    planned = []
+    for spec in runs:
+        blocks = blocks_for_config(spec.config)
+        planned.append(PlannedRun(spec, blocks, checked_deployment(spec.config, blocks, pools)))
+    return planned
 
 
 def simulate_run(name: str, config: EngineConfig, specs: Sequence[RequestSpec],
@@ -248,12 +266,12 @@ def run_scenario(scenario: Scenario, workload_overrides: WorkloadOverrides | Non
                  only: Sequence[str] | None = None,
                  progress_factory: Callable[[str, int], Callable[[int], None] | None]
                  | None = None, pools: Mapping[str, Any] | None = None) -> SimulateResult:
-    workload = scenario.workload_with(workload_overrides)
-    specs = workload.generate()
     runs = selected_runs(scenario, tuple(only)).runs if only else scenario.runs
-    return run_all(scenario.name, scenario.description, workload, specs, runs,
-                   scenario.cost_model(), scenario.num_gpu_blocks,
-                   scenario.compare_batching, progress_factory, pools)
+    planned = plan_runs(runs, scenario.num_gpu_blocks, pools)
+    workload = scenario.workload_with(workload_overrides)
+    return run_all(scenario.name, scenario.description, workload, workload.generate(),
+                   planned, scenario.cost_model(), scenario.compare_batching,
+                   progress_factory)
 
 
 def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario:
@@ -269,25 +287,22 @@ def selected_runs(scenario: Scenario, names: tuple[str, ...] | None) -> Scenario
 
 
 def run_all(name: str, description: str, workload: Workload, specs: Sequence[RequestSpec],
-            runs: Sequence[RunSpec], cost_model: CostModel,
-            blocks_for_config: Callable[[EngineConfig], int], compare: bool,
-            progress_factory=None, pools: Mapping[str, Any] | None = None
-            ) -> SimulateResult:
-    """Every run of `runs` on the same requests (each over `pools`' deployment), every
-    run's KV pools checked before the first starts."""
-    blocks = [blocks_for_config(spec.config) for spec in runs]
-    deployments = [checked_deployment(spec.config, n, pools) for spec, n in zip(runs, blocks)]
+            planned: Sequence[PlannedRun], cost_model: CostModel, compare: bool,
+            progress_factory=None) -> SimulateResult:
+    """Every run of `planned` (`plan_runs`) on the same requests, each over its
+    deployment."""
     results = []
-    for spec, num_gpu_blocks, deployment in zip(runs, blocks, deployments):
+    for run in planned:
+        spec = run.spec
         progress = progress_factory(spec.name, len(specs)) if progress_factory else None
-        sim = simulate(spec.config, specs, cost_model, num_gpu_blocks,
+        sim = simulate(spec.config, specs, cost_model, run.num_gpu_blocks,
                        workload.closed_loop_concurrency, progress=progress,
-                       deployment=deployment)
-        results.append(run_result(spec.name, spec.config, sim, spec.note, deployment))
+                       deployment=run.deployment)
+        results.append(run_result(spec.name, spec.config, sim, spec.note, run.deployment))
     comparison = None
     if compare:
         concurrency = workload.closed_loop_concurrency or \
-            runs[0].config.scheduler.max_num_seqs
+            planned[0].spec.config.scheduler.max_num_seqs
         comparison = batching_comparison(results, specs, concurrency)
     return SimulateResult(
         scenario=name, description=description, cost_model=cost_model.describe(),

@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stepserve.config.errors import UsageError
+from stepserve.config.limits import MAX_BLOCKS
 from stepserve.config.settings import EngineConfig
+from stepserve.core.base import check_holds_one_sequence
 from stepserve.core.kv_cache import blocks_for
 from stepserve.plan.model_specs import get_model_spec
 from stepserve.sim.cost import ConstantCost, CostModel, SchedulingOverhead
@@ -28,15 +31,36 @@ def num_gpu_blocks_for(config: EngineConfig, kv_cache_bytes: int | None = None,
                        kv_bytes_per_token: int | None = None) -> int:
     """KV blocks per simulated replica: the config's num_gpu_blocks; else a KV size (its
     kv_cache_memory, else `kv_cache_bytes`) over `kv_bytes_per_token` x block_size; else
-    max_num_seqs sequences of max_model_len."""
-    bs = config.cache.block_size
-    if config.cache.num_gpu_blocks:
-        return config.cache.num_gpu_blocks
-    kv_cache_bytes = config.cache.kv_cache_memory or kv_cache_bytes  # the config's wins
-    if kv_cache_bytes and kv_bytes_per_token:
-        return kv_cache_bytes // (kv_bytes_per_token * bs)
-    sc = config.scheduler
-    return blocks_for(sc.max_model_len, bs) * sc.max_num_seqs + 1
+    max_num_seqs sequences of max_model_len. Derived and checked here, in one place, so
+    the count checked is the count used: UsageError, naming the inputs, for more than
+    MAX_BLOCKS or fewer than one sequence of max_model_len needs."""
+    cache, sc = config.cache, config.scheduler
+    bs = cache.block_size
+    if cache.num_gpu_blocks:  # bounded by its own setting's range
+        blocks, source = cache.num_gpu_blocks, "cache.num_gpu_blocks"
+    elif (kv_bytes := cache.kv_cache_memory or kv_cache_bytes) and kv_bytes_per_token:
+        whose = "kv_cache_memory" if cache.kv_cache_memory else "the cost model's KV cache"
+        blocks = kv_bytes // (kv_bytes_per_token * bs)
+        source = (f"num_gpu_blocks (from {whose} of {kv_bytes:,} bytes at "
+                  f"{kv_bytes_per_token:,} bytes a token)")
+        if blocks > MAX_BLOCKS:
+            raise UsageError(
+                f"{source} = {blocks:,} blocks of {bs} tokens: the simulator holds at most "
+                f"{MAX_BLOCKS:,}; set num_gpu_blocks, a smaller kv_cache_memory or a larger "
+                "block_size")
+    else:  # room for every sequence at its longest
+        per_sequence = blocks_for(sc.max_model_len, bs)
+        blocks = per_sequence * sc.max_num_seqs
+        if blocks > MAX_BLOCKS:
+            raise UsageError(
+                f"max_num_seqs {sc.max_num_seqs:,} x max_model_len {sc.max_model_len:,} "
+                f"(block_size {bs}): {blocks:,} KV blocks, {per_sequence:,} a sequence; the "
+                f"simulator holds at most {MAX_BLOCKS:,}, so at most max_num_seqs "
+                f"{MAX_BLOCKS // per_sequence:,} at this max_model_len and block_size; or "
+                "set num_gpu_blocks or kv_cache_memory")
+        return blocks  # max_num_seqs >= 1: one sequence fits
+    check_holds_one_sequence(blocks, bs, sc.max_model_len, source)
+    return blocks
 
 
 @dataclass(frozen=True)

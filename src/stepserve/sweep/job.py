@@ -32,6 +32,7 @@ from stepserve.routing.pools import load_pools_file
 from stepserve.sim.cost import CostModel
 from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_cost
 from stepserve.sim.job import changed_name, changed_settings
+from stepserve.sim.run import plan_runs
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
 from stepserve.sweep.knee import (
     MAX_P99_RISE,
@@ -216,29 +217,18 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
             if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
                 scenario = with_cost(scenario, cost_setup_for(options.cost))
             cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
-
         source: Callable[[WorkloadOverrides], Workload] = scenario.workload_with
         name, description = scenario.name, scenario.description
     else:
         if options.scenario_runs is not None:
             raise ValueError("--scenario-runs needs --scenario")
-        assert options.workload is not None
-        workload = load_workload(options.workload)
         if not live:
             config = options.config.apply()
             runs = _file_runs(options) if options.configs else [
                 RunSpec(config.scheduler.batching, config)]
             setup = cost_setup_for(options.cost)
             cost, blocks = setup.cost_model, setup.num_gpu_blocks
-        source = functools.partial(override_workload, workload)
-        name, description = workload.name, f"workload {options.workload}"
-
-    def make_workload(load: WorkloadOverrides) -> Workload:
-        return timed_workload(sized_workload(source(base_load.merged(load)), min_span),
-                              options.duration_s, live=bool(live))
-
     if live:
-        description += f", against the live server {live.target}"
         # one series, named after the target; its config is unused
         x_axis, points = build_points([RunSpec("server", EngineConfig(), live.target)], axes)
     else:
@@ -246,6 +236,19 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
     pools = None
     if options.pools and not live:
         pools = load_pools_file(options.pools, options.config.apply())
+    if blocks is not None:  # every point's KV pool, before any is run or a file read
+        plan_runs([RunSpec(p.label, p.config) for p in points], blocks, pools)
+    if options.workload:
+        workload = load_workload(options.workload)
+        source = functools.partial(override_workload, workload)
+        name, description = workload.name, f"workload {options.workload}"
+    if live:
+        description += f", against the live server {live.target}"
+
+    def make_workload(load: WorkloadOverrides) -> Workload:
+        return timed_workload(sized_workload(source(base_load.merged(load)), min_span),
+                              options.duration_s, live=bool(live))
+
     return SweepPlan(name, description, cost, blocks, make_workload, axes, x_axis, points, pools)
 
 

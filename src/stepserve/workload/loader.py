@@ -17,11 +17,13 @@ from typing import Any
 
 import yaml
 
+from stepserve.config.limits import MAX_LEN
 from stepserve.config.user_files import load_yaml, preview, write_atomic
 from stepserve.config.validate import Allowed
 from stepserve.workload.arrivals import TraceReplay, parse_arrival
 from stepserve.workload.errors import (
     WorkloadError,
+    check_int,
     check_keys,
     check_mapping,
     check_positive,
@@ -165,12 +167,19 @@ class TraceOptions:
     slowdown: float = 1.0
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
+    def __post_init__(self) -> None:
+        """The flags checked as they are given, before the file is opened (its first line
+        tells the formats apart)."""
+        Allowed(choices=TRACE_FORMATS, kind=str).check("--trace-format", self.format,
+                                                       WorkloadError)
+        object.__setattr__(self, "slowdown",
+                           check_positive("--trace-slowdown", self.slowdown, hi=MAX_SLOWDOWN))
+        check_int("--trace-block-tokens", self.block_tokens, lo=1, hi=MAX_LEN)
+
 
 def trace_workload(options: TraceOptions) -> Workload:
     """The trace as a workload on its own times; the reader's note (an out-of-order
     Mooncake file sorted) printed to stderr."""
-    Allowed(choices=TRACE_FORMATS, kind=str).check("--trace-format", options.format,
-                                                   WorkloadError)
     if options.format == "mooncake" or \
             (options.format == "auto" and is_mooncake_trace(options.path)):
         trace = load_mooncake_trace(options.path, options.slowdown, options.block_tokens)
@@ -181,8 +190,7 @@ def trace_workload(options: TraceOptions) -> Workload:
         if options.block_tokens != MOONCAKE_BLOCK_TOKENS:
             raise WorkloadError(f"--trace-block-tokens {options.block_tokens}: goes with a "
                                 "Mooncake trace (ours gives no block hashes)")
-        slowdown = check_positive("--trace-slowdown", options.slowdown, hi=MAX_SLOWDOWN)
-        specs = tuple(dataclasses.replace(s, arrival_s=s.arrival_s * slowdown)
+        specs = tuple(dataclasses.replace(s, arrival_s=s.arrival_s * options.slowdown)
                       for s in load_trace(options.path))
         path, description = str(options.path), f"trace {options.path}"
     return Workload(Path(options.path).stem, (), TraceReplay(specs, path),
