@@ -111,6 +111,15 @@ def test_a_list_read_item_by_item_is_the_list_parsed_whole(tmp_path_factory, ite
         _ListReader.CHUNK = old
 
 
+@pytest.mark.parametrize("chunk", range(1, 12))
+def test_a_number_cut_by_a_chunk_is_read_whole(tmp_path, monkeypatch, chunk):
+    numbers = [1e-05, -0.0, 12345678901234567890, 1.5e300, -2.5e-7, True, None]
+    path = tmp_path / "numbers.json"
+    path.write_text(json.dumps(numbers))
+    monkeypatch.setattr(_ListReader, "CHUNK", chunk)  # "1" then "e-05", "-" then "0.0"
+    assert list(iter_json_list(path, "file", "of items")) == numbers
+
+
 @pytest.mark.parametrize("text, words", [
     ("", "not valid JSON (Expecting value at line 1, column 1)"),
     ('{"a": 1}', "expected a JSON list of items, got a dict"),

@@ -4,6 +4,7 @@ from synthetic step times), and its JSON."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -123,3 +124,17 @@ def test_the_largest_allowed_cost_file_still_runs_to_a_finite_clock():
                                      "coefficients": dict.fromkeys(TERMS, 60)})
     t = cost.step_time(random_step(random.Random(7)))
     assert 0 < t < float("inf")
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("kv_cache_bytes", "lots", "kv_cache_bytes = 'lots': must be an integer in [1, "),
+    ("kv_cache_bytes", 1.5, "kv_cache_bytes = 1.5: must be an integer"),
+    ("kv_cache_bytes", True, "kv_cache_bytes = True: must be an integer"),
+    ("kv_bytes_per_token", 0, "kv_bytes_per_token = 0: must be an integer in [1, "),
+    ("host", ["a"], "host = ['a']: must be a string (or null)"),
+])
+def test_what_a_run_reads_of_where_a_cost_was_measured_is_checked(key, value, words):
+    # a KV size of "lots" reached the pool's arithmetic: TypeError; True read as 1 byte
+    with pytest.raises(ValueError, match=re.escape(words)):
+        CalibratedCost.from_json({"schema": "stepserve.cost/1",
+                                  "coefficients": {"step": 0.01}, key: value})

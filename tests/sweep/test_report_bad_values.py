@@ -142,3 +142,21 @@ def test_the_largest_allowed_vllm_values_still_plot(tmp_path, capsys):
     data = {**VLLM_RESULT, **{k: MAGNITUDE_MAX for k in NUMBER_KEYS if k in VLLM_RESULT},
             "failed": 0, "request_goodput": 1.0}  # goodput x duration is a count too
     _report(tmp_path, capsys, data)
+
+
+@pytest.mark.parametrize(("where", "value", "named"), [
+    (("by_class",), 7, "by_class = 7: must be an object"),
+    (("by_class", "chat"), 1.5, "by_class.chat = 1.5: must be a summary object"),
+    (("by_class", "chat", "ttft_p99_s"), 1e30, "summary.ttft_p99_s = 1e+30"),
+    (("timeseries", "waiting", 0), math.nan, "timeseries.waiting[0] = nan"),
+    (("timeseries", "t"), "soon", "timeseries.t = 'soon': must be a list of numbers"),
+    (("latency_samples", "ttft_s", 0), -1.0, "latency_samples.ttft_s[0] = -1"),
+])
+def test_the_plotted_parts_of_a_run_are_checked_too(simulate_json, tmp_path, capsys, where,
+                                                    value, named):
+    data = json.loads(json.dumps(simulate_json))
+    node = data["runs"][0]
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    assert named in _refused_alike(capsys, tmp_path, _write(tmp_path, data))

@@ -104,6 +104,9 @@ def iter_json_list(path: str | Path, what: str, expected: str) -> Iterator[Any]:
         yield from reader.items(expected)
 
 
+_AFTER_NUMBER = frozenset(", \t\r\n]}")
+
+
 class _ListReader:
     """A JSON list read in chunks: `buf[pos:]` is the text not parsed yet, `line` and
     `column` where `pos` stands in the file."""
@@ -206,8 +209,10 @@ class _ListReader:
                 continue
             except (RecursionError, ValueError) as e:  # nested too deeply; a huge number
                 raise self.fail(f"{type(e).__name__}: {e}") from None
-            if end == len(self.buf) and self.more():
-                continue  # a number may go on in the next chunk
+            if isinstance(value, (int, float)) and not self.eof and (
+                    end == len(self.buf) or self.buf[end] not in _AFTER_NUMBER) \
+                    and self.more():
+                continue  # the chunk cut a number ("1" of "1e-5"): read it whole
             self.advance(end)
             return value
 

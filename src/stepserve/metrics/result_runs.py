@@ -17,6 +17,7 @@ from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.user_files import preview
+from stepserve.config.validate import Allowed
 from stepserve.metrics.rules import SETTING_TYPES
 from stepserve.metrics.run_summary import FIELD_KINDS, allowed, value_kind
 from stepserve.metrics.schema import check_schema
@@ -64,8 +65,9 @@ def result_runs(data: Any, where: str) -> list[FileRun]:
     if not raw:
         raise UsageError(f"{where}: the result has no runs (\"runs\" is empty)")
     runs = [_run(f"{where}: runs[{i}]", i, item) for i, item in enumerate(raw)]
-    for run in runs:
+    for run, item in zip(runs, raw, strict=True):
         check_run_values(where, run.name, run.summary, run.config)
+        check_run_extras(where, run.name, item)
     return runs
 
 
@@ -95,6 +97,63 @@ def check_run_values(where: str, name: str, summary: Mapping[str, Any],
     problems = impossible_values(summary, "summary.") + impossible_values(config, "config.")
     if problems:
         raise UsageError(f"{where}: run {name}: impossible values: {'; '.join(problems)}")
+
+
+# the plotted series of a run: a time, a level, a count or a latency per point
+SERIES_VALUE = Allowed(-1e18, 1e18, float)
+LATENCY_VALUE = Allowed(0, 1e18, float)
+SERIES = ("t", "waiting", "running", "kv_usage", "prefill_tokens", "decode_tokens",
+          "preemptions", "steps")
+
+
+def check_run_extras(where: str, name: str, item: Mapping[str, Any]) -> None:
+    """A run's per-class summaries (checked as its summary is), its time series and its
+    latency samples (lists of finite numbers, the series as long as `t`): what a report
+    plots besides the summary. UsageError naming the first bad value."""
+    at = f"{where}: run {name}"
+    by_class = item.get("by_class")
+    if by_class is not None:
+        if not isinstance(by_class, Mapping):
+            raise UsageError(f"{at}: by_class = {preview(by_class)}: must be an object of "
+                             "class name -> summary")
+        for cls, summary in by_class.items():
+            if not isinstance(summary, Mapping):
+                raise UsageError(f"{at}: by_class.{cls} = {preview(summary)}: must be a "
+                                 "summary object")
+            check_run_values(where, f"{name} class {cls}", summary, {})
+    series = item.get("timeseries")
+    if series is not None:
+        if not isinstance(series, Mapping):
+            raise UsageError(f"{at}: timeseries = {preview(series)}: must be an object of "
+                             "series")
+        length = None
+        for key in SERIES:
+            values = series.get(key)
+            if values is None:
+                continue
+            _check_list(at, f"timeseries.{key}", values, SERIES_VALUE)
+            if values and length is not None and len(values) != length:
+                raise UsageError(f"{at}: timeseries.{key} holds {len(values)} points, t "
+                                 f"{length}: every series has one a point of t")
+            if key == "t":
+                length = len(values)
+    samples = item.get("latency_samples")
+    if samples is not None:
+        if not isinstance(samples, Mapping):
+            raise UsageError(f"{at}: latency_samples = {preview(samples)}: must be an object "
+                             "with ttft_s and e2e_s lists")
+        for key in ("ttft_s", "e2e_s"):
+            _check_list(at, f"latency_samples.{key}", samples.get(key, []), LATENCY_VALUE)
+        Allowed(0, 10**18).check(f"{at}: latency_samples.count",
+                                 samples.get("count", 0), UsageError)
+
+
+def _check_list(at: str, key: str, values: Any, each: Allowed) -> None:
+    if not isinstance(values, list):
+        raise UsageError(f"{at}: {key} = {preview(values)}: must be a list of numbers")
+    for i, v in enumerate(values):
+        if (problem := each.problem(f"{key}[{i}]", v)) is not None:
+            raise UsageError(f"{at}: {problem}")
 
 
 def impossible_values(values: Mapping[str, Any], prefix: str = "") -> list[str]:

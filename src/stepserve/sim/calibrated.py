@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
-from stepserve.config.limits import MAX_BATCHED_TOKENS
+from stepserve.config.limits import MAX_BATCHED_TOKENS, MAX_KV_BYTES, MAX_KV_BYTES_PER_TOKEN
 from stepserve.config.validate import Allowed
 from stepserve.core.output import SchedulerOutput
 from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens, joining
@@ -58,6 +58,12 @@ def step_terms(out: SchedulerOutput, knee_tokens: int) -> tuple[float, ...]:
 MAX_COEFFICIENT_S = 60.0
 COEFFICIENT = Allowed(0, MAX_COEFFICIENT_S, kind=float)
 KNEE_TOKENS = Allowed(0, MAX_BATCHED_TOKENS)
+# what the simulator reads of where a cost was measured: the KV pool it sizes a run's
+# cache from, and the names its messages quote
+META = {"kv_cache_bytes": Allowed(1, MAX_KV_BYTES, optional=True),
+        "kv_bytes_per_token": Allowed(1, MAX_KV_BYTES_PER_TOKEN, optional=True),
+        **dict.fromkeys(("host", "hardware", "model", "date"),
+                        Allowed(kind=str, optional=True))}
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class CalibratedCost(CostModel):
                                  ValueError)
         meta = {k: v for k, v in data.items()
                 if k not in ("schema", "knee_tokens", "coefficients")}
+        for key, allowed in META.items():
+            allowed.check(f"cost file: {key}", meta.get(key), ValueError)
         return cls(checked, knee, meta)
 
 

@@ -121,9 +121,12 @@ def distinct_labels(labels: list[str], data: list[Any]) -> list[str]:
     return out
 
 
+DPI = 90  # the PNGs' resolution
+
+
 def save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=DPI)
     return path
 
 
@@ -497,7 +500,8 @@ def run_report(options: ReportOptions) -> int:
         page = write_report(load_result(result, options.result), options.out)
     except UsageError:
         raise
-    except (KeyError, TypeError, ValueError) as e:  # a run missing what the plots read
+    except (AttributeError, KeyError, OverflowError, TypeError, ValueError) as e:
+        # a part no check reads (its workload, findings, a sweep's points) not as written
         raise UsageError(f"{options.result}: not a result this report can read "
                          f"({type(e).__name__}: {e})") from None
     except OSError as e:  # the disk filled up, or the folder went away meanwhile
