@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from stepserve.config.limits import MAX_LEN, MAX_WORKLOAD_TOKENS
 from stepserve.workload import (
     ClosedLoop,
     Gamma,
@@ -200,3 +201,16 @@ def test_saved_trace_lines_are_plain_json(tmp_path):
     record = json.loads(lines[0])
     assert set(record) == {"arrival_s", "prompt_len", "output_len", "max_tokens", "priority",
                            "tenant", "class"}
+
+
+def test_a_trace_holding_more_tokens_than_a_workload_may_is_refused_at_its_line(tmp_path):
+    # 239 prompts of the longest length hold 250.6 M tokens: the simulator would hold
+    # every one of their ids (Mooncake's reader had this cap, ours had not)
+    line = json.dumps({"arrival_s": 0, "prompt_len": MAX_LEN - 1, "output_len": 1})
+    path = tmp_path / "big.jsonl"
+    path.write_text((line + "\n") * 240)
+    with pytest.raises(WorkloadError, match=f"line 239: more than {MAX_WORKLOAD_TOKENS:,} "
+                                            "prompt and output tokens"):
+        load_trace(path)
+    path.write_text((line + "\n") * 238)
+    assert len(load_trace(path)) == 238

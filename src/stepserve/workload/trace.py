@@ -160,15 +160,26 @@ def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, Any]]:
         raise WorkloadError(f"{where}: holds no requests")
 
 
+def check_workload_tokens(tokens: int, at: str) -> None:
+    """A trace's prompt and output tokens up to line `at` within what a workload may
+    hold (the simulator holds every token id)."""
+    if tokens > MAX_WORKLOAD_TOKENS:
+        raise WorkloadError(f"{at}: more than {MAX_WORKLOAD_TOKENS:,} prompt and output "
+                            "tokens up to here (the most a workload may hold)")
+
+
 def load_trace(path: str | Path) -> list[RequestSpec]:
     """Read a JSONL trace. Blank lines are skipped; requests are sorted (stably) by
     arrival and re-indexed 0..n-1. Errors name the file and the line number."""
     specs = []
+    tokens = 0
     for at, record in list(read_jsonl(path, "trace")):  # every line JSON before any check
         try:
             specs.append(record_to_spec(record, 0))
         except WorkloadError as e:
             raise WorkloadError(f"{at}: {e}") from None
+        tokens += specs[-1].prompt_len + specs[-1].output_len
+        check_workload_tokens(tokens, at)
     specs.sort(key=lambda s: s.arrival_s)
     return [dataclasses.replace(s, index=i) for i, s in enumerate(specs)]
 
@@ -275,10 +286,7 @@ def load_mooncake_trace(path: str | Path, slowdown: float = 1.0,
         except WorkloadError as e:
             raise WorkloadError(f"{at}: {e}") from None
         tokens += spec.prompt_len + spec.output_len
-        if tokens > MAX_WORKLOAD_TOKENS:  # the simulator holds every token id
-            raise WorkloadError(f"{at}: more than {MAX_WORKLOAD_TOKENS:,} "
-                                "prompt and output tokens up to here (the most a workload "
-                                "may hold)")
+        check_workload_tokens(tokens, at)
         specs.append(spec)
     in_order = all(a.arrival_s <= b.arrival_s for a, b in zip(specs, specs[1:]))
     note = "" if in_order else f"{where}: timestamps out of order; requests sorted by them"
