@@ -49,7 +49,9 @@ def test_prefix_affinity_router_keeps_a_prompt_on_its_replica(ray_local, tmp_pat
         assert delta(before, ing.admitted()) == {0: 0, 1: 1}
         long_one.join(120)
         ing.wait_replicas(2)
+        deadline = time.monotonic() + 60  # a replica that never reports idle fails here
         while any(r["running"] + r["waiting"] for r in ing.replicas().values()):
+            assert time.monotonic() < deadline, ing.replicas()
             time.sleep(0.05)  # until both report idle (reports come every 0.5 s)
         before = ing.admitted()
         for own in (8, 9, 10):  # idle replicas alike: only the prefix says where

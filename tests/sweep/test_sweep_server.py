@@ -49,6 +49,8 @@ def _capacity_req_per_s(url: str, workload: Path, tmp_path: Path) -> float:
     return json.loads(out.read_text())["runs"][0]["summary"]["throughput_requests_per_s"]
 
 
+@pytest.mark.timing  # where the knee falls follows the server's measured speed
+@pytest.mark.serial  # so it is measured alone, not beside the other worker
 def test_rate_sweep_on_our_server_finds_the_knee_and_writes_the_report(
         small_server, workload, tmp_path, cli, capsys):
     small_server.wait_idle()
