@@ -83,7 +83,7 @@ def test_a_flat_vllm_file_sets_command_flags_and_the_command_line_wins(tmp_path)
                                       "--max_num_seqs", "41"])
     assert (args.model, args.port, args.host, args.seed, args.dtype) == \
         ("tiny", 9000, "0.0.0.0", 5, "half")
-    assert (args.served_model_name, args.uvicorn_log_level) == ("chat", "debug")
+    assert (args.served_model_name, args.uvicorn_log_level) == (["chat"], "debug")  # a list, as vLLM
     c = config_overrides(args).apply()
     assert c.scheduler.max_num_seqs == 41 and c.scheduler.max_num_batched_tokens == 1024
 
@@ -280,3 +280,14 @@ def test_dtype_half_runs_the_engine_in_float16():
                        dtype=resolve_dtype("half", "tiny", "cpu"))
     assert engine.runner.args.dtype == "float16"
     assert engine.runner.kv.kv.dtype.__str__() == "torch.float16"
+
+
+@pytest.mark.parametrize("argv, names, model", [
+    (["--model", "tiny", "--served-model-name", "a", "b", "--port", "5"], ["a", "b"], "tiny"),
+    (["tiny", "--served-model-name", "a", "b"], ["a", "b"], "tiny"),
+    (["--served-model-name", "a", "b", "--max-num-seqs", "3", "tiny"], ["a", "b"], "tiny"),
+])
+def test_several_served_names_stay_names_wherever_the_model_is_given(argv, names, model):
+    # plain argparse gave the second name to `serve [MODEL]`: the server loaded "b"
+    args = build_parser().parse_args(["serve", *argv])
+    assert args.served_model_name == names and (args.model_tag or args.model) == model

@@ -139,6 +139,14 @@ class Parser(argparse.ArgumentParser):
                                          if g.required for a in g._group_actions)
         return formatter
 
+    def _lists_beside_an_optional_positional(self) -> bool:
+        """Whether an option takes a list while a positional may be left out (the case
+        plain argparse parses wrongly; a parser with subcommands never is one)."""
+        actions = self._actions
+        return (not any(isinstance(a, argparse._SubParsersAction) for a in actions)
+                and any(a.option_strings and a.nargs in ("+", "*") for a in actions)
+                and any(not a.option_strings and a.nargs == "?" for a in actions))
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see `{self.prog} "
                      f"--help`)\n")
@@ -146,6 +154,8 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         """vLLM's habits first: `--max_num_seqs`, and a flat `--config` file's keys as
         flags that the command line overrides."""
+        if getattr(self, "_intermixing", False):  # the two passes below
+            return super().parse_known_args(args, namespace)
         argv = dashed_flags(sys.argv[1:] if args is None else list(args))
         keys: frozenset[str] = frozenset()
         problem = None
@@ -155,7 +165,16 @@ class Parser(argparse.ArgumentParser):
                 argv = flags + argv
             except UsageError as e:  # reported by the command (`error: ...`, exit 2)
                 problem = e
-        ns, extras = super().parse_known_args(argv, namespace)
+        if self._lists_beside_an_optional_positional():
+            # `--served-model-name a b --port 1` with `serve [MODEL]`: plain argparse gives
+            # `b` to MODEL; options first, then positionals, keeps both names a list
+            self._intermixing = True
+            try:
+                ns, extras = self.parse_known_intermixed_args(argv, namespace)
+            finally:
+                self._intermixing = False
+        else:
+            ns, extras = super().parse_known_args(argv, namespace)
         if keys:
             setattr(ns, COMMAND_KEYS_DEST, keys)
         if problem is not None:

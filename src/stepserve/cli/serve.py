@@ -34,8 +34,9 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the model, as `vllm serve MODEL` takes it (wins over --model)")
     p.add_argument("--model", default="default", help="preset (default, tiny) or HF directory")
-    p.add_argument("--served-model-name", default=None,
-                   help="the name clients pass as `model` (default: --model)")
+    p.add_argument("--served-model-name", default=None, nargs="+", metavar="NAME",
+                   help="the names clients may pass as `model`, as vLLM takes them; the "
+                        "first is the one answers and metrics carry (default: --model)")
     p.add_argument("--config", help="engine config YAML")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=8000)
@@ -119,7 +120,7 @@ def serve_command(args: argparse.Namespace) -> int:
 @dataclass(frozen=True)
 class ServeOptions:
     model: str = "default"
-    served_model_name: str | None = None  # default: the model
+    served_model_name: str | list[str] | None = None  # default: the model; several: aliases
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "auto"  # vLLM's values (engine_flags.DTYPE_CHOICES)
@@ -173,8 +174,11 @@ def run_serve(options: ServeOptions) -> int:
                            quantization=o.quantization)
     except (ValueError, OSError) as e:  # a ConfigError is a ValueError
         return report_error(e)
-    name = o.served_model_name or str(o.model)
-    app = create_app(engine, model_name=name, retry_after_s=o.retry_after_s,
+    from stepserve.server.serving import served_names
+
+    names = served_names(o.served_model_name, o.model)
+    name = names[0]
+    app = create_app(engine, model_name=names, retry_after_s=o.retry_after_s,
                      shutdown_timeout_s=o.shutdown_timeout_s,
                      max_request_bytes=o.max_request_bytes, api_keys=o.api_keys,
                      metrics_require_api_key=o.metrics_require_api_key)

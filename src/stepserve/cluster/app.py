@@ -52,6 +52,8 @@ class IngressSettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     api_keys: tuple[str, ...] = ()  # every route but the public ones needs one (auth.py)
     metrics_require_api_key: bool = False  # /metrics needs one too
+    model_root: str | None = None  # /v1/models' root: the model's folder
+    model_aliases: tuple[str, ...] = ()  # the other names a request may give as `model`
 
     def __post_init__(self) -> None:
         if self.metrics_require_api_key and not self.api_keys:
@@ -71,7 +73,8 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
         app.state.shutdown_timeout_s = s.shutdown_timeout_s
         app.state.ctx = ServingContext(cluster, tokenizer, WallClock(), s.model_name,
                                        s.max_model_len, s.vocab_size, s.retry_after_s,
-                                       s.max_request_bytes, s.max_prompt_chars)
+                                       s.max_request_bytes, s.max_prompt_chars,
+                                       s.model_root, s.model_aliases)
         try:
             yield
         finally:

@@ -33,7 +33,7 @@ MAX_ONGOING_REQUESTS = 100_000
 @dataclass(frozen=True)
 class ClusterServeOptions:
     model: str = "default"
-    served_model_name: str | None = None
+    served_model_name: str | list[str] | None = None  # several: the first, then aliases
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "float32"
@@ -88,15 +88,17 @@ def run_cluster_serve(options: ClusterServeOptions) -> int:
 
     from stepserve.cluster.local_ray import start_ray
     from stepserve.server.http_server import make_server
+    from stepserve.server.serving import served_names
 
-    name = o.served_model_name or str(o.model)
+    names = served_names(o.served_model_name, o.model)
+    name = names[0]
     node_ip = start_ray(o.ray_address, o.num_cpus)
     try:
         settings = ReplicaSettings(str(model_dir), name, o.dtype, o.device, o.cpus_per_replica,
                                    shutdown_timeout_s=o.shutdown_timeout_s)
         ingress = build_ingress(deployment, base, o.pools_file, settings, o.retry_after_s,
                                 o.shutdown_timeout_s, o.max_request_bytes, o.api_keys,
-                                o.metrics_require_api_key)
+                                o.metrics_require_api_key, tuple(names[1:]))
         layout = ", ".join(f"{p.name}: {p.replicas}" for p in deployment.pools)
         print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1: "
               f"{deployment.num_replicas} replicas on Ray Serve ({layout}; Ray node "
@@ -121,7 +123,8 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
                   shutdown_timeout_s: float = 30.0,
                   max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                   api_keys: tuple[str, ...] = (),
-                  metrics_require_api_key: bool = False) -> Ingress:
+                  metrics_require_api_key: bool = False,
+                  aliases: tuple[str, ...] = ()) -> Ingress:
     """Deploy the pools on the Ray Serve this process is connected to, and the ingress
     app over them (not yet serving)."""
     from stepserve.cluster.app import IngressSettings, create_ingress_app
@@ -135,7 +138,7 @@ def build_ingress(deployment: Deployment, base: EngineConfig, pools_file: str | 
     settings = IngressSettings(replicas.model_name, max_len, first["vocab_size"],
                                max_len * tokenizer.max_token_bytes(), retry_after_s,
                                shutdown_timeout_s, max_request_bytes, api_keys,
-                               metrics_require_api_key)
+                               metrics_require_api_key, str(replicas.model_dir), aliases)
     app = create_ingress_app(ClusterEngine(deployment, handles), settings, tokenizer)
     return Ingress(app, first["runner"])
 

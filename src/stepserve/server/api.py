@@ -45,6 +45,7 @@ from stepserve.server.protocol import (
     HealthStatus,
     ModelCard,
     ModelList,
+    ModelPermission,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
@@ -63,14 +64,15 @@ from stepserve.server.serving import (
 log = logging.getLogger("stepserve.server")
 
 
-def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
+def create_app(engine, *, model_name: str | Sequence[str] | None = None,
+               retry_after_s: int = 1,
                shutdown_timeout_s: float = 30.0,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                api_keys: Sequence[str] = (),
                metrics_require_api_key: bool = False) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
-    app starts). `model_name`: what clients pass as `model` (default: the model
-    directory's name). `api_keys`: when given, the non-public routes need one (auth.py);
+    app starts). `model_name`: what clients pass as `model`, or several names (the
+    first is the one answers and metrics carry; default: the model directory's name). `api_keys`: when given, the non-public routes need one (auth.py);
 `metrics_require_api_key`: /metrics too (it needs `api_keys`).
     If the engine loop dies, /health answers 503 and the app calls
     `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
@@ -84,7 +86,8 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         llm_engine = engine() if callable(engine) and not hasattr(engine, "step") else engine
-        name = model_name or llm_engine.runner.model_path.name
+        names = (model_name,) if isinstance(model_name, str) else tuple(model_name or ())
+        name = names[0] if names else llm_engine.runner.model_path.name
         app.state.metrics = metrics = ServerMetrics(name, llm_engine.config.scheduler)
         app.state.async_engine = async_engine = AsyncEngine(llm_engine, metrics, on_fatal)
         async_engine.start()
@@ -93,7 +96,8 @@ def create_app(engine, *, model_name: str | None = None, retry_after_s: int = 1,
         app.state.ctx = ServingContext(
             async_engine, tokenizer, llm_engine.clock, name, max_len,
             llm_engine.runner.args.vocab_size, retry_after_s, max_request_bytes,
-            max_len * tokenizer.max_token_bytes())
+            max_len * tokenizer.max_token_bytes(), str(llm_engine.runner.model_path),
+            tuple(n for n in names[1:] if n != name))
         app.state.shutdown_timeout_s = shutdown_timeout_s
         # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
         # server: take it out of the cyclic GC's reach, or every full collection walks it
@@ -145,8 +149,10 @@ def add_openai_routes(app: FastAPI) -> None:
     @app.get("/v1/models", response_model=ModelList)
     async def models(request: Request) -> dict:
         ctx: ServingContext = request.app.state.ctx
-        return ModelList(data=[ModelCard(id=ctx.model_name,
-                                         max_model_len=ctx.max_model_len)]).model_dump()
+        return ModelList(data=[
+            ModelCard(id=name, root=ctx.model_root, max_model_len=ctx.max_model_len,
+                      permission=[ModelPermission()])
+            for name in (ctx.model_name, *ctx.model_aliases)]).model_dump()
 
 
 def _add_health_and_metrics_routes(app: FastAPI) -> None:

@@ -17,6 +17,7 @@ import json
 import logging
 import secrets
 import time
+import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -248,12 +249,35 @@ class VersionResponse(BaseModel):
 
 # ---- responses ----
 
+class ModelPermission(BaseModel):
+    """vLLM's (OpenAI's old shape): a served model may be sampled, with logprobs."""
+
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(BaseModel):
+    """One served name, as vLLM lists it: `root` is the model's folder (where a client
+    such as `vllm bench serve` finds the tokenizer), `parent` a LoRA's base (none here)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "stepserve"
+    root: str | None = None
+    parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):

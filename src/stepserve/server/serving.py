@@ -55,6 +55,10 @@ class ServingContext:
     max_request_bytes: int
     # the longest text a prompt of max_model_len tokens can be (see max_token_bytes)
     max_prompt_chars: int
+    # /v1/models' `root` (the model's folder: `vllm bench serve` reads its tokenizer
+    # there) and the other names a request may give as `model` (--served-model-name a b)
+    model_root: str | None = None
+    model_aliases: tuple[str, ...] = ()
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         max_workers=2, thread_name_prefix="stepserve-tokenize"))
 
@@ -63,11 +67,19 @@ class ServingContext:
         return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
 
 
+def served_names(given: str | list[str] | None, model: str) -> list[str]:
+    """The names a request may give as `model`, the first the one answers carry."""
+    if given is None or given == []:
+        return [str(model)]
+    return [given] if isinstance(given, str) else [str(n) for n in given]
+
+
 def check_model(ctx: ServingContext, model: str | None) -> None:
-    """`model` is optional (as in vLLM); when given it must be the served one."""
-    if model is not None and model != ctx.model_name:
+    """`model` is optional (as in vLLM); when given it must be one of the served names."""
+    if model is not None and model != ctx.model_name and model not in ctx.model_aliases:
+        names = ", ".join(repr(n) for n in (ctx.model_name, *ctx.model_aliases))
         raise APIError(404, f"model {model!r} does not exist; this server serves "
-                            f"{ctx.model_name!r} (see GET /v1/models)", param="model",
+                            f"{names} (see GET /v1/models)", param="model",
                        code="model_not_found")
 
 
