@@ -12,8 +12,9 @@ from stepserve.bench.results import VllmSetup, parse_goodput, vllm_metrics, vllm
 
 
 def _rec(i, send, chunks, *, out=None, prompt=None, prompt_len=0, reason="length",
-         end=None, text="", error=None, status=200, warmup=False):
+         end=None, text="", error=None, status=200, warmup=False, scheduled=None):
     return RequestRecord(index=i, prompt_len=prompt_len, warmup=warmup, send_s=send,
+                         scheduled_s=send if scheduled is None else scheduled,
                          end_s=end if end is not None else (chunks[-1] + 0.01 if chunks
                                                              else None),
                          chunk_times_s=list(chunks), output_tokens=out, prompt_tokens=prompt,
@@ -26,7 +27,8 @@ def timeline() -> list[RequestRecord]:
     return [
         _rec(0, 0.0, [5.0], out=1, prompt=99, warmup=True),  # warm-up: left out
         _rec(1, 0.0, [0.10, 0.15, 0.25, 0.30], out=4, prompt=10, text="abcd"),
-        _rec(2, 0.5, [0.70, 0.90], out=2, prompt=20, reason="stop", text="xy"),
+        _rec(2, 0.5, [0.70, 0.90], out=2, prompt=20, reason="stop", text="xy",
+             scheduled=0.3),  # waited 0.2 s in the client for a slot
         _rec(3, 1.0, [1.05], out=1, prompt=5, text="z"),
         _rec(4, 1.2, [], prompt_len=7, reason=None, end=1.3, status=500,
              error="HTTP 500: boom"),
@@ -67,10 +69,13 @@ def test_every_flat_key_on_a_hand_built_timeline():
         "input_lens": [10, 20, 5, 7, 8], "output_lens": [4, 2, 1, 0, 3],
         "ttfts": [0.10, 0.20, 0.05, 0.0, 0.40],
         "itls": [[0.05, 0.10, 0.05], [0.20], [], [], [0.20, 0.40]],
+        "latencies": [0.30, 0.40, 0.05, 0.0, 1.00],  # e2el, 0 for the failed one
+        "start_times": [0.0, 0.5, 1.0, 1.2, 2.0],
+        "queue_times": [0.0, 0.2, 0.0, 0.0, 0.0],
         "generated_texts": ["abcd", "xy", "z", "", "uvw"],
         "errors": ["", "", "", "HTTP 500: boom", ""],
         # one-second buckets from t=0: chunks 6,1,2,1; active requests 2,1,1,1
-        "max_output_tokens_per_s": 6.0, "max_concurrent_requests": 2,
+        "max_output_tokens_per_s": 6.0, "max_concurrent_requests": 2, "rtfx": 0.0,
     }
     hand = {"ttft": (ttft, {25: 0.05 + 0.75 * 0.05, 50: 0.15, 99: 0.2 + 0.97 * 0.2,
                             99.9: 0.2 + 0.997 * 0.2}),
@@ -94,7 +99,7 @@ def test_every_flat_key_on_a_hand_built_timeline():
             assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
         elif key == "itls":
             assert [pytest.approx(v) for v in got[key]] == value
-        elif key == "ttfts":
+        elif key in ("ttfts", "latencies", "start_times", "queue_times"):
             assert got[key] == pytest.approx(value)
         else:
             assert got[key] == value, key
@@ -106,7 +111,8 @@ def test_defaults_without_detail_or_goodput_and_an_all_failed_run():
                       request_rate=4.0, burstiness=0.5, max_concurrency=None, label="L")
     got = vllm_result(setup, vllm_metrics(timeline()))
     assert got["request_goodput"] is None and got["request_rate"] == 4.0
-    assert not {"input_lens", "ttfts", "itls", "errors"} & set(got)  # --save-detailed
+    assert not {"input_lens", "ttfts", "itls", "errors", "start_times"} & set(got)
+    assert {"latencies", "queue_times", "rtfx"} <= set(got)  # kept, as vLLM keeps them
     # vLLM's default metrics and percentile: ttft, tpot, itl at P99 (no e2el)
     assert [k for k in got if k.endswith("_ms")] == [
         f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl")

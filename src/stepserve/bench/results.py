@@ -473,7 +473,8 @@ def write_markdown(path: str | Path, result: BenchResult) -> None:
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # vLLM's default for generation
 DEFAULT_METRIC_PERCENTILES = (99.0,)
-DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
+DETAILED_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts",
+                 "errors")
 
 
 @dataclass(frozen=True)
@@ -579,9 +580,15 @@ def vllm_metrics(records: Sequence[RequestRecord], slo: GoodputSLO | None = None
         "output_lens": [r.num_output_tokens if r.ok else 0 for r in sent],
         "ttfts": [ttft_s(r) or 0.0 for r in sent],
         "itls": [itl_s(r) for r in sent],
+        "latencies": [(e2e_s(r) if r.ok else None) or 0.0 for r in sent],
+        # when each was sent, and how long it waited in the client for a slot first
+        # (--max-concurrency): vLLM's start_time and client_queue_time
+        "start_times": [r.send_s for r in sent],
+        "queue_times": [max(0.0, r.send_s - r.scheduled_s) for r in sent],
         "generated_texts": [r.generated_text for r in sent],
         "errors": ["" if r.ok else (r.error or r.outcome) for r in sent],
-        "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_active}
+        "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_active,
+        "rtfx": 0.0}  # the inverse real-time factor of audio benchmarks: none here
     values = m.latency_values()
     values["e2el"] = values.pop("e2e")
     for name in PERCENTILE_METRICS:  # vLLM's order, whatever order they were asked in
