@@ -252,7 +252,7 @@ class VersionResponse(BaseModel):
 class ModelPermission(BaseModel):
     """vLLM's (OpenAI's old shape): a served model may be sampled, with logprobs."""
 
-    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex[:16]}")
     object: Literal["model_permission"] = "model_permission"
     created: int = Field(default_factory=lambda: int(time.time()))
     allow_create_engine: bool = False
