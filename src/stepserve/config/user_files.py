@@ -23,30 +23,8 @@ from stepserve.config.limits import MAX_FILE_BYTES, MAX_FILE_LINES, MAX_LINE_BYT
 from stepserve.config.validate import preview  # noqa: F401  (how a message quotes a value)
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of a user's file; `what` names it in messages ("workload file").
-    At most MAX_FILE_BYTES are read, whatever the file claims (a pipe, /dev/zero)."""
-    p = Path(path)
-    where = f"{what} {str(p)!r}"
-    try:
-        with p.open("rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise UsageError(f"{where}: cannot be read (no such file)") from None
-    except IsADirectoryError:
-        raise UsageError(f"{where}: cannot be read (it is a folder, not a file)") from None
-    except OSError as e:
-        raise UsageError(f"{where}: cannot be read ({e.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise UsageError(f"{where}: more than the {MAX_FILE_BYTES:,} bytes a file may have")
-    try:
-        return data.decode("utf-8-sig")  # a byte-order mark, if any, is dropped
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                         f"{e.start})") from None
-
-
 def _open(path: Path, where: str):  # noqa: ANN202 (a binary file)
+    """`path` opened to read bytes; UsageError naming it (`where`) when it cannot be."""
     try:
         return path.open("rb")
     except FileNotFoundError:
@@ -55,6 +33,25 @@ def _open(path: Path, where: str):  # noqa: ANN202 (a binary file)
         raise UsageError(f"{where}: cannot be read (it is a folder, not a file)") from None
     except OSError as e:
         raise UsageError(f"{where}: cannot be read ({e.strerror})") from None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a user's file; `what` names it in messages ("workload file").
+    At most MAX_FILE_BYTES are read, whatever the file claims (a pipe, /dev/zero)."""
+    p = Path(path)
+    where = f"{what} {str(p)!r}"
+    with _open(p, where) as f:
+        try:
+            data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as e:
+            raise UsageError(f"{where}: cannot be read ({e.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise UsageError(f"{where}: more than the {MAX_FILE_BYTES:,} bytes a file may have")
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark, if any, is dropped
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start})") from None
 
 
 def read_lines(path: str | Path, what: str) -> Iterator[tuple[int, str]]:
