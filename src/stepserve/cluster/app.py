@@ -33,7 +33,7 @@ from stepserve.server.api import (
     install_openapi,
     install_tokenize_routes,
 )
-from stepserve.server.auth import ApiKeyAuth
+from stepserve.server.auth import add_api_key_auth, check_key_settings
 from stepserve.server.errors import NOT_FOUND, UNAVAILABLE, APIError
 from stepserve.server.serving import ServingContext
 
@@ -56,9 +56,7 @@ class IngressSettings:
     model_aliases: tuple[str, ...] = ()  # the other names a request may give as `model`
 
     def __post_init__(self) -> None:
-        if self.metrics_require_api_key and not self.api_keys:
-            raise ValueError("metrics_require_api_key needs api_keys: without a key "
-                             "/metrics would stay open")
+        check_key_settings(self.api_keys, self.metrics_require_api_key)
 
 
 def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
@@ -85,9 +83,7 @@ def create_ingress_app(cluster: ClusterEngine, settings: IngressSettings,
     app = FastAPI(title="stepserve", version="0.1.0", lifespan=lifespan)
     add_error_handlers(app)
     install_openapi(app)
-    if s.api_keys:
-        app.add_middleware(ApiKeyAuth, keys=list(s.api_keys),
-                           metrics_require_api_key=s.metrics_require_api_key)
+    add_api_key_auth(app, s.api_keys, s.metrics_require_api_key)
 
     @app.middleware("http")
     async def remember_headers(request: Request, call_next):

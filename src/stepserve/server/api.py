@@ -24,7 +24,7 @@ from stepserve import __version__
 from stepserve.core.end_reasons import Refusal, end_reason, refusal_of_error
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from stepserve.server.async_engine import AsyncEngine
-from stepserve.server.auth import ApiKeyAuth
+from stepserve.server.auth import add_api_key_auth
 from stepserve.server.body import parse_body, read_json, validate
 from stepserve.server.errors import (
     INVALID_REQUEST,
@@ -72,8 +72,9 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
                metrics_require_api_key: bool = False) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
     app starts). `model_name`: what clients pass as `model`, or several names (the
-    first is the one answers and metrics carry; default: the model directory's name). `api_keys`: when given, the non-public routes need one (auth.py);
-`metrics_require_api_key`: /metrics too (it needs `api_keys`).
+    first is the one answers and metrics carry; default: the model directory's name).
+    `api_keys`: when given, the non-public routes need one (auth.py);
+    `metrics_require_api_key`: /metrics too (it needs `api_keys`).
     If the engine loop dies, /health answers 503 and the app calls
     `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
 
@@ -119,12 +120,7 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
     add_error_handlers(app)
     install_openapi(app)
     install_tokenize_routes(app)
-    if metrics_require_api_key and not api_keys:
-        raise ValueError("metrics_require_api_key needs api_keys: without a key /metrics "
-                         "would stay open")
-    if api_keys:
-        app.add_middleware(ApiKeyAuth, keys=list(api_keys),
-                           metrics_require_api_key=metrics_require_api_key)
+    add_api_key_auth(app, api_keys, metrics_require_api_key)
     add_openai_routes(app)
     _add_health_and_metrics_routes(app)
     return app

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -22,6 +23,21 @@ from stepserve.server.errors import APIError
 METRICS_PATH = "/metrics"
 PUBLIC_PATHS = ("/health", "/ping", "/load", "/version", METRICS_PATH, "/docs", "/redoc",
                 "/openapi.json")
+
+
+def check_key_settings(keys: Sequence[str], metrics_require_api_key: bool) -> None:
+    """ValueError for /metrics guarded without a key to guard it with."""
+    if metrics_require_api_key and not keys:
+        raise ValueError("metrics_require_api_key needs api_keys: without a key /metrics "
+                         "would stay open")
+
+
+def add_api_key_auth(app: Any, keys: Sequence[str], metrics_require_api_key: bool) -> None:
+    """`app` (a Starlette app) behind the key check when there are keys."""
+    check_key_settings(keys, metrics_require_api_key)
+    if keys:
+        app.add_middleware(ApiKeyAuth, keys=list(keys),
+                           metrics_require_api_key=metrics_require_api_key)
 
 
 class ApiKeyAuth:
