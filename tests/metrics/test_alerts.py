@@ -243,7 +243,12 @@ def test_low_active_ratio_falls_back_on_slot_utilization_and_says_so():
 
 
 def test_unevaluable_names_the_missing_inputs():
-    assert unevaluable(crafted()) == {}
+    assert unevaluable(crafted(max_num_seqs=64)) == {}
+    # without an SLO, whether the batch was too large needs its slot cap: from the
+    # summary, or from the run's config where the summary has none (a live vLLM window)
+    assert unevaluable(crafted()) == {
+        "throughput_over_experience": ["goodput_requests_per_s or max_num_seqs"]}
+    assert unevaluable(crafted(), with_config(crafted(), {"max_num_seqs": 64})) == {}
     missing = unevaluable(RunSummary(preemptions=0, waiting_growth=0.0))
     assert "queue_growing" not in missing and "preemption_nonzero" not in missing
     assert missing["capacity"] == ["p99_p50_e2e_ratio or p99_p50_ttft_ratio"]

@@ -2,10 +2,13 @@
 --url`: gauges read at every scrape, counters and histograms as the increase from the
 first scrape to the last. A failed scrape is skipped and reported (the first is tried
 twice); a window needs two that worked. How the keys (LIVE_KEYS) differ from a
-simulation's: quantiles are interpolated inside histogram buckets (histogram_quantile),
-tpot_p50_s is the ITL where a server has no TPOT, prefill_token_share counts a prompt
-once (cache hits in, recomputation out), step times exist on ours and TGI only, and the
-step shares and slot_utilization on ours only (no per-step active ratios).
+simulation's: quantiles are interpolated inside histogram buckets (histogram_quantile;
+those in a wide bucket keep its bounds, quantile_bounds.py), TPOT (per request) and ITL
+(per token gap) each come from their own histogram (SGLang's tpot_p50_s is its ITL),
+requests_total counts the requests that ended or were refused in the window,
+prefill_token_share counts a prompt once (cache hits in, recomputation out), step times
+exist on ours and TGI only, and the step shares and slot_utilization on ours only (no
+per-step active ratios).
 """
 
 from __future__ import annotations
@@ -22,8 +25,16 @@ from stepserve.config.urls import check_http_url
 from stepserve.host.cpu_metrics import cpu_window
 from stepserve.host.cpu_share import CPU_KEYS
 from stepserve.metrics.bounded_scrape import LiveScrapeError, ScrapeLimits, fetch_snapshot
-from stepserve.metrics.percentiles import ratio
-from stepserve.metrics.prometheus import LEVELS, Snapshot, counter_delta, histogram_delta
+from stepserve.metrics.percentiles import percentile, ratio
+from stepserve.metrics.prometheus import (
+    HISTOGRAMS,
+    LEVELS,
+    Snapshot,
+    counter_delta,
+    counter_delta_by_reason,
+    histogram_delta,
+)
+from stepserve.metrics.quantile_bounds import bounds_entry, is_wide
 from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.step_metrics import queue_fields
 
@@ -34,15 +45,23 @@ LIVE_KEYS = (
     "window_s", "scrape_samples", "metrics_source",
     "waiting_max", "waiting_p50", "waiting_nonzero_share", "waiting_growth",
     "waiting_trend_rise", "waiting_monotonic_rise", "waiting_monotonic_rise_s",
+    "waiting_by_reason_max", "waiting_by_reason_p50",
     "running_max", "in_engine_max", "kv_usage_max",
-    "preemptions", "requests_finished", "prompt_tokens", "generation_tokens",
-    "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s",
-    "p99_p50_ttft_ratio", "p99_p50_e2e_ratio", "prefill_token_share", "mean_step_s",
-    "step_p50_s", "step_p99_s",
+    "preemptions", "requests_total", "requests_finished", "requests_rejected",
+    "rejected_by_reason", "prompt_tokens", "generation_tokens",
+    "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s", "tpot_p99_s",
+    "itl_p50_s", "itl_p99_s",
+    "p99_p50_ttft_ratio", "p99_p50_e2e_ratio", "p99_p50_tpot_ratio", "quantile_bounds",
+    "prefill_token_share", "mean_step_s", "step_p50_s", "step_p99_s",
     "steps", "prefill_step_share", "zero_decode_step_share",
     "slot_utilization",
     *CPU_KEYS,
 )
+# each quantile key: (histogram, q)
+QUANTILES = {f"{key}_p{round(100 * q)}_s": (hist, q)
+             for key, hist in (("ttft", "ttft"), ("e2e", "e2e"), ("tpot", "tpot"),
+                               ("itl", "itl"), ("step", "step_time"))
+             for q in (0.5, 0.99)}
 
 
 def metrics_url(url: str) -> str:
@@ -131,6 +150,13 @@ def level_summary(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
     both = [(w, r) for s in snapshots
             if (w := s.level("waiting")) is not None and (r := s.level("running")) is not None]
     out["in_engine_max"] = max((w + r for w, r in both), default=None)
+    by_reason: dict[str, list[float]] = {}
+    for s in snapshots:
+        for reason, v in (s.by_reason("waiting_by_reason") or {}).items():
+            by_reason.setdefault(reason, []).append(v)
+    out["waiting_by_reason_max"] = {r: max(vs) for r, vs in by_reason.items()} or None
+    out["waiting_by_reason_p50"] = {r: percentile(vs, 50) for r, vs in by_reason.items()} \
+        or None
     return out
 
 
@@ -150,34 +176,38 @@ def _window_values(source: str, first: Snapshot, last: Snapshot) -> dict[str, An
     def delta(key: str) -> float | None:
         return counter_delta(first, last, key)
 
-    hist = {key: histogram_delta(first, last, key)
-            for key in ("ttft", "e2e", "tpot", "step_time")}
-
-    def quantile(key: str, q: float) -> float | None:
-        h = hist[key]
-        return None if h is None else h.quantile(q)
+    hist = {key: histogram_delta(first, last, key) for key in HISTOGRAMS}
+    quantiles: dict[str, float | None] = {}
+    bounds: dict[str, dict[str, float | None]] = {}
+    for name, (key, q) in QUANTILES.items():
+        found = None if hist[key] is None else hist[key].quantile_in(q)
+        quantiles[name] = None if found is None else found.value
+        if found is not None and is_wide(found):
+            bounds[name] = bounds_entry(found)
 
     prompt, generation = delta("prompt_tokens"), delta("generation_tokens")
     finished = delta("requests_finished")
     if finished is None and hist["e2e"] is not None:
         finished = hist["e2e"].count
+    ended, rejected = delta("requests_ended"), delta("rejected")
     steps = delta("steps")
     out = {"metrics_source": source, "window_s": last.t_s - first.t_s,
            "preemptions": delta("preemptions"), "requests_finished": finished,
+           "requests_total": None if ended is None else ended + (rejected or 0.0),
+           "requests_rejected": rejected,
+           "rejected_by_reason": counter_delta_by_reason(first, last, "rejected"),
            "prompt_tokens": prompt, "generation_tokens": generation,
            "prefill_token_share": None if prompt is None or generation is None
            else ratio(prompt, prompt + generation),
-           "tpot_p50_s": quantile("tpot", 0.5),
+           **quantiles, "quantile_bounds": bounds,
            "mean_step_s": None if hist["step_time"] is None else hist["step_time"].mean,
-           "step_p50_s": quantile("step_time", 0.5), "step_p99_s": quantile("step_time", 0.99),
            "steps": steps, "prefill_step_share": ratio(delta("prefill_only_steps"), steps),
            "zero_decode_step_share": ratio(delta("zero_decode_steps"), steps),
            "slot_utilization": ratio(delta("active_sequence_steps"), delta("held_slot_steps")),
            **cpu_window(first, last)}
-    for key in ("ttft", "e2e"):
-        p50, p99 = quantile(key, 0.5), quantile(key, 0.99)
-        out.update({f"{key}_p50_s": p50, f"{key}_p99_s": p99,
-                    f"p99_p50_{key}_ratio": p99 / p50 if p50 and p99 is not None else None})
+    for key in ("ttft", "e2e", "tpot"):
+        p50, p99 = quantiles[f"{key}_p50_s"], quantiles[f"{key}_p99_s"]
+        out[f"p99_p50_{key}_ratio"] = p99 / p50 if p50 and p99 is not None else None
     return out
 
 
@@ -203,6 +233,13 @@ def window_notes(summary: RunSummary, unevaluable: dict[str, list[str]],
     lines = [f"  window: {summary.scrape_samples} scrapes over "
              f"{summary.window_s or 0:.1f} s of {summary.metrics_source} metrics; "
              f"{seen}"]
+    peaks, medians = summary.waiting_by_reason_max, summary.waiting_by_reason_p50 or {}
+    if peaks:
+        shown = "; ".join(f"{reason} peak {v:g}, median {medians.get(reason, 0):g}"
+                          for reason, v in peaks.items())
+        lines.append(f"  waiting by reason: {shown} (capacity: waiting for a batch slot or "
+                     "KV blocks; deferred: held back by a passing constraint, such as a LoRA "
+                     "budget or a KV transfer)")
     if failures:
         lines.append(f"  {len(failures)} scrape(s) failed and were skipped; the first: "
                      f"{failures[0]}")

@@ -5,8 +5,15 @@ COUNTERS and HISTOGRAMS: increases between two scrapes); a key it has no series 
 as None. Values are summed over label sets; a counter may lack `_total` (TGI's router);
 of several names for one key the first present wins (so an old server still reads).
 
+Some series are split by a `reason` label that the doctor keeps apart (BY_REASON): the
+rejections (ours: request_rejected; vLLM: admission_rejections, its queue caps
+max_num_queued_reqs and max_num_queued_tokens) and vLLM's waiting queue by why it waits
+(capacity or deferred).
+
 Where the names come from: stepserve's server/metrics.py; vLLM's v1/metrics/loggers.py
-(gpu_cache_usage_perc before 0.9; iteration_tokens_total's _count counts steps); SGLang's
+(gpu_cache_usage_perc before 0.9; iteration_tokens_total's _count counts steps; the ITL
+was time_per_output_token_seconds until inter_token_latency_seconds replaced it, and
+request_time_per_output_token_seconds is each request's TPOT); SGLang's
 srt/metrics/collector.py (retractions are its preemption; counters count at a request's
 finish); TGI's router metrics (token counts are per-request histograms, batch_inference_*
 count forward passes; no TTFT, KV usage or preemptions).
@@ -25,10 +32,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from stepserve.core.end_reasons import COMPLETED_REASONS
 
 LEVELS = ("waiting", "running", "kv_usage")
-COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished", "steps",
-            "prefill_only_steps", "zero_decode_steps", "active_sequence_steps",
-            "held_slot_steps")
-HISTOGRAMS = ("ttft", "e2e", "tpot", "step_time")
+# requests_finished: stop or length; requests_ended: any finish reason; rejected: refused
+# at admission, never held by the engine (so counted apart from the ended)
+COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished",
+            "requests_ended", "rejected", "steps", "prefill_only_steps", "zero_decode_steps",
+            "active_sequence_steps", "held_slot_steps")
+HISTOGRAMS = ("ttft", "e2e", "tpot", "itl", "step_time")
+# the series also read split by their `reason` label: {key: its kind}
+BY_REASON = {"rejected": "counters", "waiting_by_reason": "levels"}
+REASON = "reason"
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,7 @@ class Source:
     config_info: str | None = None  # an info gauge whose labels are scheduler settings
 
     def __post_init__(self) -> None:
-        for kind, keys, known in (("levels", self.levels, LEVELS),
+        for kind, keys, known in (("levels", self.levels, (*LEVELS, "waiting_by_reason")),
                                   ("counters", self.counters, COUNTERS),
                                   ("histograms", self.histograms, HISTOGRAMS)):
             unknown = set(keys) - set(known)
@@ -57,28 +69,31 @@ _TOKENS = {"prompt_tokens": ("prompt_tokens",), "generation_tokens": ("generatio
 _TTFT_E2E = {"ttft": ("time_to_first_token_seconds",),
              "e2e": ("e2e_request_latency_seconds",)}
 
+_SUCCESS = {"requests_finished": ("request_success",), "requests_ended": ("request_success",)}
+
 STEPSERVE = Source(
     "stepserve", "stepserve:",
     levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
             "kv_usage": ("kv_cache_usage_perc",)},
-    counters={"preemptions": ("num_preemptions",), **_TOKENS,
-              "requests_finished": ("request_success",), "steps": ("steps",),
+    counters={"preemptions": ("num_preemptions",), **_TOKENS, **_SUCCESS,
+              "rejected": ("request_rejected",), "steps": ("steps",),
               **{key: (key,) for key in ("prefill_only_steps", "zero_decode_steps",
                                          "active_sequence_steps", "held_slot_steps")}},
     histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",),
+                "itl": ("inter_token_latency_seconds",),
                 "step_time": ("step_duration_seconds",)},
     config_info="scheduler_config_info")
 
 VLLM = Source(
     "vllm", "vllm:",
     levels={"waiting": ("num_requests_waiting",), "running": ("num_requests_running",),
-            "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc")},
-    counters={"preemptions": ("num_preemptions",), **_TOKENS,
-              "requests_finished": ("request_success",),
+            "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc"),
+            "waiting_by_reason": ("num_requests_waiting_by_reason",)},
+    counters={"preemptions": ("num_preemptions",), **_TOKENS, **_SUCCESS,
+              "rejected": ("admission_rejections",),
               "steps": ("iteration_tokens_total_count",)},
-    histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",
-                                      "time_per_output_token_seconds",
-                                      "inter_token_latency_seconds")})
+    histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",),
+                "itl": ("inter_token_latency_seconds", "time_per_output_token_seconds")})
 
 SGLANG = Source(
     "sglang", "sglang:",
@@ -176,6 +191,9 @@ class Histogram:
     def quantile(self, q: float) -> float | None:
         return bucket_quantile(q, self.buckets)
 
+    def quantile_in(self, q: float) -> BucketQuantile | None:
+        return bucket_quantile_in(q, self.buckets)
+
     @property
     def mean(self) -> float | None:
         if self.sum is None or not self.count:
@@ -187,11 +205,31 @@ def _sub(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+@dataclass(frozen=True)
+class BucketQuantile:
+    """A quantile read from buckets: `value` as histogram_quantile interpolates it, and
+    the bucket it lies in, (lower, upper]; all the buckets say is that the true quantile
+    is somewhere in there. The +Inf bucket's upper is math.inf (its value: `lower`)."""
+
+    value: float
+    lower: float
+    upper: float
+
+
 def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """The q-quantile of cumulative buckets as Prometheus' histogram_quantile computes it:
-    find the bucket holding rank q x total, interpolate linearly inside it (from 0 for
-    the first bucket), and answer the highest finite bound when the rank falls in +Inf.
-    None without a +Inf bucket, with under two buckets, or with no observations."""
+    """The q-quantile of cumulative buckets as Prometheus' histogram_quantile computes it
+    (bucket_quantile_in's value)."""
+    found = bucket_quantile_in(q, buckets)
+    return None if found is None else found.value
+
+
+def bucket_quantile_in(q: float, buckets: Sequence[tuple[float, float]]
+                       ) -> BucketQuantile | None:
+    """The q-quantile of cumulative buckets and the bucket holding it: find the bucket
+    holding rank q x total, interpolate linearly inside it (from 0 for the first
+    bucket), and answer the highest finite bound when the rank falls in +Inf, as
+    Prometheus' histogram_quantile does. None without a +Inf bucket, with under two
+    buckets, or with no observations."""
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile q = {q}: must be within 0..1")
     bs = sorted(buckets)
@@ -206,15 +244,16 @@ def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float |
     rank = q * total
     b = next(i for i, c in enumerate(counts) if c >= rank and c > 0)
     if b == len(bs) - 1:
-        return bs[-2][0]
+        return BucketQuantile(bs[-2][0], bs[-2][0], math.inf)
     upper = bs[b][0]
     if b == 0:
         if upper <= 0:
-            return upper
+            return BucketQuantile(upper, upper, upper)
         lower, below = 0.0, 0.0
     else:
         lower, below = bs[b - 1][0], counts[b - 1]
-    return lower + (upper - lower) * (rank - below) / (counts[b] - below)
+    return BucketQuantile(lower + (upper - lower) * (rank - below) / (counts[b] - below),
+                          lower, upper)
 
 
 @dataclass
@@ -258,6 +297,21 @@ class Snapshot:
                      for n in (name, name + "_total") if (v := self._sum(n, keep)) is not None),
                     None)
 
+    def by_reason(self, key: str) -> dict[str, float] | None:
+        """A BY_REASON series as {reason: value} (summed over its other labels; a counter
+        with or without `_total`); None where the source has no such series."""
+        kind = BY_REASON[key]
+        suffixes = ("", "_total") if kind == "counters" else ("",)
+        for name in (n + suffix for n in self._names(kind, key) for suffix in suffixes):
+            out: dict[str, float] = {}
+            for (n, ls), v in self.samples.items():
+                if n == name:
+                    reason = dict(ls).get(REASON, "")
+                    out[reason] = out.get(reason, 0.0) + v
+            if out:
+                return out
+        return None
+
     def histogram(self, key: str) -> Histogram | None:
         """A histogram (one of HISTOGRAMS), buckets summed over label sets."""
         for name in self._names("histograms", key):
@@ -300,6 +354,18 @@ def counter_delta(before: Snapshot, after: Snapshot, key: str) -> float | None:
     if a is None or b is None:
         return None
     return b - a if b >= a else b
+
+
+def counter_delta_by_reason(before: Snapshot, after: Snapshot, key: str
+                            ) -> dict[str, float] | None:
+    """A BY_REASON counter's increase per reason from `before` to `after` (a reason first
+    seen in `after` counts from 0; a fall is a restart, as in counter_delta); None where
+    either scrape lacks the series."""
+    a, b = before.by_reason(key), after.by_reason(key)
+    if a is None or b is None:
+        return None
+    return {reason: v - a.get(reason, 0.0) if v >= a.get(reason, 0.0) else v
+            for reason, v in b.items()}
 
 
 def histogram_delta(before: Snapshot, after: Snapshot, key: str) -> Histogram | None:

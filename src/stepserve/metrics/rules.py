@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from stepserve.core.end_reasons import RejectReason, end_reason
 from stepserve.core.output import StepRecord
 from stepserve.metrics.percentiles import ratio
+from stepserve.metrics.quantile_bounds import verdict_summary
 from stepserve.metrics.request_metrics import RequestLatencies
 from stepserve.metrics.run_summary import RunSummary, field_name
 from stepserve.metrics.step_metrics import Steps, merged_level, per_replica, step_end
@@ -120,9 +121,12 @@ Check = Callable[[RunSummary, RuleSettings], "Finding | None"]
 class Rule:
     """A check and the RunSummary fields it needs, in groups: `@rule((S.preemptions,),
     (S.p99_p50_e2e_ratio, S.p99_p50_ttft_ratio))` needs the preemptions and at least one
-    of the two ratios (a name that is no field fails at import). When every field of a
-    group is None (a live scrape or another tool's file may lack it) the rule cannot run:
-    it stays silent rather than guess, and `missing` says what it lacks."""
+    of the two ratios (a name that is no field fails at import). A field that is also a
+    setting (S.max_num_seqs) is there when the summary or the run's config gives it. When
+    every field of a group is None (a live scrape or another tool's file may lack it) the
+    rule cannot run: it stays silent rather than guess, and `missing` says what it lacks.
+    The fields it needs are the ones it compares: where a server's buckets were wide, it
+    reads those at their bounds (quantile_bounds.py)."""
 
     check: Check
     needs: tuple[tuple[str, ...], ...]  # RunSummary field names; one of each group
@@ -131,16 +135,30 @@ class Rule:
     def name(self) -> str:
         return self.check.__name__
 
-    def missing(self, summary: RunSummary) -> list[str]:
-        """The groups of inputs the summary has no value for, as "a or b"."""
+    @property
+    def compared(self) -> frozenset[str]:
+        return frozenset(name for group in self.needs for name in group)
+
+    def missing(self, summary: RunSummary, settings: RuleSettings | None = None
+                ) -> list[str]:
+        """The groups of inputs the summary (and the settings) have no value for, as
+        "a or b"."""
+        seen = verdict_summary(summary, self.compared)
+        settings = settings or RuleSettings.of(summary)
+
+        def known(name: str) -> bool:
+            return getattr(seen, name) is not None or (
+                name in SETTING_TYPES and getattr(settings, name) is not None)
+
         return [" or ".join(group) for group in self.needs
-                if all(getattr(summary, name) is None for name in group)]
+                if not any(known(name) for name in group)]
 
     def __call__(self, summary: RunSummary, settings: RuleSettings | None = None
                  ) -> Finding | None:
-        if self.missing(summary):
+        settings = settings or RuleSettings.of(summary)
+        if self.missing(summary, settings):
             return None
-        return self.check(summary, settings or RuleSettings.of(summary))
+        return self.check(verdict_summary(summary, self.compared), settings)
 
 
 def rule(*needs: tuple[Any, ...]) -> Callable[[Check], Rule]:
@@ -431,6 +449,17 @@ def _capacity_limit(s: RunSummary, cfg: RuleSettings, running: float) -> str | N
     return None  # neither slots nor KV ran out: the step budget held requests back
 
 
+def _waiting_reasons(s: RunSummary) -> str:
+    """", by reason: capacity peak 28, deferred peak 0" where the server splits its queue
+    (vLLM), else ""."""
+    held = s.waiting_by_reason_max
+    if not isinstance(held, Mapping) or not held:
+        return ""
+    peaks = _counts(held)  # a file may hold anything: numbers only
+    return "; by reason: " + ", ".join(f"{reason} peak {peaks.get(reason, 0):g}"
+                                       for reason in sorted(map(str, held)))
+
+
 @rule((S.waiting_nonzero_share,), (S.waiting_p50,), (S.running_max,))
 def running_below_offered(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     queued, running, median = s.waiting_nonzero_share, s.running_max, s.waiting_p50
@@ -446,8 +475,8 @@ def running_below_offered(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     return Finding(
         "running_below_offered", "warning",
         f"requests queued in {pct(queued)} of the samples (median {median:g}, "
-        f"peak {s.waiting_max}); {why}{offered_text}: running capacity is below the "
-        "offered concurrency",
+        f"peak {s.waiting_max}{_waiting_reasons(s)}); {why}{offered_text}: running "
+        "capacity is below the offered concurrency",
         "size replicas by peak concurrency over what one replica holds (`stepserve plan "
         "capacity --peak-concurrency N`), and cap max_waiting so the excess gets a 429 "
         "instead of a long queue")
@@ -647,6 +676,20 @@ _OUTCOME_LINES = (f" (alert at {OUTCOME_WARN_SHARE:.0%}, critical at "
 _CONTEXT_WORDS = ("max_model_len", "context length", "context_length")
 
 
+# vLLM's admission caps, its `reason` labels (both answer 503 at the API server)
+VLLM_QUEUE_CAPS = {
+    "max_num_queued_reqs": (
+        "by vLLM's cap on requests in flight, max_num_queued_reqs (waiting + running)",
+        "add replicas (`stepserve plan capacity --peak-concurrency N`), or raise "
+        "max_num_queued_reqs (about replicas x max_num_seqs plus the queue depth the SLO "
+        "allows)"),
+    "max_num_queued_tokens": (
+        "by vLLM's cap on prompt tokens awaiting prefill, max_num_queued_tokens",
+        "add prefill capacity (replicas), or raise max_num_queued_tokens if the TTFT "
+        "target allows the longer prefill backlog"),
+}
+
+
 def _counts(value: Mapping | None) -> dict[str, float]:
     """The numeric counts of a reason -> count mapping (a file may hold anything)."""
     if not isinstance(value, Mapping):
@@ -701,6 +744,8 @@ def _why_and_fix(reason: str, cfg: RuleSettings) -> tuple[str, str]:
                 "the latency SLO allows the longer queue")
     if reason == RejectReason.EMPTY_PROMPT.value:
         return "for an empty prompt", "fix the client that sends empty prompts"
+    if reason in VLLM_QUEUE_CAPS:
+        return VLLM_QUEUE_CAPS[reason]
     return (f"for reason {reason!r}",
             "read the server's request_rejected counter by reason for the cause")
 
@@ -854,9 +899,11 @@ def _limit_batch(s: RunSummary, cfg: RuleSettings, slo: str) -> str:
     return limit
 
 
-# goodput, or every input of the judgement without an SLO
+# goodput, or every input of the judgement without an SLO (max_num_seqs: whether the
+# batch was full, which a batch below its slot cap is not)
 @rule((S.goodput_requests_per_s, S.ttft_p99_s), (S.goodput_requests_per_s, S.mean_step_s),
-      (S.goodput_requests_per_s, S.slot_utilization), (S.goodput_requests_per_s, S.waiting_p50))
+      (S.goodput_requests_per_s, S.slot_utilization), (S.goodput_requests_per_s, S.waiting_p50),
+      (S.goodput_requests_per_s, S.max_num_seqs))
 def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | None:
     good, done = s.goodput_requests_per_s, s.throughput_requests_per_s
     if good is not None:
@@ -875,7 +922,7 @@ def throughput_over_experience(s: RunSummary, cfg: RuleSettings) -> Finding | No
     if ttft is None or not step or busy is None or busy < BUSY_SLOT_UTILIZATION:
         return None
     if not _batch_full(s, cfg):
-        return None  # a batch below its slot cap is not too large; unknown: cannot tell
+        return None  # a batch below its slot cap is not too large
     if s.waiting_p50 is None or _queued(s) is not None:
         return None  # a queue explains the wait (the queue rules); unknown: cannot tell
     if ttft <= TTFT_P99_ALERT_S or ttft < FAR_STEPS * step:
@@ -1005,10 +1052,13 @@ def diagnose(summary: RunSummary, settings: RuleSettings | None = None) -> list[
                       else f for f in found)]
 
 
-def unevaluable(summary: RunSummary) -> dict[str, list[str]]:
-    """{rule: the inputs it lacks ("a or b" per group)} for each rule the summary cannot
-    feed, in rule order."""
-    return {rule.name: missing for rule in RULES if (missing := rule.missing(summary))}
+def unevaluable(summary: RunSummary, settings: RuleSettings | None = None
+                ) -> dict[str, list[str]]:
+    """{rule: the inputs it lacks ("a or b" per group)} for each rule the summary (and the
+    settings) cannot feed, in rule order."""
+    settings = settings or RuleSettings.of(summary)
+    return {rule.name: missing for rule in RULES
+            if (missing := rule.missing(summary, settings))}
 
 
 def findings_for(runs: Iterable[DiagnosedRun]) -> list[Finding]:

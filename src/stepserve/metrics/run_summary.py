@@ -123,6 +123,13 @@ class RunSummary:
     server_requests_finished: float | None = None
     server_generation_tokens: float | None = None
     server_prompt_tokens: float | None = None
+    # vLLM's waiting queue by why a request waits ("capacity": for a slot; "deferred": held
+    # by a passing constraint such as a LoRA budget or a KV transfer), over the scrapes
+    waiting_by_reason_max: dict[str, float] | None = None
+    waiting_by_reason_p50: dict[str, float] | None = None
+    # the quantiles whose histogram bucket is wide: {field: {"lower", "upper"}} (upper
+    # None: the +Inf bucket); the rules read them at a bound (quantile_bounds.py)
+    quantile_bounds: dict[str, dict[str, float | None]] | None = None
     # ---- a bench run's client side (bench/results.py) ----
     requests_not_sent: float | None = None  # cut off by --duration-s or an interrupt
     errors: dict[str, int] | None = None  # outcome -> count, e.g. http_500
