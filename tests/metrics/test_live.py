@@ -152,6 +152,43 @@ def test_stepserve_window_summary_and_config():
     assert "(now prefill_first)" in found["chunk_cap_eats_budget"].action
 
 
+def test_our_rejections_feed_the_rejections_rule():
+    from stepserve.server.metrics import ServerMetrics
+
+    m = ServerMetrics("m")
+    before = m.render().decode()
+    m.success.labels("m", "0", "stop").inc(90)
+    for _ in range(10):
+        m.on_rejected("queue_full")
+    s = live_summary(window(before, m.render().decode()))
+    assert s.requests_total == 100 and s.requests_rejected == 10
+    assert s.rejected_by_reason == {"queue_full": 10.0}
+    f = next(f for f in diagnose(s, RuleSettings.of(s, {"max_waiting": 24}))
+             if f.rule == "rejections")
+    assert f.severity == "critical" and "by the queue cap max_waiting = 24 (10)" in f.evidence
+
+
+def test_a_text_with_our_series_and_vllms_is_read_as_ours():
+    # our server may export vLLM-named copies of its series beside its own: the doctor
+    # reads ours (the first source in SOURCES), not a sum of both
+    from pathlib import Path
+
+    from stepserve.config.settings import SchedulerConfig
+    from stepserve.server.metrics import ServerMetrics
+
+    m = ServerMetrics("m", SchedulerConfig(max_num_seqs=2))
+    m.waiting.set(3)
+    vllm = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32.0" /
+            "metrics_load_3.txt").read_text()  # 28 waiting
+    both = m.render().decode() + vllm
+    (snap,) = window(both)
+    assert snap.source().name == "stepserve" and snap.level("waiting") == 3
+    s = live_summary(window(both, both))
+    assert s.metrics_source == "stepserve" and s.waiting_max == 3
+    assert s.waiting_by_reason_max is None  # vLLM's split queue is not ours
+    assert live_config(snap)["max_num_seqs"] == 2
+
+
 # ---- what the rules need ----
 
 def test_every_rule_says_what_it_reads():

@@ -7,10 +7,13 @@ import pytest
 
 from stepserve.metrics.prometheus import (
     SOURCES,
+    BucketQuantile,
     Histogram,
     Snapshot,
     bucket_quantile,
+    bucket_quantile_in,
     counter_delta,
+    counter_delta_by_reason,
     detect_source,
     histogram_delta,
     parse_prometheus,
@@ -94,6 +97,16 @@ def test_quantile_rejects_q_outside_0_1():
         bucket_quantile(1.5, BUCKETS)
 
 
+def test_a_quantile_knows_the_bucket_it_lies_in():
+    # rank 5 of 10 in (0.1, 0.5] (2 below, 4 in it); rank 1 in the first bucket, from 0
+    assert bucket_quantile_in(0.5, BUCKETS) == BucketQuantile(0.1 + 0.4 * 3 / 4, 0.1, 0.5)
+    assert bucket_quantile_in(0.1, BUCKETS) == BucketQuantile(0.05, 0.0, 0.1)
+    # past the last finite bound: Prometheus answers that bound; the bucket is unbounded
+    over = [(0.1, 1.0), (0.5, 2.0), (INF, 10.0)]
+    assert bucket_quantile_in(0.99, over) == BucketQuantile(0.5, 0.5, INF)
+    assert bucket_quantile_in(0.5, [(0.1, 0.0), (INF, 0.0)]) is None
+
+
 def test_histogram_delta_is_what_the_window_observed():
     before = Histogram(((0.1, 1.0), (1.0, 2.0), (INF, 2.0)), 0.6, 2.0)
     after = Histogram(((0.1, 1.0), (1.0, 6.0), (INF, 7.0)), 9.6, 7.0)
@@ -165,6 +178,52 @@ def test_histogram_sums_label_sets_and_drops_a_restart():
     d = histogram_delta(a, b, "step_time")
     assert d.buckets == ((0.1, 8.0), (INF, 8.0)) and d.count == 6.0
     assert histogram_delta(b, a, "step_time") is None  # fell: a restart, nothing to read
+
+
+def test_vllm_itl_and_tpot_are_read_apart():
+    # each token's gap (ITL) and each request's mean (TPOT): never one for the other
+    itl = ('vllm:inter_token_latency_seconds_bucket{le="0.1"} 9\n'
+           'vllm:inter_token_latency_seconds_bucket{le="+Inf"} 10\n')
+    tpot = ('vllm:request_time_per_output_token_seconds_bucket{le="0.1"} 2\n'
+            'vllm:request_time_per_output_token_seconds_bucket{le="+Inf"} 2\n')
+    s = snap(itl + tpot)
+    assert s.histogram("itl").buckets == ((0.1, 9.0), (INF, 10.0))
+    assert s.histogram("tpot").buckets == ((0.1, 2.0), (INF, 2.0))
+    assert snap(itl).histogram("tpot") is None
+    # before inter_token_latency_seconds, vLLM's per-token histogram had the TPOT name
+    old = snap(itl.replace("inter_token_latency", "time_per_output_token"))
+    assert old.histogram("itl").buckets == ((0.1, 9.0), (INF, 10.0))
+    assert old.histogram("tpot") is None
+
+
+def test_series_by_reason_and_their_increase():
+    text = ('vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_reqs"}} {a}\n'
+            'vllm:admission_rejections_total{{model_name="m",reason="max_num_queued_tokens"}} '
+            '{b}\n'
+            'vllm:num_requests_waiting_by_reason{{engine="0",reason="capacity"}} 3\n'
+            'vllm:num_requests_waiting_by_reason{{engine="1",reason="capacity"}} 2\n'
+            'vllm:num_requests_waiting_by_reason{{engine="0",reason="deferred"}} 1\n')
+    a, b = snap(text.format(a=2, b=0)), snap(text.format(a=7, b=1))
+    assert b.by_reason("waiting_by_reason") == {"capacity": 5.0, "deferred": 1.0}
+    assert b.by_reason("rejected") == {"max_num_queued_reqs": 7.0, "max_num_queued_tokens": 1.0}
+    assert b.counter("rejected") == 8.0
+    assert counter_delta_by_reason(a, b, "rejected") == {"max_num_queued_reqs": 5.0,
+                                                         "max_num_queued_tokens": 1.0}
+    # a fall is a restart (the later value is the increase), a new reason counts from 0
+    restarted = snap('vllm:admission_rejections_total{reason="max_num_queued_reqs"} 1\n'
+                     'vllm:admission_rejections_total{reason="other"} 4\n')
+    assert counter_delta_by_reason(b, restarted, "rejected") == {"max_num_queued_reqs": 1.0,
+                                                                 "other": 4.0}
+    assert counter_delta_by_reason(a, snap("vllm:num_requests_waiting 0"), "rejected") is None
+    # ours are request_rejected{reason}; SGLang has neither series
+    ours = snap('stepserve:request_rejected_total{reason="queue_full"} 3\n')
+    assert ours.by_reason("rejected") == {"queue_full": 3.0}
+    assert ours.by_reason("waiting_by_reason") is None
+    # our reasons' children appear at their first count: none yet is none refused
+    quiet = snap("stepserve:num_requests_waiting 0\n")
+    assert quiet.by_reason("rejected") == {} and quiet.counter("rejected") == 0.0
+    assert snap("vllm:num_requests_waiting 0").counter("rejected") is None
+    assert snap("sglang:num_queue_reqs 1").by_reason("rejected") is None
 
 
 def test_info_labels_of_our_config_gauge():

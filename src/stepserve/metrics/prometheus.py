@@ -54,6 +54,9 @@ class Source:
     counters: Mapping[str, tuple[str, ...]]
     histograms: Mapping[str, tuple[str, ...]]
     config_info: str | None = None  # an info gauge whose labels are scheduler settings
+    # counters whose labelled children appear at their first count (ours: a reject
+    # reason), so a scrape with none of them has counted none
+    absent_is_zero: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for kind, keys, known in (("levels", self.levels, (*LEVELS, "waiting_by_reason")),
@@ -82,7 +85,7 @@ STEPSERVE = Source(
     histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",),
                 "itl": ("inter_token_latency_seconds",),
                 "step_time": ("step_duration_seconds",)},
-    config_info="scheduler_config_info")
+    config_info="scheduler_config_info", absent_is_zero=("rejected",))
 
 VLLM = Source(
     "vllm", "vllm:",
@@ -295,7 +298,11 @@ class Snapshot:
         keep = _completed if key == "requests_finished" else None
         return next((v for name in self._names("counters", key)
                      for n in (name, name + "_total") if (v := self._sum(n, keep)) is not None),
-                    None)
+                    0.0 if self._absent_is_zero(key) else None)
+
+    def _absent_is_zero(self, key: str) -> bool:
+        src = self.source()
+        return src is not None and key in src.absent_is_zero
 
     def by_reason(self, key: str) -> dict[str, float] | None:
         """A BY_REASON series as {reason: value} (summed over its other labels; a counter
@@ -310,7 +317,7 @@ class Snapshot:
                     out[reason] = out.get(reason, 0.0) + v
             if out:
                 return out
-        return None
+        return {} if self._absent_is_zero(key) else None
 
     def histogram(self, key: str) -> Histogram | None:
         """A histogram (one of HISTOGRAMS), buckets summed over label sets."""
