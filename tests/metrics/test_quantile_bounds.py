@@ -15,8 +15,8 @@ from stepserve.metrics.quantile_bounds import (
     read_bounds,
     verdict_summary,
 )
-from stepserve.metrics.run_summary import RunSummary
 from stepserve.metrics.rules import unevaluable
+from stepserve.metrics.run_summary import RunSummary
 
 
 @pytest.mark.parametrize("lower, upper, wide", [
