@@ -191,9 +191,13 @@ def ours_text() -> str:
     return ServerMetrics("m").render().decode()
 
 
+# a real vLLM 0.32.0 scrape under load: rejections and the queue by reason, ITL and TPOT
+VLLM_LOADED = Path(__file__).parent / "fixtures" / "vllm-0.32.0" / "metrics_load_6.txt"
+
+
 def scrape_corpus(rng: random.Random, n: int) -> list[tuple[str, str]]:
     """(first scrape, second scrape) pairs: the second a mutated copy of the first."""
-    bases = [rising_vllm_texts()[0], ours_text()]
+    bases = [rising_vllm_texts()[0], ours_text(), VLLM_LOADED.read_text()]
     out = [(bases[0], ""), (bases[0], "\x00\xff garbage"), (bases[1], "\n" * 2_000_000),
            (bases[0], "x" * 5_000_000), (bases[0], "# TYPE a histogram\na_bucket{le=} 1")]
     while len(out) < n:
