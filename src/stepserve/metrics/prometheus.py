@@ -59,7 +59,8 @@ class Source:
     absent_is_zero: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for kind, keys, known in (("levels", self.levels, (*LEVELS, "waiting_by_reason")),
+        split_levels = tuple(k for k, kind in BY_REASON.items() if kind == "levels")
+        for kind, keys, known in (("levels", self.levels, (*LEVELS, *split_levels)),
                                   ("counters", self.counters, COUNTERS),
                                   ("histograms", self.histograms, HISTOGRAMS)):
             unknown = set(keys) - set(known)
