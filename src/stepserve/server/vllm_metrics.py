@@ -246,7 +246,7 @@ class VllmMetrics:
     # ---- fed by the engine thread ----
     def on_first_token(self, req: Request) -> None:
         cached = req.num_cached_tokens
-        self.computed.inc(req.num_prompt_tokens - cached)  # the cache leaves the last one
+        self.computed.inc(req.num_prompt_tokens - cached)  # >= 1: never the last token
         if cached:
             self.cache_hit.inc(cached)
 
