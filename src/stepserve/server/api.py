@@ -71,6 +71,7 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                api_keys: Sequence[str] = (),
                metrics_require_api_key: bool = False,
+               vllm_metric_names: bool = True,
                enable_prompt_tokens_details: bool = False,
                fingerprint_mode: str = "full",
                fingerprint_value: str | None = None) -> FastAPI:
@@ -78,7 +79,8 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
     app starts). `model_name`: what clients pass as `model`, or several names (the
     first is the one answers and metrics carry; default: the model directory's name).
     `api_keys`: when given, the non-public routes need one (auth.py);
-    `metrics_require_api_key`: /metrics too (it needs `api_keys`);
+    `metrics_require_api_key`: /metrics too (it needs `api_keys`); `vllm_metric_names`:
+    /metrics carries vLLM's names too (server/vllm_metrics.py);
     `enable_prompt_tokens_details`: usage carries prompt_tokens_details (vLLM's flag);
     `fingerprint_mode`/`fingerprint_value`: the answers' system_fingerprint (vLLM's
     --fingerprint-mode, fingerprint.py).
@@ -98,7 +100,8 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
         llm_engine = engine() if callable(engine) and not hasattr(engine, "step") else engine
         names = (model_name,) if isinstance(model_name, str) else tuple(model_name or ())
         name = names[0] if names else llm_engine.runner.model_path.name
-        app.state.metrics = metrics = ServerMetrics(name, llm_engine.config.scheduler)
+        app.state.metrics = metrics = ServerMetrics(name, llm_engine.config.scheduler,
+                                                    vllm_names=vllm_metric_names)
         app.state.async_engine = async_engine = AsyncEngine(llm_engine, metrics, on_fatal)
         async_engine.start()
         max_len = llm_engine.config.scheduler.max_model_len
