@@ -22,7 +22,8 @@ from server_harness import Served, serve  # noqa: E402
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    with serve() as s:
+    # usage's cached_tokens (the bench's hit rate) needs the flag, as on vLLM
+    with serve(enable_prompt_tokens_details=True) as s:
         yield s
 
 

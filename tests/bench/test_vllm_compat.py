@@ -35,7 +35,9 @@ def _specs(*argv: str):
 def test_vllm_defaults():
     options = _options()  # no target, no workload, no rate: as `vllm bench serve`
     assert options.target == "http://127.0.0.1:8000" and options.shape.endpoint == \
-        "/v1/completions" and options.shape.sampling == {"temperature": 0.0}
+        "/v1/completions" and options.shape.sampling == {}  # vLLM 0.32: the server's
+    # workload files and scenarios stay greedy unless told otherwise
+    assert _options("--scenario", "quickstart").shape.sampling == {"temperature": 0.0}
     assert not options.token_id_prompts and options.save.percentile_metrics == \
         ("ttft", "tpot", "itl") and options.save.metric_percentiles == (99.0,)
     workload, specs = _specs()
@@ -96,7 +98,9 @@ def test_bodies_and_headers_as_vllm_sends_them(tmp_path, monkeypatch, capsys):
         path, headers, body = fake.settings["seen"][-1]
         assert path == "/v1/chat/completions" and headers["authorization"] == "Bearer k1"
         assert body["messages"][0]["role"] == "user" and "prompt" not in body
-        assert body["max_completion_tokens"] == 3 and body["temperature"] == 0.0
+        assert body["max_completion_tokens"] == 3 and "temperature" not in body
+        note = capsys.readouterr().err  # what vLLM's defaults leave to the server, said
+        assert "no temperature is sent" in note and "--temperature 0 --ignore-eos" in note
         assert main(["bench", "--target", fake.url, *SMALL, "--num-prompts", "2",
                      "--token-id-prompts", "--header", "Authorization=Bearer k1"]) == 0
         assert all(isinstance(t, int) for t in fake.settings["seen"][-1][2]["prompt"])

@@ -1,13 +1,13 @@
 """Prefix caching as a client and an operator see it, through a real server and the
 official openai client: `usage.prompt_tokens_details.cached_tokens` (plain, streamed, chat,
-n > 1), the `cache_salt` field, the prefix cache counters that move by exactly what usage
+n > 1; with --enable-prompt-tokens-details, as vLLM: null without it), the `cache_salt` field, the prefix cache counters that move by exactly what usage
 reports, `cache_config_info` labelled with the flags, and bad salts refused by name."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
-from server_harness import MODEL, serve_process
+from server_harness import MODEL, serve, serve_process
 
 from stepserve.core.request import SamplingParams
 from stepserve.core.request_limits import CACHE_SALT_MAX_CHARS
@@ -24,6 +24,21 @@ def prefix(tag: int) -> list[int]:
 
 def tail(k: int) -> list[int]:
     return [280 + k, 11, 12, 13, 14]
+
+
+@pytest.fixture(scope="module")
+def served():
+    with serve(enable_prompt_tokens_details=True) as s:
+        yield s
+
+
+def test_without_the_flag_usage_has_no_details_as_vllms():
+    with serve() as plain:
+        resp = plain.client().completions.create(model=MODEL, prompt=prefix(7), max_tokens=2)
+        assert resp.usage.prompt_tokens_details is None
+        body = {"model": MODEL, "prompt": prefix(7), "max_tokens": 2}
+        usage = httpx.post(plain.url + "/v1/completions", json=body, timeout=60).json()["usage"]
+        assert usage["prompt_tokens_details"] is None and usage["completion_tokens_details"] is None
 
 
 def complete(served, ids: list[int], **extra):
@@ -83,7 +98,9 @@ def test_chat_with_a_shared_system_prompt(served):
 def test_every_usage_has_the_details_even_when_nothing_was_cached(served):
     body = {"model": MODEL, "prompt": prefix(3) + tail(0), "max_tokens": 2}
     usage = httpx.post(served.url + "/v1/completions", json=body, timeout=60).json()["usage"]
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    # vLLM's three fields, its two others null here
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": None,
+                                              "multimodal_tokens": None}
 
 
 def test_cache_salt_separates_namespaces(served):
@@ -138,7 +155,7 @@ def test_a_bad_cache_salt_is_a_400_naming_the_field(served, salt, why, endpoint)
 
 def test_flags_switch_caching_off_and_label_the_info_series():
     with serve_process("--no-enable-prefix-caching", "--block-size", "8",
-                       "--num-cpu-blocks", "16") as server:
+                       "--num-cpu-blocks", "16", "--enable-prompt-tokens-details") as server:
         client = httpx.Client(base_url=server.url, timeout=60)
         body = {"model": MODEL, "prompt": prefix(6) + tail(0), "max_tokens": 2}
         for k in range(2):

@@ -75,13 +75,15 @@ def _events(served, path: str, body: dict) -> list[dict]:
     return [json.loads(line) for line in lines[:-1]]
 
 
-def _check_stream(events: list[dict], n: int, finish: str, want) -> None:
+def _check_stream(events: list[dict], n: int, finish: str, want, on_every: bool) -> None:
+    """`on_every`: the field is on every chunk (completions: null until the last), else
+    only on each choice's finishing chunk (chat), as vLLM 0.32 sends them."""
     last = {}
     for event in events:
         for choice in event["choices"]:
-            assert "stop_reason" in choice  # present on every chunk, as vLLM sends it
             if choice["finish_reason"] is None:
-                assert choice["stop_reason"] is None
+                assert ("stop_reason" in choice) == on_every
+                assert choice.get("stop_reason") is None
             else:
                 assert choice["index"] not in last, "one finishing chunk per choice"
                 last[choice["index"]] = (choice["finish_reason"], choice["stop_reason"])
@@ -95,9 +97,10 @@ def test_a_streamed_choice_carries_its_stop_reason_on_its_finishing_chunk(
     extra, chat_extra, (want, want_chat), finish = _ends(plain, plain_chat)[end]
     body = {"model": MODEL, "n": 2, "stream": True, **GREEDY}
     _check_stream(_events(served, "/completions", {**body, "prompt": PROMPT, **extra}),
-                  2, finish, want)
+                  2, finish, want, on_every=True)
     _check_stream(_events(served, "/chat/completions",
-                          {**body, "messages": CHAT, **chat_extra}), 2, finish, want_chat)
+                          {**body, "messages": CHAT, **chat_extra}), 2, finish, want_chat,
+                  on_every=False)
 
 
 def test_eos_has_no_stop_reason(served, plain, monkeypatch):
@@ -111,6 +114,7 @@ def test_eos_has_no_stop_reason(served, plain, monkeypatch):
     (choice,) = done.choices
     assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] is None
     assert done.usage.completion_tokens == plain.token_ids.index(eos) + 1
-    _check_stream(_events(served, "/completions", {**body, "stream": True}), 1, "stop", None)
+    _check_stream(_events(served, "/completions", {**body, "stream": True}), 1, "stop", None,
+                  on_every=True)
     plain_eos = served.client().completions.create(**body)
     assert plain_eos.choices[0].model_extra["stop_reason"] is None

@@ -94,12 +94,26 @@ def request_headers(api_key: str | None, extra: Mapping[str, str]) -> dict[str, 
     return headers
 
 
-def sampling_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling flags that were given, as body fields; temperature 0.0 (greedy)
-    unless given, as vLLM's bench does."""
+def sampling_fields(values: Mapping[str, Any], greedy: bool = True) -> dict[str, Any]:
+    """The sampling flags that were given, as body fields. `greedy`: temperature 0.0
+    unless given (our workload files and scenarios); else none is sent and the server's
+    default applies, as vLLM 0.32's bench does with its dataset flags."""
     out = {k: values[k] for k in SAMPLING_FIELDS if values.get(k) is not None}
-    out.setdefault("temperature", 0.0)
+    if greedy:
+        out.setdefault("temperature", 0.0)
     return out
+
+
+def vllm_defaults_note(sampling: Mapping[str, Any], dataset: str | None,
+                       ignore_eos: bool) -> str | None:
+    """What a load built from vLLM's dataset flags leaves to the server, in one line
+    (None when nothing is left)."""
+    if dataset is None or "temperature" in sampling:
+        return None
+    eos = "EOS ignored (random lengths)" if ignore_eos else "EOS honoured"
+    return (f"note: as vLLM 0.32's bench, no temperature is sent (the server's default "
+            f"applies) and {eos}; add --temperature 0 --ignore-eos for the greedy, "
+            f"full-length load older benches sent")
 
 
 @dataclass

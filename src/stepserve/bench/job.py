@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from stepserve.bench.client import RequestRecord, RequestShape
+from stepserve.bench.client import RequestRecord, RequestShape, vllm_defaults_note
 from stepserve.bench.loadgen import HttpRun, LoadPlan, bench_http, make_records
 from stepserve.bench.prompt_maker import PromptMaker, load_tokenizer
 from stepserve.bench.results import (
@@ -147,6 +147,9 @@ def run_bench(options: BenchOptions) -> int:
         arrivals += f", at most {plan.concurrency} in flight"
     how = workload.describe().replace(workload.arrival.describe(), arrivals, 1)
     print(f"{how}\n{len(specs)} requests ({w.warmup} warm-up)", file=sys.stderr)
+    if options.target and (note := vllm_defaults_note(options.shape.sampling, w.dataset(),
+                                                      ignore_eos)):
+        print(note, file=sys.stderr)
     try:
         return _run(options, plan, slo, workload, load)
     except (BenchError, ConfigError, WorkloadError, ValueError, OSError) as e:

@@ -139,7 +139,9 @@ def add_bench_parser(subparsers) -> None:
                        ("min-p", float), ("frequency-penalty", float),
                        ("presence-penalty", float), ("repetition-penalty", float)):
         g.add_argument(f"--{name}", type=kind,
-                       help="default 0.0 (greedy)" if name == "temperature" else
+                       help="default 0.0 (greedy) with --workload or --scenario; with "
+                            "vLLM's dataset flags none, as vLLM 0.32's bench (the "
+                            "server's own)" if name == "temperature" else
                        "sent when given (default: none: the server's own)")
     g.add_argument("--logprobs", type=int, metavar="N", help="logprobs per token (completions)")
     g.add_argument("--extra-body", metavar="JSON", help="more body fields, as a JSON object")
@@ -195,7 +197,8 @@ def request_shape(args: argparse.Namespace) -> RequestShape:
     if args.logprobs is not None:
         extra = {"logprobs": args.logprobs, **extra}
     return RequestShape(
-        endpoint=pick_endpoint(args.backend, args.endpoint), sampling=sampling_fields(vars(args)),
+        endpoint=pick_endpoint(args.backend, args.endpoint),
+        sampling=sampling_fields(vars(args), greedy=bool(args.scenario or args.workload)),
         extra_body=extra,
         headers=request_headers(key, key_values("--header", args.header)),
         served_model_name=args.served_model_name)

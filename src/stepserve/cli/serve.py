@@ -68,6 +68,11 @@ def add_serve_parser(subparsers) -> None:
                    help="/metrics needs the API key too (it shows queue depths, KV usage "
                         "and the prefix cache's hit totals); needs --api-key or "
                         "VLLM_API_KEY")
+    p.add_argument("--no-vllm-metric-names", action="store_true",
+                   help="/metrics without the copies of its series under vLLM's own names "
+                        "(vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ...: what "
+                        "vLLM's dashboards and the Gateway API endpoint picker read); "
+                        "the stepserve: series stay")
     p.add_argument("--uvicorn-log-level", default=None,
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="the HTTP server's log level (default: --log-level)")
@@ -112,7 +117,8 @@ def serve_command(args: argparse.Namespace) -> int:
     return run_serve(options_from(
         ServeOptions, args, model=args.model_tag or args.model,
         retry_after_s=args.retry_after, shutdown_timeout_s=args.shutdown_timeout,
-        config=config_overrides(args), api_keys=api_keys_of(args), limits=limits))
+        config=config_overrides(args), api_keys=api_keys_of(args), limits=limits,
+        vllm_metric_names=not args.no_vllm_metric_names))
 
 
 # ---- the job (server/ is the place for it; it lives here until that package is free) ----
@@ -137,6 +143,7 @@ class ServeOptions:
     ray_address: str | None = None  # the Ray cluster to run them on (cluster/)
     api_keys: tuple[str, ...] = ()  # Bearer tokens every non-public route requires
     metrics_require_api_key: bool = False  # /metrics needs one of them too
+    vllm_metric_names: bool = True  # /metrics carries vLLM's names too (vllm:)
     limits: ConnectionLimits = ConnectionLimits()  # what one connection may hold
 
     def __post_init__(self) -> None:
@@ -181,7 +188,8 @@ def run_serve(options: ServeOptions) -> int:
     app = create_app(engine, model_name=names, retry_after_s=o.retry_after_s,
                      shutdown_timeout_s=o.shutdown_timeout_s,
                      max_request_bytes=o.max_request_bytes, api_keys=o.api_keys,
-                     metrics_require_api_key=o.metrics_require_api_key)
+                     metrics_require_api_key=o.metrics_require_api_key,
+                     vllm_metric_names=o.vllm_metric_names)
     print(f"stepserve: serving {name!r} on http://{o.host}:{o.port}/v1 "
           f"({engine.runner.describe()})", file=sys.stderr)
     server = make_server(app, o.host, o.port, log_level=o.uvicorn_log_level or o.log_level,

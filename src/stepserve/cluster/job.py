@@ -51,6 +51,7 @@ class ClusterServeOptions:
     cpus_per_replica: float = 1.0
     api_keys: tuple[str, ...] = ()  # Bearer tokens the ingress requires (server/auth.py)
     metrics_require_api_key: bool = False  # /metrics needs one of them too
+    vllm_metric_names: bool = True  # each replica's /metrics carries vLLM's names too
 
 
 def plan_deployment(o: ClusterServeOptions) -> tuple[EngineConfig, Deployment]:
@@ -95,7 +96,8 @@ def run_cluster_serve(options: ClusterServeOptions) -> int:
     node_ip = start_ray(o.ray_address, o.num_cpus)
     try:
         settings = ReplicaSettings(str(model_dir), name, o.dtype, o.device, o.cpus_per_replica,
-                                   shutdown_timeout_s=o.shutdown_timeout_s)
+                                   shutdown_timeout_s=o.shutdown_timeout_s,
+                                   vllm_metric_names=o.vllm_metric_names)
         ingress = build_ingress(deployment, base, o.pools_file, settings, o.retry_after_s,
                                 o.shutdown_timeout_s, o.max_request_bytes, o.api_keys,
                                 o.metrics_require_api_key, tuple(names[1:]))

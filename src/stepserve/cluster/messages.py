@@ -23,6 +23,7 @@ class ReplicaSettings:
     health_check_period_s: float = 2.0
     shutdown_timeout_s: float = 30.0
     seed: int = 0
+    vllm_metric_names: bool = True  # /metrics carries vLLM's names too (vllm:)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,8 @@ class EngineReplica:
         self.llm_engine = LLMEngine(settings.model_dir, apply_nested(EngineConfig(), config),
                                     dtype=settings.dtype, device=settings.device)
         self.metrics = ServerMetrics(settings.model_name, self.llm_engine.config.scheduler,
-                                     engine=str(self.engine_index))
+                                     engine=str(self.engine_index),
+                                     vllm_names=settings.vllm_metric_names)
         self.admitted = 0
         self._engine = None  # AsyncEngine, started on this replica's event loop
 

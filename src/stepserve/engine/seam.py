@@ -141,18 +141,31 @@ class RequestStream:
     async def __anext__(self) -> StreamOutput:
         if self.finished:
             raise StopAsyncIteration
-        await self._wait()
+        await self.wait_ready()
         return self._take(next(iter(self._pending)))
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """The engine requests this stream answers (one; a list prompt's have several)."""
+        return (self.request_id,)
 
     async def take_ready(self) -> list[StreamOutput]:
         """Every output waiting (at least one; none once finished): a handler that
         renders them together wakes once for all n sequences' news."""
         if self.finished:
             return []
-        await self._wait()
+        await self.wait_ready()
+        return self.take_now()
+
+    @property
+    def has_ready(self) -> bool:
+        return bool(self._pending)
+
+    def take_now(self) -> list[StreamOutput]:
+        """Every output waiting, without waiting (maybe none)."""
         return [self._take(index) for index in list(self._pending)]
 
-    async def _wait(self) -> None:
+    async def wait_ready(self) -> None:
         while not self._pending:
             await self._ready.wait()
             self._ready.clear()

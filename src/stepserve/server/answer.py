@@ -44,6 +44,7 @@ from stepserve.server.protocol import (
     ChatCompletionResponse,
     ChatResponseMessage,
     CompletionChoice,
+    CompletionChunk,
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
@@ -83,6 +84,64 @@ def ended_error(out: StreamOutput) -> APIError | None:
     return None if end.completed else APIError.of(end, out.message)
 
 
+def abort(ctx: ServingContext, stream: RequestStream,
+          message: str = "aborted by the client") -> None:
+    """End every engine request the stream answers (a list prompt's all)."""
+    for request_id in stream.request_ids:
+        ctx.engine.abort(request_id, message)
+
+
+class PromptStreams(RequestStream):
+    """The streams of a list prompt's requests (one per prompt, `seqs` sequences each)
+    as one: choice `index` is prompt * seqs + sequence, as vLLM numbers them, and it is
+    finished once every prompt's is."""
+
+    def __init__(self, streams: list[RequestStream], seqs: int) -> None:
+        super().__init__(streams[0].request_id, streams[0].num_prompt_tokens,
+                         seqs * len(streams))
+        self.streams, self.seqs = streams, seqs
+        self._taken: list[StreamOutput] = []  # for __anext__: taken, not handed out yet
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        return tuple(s.request_id for s in self.streams)
+
+    @property
+    def has_ready(self) -> bool:
+        return bool(self._taken) or any(s.has_ready for s in self.streams)
+
+    def take_now(self) -> list[StreamOutput]:
+        outs, self._taken = self._taken, []
+        for k, s in enumerate(self.streams):
+            for out in s.take_now():
+                out.index += k * self.seqs
+                outs.append(out)
+        self.finished = all(s.finished for s in self.streams)
+        return outs
+
+    async def wait_ready(self) -> None:
+        if self.has_ready:
+            return
+        waits = [asyncio.ensure_future(s.wait_ready()) for s in self.streams
+                 if not s.finished]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def __anext__(self) -> StreamOutput:
+        if not self._taken:
+            if self.finished:
+                raise StopAsyncIteration
+            await self.wait_ready()
+            self._taken = self.take_now()
+            self.finished = False  # until the last taken one is handed out
+        out = self._taken.pop(0)
+        self.finished = not self._taken and all(s.finished for s in self.streams)
+        return out
+
+
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -102,7 +161,7 @@ async def next_output(ctx: ServingContext, request: Request,
         gone.cancel()
         if not get.done():
             get.cancel()
-            ctx.engine.abort(stream.request_id)
+            abort(ctx, stream)
     return get.result() if get.done() and not get.cancelled() else None
 
 
@@ -122,19 +181,25 @@ class Answer:
     template made once from the chunk model, so a token costs one json.dumps."""
 
     PREFIX: ClassVar[str]  # of the response id
-    CHUNK: ClassVar[type[CompletionResponse | ChatCompletionChunk]]  # a streamed chunk
+    CHUNK: ClassVar[type[CompletionChunk | ChatCompletionChunk]]  # a streamed chunk
     SENTINEL = "\x00stepserve-text\x00"
 
     def __init__(self, ctx: ServingContext, body: CompletionRequest | ChatCompletionRequest,
                  logprobs: int | None, prompt_logprobs: int | None,
-                 echo: Echo | None = None) -> None:
-        """`logprobs`, `prompt_logprobs`: the top alternatives shown (None: no block)."""
-        self.ctx, self.body, self.rid, self.echo = ctx, body, "", echo
+                 echoes: list[Echo] | None = None, num_prompts: int = 1,
+                 seqs: int = 1) -> None:
+        """`logprobs`, `prompt_logprobs`: the top alternatives shown (None: no block);
+        `echoes`: each prompt's (echo); `num_prompts` prompts (a list prompt) of `seqs`
+        sequences each (n, or best_of when it runs more)."""
+        self.ctx, self.body, self.rid, self.echoes = ctx, body, "", echoes or []
+        self.num_prompts, self.seqs = num_prompts, seqs
+        self.show_prompt_logprobs = prompt_logprobs is not None
         self.renderer = None if logprobs is None and prompt_logprobs is None \
             else LogprobRenderer(ctx.tokenizer, logprobs or 0)
         self.raw = RawBlocks()  # the rendered logprob blocks of the body or event being made
         self.created = int(time.time())
-        self.big = self.renderer is not None or echo is not None or body.n > 1 \
+        self.big = self.renderer is not None or bool(self.echoes) or body.n > 1 \
+            or num_prompts > 1 \
             or getattr(body, "best_of", None) is not None
         opts = body.stream_options
         self.include_usage = bool(opts and opts.include_usage)
@@ -163,32 +228,45 @@ class Answer:
             # A fault (or cancellation) in this handler: the request must not run on
             # unread. The error itself becomes a 500 in OpenAI's shape (api.py's handler).
             if not stream.finished:
-                self.ctx.engine.abort(stream.request_id, "the request's handler failed")
+                abort(self.ctx, stream, "the request's handler failed")
             raise
+
+    def echo_of(self, index: int) -> Echo | None:
+        """The echo of choice `index`'s prompt (None: no echo)."""
+        return self.echoes[index // self.seqs] if self.echoes else None
 
     def usage_of(self, outs: list[StreamOutput]) -> UsageInfo:
         """The usage of the sequences whose last outputs are `outs` (best_of: every
-        sequence run counts). The cached prompt tokens (the prompt counted once) are the
-        fewest any sequence got: a sibling admitted a step after another hits the blocks
-        that one has just computed for this very request, which no earlier one cached."""
+        sequence run counts), each prompt counted once. Its cached tokens are the fewest
+        any of its sequences got: a sibling admitted a step after another hits the
+        blocks that one has just computed for this very request, which no earlier one
+        cached."""
         made = sum(o.num_output_tokens for o in outs)
-        if self.echo is not None and self.echo.only_prompt:
+        if self.echoes and self.echoes[0].only_prompt:
             made = 0
-        return UsageInfo.of(outs[0].num_prompt_tokens, made,
-                            min((o.num_cached_tokens for o in outs), default=0))
+        by_prompt: dict[int, list[StreamOutput]] = {}
+        for o in outs:
+            by_prompt.setdefault(o.index // self.seqs, []).append(o)
+        return self.usage_info(
+            sum(group[0].num_prompt_tokens for group in by_prompt.values()), made,
+            sum(min(o.num_cached_tokens for o in group) for group in by_prompt.values()))
+
+    def usage_info(self, prompt_tokens: int, made: int, cached_tokens: int) -> UsageInfo:
+        return UsageInfo.of(prompt_tokens, made, cached_tokens,
+                            self.ctx.enable_prompt_tokens_details, self.body.stream)
 
     # ---- the endpoint's shapes: response(outs), the JSON body of the sequences' final
-    # outputs; _chunk, one choice's chunk (`stop_reason` only on its last, as vLLM's);
-    # _content, the text, logprobs block and prompt_logprobs block a choice's piece
-    # carries (`text`: its new text; `first`: the choice's first piece) ----
+    # outputs; _chunk, one choice's chunk (`end`: the choice's final output, on its last
+    # chunk: the finish and stop reasons, which vLLM sends only there); _content, the
+    # text, logprobs block and prompt_logprobs block a choice's piece carries (`text`:
+    # its new text; `first`: the choice's first piece) ----
 
     def response(self, outs: list[StreamOutput]) -> BaseModel:
         raise NotImplementedError
 
-    def _chunk(self, index: int, text: str, finish_reason: str | None = None,
+    def _chunk(self, index: int, text: str, end: StreamOutput | None = None,
                usage: UsageInfo | None = None, logprobs: JSONText | None = None,
-               prompt_logprobs: JSONText | None = None,
-               stop_reason: str | int | None = None) -> BaseModel:
+               prompt_logprobs: JSONText | None = None) -> BaseModel:
         raise NotImplementedError
 
     def _content(self, out: StreamOutput, text: str, first: bool
@@ -199,9 +277,15 @@ class Answer:
         """Whether a choice's first chunk carries more than its text (echo)."""
         return False
 
-    def _wrap(self, choices: list, usage: UsageInfo | None) -> BaseModel:
+    def _wrap(self, choices: list, usage: UsageInfo | None, last: bool = False,
+              **fields) -> BaseModel:
+        """A chunk; `last`: the stream's closing one for its choice, which carries the
+        fingerprint as vLLM's (the usage chunk does when there is one)."""
+        fingerprint = self.ctx.system_fingerprint \
+            if last and (usage is not None or not self.include_usage) else None
         return self.CHUNK(id=self.rid, created=self.created, model=self.ctx.model_name,
-                          choices=choices, usage=usage)
+                          choices=choices, usage=usage, system_fingerprint=fingerprint,
+                          **fields)
 
     # ---- server-sent events ----
 
@@ -218,20 +302,20 @@ class Answer:
         first = out.index not in self._last
         self._last[out.index] = out
         if not last and out.index == 0 and not self.continuous_usage \
-                and self.renderer is None and (self.echo is None or not first):
+                and self.renderer is None and (not self.echoes or not first):
             return f"data: {self._prefix}{json.dumps(out.text)}{self._suffix}\n\n"
         text, block, prompt = self._content(out, out.text, first)
-        usage = UsageInfo.of(out.num_prompt_tokens, out.num_output_tokens,
-                             out.num_cached_tokens) if self.continuous_usage else None
-        return self._event(self._chunk(out.index, text, out.finish_reason if last else None,
-                                       usage, block, prompt,
-                                       out.stop_reason if last else None))
+        usage = self.usage_info(out.num_prompt_tokens, out.num_output_tokens,
+                                out.num_cached_tokens) if self.continuous_usage else None
+        return self._event(self._chunk(out.index, text, out if last else None, usage,
+                                       block, prompt))
 
     def usage(self) -> str:
         """After every choice ended: the usage chunk, when asked for."""
         if not self.include_usage:
             return ""
-        return self._event(self._wrap([], self.usage_of(list(self._last.values()))))
+        return self._event(self._wrap([], self.usage_of(list(self._last.values())),
+                                      last=True))
 
     def _event(self, chunk: BaseModel) -> str:
         return f"data: {self.raw.dump(chunk)}\n\n"
@@ -269,7 +353,7 @@ class Answer:
             yield SSE_DONE
         finally:
             if not stream.finished:  # the client went away (the task was cancelled)
-                self.ctx.engine.abort(stream.request_id)
+                abort(self.ctx, stream)
 
     def _render_events(self, outs: list[StreamOutput], opening: bool,
                        all_ended: bool) -> tuple[bytes, bool]:
@@ -294,14 +378,14 @@ class Answer:
 
 
 class CompletionAnswer(Answer):
-    PREFIX, CHUNK = "cmpl", CompletionResponse
+    PREFIX, CHUNK = "cmpl", CompletionChunk
     body: CompletionRequest
 
     def _opens_with_more(self) -> bool:
-        return self.echo is not None or self.body.prompt_logprobs is not None
+        return bool(self.echoes) or self.show_prompt_logprobs
 
     def _content(self, out, text, first):
-        echo, renderer = self.echo, self.renderer
+        echo, renderer = self.echo_of(out.index), self.renderer
         only_prompt = echo is not None and echo.only_prompt
         text = "" if only_prompt else text
         entries = [] if only_prompt else output_entries(out.logprobs)
@@ -312,34 +396,39 @@ class CompletionAnswer(Answer):
         if renderer is not None and self.body.logprobs is not None:
             block, self._offsets[out.index] = renderer.completion(
                 entries, self._offsets.get(out.index, 0))
-        if renderer is not None and self.body.prompt_logprobs is not None and first:
+        if renderer is not None and self.show_prompt_logprobs and first:
             prompt = renderer.vllm_prompt(out.prompt_logprobs or [])
         return text, block, prompt
 
-    def _choice(self, index, text, finish_reason=None, logprobs=None, prompt_logprobs=None,
-                stop_reason=None) -> CompletionChoice:
-        return CompletionChoice(index=index, text=text, logprobs=self.raw.put(logprobs),
-                                finish_reason=finish_reason, stop_reason=stop_reason,
-                                prompt_logprobs=self.raw.put(prompt_logprobs))
-
-    def _chunk(self, index, text, finish_reason=None, usage=None, logprobs=None,
-               prompt_logprobs=None, stop_reason=None):
-        return self._wrap([self._choice(index, text, finish_reason, logprobs,
-                                        prompt_logprobs, stop_reason)], usage)
+    def _chunk(self, index, text, end=None, usage=None, logprobs=None,
+               prompt_logprobs=None):
+        extra = {} if prompt_logprobs is None else \
+            {"prompt_logprobs": self.raw.put(prompt_logprobs)}
+        return self._wrap([CompletionChoice(
+            index=index, text=text, logprobs=self.raw.put(logprobs),
+            finish_reason=None if end is None else end.finish_reason,
+            stop_reason=None if end is None else end.stop_reason, **extra)],
+            usage, last=end is not None)
 
     def response(self, outs):
         usage = self.usage_of(outs)
-        if len(outs) > self.body.n:  # best_of: the n with the highest total logprob
-            outs = sorted(outs, key=lambda o: -sum(lp.logprob for lp in o.logprobs or ()))
-            outs = outs[:self.body.n]
-            for k, o in enumerate(outs):
-                o.index = k
+        shown = [(o, o.index) for o in outs]
+        if self.seqs > self.body.n:  # best_of: each prompt's n with the highest logprob
+            shown = []
+            for p in range(self.num_prompts):
+                group = sorted((o for o in outs if o.index // self.seqs == p),
+                               key=lambda o: -sum(lp.logprob for lp in o.logprobs or ()))
+                shown += [(o, p * self.body.n + k) for k, o in enumerate(group[:self.body.n])]
         choices = []
-        for o in outs:
+        for o, index in shown:
             text, block, prompt = self._content(o, o.full_text or "", True)
-            choices.append(self._choice(o.index, text, o.finish_reason, block, prompt,
-                                        o.stop_reason))
-        return self._wrap(choices, usage)
+            choices.append(CompletionChoice(
+                index=index, text=text, logprobs=self.raw.put(block),
+                finish_reason=o.finish_reason, stop_reason=o.stop_reason,
+                prompt_logprobs=self.raw.put(prompt), routed_experts=None))
+        return CompletionResponse(id=self.rid, created=self.created,
+                                  model=self.ctx.model_name, choices=choices, usage=usage,
+                                  system_fingerprint=self.ctx.system_fingerprint)
 
 
 class ChatAnswer(Answer):
@@ -347,31 +436,31 @@ class ChatAnswer(Answer):
     body: ChatCompletionRequest
 
     def head(self, first):
-        usage = UsageInfo.of(first.num_prompt_tokens, 0, first.num_cached_tokens) \
+        usage = self.usage_info(first.num_prompt_tokens, 0, first.num_cached_tokens) \
             if self.continuous_usage else None
-        return "".join(self._event(self._chunk(i, "", usage=usage, delta=DeltaMessage(
-            role="assistant", content=""))) for i in range(self.body.n))
+        return "".join(self._event(self._wrap(
+            [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
+            usage, prompt_token_ids=None, prompt_text=None)) for i in range(self.body.n))
 
     def _content(self, out, text, first):
         if self.renderer is None or not out.logprobs:
             return text, None, None
         return text, self.renderer.chat(out.logprobs), None
 
-    def _chunk(self, index, text, finish_reason=None, usage=None, logprobs=None,
-               prompt_logprobs=None, stop_reason=None, delta: DeltaMessage | None = None):
-        if delta is None:
-            delta = DeltaMessage(content=text) if text or finish_reason is None \
-                else DeltaMessage()
+    def _chunk(self, index, text, end=None, usage=None, logprobs=None,
+               prompt_logprobs=None):
+        delta = DeltaMessage(content=text) if text or end is None else DeltaMessage()
+        extra = {} if end is None else {"finish_reason": end.finish_reason,
+                                        "stop_reason": end.stop_reason}
         return self._wrap([ChatChunkChoice(index=index, delta=delta,
-                                           logprobs=self.raw.put(logprobs),
-                                           finish_reason=finish_reason,
-                                           stop_reason=stop_reason)], usage)
+                                           logprobs=self.raw.put(logprobs), token_ids=None,
+                                           **extra)], usage, last=end is not None)
 
     def response(self, outs):
         renderer, body = self.renderer, self.body
         answer = ChatCompletionResponse(
             id=self.rid, created=self.created, model=self.ctx.model_name,
-            usage=self.usage_of(outs),
+            system_fingerprint=self.ctx.system_fingerprint, usage=self.usage_of(outs),
             choices=[ChatChoice(index=o.index,
                                 message=ChatResponseMessage(content=o.full_text or ""),
                                 finish_reason=o.finish_reason, stop_reason=o.stop_reason,
@@ -395,7 +484,7 @@ async def _finals(ctx: ServingContext, request: Request,
             return None
         if (err := ended_error(out)) is not None:
             if not stream.finished:
-                ctx.engine.abort(stream.request_id, "a sibling sequence failed")
+                abort(ctx, stream, "a sibling sequence failed")
             raise err
         finals[out.index] = out
     return [finals[i] for i in sorted(finals)]

@@ -33,6 +33,7 @@ from stepserve.server.errors import (
     APIError,
     bad_request,
 )
+from stepserve.server.fingerprint import system_fingerprint
 from stepserve.server.metrics import ServerMetrics
 from stepserve.server.protocol import (
     ChatCompletionRequest,
@@ -69,14 +70,24 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
                shutdown_timeout_s: float = 30.0,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                api_keys: Sequence[str] = (),
-               metrics_require_api_key: bool = False) -> FastAPI:
+               metrics_require_api_key: bool = False,
+               vllm_metric_names: bool = True,
+               enable_prompt_tokens_details: bool = False,
+               fingerprint_mode: str = "full",
+               fingerprint_value: str | None = None) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
     app starts). `model_name`: what clients pass as `model`, or several names (the
     first is the one answers and metrics carry; default: the model directory's name).
     `api_keys`: when given, the non-public routes need one (auth.py);
-    `metrics_require_api_key`: /metrics too (it needs `api_keys`).
+    `metrics_require_api_key`: /metrics too (it needs `api_keys`); `vllm_metric_names`:
+    /metrics carries vLLM's names too (server/vllm_metrics.py);
+    `enable_prompt_tokens_details`: usage carries prompt_tokens_details (vLLM's flag);
+    `fingerprint_mode`/`fingerprint_value`: the answers' system_fingerprint (vLLM's
+    --fingerprint-mode, fingerprint.py).
     If the engine loop dies, /health answers 503 and the app calls
     `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
+
+    system_fingerprint(None, "", fingerprint_mode, fingerprint_value)  # a bad mode: now
 
     def on_fatal(reason: str) -> None:  # engine thread, after every request was answered
         log.critical("%s; the server exits", reason)
@@ -89,7 +100,8 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
         llm_engine = engine() if callable(engine) and not hasattr(engine, "step") else engine
         names = (model_name,) if isinstance(model_name, str) else tuple(model_name or ())
         name = names[0] if names else llm_engine.runner.model_path.name
-        app.state.metrics = metrics = ServerMetrics(name, llm_engine.config.scheduler)
+        app.state.metrics = metrics = ServerMetrics(name, llm_engine.config.scheduler,
+                                                    vllm_names=vllm_metric_names)
         app.state.async_engine = async_engine = AsyncEngine(llm_engine, metrics, on_fatal)
         async_engine.start()
         max_len = llm_engine.config.scheduler.max_model_len
@@ -98,7 +110,9 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
             async_engine, tokenizer, llm_engine.clock, name, max_len,
             llm_engine.runner.args.vocab_size, retry_after_s, max_request_bytes,
             max_len * tokenizer.max_token_bytes(), str(llm_engine.runner.model_path),
-            tuple(n for n in names[1:] if n != name))
+            tuple(n for n in names[1:] if n != name), enable_prompt_tokens_details,
+            system_fingerprint(llm_engine.config, str(llm_engine.runner.model_path),
+                               fingerprint_mode, fingerprint_value))
         app.state.shutdown_timeout_s = shutdown_timeout_s
         # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
         # server: take it out of the cyclic GC's reach, or every full collection walks it

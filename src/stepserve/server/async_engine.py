@@ -165,7 +165,8 @@ class EngineLoop:
                 if not live.left:
                     del self._live[rid]
                 # what the client got is what is counted
-                self.metrics.on_finished(req, FinishReason(out.finish_reason))
+                self.metrics.on_finished(req, FinishReason(out.finish_reason),
+                                         last=not live.left)
 
     def _apply_commands(self) -> bool:
         """Apply queued adds and aborts; True when asked to stop."""
@@ -232,9 +233,7 @@ class AsyncEngine:
         """`on_fatal(reason)`: called on the engine thread once the loop has died and every
         request has been answered (the server exits non-zero)."""
         self.engine = engine
-        metrics.cache.watch(engine.core)
-        if (threads := getattr(engine, "step_threads", None)) is not None:
-            metrics.cpu.watch(threads)
+        metrics.watch(engine)
         self.accepting = True
         self._worker = EngineLoop(engine, metrics, on_fatal)
         self._commands, self._wake = self._worker.commands, self._worker.wake

@@ -105,13 +105,16 @@ class LogprobRenderer:
                 tops.append("null")
                 continue
             values.append(number(lp.logprob))
-            # tokens that decode alike (byte pieces of one character) share a key:
-            # the likelier one keeps it
-            alternatives: dict[JSONText, JSONText] = {}
+            # the chosen token first, then the top ones, as vLLM lists them; tokens that
+            # decode alike (byte pieces of one character) share a key: the likelier
+            # one's logprob is shown
+            alternatives: dict[JSONText, float] = {self.quoted(tid): lp.logprob}
             for i, v in lp.top[:self.top]:
-                alternatives.setdefault(self.quoted(i), number(v))
-            alternatives.setdefault(self.quoted(tid), number(lp.logprob))
-            tops.append("{" + ",".join(f"{k}:{v}" for k, v in alternatives.items()) + "}")
+                key = self.quoted(i)
+                if v > alternatives.get(key, -math.inf):
+                    alternatives[key] = v
+            tops.append("{" + ",".join(f"{k}:{number(v)}" for k, v in alternatives.items())
+                        + "}")
         return (f'{{"text_offset":[{",".join(offsets)}],"token_logprobs":[{",".join(values)}],'
                 f'"tokens":[{",".join(tokens)}],"top_logprobs":[{",".join(tops)}]}}', offset)
 

@@ -8,13 +8,15 @@ is kept as counters and histograms whose increase between scrapes describes the 
 The prefix cache's counters and cache_config_info are read from the engine core's
 snapshot at scrape time, so the engine thread does no work for them. Each app has its
 own registry (several servers can live in one process), with the default one's process_*,
-python_info and python_gc_* too, as vLLM's /metrics has.
+python_info and python_gc_* too, as vLLM's /metrics has. Unless turned off, the page
+also carries vLLM's own names (`vllm:`), made from these at scrape time
+(vllm_metrics.py).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -29,6 +31,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from stepserve.config.settings import SchedulerConfig
 from stepserve.core.end_reasons import (
@@ -44,9 +47,11 @@ from stepserve.core.output import StepRecord
 from stepserve.core.request import Request
 from stepserve.host.cpu_metrics import CpuMetrics
 from stepserve.metrics.request_metrics import request_metrics
+from stepserve.server.vllm_metrics import VllmMetrics
 
 if TYPE_CHECKING:
     from stepserve.core.engine_core import EngineCore
+    from stepserve.engine.llm_engine import LLMEngine
 
 P = "stepserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -179,19 +184,32 @@ class CacheMetrics:
                 GaugeMetricFamily(P + "cache_config_info", "")]
 
 
+class _Page(Collector):
+    """One scrape's families, as generate_latest takes them."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, scheduler: SchedulerConfig | None = None,
-                 engine: str = "0") -> None:
-        """`engine`: the value of the `engine` label (vLLM's engine index)."""
+                 engine: str = "0", vllm_names: bool = True) -> None:
+        """`engine`: the value of the `engine` label (vLLM's engine index);
+        `vllm_names`: the page carries vLLM's names too (`vllm:`, vllm_metrics.py)."""
         disable_created_metrics()  # no *_created series (process-wide; vLLM does the same)
         self.registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
         self.label_values = (model_name, engine)
         token_counts = buckets_1_2_5(scheduler.max_model_len if scheduler else 4096)
+        histogram_buckets: dict[str, tuple[float, ...]] = {}
         for attr, kind, name, doc, *extra in SERIES:
             if kind is Histogram:
                 buckets = token_counts if extra[0] == TOKEN_COUNTS else extra[0]
+                histogram_buckets[name] = buckets
                 series = Histogram(P + name, doc, LABELS, registry=self.registry,
                                    buckets=buckets).labels(*self.label_values)
             elif extra:  # a counter with one more label: children made as they are counted
@@ -211,9 +229,19 @@ class ServerMetrics:
                 *(str(getattr(scheduler, f)) for f in CONFIG_INFO_FIELDS)).set(1)
         for reason in SUCCESS_LABELS:
             self.success.labels(*self.label_values, reason)
+        self.vllm = VllmMetrics(LABELS, self.label_values, token_counts,
+                                histogram_buckets) if vllm_names else None
         # the step counters' totals so far, for the shares and the active ratio
         self._totals: collections.Counter[str] = collections.Counter()
         self._preemptions_seen = 0
+
+    def watch(self, engine: LLMEngine) -> None:
+        """Read `engine`'s prefix cache, CPU threads and settings at scrape time."""
+        self.cache.watch(engine.core)
+        if (threads := getattr(engine, "step_threads", None)) is not None:
+            self.cpu.watch(threads)
+        if self.vllm is not None:
+            self.vllm.watch(engine)
 
     # ---- fed by the engine thread ----
     def on_state(self, state) -> None:
@@ -255,16 +283,22 @@ class ServerMetrics:
         if len(times) == 1:
             self.ttft.observe(times[0] - req.arrival_time)
             self.prompt_tokens.inc(req.num_prompt_tokens)
+            if self.vllm is not None:
+                self.vllm.on_first_token(req)
         elif times:
             self.itl.observe(times[-1] - times[-2])
 
-    def on_finished(self, req: Request, ended_as: FinishReason | None = None) -> None:
+    def on_finished(self, req: Request, ended_as: FinishReason | None = None,
+                    last: bool = True) -> None:
         """`ended_as`: how the client's answer ended where it differs from the engine's
-        reason (the answer itself failed: FinishReason.ERROR)."""
+        reason (the answer itself failed: FinishReason.ERROR); `last`: the last of its
+        request's n sequences to end."""
         end = end_of(ended_as or req.finish_reason, req.reject_reason)
         if end.counter == SUCCESS:  # a refusal is counted where it is answered
             self.success.labels(*self.label_values, end.label).inc()
         m = request_metrics(req)
+        if self.vllm is not None:
+            self.vllm.on_finished(req, m, last)
         if not m.completed:
             return
         for hist, value in ((self.tpot, m.tpot_s), (self.e2e, m.e2e_s),
@@ -287,4 +321,10 @@ class ServerMetrics:
             self.rejected.labels(*self.label_values, end.label).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The page: our families, then vLLM's names made from the same ones (so a
+        `vllm:` copy and its `stepserve:` original agree on every page)."""
+        families = list(self.registry.collect())
+        if self.vllm is not None:
+            ours = {f.name[len(P):]: f for f in families if f.name.startswith(P)}
+            families += self.vllm.families(ours)
+        return generate_latest(_Page(families))

@@ -338,27 +338,67 @@ class RawBlocks:
         return "".join(out)
 
 
+class _Unsent:
+    """A field's value in a chunk that does not carry the field at all (vLLM leaves
+    `stop_reason` out until a choice's last chunk, `role` after the first delta)."""
+
+    def __repr__(self) -> str:
+        return "UNSENT"
+
+
+UNSENT: Any = _Unsent()
+
+
+def _unsent(value: Any) -> bool:
+    return value is UNSENT
+
+
+def sometimes(default: Any = UNSENT, **kw: Any) -> Any:
+    """A field left out of the JSON while it holds UNSENT (a factory gives the default,
+    so the JSON schema shows none)."""
+    if default is UNSENT:
+        return Field(default_factory=lambda: UNSENT, exclude_if=_unsent, **kw)
+    return Field(default, exclude_if=_unsent, **kw)
+
+
+def when_given(**kw: Any) -> Any:
+    """A field left out of the JSON while it is None."""
+    return Field(None, exclude_if=lambda v: v is None, **kw)
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(0, description="prompt tokens whose KV came from the prefix "
                                               "cache (a multiple of the block size)")
+    # vLLM's, null in an unstreamed answer and absent from a stream's usage: tokens
+    # written to an external cache, multimodal tokens (neither exists here)
+    created_cache_tokens: None = sometimes()
+    multimodal_tokens: None = sometimes()
 
 
 class UsageInfo(BaseModel):
-    """OpenAI's usage. prompt_tokens_details is always there, as OpenAI sends it (vLLM
-    only with --enable-prompt-tokens-details), so a client can read cached_tokens
-    without guarding against a missing object."""
+    """OpenAI's usage as vLLM sends it (ServingContext.usage): prompt_tokens_details
+    only with --enable-prompt-tokens-details (else null; absent in a stream), and a null
+    completion_tokens_details in an unstreamed answer."""
 
     prompt_tokens: int
-    completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    completion_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = sometimes()
+    completion_tokens_details: None = sometimes()
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int,
-           cached_tokens: int = 0) -> UsageInfo:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+           details: bool = False, streamed: bool = False) -> UsageInfo:
+        """`details`: with prompt_tokens_details; `streamed`: a stream's usage chunk."""
+        shown: dict[str, Any] = {} if streamed else {"completion_tokens_details": None,
+                                                     "prompt_tokens_details": None}
+        if details:
+            shown["prompt_tokens_details"] = \
+                PromptTokensDetails(cached_tokens=cached_tokens) if streamed else \
+                PromptTokensDetails(cached_tokens=cached_tokens, created_cache_tokens=None,
+                                    multimodal_tokens=None)
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens,
-                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+                   total_tokens=prompt_tokens + completion_tokens, **shown)
 
 
 class CompletionLogprobs(BaseModel):
@@ -394,16 +434,45 @@ class CompletionChoice(BaseModel):
     logprobs: Prebuilt[CompletionLogprobs] = None
     finish_reason: str | None = None
     stop_reason: StopReason = None
-    prompt_logprobs: Prebuilt[PromptLogprobs] = None
+    # vLLM's, null: the ids are not returned (return_token_ids is not supported)
+    token_ids: None = None
+    # an unstreamed answer has both (null when not asked for); a chunk only a block
+    prompt_logprobs: Prebuilt[PromptLogprobs] = sometimes()
+    prompt_token_ids: None = None
+    routed_experts: None = sometimes()
 
 
-class CompletionResponse(BaseModel):
+class _Answer(BaseModel):
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
+
+
+# vLLM's fields of an unstreamed answer that are null here (no service tiers, no KV or
+# encoder-cache transfer, no per-request metrics); the fingerprint is fingerprint.py's
+Null = Annotated[None, Field(description="vLLM's field; null on this server")]
+
+
+class CompletionResponse(_Answer):
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
+    service_tier: Null = None
+    system_fingerprint: str | None = None
     usage: UsageInfo | None = None
+    kv_transfer_params: Null = None
+    ec_transfer_params: Null = None
+    metrics: Null = None
+
+
+class CompletionChunk(_Answer):
+    """A streamed completion chunk: a choice's piece, or (no choices) the usage; the
+    fingerprint rides on the last chunk (each choice's last, or the usage chunk)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = when_given()
+    system_fingerprint: str | None = when_given()
 
 
 class TopLogprob(BaseModel):
@@ -425,6 +494,12 @@ class ChoiceLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    # OpenAI's (and vLLM's reasoning): null, this server has no refusals, tools, audio
+    refusal: None = None
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
+    reasoning: None = None
 
 
 class ChatChoice(BaseModel):
@@ -433,21 +508,27 @@ class ChatChoice(BaseModel):
     logprobs: Prebuilt[ChoiceLogprobs] = None
     finish_reason: str | None = None
     stop_reason: StopReason = None
+    token_ids: None = None
+    routed_experts: None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Answer):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChoice]
+    service_tier: Null = None
+    system_fingerprint: str | None = None
     usage: UsageInfo
     prompt_logprobs: Prebuilt[PromptLogprobs] = None
+    prompt_token_ids: Null = None
+    prompt_text: Null = None
+    kv_transfer_params: Null = None
+    ec_transfer_params: Null = None
+    metrics: Null = None
 
 
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+    role: Literal["assistant"] | None = when_given()
+    content: str | None = when_given()
 
 
 class ChatChunkChoice(BaseModel):
@@ -455,13 +536,15 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: Prebuilt[ChoiceLogprobs] = None
     finish_reason: str | None = None
-    stop_reason: StopReason = None  # streamed: on the chunk with the finish_reason
+    stop_reason: StopReason = sometimes()  # on the chunk with the finish_reason
+    token_ids: None = sometimes()  # null on every chunk but the opening one
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Answer):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | None = when_given()
+    system_fingerprint: str | None = when_given()
+    # the opening chunk's (null)
+    prompt_token_ids: None = sometimes()
+    prompt_text: None = sometimes()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
+from stepserve.core import request_limits as lim
 from stepserve.core.clock import Clock
 from stepserve.core.end_reasons import Refusal, end_reason
 from stepserve.core.engine_core import default_max_tokens
@@ -25,8 +26,9 @@ from stepserve.engine.seam import (
     NewRequest,
     RequestFailed,
     RequestRejected,
+    RequestStream,
 )
-from stepserve.server.answer import Answer, ChatAnswer, CompletionAnswer, Echo
+from stepserve.server.answer import Answer, ChatAnswer, CompletionAnswer, Echo, PromptStreams
 from stepserve.server.body import parse_body
 from stepserve.server.errors import APIError, bad_request
 from stepserve.server.logprob_budget import chat_ask, check_logprob_budget, completion_ask
@@ -59,6 +61,10 @@ class ServingContext:
     # there) and the other names a request may give as `model` (--served-model-name a b)
     model_root: str | None = None
     model_aliases: tuple[str, ...] = ()
+    # usage's prompt_tokens_details (vLLM: --enable-prompt-tokens-details), and the
+    # answers' system_fingerprint (fingerprint.py)
+    enable_prompt_tokens_details: bool = False
+    system_fingerprint: str | None = None
     workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         max_workers=2, thread_name_prefix="stepserve-tokenize"))
 
@@ -154,22 +160,27 @@ def sampling_params(body: _Sampling, max_tokens: int, logprobs: int | None = Non
         raise bad_request(str(e)) from None
 
 
-async def completion_prompt(ctx: ServingContext, body: CompletionRequest
-                            ) -> tuple[str | list[int], list[int]]:
-    """The one prompt (unwrapped from a list of one) and its token ids."""
+async def completion_prompts(ctx: ServingContext, body: CompletionRequest
+                             ) -> list[tuple[str | list[int], list[int]]]:
+    """Each prompt (one, or a list prompt's several) with its token ids."""
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise bad_request(f"prompt is a list of {len(prompt)} prompts; this server takes "
-                              "one prompt per request", "prompt", "unsupported_value")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("the prompt is empty; at least one token is required",
-                              "prompt", "empty_prompt")
-        check_text_size(ctx, len(prompt), "prompt")
-        return prompt, await ctx.off_loop(ctx.tokenizer.encode, prompt)
-    return prompt, list(prompt)  # their range is the engine's check
+    prompts = prompt if isinstance(prompt, list) and prompt \
+        and isinstance(prompt[0], (str, list)) else [prompt]
+    if len(prompts) > lim.PROMPTS_MAX_COUNT:
+        raise bad_request(f"prompt is a list of {len(prompts)} prompts; at most "
+                          f"{lim.PROMPTS_MAX_COUNT} in one request", "prompt")
+    out: list[tuple[str | list[int], list[int]]] = []
+    for k, one in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
+        if isinstance(one, str):
+            if not one:
+                raise bad_request(f"{where} is empty; at least one token is required",
+                                  "prompt", "empty_prompt")
+            check_text_size(ctx, len(one), "prompt")
+            out.append((one, await ctx.off_loop(ctx.tokenizer.encode, one)))
+        else:
+            out.append((one, list(one)))  # their range is the engine's check
+    return out
 
 
 async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
@@ -188,40 +199,56 @@ async def chat_prompt(ctx: ServingContext, body: ChatCompletionRequest,
 
 
 async def _answer(ctx: ServingContext, request: Request, answer: Answer,
-                  ids: list[int], params: SamplingParams, arrival: float) -> Response:
-    """Submit the request and answer it; a refusal as its error answer."""
+                  prompts: list[list[int]], params: SamplingParams,
+                  arrival: float) -> Response:
+    """Submit the request (a list prompt: one engine request per prompt, answered as
+    one) and answer it; a refusal as its error answer, the prompts already admitted
+    aborted."""
     body = answer.body
+    streams: list[RequestStream] = []
     try:
-        stream = await ctx.engine.add(NewRequest(ids, params, body.stream,
-                                                 arrival_time=arrival,
-                                                 cache_salt=body.cache_salt))
-    except RequestRejected as e:
-        end = end_reason(e.reason)
-        if e.code is not None:
-            raise bad_request(e.message, e.param, e.code) from None
-        retry = {"Retry-After": str(ctx.retry_after_s)} if end.retry_after else None
-        raise APIError.of(end, e.message, e.param, headers=retry) from None
-    except RequestFailed as e:
-        raise APIError.of(end_reason(Refusal.FAILED), str(e)) from None
-    except EngineUnavailable as e:
-        why = Refusal.ENGINE_DOWN if ctx.engine.fault else Refusal.SHUTTING_DOWN
-        raise APIError.of(end_reason(why), str(e)) from None
+        for ids in prompts:
+            streams.append(await ctx.engine.add(NewRequest(
+                ids, params, body.stream, arrival_time=arrival, cache_salt=body.cache_salt)))
+    except BaseException as e:
+        for stream in streams:
+            ctx.engine.abort(stream.request_id, "another prompt of the request was refused")
+        raise _refusal(ctx, e) from None
+    stream = streams[0] if len(streams) == 1 else PromptStreams(streams, params.n)
     return await answer.send(request, stream)
 
 
+def _refusal(ctx: ServingContext, e: BaseException) -> BaseException:
+    """The error answer for an engine's refusal to take a request (else `e` itself)."""
+    if isinstance(e, RequestRejected):
+        end = end_reason(e.reason)
+        if e.code is not None:
+            return bad_request(e.message, e.param, e.code)
+        retry = {"Retry-After": str(ctx.retry_after_s)} if end.retry_after else None
+        return APIError.of(end, e.message, e.param, headers=retry)
+    if isinstance(e, RequestFailed):
+        return APIError.of(end_reason(Refusal.FAILED), str(e))
+    if isinstance(e, EngineUnavailable):
+        why = Refusal.ENGINE_DOWN if ctx.engine.fault else Refusal.SHUTTING_DOWN
+        return APIError.of(end_reason(why), str(e))
+    return e
+
+
 async def create_completion(ctx: ServingContext, request: Request) -> Response:
-    """OpenAI completions (body: protocol.CompletionRequest)."""
+    """OpenAI completions (body: protocol.CompletionRequest); a list prompt gets one
+    choice per prompt and sequence, numbered prompt-major as vLLM does."""
     arrival = ctx.clock.now()
     body = await parse_body(ctx, request, CompletionRequest)
     check_common(ctx, body)
-    prompt, ids = await completion_prompt(ctx, body)
+    prompts = await completion_prompts(ctx, body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
     only_prompt = max_tokens == 0
     if only_prompt and not body.echo:
         raise bad_request("max_tokens = 0: must be at least 1 (0 only with echo: the "
                           "prompt's logprobs without generating)", "max_tokens")
     max_tokens = max(max_tokens, 1)  # echo with 0: one token is generated, not shown
-    check_length(ctx, ids, max_tokens, "max_tokens", "prompt")
+    for _, ids in prompts:
+        check_length(ctx, ids, max_tokens, "max_tokens", "prompt")
     prompt_lp = body.prompt_logprobs
     if prompt_lp is None and body.echo and body.logprobs is not None:
         prompt_lp = body.logprobs  # echo's logprobs start with the prompt's, as vLLM
@@ -229,14 +256,19 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     # best_of ranks the sequences by their tokens' logprobs: computed even when not shown
     logprobs = body.logprobs if best_of is None or body.logprobs is not None else 0
     params = sampling_params(body, max_tokens, logprobs, prompt_lp, best_of)
-    check_logprob_budget(completion_ask(body, params.n, max_tokens, only_prompt, len(ids)))
-    echo = None
+    longest = max(len(ids) for _, ids in prompts)
+    check_logprob_budget(completion_ask(body, params.n * len(prompts), max_tokens,
+                                        only_prompt, longest))
+    echoes = []
     if body.echo:
-        text = prompt if isinstance(prompt, str) else \
-            await ctx.off_loop(ctx.tokenizer.decode, ids)
-        echo = Echo(text, ids, only_prompt)
-    answer = CompletionAnswer(ctx, body, body.logprobs, prompt_lp, echo)
-    return await _answer(ctx, request, answer, ids, params, arrival)
+        for prompt, ids in prompts:
+            text = prompt if isinstance(prompt, str) else \
+                await ctx.off_loop(ctx.tokenizer.decode, ids)
+            echoes.append(Echo(text, ids, only_prompt))
+    answer = CompletionAnswer(ctx, body, body.logprobs, prompt_lp, echoes, len(prompts),
+                              params.n)
+    return await _answer(ctx, request, answer, [ids for _, ids in prompts], params,
+                         arrival)
 
 
 async def create_chat_completion(ctx: ServingContext, request: Request) -> Response:
@@ -255,6 +287,6 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     check_logprob_budget(chat_ask(body, param, max_tokens, len(ids)))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
-    answer = ChatAnswer(ctx, body, logprobs, body.prompt_logprobs)
-    return await _answer(ctx, request, answer, ids, params, arrival)
+    answer = ChatAnswer(ctx, body, logprobs, body.prompt_logprobs, seqs=params.n)
+    return await _answer(ctx, request, answer, [ids], params, arrival)
 
