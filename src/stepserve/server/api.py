@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from stepserve import __version__
 from stepserve.core.end_reasons import Refusal, end_reason, refusal_of_error
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from stepserve.model.generation_config import SamplingDefaults
 from stepserve.server.async_engine import AsyncEngine
 from stepserve.server.auth import add_api_key_auth
 from stepserve.server.body import parse_body, read_json, validate
@@ -69,12 +70,16 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
                shutdown_timeout_s: float = 30.0,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                api_keys: Sequence[str] = (),
-               metrics_require_api_key: bool = False) -> FastAPI:
+               metrics_require_api_key: bool = False,
+               sampling_defaults: SamplingDefaults | None = None,
+               enable_prompt_tokens_details: bool = False) -> FastAPI:
     """`engine`: an LLMEngine, or a zero-argument callable returning one (built when the
     app starts). `model_name`: what clients pass as `model`, or several names (the
     first is the one answers and metrics carry; default: the model directory's name).
     `api_keys`: when given, the non-public routes need one (auth.py);
     `metrics_require_api_key`: /metrics too (it needs `api_keys`).
+    `sampling_defaults`: for the fields a request leaves out (--generation-config;
+    default: vLLM's own); `enable_prompt_tokens_details`: usage carries them (vLLM's flag).
     If the engine loop dies, /health answers 503 and the app calls
     `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
 
@@ -98,7 +103,9 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
             async_engine, tokenizer, llm_engine.clock, name, max_len,
             llm_engine.runner.args.vocab_size, retry_after_s, max_request_bytes,
             max_len * tokenizer.max_token_bytes(), str(llm_engine.runner.model_path),
-            tuple(n for n in names[1:] if n != name))
+            tuple(n for n in names[1:] if n != name),
+            sampling_defaults=sampling_defaults or SamplingDefaults(),
+            enable_prompt_tokens_details=enable_prompt_tokens_details)
         app.state.shutdown_timeout_s = shutdown_timeout_s
         # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
         # server: take it out of the cyclic GC's reach, or every full collection walks it
