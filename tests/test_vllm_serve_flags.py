@@ -368,6 +368,17 @@ def test_max_logprobs_changes_what_is_refused(built):
     assert engine.max_logprobs == engine.runner.args.vocab_size
 
 
+def test_an_engines_max_logprobs_holds_offline_too():
+    from stepserve.core.request import SamplingParams
+
+    engine = tiny_engine("--num-gpu-blocks-override", "64")
+    for field in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match="of 21, which is greater than max allowed: 20"):
+            engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, **{field: 21}))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, logprobs=20))
+    engine.run_until_done()
+
+
 def test_the_default_models_generation_config_holds_no_sampling_defaults():
     from stepserve.model.generation_config import SamplingDefaults, sampling_defaults
 
@@ -514,9 +525,9 @@ def test_vllm_cpu_kvcache_space_sizes_the_kv_cache(monkeypatch):
 
 
 def test_gpu_memory_utilization_0_3_on_a_busy_machine_is_not_refused(monkeypatch):
-    # 16 GiB of RAM, 14 GiB of it in use by other processes, 0.5 GiB held by this one:
-    # 0.3 x 16 - 0.5 = 4.3 GiB of KV fits in the 2 GiB free? no: refused for that reason;
-    # 0.1 x 16 - 0.5 = 1.1 GiB fits, where the old rule (others' 14 GiB counted) refused
+    # 16 GiB of RAM, this process holding 0.5 GiB. With 2 GiB available (others hold the
+    # rest), 0.1 gives 1.6 - 0.5 = 1.1 GiB of cache, which fits; 0.3's 4.3 GiB does not.
+    # With 6 GiB available 0.3 starts, where counting the others' 10 GiB refused it.
     monkeypatch.setattr("stepserve.model.kv_store.memory_total_and_free",
                         lambda device: (16 * GiB, 2 * GiB))
     monkeypatch.setattr("stepserve.model.kv_store.process_rss", lambda: GiB // 2)
