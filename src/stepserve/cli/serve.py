@@ -115,12 +115,12 @@ def add_model_folder_arguments(p: argparse.ArgumentParser) -> None:
                    help="the chat template: a file, or the template itself in one line "
                         "(default: the tokenizer's)")
     g.add_argument("--generation-config", default="auto", metavar="G",
-                   help="where default sampling params come from: auto (the model's "
-                        "generation_config.json, as vLLM), vllm (vLLM's own: temperature 1, "
-                        "top_p 1, ...), or a folder holding a generation_config.json; a "
-                        "request's own fields win")
+                   help="where the sampling params a request leaves out come from: auto "
+                        "(the model's generation_config.json, as vLLM), vllm (vLLM's own: "
+                        "temperature 1, top_p 1, ...), or a folder holding a "
+                        "generation_config.json; a request's own fields win")
     g.add_argument("--override-generation-config", type=json_object, metavar="JSON",
-                   help='default sampling params over --generation-config\'s, e.g. '
+                   help='sampling params over --generation-config\'s, e.g. '
                         '\'{"temperature": 0.5}\'')
     g.add_argument("--max-logprobs", type=int, default=DEFAULT_MAX_LOGPROBS, metavar="N",
                    help="the most logprobs a request may ask for per token (-1: the whole "
