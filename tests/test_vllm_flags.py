@@ -193,19 +193,24 @@ def test_kv_cache_memory_bytes_sizes_the_kv_cache():
     assert engine.scheduler.kv.num_gpu_blocks == 8 * MiB // KV_BYTES_PER_BLOCK == 512
 
 
-def test_gpu_memory_utilization_sizes_kv_from_a_share_of_memory(monkeypatch):
-    # a machine of 1 GiB with 100 MiB in use: utilization u leaves u x 1 GiB - 100 MiB
+def test_gpu_memory_utilization_sizes_kv_as_vllms_cpu_build(monkeypatch):
+    # as vLLM's CPU build: this process may hold u x RAM, and the KV cache gets that less
+    # what it holds already; other processes' memory counts only as what is not available.
+    # A busy machine of 1 GiB: 600 MiB in use by others, 60 MiB held by this process.
     monkeypatch.setattr("stepserve.model.kv_store.memory_total_and_free",
-                        lambda device: (GiB, GiB - 100 * MiB))
+                        lambda device: (GiB, GiB - 600 * MiB))
+    monkeypatch.setattr("stepserve.model.kv_store.process_rss", lambda: 60 * MiB)
     blocks = {}
-    for u in ("0.1", "0.2"):
+    for u in ("0.1", "0.3"):  # 0.3: refused before, when others' 600 MiB counted too
         engine = engine_for("--gpu-memory-utilization", u)
         blocks[u] = engine.scheduler.kv.num_gpu_blocks
         assert engine.runner.num_gpu_blocks == blocks[u]
-        assert blocks[u] == (int(float(u) * GiB) - 100 * MiB) // KV_BYTES_PER_BLOCK
-    assert blocks["0.2"] > blocks["0.1"] > 0
-    with pytest.raises(ValueError, match="in use already"):
-        engine_for("--gpu-memory-utilization", "0.05")  # 51 MiB < the 100 MiB in use
+        assert blocks[u] == (int(float(u) * GiB) - 60 * MiB) // KV_BYTES_PER_BLOCK
+    assert blocks["0.3"] > blocks["0.1"] > 0
+    with pytest.raises(ValueError, match="this process holds 0.06 GiB already"):
+        engine_for("--gpu-memory-utilization", "0.05")  # 51 MiB < the 60 MiB held
+    with pytest.raises(ValueError, match="only 0.41 GiB of RAM is available"):
+        engine_for("--gpu-memory-utilization", "0.5")  # 452 MiB of KV > 424 MiB available
 
 
 def test_swap_space_sizes_the_cpu_swap_pool_and_swapping_uses_it():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from stepserve.core.request import Request, SamplingParams, child_params
+from stepserve.core.request_limits import LOGPROBS_MAX
 from stepserve.model.sampler import apply_min_p, apply_penalties, sample, token_logprobs
 
 V = 50
@@ -138,9 +139,11 @@ def test_child_params_seed_each_child_like_vllm():
 @pytest.mark.parametrize("field,bad", [
     ("n", 0), ("n", 129), ("min_p", -0.1), ("min_p", 1.5), ("min_tokens", -1),
     ("presence_penalty", 2.5), ("frequency_penalty", -3.0), ("repetition_penalty", 0.0),
-    ("repetition_penalty", 1e9), ("repetition_penalty", float("nan")), ("logprobs", 21),
-    ("logprobs", -1), ("prompt_logprobs", 100), ("max_tokens", 0), ("n", True)])
+    ("repetition_penalty", 1e9), ("repetition_penalty", float("nan")),
+    ("logprobs", LOGPROBS_MAX + 1), ("logprobs", -1), ("prompt_logprobs", LOGPROBS_MAX + 1),
+    ("max_tokens", 0), ("n", True)])
 def test_every_new_field_is_bounded(field, bad):
+    # logprobs over an engine's --max-logprobs (20 unless told) are the engine's refusal
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: bad})
 

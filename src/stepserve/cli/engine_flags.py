@@ -2,7 +2,8 @@
 `--no-enable-chunked-prefill`), one per config field, with its help text and choices;
 vLLM's names for settings we name otherwise are aliases (`--num-gpu-blocks-override`,
 `--scheduling-policy`, `--kv-cache-memory-bytes`, which reads sizes as vLLM does: `4GiB`,
-`4G`). Also here: `--dtype` with vLLM's values, and `--quantization`."""
+`4G`). Also here: `--dtype` with vLLM's values, and `--quantization`; the rest of vLLM's
+serve flags come from vllm_serve_flags.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 from typing import Any
 
 from stepserve.cli.parser import COMMAND_KEYS_DEST, CONFIG_PROBLEM_DEST
+from stepserve.cli.vllm_serve_flags import add_vllm_serve_flags
 from stepserve.config.load import (
     TEXT_VALUES,
     VLLM_ALIASES,
@@ -50,6 +52,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*flags, dest=f.name, default=None,
                                choices=allowed.choices or None,
                                type=_text_type(reader) if reader else allowed.kind, help=_help(f))
+    add_vllm_serve_flags(parser)  # the rest of vLLM's serve flags: no effect, some values
 
 
 def _help(f: Any) -> str:
@@ -78,12 +81,14 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="weights and KV cache dtype, as vLLM takes it: auto (float32 on "
                              "CPU, the checkpoint's float16/bfloat16 on CUDA, a float32 "
-                             "checkpoint as float16), half = float16, float = float32")
+                             "checkpoint as float16), half = float16, float = float32. A "
+                             "dtype named (not auto) means float weights in it, unless "
+                             "--quantization q4_1 is given too")
 
 
 def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quantization", default="auto", choices=QUANTIZATION_CHOICES,
-                        help="weight mode: auto (q4_1 where the model has a GGUF and the "
-                             "CPU runs stepserve's kernels, else none), none (float weights "
-                             "at --dtype), q4_1 (the GGUF's own Q4_1 groups through "
-                             "stepserve's kernels, float32); see docs/guide.md")
+    parser.add_argument("--quantization", "-q", default="auto", choices=QUANTIZATION_CHOICES,
+                        help="weight mode: auto (q4_1 where the model has a GGUF, the CPU "
+                             "runs stepserve's kernels and --dtype is auto; else none), none "
+                             "(float weights at --dtype), q4_1 (the GGUF's own Q4_1 groups "
+                             "through stepserve's kernels, float32); see docs/guide.md")

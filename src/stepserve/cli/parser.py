@@ -12,10 +12,12 @@ import argparse
 import copy
 import dataclasses
 import functools
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
+from stepserve.cli.vllm_serve_flags import check_vllm_flags
 from stepserve.config.errors import UsageError, one_line, report_error
 from stepserve.config.limits import Range, check_flags
 from stepserve.config.load import OWNER, setting_name
@@ -70,26 +72,38 @@ def config_file_flags(parser: argparse.ArgumentParser, argv: Sequence[str]
 
 def _tokens(flag: str, value: Any, action: argparse.Action,
             options: dict[str, argparse.Action], path: str) -> list[str]:
-    """`key: value` of a config file as command-line tokens for `flag`."""
+    """`key: value` of a config file as command-line tokens for `flag`: a list as the
+    flag's values (or its repeats), a mapping as JSON (vLLM's JSON-valued flags)."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
-        if isinstance(action, argparse._AppendAction):  # noqa: SLF001
+        if isinstance(action, argparse._AppendAction):  # noqa: SLF001 (extend too)
             return [f"{flag}={v}" for v in value]
+        if action.nargs in ("+", "*") and value:
+            return [flag, *(_text_of(v) for v in value)]
         if len(value) != 1:
             raise UsageError(f"config file {path!r}: {flag[2:]} takes one value, got "
                              f"{len(value)}")
         value = value[0]
     if isinstance(value, dict):
-        raise UsageError(f"config file {path!r}: {flag[2:]} takes a value, not a mapping")
+        if action.nargs == 0:
+            raise UsageError(f"config file {path!r}: {flag[2:]} is a switch, not a mapping")
+        return [f"{flag}={json.dumps(value)}"]
     if isinstance(value, bool):
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return [flag if value else "--no-" + flag[2:]]
         if action.nargs == 0:  # a switch: --flag, or its --no-flag where there is one
             if value == bool(action.const):
                 return [flag]
             negated = "--no-" + flag[2:]
             return [negated] if negated in options else []
         value = "true" if value else "false"
-    return [f"{flag}={value}"]
+    return [f"{flag}={_text_of(value)}"]
+
+
+def _text_of(value: Any) -> str:
+    """A YAML scalar or mapping as the command line writes it."""
+    return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -157,6 +171,10 @@ class Parser(argparse.ArgumentParser):
         if getattr(self, "_intermixing", False):  # the two passes below
             return super().parse_known_args(args, namespace)
         argv = dashed_flags(sys.argv[1:] if args is None else list(args))
+        # vLLM's `--help=all` (or =ModelConfig, =max-num-seqs): our whole help
+        end = argv.index("--") if "--" in argv else len(argv)
+        argv = [*("--help" if a.startswith("--help=") else a for a in argv[:end]),
+                *argv[end:]]
         keys: frozenset[str] = frozenset()
         problem = None
         if "--config" in self._option_string_actions:
@@ -194,6 +212,8 @@ def add_command(subparsers: Any, name: str, handler: Callable[[argparse.Namespac
     def run(args: argparse.Namespace) -> int:
         try:
             check_flags(args, ranges or {})
+            for warning in check_vllm_flags(args):  # vLLM's flags without effect here
+                print(warning, file=sys.stderr)
             return handler(args)
         except UsageError as e:
             return report_error(e)

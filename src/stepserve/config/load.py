@@ -21,14 +21,15 @@ from typing import Any
 
 from stepserve.config.errors import UsageError
 from stepserve.config.settings import SECTIONS, ConfigError, EngineConfig
-from stepserve.config.sizes import parse_size
+from stepserve.config.sizes import parse_count, parse_size
 from stepserve.config.user_files import load_yaml, preview
 
 TOP_LEVEL = ("replicas", "router", "threads")
 # vLLM's names of settings we name otherwise (its flags and config-file keys)
 VLLM_ALIASES = {"num_gpu_blocks_override": "num_gpu_blocks",
                 "kv_cache_memory_bytes": "kv_cache_memory",
-                "scheduling_policy": "policy"}
+                "scheduling_policy": "policy",
+                "device_memory_utilization": "gpu_memory_utilization"}
 
 
 def setting_name(key: str) -> str:
@@ -37,8 +38,25 @@ def setting_name(key: str) -> str:
     return VLLM_ALIASES.get(key, key)
 
 
-# settings that may be given as text, and how that text reads
-TEXT_VALUES = {"kv_cache_memory": functools.partial(parse_size, one_letter=True)}
+def _model_len(text: str | int) -> int | None:
+    """vLLM's --max-model-len: a count (32k, 32K); -1 or auto: unset, so the default
+    applies (the model's own length where it is shorter)."""
+    if text == -1 or (isinstance(text, str) and text.strip().lower() in ("-1", "auto")):
+        return None
+    return parse_count(text)
+
+
+# vLLM's names of hash algorithms that serialise a block's key with CBOR before hashing
+# (so that other languages can recompute them): the blocks named, and shared, are the
+# same, and no name leaves the process, so each is its plain algorithm here
+_CBOR_HASHES = {"sha256_cbor": "sha256", "xxhash_cbor": "xxhash"}
+
+# settings that may be given as text, and how that text reads (None: left unset)
+TEXT_VALUES = {"kv_cache_memory": functools.partial(parse_size, one_letter=True),
+               "max_model_len": _model_len,
+               "max_num_batched_tokens": parse_count,
+               "long_prefill_token_threshold": parse_count,
+               "prefix_caching_hash_algo": lambda text: _CBOR_HASHES.get(text, text)}
 
 
 def config_fields() -> Iterator[tuple[str, dataclasses.Field]]:
@@ -87,10 +105,12 @@ def settings_given(data: Any, skip: frozenset[str] = frozenset()) -> dict[str, d
                 if sub not in names:
                     raise ConfigError(f"unknown setting {key}.{sub}; allowed in {key}: "
                                       f"{', '.join(sorted(names))}")
-                changes.setdefault(key, {})[sub] = _value_of(sub, v)
+                if (read := _value_of(sub, v)) is not None or sub not in TEXT_VALUES:
+                    changes.setdefault(key, {})[sub] = read
         elif key in OWNER:
-            changes.setdefault(OWNER[key], {})[key] = value if key in TOP_LEVEL \
-                else _value_of(key, value)
+            read = value if key in TOP_LEVEL else _value_of(key, value)
+            if read is not None or key not in TEXT_VALUES:  # "auto": the default
+                changes.setdefault(OWNER[key], {})[key] = read
         else:
             raise ConfigError(f"unknown setting {preview(key)}; known settings: "
                               f"{', '.join(OWNER)}")

@@ -162,11 +162,13 @@ class CacheConfig(_Section):
                                 "engine), the hardware preset (simulator)", int, lo=1,
                                 hi=MAX_KV_BYTES, optional=True)
     gpu_memory_utilization: float = knob(
-        None, "share of the device's memory (on CPU: of the machine's RAM) the engine may "
-        "fill, everything already in use counted (weights, other processes); the KV cache "
-        "gets the rest, as in vLLM. null: 80% of free device memory, on CPU 25% of "
-        "MemAvailable up to 4 GiB. kv_cache_memory and num_gpu_blocks win over it",
-        float, lo=0.01, hi=1.0, optional=True)
+        None, "share of memory the engine may fill; the KV cache gets the rest, as in "
+        "vLLM. On CPU, as vLLM's CPU build: a share of the machine's RAM, less what this "
+        "process holds (weights, torch), which must fit in the RAM available; on CUDA: of "
+        "the device, less everything in use on it. null: 80% of free device memory, on CPU "
+        "25% of MemAvailable up to 4 GiB (or VLLM_CPU_KVCACHE_SPACE GiB where set). "
+        "kv_cache_memory and num_gpu_blocks win over it", float, lo=0.01, hi=1.0,
+        optional=True)
     enable_prefix_caching: bool = knob(
         True, "automatic prefix caching, as vLLM: full KV blocks are kept (shared by reference "
         "count, evicted least recently used first) and a prompt starting with a cached "

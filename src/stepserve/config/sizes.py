@@ -73,3 +73,26 @@ def format_size(num_bytes: int) -> str:
         if num_bytes >= scale:
             return f"~{num_bytes / scale:.2f} {name}"
     return f"{num_bytes} B"
+
+
+_COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtKMGT]?)\s*$")
+COUNT_FORMS = ("a whole number, or as vLLM: with k, m, g, t (powers of 1000; 25.6k too) or "
+               "K, M, G, T (powers of 1024, after a whole number), e.g. 32k, 32K")
+
+
+def parse_count(text: str | int) -> int:
+    """A count of tokens as vLLM's flags read one ("32k" 32,000, "25.6k" 25,600, "32K"
+    32,768; a binary unit follows a whole number); a fraction left after scaling is
+    refused, not dropped."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = _COUNT_RE.match(text) if isinstance(text, str) else None
+    if match is None or (match.group(2).isupper() and "." in match.group(1)):
+        raise ValueError(f"cannot read {preview(text)} as a count: expected {COUNT_FORMS}")
+    number, unit = Decimal(match.group(1)), match.group(2)
+    scale = 1 if not unit else (1024 if unit.isupper() else 1000) ** ("kmgt".index(
+        unit.lower()) + 1)
+    value = number * scale
+    if value != value.to_integral_value():
+        raise ValueError(f"{preview(text)} is not a whole count; expected {COUNT_FORMS}")
+    return int(value)

@@ -28,7 +28,10 @@ STOP_TOKEN_IDS_MAX_COUNT = 1024
 TENANT_MAX_CHARS = 256  # the `user` field
 N_MAX = 128  # parallel samples of one request (each holds its own KV; vLLM allows 16384)
 PROMPTS_MAX_COUNT = 256  # prompts of one completions request (each queues as a request)
-LOGPROBS_MAX = 20  # top logprobs per token (vLLM's default --max-logprobs; OpenAI's 20)
+# top logprobs per token: an engine allows DEFAULT_MAX_LOGPROBS (vLLM's --max-logprobs
+# default, OpenAI's 20) unless told more; none may allow more than every vocabulary
+DEFAULT_MAX_LOGPROBS = 20
+LOGPROBS_MAX = TOP_K_MAX
 PENALTY_MIN, PENALTY_MAX = -2.0, 2.0  # presence / frequency (OpenAI's and vLLM's range)
 REPETITION_PENALTY_MAX = 100.0  # vLLM: any finite value > 0; past ~2 it only scrambles
 REQUEST_ID_MAX_CHARS = 256  # a client's request_id (vLLM extra field) or X-Request-Id

@@ -10,6 +10,7 @@ from stepserve.config.load import ConfigOverrides
 from stepserve.config.settings import ConfigError
 from stepserve.core.request_limits import check_text
 from stepserve.engine.dtypes import resolve_dtype
+from stepserve.model.modes import quantization_for
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def run_generate(options: GenerateOptions) -> int:
         engine = LLMEngine(o.model, o.config, device=o.device,
                            dtype=resolve_dtype(o.dtype, o.model, o.device),
                            strict_max_model_len=o.config.sets("max_model_len"),
-                           quantization=o.quantization)
+                           quantization=quantization_for(o.quantization, o.dtype))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         return report_error(e)
     prompt = o.prompt

@@ -18,6 +18,7 @@ from stepserve.core.engine_core import EngineCore
 from stepserve.core.output import StepRecord, StepResult
 from stepserve.core.request import Request, RequestStatus, SamplingParams, child_params
 from stepserve.core.request_limits import (
+    DEFAULT_MAX_LOGPROBS,
     cache_salt_refusal,
     check_text,
     priority_refusal,
@@ -41,12 +42,15 @@ class LLMEngine:
                  config: EngineConfig | ConfigOverrides | None = None, *,
                  dtype: str = "float32", device: str = "cpu", clock: Clock | None = None,
                  runner=None, strict_max_model_len: bool = False,
-                 quantization: str | None = "auto") -> None:
+                 quantization: str | None = "auto", tokenizer: str | Path | None = None,
+                 max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> None:
         """`config`: a complete EngineConfig is used as it is; settings (ConfigOverrides,
         or None for none) are applied on the hardware's scheduling defaults. `runner`: an
         already loaded TorchRunner (its weights and KV store) to reuse, under a fresh KV
         block manager. `strict_max_model_len`: the user chose it (see _settings_for_runner).
-        `quantization`: the weight mode (model/modes.py)."""
+        `quantization`: the weight mode (model/modes.py). `tokenizer`: a folder holding
+        the tokenizer (default: the model's). `max_logprobs`: the most logprobs a request
+        may ask for per token (vLLM's --max-logprobs; -1: the vocabulary)."""
         from stepserve.model.runner import TorchRunner  # torch only when a model runs
 
         overrides = ConfigOverrides() if config is None else config
@@ -62,8 +66,9 @@ class LLMEngine:
                 "(Ray Serve: pip install -e '.[cluster]')")
         if runner is None:
             runner = TorchRunner.from_config(model, config.cache, dtype=dtype, device=device,
-                                             quantization=quantization)
+                                             quantization=quantization, tokenizer=tokenizer)
         self.runner = runner
+        self.max_logprobs = runner.args.vocab_size if max_logprobs == -1 else max_logprobs
         self.config = config = _settings_for_runner(config, overrides, runner,
                                                     strict_max_model_len)
         self.step_threads = follow_free_cores(runner, config.threads)
@@ -148,6 +153,11 @@ class LLMEngine:
             raise InvalidRequest(refusal, "stop_token_ids")
         if refusal := priority_refusal(params.priority, self.config.scheduler.policy):
             raise InvalidRequest(refusal, "priority", "unsupported_value")
+        for what, param, asked in (("sample", "logprobs", params.logprobs),
+                                   ("prompt", "prompt_logprobs", params.prompt_logprobs)):
+            if asked is not None and asked > self.max_logprobs:  # vLLM's words
+                raise InvalidRequest(f"Requested {what} logprobs of {asked}, which is greater "
+                                     f"than max allowed: {self.max_logprobs}", param)
 
     def abort_request(self, request_id: str, message: str = "aborted by the client") -> bool:
         """End a live request; a parent's id (n > 1) ends every child still running."""

@@ -6,6 +6,7 @@ a memory budget buys. Blocks start zeroed: a masked NaN in a pad would still poi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -88,28 +89,73 @@ def memory_total_and_free(device: str | torch.device = "cpu") -> tuple[int, int]
         return None
 
 
+def process_rss() -> int | None:
+    """Bytes of memory this process holds now (VmRSS); None where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def utilization_kv_budget(fraction: float, device: str | torch.device = "cpu") -> KVBudget:
-    """vLLM's --gpu-memory-utilization: the engine may fill `fraction` of the device's
-    memory (on CPU, of the machine's RAM); what is in use already (our weights, other
-    processes) counts against it and the KV cache gets the rest. Call after the weights
-    are loaded. Unlike vLLM there is no profiling run, so activations are not set aside:
-    leave them room. ValueError when nothing is left."""
+    """vLLM's --gpu-memory-utilization. On CPU as vLLM's CPU build takes it: this
+    process may hold `fraction` of the machine's RAM, and the KV cache gets that less what
+    the process holds already (its weights, torch); other processes' memory does not
+    count against the share, but the cache must fit in what is available now. On CUDA:
+    `fraction` of the device, less everything in use on it. Call after the weights are
+    loaded. Unlike vLLM there is no profiling run, so activations are not set aside: leave
+    them room. ValueError when nothing is left, or the cache would not fit."""
     device = torch.device(device)
     sizes = memory_total_and_free(device)
     if sizes is None:
         raise ValueError("gpu_memory_utilization: this machine's memory size cannot be "
                          "read (no /proc/meminfo); give kv_cache_memory instead")
     total, free = sizes
-    used = total - free
-    budget = int(total * fraction) - used
+    share = int(total * fraction)
     where = "RAM" if device.type == "cpu" else str(device)
+    head = (f"gpu_memory_utilization = {fraction:g}: {fraction:.0%} of {total / GiB:.1f} GiB "
+            f"of {where} is {share / GiB:.2f} GiB")
+    if device.type == "cpu":
+        held = process_rss()
+        if held is None:
+            raise ValueError(f"{head}, but this process's memory cannot be read (no "
+                             "/proc/self/status); give kv_cache_memory instead")
+        budget = share - held
+        if budget <= 0:
+            raise ValueError(f"{head}, and this process holds {held / GiB:.2f} GiB already "
+                             "(weights, torch); raise it or give kv_cache_memory")
+        if budget > free:
+            raise ValueError(f"{head}: a KV cache of {budget / GiB:.2f} GiB, but only "
+                             f"{free / GiB:.2f} GiB of RAM is available; lower it or give "
+                             "kv_cache_memory")
+        return KVBudget(budget, f"gpu_memory_utilization {fraction:g} of {total / GiB:.1f} "
+                                f"GiB RAM, less {held / GiB:.2f} GiB this process holds")
+    used = total - free
+    budget = share - used
     if budget <= 0:
-        raise ValueError(f"gpu_memory_utilization = {fraction:g}: {fraction:.0%} of "
-                         f"{total / GiB:.1f} GiB of {where} is {total * fraction / GiB:.2f} "
-                         f"GiB, but {used / GiB:.2f} GiB is in use already; raise it or "
+        raise ValueError(f"{head}, but {used / GiB:.2f} GiB is in use already; raise it or "
                          "give kv_cache_memory")
     return KVBudget(budget, f"gpu_memory_utilization {fraction:g} of {total / GiB:.1f} GiB "
                             f"{where}, less {used / GiB:.2f} GiB in use")
+
+
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vLLM's CPU build: GiB of KV cache
+
+
+def env_kv_budget() -> KVBudget | None:
+    """The KV size VLLM_CPU_KVCACHE_SPACE gives (whole GiB, as vLLM's CPU build reads
+    it); None where it is unset or empty. ValueError for anything but a whole number > 0."""
+    text = os.environ.get(CPU_KV_SPACE_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{CPU_KV_SPACE_ENV} = {text!r}: must be a whole number of GiB, "
+                         ">= 1 (or unset)")
+    return KVBudget(int(text) * GiB, f"{CPU_KV_SPACE_ENV}={text} (GiB)")
 
 
 def default_kv_budget(device: str | torch.device = "cpu", cpu_fraction: float = 0.25,
@@ -136,13 +182,17 @@ def kv_blocks(args: ModelArgs, block_size: int, device: torch.device,
               num_gpu_blocks: int | None, kv_cache_memory: int | None,
               gpu_memory_utilization: float | None) -> tuple[KVBudget, int]:
     """The KV budget and its device blocks, from the first setting given: a block count,
-    a byte size, a memory fraction, else the default. Call after the weights are loaded.
-    ValueError where the budget holds no block."""
+    a byte size, on CPU the VLLM_CPU_KVCACHE_SPACE variable (as vLLM's CPU build, it wins
+    over the memory fraction; the settings, given on purpose, win over it), a memory
+    fraction, else the default. Call after the weights are loaded. ValueError where the
+    budget holds no block."""
     if num_gpu_blocks is not None:
         return KVBudget(num_gpu_blocks * block_size * args.kv_bytes_per_token,
                         "num_gpu_blocks as configured"), num_gpu_blocks
     if kv_cache_memory:
         budget = KVBudget(kv_cache_memory, "kv_cache_memory as configured")
+    elif device.type == "cpu" and (env := env_kv_budget()) is not None:
+        budget = env
     elif gpu_memory_utilization:
         budget = utilization_kv_budget(gpu_memory_utilization, device)
     else:

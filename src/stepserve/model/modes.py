@@ -26,6 +26,13 @@ QUANTIZATION_CHOICES = ("auto", *MODES)
 MODE_DESCRIPTIONS = {"none": "float", "q4_1": "GGUF Q4_1/Q8_0 (stepserve kernels)"}
 
 
+def quantization_for(quantization: str, dtype_flag: str) -> str:
+    """The mode to ask the runner for, from the --quantization and --dtype flags as given:
+    a dtype named (not auto) means float weights in it, so "auto" becomes "none" then;
+    only an explicit --quantization q4_1 still picks the GGUF's groups."""
+    return "none" if quantization == "auto" and dtype_flag != "auto" else quantization
+
+
 def choose_quantization(wanted: str | None, dtype: str, device: torch.device,
                         gguf: Path | None) -> tuple[str, str | None]:
     """The mode to load, and a note when "auto" fell back to float weights because the

@@ -92,3 +92,36 @@ def list_models(cache: Path | None = None) -> list[dict[str, object]]:
     """Presets with where they live and whether they are built yet."""
     return [{"name": p.name, "path": str(p.path(cache)), "description": p.description,
              "ready": _is_ready(p.path(cache))} for p in PRESETS.values()]
+
+
+def revisions_held(folder: Path) -> tuple[str, ...]:
+    """The revisions a model folder is known to hold: in a Hugging Face cache snapshot
+    (`models--org--name/snapshots/<commit>`) the commit and every ref (branch, tag) that
+    points at it; () for any other folder, which records none."""
+    folder = Path(folder).resolve()
+    if folder.parent.name != "snapshots":
+        return ()
+    commit = folder.name
+    refs = folder.parent.parent / "refs"
+    names = [p.name for p in sorted(refs.glob("*")) if p.is_file()
+             and p.read_text().strip() == commit] if refs.is_dir() else []
+    return (commit, *names)
+
+
+def revision_refusal(folder: Path, revision: str | None, flag: str = "--revision"
+                     ) -> str | None:
+    """Why `revision` cannot be served from `folder` (None: it can, or none was asked).
+    stepserve never downloads, so a revision must name what the folder holds (a commit,
+    a prefix of 7 or more of its characters, or a ref pointing at it): a folder that
+    records none could hold any revision, and serving it under that name could give
+    other answers than the revision asked for."""
+    if revision is None:
+        return None
+    held = revisions_held(folder)
+    if revision in held or (held and len(revision) >= 7 and held[0].startswith(revision)):
+        return None
+    what = (f"holds {', '.join(held)}" if held else
+            "records no revision (it is not a Hugging Face cache snapshot)")
+    return (f"{flag} {revision!r}: stepserve never downloads, and {folder} {what}; point "
+            f"the model at that revision's folder, or leave {flag} out to serve the folder "
+            "as it is")

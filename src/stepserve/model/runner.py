@@ -92,14 +92,21 @@ class TorchRunner:
                  kv_cache_memory: int | None = None,
                  gpu_memory_utilization: float | None = None, swap_space_gib: float = 0.0,
                  dtype: str = "float32", device: str = "cpu",
-                 quantization: str | None = "auto") -> None:
+                 quantization: str | None = "auto",
+                 tokenizer: str | Path | None = None) -> None:
+        """`tokenizer`: a folder holding the tokenizer (vLLM's --tokenizer; default: the
+        model's)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype = {dtype!r}: must be one of {', '.join(DTYPES)}")
         self.device = torch.device(device)
         self.model_path = resolve_model(model)
         self.model = self._load_model(model, dtype, quantization)
         self.args: ModelArgs = self.model.args
-        self.tokenizer = Tokenizer(self.model_path)
+        self.tokenizer = Tokenizer(self.model_path if tokenizer is None else tokenizer)
+        if self.tokenizer.vocab_size > self.args.vocab_size:
+            raise ValueError(f"tokenizer {tokenizer}: its {self.tokenizer.vocab_size} tokens "
+                             f"are more than the model's vocabulary of "
+                             f"{self.args.vocab_size}; give the model's own tokenizer")
         self.kv_budget, num_gpu_blocks = kv_blocks(self.args, block_size, self.device,
                                                    num_gpu_blocks, kv_cache_memory,
                                                    gpu_memory_utilization)
@@ -136,12 +143,14 @@ class TorchRunner:
 
     @classmethod
     def from_config(cls, model: str | Path, cache: CacheConfig, dtype: str = "float32",
-                    device: str = "cpu", quantization: str | None = "auto") -> TorchRunner:
+                    device: str = "cpu", quantization: str | None = "auto",
+                    tokenizer: str | Path | None = None) -> TorchRunner:
         return cls(model, block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
                    num_cpu_blocks=cache.num_cpu_blocks, kv_cache_memory=cache.kv_cache_memory,
                    gpu_memory_utilization=cache.gpu_memory_utilization,
                    swap_space_gib=cache.swap_space,
-                   dtype=dtype, device=device, quantization=quantization)
+                   dtype=dtype, device=device, quantization=quantization,
+                   tokenizer=tokenizer)
 
     @property
     def eos_token_id(self) -> int | None:

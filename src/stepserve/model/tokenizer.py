@@ -57,6 +57,35 @@ def _read_chat_template(model_dir: Path, config: dict[str, Any]) -> str | None:
     return template
 
 
+def chat_template_of(value: str) -> str:
+    """`--chat-template`, as vLLM reads it: the path of a template file, or the template
+    itself in one line (its `\\n` escapes decoded). A value without `{`, `}` or a newline
+    that names no file is taken for a mistyped path, not a template. ValueError names the
+    problem (a file that cannot be read, a template that does not compile)."""
+    try:
+        is_file = Path(value).expanduser().is_file()
+    except (OSError, ValueError):  # a name too long, a NUL byte: a template, not a path
+        is_file = False
+    if is_file:
+        try:
+            template = Path(value).expanduser().read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template {value!r}: cannot read it: {e}") from None
+    elif not any(c in value for c in "{}\n"):
+        raise ValueError(f"--chat-template {value!r}: no such file, and not a template "
+                         "(a template holds {{ }} or {% %})")
+    else:
+        try:
+            template = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--chat-template: a bad escape in the template: {e}") from None
+    try:
+        _compile_template(template)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"--chat-template: the template does not compile: {e}") from None
+    return template
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         model_dir = Path(model_dir)
@@ -132,6 +161,11 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
+
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with `template` instead of the folder's own (--chat-template)."""
+        self.chat_template = template
+        self._template = None
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True, **kwargs: Any) -> str:

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from stepserve import __version__
 from stepserve.core.end_reasons import Refusal, end_reason, refusal_of_error
 from stepserve.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from stepserve.model.generation_config import SamplingDefaults
 from stepserve.server.async_engine import AsyncEngine
 from stepserve.server.auth import add_api_key_auth
 from stepserve.server.body import parse_body, read_json, validate
@@ -72,6 +73,7 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
                api_keys: Sequence[str] = (),
                metrics_require_api_key: bool = False,
                vllm_metric_names: bool = True,
+               sampling_defaults: SamplingDefaults | None = None,
                enable_prompt_tokens_details: bool = False,
                fingerprint_mode: str = "full",
                fingerprint_value: str | None = None) -> FastAPI:
@@ -81,9 +83,10 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
     `api_keys`: when given, the non-public routes need one (auth.py);
     `metrics_require_api_key`: /metrics too (it needs `api_keys`); `vllm_metric_names`:
     /metrics carries vLLM's names too (server/vllm_metrics.py);
-    `enable_prompt_tokens_details`: usage carries prompt_tokens_details (vLLM's flag);
-    `fingerprint_mode`/`fingerprint_value`: the answers' system_fingerprint (vLLM's
-    --fingerprint-mode, fingerprint.py).
+    `sampling_defaults`: for the fields a request leaves out (--generation-config;
+    default: vLLM's own); `enable_prompt_tokens_details`: usage carries them (vLLM's
+    flag); `fingerprint_mode`/`fingerprint_value`: the answers' system_fingerprint
+    (vLLM's --fingerprint-mode, fingerprint.py).
     If the engine loop dies, /health answers 503 and the app calls
     `app.state.request_exit()` (http_server.py) so the process exits non-zero."""
 
@@ -110,9 +113,12 @@ def create_app(engine, *, model_name: str | Sequence[str] | None = None,
             async_engine, tokenizer, llm_engine.clock, name, max_len,
             llm_engine.runner.args.vocab_size, retry_after_s, max_request_bytes,
             max_len * tokenizer.max_token_bytes(), str(llm_engine.runner.model_path),
-            tuple(n for n in names[1:] if n != name), enable_prompt_tokens_details,
-            system_fingerprint(llm_engine.config, str(llm_engine.runner.model_path),
-                               fingerprint_mode, fingerprint_value))
+            tuple(n for n in names[1:] if n != name),
+            sampling_defaults=sampling_defaults or SamplingDefaults(),
+            enable_prompt_tokens_details=enable_prompt_tokens_details,
+            system_fingerprint=system_fingerprint(
+                llm_engine.config, str(llm_engine.runner.model_path), fingerprint_mode,
+                fingerprint_value))
         app.state.shutdown_timeout_s = shutdown_timeout_s
         # Everything loaded so far (torch, the model, the tokenizer) lives as long as the
         # server: take it out of the cyclic GC's reach, or every full collection walks it

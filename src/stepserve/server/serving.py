@@ -28,6 +28,7 @@ from stepserve.engine.seam import (
     RequestRejected,
     RequestStream,
 )
+from stepserve.model.generation_config import SamplingDefaults
 from stepserve.server.answer import Answer, ChatAnswer, CompletionAnswer, Echo, PromptStreams
 from stepserve.server.body import parse_body
 from stepserve.server.errors import APIError, bad_request
@@ -61,6 +62,8 @@ class ServingContext:
     # there) and the other names a request may give as `model` (--served-model-name a b)
     model_root: str | None = None
     model_aliases: tuple[str, ...] = ()
+    # defaults for the sampling fields a request leaves out (--generation-config)
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     # usage's prompt_tokens_details (vLLM: --enable-prompt-tokens-details), and the
     # answers' system_fingerprint (fingerprint.py)
     enable_prompt_tokens_details: bool = False
@@ -135,23 +138,37 @@ def check_token_count(ctx: ServingContext, count: int, param: str) -> None:
                           "context_length_exceeded")
 
 
+def capped_max_tokens(ctx: ServingContext, max_tokens: int) -> int:
+    """A request's max_tokens under the server-wide cap of the generation config's
+    max_new_tokens, where it has one (vLLM's `--generation-config`)."""
+    cap = ctx.sampling_defaults.max_tokens
+    return max_tokens if cap is None else min(max_tokens, cap)
+
+
+def _or(value, default, neutral):
+    """A request's field, else the server's default for it, else vLLM's neutral value."""
+    return value if value is not None else default if default is not None else neutral
+
+
 def sampling_params(body: _Sampling, max_tokens: int, logprobs: int | None = None,
-                    prompt_logprobs: int | None = None, n: int | None = None
-                    ) -> SamplingParams:
-    """The engine's params from a body (OpenAI's fields, then vLLM's extra ones); `n`
-    when the engine runs more sequences than the body's n (best_of)."""
+                    prompt_logprobs: int | None = None, n: int | None = None,
+                    defaults: SamplingDefaults | None = None) -> SamplingParams:
+    """The engine's params from a body (OpenAI's fields, then vLLM's extra ones); a field
+    the body leaves out takes its default (`defaults`: --generation-config's). `n`: when
+    the engine runs more sequences than the body's n (best_of)."""
+    d = defaults or SamplingDefaults()
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0, seed=body.seed,
+            temperature=_or(body.temperature, d.temperature, 1.0),
+            top_p=_or(body.top_p, d.top_p, 1.0),
+            top_k=max(_or(body.top_k, d.top_k, 0), 0), min_p=_or(body.min_p, d.min_p, 0.0),
+            seed=body.seed,
             stop=body.stop_strings(), stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos, n=n or body.n, min_tokens=body.min_tokens,
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None
-            else body.repetition_penalty,
+            repetition_penalty=_or(body.repetition_penalty, d.repetition_penalty, 1.0),
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=body.skip_special_tokens,
             include_stop_str_in_output=body.include_stop_str_in_output,
@@ -247,6 +264,7 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
         raise bad_request("max_tokens = 0: must be at least 1 (0 only with echo: the "
                           "prompt's logprobs without generating)", "max_tokens")
     max_tokens = max(max_tokens, 1)  # echo with 0: one token is generated, not shown
+    max_tokens = capped_max_tokens(ctx, max_tokens)
     for _, ids in prompts:
         check_length(ctx, ids, max_tokens, "max_tokens", "prompt")
     prompt_lp = body.prompt_logprobs
@@ -255,7 +273,8 @@ async def create_completion(ctx: ServingContext, request: Request) -> Response:
     best_of = body.best_of if body.best_of is not None and body.best_of > body.n else None
     # best_of ranks the sequences by their tokens' logprobs: computed even when not shown
     logprobs = body.logprobs if best_of is None or body.logprobs is not None else 0
-    params = sampling_params(body, max_tokens, logprobs, prompt_lp, best_of)
+    params = sampling_params(body, max_tokens, logprobs, prompt_lp, best_of,
+                             ctx.sampling_defaults)
     longest = max(len(ids) for _, ids in prompts)
     check_logprob_budget(completion_ask(body, params.n * len(prompts), max_tokens,
                                         only_prompt, longest))
@@ -283,10 +302,12 @@ async def create_chat_completion(ctx: ServingContext, request: Request) -> Respo
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:  # as vLLM: whatever room the context leaves
         max_tokens = default_max_tokens(ctx.max_model_len, len(ids))
+    max_tokens = capped_max_tokens(ctx, max_tokens)
     check_length(ctx, ids, max_tokens, param, "messages")
     check_logprob_budget(chat_ask(body, param, max_tokens, len(ids)))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs)
+    params = sampling_params(body, max_tokens, logprobs, body.prompt_logprobs,
+                             defaults=ctx.sampling_defaults)
     answer = ChatAnswer(ctx, body, logprobs, body.prompt_logprobs, seqs=params.n)
     return await _answer(ctx, request, answer, [ids], params, arrival)
 
