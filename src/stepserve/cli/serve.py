@@ -34,8 +34,8 @@ from stepserve.core.request_limits import (
     MAX_REQUEST_BYTES_MAX,
 )
 from stepserve.server.connection_limits import FLAGS as LIMIT_FLAGS
-from stepserve.server.fingerprint import MODES as FINGERPRINT_MODES
 from stepserve.server.connection_limits import ConnectionLimits, fit_to_descriptors
+from stepserve.server.fingerprint import MODES as FINGERPRINT_MODES
 
 if TYPE_CHECKING:
     from stepserve.model.generation_config import SamplingDefaults
