@@ -747,3 +747,13 @@ def test_documented_k8s_command_serves_and_warns_once(tmp_path):
     finally:
         out = stop(proc)
     assert "warning: --trust-remote-code has no effect here" in out
+
+
+def test_fingerprint_mode_custom_without_a_value_is_one_line_before_loading(capsys):
+    assert main(["serve", "--model", "tiny", "--port", str(free_port()),
+                 "--fingerprint-mode", "custom"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a fingerprint value" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "tiny", "--fingerprint-mode", "sometimes"])
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
