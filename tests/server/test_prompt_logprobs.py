@@ -130,14 +130,17 @@ def test_rendered_blocks_are_the_models_json():
     chat = ChoiceLogprobs.model_validate_json(r.chat(found))
     assert [(t.token, t.logprob, t.bytes) for t in chat.content] == [
         ("é", -0.5, list("é".encode())), ('"q"', -9999.0, list(b'"q"'))]
-    assert [t.token for t in chat.content[0].top_logprobs] == ["a", "é", "\ufffd"]
-    assert chat.content[1].top_logprobs[1].logprob == -9999.0  # NaN: the floor too
+    # the chosen token first, then the likeliest others (vLLM's order)
+    assert [t.token for t in chat.content[0].top_logprobs] == ["é", "a", "\ufffd"]
+    # -inf and NaN: the floor (the chosen token first, then the likeliest of the others)
+    assert [t.logprob for t in chat.content[1].top_logprobs] == [-9999.0, -0.1, -9999.0]
     block, end = r.completion([(1, None), *((lp.token_id, lp) for lp in found)], 4)
     legacy = CompletionLogprobs.model_validate_json(block)
     assert legacy.tokens == ["a", "é", '"q"'] and legacy.text_offset == [4, 5, 6]
     assert end == 9 and legacy.token_logprobs == [None, -0.5, -9999.0]
     # the two byte pieces decode alike: the likelier keeps the key
     assert legacy.top_logprobs[1] == {"a": -0.25, "é": -0.5, "\ufffd": -1.0}
+    assert list(legacy.top_logprobs[1]) == ["é", "a", "\ufffd"]  # the chosen token first
     prompt = json.loads(r.vllm_prompt(found))
     assert prompt[0] is None and list(prompt[1]) == ["2", "1", "3", "4"]
     assert prompt[1]["2"] == {"logprob": -0.5, "rank": 2, "decoded_token": "é"}

@@ -223,3 +223,16 @@ def test_the_chosen_token_leads_its_top_logprobs_as_in_vllms(served):
                                       "seed": 5})["choices"][0]["logprobs"]
     for token, top in zip(ours["tokens"][1:], ours["top_logprobs"][1:], strict=True):
         assert next(iter(top)) == token
+
+
+def test_chat_lists_the_chosen_token_first_and_top_logprobs_entries(served):
+    theirs = vllm("chat_logprobs.json")["choices"][0]["logprobs"]["content"]
+    assert all(t["top_logprobs"][0]["token"] == t["token"] for t in theirs)  # vLLM's order
+    body = {**GREEDY, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8,
+            "logprobs": True, "top_logprobs": 2, "temperature": 1.5, "seed": 11}
+    ours = post(served, CHAT, body)["choices"][0]["logprobs"]["content"]
+    for t in ours:
+        assert t["top_logprobs"][0] == {k: t[k] for k in ("token", "logprob", "bytes")}
+        assert len(t["top_logprobs"]) == 2
+    zero = post(served, CHAT, {**body, "top_logprobs": 0})["choices"][0]["logprobs"]
+    assert all(t["top_logprobs"] == [] for t in zero["content"])

@@ -78,14 +78,16 @@ class LogprobRenderer:
         return pieces[0] + number(value) + pieces[1]
 
     def chat(self, found: Sequence[TokenLogprobs]) -> JSONText:
-        """ChoiceLogprobs: per token {token, logprob, bytes, top_logprobs}."""
+        """ChoiceLogprobs: per token {token, logprob, bytes, top_logprobs}; as vLLM lists
+        them, the chosen token first, then the likeliest others, `top` in all."""
         entry = self._chat_entry
         tokens: list[JSONText] = []
         for lp in found:
             pace()
+            others = [(tid, v) for tid, v in lp.top if tid != lp.token_id]
+            shown = [(lp.token_id, lp.logprob), *others[:self.top - 1]] if self.top else []
             tokens.append(entry(lp.token_id, lp.logprob) + ',"top_logprobs":['
-                          + ",".join(entry(tid, v) + "}" for tid, v in lp.top[:self.top])
-                          + "]}")
+                          + ",".join(entry(tid, v) + "}" for tid, v in shown) + "]}")
         return '{"content":[' + ",".join(tokens) + "]}"
 
     def completion(self, entries: Sequence[Entry], offset: int) -> tuple[JSONText, int]:
