@@ -20,10 +20,10 @@ from server_harness import MODEL, make_engine, serve
 
 from stepserve.cluster.metrics_merge import merge_metrics
 from stepserve.config.settings import SchedulerConfig
-from stepserve.core.end_reasons import FinishReason, RejectReason
+from stepserve.core.end_reasons import AS_VLLM_FINISHED, FinishReason, RejectReason
 from stepserve.core.request import Request, SamplingParams
 from stepserve.server.metrics import ServerMetrics
-from stepserve.server.vllm_metrics import AS_VLLM_REASON, COPIES, VllmMetrics
+from stepserve.server.vllm_metrics import COPIES, VllmMetrics
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0"
 VLLM_PAGES = ("metrics_idle.txt", "metrics_load_6.txt", "metrics_after_load.txt")
@@ -220,7 +220,7 @@ def test_request_success_in_vllms_finish_reasons(pages):
     fams = families(pages.after)
     for reason in ("stop", "length", "abort", "error", "repetition"):
         ours = sum(value(fams, "stepserve:request_success_total", finished_reason=r)
-                   for r, theirs in AS_VLLM_REASON.items() if theirs == reason)
+                   for r, theirs in AS_VLLM_FINISHED.items() if theirs == reason)
         assert value(fams, "vllm:request_success_total", finished_reason=reason) == ours
     assert value(fams, "vllm:request_success_total", finished_reason="stop") >= 1
     assert value(fams, "vllm:request_success_total", finished_reason="abort") == \

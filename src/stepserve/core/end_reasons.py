@@ -92,6 +92,8 @@ class EndReason:
     label: str | None
     message: str = "{}"
     retry_after: bool = False  # the answer carries Retry-After: the client should retry
+    # how vLLM's series name it: its finished_reason, or its admission_rejections reason
+    vllm_label: str | None = None
 
     @property
     def completed(self) -> bool:
@@ -106,19 +108,19 @@ _F, _S = FinishReason, RequestStatus
 
 def _refused(key: RejectReason | Refusal, status: int, error_type: str, code: str,
              counted: bool = True, message: str = "{}", *,
-             retry_after: bool = False) -> EndReason:
+             retry_after: bool = False, vllm: str | None = None) -> EndReason:
     by_engine = isinstance(key, RejectReason)
     return EndReason(key, _F.REJECTED if by_engine else None,
                      _S.FINISHED_REJECTED if by_engine else None, status, error_type, code,
                      REJECTED if counted else None, key.value if counted else None,
-                     message, retry_after)
+                     message, retry_after, vllm)
 
 
 def _ended(key: FinishReason, status: RequestStatus, http_status: int = 200,
            error_type: str | None = None, code: str | None = None,
-           message: str = "{}") -> EndReason:
+           message: str = "{}", vllm: str | None = None) -> EndReason:
     return EndReason(key, key, status, http_status, error_type, code, SUCCESS, key.value,
-                     message)
+                     message, vllm_label=vllm or key.value)
 
 
 END_REASONS: tuple[EndReason, ...] = (
@@ -126,12 +128,15 @@ END_REASONS: tuple[EndReason, ...] = (
     _ended(_F.LENGTH, _S.FINISHED_LENGTH),
     _ended(_F.ABORT, _S.FINISHED_ABORTED, 503, UNAVAILABLE, "aborted",
            "request aborted: {}"),
+    # vLLM has no queue timeout: the server ended the request before it ran out, its abort
     _ended(_F.TIMED_OUT, _S.FINISHED_TIMED_OUT, 503, UNAVAILABLE, "queue_timeout",
-           "the server is overloaded: the request {}; retry later"),
+           "the server is overloaded: the request {}; retry later", vllm="abort"),
     _ended(_F.ERROR, _S.FINISHED_ERROR, 500, SERVER_ERROR, "engine_error",
            "internal error: {}"),
+    # the max_waiting cap is vLLM's max_num_queued_reqs
     _refused(RejectReason.QUEUE_FULL, 429, RATE_LIMIT, "queue_full",
-             message="the server is overloaded: {}", retry_after=True),
+             message="the server is overloaded: {}", retry_after=True,
+             vllm="max_num_queued_reqs"),
     _refused(RejectReason.TOO_LONG, 400, INVALID_REQUEST, "context_length_exceeded"),
     _refused(RejectReason.EMPTY_PROMPT, 400, INVALID_REQUEST, "empty_prompt"),
     _refused(Refusal.INVALID, 400, INVALID_REQUEST, "invalid_value"),
@@ -161,6 +166,19 @@ SUCCESS_LABELS: tuple[str, ...] = tuple(row.label for row in END_REASONS
                                         if row.counter == SUCCESS and row.label)
 REJECTED_LABELS: tuple[str, ...] = tuple(row.label for row in END_REASONS
                                          if row.counter == REJECTED and row.label)
+
+# vLLM's names, for its series (server/vllm_metrics.py): its finish reasons in its order
+# (repetition, its repeated-output detector, we have none of: it stays 0) and its
+# admission limits (no cap on queued tokens here: None); ours by the vLLM name of each
+VLLM_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+AS_VLLM_FINISHED: dict[str, str] = {row.label: row.vllm_label for row in END_REASONS
+                                    if row.counter == SUCCESS and row.label and row.vllm_label}
+VLLM_ADMISSION_REASONS: dict[str, str | None] = {
+    "max_num_queued_reqs": None, "max_num_queued_tokens": None,
+    **{row.vllm_label: row.label for row in END_REASONS
+       if row.counter == REJECTED and row.vllm_label}}
+if not set(AS_VLLM_FINISHED.values()) <= set(VLLM_FINISHED_REASONS):
+    raise AssertionError(f"finish reasons without a vLLM name: {AS_VLLM_FINISHED}")
 
 
 def end_reason(key: str | None) -> EndReason:

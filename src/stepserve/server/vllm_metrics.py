@@ -30,7 +30,11 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stepserve.config.settings import CacheConfig
-from stepserve.core.end_reasons import SUCCESS_LABELS, FinishReason, RejectReason
+from stepserve.core.end_reasons import (
+    AS_VLLM_FINISHED,
+    VLLM_ADMISSION_REASONS,
+    VLLM_FINISHED_REASONS,
+)
 from stepserve.core.request import Request
 from stepserve.metrics.request_metrics import RequestLatencies
 
@@ -46,20 +50,6 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 # and for the series only vLLM had
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 N_BUCKETS = (1, 2, 5, 10, 20)
-
-# vLLM's finish reasons, in its order; ours by the one each is in vLLM's terms (a queue
-# timeout is the server ending the request before it ran out: vLLM's abort). vLLM's
-# repetition (its repeated-output detector) we have no detector for: it stays 0.
-FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
-AS_VLLM_REASON = {**{r: r for r in SUCCESS_LABELS}, FinishReason.TIMED_OUT.value: "abort"}
-# vLLM's admission limits; our max_waiting refusal is its max_num_queued_reqs, and we
-# have no cap on queued tokens
-ADMISSION_REASONS = {"max_num_queued_reqs": RejectReason.QUEUE_FULL.value,
-                     "max_num_queued_tokens": None}
-
-if not set(AS_VLLM_REASON.values()) <= set(FINISHED_REASONS):  # a new reason needs a row
-    raise AssertionError(f"finish reasons without a vLLM name: {AS_VLLM_REASON}")
-
 
 @dataclass(frozen=True, slots=True)
 class Copy:
@@ -309,7 +299,7 @@ class VllmMetrics:
         family = CounterMetricFamily(V + "admission_rejections", "Requests refused at "
                                      "admission by a queue limit, by which.",
                                      labels=["model_name", "reason"])  # no engine label
-        for reason, our_reason in ADMISSION_REASONS.items():
+        for reason, our_reason in VLLM_ADMISSION_REASONS.items():
             value = _sum(rejected, reason=our_reason) if our_reason else 0
             family.add_metric([self.by_label["model_name"], reason], value)
         yield family
@@ -324,13 +314,13 @@ class VllmMetrics:
     def _success(self, ours: Metric) -> Metric:
         """request_success with vLLM's finish reasons (each, 0 where none ended so)."""
         family = copy_family(ours, V + "request_success", "Requests ended, by finish reason.",
-                             relabel={"finished_reason": AS_VLLM_REASON})
+                             relabel={"finished_reason": AS_VLLM_FINISHED})
         have = {s.labels.get("finished_reason") for s in family.samples}
-        for reason in FINISHED_REASONS:
+        for reason in VLLM_FINISHED_REASONS:
             if reason not in have:
                 family.add_sample(V + "request_success_total",
                                   {**self.by_label, "finished_reason": reason}, 0.0)
-        order = {r: i for i, r in enumerate(FINISHED_REASONS)}
+        order = {r: i for i, r in enumerate(VLLM_FINISHED_REASONS)}
         family.samples.sort(key=lambda s: order.get(s.labels.get("finished_reason", ""), 0))
         return family
 
