@@ -131,7 +131,7 @@ def test_http_error_and_unknown_metrics_exit_2(capsys):
     assert "answered HTTP 500" in err and "expected 200" in err
     with metrics_server(["process_cpu_seconds_total 3.0\n"]) as url:
         err = _error(capsys, "--url", url, *FAST)
-    assert "no series with a known prefix (stepserve:, vllm:, sglang:, tgi_)" in err
+    assert "no series with a known prefix (stepserve:, vllm:, sglang:, tgi_, llamacpp:)" in err
     assert "stepserve, vLLM, SGLang or TGI" in err
 
 

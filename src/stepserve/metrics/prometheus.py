@@ -16,7 +16,16 @@ was time_per_output_token_seconds until inter_token_latency_seconds replaced it,
 request_time_per_output_token_seconds is each request's TPOT); SGLang's
 srt/metrics/collector.py (retractions are its preemption; counters count at a request's
 finish); TGI's router metrics (token counts are per-request histograms, batch_inference_*
-count forward passes; no TTFT, KV usage or preemptions).
+count forward passes; no TTFT, KV usage or preemptions); llama.cpp's llama-server with
+`--metrics` (its README: requests_processing and requests_deferred are gauges, the
+running slots and the requests waiting for one; n_decode_total counts llama_decode()
+calls, its steps; kv_cache_usage_ratio, kv_cache_tokens; no histograms).
+
+Two more keys serve `profile --target` (profile/server_facts.py): `iteration_tokens`
+(tokens computed per step: the largest iteration bounds the step token budget, its sum
+the tokens a probe made the engine compute) and `prefix_cache_hits` (prompt tokens the
+prefix cache served); `cache_info` names the info gauge whose labels are the KV cache's
+settings (block_size, num_gpu_blocks, enable_prefix_caching).
 """
 
 from __future__ import annotations
@@ -36,8 +45,8 @@ LEVELS = ("waiting", "running", "kv_usage")
 # at admission, never held by the engine (so counted apart from the ended)
 COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished",
             "requests_ended", "rejected", "steps", "prefill_only_steps", "zero_decode_steps",
-            "active_sequence_steps", "held_slot_steps")
-HISTOGRAMS = ("ttft", "e2e", "tpot", "itl", "step_time")
+            "active_sequence_steps", "held_slot_steps", "prefix_cache_hits")
+HISTOGRAMS = ("ttft", "e2e", "tpot", "itl", "step_time", "iteration_tokens")
 # the series also read split by their `reason` label: {key: its kind}
 BY_REASON = {"rejected": "counters", "waiting_by_reason": "levels"}
 REASON = "reason"
@@ -54,6 +63,7 @@ class Source:
     counters: Mapping[str, tuple[str, ...]]
     histograms: Mapping[str, tuple[str, ...]]
     config_info: str | None = None  # an info gauge whose labels are scheduler settings
+    cache_info: str | None = None  # an info gauge whose labels are KV cache settings
     # counters whose labelled children appear at their first count (ours: a reject
     # reason), so a scrape with none of them has counted none
     absent_is_zero: tuple[str, ...] = ()
@@ -81,12 +91,15 @@ STEPSERVE = Source(
             "kv_usage": ("kv_cache_usage_perc",)},
     counters={"preemptions": ("num_preemptions",), **_TOKENS, **_SUCCESS,
               "rejected": ("request_rejected",), "steps": ("steps",),
+              "prefix_cache_hits": ("prefix_cache_hits",),
               **{key: (key,) for key in ("prefill_only_steps", "zero_decode_steps",
                                          "active_sequence_steps", "held_slot_steps")}},
     histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",),
                 "itl": ("inter_token_latency_seconds",),
-                "step_time": ("step_duration_seconds",)},
-    config_info="scheduler_config_info", absent_is_zero=("rejected",))
+                "step_time": ("step_duration_seconds",),
+                "iteration_tokens": ("iteration_tokens_total",)},
+    config_info="scheduler_config_info", cache_info="cache_config_info",
+    absent_is_zero=("rejected",))
 
 VLLM = Source(
     "vllm", "vllm:",
@@ -95,9 +108,12 @@ VLLM = Source(
             "waiting_by_reason": ("num_requests_waiting_by_reason",)},
     counters={"preemptions": ("num_preemptions",), **_TOKENS, **_SUCCESS,
               "rejected": ("admission_rejections",),
-              "steps": ("iteration_tokens_total_count",)},
+              "steps": ("iteration_tokens_total_count",),
+              "prefix_cache_hits": ("prefix_cache_hits",)},
     histograms={**_TTFT_E2E, "tpot": ("request_time_per_output_token_seconds",),
-                "itl": ("inter_token_latency_seconds", "time_per_output_token_seconds")})
+                "itl": ("inter_token_latency_seconds", "time_per_output_token_seconds"),
+                "iteration_tokens": ("iteration_tokens_total",)},
+    cache_info="cache_config_info")
 
 SGLANG = Source(
     "sglang", "sglang:",
@@ -119,7 +135,15 @@ TGI = Source(
                 "tpot": ("request_mean_time_per_token_duration",),
                 "step_time": ("batch_inference_duration",)})
 
-SOURCES: tuple[Source, ...] = (STEPSERVE, VLLM, SGLANG, TGI)
+LLAMACPP = Source(
+    "llamacpp", "llamacpp:",
+    levels={"waiting": ("requests_deferred",), "running": ("requests_processing",),
+            "kv_usage": ("kv_cache_usage_ratio",)},
+    counters={"prompt_tokens": ("prompt_tokens",), "generation_tokens": ("tokens_predicted",),
+              "steps": ("n_decode",)},
+    histograms={})
+
+SOURCES: tuple[Source, ...] = (STEPSERVE, VLLM, SGLANG, TGI, LLAMACPP)
 KNOWN_PREFIXES = ", ".join(s.prefix for s in SOURCES)
 
 
@@ -333,13 +357,14 @@ class Snapshot:
                                  count)
         return None
 
-    def info(self) -> dict[str, str] | None:
-        """The labels of the source's config info gauge (model_name and engine left
-        out)."""
+    def info(self, which: str = "config_info") -> dict[str, str] | None:
+        """The labels of the source's config info gauge, or (`which` "cache_info") its KV
+        cache info gauge (model_name and engine left out)."""
         src = self.source()
-        if src is None or src.config_info is None:
+        base = None if src is None else getattr(src, which)
+        if src is None or base is None:
             return None
-        name = src.prefix + src.config_info
+        name = src.prefix + base
         for (n, ls), _v in self.samples.items():
             if n == name:
                 return {k: v for k, v in ls if k not in ("model_name", "engine")}

@@ -20,6 +20,9 @@ from stepserve.core.output import SchedulerOutput
 from stepserve.sim.cost import CostModel, causal_pairs, computed_tokens, joining
 
 SCHEMA = "stepserve.cost/1"
+# a server's profile (`profile --target`, profile/target_profile.py): its `cost` part is
+# a cost file, so every --cost FILE takes the profile itself
+TARGET_PROFILE_SCHEMA = "stepserve.target-profile/1"
 _NOT_ONE = (1).__ne__
 # each term: how it is shown (its coefficient times the scale, in the unit)
 SHOWN = {"step": (1e3, "ms per step"), "seq": (1e6, "us per sequence"),
@@ -111,6 +114,11 @@ class CalibratedCost(CostModel):
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CalibratedCost:
+        """A cost file's JSON, or a target profile's (its `cost` part)."""
+        if data.get("schema") == TARGET_PROFILE_SCHEMA:
+            data = data.get("cost")
+            if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+                raise ValueError(f"target profile: `cost` must be a {SCHEMA!r} cost model")
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a stepserve cost file (schema {data.get('schema')!r}, "
                              f"expected {SCHEMA!r})")
