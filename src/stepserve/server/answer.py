@@ -124,6 +124,8 @@ class PromptStreams(RequestStream):
             return
         waits = [asyncio.ensure_future(s.wait_ready()) for s in self.streams
                  if not s.finished]
+        if not waits:  # every prompt's stream has ended: nothing more will come
+            return
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
