@@ -123,3 +123,15 @@ def test_bench_sim_takes_the_profiles_settings(tmp_path, profile_json, capsys):
     assert rc == 0
     assert "max_num_seqs 3 (high)" in capsys.readouterr().err
     assert '"max_num_seqs": 3' in out.read_text()
+
+
+def test_sweep_takes_the_profiles_settings_under_its_axis(tmp_path, profile_json, capsys):
+    out = tmp_path / "s.json"
+    rc = main(["sweep", "--workload", workload(tmp_path), "--cost",
+               write(tmp_path, profile_json), "--vary", "max_num_seqs=2,4", "--requests",
+               "20", "--quiet", "--json", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert "max_num_batched_tokens 32 (high)" in capsys.readouterr().err
+    configs = [r["config"]["scheduler"] for r in json.loads(out.read_text())["runs"]]
+    assert [(c["max_num_seqs"], c["max_num_batched_tokens"]) for c in configs] == [
+        (2, 32), (4, 32)]  # the axis over the profile's budget

@@ -180,36 +180,36 @@ def _scenario_runs(scenario: Scenario, options: SweepOptions,
                          f"{known}")
     # a run the engine flags change is no longer the scenario's: its name says so (the
     # engine kind's and a target profile's settings beneath it are said on stderr)
-    out = []
+    out, notes = [], []
     for r in runs:
-        config, notes = layers.config_for(r.config, options.config, r.name)
+        config, run_notes = layers.config_for(r.config, options.config, r.name)
         before = layers.config_for(r.config, ConfigOverrides(), r.name)[0] \
             if layers.active else r.config
         out.append(RunSpec(changed_name(r.name, changed_settings(before, config)), config,
                            r.note))
-        _say_target(layers, notes, first=r is runs[0])
+        notes += run_notes
+    _say_target(layers, notes)
     return out
 
 
 def _file_runs(options: SweepOptions, layers: TargetLayers = NO_LAYERS) -> list[RunSpec]:
     """Each --configs file with the settings given on top (not --config)."""
     flags = replace(options.config, config_file=None)
-    out = []
-    for i, f in enumerate(options.configs or ()):
-        config, notes = layers.config_for(load_config(f), flags, Path(f).stem)
+    out, notes = [], []
+    for f in options.configs or ():
+        config, run_notes = layers.config_for(load_config(f), flags, Path(f).stem)
         out.append(RunSpec(Path(f).stem, config, f))
-        _say_target(layers, notes, first=i == 0)
+        notes += run_notes
+    _say_target(layers, notes)
     return out
 
 
-def _say_target(layers: TargetLayers, notes: list[Note], first: bool) -> None:
-    """On stderr (stdout is the knee table): the engine kind, and what a run took from
-    the target profile."""
-    if not layers.active:
-        return
-    lines = (layers.describe() if first else []) + grouped(notes)
-    for line in lines:
-        print(line, file=sys.stderr)
+def _say_target(layers: TargetLayers, notes: list[Note]) -> None:
+    """On stderr (stdout is the knee table): the engine kind, and what each run took
+    from the target profile."""
+    if layers.active:
+        for line in layers.describe() + grouped(notes):
+            print(line, file=sys.stderr)
 
 
 def build_sweep(options: SweepOptions) -> SweepPlan:
@@ -258,7 +258,7 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
                 config, notes = setup.layers.config_for(EngineConfig(), options.config)
                 config_name = config.scheduler.batching
                 runs = [RunSpec(config_name, config)]
-                _say_target(setup.layers, [(config_name, t) for _, t in notes], first=True)
+                _say_target(setup.layers, [(config_name, t) for _, t in notes])
             cost, blocks = setup.cost_model, setup.num_gpu_blocks
     if live:
         # one series, named after the target; its config is unused
