@@ -123,3 +123,21 @@ def test_the_http_floor_is_its_overhead_plus_the_floors_jitter():
     # each draw is overhead + median x (factor - 1), never negative
     assert set(round(d, 9) for d in draws) == {0.0, 0.002, 0.014}
     assert HttpFloor(0.002, Sample((), 0.0)).draws(3, 0) == [0.002] * 3
+
+
+def test_bench_sims_client_times_carry_each_requests_http_path():
+    """run_sim with a path time per request: the client sees every token and the end
+    that much later, and the send where it was; without one, the server's times."""
+    from stepserve.bench.inprocess import run_sim
+    from stepserve.bench.loadgen import LoadPlan
+
+    specs = [RequestSpec(index=i, arrival_s=0.01 * i, prompt_len=16, output_len=5,
+                         max_tokens=5) for i in range(4)]
+    config = EngineConfig().replace(max_model_len=256)
+    plain, _, _ = run_sim(LoadPlan(specs), config, ConstantCost(STEP_S), 64)
+    path = HttpFloor(0.002, Sample((0.5, 1.0, 3.0), 0.004)).draws(len(specs), seed=5)
+    late, _, _ = run_sim(LoadPlan(specs), config, ConstantCost(STEP_S), 64, path)
+    for a, b, d in zip(plain, late, path):
+        assert b.send_s == a.send_s
+        assert b.chunk_times_s == pytest.approx([t + d for t in a.chunk_times_s])
+        assert b.end_s == pytest.approx(a.end_s + d)
