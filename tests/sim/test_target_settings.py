@@ -135,3 +135,11 @@ def test_sweep_takes_the_profiles_settings_under_its_axis(tmp_path, profile_json
     configs = [r["config"]["scheduler"] for r in json.loads(out.read_text())["runs"]]
     assert [(c["max_num_seqs"], c["max_num_batched_tokens"]) for c in configs] == [
         (2, 32), (4, 32)]  # the axis over the profile's budget
+
+
+def test_the_kv_capacity_is_counted_in_the_runs_block_size(profile_json):
+    """8192 tokens of KV: 64 blocks under vLLM's 128-token blocks, 512 under a flag's 16."""
+    layers = target_layers("vllm", ProfileSettings.from_json("profile p", profile_json))
+    assert layers.config_for(EngineConfig(), ConfigOverrides())[0].cache.num_gpu_blocks == 64
+    config = layers.config_for(EngineConfig(), ConfigOverrides(settings={"block_size": 16}))[0]
+    assert (config.cache.block_size, config.cache.num_gpu_blocks) == (16, 512)

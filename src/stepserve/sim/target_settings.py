@@ -139,7 +139,7 @@ class TargetLayers:
         notes: list[Note] = []
         from_profile: dict[str, InferredValue] = {}
         if self.profile is not None:
-            block = own_changes.get("block_size", config.cache.block_size)
+            block = _block_size(config, own_changes, flags)
             given = self.profile.settings_for(block)
             kept = {k: v for k, (v, _) in given.items()
                     if k not in own_changes and not flags.sets(k)}
@@ -172,6 +172,16 @@ def target_layers(kind: str | None, profile: ProfileSettings | None) -> TargetLa
         found, note = profile.default_kind()
         return TargetLayers(found, profile, note or f"from {profile.source}")
     return NO_LAYERS
+
+
+def _block_size(config: EngineConfig, own: dict[str, Any], flags: ConfigOverrides) -> int:
+    """The block size the run will have: the profile's KV capacity is counted in it."""
+    if flags.sets("block_size"):
+        try:
+            return flags.apply(config).cache.block_size
+        except ConfigError:
+            pass  # the clash is reported once the layers are applied
+    return own.get("block_size", config.cache.block_size)
 
 
 def _changes(before: EngineConfig, after: EngineConfig) -> dict[str, Any]:
