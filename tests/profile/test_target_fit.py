@@ -76,7 +76,9 @@ def test_refit_writes_a_profile_every_cost_flag_loads(figs, tmp_path, capsys):
     assert data["schema"] == TARGET_PROFILE_SCHEMA
     assert data["settings"]["token_budget"]["value"] == 32
     setup = cost_setup_for(CostModelOptions(cost=str(again)))
-    assert setup.cost_model.coefficients == data["cost"]["coefficients"]
+    assert setup.cost_model.inner.coefficients == data["cost"]["coefficients"]  # spread on top
+    plain = cost_setup_for(CostModelOptions(cost=str(again), no_spread=True))
+    assert plain.cost_model.coefficients == data["cost"]["coefficients"]
 
 
 @pytest.mark.parametrize("tamper, said", [

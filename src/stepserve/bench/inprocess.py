@@ -6,7 +6,7 @@ has the same keys whatever the target; the engine's own step keys stand in for /
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from stepserve.bench.client import RequestRecord
@@ -65,10 +65,13 @@ def engine_keys(full: RunSummary) -> RunSummary:
     return out
 
 
-def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: int
+def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: int,
+            http_s: Sequence[float] | None = None
             ) -> tuple[list[RequestRecord], RunSummary, RunResult]:
     """(records, engine keys, the simulator's run result: its summary measured once
-    feeds the engine keys, its binned step records the bench's time series)."""
+    feeds the engine keys, its binned step records the bench's time series). `http_s`:
+    each request's HTTP path time (a target's measured floor, sim/spread.py), by plan
+    index, added to what its client sees: its tokens and its end come that much later."""
     from stepserve.sim.run import simulate_run
 
     run, sim = simulate_run("sim", config, plan.specs, cost_model, num_gpu_blocks, plan.concurrency)
@@ -77,6 +80,12 @@ def run_sim(plan: LoadPlan, config: EngineConfig, cost_model, num_gpu_blocks: in
     records = [record_of(by_id[str(s.index)], s.index, i < plan.warmup, s.arrival_s, 0.0,
                          s.request_class, repeated[i])
                for i, s in enumerate(plan.specs) if str(s.index) in by_id]
+    if http_s is not None:
+        late = {s.index: http_s[i] for i, s in enumerate(plan.specs)}
+        for rec in records:
+            rec.chunk_times_s = [t + late[rec.index] for t in rec.chunk_times_s]
+            if rec.end_s is not None:
+                rec.end_s += late[rec.index]
     return records, engine_keys(run.summary), run
 
 

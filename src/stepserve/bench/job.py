@@ -42,13 +42,14 @@ from stepserve.bench.workload_options import (
 from stepserve.config.errors import UsageError, report_error
 from stepserve.config.load import ConfigOverrides
 from stepserve.config.load import to_dict as config_to_dict
-from stepserve.config.settings import ConfigError
+from stepserve.config.settings import ConfigError, EngineConfig
 from stepserve.config.urls import check_http_url
 from stepserve.config.user_files import OutputFile, check_output_file, write_outputs
 from stepserve.metrics.rules import findings_for
 from stepserve.metrics.run_summary import RunSummary
-from stepserve.sim.cost_options import CostModelOptions, cost_setup_for
+from stepserve.sim.cost_options import CostModelOptions, CostSetup, cost_setup_for
 from stepserve.sim.run import checked_deployment
+from stepserve.sim.target_settings import Note, grouped
 from stepserve.workload.errors import WorkloadError
 from stepserve.workload.spec import Workload
 
@@ -90,11 +91,12 @@ def check_bench_options(options: BenchOptions) -> None:
     output paths."""
     if options.target:
         check_http_url("--target", options.target)
+    elif options.sim:  # its KV pool too, before a trace or ShareGPT file is read
+        setup = cost_setup_for(options.cost)
+        config = sim_config(options, setup)[0]
+        checked_deployment(config, setup.num_gpu_blocks(config), None)
     else:
-        config = options.config.apply()
-        if options.sim:  # its KV pool too, before a trace or ShareGPT file is read
-            checked_deployment(config, cost_setup_for(options.cost).num_gpu_blocks(config),
-                               None)
+        options.config.apply()
     if options.engine:
         replicas = options.config.apply().replicas
         if replicas > 1:
@@ -239,13 +241,25 @@ def _on_sim(options: BenchOptions, plan: LoadPlan, _records: list[RequestRecord]
             _interrupted: list[bool]) -> Measured:
     from stepserve.bench.inprocess import run_sim
 
-    config = options.config.apply()
     setup = cost_setup_for(options.cost)
-    records, extra, sim_run = run_sim(plan, config, setup.cost_model, setup.num_gpu_blocks(config))
+    config, notes = sim_config(options, setup)
+    if setup.layers.active:
+        for line in setup.layers.describe() + grouped(notes):
+            print(line, file=sys.stderr)
+    http = setup.http_floor
+    records, extra, sim_run = run_sim(plan, config, setup.cost_model, setup.num_gpu_blocks(config),
+                                      None if http is None else
+                                      http.draws(len(plan.specs), setup.spread_seed))
     bar.update(len(records))
     return BenchRun("", extra, target="sim", batching=sim_run.batching,
                     config=config_to_dict(config), timeseries=sim_run.timeseries,
                     cost_model=setup.cost_model.describe()), records
+
+
+def sim_config(options: BenchOptions, setup: CostSetup) -> tuple[EngineConfig, list[Note]]:
+    """The simulated engine's settings: the flags over a target profile's and its engine
+    kind's (sim/target_settings.py); the notes on where each came from."""
+    return setup.layers.config_for(EngineConfig(), options.config, "sim")
 
 
 def _on_engine(options: BenchOptions, plan: LoadPlan, _records: list[RequestRecord], bar,

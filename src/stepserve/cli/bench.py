@@ -39,7 +39,7 @@ BENCH_FLAGS = {
     "duration_s": limits.SECONDS, "warmup": Range(0, limits.MAX_NUM_REQUESTS),
     "timeout_s": limits.SECONDS, "num_warmups": Range(0, limits.MAX_NUM_REQUESTS),
     "logprobs": Range(0, 20), "metrics_interval_s": Range(0.0, 3600.0, float),  # 0: never scrape
-    "step_ms": limits.STEP_MS, "port": Range(1, 65535),
+    "step_ms": limits.STEP_MS, "port": Range(1, 65535), "spread_seed": limits.SEED,
     "random_range_ratio": Range(0.0, 1.0 - 1e-9, float),
     **{f"prefix_repetition_{k}": LENGTH for k in ("prefix_len", "suffix_len",
                                                   "num_prefixes", "output_len")},

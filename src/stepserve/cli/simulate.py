@@ -8,13 +8,15 @@ from stepserve.cli.engine_flags import add_config_arguments, config_overrides
 from stepserve.cli.parser import add_command, options_from
 from stepserve.config.limits import RATE, REQUESTS, SEED, STEP_MS
 from stepserve.sim.cost_options import CostModelOptions
+from stepserve.sim.engine_kinds import ENGINE_KINDS
 from stepserve.sim.job import SimulateOptions, run_simulate
 from stepserve.sim.scenarios import SCENARIOS
 from stepserve.workload.loader import TraceOptions
 from stepserve.workload.overrides import WorkloadOverrides
 from stepserve.workload.trace import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS
 
-SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS}
+SIMULATE_FLAGS = {"requests": REQUESTS, "rate": RATE, "seed": SEED, "step_ms": STEP_MS,
+                  "spread_seed": SEED}
 
 
 def add_simulate_parser(subparsers) -> None:
@@ -74,6 +76,14 @@ def add_cost_model_arguments(p, default: str | None = "roofline") -> None:
     p.add_argument("--step-ms", type=float, default=25.0, help="constant cost: ms per step")
     p.add_argument("--hardware", default="h100", help="roofline: hardware preset")
     p.add_argument("--model-spec", default="llama-3-8b", help="roofline: model preset")
+    p.add_argument("--engine-kind", choices=ENGINE_KINDS, default=None,
+                   help="the engine whose scheduling rules the runs follow, as our "
+                        "scheduler's settings (docs/guide.md, engine kinds) (default: a "
+                        "target profile's engine, else stepserve)")
+    p.add_argument("--spread-seed", type=int, default=0, metavar="N",
+                   help="a target profile's spread: the seed of each step's drawn time")
+    p.add_argument("--no-spread", action="store_true",
+                   help="a target profile's spread unused: the cost model's times as they are")
 
 
 def add_pools_argument(p) -> None:

@@ -25,7 +25,7 @@ SWEEP_FLAGS = {
     "noise_margin": Range(0.0, 1.0, float), "warmup_share": Range(0.0, 0.9, float),
     "rate": RATE,
     "warmup": Range(0, REQUESTS.hi), "timeout_s": SECONDS,
-    "metrics_interval_s": Range(0.0, 3600.0, float), "step_ms": STEP_MS,
+    "metrics_interval_s": Range(0.0, 3600.0, float), "step_ms": STEP_MS, "spread_seed": SEED,
 }
 
 

@@ -11,8 +11,9 @@ learnt of one server, in one JSON file:
 * `probes`: every probe's raw figures, so `profile --refit FILE` infers and fits again
   offline (ProbeFigures: nothing else of the file is read back).
 
-The settings are not yet applied by `simulate` on their own: pass them as flags
-(`--max-num-seqs`, `--max-num-batched-tokens`, ...), as `report()` prints them.
+`simulate`/`bench --sim`/`sweep --cost FILE` apply the settings (beneath the flags and
+the run's own, sim/target_settings.py) and draw step times from the spread
+(sim/spread.py).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def report(profile: TargetProfile) -> str:
              if name in FLAGS and inf.value is not None and not inf.at_least
              and not isinstance(inf.value, bool)]
     if flags:
-        lines.append(f"  to simulate with them: {' '.join(flags)}")
+        lines.append(f"  simulate --cost FILE applies them (as {' '.join(flags)})")
     e = fit.held_out_error
     lines += [f"step cost model from {fit.rows} measured times, t = sum of:",
               *fit.cost.explain()]

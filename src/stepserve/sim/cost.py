@@ -79,6 +79,11 @@ class CostModel:
         runs); None where the batch is needed (the simulator then steps)."""
         return None
 
+    def for_replica(self, index: int) -> CostModel:
+        """The model one replica of one simulation prices its steps with: itself, for
+        a deterministic model; a fresh seeded draw stream for a spread (sim/spread.py)."""
+        return self
+
     def describe(self) -> str:
         return self.name
 

@@ -2,6 +2,11 @@
 `--hardware`, `--model-spec`), and the KV memory it implies: a roofline model's hardware
 minus weights, a cost file's profiled budget, or (constant) the config's own pool. A
 cost file measured on another machine is used with a warning naming both.
+
+A target profile (`profile --target`) as the cost file brings more than its cost part:
+its inferred settings and engine kind (`--engine-kind`, sim/target_settings.py) and
+its measured spread (sim/spread.py: each step's time drawn around the model's, seeded
+by `--spread-seed`; `--no-spread` keeps the model's times).
 """
 
 from __future__ import annotations
@@ -15,10 +20,17 @@ from stepserve.config.errors import UsageError
 from stepserve.config.settings import EngineConfig
 from stepserve.config.user_files import load_json
 from stepserve.plan.model_specs import get_model_spec
-from stepserve.sim.calibrated import CalibratedCost
+from stepserve.sim.calibrated import TARGET_PROFILE_SCHEMA, CalibratedCost
 from stepserve.sim.cost import ConstantCost, CostModel
 from stepserve.sim.roofline import RooflineCost, get_hardware
 from stepserve.sim.scenarios import Scenario, num_gpu_blocks_for
+from stepserve.sim.spread import HttpFloor, Spread, SpreadCost
+from stepserve.sim.target_settings import (
+    NO_LAYERS,
+    ProfileSettings,
+    TargetLayers,
+    target_layers,
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,9 @@ class CostModelOptions:
     step_ms: float = 25.0
     hardware: str = "h100"
     model_spec: str = "llama-3-8b"
+    engine_kind: str | None = None  # None: a target profile's engine, else stepserve
+    spread_seed: int = 0
+    no_spread: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,9 @@ class CostSetup:
     cost_model: CostModel
     kv_cache_bytes: int | None = None
     kv_bytes_per_token: int | None = None
+    layers: TargetLayers = NO_LAYERS  # the engine kind and profile under each run
+    http_floor: HttpFloor | None = None  # a target's HTTP path, for client latencies
+    spread_seed: int = 0
 
     def num_gpu_blocks(self, config: EngineConfig) -> int:
         return num_gpu_blocks_for(config, self.kv_cache_bytes, self.kv_bytes_per_token)
@@ -56,12 +74,11 @@ def with_cost(scenario: Scenario, setup: CostSetup) -> Scenario:
 
 def cost_setup_for(options: CostModelOptions) -> CostSetup:
     """The cost model `options` name; UsageError for an unknown preset or a bad file."""
-    if options.cost == "constant":
-        return CostSetup(ConstantCost(options.step_ms / 1000.0))
     if options.cost is not None and options.cost not in NAMED:
-        cost = load_cost_file(options.cost)
-        return CostSetup(cost, cost.meta.get("kv_cache_bytes"),
-                         cost.meta.get("kv_bytes_per_token"))
+        return _file_setup(options)
+    layers = target_layers(options.engine_kind, None)
+    if options.cost == "constant":
+        return CostSetup(ConstantCost(options.step_ms / 1000.0), layers=layers)
     try:
         model = get_model_spec(options.model_spec)
     except ValueError as e:
@@ -71,12 +88,45 @@ def cost_setup_for(options: CostModelOptions) -> CostSetup:
     except ValueError as e:
         raise UsageError(f"--hardware: {e}") from None
     cost = RooflineCost(hardware, model)
-    return CostSetup(cost, cost.kv_cache_bytes(), model.kv_bytes_per_token)
+    return CostSetup(cost, cost.kv_cache_bytes(), model.kv_bytes_per_token, layers)
 
 
-def load_cost_file(path: str) -> CalibratedCost:
-    """A cost file; its warnings (another machine) go to stderr."""
+def layers_for(options: CostModelOptions) -> TargetLayers:
+    """The engine kind and profile under a scenario's runs, whose cost model is its own
+    unless --cost is given."""
+    if options.cost is not None:
+        return cost_setup_for(options).layers
+    return target_layers(options.engine_kind, None)
+
+
+def _file_setup(options: CostModelOptions) -> CostSetup:
+    """A cost file; a target profile's settings, kind and spread with it."""
+    assert options.cost is not None
+    path = options.cost
     data = load_json(path, "cost file")
+    data = data if isinstance(data, dict) else {}
+    cost: CostModel = load_cost_file(path, data)
+    profile = spread = None
+    if data.get("schema") == TARGET_PROFILE_SCHEMA:
+        try:
+            profile = ProfileSettings.from_json(f"profile {path}", data)
+            spread = Spread.from_json(data.get("spread"))  # checked even if unused
+        except ValueError as e:
+            raise UsageError(f"--cost {path!r}: {e}") from None
+        spread = None if options.no_spread else spread
+    meta = cost.meta  # type: ignore[attr-defined]
+    if spread is not None and spread.step is not None:
+        cost = SpreadCost(cost, spread.step.factors, options.spread_seed)
+    return CostSetup(cost, meta.get("kv_cache_bytes"), meta.get("kv_bytes_per_token"),
+                     target_layers(options.engine_kind, profile),
+                     spread.http if spread is not None else None, options.spread_seed)
+
+
+def load_cost_file(path: str, data: object = None) -> CalibratedCost:
+    """A cost file (`data`: its JSON, already read); its warnings (another machine) go
+    to stderr."""
+    if data is None:
+        data = load_json(path, "cost file")
     try:
         cost = CalibratedCost.from_json(data if isinstance(data, dict) else {})
     except ValueError as e:

@@ -27,6 +27,13 @@ from stepserve.sim.run import (
     selected_runs,
 )
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
+from stepserve.sim.target_settings import (
+    NO_LAYERS,
+    Note,
+    TargetLayers,
+    grouped,
+    target_layers,
+)
 from stepserve.workload.loader import TraceOptions, load_workload, trace_workload
 from stepserve.workload.overrides import WorkloadOverrides, override_workload
 
@@ -56,15 +63,19 @@ def run_simulate(options: SimulateOptions) -> int:
     pools = load_pools_file(options.pools, options.config.apply()) if options.pools else None
     if options.scenario:
         scenario = selected_runs(get_scenario(options.scenario), options.runs)
-        changes = None
-        if options.config.given:
-            scenario, changes = override_runs(scenario, options.config)
-        if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
-            scenario = with_cost(scenario, cost_setup_for(options.cost))
+        # --cost given: it replaces the scenario's own
+        setup = cost_setup_for(options.cost) if options.cost.cost is not None else None
+        layers = setup.layers if setup else target_layers(options.cost.engine_kind, None)
+        changes, notes = None, []  # type: ignore[var-annotated]
+        if options.config.given or layers.active:
+            scenario, changes, notes = override_runs(scenario, options.config, layers)
+        if setup is not None:
+            scenario = with_cost(scenario, setup)
         result = run_scenario(scenario, options.overrides, None, progress, pools)
-        if changes is not None:  # once the runs are known to be allowed
+        if options.config.given and changes is not None:  # once the runs are allowed
             for line in describe_changes(changes):
                 print(line)
+        _print_target(layers, notes)
     else:
         result = _run_workload(options, progress, pools)
     print(format_result(result))
@@ -97,6 +108,7 @@ def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
         raise UsageError(f"--runs {','.join(options.runs)}: a {kind} makes one "
                          f"run, {name} (its batching); allowed: {name}, or no --runs")
     setup = cost_setup_for(options.cost)
+    config, notes = setup.layers.config_for(EngineConfig(), options.config, name)
     planned = plan_runs((RunSpec(name, config),), setup.num_gpu_blocks, pools)
     if options.trace is not None:
         workload = trace_workload(options.trace)
@@ -106,6 +118,7 @@ def _run_workload(options: SimulateOptions, progress, pools) -> SimulateResult:
         workload = load_workload(options.workload)
         source = f"workload {options.workload}"
     workload = override_workload(workload, options.overrides)
+    _print_target(setup.layers, notes)
     return run_all(workload.name, source, workload, workload.generate(), planned,
                    setup.cost_model, False, progress)
 
@@ -123,17 +136,36 @@ def changed_settings(before: EngineConfig, after: EngineConfig) -> Changes:
             if value(before, section, f.name) != value(after, section, f.name)}
 
 
-def override_runs(scenario: Scenario, config: ConfigOverrides
-                  ) -> tuple[Scenario, dict[str, Changes]]:
-    """The config and settings on every run of a scenario; a changed run's name says so
-    ("after (max_num_seqs=64)"). Also the changes by each run's own name."""
-    runs, changes = [], {}
+def override_runs(scenario: Scenario, config: ConfigOverrides,
+                  layers: TargetLayers = NO_LAYERS
+                  ) -> tuple[Scenario, dict[str, Changes], list[Note]]:
+    """The config and settings on every run of a scenario, over the engine kind and
+    target profile beneath it (`layers`); a run the command line changed says so in its
+    name ("after (max_num_seqs=64)"). Also the command line's changes by each run's own
+    name, and the notes on what came from the target."""
+    runs, changes, notes = [], {}, []  # type: ignore[var-annotated]
     for r in scenario.runs:
-        new = config.apply(r.config)
-        changed = changed_settings(r.config, new)
+        new, run_notes = layers.config_for(r.config, config, r.name)
+        before = layers.config_for(r.config, ConfigOverrides(), r.name)[0] \
+            if layers.active else r.config
+        changed = changed_settings(before, new)
         changes[r.name] = changed
+        notes += run_notes
         runs.append(RunSpec(changed_name(r.name, changed), new, r.note))
-    return replace(scenario, runs=tuple(runs)), changes
+    return replace(scenario, runs=tuple(runs)), changes, notes
+
+
+def _print_target(layers: TargetLayers, notes: list[Note]) -> None:
+    """Which settings came from the engine kind and the target profile."""
+    if not layers.active:
+        return
+    for line in layers.describe():
+        print(line)
+    if layers.profile is not None:
+        print(f"settings from {layers.profile.source} (confidence in brackets):")
+        for line in grouped(notes):
+            print(line)
+    print()
 
 
 def changed_name(name: str, changed: Changes, shown: int = 2) -> str:

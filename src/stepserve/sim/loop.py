@@ -155,7 +155,7 @@ class _EventLoop:
         self.specs = specs
         self.replicas = []
         for i, pool in enumerate(deployment.replica_pools()):
-            runner = SimRunner(cost_model)
+            runner = SimRunner(cost_model.for_replica(i))
             blocks = pool.config.cache.num_gpu_blocks or num_gpu_blocks
             core = EngineCore(pool.config, runner, self.clock, blocks)
             self.replicas.append(Replica(i, pool.name, core, runner))

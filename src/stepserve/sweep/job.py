@@ -9,7 +9,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from stepserve.sim.cost_options import CostModelOptions, cost_setup_for, with_co
 from stepserve.sim.job import changed_name, changed_settings
 from stepserve.sim.run import plan_runs
 from stepserve.sim.scenarios import RunSpec, Scenario, get_scenario
+from stepserve.sim.target_settings import NO_LAYERS, Note, TargetLayers, grouped, target_layers
 from stepserve.sweep.knee import (
     MAX_P99_RISE,
     MIN_THROUGHPUT_GAIN,
@@ -169,22 +170,46 @@ def check_knee_options(options: SweepOptions) -> None:
             raise UsageError(problem)
 
 
-def _scenario_runs(scenario: Scenario, options: SweepOptions) -> list[RunSpec]:
+def _scenario_runs(scenario: Scenario, options: SweepOptions,
+                   layers: TargetLayers = NO_LAYERS) -> list[RunSpec]:
     wanted = [n for n in (options.scenario_runs or "").split(",") if n]
     runs = [r for r in scenario.runs if not wanted or r.name in wanted]
     if wanted and len(runs) != len(wanted):
         known = ", ".join(r.name for r in scenario.runs)
         raise ValueError(f"--scenario-runs {options.scenario_runs}: {scenario.name} has "
                          f"{known}")
-    # a run the engine flags change is no longer the scenario's: its name says so
-    return [RunSpec(changed_name(r.name, changed_settings(r.config, config)), config,
-                      r.note) for r in runs for config in (options.config.apply(r.config),)]
+    # a run the engine flags change is no longer the scenario's: its name says so (the
+    # engine kind's and a target profile's settings beneath it are said on stderr)
+    out, notes = [], []
+    for r in runs:
+        config, run_notes = layers.config_for(r.config, options.config, r.name)
+        before = layers.config_for(r.config, ConfigOverrides(), r.name)[0] \
+            if layers.active else r.config
+        out.append(RunSpec(changed_name(r.name, changed_settings(before, config)), config,
+                           r.note))
+        notes += run_notes
+    _say_target(layers, notes)
+    return out
 
 
-def _file_runs(options: SweepOptions) -> list[RunSpec]:
+def _file_runs(options: SweepOptions, layers: TargetLayers = NO_LAYERS) -> list[RunSpec]:
     """Each --configs file with the settings given on top (not --config)."""
-    return [RunSpec(Path(f).stem, options.config.apply_settings(load_config(f)), f)
-            for f in options.configs or ()]
+    flags = replace(options.config, config_file=None)
+    out, notes = [], []
+    for f in options.configs or ():
+        config, run_notes = layers.config_for(load_config(f), flags, Path(f).stem)
+        out.append(RunSpec(Path(f).stem, config, f))
+        notes += run_notes
+    _say_target(layers, notes)
+    return out
+
+
+def _say_target(layers: TargetLayers, notes: list[Note]) -> None:
+    """On stderr (stdout is the knee table): the engine kind, and what each run took
+    from the target profile."""
+    if layers.active:
+        for line in layers.describe() + grouped(notes):
+            print(line, file=sys.stderr)
 
 
 def build_sweep(options: SweepOptions) -> SweepPlan:
@@ -213,9 +238,12 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
         if options.workload:
             raise ValueError("--scenario and --workload exclude each other")
         if not live:
-            runs = _file_runs(options) if options.configs else _scenario_runs(scenario, options)
-            if options.cost.cost is not None:  # --cost given: it replaces the scenario's own
-                scenario = with_cost(scenario, cost_setup_for(options.cost))
+            setup = cost_setup_for(options.cost) if options.cost.cost is not None else None
+            layers = setup.layers if setup else target_layers(options.cost.engine_kind, None)
+            runs = _file_runs(options, layers) if options.configs else \
+                _scenario_runs(scenario, options, layers)
+            if setup is not None:  # --cost given: it replaces the scenario's own
+                scenario = with_cost(scenario, setup)
             cost, blocks = scenario.cost_model(), scenario.num_gpu_blocks
         source: Callable[[WorkloadOverrides], Workload] = scenario.workload_with
         name, description = scenario.name, scenario.description
@@ -223,10 +251,14 @@ def build_sweep(options: SweepOptions) -> SweepPlan:
         if options.scenario_runs is not None:
             raise ValueError("--scenario-runs needs --scenario")
         if not live:
-            config = options.config.apply()
-            runs = _file_runs(options) if options.configs else [
-                RunSpec(config.scheduler.batching, config)]
             setup = cost_setup_for(options.cost)
+            if options.configs:
+                runs = _file_runs(options, setup.layers)
+            else:
+                config, notes = setup.layers.config_for(EngineConfig(), options.config)
+                config_name = config.scheduler.batching
+                runs = [RunSpec(config_name, config)]
+                _say_target(setup.layers, [(config_name, t) for _, t in notes])
             cost, blocks = setup.cost_model, setup.num_gpu_blocks
     if live:
         # one series, named after the target; its config is unused
