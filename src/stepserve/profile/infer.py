@@ -31,9 +31,9 @@ from typing import Any, Generic, TypeVar
 
 from stepserve.profile.probe_figures import ProbeFigures, ProbeRun
 from stepserve.sim.calibrated import nnls
+from stepserve.sim.target_settings import CONFIDENCE
 
 T = TypeVar("T")
-CONFIDENCE = ("high", "medium", "low")
 
 
 @dataclass(frozen=True)

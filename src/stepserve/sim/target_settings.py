@@ -27,8 +27,10 @@ from typing import Any
 
 from stepserve.config.load import ConfigOverrides, config_fields
 from stepserve.config.settings import ConfigError, EngineConfig
-from stepserve.profile.infer import CONFIDENCE
 from stepserve.sim.engine_kinds import PROFILE_ENGINES, STEPSERVE, EngineKind, get_engine_kind
+
+# how sure a profile is of a setting it inferred (profile/infer.py's Inferred), surest first
+CONFIDENCE = ("high", "medium", "low")
 
 # a profile's inferred setting -> ours (kv_capacity_tokens becomes num_gpu_blocks at the
 # run's block size)
