@@ -229,8 +229,12 @@ async def _answer(ctx: ServingContext, request: Request, answer: Answer,
                 ids, params, body.stream, arrival_time=arrival, cache_salt=body.cache_salt)))
     except BaseException as e:
         for stream in streams:
-            ctx.engine.abort(stream.request_id, "another prompt of the request was refused")
-        raise _refusal(ctx, e) from None
+            ctx.engine.abort(stream.request_id, "the request ended before all its prompts "
+                             "were admitted")
+        answer_error = _refusal(ctx, e)
+        if answer_error is e:
+            raise  # not a refusal (a cancellation, a fault): as it came, with its traceback
+        raise answer_error from None
     stream = streams[0] if len(streams) == 1 else PromptStreams(streams, params.n)
     return await answer.send(request, stream)
 
